@@ -1,0 +1,102 @@
+"""Cost model: a tile operation (kind, shape, dtype) on a machine -> cycles and resource reservation table.
+
+Costs are first-order throughput estimates from the per-SM rates of :mod:`twill.machine.models`; the paper
+derives them the same way from public specifications (§1.5, §7.2). Examples on H100: a 128x128x128 fp16
+GEMM is 2*128^3 / 4096 = 1024 clk on the tensor core; exp2 over a 128x128 tile is 16384 / 16 = 1024 clk on
+MUFU — "GEMM and EXP on a tile have roughly the same cost" (paper, Fig. 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from twill.errors import UnsupportedFeatureError
+from twill.machine.models import Machine
+
+DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "i32": 4}
+
+#: Cycles an asynchronous op (wgmma, tcgen05, TMA) keeps its issuing warp busy: one instruction stream.
+ASYNC_ISSUE_CYCLES = 32
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """What the cost model says about one tile op.
+
+    ``cycles`` rows of ``uses`` form the RRT; ``latency`` is when the result is usable; ``warp_busy`` is how
+    long the issuing warp is occupied (``None`` = the whole op, for synchronous ops).
+    """
+
+    cycles: int
+    uses: dict[str, int]
+    latency: int
+    warp_busy: int | None = None
+
+    def rrt(self) -> tuple[dict[str, int], ...]:
+        return tuple(dict(self.uses) for _ in range(self.cycles))
+
+
+def _ceil(x: float) -> int:
+    return max(1, math.ceil(x))
+
+
+def mma_cost(m: Machine, M: int, N: int, K: int, dtype: str = "fp16") -> OpCost:
+    """Tensor-core GEMM tile ``[M,K] x [K,N]``: ``2*M*N*K / tc_flops_per_clk`` cycles on ``tc``."""
+    try:
+        rate = m.tc_flops_per_clk[dtype]
+    except KeyError:
+        raise UnsupportedFeatureError(f"no tensor-core rate for dtype {dtype!r} on {m.name}") from None
+    c = _ceil(2 * M * N * K / rate)
+    return OpCost(c, {"tc": 1}, c, warp_busy=ASYNC_ISSUE_CYCLES)
+
+
+def exp2_cost(m: Machine, elements: int) -> OpCost:
+    """``exp2`` over a tile: ``elements / mufu_ex2_per_clk`` cycles on ``mufu``."""
+    c = _ceil(elements / m.mufu_ex2_per_clk)
+    return OpCost(c, {"mufu": 1}, c)
+
+
+def alu_cost(m: Machine, elements: int, ops_per_element: float = 1.0) -> OpCost:
+    """Elementwise FP32 arithmetic: ``elements * ops / fma_per_clk`` cycles on ``alu``."""
+    c = _ceil(elements * ops_per_element / m.fma_per_clk)
+    return OpCost(c, {"alu": 1}, c)
+
+
+def reduce_cost(m: Machine, rows: int, cols: int) -> OpCost:
+    """Row reduction (max/sum) of a ``rows x cols`` tile: one op per element plus a log2 shuffle tree per row."""
+    c = _ceil((rows * cols + rows * 5 * 32) / m.fma_per_clk)
+    return OpCost(c, {"alu": 1}, c)
+
+
+def tma_load_cost(m: Machine, nbytes: int) -> OpCost:
+    """A TMA tile load. It is variable-latency and, with no incoming dependence, *streaming*: the solver
+    gives it zero latency (paper §5.3); it holds the TMA engine for one issue cycle."""
+    return OpCost(1, {"tma": 1}, 0, warp_busy=1)
+
+
+def tma_store_cost(m: Machine, nbytes: int) -> OpCost:
+    """A TMA tile store (or reduce-add): bytes over the per-SM share of DRAM bandwidth, on ``tma``."""
+    per_clk = m.dram_bytes_per_s / (m.sms * m.clock_ghz * 1e9)
+    c = _ceil(nbytes / per_clk)
+    return OpCost(c, {"tma": 1}, c, warp_busy=ASYNC_ISSUE_CYCLES)
+
+
+def smem_cost(m: Machine, nbytes: int) -> OpCost:
+    """A register <-> shared-memory transfer of ``nbytes`` on the ``smem`` pipe."""
+    c = _ceil(nbytes / m.smem_bytes_per_clk)
+    return OpCost(c, {"smem": 1}, c)
+
+
+def tmem_cost(m: Machine, nbytes: int) -> OpCost:
+    """A register <-> tensor-memory transfer (tcgen05.ld/st) of ``nbytes`` on the ``tmem`` path."""
+    if not m.tmem_bytes_per_clk:
+        raise UnsupportedFeatureError(f"{m.name} has no tensor memory")
+    c = _ceil(nbytes / m.tmem_bytes_per_clk)
+    return OpCost(c, {"tmem": 1}, c)
+
+
+def regs_per_thread(rows: int, cols: int, dtype: str, warps: int) -> int:
+    """32-bit registers per thread for a ``rows x cols`` tile of ``dtype`` spread over ``warps`` warps."""
+    nbytes = rows * cols * DTYPE_BYTES[dtype]
+    return math.ceil(nbytes / 4 / (32 * warps))

@@ -1,0 +1,193 @@
+"""The result of scheduling: start cycles, stages, warp groups; the ``twill-schedule/1`` JSON format.
+
+Times are in the units of the graph the solver saw (normalized cycles when cost normalization is on;
+``Schedule.graph`` is that graph and ``stats["normalization"]`` maps back to raw cycles).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from twill.errors import FormatError
+from twill.ir.graph import Edge, LoopGraph, frozen_attrs
+
+SCHEDULE_FORMAT = "twill-schedule/1"
+STATUSES = ("optimal", "feasible", "infeasible")
+
+
+@dataclass(frozen=True)
+class WarpGroup:
+    """A set of warps that runs the same ops (a Gluon partition).
+
+    Attributes:
+        id: index in ``Schedule.warps``; ``ScheduledOp.warp`` refers to it.
+        role: readable role (``load``, ``mma``, ``compute``, ``softmax``, ``correction``...).
+        num_warps: warps in the group (1, 4, 8).
+        regs: per-thread register budget (``setmaxnreg`` value) for the group.
+        ops: names of the ops the group executes, in steady-state order.
+    """
+
+    id: int
+    role: str
+    num_warps: int
+    regs: int
+    ops: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", tuple(self.ops))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A modulo schedule (optionally with a warp assignment) of ``graph`` at initiation interval ``ii``.
+
+    Attributes:
+        graph: the loop graph the start times refer to.
+        arch: machine name (``h100``).
+        solver: backend that produced it (``cpsat``, ``yices``, ``manual``).
+        status: ``optimal`` (II and L proved minimal), ``feasible`` (best found within the time limit).
+        ii: initiation interval.
+        ii_lower_bound: max(ResMII, RecMII), or a better proven bound.
+        starts: op name -> start cycle of iteration 0 (the modulo schedule M).
+        assignment: op name -> warp-group id, or empty for a schedule without warp specialization.
+        warps: the warp groups, or empty.
+        solve_seconds: wall time of the search.
+        streaming_depth: buffers in flight for streaming (TMA) loads, a tuning parameter (paper §5.3).
+        stats: solver statistics and explanations (``res_mii``, ``rec_mii``, ``normalization``, ``gap``,
+            ``blocked_by``, ``tried``, ``objectives``, ``variables``, ``constraints``...).
+    """
+
+    graph: LoopGraph
+    arch: str
+    solver: str
+    status: str
+    ii: int
+    ii_lower_bound: int
+    starts: Mapping[str, int]
+    assignment: Mapping[str, int] = field(default_factory=dict)
+    warps: tuple[WarpGroup, ...] = ()
+    solve_seconds: float = 0.0
+    streaming_depth: int = 2
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "starts", MappingProxyType(dict(self.starts)))
+        object.__setattr__(self, "assignment", MappingProxyType(dict(self.assignment)))
+        object.__setattr__(self, "warps", tuple(self.warps))
+        object.__setattr__(self, "stats", frozen_attrs(self.stats))
+        if self.status not in STATUSES:
+            raise FormatError(f"unknown schedule status {self.status!r}")
+        if self.ii < 1:
+            raise FormatError(f"initiation interval must be >= 1, got {self.ii}")
+        missing = set(self.graph.op_names) - set(self.starts)
+        if missing:
+            raise FormatError(f"schedule has no start time for op {sorted(missing)[0]!r}")
+
+    # -- derived quantities ------------------------------------------------------------------------------
+    def start(self, name: str) -> int:
+        return self.starts[name]
+
+    def stage(self, name: str) -> int:
+        """Pipeline stage ⌊t / II⌋."""
+        return self.starts[name] // self.ii
+
+    def slot(self, name: str) -> int:
+        """Cycle within the steady state, t mod II."""
+        return self.starts[name] % self.ii
+
+    @property
+    def length(self) -> int:
+        """Schedule length L = max over ops of start + cycles."""
+        return max(self.starts[op.name] + op.cycles for op in self.graph.ops)
+
+    @property
+    def num_stages(self) -> int:
+        return max(self.stage(n) for n in self.graph.op_names) + 1
+
+    @property
+    def copies(self) -> int:
+        """⌈L / II⌉: overlapped copies of the iteration in the pipelined program."""
+        return math.ceil(self.length / self.ii)
+
+    def steady_state_order(self) -> list[str]:
+        """Ops in steady-state emission order: by t mod II, then older iterations (higher stage) first."""
+        return sorted(self.graph.op_names, key=lambda n: (self.slot(n), -self.stage(n), self.graph.op_names.index(n)))
+
+    def order(self, name: str) -> int:
+        return self.steady_state_order().index(name)
+
+    def warp_of(self, name: str) -> WarpGroup | None:
+        if name not in self.assignment:
+            return None
+        return self.warps[self.assignment[name]]
+
+    def buffer_depth(self, edge: Edge) -> int:
+        """Copies of ``edge.src``'s result in flight: stage(dst) + distance - stage(src) + 1; streaming loads
+        use at least ``streaming_depth``."""
+        depth = self.stage(edge.dst) + edge.distance - self.stage(edge.src) + 1
+        if self.graph.is_streaming(edge.src):
+            depth = max(depth, self.streaming_depth)
+        return max(1, depth)
+
+    def buffers(self) -> list[dict[str, Any]]:
+        return [{"src": e.src, "dst": e.dst, "depth": self.buffer_depth(e)} for e in self.graph.edges]
+
+    # -- JSON --------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        ops = []
+        for name in self.graph.op_names:
+            d: dict[str, Any] = {"name": name, "start": self.starts[name], "stage": self.stage(name),
+                                 "order": self.order(name)}
+            if name in self.assignment:
+                d["warp"] = self.assignment[name]
+            ops.append(d)
+        out: dict[str, Any] = {
+            "format": SCHEDULE_FORMAT, "graph": self.graph.name, "arch": self.arch, "solver": self.solver,
+            "status": self.status, "ii": self.ii, "ii_lower_bound": self.ii_lower_bound,
+            "length": self.length, "stages": self.num_stages, "solve_seconds": round(self.solve_seconds, 3),
+            "streaming_depth": self.streaming_depth, "ops": ops, "buffers": self.buffers(),
+        }
+        if self.warps:
+            out["warps"] = [{"id": w.id, "role": w.role, "num_warps": w.num_warps, "regs": w.regs,
+                             "ops": list(w.ops)} for w in self.warps]
+        if self.stats:
+            out["stats"] = _jsonable(dict(self.stats))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, graph: LoopGraph) -> "Schedule":
+        """Rebuild a schedule from its JSON object and the graph it refers to (stage/order are re-derived
+        and must match)."""
+        if not isinstance(data, dict) or data.get("format") != SCHEDULE_FORMAT:
+            raise FormatError(f"not a {SCHEDULE_FORMAT} object")
+        try:
+            if data["graph"] != graph.name:
+                raise FormatError(f"schedule is for graph {data['graph']!r}, not {graph.name!r}")
+            starts = {o["name"]: int(o["start"]) for o in data["ops"]}
+            assignment = {o["name"]: int(o["warp"]) for o in data["ops"] if "warp" in o}
+            warps = tuple(WarpGroup(int(w["id"]), str(w["role"]), int(w["num_warps"]), int(w["regs"]),
+                                    tuple(w["ops"])) for w in data.get("warps", []))
+            sched = cls(graph=graph, arch=data["arch"], solver=data["solver"], status=data["status"],
+                        ii=int(data["ii"]), ii_lower_bound=int(data["ii_lower_bound"]), starts=starts,
+                        assignment=assignment, warps=warps, solve_seconds=float(data.get("solve_seconds", 0)),
+                        streaming_depth=int(data.get("streaming_depth", 2)), stats=data.get("stats", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"malformed {SCHEDULE_FORMAT} object: {exc!r}") from None
+        for o in data["ops"]:
+            if "stage" in o and o["stage"] != sched.stage(o["name"]):
+                raise FormatError(f"op {o['name']!r}: stage {o['stage']} does not match start {o['start']} "
+                                  f"at II {sched.ii}")
+        return sched
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return round(value, 6)
+    return value
