@@ -1,0 +1,73 @@
+"""Solver options shared by every backend and search driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from twill.errors import TwillError
+
+BACKENDS = ("cpsat", "yices")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolveOptions:
+    """How to search for a schedule.
+
+    Attributes:
+        ws: solve jointly for software pipelining *and* warp specialization (paper Algorithm 1). False gives
+            the phase-1 modulo schedule only. Default True.
+        backend: ``cpsat`` (OR-Tools CP-SAT, compact encoding; default) or ``yices`` (the paper's
+            time-indexed QF_LIA formulation; needs ``pip install twill-gpu[yices]``).
+        time_limit: wall-clock seconds for the whole search. When it runs out the best schedule found so
+            far is returned with status ``feasible`` and the remaining gap. Default 120.
+        max_ii: give up (status ``infeasible``) past this II. ``None`` = sum of all op cycles, an II at
+            which the loop runs without overlap.
+        normalize: run cost normalization (paper §5.2) before scheduling. Default True.
+        resolution: U, the upper bound on the sum of normalized costs. Smaller = coarser, faster. Default 300.
+        reg_limit: per-thread register budget of a compute warp group; ``None`` = the machine's
+            default for the kernel (255-register cap, setmaxnreg granularity).
+        max_warps: size of the warp pool; ``None`` = the machine's limit per CTA.
+        cross_warp: allow values to cross warp groups through shared memory (paper: cross-warp spills).
+            False is the paper's third UNSAT ablation.
+        streaming_depth: buffers in flight for streaming TMA loads (an outer tuning knob, paper §5.3).
+        workers: CP-SAT search workers. Default 2 (the CI machine's cores).
+        seed: CP-SAT random seed, for reproducible tie-breaking.
+        progress: called with a one-line status string while searching (current II, bound, elapsed).
+    """
+
+    ws: bool = True
+    backend: str = "cpsat"
+    time_limit: float = 120.0
+    max_ii: int | None = None
+    normalize: bool = True
+    resolution: int = 300
+    reg_limit: int | None = None
+    max_warps: int | None = None
+    cross_warp: bool = True
+    streaming_depth: int = 2
+    workers: int = 2
+    seed: int = 0
+    progress: Callable[[str], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise TwillError(f"unknown solver backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+        if self.time_limit <= 0:
+            raise TwillError(f"time limit must be positive, got {self.time_limit}")
+        if self.max_ii is not None and self.max_ii < 1:
+            raise TwillError(f"max II must be >= 1, got {self.max_ii}")
+        if self.resolution < 1:
+            raise TwillError(f"normalization resolution U must be >= 1, got {self.resolution}")
+        if self.reg_limit is not None and not 24 <= self.reg_limit <= 255:
+            raise TwillError(f"register limit must be in [24, 255], got {self.reg_limit}")
+        if self.max_warps is not None and self.max_warps < 1:
+            raise TwillError(f"max warps must be >= 1, got {self.max_warps}")
+        if self.streaming_depth < 1:
+            raise TwillError(f"streaming depth must be >= 1, got {self.streaming_depth}")
+        if self.workers < 1:
+            raise TwillError(f"workers must be >= 1, got {self.workers}")
+
+    def report(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress(message)
