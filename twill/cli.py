@@ -1,6 +1,6 @@
 """The ``twill`` command line.
 
-Every subcommand is one ``_cmd_*`` function registered in :func:`build_parser`. User errors
+Subcommands live in ``twill.commands.*`` (one module per feature, see ``COMMAND_MODULES``). User errors
 (:class:`~twill.errors.TwillError`) print one line on stderr and exit with status 2; output files are
 written atomically, so a failure never leaves a partial file.
 """
@@ -8,9 +8,8 @@ written atomically, so a failure never leaves a partial file.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from twill.errors import TwillError
 
@@ -29,29 +28,25 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(_fail(message))
 
 
-def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Subcommands
-# ---------------------------------------------------------------------------------------------------------
-
-def _cmd_kernels(args: argparse.Namespace) -> int:
-    from twill.kernels import list_kernels
-
-    for entry in list_kernels():
-        print(f"{entry.name:16s} {entry.summary}")
-    return 0
+#: Command modules, in the order ``twill --help`` lists them. Each defines ``register(subparsers)``, which
+#: adds its subcommands with ``set_defaults(func=...)``. They must import quickly (no solver, no Triton at
+#: import time): heavy modules are imported inside the command functions.
+COMMAND_MODULES = (
+    "twill.commands.schedule",   # twill schedule, twill kernels
+    "twill.commands.triton",     # twill graph, twill inject
+    "twill.commands.emit",       # twill emit, twill bench
+    "twill.commands.report",     # twill report
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     parser = _Parser(prog="twill", description="Optimal software pipelining and warp specialization for GPUs.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
     sub.required = True
-
-    p = sub.add_parser("kernels", help="list the built-in loop graphs")
-    p.set_defaults(func=_cmd_kernels)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -1,0 +1,5 @@
+"""Placeholder: commands of this module are being written."""
+
+
+def register(sub):
+    pass
