@@ -100,3 +100,16 @@ def regs_per_thread(rows: int, cols: int, dtype: str, warps: int) -> int:
     """32-bit registers per thread for a ``rows x cols`` tile of ``dtype`` spread over ``warps`` warps."""
     nbytes = rows * cols * DTYPE_BYTES[dtype]
     return math.ceil(nbytes / 4 / (32 * warps))
+
+
+#: Cycles of the mbarrier hand-off that a cross-warp transfer pays on top of the data movement: the
+#: producer's ``mbarrier.arrive`` becomes visible to the consumer's ``try_wait`` loop. An estimate (no
+#: public figure): a few shared-memory round trips of ~30 clk each, the shared-memory load latency that the
+#: CUDA C++ Best Practices Guide calls "roughly 100x lower than global memory" (global ~ 500 clk).
+BARRIER_HANDOFF_CYCLES = 64
+
+
+def spill_cost(m: Machine, nbytes: int) -> int:
+    """Extra delay of moving a register value of ``nbytes`` to another warp group (paper ``spillcost(u)``):
+    a shared-memory store and load (``2 * nbytes / smem_bytes_per_clk``) plus one barrier hand-off."""
+    return 2 * _ceil(nbytes / m.smem_bytes_per_clk) + BARRIER_HANDOFF_CYCLES

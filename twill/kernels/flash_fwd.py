@@ -1,0 +1,143 @@
+"""Flash attention forward, the KV loop of the Triton fused-attention tutorial, optionally sub-tiled.
+
+One iteration processes one K/V block of ``block_n`` keys against the CTA's ``block_m`` queries. With
+``subtiles=2`` the Q block is split into two halves ``_a``/``_b`` (``attrs["subtile"]`` 0/1) that share
+the K/V loads (paper §1.2: sub-tiling to tensor-core instruction size is what makes ping-pong and FA4's
+schedule expressible).
+
+Per sub-tile (roles):
+  ``qk``      S = Q K^T                          tensor core (wgmma -> registers | tcgen05 -> TMEM)
+  ``s_load``  S: TMEM -> registers               Blackwell only
+  ``rowmax``  m_new = max(m_old, rowmax(S))      ALU; m carried to the next iteration
+  ``alpha``   alpha = exp2(m_old - m_new)        MUFU (one value per row)
+  ``exp``     P = exp2(S*scale - m_new)          MUFU; P kept as fp16
+  ``rowsum``  l = l*alpha + rowsum(P)            ALU; l carried
+  ``p_store`` P: registers -> TMEM               Blackwell only (FA4 aliases P over S)
+  ``o_load``  O: TMEM -> registers (32-column chunks, as FA4's correction warps)   Blackwell only
+  ``rescale`` O *= alpha                         ALU
+  ``o_store`` O: registers -> TMEM               Blackwell only
+  ``pv``      O += P V                           tensor core; O is the loop-carried accumulator
+Shared: ``load_k``, ``load_v`` (streaming TMA loads).
+
+Every edge out of an asynchronous tensor-core op, and every edge into an MMA from another warp's TMEM
+write, is ``blocking`` (the consumer waits on wgmma.wait_group or an mbarrier).
+
+The graph attribute ``reg_limit`` is the per-thread register budget of register-holding warp groups that
+the solver uses when none is given (docs/model.md, "Registers"): 240 on Hopper (FA3's consumer warp
+groups), 160 on Blackwell (the uniform budget at which FA4's three 4-warp register groups fit the register
+file: (65536/32 - 2*24) / 12 = 166 -> 160; FA4 itself gives 192 to softmax and 80 to correction).
+"""
+
+from __future__ import annotations
+
+from twill.ir.builder import GraphBuilder
+from twill.ir.graph import LoopGraph
+from twill.kernels import KernelOption
+from twill.kernels import _common as k
+from twill.machine.models import Machine
+
+OPTIONS = {
+    "subtiles": KernelOption(int, 1, "split the Q block into this many sub-tiles sharing K/V", (1, 2)),
+    "head_dim": KernelOption(int, 128, "head dimension", (64, 128)),
+    "block_m": KernelOption(int, 0, "query rows per CTA (0 = 128 on Hopper, 256 on Blackwell)", (0, 64, 128, 256)),
+    "block_n": KernelOption(int, 128, "keys per iteration", (64, 128)),
+    "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
+}
+
+#: Per-thread register budget for register-holding warp groups, by accumulator location (see module doc).
+DEFAULT_REG_LIMIT = {"registers": 240, "tmem": 160}
+
+#: Columns of O that FA4's correction warps load from TMEM at a time.
+CORRECTION_CHUNK = 32
+
+
+def default_block_m(machine: Machine) -> int:
+    """128 query rows on Hopper (two 64-row wgmma sub-tiles), 256 on Blackwell (two 128-row tcgen05)."""
+    return 256 if machine.mma_accumulates_in == "tmem" else 128
+
+
+def build(machine: Machine, *, subtiles: int = 1, head_dim: int = 128, block_m: int = 0, block_n: int = 128,
+          dtype: str = "fp16") -> LoopGraph:
+    """The forward KV-loop body for ``machine`` (see the module docstring)."""
+    block_m = block_m or default_block_m(machine)
+    tmem = machine.mma_accumulates_in == "tmem"
+    b = GraphBuilder("flash-fwd", attrs={
+        "kernel": "flash-fwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
+        "head_dim": head_dim, "dtype": dtype, "subtiles": subtiles,
+        "reg_limit": DEFAULT_REG_LIMIT[machine.mma_accumulates_in]})
+    load_k = k.tma_load(b, machine, "load_k", "load_k", block_n, head_dim, dtype)
+    load_v = k.tma_load(b, machine, "load_v", "load_v", block_n, head_dim, dtype)
+    rows = block_m // subtiles
+    for s in range(subtiles):
+        if tmem:
+            _blackwell_subtile(b, machine, s, subtiles, rows, block_n, head_dim, dtype, load_k, load_v)
+        else:
+            _hopper_subtile(b, machine, s, subtiles, rows, block_n, head_dim, dtype, load_k, load_v)
+    return b.build()
+
+
+def _softmax_chain(b: GraphBuilder, machine: Machine, x: str, s: int | None, rows: int, block_n: int,
+                   dtype: str, scores: str, scores_delay: int, scores_blocking: bool) -> tuple[str, str]:
+    """rowmax, alpha, exp, rowsum of one sub-tile reading the scores ``scores``; returns (alpha, exp)."""
+    rowmax = k.row_reduce(b, machine, f"rowmax{x}", "rowmax", rows, block_n, subtile=s)
+    alpha = k.exp2(b, machine, f"alpha{x}", "alpha", rows, 1, "fp32", subtile=s)
+    p = k.exp2(b, machine, f"exp{x}", "exp", rows, block_n, dtype, subtile=s)
+    rowsum = k.row_reduce(b, machine, f"rowsum{x}", "rowsum", rows, block_n, subtile=s)
+    b.edge(scores, rowmax, delay=scores_delay, blocking=scores_blocking)
+    b.edge(scores, p, delay=scores_delay, blocking=scores_blocking)
+    b.edge(rowmax, rowmax, distance=1)
+    b.edge(rowmax, alpha)
+    b.edge(rowmax, p)
+    b.edge(p, rowsum)
+    b.edge(alpha, rowsum)
+    b.edge(rowsum, rowsum, distance=1)
+    return alpha, p
+
+
+def _hopper_subtile(b: GraphBuilder, machine: Machine, s: int, subtiles: int, rows: int, block_n: int,
+                    head_dim: int, dtype: str, load_k: str, load_v: str) -> None:
+    """wgmma sub-tile: S and O accumulate in the registers of the issuing warp group."""
+    x = k.suffix(subtiles, s)
+    sub = s if subtiles > 1 else None
+    qk = k.mma(b, machine, f"qk{x}", "qk", rows, block_n, head_dim, dtype, subtile=sub)
+    qk_cycles = b.build().op(qk).issue_latency
+    alpha, p = _softmax_chain(b, machine, x, sub, rows, block_n, dtype, qk, qk_cycles, True)
+    rescale = k.elementwise(b, machine, f"rescale{x}", "rescale", rows, head_dim, "fp32", subtile=sub)
+    pv = k.mma(b, machine, f"pv{x}", "pv", rows, head_dim, block_n, dtype, subtile=sub, accumulator=True)
+    pv_cycles = b.build().op(pv).issue_latency
+    b.edge(load_k, qk, delay=0)
+    b.edge(load_v, pv, delay=0)
+    b.edge(alpha, rescale)
+    b.edge(pv, rescale, delay=pv_cycles, distance=1, blocking=True)
+    b.edge(rescale, pv)
+    b.edge(p, pv)
+
+
+def _blackwell_subtile(b: GraphBuilder, machine: Machine, s: int, subtiles: int, rows: int, block_n: int,
+                       head_dim: int, dtype: str, load_k: str, load_v: str) -> None:
+    """tcgen05 sub-tile: S, P and O live in TMEM; softmax and correction move them through registers."""
+    x = k.suffix(subtiles, s)
+    sub = s if subtiles > 1 else None
+    qk = k.mma(b, machine, f"qk{x}", "qk", rows, block_n, head_dim, dtype, subtile=sub)
+    qk_cycles = b.build().op(qk).issue_latency
+    s_load = k.tmem_load(b, machine, f"s_load{x}", "s_load", rows, block_n, subtile=sub)
+    b.edge(qk, s_load, delay=qk_cycles, blocking=True)
+    s_cycles = b.build().op(s_load).issue_latency
+    alpha, p = _softmax_chain(b, machine, x, sub, rows, block_n, dtype, s_load, s_cycles, False)
+    p_store = k.tmem_store(b, machine, f"p_store{x}", "p_store", rows, block_n, dtype, subtile=sub)
+    o_load = k.tmem_load(b, machine, f"o_load{x}", "o_load", rows, head_dim, subtile=sub,
+                         chunk_cols=CORRECTION_CHUNK)
+    rescale = k.elementwise(b, machine, f"rescale{x}", "rescale", rows, CORRECTION_CHUNK, "fp32", subtile=sub,
+                            ops_per_element=head_dim / CORRECTION_CHUNK)
+    o_store = k.tmem_store(b, machine, f"o_store{x}", "o_store", rows, head_dim, "fp32", subtile=sub)
+    pv = k.mma(b, machine, f"pv{x}", "pv", rows, head_dim, block_n, dtype, subtile=sub, accumulator=True)
+    pv_cycles = b.build().op(pv).issue_latency
+    b.edge(load_k, qk, delay=0)
+    b.edge(load_v, pv, delay=0)
+    b.edge(p, p_store)
+    b.edge(p_store, pv, blocking=True)
+    b.edge(pv, o_load, delay=pv_cycles, distance=1, blocking=True)
+    b.edge(o_load, rescale)
+    b.edge(alpha, rescale)
+    b.edge(rescale, o_store)
+    b.edge(o_store, pv, blocking=True)

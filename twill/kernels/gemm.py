@@ -1,0 +1,48 @@
+"""Tiled GEMM main loop: ``acc += A[:, k] @ B[k, :]`` over K blocks.
+
+Ops (roles): ``load_a``, ``load_b`` (streaming TMA loads into the shared-memory ring), ``mma`` (wgmma on
+Hopper, a 4-warp op accumulating in registers; tcgen05.mma on Blackwell, a 1-warp op accumulating in TMEM)
+and ``mma_wait`` (waits for the MMA to complete and releases its ring slots; its stage relative to ``mma``
+is the wgmma wait lag).
+
+Edges: ``load_a -> mma``, ``load_b -> mma`` (delay 0: streaming loads have zero latency),
+``mma -> mma`` (distance 1: the accumulator chain), ``mma -> mma_wait`` (blocking, delay = MMA cycles),
+``mma_wait -> mma`` (distance 2: at most one MMA left in flight when the next is issued, as in
+``wgmma.wait_group(1)``).
+"""
+
+from __future__ import annotations
+
+from twill.ir.builder import GraphBuilder
+from twill.ir.graph import LoopGraph
+from twill.kernels import KernelOption
+from twill.kernels import _common as k
+from twill.machine.models import Machine
+
+OPTIONS = {
+    "block_m": KernelOption(int, 128, "rows of the output tile", (64, 128, 256)),
+    "block_n": KernelOption(int, 128, "columns of the output tile", (64, 128, 256)),
+    "block_k": KernelOption(int, 64, "K extent of one loop iteration", (32, 64, 128)),
+    "dtype": KernelOption(str, "fp16", "operand dtype", ("fp16", "bf16", "fp8")),
+}
+
+#: Iterations between an MMA and the MMA that must wait for it (``wgmma.wait_group(1)`` keeps one in flight).
+MMA_WAIT_DISTANCE = 2
+
+
+def build(machine: Machine, *, block_m: int = 128, block_n: int = 128, block_k: int = 64,
+          dtype: str = "fp16") -> LoopGraph:
+    """The GEMM K-loop body for ``machine`` (see the module docstring for ops and edges)."""
+    b = GraphBuilder("gemm", attrs={"kernel": "gemm", "arch": machine.name, "block_m": block_m,
+                                    "block_n": block_n, "block_k": block_k, "dtype": dtype, "subtiles": 1})
+    load_a = k.tma_load(b, machine, "load_a", "load_a", block_m, block_k, dtype)
+    load_b = k.tma_load(b, machine, "load_b", "load_b", block_k, block_n, dtype)
+    acc = k.mma(b, machine, "mma", "mma", block_m, block_n, block_k, dtype, accumulator=True)
+    wait = k.mma_wait(b, machine, "mma_wait")
+    mma_cycles = b.build().op(acc).issue_latency
+    b.edge(load_a, acc, delay=0)
+    b.edge(load_b, acc, delay=0)
+    b.edge(acc, acc, delay=mma_cycles, distance=1)
+    b.edge(acc, wait, delay=mma_cycles, blocking=True)
+    b.edge(wait, acc, delay=0, distance=MMA_WAIT_DISTANCE)
+    return b.build()
