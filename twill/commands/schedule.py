@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
+
+from twill.commands.common import (add_solve_arguments, add_target_arguments, machine_of, resolve_target,
+                                   schedule_document, solve_options, write_json_output)
+from twill.errors import TwillError
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
@@ -13,6 +18,72 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plots(args: argparse.Namespace, schedule, machine) -> None:
+    if not (args.plot or args.plot_all):
+        return
+    try:
+        from twill import viz
+    except ImportError as exc:
+        raise TwillError(f"plotting is not available ({exc})") from None
+    if args.plot:
+        save_timeline = getattr(viz, "save_timeline", None)
+        if save_timeline is None:
+            raise TwillError("plotting is not available in this installation (twill.viz.save_timeline)")
+        save_timeline(schedule, machine, args.plot)
+    if args.plot_all:
+        save_all = getattr(viz, "save_all", None)
+        if save_all is None:
+            raise TwillError("plotting is not available in this installation (twill.viz.save_all)")
+        save_all(schedule, machine, args.plot_all)
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    from twill.schedule.report import format_report
+    from twill.solve import schedule as solve
+
+    machine = machine_of(args)
+    options = solve_options(args)
+    graph = resolve_target(args, machine)
+    result = solve(graph, machine, options)
+    program = None
+    if args.pipelined:
+        from twill.schedule.pipelined import pipelined_program
+
+        program = pipelined_program(result)
+    doc = schedule_document(result)
+    if program is not None:
+        from twill.schedule.pipelined import program_to_dict
+
+        doc["pipelined"] = program_to_dict(program)
+    if args.output:
+        write_json_output(args.output, doc)
+    _plots(args, result, machine)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_report(result, machine))
+        if program is not None:
+            from twill.schedule.pipelined import format_pipelined
+
+            print()
+            print(format_pipelined(result, program))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("kernels", help="list the built-in loop graphs")
     p.set_defaults(func=_cmd_kernels)
+
+    p = sub.add_parser("schedule", help="find an optimal modulo schedule (and warp specialization)",
+                       description="Schedule a loop graph: cost normalization, ResMII/RecMII bounds, optimal "
+                                   "modulo scheduling and, unless --no-ws, joint warp specialization.")
+    add_target_arguments(p)
+    add_solve_arguments(p)
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the twill-schedule/1 JSON instead of the report")
+    out.add_argument("-o", "--output", metavar="FILE", help="also write the twill-schedule/1 JSON to FILE")
+    out.add_argument("--pipelined", action="store_true",
+                     help="also print the pipelined program (prologue / steady state / epilogue)")
+    out.add_argument("--plot", metavar="FILE", help="save a timeline picture of the schedule")
+    out.add_argument("--plot-all", metavar="DIR", help="save every picture of the schedule into DIR")
+    p.set_defaults(func=_cmd_schedule)

@@ -1,0 +1,128 @@
+"""Phase-1 optimal modulo scheduling at a fixed II and the II search of ``twill.solve.schedule``."""
+
+from __future__ import annotations
+
+import pytest
+
+from twill.errors import InfeasibleScheduleError
+from twill.ir import GraphBuilder
+from twill.kernels import build_kernel
+from twill.machine import H100
+from twill.schedule.verify import violations
+from twill.solve import SolveOptions, schedule
+from twill.solve.modulo import modulo_schedule, solve_modulo, stage_limit, unit_chunks
+
+SOLO = dict(time_limit=10, workers=1, seed=0)
+
+
+def paper():
+    return build_kernel("paper-example", H100)
+
+
+def test_paper_example_ii1_is_infeasible_ii2_optimal_length_4():
+    g = paper()
+    units = dict(g.units)
+    assert solve_modulo(g, units, 1, **SOLO).status == "infeasible"
+    r = solve_modulo(g, units, 2, **SOLO)
+    assert (r.status, r.length, r.proven, r.length_bound, r.ii) == ("optimal", 4, True, 4, 2)
+    t = r.starts
+    assert t["S"] % 2 != t["O"] % 2                 # S and O share the tensor core
+    assert t["P"] >= t["S"] + 1 and t["O"] >= t["P"] + 1
+
+
+def test_modulo_schedule_returns_none_when_no_schedule():
+    g = paper()
+    assert modulo_schedule(g, dict(g.units), 1, **SOLO) is None
+    found = modulo_schedule(g, dict(g.units), 3, **SOLO)
+    assert found is not None and found.length == 3 and found.status == "optimal"
+
+
+def test_length_bounds_and_hint():
+    g = paper()
+    units = dict(g.units)
+    r = solve_modulo(g, units, 2, length_bounds=(5, None), hint={"S": 0, "P": 1, "O": 3}, **SOLO)
+    assert r.status == "optimal" and r.length == 5
+    assert solve_modulo(g, units, 2, length_bounds=(None, 3), **SOLO).status == "infeasible"
+
+
+def test_chunks_split_runs_longer_than_ii():
+    b = GraphBuilder("long", units={"alu": 2})
+    b.op("a", rrt=[{}] + [{"alu": 1}] * 5)
+    chunks = unit_chunks(b.build(), 2)["alu"]
+    assert [(c.offset, c.length) for c in chunks] == [(1, 2), (3, 2), (5, 1)]
+
+
+def test_capacity_two_uses_cumulative_and_counts_wraparound():
+    b = GraphBuilder("cap2", units={"alu": 2})
+    b.op("a", uses={"alu": 1}, cycles=3)              # residues r, r+1, r at II=2
+    b.op("b", uses={"alu": 1}, cycles=1)
+    g = b.build()
+    r = solve_modulo(g, dict(g.units), 2, **SOLO)
+    assert r.found
+    assert (r.starts["b"] - r.starts["a"]) % 2 == 1   # b must avoid a's doubly used residue
+    b2 = GraphBuilder("cap2x", units={"alu": 2})
+    b2.op("a", uses={"alu": 1}, cycles=6)             # 3 instances at each residue mod 2
+    g2 = b2.build()
+    assert solve_modulo(g2, dict(g2.units), 2, **SOLO).status == "infeasible"
+    assert solve_modulo(g2, dict(g2.units), 3, **SOLO).found
+
+
+def test_multi_instance_rows():
+    b = GraphBuilder("wide", units={"alu": 3})
+    b.op("a", uses={"alu": 2}, cycles=1)
+    b.op("c", uses={"alu": 2}, cycles=1)
+    g = b.build()
+    assert solve_modulo(g, dict(g.units), 1, **SOLO).status == "infeasible"
+    r = solve_modulo(g, dict(g.units), 2, **SOLO)
+    assert r.found and r.starts["a"] % 2 != r.starts["c"] % 2
+
+
+def test_stage_limit_formula():
+    g = paper()
+    # S->P d=1: ⌈2/2⌉ = 1; P->O: 1; O->O d=1 δ=1: ⌈2/2⌉-1 = 0
+    assert stage_limit(g, 2) == 2
+
+
+def test_schedule_api_no_ws_is_optimal_and_verified():
+    s = schedule(paper(), H100, SolveOptions(ws=False, time_limit=20))
+    assert s.status == "optimal" and s.ii == 2 and s.ii_lower_bound == 2 and s.length == 4
+    assert s.stats["res_mii"] == 2 and s.stats["rec_mii"] == 1
+    assert s.stats["normalization"]["enabled"] and s.stats["normalization"]["F"] == 0
+    assert [row["ii"] for row in s.stats["tried"]] == [2]
+    assert violations(s, H100) == []
+
+
+def test_search_starts_at_res_mii_without_normalization():
+    b = GraphBuilder("skip", units={"u": 1})
+    b.op("a", uses={"u": 1}, cycles=1)
+    b.op("b", uses={}, cycles=1)
+    b.op("c", uses={"u": 1}, cycles=1)
+    b.edge("a", "c", delay=1)
+    g = b.build()
+    s = schedule(g, H100, SolveOptions(ws=False, normalize=False))
+    assert s.stats["res_mii"] == 2 and s.ii == 2 and s.status == "optimal"
+
+
+def test_options_are_honoured():
+    progress: list[str] = []
+    s = schedule(paper(), H100, SolveOptions(ws=False, normalize=False, progress=progress.append))
+    assert s.stats["normalization"] == {"enabled": False}
+    assert any("II 2" in line for line in progress) and any("ResMII 2" in line for line in progress)
+
+
+def test_max_ii_below_bound_is_infeasible():
+    with pytest.raises(InfeasibleScheduleError, match="max II is 1"):
+        schedule(paper(), H100, SolveOptions(ws=False, max_ii=1))
+
+
+def test_infeasible_up_to_max_ii_names_the_range():
+    b = GraphBuilder("gap", units={"u": 1})
+    b.op("a", uses={"u": 1}, cycles=1)
+    b.op("b", uses={"u": 1}, cycles=1)
+    b.edge("a", "b", delay=2)
+    b.edge("b", "a", delay=0, distance=1)            # RecMII 2 ... then b at a+2 collides with a mod 2
+    g = b.build()
+    with pytest.raises(InfeasibleScheduleError, match=r"II <= 2 \(II 2\.\.2 proved infeasible\)"):
+        schedule(g, H100, SolveOptions(ws=False, normalize=False, max_ii=2))
+    s = schedule(g, H100, SolveOptions(ws=False, normalize=False))
+    assert s.ii == 3 and [row["status"] for row in s.stats["tried"]] == ["infeasible", "optimal"]

@@ -1,0 +1,204 @@
+"""Helpers shared by the command modules: target arguments and resolution, solver options, output files.
+
+A *target* is one of
+
+* a built-in kernel name (``twill kernels`` lists them), built with the static kernel options given
+  (``--subtiles``, ``--head-dim``, ``--block-m``, ``--block-n``, ``--block-k``, ``--dtype``);
+* a ``twill-graph/1`` file (``*.json``);
+* a Triton kernel ``path.py:fn``, traced with ``--signature``, ``--constexpr NAME=VAL``, ``--num-warps``,
+  ``--num-stages``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Any, Callable
+
+from twill.errors import FormatError, TwillError
+from twill.ir.graph import LoopGraph
+from twill.machine.models import MACHINES, Machine, get_machine
+
+#: Static kernel options: CLI flag -> (keyword of ``build_kernel``, type).
+KERNEL_FLAGS: dict[str, tuple[str, type]] = {
+    "--subtiles": ("subtiles", int),
+    "--head-dim": ("head_dim", int),
+    "--block-m": ("block_m", int),
+    "--block-n": ("block_n", int),
+    "--block-k": ("block_k", int),
+    "--dtype": ("dtype", str),
+}
+
+_TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """The positional target, ``--arch``, the static kernel options and the Triton target options."""
+    parser.add_argument("target", help="built-in kernel name (see 'twill kernels'), a twill-graph/1 .json "
+                                       "file, or a Triton kernel path.py:fn")
+    parser.add_argument("--arch", default="h100", type=str.lower,
+                        help=f"target GPU: {', '.join(MACHINES)} (default h100)")
+    group = parser.add_argument_group("static kernel options (built-in kernels only)")
+    for flag, (dest, typ) in KERNEL_FLAGS.items():
+        group.add_argument(flag, dest=dest, type=typ, default=None, help=f"kernel option {dest}")
+    tri = parser.add_argument_group("Triton target options (path.py:fn targets only)")
+    tri.add_argument("--signature", default=None, help="argument types, e.g. '*fp16,*fp16,i32'")
+    tri.add_argument("--constexpr", action="append", default=[], metavar="NAME=VAL",
+                     help="a tl.constexpr value (repeatable)")
+    tri.add_argument("--num-warps", type=int, default=None, help="Triton num_warps")
+    tri.add_argument("--num-stages", type=int, default=None, help="Triton num_stages")
+
+
+def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Solver options, mapped onto :class:`~twill.solve.options.SolveOptions` by :func:`solve_options`."""
+    g = parser.add_argument_group("solver options")
+    g.add_argument("--no-ws", dest="ws", action="store_false",
+                   help="modulo schedule only, no warp specialization")
+    g.add_argument("--time-limit", type=float, default=120.0, metavar="S",
+                   help="wall-clock seconds for the whole search (default 120)")
+    g.add_argument("--max-ii", type=int, default=None, metavar="N", help="give up past this II")
+    g.add_argument("--no-normalize", dest="normalize", action="store_false",
+                   help="schedule raw cycle counts (no cost normalization)")
+    g.add_argument("--resolution", type=int, default=300, metavar="U",
+                   help="cost-normalization budget U = max sum of normalized costs (default 300)")
+    g.add_argument("--backend", choices=("cpsat", "yices"), default="cpsat",
+                   help="joint-solver backend (default cpsat)")
+    g.add_argument("--reg-limit", type=int, default=None, metavar="R",
+                   help="per-thread register budget of a compute warp group")
+    g.add_argument("--max-warps", type=int, default=None, metavar="W", help="size of the warp pool")
+    g.add_argument("--no-cross-warp", dest="cross_warp", action="store_false",
+                   help="forbid values crossing warp groups (paper's ablation)")
+    g.add_argument("--streaming-depth", type=int, default=2, metavar="D",
+                   help="buffers in flight for streaming TMA loads (default 2)")
+    g.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
+    g.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+
+
+def progress_printer() -> Callable[[str], None] | None:
+    """A progress callback printing to stderr, or None when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(message: str) -> None:
+        print(f"twill: {message}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def solve_options(args: argparse.Namespace) -> Any:
+    """The :class:`~twill.solve.options.SolveOptions` that the parsed solver arguments ask for."""
+    from twill.solve.options import SolveOptions
+
+    return SolveOptions(ws=args.ws, backend=args.backend, time_limit=args.time_limit, max_ii=args.max_ii,
+                        normalize=args.normalize, resolution=args.resolution, reg_limit=args.reg_limit,
+                        max_warps=args.max_warps, cross_warp=args.cross_warp,
+                        streaming_depth=args.streaming_depth, workers=args.workers, seed=args.seed,
+                        progress=progress_printer())
+
+
+def machine_of(args: argparse.Namespace) -> Machine:
+    return get_machine(args.arch)
+
+
+def parse_constexpr(text: str) -> tuple[str, Any]:
+    """``NAME=VAL`` -> (name, value) with VAL read as int, float, bool or string, in that order."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name.strip():
+        raise TwillError(f"--constexpr expects NAME=VAL, got {text!r}")
+    raw = raw.strip()
+    for cast in (int, float):
+        try:
+            return name.strip(), cast(raw)
+        except ValueError:
+            pass
+    if raw in ("True", "False", "true", "false"):
+        return name.strip(), raw.lower() == "true"
+    return name.strip(), raw
+
+
+def kernel_options_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The static kernel options that were given on the command line."""
+    return {dest: getattr(args, dest) for dest, _ in KERNEL_FLAGS.values() if getattr(args, dest, None) is not None}
+
+
+def _triton_options_given(args: argparse.Namespace) -> list[str]:
+    names = [("--signature", args.signature), ("--num-warps", args.num_warps), ("--num-stages", args.num_stages)]
+    given = [flag for flag, value in names if value is not None]
+    return given + (["--constexpr"] if args.constexpr else [])
+
+
+def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
+    """The loop graph that ``args.target`` names (see the module docstring)."""
+    target = args.target
+    kernel_opts = kernel_options_given(args)
+    triton_flags = _triton_options_given(args)
+    match = _TRITON_TARGET.match(target)
+    if match:
+        if kernel_opts:
+            raise TwillError(f"--{sorted(kernel_opts)[0].replace('_', '-')} applies to built-in kernels only; "
+                             f"use --constexpr for a Triton target")
+        return _triton_graph(match["path"], match["fn"], args, machine)
+    if triton_flags:
+        raise TwillError(f"{triton_flags[0]} applies to Triton targets (path.py:fn) only")
+    if target.endswith(".json") or os.path.sep in target or os.path.isfile(target):
+        if kernel_opts:
+            raise TwillError(f"--{sorted(kernel_opts)[0].replace('_', '-')} applies to built-in kernels only, "
+                             f"not to graph file {target!r}")
+        from twill.ir.io import load_graph
+
+        return load_graph(target)
+    from twill.kernels import build_kernel
+
+    return build_kernel(target, machine, **kernel_opts)
+
+
+def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine) -> LoopGraph:
+    if not os.path.isfile(path):
+        raise FormatError(f"cannot read Triton source {path!r}: no such file")
+    try:
+        from twill.frontends.triton import graph_from_target
+    except ImportError as exc:
+        raise TwillError(f"the Triton frontend is not available ({exc}); install twill-gpu[triton]") from None
+    constexprs = dict(parse_constexpr(c) for c in args.constexpr)
+    return graph_from_target(path, fn, signature=args.signature, constexprs=constexprs,
+                             num_warps=args.num_warps, num_stages=args.num_stages, machine=machine)
+
+
+def schedule_document(schedule: Any) -> dict[str, Any]:
+    """A self-contained ``twill-schedule/1`` object: the schedule plus ``loop_graph``, the graph its times
+    refer to (in ``twill-graph/1``)."""
+    from twill.ir.io import graph_to_dict
+
+    doc = schedule.to_dict()
+    doc["loop_graph"] = graph_to_dict(schedule.graph)
+    return doc
+
+
+def load_schedule_document(path: str) -> Any:
+    """Read a schedule file written by ``twill schedule -o`` (with its ``loop_graph``)."""
+    from twill.ir.io import graph_from_dict
+    from twill.schedule.result import Schedule
+
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise FormatError(f"cannot read schedule file {path!r}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, dict) or "loop_graph" not in data:
+        raise FormatError(f"{path}: not a schedule file written by 'twill schedule -o' (no 'loop_graph')")
+    return Schedule.from_dict(data, graph_from_dict(data["loop_graph"]))
+
+
+def write_json_output(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically; an unwritable path is a one-line :class:`TwillError`."""
+    from twill.ir.io import write_json_atomic
+
+    try:
+        write_json_atomic(path, data)
+    except OSError as exc:
+        raise TwillError(f"cannot write {path!r}: {exc.strerror or exc}") from None

@@ -1,0 +1,107 @@
+"""Plain-text report of a schedule (``twill schedule`` without ``--json``)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from twill.machine.models import Machine
+from twill.schedule.result import Schedule
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[k]) for row in cells) for k in range(len(header))]
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  " + "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _normalization_line(norm: Mapping[str, Any] | None) -> str:
+    if not norm or not norm.get("enabled"):
+        return "normalization: off (raw cycle counts)"
+    pairs = ", ".join(f"{raw}->{n}" for raw, n in norm.get("map", {}).items())
+    return (f"normalization: U={norm.get('U')}, distortion F={norm.get('F')}, "
+            f"~{norm.get('cycles_per_unit')} raw cycles per unit, max relative error "
+            f"{100 * float(norm.get('max_relative_error', 0)):.1f}% ({pairs})")
+
+
+def _header(schedule: Schedule) -> list[str]:
+    stats = schedule.stats
+    res, rec = stats.get("res_mii"), stats.get("rec_mii")
+    bound = f"II lower bound {schedule.ii_lower_bound}"
+    if res is not None and rec is not None:
+        bound += f" (ResMII {res}, RecMII {rec})"
+    lines = [f"schedule of {schedule.graph.name!r} on {schedule.arch} (solver {schedule.solver})",
+             f"status: {schedule.status}",
+             f"II: {schedule.ii}    {bound}",
+             f"L: {schedule.length}    stages: {schedule.num_stages}    copies: {schedule.copies}"]
+    if "length_lower_bound" in stats:
+        lines[-1] += f"    L lower bound: {stats['length_lower_bound']}"
+    lines.append(f"solve time: {schedule.solve_seconds:.2f} s")
+    tried = stats.get("tried")
+    if tried:
+        lines.append("IIs tried: " + ", ".join(f"{row['ii']} {row['status']}" for row in tried))
+    lines.append(_normalization_line(stats.get("normalization")))
+    return lines
+
+
+def _op_rows(schedule: Schedule) -> list[str]:
+    has_warps = bool(schedule.assignment)
+    header = ["op", "kind", "start", "stage", "slot", "order", "cycles"] + (["warp"] if has_warps else [])
+    rows = []
+    for name in schedule.steady_state_order():
+        op = schedule.graph.op(name)
+        row: list[Any] = [name, op.kind, schedule.start(name), schedule.stage(name), schedule.slot(name),
+                          schedule.order(name), op.cycles]
+        if has_warps:
+            row.append(schedule.assignment.get(name, "-"))
+        rows.append(row)
+    return ["ops (steady-state order):"] + _table(header, rows)
+
+
+def _buffer_rows(schedule: Schedule) -> list[str]:
+    rows = [[f"{e.src}->{e.dst}", e.distance, schedule.buffer_depth(e)] for e in schedule.graph.edges]
+    if not rows:
+        return []
+    return ["buffers (copies of the source's result in flight):"] + _table(["edge", "distance", "depth"], rows)
+
+
+def _warp_rows(schedule: Schedule) -> list[str]:
+    if not schedule.warps:
+        return []
+    out = ["warp groups (steady-state op sequence, stage in brackets):"]
+    order = schedule.steady_state_order()
+    for w in schedule.warps:
+        ops = [n for n in order if schedule.assignment.get(n) == w.id]
+        seq = " -> ".join(f"{n}[s{schedule.stage(n)}]" for n in ops) or "(no ops)"
+        out.append(f"  {w.id} {w.role:<11s} {w.num_warps} warps, {w.regs} regs: {seq}")
+    return out
+
+
+def _blocked_rows(schedule: Schedule) -> list[str]:
+    blocked = schedule.stats.get("blocked_by")
+    if not blocked:
+        return []
+    if isinstance(blocked, Mapping):
+        items = [f"{k}: {v}" for k, v in blocked.items()]
+    elif isinstance(blocked, (list, tuple)):
+        items = [str(x) for x in blocked]
+    else:
+        items = [str(blocked)]
+    return ["blocked_by:"] + [f"  {x}" for x in items]
+
+
+def format_report(schedule: Schedule, machine: Machine) -> str:
+    """II, bounds, L, stages, status, solve time, normalization, per-op table, buffers, warp groups and
+    ``blocked_by`` explanations, as plain text."""
+    sections = [_header(schedule), _op_rows(schedule), _buffer_rows(schedule), _warp_rows(schedule),
+                _blocked_rows(schedule)]
+    lines: list[str] = []
+    for block in sections:
+        if block:
+            if lines:
+                lines.append("")
+            lines.extend(block)
+    if machine.name != schedule.arch:
+        lines.append(f"(note: report rendered for {machine.name}, schedule is for {schedule.arch})")
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""Independent verifier: re-checks a schedule against the model's formulas without any solver code.
+
+Families (each violation message starts with its name and names the ops involved):
+
+* ``START`` — every op has an integer start ``t_v ≥ 0``;
+* ``DEPENDENCE`` — ``t_dst + δ·II ≥ t_src + d`` for every edge;
+* ``CAPACITY`` — for every unit ``f`` and residue ``r ∈ [0, II)``:
+  ``Σ_v Σ_{c : (t_v + c) mod II = r} RRT[v][c][f] ≤ cap(f)`` (graph units override the machine's);
+* ``UNIT`` — every unit an op uses exists;
+* ``BOUND`` / ``STATUS`` — ``II ≥ ii_lower_bound``; ``optimal`` implies ``II = ii_lower_bound``; recorded
+  length / stage statistics match the start times;
+* warp-specialization families, through ``twill.schedule.verify_ws.ws_violations`` when the schedule has a
+  warp assignment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twill.errors import VerificationError
+from twill.ir.validate import effective_units
+from twill.machine.models import Machine
+from twill.schedule.result import Schedule
+
+
+def start_violations(schedule: Schedule) -> list[str]:
+    """START: integer starts, none negative."""
+    out = []
+    for name in schedule.graph.op_names:
+        t = schedule.starts[name]
+        if not isinstance(t, int) or isinstance(t, bool):
+            out.append(f"START: op {name!r} has a non-integer start {t!r}")
+        elif t < 0:
+            out.append(f"START: op {name!r} starts at {t} < 0")
+    return out
+
+
+def dependence_violations(schedule: Schedule) -> list[str]:
+    """DEPENDENCE: ``t_dst + δ·II ≥ t_src + d``."""
+    out = []
+    ii, t = schedule.ii, schedule.starts
+    for e in schedule.graph.edges:
+        lhs = t[e.dst] + e.distance * ii
+        if lhs < t[e.src] + e.delay:
+            left = f"t({e.dst})={t[e.dst]}" if e.distance == 0 else \
+                f"t({e.dst})+{e.distance}·{ii}={lhs}"
+            out.append(f"DEPENDENCE: {e.src}->{e.dst} (d={e.delay}, δ={e.distance}) violated: "
+                       f"{left} < t({e.src})+{e.delay}={t[e.src] + e.delay}")
+    return out
+
+
+def modulo_usage(schedule: Schedule) -> dict[str, list[dict[str, int]]]:
+    """Per unit, per residue ``r``: op name -> instances of the unit it holds at residue ``r``."""
+    ii = schedule.ii
+    usage: dict[str, list[dict[str, int]]] = {}
+    for op in schedule.graph.ops:
+        start = schedule.starts[op.name]
+        for c, row in enumerate(op.rrt):
+            for unit, count in row:
+                slots = usage.setdefault(unit, [{} for _ in range(ii)])
+                cell = slots[(start + c) % ii]
+                cell[op.name] = cell.get(op.name, 0) + count
+    return usage
+
+
+def capacity_violations(schedule: Schedule, machine: Machine) -> list[str]:
+    """UNIT and CAPACITY: modulo resource usage per unit per residue within the unit's capacity."""
+    units = effective_units(schedule.graph, machine.units)
+    out = []
+    for unit, slots in sorted(modulo_usage(schedule).items()):
+        if unit not in units:
+            users = sorted({name for cell in slots for name in cell})
+            out.append(f"UNIT: unit {unit!r} used by {', '.join(users)} does not exist "
+                       f"(known: {', '.join(sorted(units)) or 'none'})")
+            continue
+        for r, cell in enumerate(slots):
+            total = sum(cell.values())
+            if total > units[unit]:
+                holders = ", ".join(f"{n}×{c}" if c > 1 else n for n, c in cell.items())
+                out.append(f"CAPACITY: unit {unit!r} at residue {r} (mod II={schedule.ii}) holds {total} > "
+                           f"capacity {units[unit]}: {holders}")
+    return out
+
+
+def consistency_violations(schedule: Schedule) -> list[str]:
+    """BOUND and STATUS: II against its lower bound; recorded length/stages against the start times."""
+    out = []
+    if schedule.ii < schedule.ii_lower_bound:
+        out.append(f"BOUND: II {schedule.ii} is below the proven lower bound {schedule.ii_lower_bound}")
+    if schedule.status == "optimal" and schedule.ii != schedule.ii_lower_bound:
+        out.append(f"STATUS: status 'optimal' but II {schedule.ii} > lower bound {schedule.ii_lower_bound}")
+    stats = schedule.stats
+    if "length" in stats and stats["length"] != schedule.length:
+        out.append(f"BOUND: recorded length L={stats['length']} but the start times give L={schedule.length}")
+    if "stages" in stats and stats["stages"] != schedule.num_stages:
+        out.append(f"BOUND: recorded {stats['stages']} stages but the start times give {schedule.num_stages}")
+    if "length_lower_bound" in stats and schedule.length < stats["length_lower_bound"]:
+        out.append(f"BOUND: length L={schedule.length} is below the proven lower bound "
+                   f"{stats['length_lower_bound']}")
+    unknown = sorted(set(schedule.assignment) - set(schedule.graph.op_names))
+    if unknown:
+        out.append(f"STATUS: warp assignment names unknown op {unknown[0]!r}")
+    return out
+
+
+def warp_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:
+    """Warp-specialization families from ``twill.schedule.verify_ws`` (skipped when that module is absent)."""
+    try:
+        from twill.schedule.verify_ws import ws_violations
+    except ModuleNotFoundError as exc:
+        if exc.name == "twill.schedule.verify_ws":
+            return []
+        raise
+    return list(ws_violations(schedule, machine, options))
+
+
+def violations(schedule: Schedule, machine: Machine, options: Any = None) -> list[str]:
+    """Every violated constraint of ``schedule`` on ``machine``, one message each (empty when valid)."""
+    out = start_violations(schedule)
+    if out:
+        return out
+    out += dependence_violations(schedule)
+    out += capacity_violations(schedule, machine)
+    out += consistency_violations(schedule)
+    if schedule.assignment:
+        out += warp_violations(schedule, machine, options)
+    return out
+
+
+def verify(schedule: Schedule, machine: Machine, options: Any = None) -> None:
+    """Raise :class:`VerificationError` listing every violation, if there is any."""
+    found = violations(schedule, machine, options)
+    if found:
+        raise VerificationError(found)

@@ -1,0 +1,211 @@
+"""Optimal modulo scheduling at a fixed II (paper §5, phase 1) with a compact CP-SAT encoding.
+
+Variables: an integer start ``t_v`` per op (iteration 0) and the length ``L``. Constraints:
+
+* DEPENDENCE — ``t_dst − t_src ≥ d − II·δ`` for every edge ``(src, dst, d, δ)``;
+* COMPLETION — ``L ≥ t_v + cycles(v)``;
+* MODULO CAPACITY — for every unit ``f`` and residue ``r ∈ [0, II)``:
+  ``Σ_v Σ_{c : (t_v + c) mod II = r} RRT[v][c][f] ≤ cap(f)``.
+
+The modulo capacity uses no time-indexed Booleans: each run of identical RRT rows becomes chunks of at most
+II cycles; a chunk at offset ``o`` of op ``v`` is the interval ``[s, s + len)`` with ``s = (t_v + o) mod II``
+plus its copy ``[s + II, s + II + len)``. Two chunks overlap modulo II exactly when one of these four
+intervals meets another, so ``NoOverlap`` (capacity 1, unit demands) or ``Cumulative`` (otherwise) over
+originals and copies is exact.
+
+Objective: minimise ``L``. The start domain is safe: with the residues of any feasible schedule fixed, the
+stages ``k_v`` satisfy difference constraints whose least solution has ``k_v ≤ Σ_e max(0, ⌈(d_e + II − 1)/II⌉
+− δ_e)``, so ``t_v < II·(k_max + 1)`` loses no schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from twill.ir.graph import LoopGraph
+from twill.solve.bounds import asap_starts, length_lower_bound
+from twill.solve.normalize import rrt_runs
+
+STATUSES = ("optimal", "feasible", "infeasible", "unknown")
+
+
+@dataclass(frozen=True)
+class ModuloResult:
+    """The answer of one modulo-scheduling solve at a fixed II.
+
+    Attributes:
+        status: ``optimal`` (L proved minimal), ``feasible`` (a schedule, L not proved minimal),
+            ``infeasible`` (proved: no schedule at this II within ``length_bounds``), ``unknown`` (time out).
+        starts: op -> start cycle; empty unless a schedule was found.
+        length: L of the schedule (0 when none).
+        proven: the solver's answer is a proof (``optimal`` or ``infeasible``).
+        length_bound: proved lower bound on L at this II (equal to ``length`` when optimal).
+        ii: the initiation interval solved for.
+        seconds: solver wall time.
+    """
+
+    status: str
+    starts: Mapping[str, int]
+    length: int
+    proven: bool
+    length_bound: int = 0
+    ii: int = 0
+    seconds: float = 0.0
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown modulo status {self.status!r}")
+        object.__setattr__(self, "starts", MappingProxyType(dict(self.starts)))
+        object.__setattr__(self, "stats", MappingProxyType(dict(self.stats)))
+
+    @property
+    def found(self) -> bool:
+        return bool(self.starts)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of an op's reservation of one unit: ``count`` instances for ``length ≤ II`` cycles starting
+    ``offset`` cycles after the op starts."""
+
+    op: str
+    unit: str
+    offset: int
+    length: int
+    count: int
+
+
+def unit_chunks(graph: LoopGraph, ii: int) -> dict[str, list[Chunk]]:
+    """Per unit, the chunks of all ops (runs of identical RRT rows split into pieces of at most ``ii``)."""
+    chunks: dict[str, list[Chunk]] = {}
+    for op in graph.ops:
+        offset = 0
+        for row, length in rrt_runs(op.rrt):
+            for unit, count in row:
+                for piece in range(0, length, ii):
+                    chunks.setdefault(unit, []).append(
+                        Chunk(op.name, unit, offset + piece, min(ii, length - piece), count))
+            offset += length
+    return chunks
+
+
+def stage_limit(graph: LoopGraph, ii: int) -> int:
+    """``k_max = Σ_e max(0, ⌈(d_e + II − 1)/II⌉ − δ_e)``: no stage beyond it is ever needed."""
+    return sum(max(0, -(-(e.delay + ii - 1) // ii) - e.distance) for e in graph.edges)
+
+
+def start_horizon(graph: LoopGraph, ii: int) -> int:
+    """Largest start time the model allows: ``II·(k_max + 1) − 1``."""
+    return ii * (stage_limit(graph, ii) + 1) - 1
+
+
+def add_dependence(model: Any, graph: LoopGraph, ii: int, t: Mapping[str, Any]) -> None:
+    """DEPENDENCE: ``t_dst − t_src ≥ d − II·δ``."""
+    for e in graph.edges:
+        model.add(t[e.dst] - t[e.src] >= e.delay - ii * e.distance)
+
+
+def add_completion(model: Any, graph: LoopGraph, t: Mapping[str, Any], length: Any) -> None:
+    """COMPLETION: ``L ≥ t_v + cycles(v)``."""
+    for op in graph.ops:
+        model.add(length >= t[op.name] + op.cycles)
+
+
+def add_modulo_capacity(model: Any, graph: LoopGraph, units: Mapping[str, int], ii: int,
+                        t: Mapping[str, Any]) -> int:
+    """MODULO CAPACITY: per unit, NoOverlap/Cumulative over chunk intervals and their II-shifted copies.
+    Returns the number of chunk intervals added."""
+    residues: dict[tuple[str, int], Any] = {}
+    added = 0
+    for unit, chunks in sorted(unit_chunks(graph, ii).items()):
+        starts, sizes, demands = [], [], []
+        for ch in chunks:
+            key = (ch.op, ch.offset % ii)
+            if key not in residues:
+                s = model.new_int_var(0, ii - 1, f"s[{ch.op},+{key[1]}]")
+                model.add_modulo_equality(s, t[ch.op] + key[1], ii)
+                residues[key] = s
+            s = residues[key]
+            for shift in (0, ii):
+                starts.append(s + shift)
+                sizes.append(ch.length)
+                demands.append(ch.count)
+        cap = units[unit]
+        intervals = [model.new_fixed_size_interval_var(st, size, f"itv[{unit}#{k}]")
+                     for k, (st, size) in enumerate(zip(starts, sizes))]
+        if cap == 1 and all(d == 1 for d in demands):
+            model.add_no_overlap(intervals)
+        else:
+            model.add_cumulative(intervals, demands, cap)
+        added += len(intervals)
+    return added
+
+
+def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_limit: float, workers: int = 2,
+                 seed: int = 0, length_bounds: tuple[int | None, int | None] | None = None,
+                 hint: Mapping[str, int] | None = None) -> ModuloResult:
+    """Minimise L at initiation interval ``ii``; always returns a :class:`ModuloResult` (see its statuses).
+
+    ``length_bounds = (lo, hi)`` restricts L (either end may be None); ``hint`` seeds the search with start
+    times (for instance a schedule found at another II).
+    """
+    import time
+
+    from ortools.sat.python import cp_model
+
+    began = time.perf_counter()
+    asap = asap_starts(graph, ii)
+    lo_bound = 0 if asap is None else length_lower_bound(graph, ii)
+    if asap is None:
+        return ModuloResult("infeasible", {}, 0, True, 0, ii, 0.0, {"reason": "II below RecMII"})
+    horizon = start_horizon(graph, ii)
+    max_len = horizon + max(op.cycles for op in graph.ops)
+    lo, hi = lo_bound, max_len
+    if length_bounds is not None:
+        lo = max(lo, length_bounds[0] or 0)
+        hi = min(hi, max_len if length_bounds[1] is None else length_bounds[1])
+    if lo > hi:
+        return ModuloResult("infeasible", {}, 0, True, lo, ii, 0.0, {"reason": "length bounds exclude every L"})
+
+    model = cp_model.CpModel()
+    t = {op.name: model.new_int_var(asap[op.name], horizon, f"t[{op.name}]") for op in graph.ops}
+    length = model.new_int_var(lo, hi, "L")
+    add_dependence(model, graph, ii, t)
+    add_completion(model, graph, t, length)
+    intervals = add_modulo_capacity(model, graph, units, ii, t)
+    model.minimize(length)
+    for name, value in (hint or {}).items():
+        if name in t:
+            model.add_hint(t[name], value)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    code = solver.solve(model)
+    seconds = time.perf_counter() - began
+    stats = {"intervals": intervals, "horizon": horizon, "branches": solver.num_branches}
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        starts = {name: solver.value(var) for name, var in t.items()}
+        value = solver.value(length)
+        optimal = code == cp_model.OPTIMAL
+        bound = value if optimal else max(lo, int(solver.best_objective_bound))
+        return ModuloResult("optimal" if optimal else "feasible", starts, value, optimal, bound, ii, seconds,
+                            stats)
+    if code == cp_model.INFEASIBLE:
+        return ModuloResult("infeasible", {}, 0, True, lo, ii, seconds, stats)
+    return ModuloResult("unknown", {}, 0, False, lo, ii, seconds, stats)
+
+
+def modulo_schedule(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_limit: float,
+                    workers: int = 2, seed: int = 0,
+                    length_bounds: tuple[int | None, int | None] | None = None,
+                    hint: Mapping[str, int] | None = None) -> ModuloResult | None:
+    """A modulo schedule of minimal L at ``ii``, or ``None`` when none was found (proved infeasible or time
+    out; call :func:`solve_modulo` to tell the two apart). ``status`` is ``optimal`` or ``feasible``."""
+    result = solve_modulo(graph, units, ii, time_limit=time_limit, workers=workers, seed=seed,
+                          length_bounds=length_bounds, hint=hint)
+    return result if result.found else None
