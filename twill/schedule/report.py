@@ -20,9 +20,11 @@ def _normalization_line(norm: Mapping[str, Any] | None) -> str:
     if not norm or not norm.get("enabled"):
         return "normalization: off (raw cycle counts)"
     pairs = ", ".join(f"{raw}->{n}" for raw, n in norm.get("map", {}).items())
+    floored = norm.get("floored") or []
+    below = f", floored to 1: {', '.join(str(v) for v in floored)}" if floored else ""
     return (f"normalization: U={norm.get('U')}, distortion F={norm.get('F')}, "
             f"~{norm.get('cycles_per_unit')} raw cycles per unit, max relative error "
-            f"{100 * float(norm.get('max_relative_error', 0)):.1f}% ({pairs})")
+            f"{100 * float(norm.get('max_relative_error', 0)):.1f}%{below}\n  raw->normalized: {pairs}")
 
 
 def _header(schedule: Schedule) -> list[str]:

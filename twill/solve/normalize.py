@@ -35,8 +35,11 @@ class Normalization:
         mapping: raw cycle count -> normalized count, for every distinct positive quantity of the graph.
         distortion: F, the largest ``|C[i]·C′[j] − C[j]·C′[i]|`` (0 = every ratio is exact).
         resolution: U, the bound on ``Σ C′`` that was asked for.
-        cycles_per_unit: ``Σ C / Σ C′``, roughly how many raw cycles one normalized cycle stands for.
-        max_relative_error: ``max_i |C′[i]·cycles_per_unit − C[i]| / C[i]``.
+        cycles_per_unit: the least-squares scale ``s = Σ C² / Σ C·C′`` of ``C ≈ s·C′``: roughly how many raw
+            cycles one normalized cycle stands for.
+        max_relative_error: ``max |C′[i]·s − C[i]| / C[i]`` over the values ``C[i] ≥ s`` (smaller values
+            cannot be represented and are listed in ``floored``).
+        floored: raw values below one normalized cycle (``C[i] < s``), mapped to at least 1.
         proven: True when the solver proved F minimal.
     """
 
@@ -46,6 +49,7 @@ class Normalization:
     cycles_per_unit: float
     max_relative_error: float
     proven: bool
+    floored: tuple[int, ...] = ()
 
     def scale(self, value: int) -> int:
         """The normalized value of a raw quantity (0 stays 0)."""
@@ -55,7 +59,8 @@ class Normalization:
         """The record stored in ``Schedule.stats["normalization"]``."""
         return {"enabled": True, "map": {str(k): v for k, v in sorted(self.mapping.items())},
                 "F": self.distortion, "U": self.resolution, "cycles_per_unit": round(self.cycles_per_unit, 4),
-                "max_relative_error": round(self.max_relative_error, 4), "proven": self.proven}
+                "max_relative_error": round(self.max_relative_error, 4), "floored": list(self.floored),
+                "proven": self.proven}
 
 
 def rrt_runs(rrt: tuple[RRTRow, ...]) -> list[tuple[RRTRow, int]]:
@@ -137,9 +142,10 @@ def solve_normalization(costs: list[int], resolution: int, *, time_limit: float 
 def normalization_of(costs: list[int], scaled: list[int], distortion: int, resolution: int,
                      proven: bool) -> Normalization:
     """Package a ZLP solution with its distortion statistics."""
-    per_unit = sum(costs) / sum(scaled) if scaled else 1.0
-    rel = max((abs(s * per_unit - c) / c for c, s in zip(costs, scaled)), default=0.0)
-    return Normalization(dict(zip(costs, scaled)), distortion, resolution, per_unit, rel, proven)
+    per_unit = sum(c * c for c in costs) / sum(c * s for c, s in zip(costs, scaled)) if scaled else 1.0
+    floored = tuple(c for c in costs if c < per_unit)
+    rel = max((abs(s * per_unit - c) / c for c, s in zip(costs, scaled) if c >= per_unit), default=0.0)
+    return Normalization(dict(zip(costs, scaled)), distortion, resolution, per_unit, rel, proven, floored)
 
 
 def scale_op(op: Op, norm: Normalization) -> Op:

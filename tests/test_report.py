@@ -1,0 +1,40 @@
+"""The plain-text report."""
+
+from __future__ import annotations
+
+from twill.kernels import build_kernel
+from twill.machine import H100
+from twill.schedule.report import format_report
+from twill.schedule.result import Schedule, WarpGroup
+from twill.solve import SolveOptions, schedule
+
+
+def test_report_of_a_solved_schedule():
+    s = schedule(build_kernel("paper-example", H100), H100, SolveOptions(ws=False))
+    text = format_report(s, H100)
+    lines = text.splitlines()
+    assert lines[0] == "schedule of 'paper-example' on h100 (solver cpsat)"
+    assert "status: optimal" in lines
+    assert "II: 2    II lower bound 2 (ResMII 2, RecMII 1)" in lines
+    assert any(line.startswith("L: 4    stages: 2    copies: 2") for line in lines)
+    assert any(line.startswith("normalization: U=300, distortion F=0") for line in lines)
+    assert "IIs tried: 2 optimal" in lines
+    table = lines[lines.index("ops (steady-state order):") + 1]
+    assert table.split() == ["op", "kind", "start", "stage", "slot", "order", "cycles"]
+    assert any(line.split()[:1] == ["O->O"] for line in lines)      # buffer depth table
+    assert "warp groups" not in text and "blocked_by" not in text
+
+
+def test_report_with_warps_blocked_by_and_normalization_off():
+    g = build_kernel("paper-example", H100)
+    s = Schedule(graph=g, arch="h100", solver="manual", status="feasible", ii=2, ii_lower_bound=2,
+                 starts={"S": 0, "P": 2, "O": 3}, assignment={"S": 0, "O": 0, "P": 1},
+                 warps=(WarpGroup(0, "mma", 4, 240, ("S", "O")), WarpGroup(1, "softmax", 4, 240, ("P",))),
+                 stats={"normalization": {"enabled": False}, "blocked_by": ["II 1: CAPACITY of TC"]})
+    text = format_report(s, H100)
+    assert "normalization: off (raw cycle counts)" in text
+    assert "  0 mma         4 warps, 240 regs: S[s0] -> O[s1]" in text
+    assert "  1 softmax     4 warps, 240 regs: P[s1]" in text
+    assert "blocked_by:\n  II 1: CAPACITY of TC" in text
+    header = next(line for line in text.splitlines() if line.strip().startswith("op "))
+    assert header.split()[-1] == "warp"
