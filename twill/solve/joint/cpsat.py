@@ -1,0 +1,469 @@
+"""CP-SAT backend of the joint SWP + WS problem: the compact encoding of docs/model.md.
+
+Variables (typed container :class:`ModelVars`): an integer start ``t[v]`` per op with stage/slot split
+``t = k·I + s``; the length ``L``; Booleans ``a[v,g]`` (op v on slot g); per slot a width ``w[g] ∈ {0,1,2,4,8}``
+and a register-holding flag; ``same[u,v]`` (same slot) for the pairs that need it; ring depths. Liveness is
+not time-indexed: copy ``i`` of a register value is an optional interval ``[t_v + i·I, E[v,i])`` per slot,
+present iff the op is on that slot, and REGISTER LIMIT is one ``Cumulative`` per slot. ``build_model`` adds
+the families in paper order (Figures 4, 5, 6); each ``add_*`` function states its formula. Decoding and the
+lexicographic objectives live in :class:`CpsatJoint`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, blocking_in,
+                                       buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
+                                       is_streaming, value_bytes, waited_groups)
+
+#: Objectives in the order Algorithm 1 and the secondary criteria apply them (docs/model.md §5).
+OBJECTIVES = ("length", "stages", "warps", "smem", "prologue")
+
+
+@dataclass
+class ModelVars:
+    """Every CP-SAT variable of one joint model, keyed by op name / slot / op pair."""
+
+    t: dict[str, Any] = field(default_factory=dict)
+    stage: dict[str, Any] = field(default_factory=dict)
+    slot: dict[str, Any] = field(default_factory=dict)
+    length: Any = None
+    horizon: Any = None
+    assign: dict[tuple[str, int], Any] = field(default_factory=dict)
+    width: list[Any] = field(default_factory=list)
+    used: list[Any] = field(default_factory=list)
+    heavy: list[Any] = field(default_factory=list)
+    same: dict[tuple[str, str], Any] = field(default_factory=dict)
+    depth: dict[str, Any] = field(default_factory=dict)
+    objective: dict[str, Any] = field(default_factory=dict)
+
+
+class _Builder:
+    """Holds the model while the ``add_*`` families are added and counts constraints per family."""
+
+    def __init__(self, problem: JointProblem):
+        from ortools.sat.python import cp_model
+
+        self.cp_model = cp_model
+        self.p = problem
+        self.g = problem.graph
+        self.model = cp_model.CpModel()
+        self.v = ModelVars()
+        self.counts: dict[str, int] = {}
+        self.names = list(self.g.op_names)
+        self.ops = {op.name: op for op in self.g.ops}
+
+    def slots_of(self, name: str) -> list[int]:
+        """Slots ``name`` may use: W_vl (0) iff variable latency (VARIABLE LATENCY)."""
+        if self.ops[name].variable_latency:
+            return [0]
+        return list(range(1, self.p.slots))
+
+    def same(self, u: str, v: str) -> Any:
+        """``same[u,v] ⇔ ∨_g a[u,g] ∧ a[v,g]`` (created on first use)."""
+        key = (u, v) if self.names.index(u) < self.names.index(v) else (v, u)
+        if key in self.v.same:
+            return self.v.same[key]
+        m = self.model
+        common = sorted(set(self.slots_of(u)) & set(self.slots_of(v)))
+        lit = m.new_bool_var(f"same[{key[0]},{key[1]}]")
+        both = []
+        for g in common:
+            au, av = self.v.assign[(u, g)], self.v.assign[(v, g)]
+            b = m.new_bool_var(f"both[{key[0]},{key[1]},g={g}]")
+            m.add_implication(b, au)
+            m.add_implication(b, av)
+            m.add_bool_or([au.Not(), av.Not(), b])
+            both.append(b)
+        if both:
+            m.add_max_equality(lit, both)
+        else:
+            m.add(lit == 0)
+        self.v.same[key] = lit
+        return lit
+
+    def count(self, family: str, before: int) -> None:
+        self.counts[family] = self.counts.get(family, 0) + len(self.model.proto.constraints) - before
+
+
+# -- Figure 4: a modulo schedule ------------------------------------------------------------------------------
+def add_starts(b: _Builder) -> None:
+    """UNIQUENESS/CONSISTENCY: one start ``t_v = k_v·I + s_v`` per op, ``s_v ∈ [0, I)``; copy i at t_v + i·I."""
+    p, m = b.p, b.model
+    before = len(m.proto.constraints)
+    b.v.length = m.new_int_var(p.length_min, p.length_max, "L")
+    b.v.horizon = (p.copies - 1) * p.ii + b.v.length
+    for op in b.g.ops:
+        hi = p.length_max - op.cycles
+        t = m.new_int_var(0, max(0, hi), f"t[{op.name}]")
+        k = m.new_int_var(0, max(0, hi) // p.ii, f"k[{op.name}]")
+        s = m.new_int_var(0, p.ii - 1, f"s[{op.name}]")
+        m.add(t == k * p.ii + s)
+        b.v.t[op.name], b.v.stage[op.name], b.v.slot[op.name] = t, k, s
+    b.count("uniqueness", before)
+
+
+def add_completion(b: _Builder) -> None:
+    """COMPLETION: ``t_v + cycles(v) ≤ L``."""
+    before = len(b.model.proto.constraints)
+    for op in b.g.ops:
+        b.model.add(b.v.t[op.name] + op.cycles <= b.v.length)
+    b.count("completion", before)
+
+
+def add_dependence(b: _Builder) -> None:
+    """DEPENDENCE (+ CROSS-WARP SPILLS delay): ``t_v + δ·I ≥ t_u + d + spill(u)·cross(u,v)``."""
+    before = len(b.model.proto.constraints)
+    spills = b.p.active("cross_warp_spills")
+    for e in b.g.edges:
+        src = b.ops[e.src]
+        rhs = b.v.t[e.src] + e.delay
+        if spills and e.src != e.dst and can_cross(src) and src.spill_cost:
+            rhs = rhs + src.spill_cost * (1 - b.same(e.src, e.dst))
+        b.model.add(b.v.t[e.dst] + e.distance * b.p.ii >= rhs)
+    b.count("dependence", before)
+
+
+def add_capacity(b: _Builder) -> None:
+    """CAPACITY: per unit f and residue r, ``Σ RRT[v][c][f] over (t_v + c) mod I = r ≤ cap(f)`` — exact
+    circular NoOverlap/Cumulative over slot intervals and their II-shifted copies (phase-1 encoding)."""
+    from twill.solve.modulo import add_modulo_capacity
+
+    before = len(b.model.proto.constraints)
+    add_modulo_capacity(b.model, b.g, b.p.units, b.p.ii, b.v.t)
+    b.count("capacity", before)
+
+
+# -- Figure 6: warp assignment ---------------------------------------------------------------------------------
+def add_warp_uniqueness(b: _Builder) -> None:
+    """WARP UNIQUENESS: ``Σ_g a[v,g] = 1``; ``a[v,g] ⇒ w_g = warps(v)``; ``w_g = 0 ⇔ slot g empty``; an
+    ``mma_wait`` op shares the slot of the MMA it waits for (the warps that commit an async group wait on it).
+    Symmetry breaking: for g ≥ 2, ``a[v,g] ⇒ ∨_{u before v} a[u,g−1]``."""
+    m, p = b.model, b.p
+    before = len(m.proto.constraints)
+    for name in b.names:
+        for g in b.slots_of(name):
+            b.v.assign[(name, g)] = m.new_bool_var(f"a[{name},g={g}]")
+        m.add_exactly_one([b.v.assign[(name, g)] for g in b.slots_of(name)])
+    domain = b.cp_model.Domain.FromValues(list(WIDTHS))
+    for g in range(p.slots):
+        width = m.new_int_var_from_domain(domain, f"w[{g}]")
+        used = m.new_bool_var(f"used[{g}]")
+        members = [lit for (name, slot), lit in b.v.assign.items() if slot == g]
+        if members:
+            m.add_max_equality(used, members)
+        else:
+            m.add(used == 0)
+        m.add(width == 0).only_enforce_if(used.Not())
+        for (name, slot), lit in b.v.assign.items():
+            if slot == g:
+                m.add(width == b.ops[name].warps).only_enforce_if(lit)
+        b.v.width.append(width)
+        b.v.used.append(used)
+    for g in range(2, p.slots):
+        for j, name in enumerate(b.names):
+            if (name, g) not in b.v.assign:
+                continue
+            earlier = [b.v.assign[(u, g - 1)] for u in b.names[:j] if (u, g - 1) in b.v.assign]
+            m.add_bool_or(earlier + [b.v.assign[(name, g)].Not()])
+    for name, src in waited_groups(b.g):
+        m.add(b.same(name, src) == 1)
+    b.count("warp_uniqueness", before)
+
+
+def add_variable_latency(b: _Builder) -> None:
+    """VARIABLE LATENCY: ``a[v, 0] ⇔ variable_latency(v)`` — enforced by the slot domains of
+    :meth:`_Builder.slots_of` (no constraint needed); recorded for the per-family count."""
+    b.counts["variable_latency"] = 0
+
+
+def add_warp_count(b: _Builder) -> None:
+    """WARP COUNT: ``Σ_g w_g ≤ max_warps``."""
+    before = len(b.model.proto.constraints)
+    b.v.objective["warps"] = sum(b.v.width)
+    if b.p.active("warp_count"):
+        b.model.add(sum(b.v.width) <= b.p.max_warps)
+    b.count("warp_count", before)
+
+
+def add_register_file(b: _Builder) -> None:
+    """REGISTER FILE: ``Σ_g 32·w_g·budget_g ≤ regs_per_sm`` with ``budget_g = R`` if slot g holds a value
+    with regs > 0 (``heavy_g``), else the setmaxnreg minimum."""
+    m, p = b.model, b.p
+    before = len(m.proto.constraints)
+    total = 0
+    for g in range(p.slots):
+        holders = [b.v.assign[(n, g)] for n in b.names if (n, g) in b.v.assign and b.ops[n].regs > 0]
+        heavy = m.new_bool_var(f"heavy[{g}]")
+        if holders:
+            m.add_max_equality(heavy, holders)
+        else:
+            m.add(heavy == 0)
+        heavy_width = m.new_int_var(0, max(WIDTHS), f"wheavy[{g}]")
+        m.add(heavy_width == b.v.width[g]).only_enforce_if(heavy)
+        m.add(heavy_width == 0).only_enforce_if(heavy.Not())
+        b.v.heavy.append(heavy)
+        total = total + 32 * (p.reg_limit * heavy_width + p.light_regs * (b.v.width[g] - heavy_width))
+    if p.active("register_file"):
+        m.add(total <= p.regs_per_sm)
+    b.count("register_file", before)
+
+
+def live_end(b: _Builder, name: str, copy: int) -> Any:
+    """``E[v,i] = max(t_v + i·I + 1, max over out-edges (v,u,δ) of end(u, i+δ))`` with ``end(u, j) = t_u +
+    j·I`` for ``j ≤ n−1`` and ``T`` beyond Q (paper INIT). An in-place accumulator (self-edge of distance 1)
+    is live until its next copy issues: ``E[v,i] = end(v, i+1)``."""
+    p, m = b.p, b.model
+    start = b.v.t[name] + copy * p.ii
+    terms = [start + 1]
+    if in_place(b.g, name):
+        j = copy + 1
+        terms.append(b.v.t[name] + j * p.ii if j <= p.copies - 1 else b.v.horizon)
+        end = m.new_int_var(0, (p.copies - 1) * p.ii + p.length_max, f"E[{name},i={copy}]")
+        m.add_max_equality(end, terms)
+        return end
+    for e in b.g.out_edges(name):
+        j = copy + e.distance
+        terms.append(b.v.t[e.dst] + j * p.ii if j <= p.copies - 1 else b.v.horizon)
+    horizon_max = (p.copies - 1) * p.ii + p.length_max
+    end = m.new_int_var(0, horizon_max, f"E[{name},i={copy}]")
+    m.add_max_equality(end, terms)
+    return end
+
+
+def add_register_limit(b: _Builder) -> None:
+    """REGISTER LIMIT: for every slot g and time τ, ``Σ_{(v,i) live at τ, a[v,g]} regs(v) ≤ budget_g``.
+    Live intervals ``[t_v + i·I, E[v,i])`` (liveness derived from the schedule), one optional copy per slot,
+    one Cumulative per slot with capacity R (light slots hold no register value by definition)."""
+    p, m = b.p, b.model
+    before = len(m.proto.constraints)
+    if not p.active("register_limit"):
+        b.count("register_limit", before)
+        return
+    per_slot: dict[int, tuple[list[Any], list[int]]] = {}
+    horizon_max = (p.copies - 1) * p.ii + p.length_max
+    for name in b.names:
+        op = b.ops[name]
+        if op.regs <= 0:
+            continue
+        for i in range(p.copies):
+            start = b.v.t[name] + i * p.ii
+            end = live_end(b, name, i)
+            size = m.new_int_var(1, horizon_max, f"live[{name},i={i}]")
+            m.add(size == end - start)
+            for g in b.slots_of(name):
+                itv = m.new_optional_interval_var(start, size, end, b.v.assign[(name, g)],
+                                                  f"live[{name},i={i},g={g}]")
+                per_slot.setdefault(g, ([], []))
+                per_slot[g][0].append(itv)
+                per_slot[g][1].append(op.regs)
+    for g, (intervals, demands) in sorted(per_slot.items()):
+        m.add_cumulative(intervals, demands, p.reg_limit)
+    b.count("register_limit", before)
+
+
+def add_cross_warp_spills(b: _Builder) -> Any:
+    """CROSS-WARP SPILLS: ``cross(u,v) = regs(u) > 0 ∧ ¬same[u,v]`` adds ``spill(u)`` to the edge delay
+    (in :func:`add_dependence`) and stages the value in SMEM; ``cross_warp=False`` forbids ``cross(u,v)``.
+    Returns the staging bytes expression."""
+    p, m = b.p, b.model
+    before = len(m.proto.constraints)
+    staging = 0
+    if p.active("cross_warp_spills"):
+        for e in b.g.edges:
+            src = b.ops[e.src]
+            if e.src == e.dst or not can_cross(src):
+                continue
+            same = b.same(e.src, e.dst)
+            if not p.cross_warp:
+                m.add(same == 1)
+                continue
+            nbytes = value_bytes(src)
+            hi = nbytes * (p.copies + e.distance + 1)
+            stage_bytes = m.new_int_var(0, hi, f"staging[{e.src}->{e.dst}]")
+            m.add(stage_bytes >= nbytes * (b.v.stage[e.dst] + e.distance - b.v.stage[e.src] + 1)
+                  ).only_enforce_if(same.Not())
+            staging = staging + stage_bytes
+    b.count("cross_warp_spills", before)
+    return staging
+
+
+def waits_literal(b: _Builder, name: str) -> Any | None:
+    """``waits(v)``: True for a blocking in-edge; else the OR of ``cross(u,v)`` over register in-edges;
+    None when v never waits."""
+    if blocking_in(b.g, name):
+        return True
+    if not (b.p.active("cross_warp_spills") and b.p.cross_warp):
+        return None
+    crosses = [b.same(e.src, name).Not() for e in b.g.in_edges(name)
+               if e.src != name and can_cross(b.ops[e.src])]
+    if not crosses:
+        return None
+    lit = b.model.new_bool_var(f"waits[{name}]")
+    b.model.add_bool_or(crosses + [lit.Not()])
+    for cross in crosses:
+        b.model.add_implication(cross, lit)
+    return lit
+
+
+def add_concurrency(b: _Builder) -> None:
+    """CONCURRENCY: ``waits(v) ∧ same[v,o] ⇒ (t_v − t_o) mod I ≥ busy(o)`` for o ≠ v, busy(o) > 0; on the
+    slots: ``s_v − s_o ∈ [busy(o), I) ∪ [busy(o) − I, 0)``."""
+    p, m = b.p, b.model
+    before = len(m.proto.constraints)
+    if not p.active("concurrency"):
+        b.count("concurrency", before)
+        return
+    for v in b.names:
+        waits = waits_literal(b, v)
+        if waits is None:
+            continue
+        for o in b.names:
+            busy = b.ops[o].busy
+            if o == v or busy <= 0 or not set(b.slots_of(v)) & set(b.slots_of(o)):
+                continue
+            cond = [b.same(v, o)] + ([] if waits is True else [waits])
+            if busy >= p.ii:
+                m.add_bool_or([lit.Not() for lit in cond])
+                continue
+            after = m.new_bool_var(f"after[{v},{o}]")
+            diff = b.v.slot[v] - b.v.slot[o]
+            m.add(diff >= busy).only_enforce_if(cond + [after])
+            m.add(diff <= -1).only_enforce_if(cond + [after.Not()])
+            m.add(diff >= busy - p.ii).only_enforce_if(cond + [after.Not()])
+    b.count("concurrency", before)
+
+
+# -- Figure 5: memory capacity -----------------------------------------------------------------------------------
+def add_memory_capacity(b: _Builder, staging: Any) -> None:
+    """MEMORY CAPACITY: ``resident + Σ_v smem(v)·depth(v) + staging ≤ smem_per_block`` and
+    ``Σ_v tmem(v)·depth(v) ≤ tmem_bytes``; ``depth(v) ≥ k_u + δ − k_v + 1`` per out-edge (1 for
+    accumulators), ``≥ streaming_depth`` for streaming loads."""
+    p, m = b.p, b.model
+    before = len(m.proto.constraints)
+    smem, tmem = p.smem_resident, 0
+    max_depth = p.copies + max([e.distance for e in b.g.edges] or [0]) + p.streaming_depth + 1
+    for name in b.names:
+        op = b.ops[name]
+        if not holds_memory(op):
+            continue
+        depth = m.new_int_var(1, max_depth, f"depth[{name}]")
+        if not is_accumulator(op):
+            for e in buffer_edges(b.g, name):
+                m.add(depth >= b.v.stage[e.dst] + e.distance - b.v.stage[name] + 1)
+            if is_streaming(b.g, op):
+                m.add(depth >= p.streaming_depth)
+        else:
+            m.add(depth == 1)
+        b.v.depth[name] = depth
+        smem = smem + op.smem * depth
+        tmem = tmem + op.tmem * depth
+    smem = smem + staging
+    b.v.objective["smem"] = smem
+    if p.active("memory_capacity"):
+        m.add(smem <= p.smem_capacity)
+        if p.tmem_capacity > 0:
+            m.add(tmem <= p.tmem_capacity)
+    b.count("memory_capacity", before)
+
+
+def add_stage_objective(b: _Builder) -> None:
+    """Objective helpers: ``length = L``, ``stages = max_v k_v + 1`` and ``prologue = Σ_v (max_u k_u − k_v)``
+    (op-stages issued ahead of the last stage: the work the prologue and epilogue duplicate)."""
+    m = b.model
+    top = m.new_int_var(0, b.p.length_max // b.p.ii, "max_stage")
+    m.add_max_equality(top, list(b.v.stage.values()))
+    b.v.objective["stages"] = top + 1
+    b.v.objective["length"] = b.v.length
+    b.v.objective["prologue"] = sum(top - k for k in b.v.stage.values())
+
+
+def build_model(problem: JointProblem) -> _Builder:
+    """The whole model, families in paper order (Fig. 4, 5, 6)."""
+    b = _Builder(problem)
+    add_starts(b)
+    add_warp_uniqueness(b)
+    add_variable_latency(b)
+    add_completion(b)
+    add_dependence(b)
+    add_capacity(b)
+    add_warp_count(b)
+    add_register_file(b)
+    add_register_limit(b)
+    staging = add_cross_warp_spills(b)
+    add_concurrency(b)
+    add_memory_capacity(b, staging)
+    add_stage_objective(b)
+    return b
+
+
+class CpsatJoint:
+    """One CP-SAT model of a :class:`JointProblem`, solved for a sequence of lexicographic objectives."""
+
+    def __init__(self, problem: JointProblem, *, workers: int = 2, seed: int = 0):
+        self.problem = problem
+        self.builder = build_model(problem)
+        self.workers = workers
+        self.seed = seed
+        self.fixed: dict[str, int] = {}
+
+    @property
+    def size(self) -> tuple[int, int]:
+        proto = self.builder.model.proto
+        return len(proto.variables), len(proto.constraints)
+
+    def hint(self, starts: Mapping[str, int]) -> None:
+        m = self.builder.model
+        m.clear_hints()
+        for name, value in starts.items():
+            if name in self.builder.v.t:
+                m.add_hint(self.builder.v.t[name], value)
+
+    def fix(self, objective: str, value: int) -> None:
+        """Keep ``objective`` at ``value`` in later solves (lexicographic order)."""
+        self.builder.model.add(self.builder.v.objective[objective] == value)
+        self.fixed[objective] = value
+
+    def solve(self, objective: str | None, *, time_limit: float, workers: int | None = None) -> JointOutcome:
+        """Minimise ``objective`` (None = satisfiability only) within ``time_limit`` seconds."""
+        cp_model = self.builder.cp_model
+        m = self.builder.model
+        m.clear_objective()
+        if objective is not None:
+            m.minimize(self.builder.v.objective[objective])
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
+        solver.parameters.num_workers = workers or self.workers
+        solver.parameters.random_seed = self.seed
+        began = time.perf_counter()
+        code = solver.solve(m)
+        seconds = time.perf_counter() - began
+        variables, constraints = self.size
+        if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            status = "optimal" if code == cp_model.OPTIMAL else "feasible"
+            if objective is None:
+                status = "optimal"
+            return JointOutcome(status, self.decode(solver), seconds, variables, constraints)
+        if code == cp_model.INFEASIBLE:
+            return JointOutcome("infeasible", None, seconds, variables, constraints)
+        if code == cp_model.MODEL_INVALID:
+            raise RuntimeError(f"CP-SAT rejected the joint model: {m.validate()}")
+        return JointOutcome("unknown", None, seconds, variables, constraints)
+
+    def decode(self, solver: Any) -> JointSolution:
+        """Read starts, L, op -> slot (exactly one true literal), widths and budgets."""
+        v, p = self.builder.v, self.problem
+        starts = {name: int(solver.value(var)) for name, var in v.t.items()}
+        group: dict[str, int] = {}
+        for name in self.builder.names:
+            chosen = [g for g in self.builder.slots_of(name) if solver.boolean_value(v.assign[(name, g)])]
+            assert len(chosen) == 1, f"op {name} decoded to slots {chosen}"
+            group[name] = chosen[0]
+        widths = tuple(int(solver.value(w)) for w in v.width)
+        budgets = tuple(0 if widths[g] == 0 else (p.reg_limit if solver.boolean_value(v.heavy[g])
+                                                  else p.light_regs) for g in range(p.slots))
+        objectives = {name: int(solver.value(expr)) for name, expr in v.objective.items()}
+        return JointSolution(starts, int(solver.value(v.length)), group, widths, budgets, objectives)

@@ -1,0 +1,188 @@
+"""The joint problem at one (II, copies) pair, and the solver-independent quantities of docs/model.md.
+
+A :class:`JointProblem` is what a backend solves: the normalized graph, the unit capacities, ``ii``, the
+number of copies ``n`` and the window ``[length_min, length_max]`` of schedule lengths that keep ``n``
+copies, the machine limits (warps, registers, shared memory, TMEM) and the families switched off for an
+UNSAT explanation. A :class:`JointSolution` is a backend's answer. No solver is imported here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from twill.ir.graph import Edge, LoopGraph, Op
+from twill.machine.models import Machine
+
+#: Families that the UNSAT explanation relaxes one at a time (docs/model.md §5).
+RELAXABLE = ("register_limit", "register_file", "warp_count", "cross_warp_spills", "concurrency",
+             "memory_capacity")
+
+#: Non-W_vl slots offered to the solver at most (docs/model.md §3).
+MAX_COMPUTE_SLOTS = 7
+
+#: Group widths a slot may take (warps).
+WIDTHS = (0, 1, 2, 4, 8)
+
+#: Register budget when neither the options nor the graph give one.
+DEFAULT_REG_LIMIT = 240
+
+THREADS_PER_WARP = 32
+
+
+@dataclass(frozen=True, kw_only=True)
+class JointProblem:
+    """One joint SWP + WS satisfiability/optimisation problem (docs/model.md).
+
+    Attributes:
+        graph: the normalized loop graph.
+        units: unit -> capacity in force.
+        ii: initiation interval I.
+        copies: n, copies of the iteration in Q.
+        length_min / length_max: the window of L (``length_max = n·I`` keeps ``⌈L/I⌉ = n``).
+        slots: G, warp-group slots (slot 0 is W_vl).
+        max_warps: warp pool size (WARP COUNT).
+        reg_limit: R, per-thread budget of register-holding groups.
+        light_regs: budget of groups holding no register value (``setmaxnreg`` minimum).
+        regs_per_sm: 32-bit registers of the SM (REGISTER FILE).
+        smem_capacity / tmem_capacity: bytes (TMEM 0 = no tensor memory: the family is skipped).
+        smem_resident: bytes of shared memory held outside the loop (Q tiles...).
+        streaming_depth: ring depth of streaming loads.
+        cross_warp: register values may cross warp groups.
+        relaxed: families switched off (UNSAT explanation).
+    """
+
+    graph: LoopGraph
+    units: Mapping[str, int]
+    ii: int
+    copies: int
+    length_min: int
+    length_max: int
+    slots: int
+    max_warps: int
+    reg_limit: int
+    light_regs: int
+    regs_per_sm: int
+    smem_capacity: int
+    tmem_capacity: int
+    smem_resident: int = 0
+    streaming_depth: int = 2
+    cross_warp: bool = True
+    relaxed: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "units", MappingProxyType(dict(self.units)))
+        object.__setattr__(self, "relaxed", frozenset(self.relaxed))
+
+    def active(self, family: str) -> bool:
+        return family not in self.relaxed
+
+    def horizon(self, length: int) -> int:
+        """T = (n − 1)·I + L."""
+        return (self.copies - 1) * self.ii + length
+
+
+@dataclass(frozen=True)
+class JointSolution:
+    """A backend's schedule: starts, length, op -> slot, and per-slot width and budget."""
+
+    starts: Mapping[str, int]
+    length: int
+    group: Mapping[str, int]
+    widths: tuple[int, ...]
+    budgets: tuple[int, ...]
+    objectives: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "starts", MappingProxyType(dict(self.starts)))
+        object.__setattr__(self, "group", MappingProxyType(dict(self.group)))
+        object.__setattr__(self, "objectives", MappingProxyType(dict(self.objectives)))
+
+
+@dataclass(frozen=True)
+class JointOutcome:
+    """What a backend reports: ``status`` in ``optimal``/``feasible``/``infeasible``/``unknown``."""
+
+    status: str
+    solution: JointSolution | None
+    seconds: float
+    variables: int = 0
+    constraints: int = 0
+
+    @property
+    def found(self) -> bool:
+        return self.solution is not None
+
+    @property
+    def proven(self) -> bool:
+        return self.status in ("optimal", "infeasible")
+
+
+# -- graph-derived quantities (shared by backends and the verifier) ------------------------------------------
+def is_streaming(graph: LoopGraph, op: Op) -> bool:
+    """Variable-latency op with no incoming edge (paper §5.3)."""
+    return op.variable_latency and not graph.in_edges(op.name)
+
+
+def is_accumulator(op: Op) -> bool:
+    """An op whose result buffer is updated in place across iterations (depth 1)."""
+    return bool(op.attrs.get("accumulator", False))
+
+
+def in_place(graph: LoopGraph, name: str) -> bool:
+    """An accumulator updated in place: a self-edge of distance 1. Copies share one buffer, so copy i is
+    live only until copy i+1 issues (docs/model.md, Liveness)."""
+    return any(e.src == e.dst == name and e.distance == 1 for e in graph.edges)
+
+
+def waited_groups(graph: LoopGraph) -> list[tuple[str, str]]:
+    """(wait op, MMA) pairs: an ``mma_wait`` op must run on the group that issued the MMA it waits for."""
+    return [(e.dst, e.src) for e in graph.edges
+            if e.blocking and e.src != e.dst and graph.op(e.dst).kind == "mma_wait"]
+
+
+def value_bytes(op: Op) -> int:
+    """Bytes of a register value when staged in shared memory: ``attrs["out_bytes"]`` or regs·4·32·warps."""
+    return int(op.attrs.get("out_bytes", op.regs * 4 * THREADS_PER_WARP * op.warps))
+
+
+def can_cross(op: Op) -> bool:
+    """Results in registers pay a spill to reach another group; TMA/TMEM results (regs 0) cross free."""
+    return op.regs > 0
+
+
+def blocking_in(graph: LoopGraph, name: str) -> bool:
+    """``v`` has a blocking incoming edge (a synchronous wait for an asynchronous result)."""
+    return any(e.blocking for e in graph.in_edges(name))
+
+
+def buffer_edges(graph: LoopGraph, name: str) -> list[Edge]:
+    """Out-edges that decide the ring depth of ``name``'s result (self-edges excluded)."""
+    return [e for e in graph.out_edges(name) if e.dst != name]
+
+
+def holds_memory(op: Op) -> bool:
+    return op.smem > 0 or op.tmem > 0
+
+
+def legal_budget(machine: Machine, regs: int) -> int:
+    """Round a per-thread budget *down* to a legal ``setmaxnreg`` value (at least the minimum)."""
+    step = machine.setmaxnreg_step
+    return max(machine.setmaxnreg_min, min(machine.setmaxnreg_max, regs // step * step))
+
+
+def reg_limit_for(graph: LoopGraph, machine: Machine, reg_limit: int | None) -> int:
+    """R: ``reg_limit`` if given, else ``graph.attrs["reg_limit"]``, else 240; rounded to setmaxnreg."""
+    raw = reg_limit if reg_limit is not None else int(graph.attrs.get("reg_limit", DEFAULT_REG_LIMIT))
+    return legal_budget(machine, min(raw, machine.max_regs_per_thread))
+
+
+def slot_count(graph: LoopGraph) -> int:
+    """G = 1 + min(#non-variable-latency ops, MAX_COMPUTE_SLOTS)."""
+    return 1 + min(sum(1 for op in graph.ops if not op.variable_latency), MAX_COMPUTE_SLOTS)
+
+
+def copies_for(length: int, ii: int) -> int:
+    return math.ceil(length / ii)

@@ -1,0 +1,216 @@
+"""Algorithm 1 with the CP-SAT backend: II upward, joint problem at LEN(M), secondary objectives, UNSAT
+explanation, and the :class:`~twill.schedule.result.Schedule` with its warp groups (docs/model.md §5-6)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Any, Mapping
+
+from twill.errors import InfeasibleScheduleError
+from twill.ir.graph import LoopGraph
+from twill.ir.validate import effective_units
+from twill.machine.models import Machine
+from twill.schedule.result import Schedule, WarpGroup
+from twill.solve.joint.problem import (RELAXABLE, JointOutcome, JointProblem, JointSolution, legal_budget,
+                                       reg_limit_for, slot_count)
+from twill.solve.options import SolveOptions
+
+#: Secondary objectives after L, in order (docs/model.md §5).
+SECONDARY = ("stages", "warps", "smem", "prologue")
+
+#: Seconds each relaxed re-solve of the UNSAT explanation may take at most.
+EXPLAIN_TIME_LIMIT = 20.0
+
+#: Readable names of the relaxable families for the one-line explanation.
+FAMILY_TEXT = {
+    "register_limit": "register limit (live values exceed a group's per-thread budget)",
+    "register_file": "register file (too few register-holding warps fit in 64K registers)",
+    "warp_count": "warp count (not enough warps for the groups the schedule needs)",
+    "cross_warp_spills": "cross-warp transfers (a value must cross warp groups)",
+    "concurrency": "concurrency (a blocking wait would stall work in flight on its warp)",
+    "memory_capacity": "memory capacity (shared memory / TMEM buffers)",
+}
+
+
+def make_problem(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *,
+                 ii: int, length_min: int, relaxed: frozenset[str] = frozenset()) -> JointProblem:
+    """The joint problem at ``ii`` with ``n = ⌈length_min / ii⌉`` copies and ``L ∈ [length_min, n·ii]``."""
+    copies = math.ceil(length_min / ii)
+    return JointProblem(
+        graph=graph, units=units, ii=ii, copies=copies, length_min=length_min, length_max=copies * ii,
+        slots=slot_count(graph), max_warps=options.max_warps or machine.max_warps_per_cta,
+        reg_limit=reg_limit_for(graph, machine, options.reg_limit),
+        light_regs=legal_budget(machine, machine.setmaxnreg_min), regs_per_sm=machine.regs_per_sm,
+        smem_capacity=machine.smem_per_block, tmem_capacity=machine.tmem_bytes,
+        smem_resident=int(graph.attrs.get("smem_resident", 0)), streaming_depth=options.streaming_depth,
+        cross_warp=options.cross_warp, relaxed=relaxed)
+
+
+def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit: float) -> tuple[list[str], str]:
+    """Relax one family at a time; the families whose removal alone makes ``problem`` feasible block it.
+    Returns (families, one readable line)."""
+    from twill.solve.joint.cpsat import CpsatJoint
+
+    blocked: list[str] = []
+    undecided: list[str] = []
+    per_family = max(0.5, min(EXPLAIN_TIME_LIMIT, time_limit / len(RELAXABLE)))
+    for family in RELAXABLE:
+        relaxed = replace(problem, relaxed=problem.relaxed | {family})
+        outcome = CpsatJoint(relaxed, workers=options.workers, seed=options.seed).solve(
+            None, time_limit=per_family)
+        if outcome.found:
+            blocked.append(family)
+        elif outcome.status == "unknown":
+            undecided.append(family)
+    where = f"at the modulo-only II {problem.ii} (L {problem.length_min}..{problem.length_max})"
+    if blocked:
+        reasons = "; ".join(FAMILY_TEXT[f] for f in blocked)
+        note = f"no warp specialization exists {where}: blocked by {reasons}"
+    else:
+        note = f"no warp specialization exists {where}: no single family is responsible (a combination)"
+    if undecided:
+        note += f" (undecided within the time limit: {', '.join(undecided)})"
+    return blocked, note
+
+
+def derive_role(graph: LoopGraph, ops: list[str], variable_latency: bool) -> str:
+    """``load`` (W_vl), ``mma`` (only MMAs and their waits), ``compute`` (MMAs mixed with other work),
+    ``softmax`` (holds an ``exp``), ``correction`` (``rescale``/``o_load`` without ``exp``), else ``compute``."""
+    if variable_latency:
+        return "load"
+    kinds = {graph.op(n).kind for n in ops}
+    roles = {graph.op(n).attrs.get("role") for n in ops}
+    if kinds <= {"mma", "mma_wait"}:
+        return "mma"
+    if "mma" in kinds:
+        return "compute"
+    if "exp" in roles:
+        return "softmax"
+    if roles & {"rescale", "o_load"}:
+        return "correction"
+    return "compute"
+
+
+def warp_groups(graph: LoopGraph, ii: int, solution: JointSolution) -> tuple[tuple[WarpGroup, ...], dict[str, int]]:
+    """Non-empty slots renumbered in slot order (W_vl first), ops in steady-state order."""
+    order = sorted(graph.op_names, key=lambda n: (solution.starts[n] % ii, -(solution.starts[n] // ii),
+                                                  graph.op_names.index(n)))
+    groups: list[WarpGroup] = []
+    assignment: dict[str, int] = {}
+    for slot in sorted(set(solution.group.values())):
+        ops = [n for n in order if solution.group[n] == slot]
+        gid = len(groups)
+        groups.append(WarpGroup(gid, derive_role(graph, ops, slot == 0), solution.widths[slot],
+                                solution.budgets[slot], tuple(ops)))
+        for n in ops:
+            assignment[n] = gid
+    return tuple(groups), assignment
+
+
+def _secondary(joint: Any, first: JointOutcome, options: SolveOptions, deadline: float) -> tuple[JointSolution, list[dict[str, Any]], bool]:
+    """Fix L, then minimise stages, warps, SMEM in turn; returns the final solution, the objective records
+    and whether every objective was proved optimal."""
+    solution = first.solution
+    assert solution is not None
+    records = [{"name": "length", "value": solution.length, "proven": first.status == "optimal"}]
+    previous = "length"
+    for k, name in enumerate(SECONDARY):
+        joint.fix(previous, solution.objectives[previous])
+        joint.hint(solution.starts)
+        remaining = deadline - time.perf_counter()
+        last = k == len(SECONDARY) - 1
+        outcome = joint.solve(name, time_limit=max(0.5, remaining / (len(SECONDARY) - k)),
+                              workers=1 if last else None)
+        if outcome.found:
+            solution = outcome.solution
+        records.append({"name": name, "value": solution.objectives[name], "proven": outcome.status == "optimal"})
+        previous = name
+    return solution, records, all(r["proven"] for r in records)
+
+
+def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lower_bound: int,
+                res_mii: int | None = None, rec_mii: int | None = None) -> Schedule:
+    """Algorithm 1: for II = lower_bound, …: phase 1 gives LEN(M); the joint problem at (II, ⌈LEN/II⌉)
+    minimises L; the first feasible II wins, then the secondary objectives. Raises
+    :class:`InfeasibleScheduleError` past ``max_ii`` or the time limit."""
+    if options.backend == "yices":
+        from twill.solve.joint import yices
+
+        return yices.solve_joint(graph, machine, options, lower_bound=lower_bound, res_mii=res_mii,
+                                 rec_mii=rec_mii)
+    from twill.solve import default_max_ii
+    from twill.solve.joint.cpsat import CpsatJoint
+    from twill.solve.modulo import solve_modulo
+
+    started = time.perf_counter()
+    deadline = started + options.time_limit
+    units = effective_units(graph, machine.units)
+    max_ii = options.max_ii if options.max_ii is not None else max(lower_bound, default_max_ii(graph))
+    tried: list[dict[str, Any]] = []
+    proven_below = True
+    modulo_ii: int | None = None
+    blocked: list[str] | None = None
+    note = ""
+    for ii in range(lower_bound, max_ii + 1):
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            break
+        options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
+        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed)
+        row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
+        if not mod.found:
+            tried.append(row)
+            proven_below = proven_below and mod.status == "infeasible"
+            continue
+        modulo_ii = modulo_ii or ii
+        problem = make_problem(graph, machine, options, units, ii=ii, length_min=mod.length)
+        joint = CpsatJoint(problem, workers=options.workers, seed=options.seed)
+        joint.hint(mod.starts)
+        outcome = joint.solve("length", time_limit=deadline - time.perf_counter())
+        row.update({"length_min": mod.length, "copies": problem.copies, "joint": outcome.status,
+                    "seconds": round(outcome.seconds, 3)})
+        tried.append(row)
+        options.report(f"II {ii}: joint {outcome.status} ({outcome.seconds:.2f} s)")
+        if outcome.found:
+            return _finish(graph, machine, options, joint, outcome, started=started, deadline=deadline,
+                           lower_bound=lower_bound, proven_below=proven_below, tried=tried, modulo_ii=modulo_ii,
+                           blocked=blocked, note=note)
+        proven_below = proven_below and outcome.status == "infeasible"
+        if ii == modulo_ii and outcome.status == "infeasible":
+            blocked, note = explain_infeasible(problem, options, deadline - time.perf_counter())
+            options.report(note)
+    if tried and tried[-1]["ii"] == max_ii:
+        raise InfeasibleScheduleError(
+            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {max_ii}; raise --max-ii"
+            + (f" ({note})" if note else ""))
+    raise InfeasibleScheduleError(
+        f"no joint schedule of graph {graph.name!r} found within the time limit of {options.time_limit:g} s; "
+        f"raise --time-limit" + (f" ({note})" if note else ""))
+
+
+def _finish(graph: LoopGraph, machine: Machine, options: SolveOptions, joint: Any, outcome: JointOutcome, *,
+            started: float, deadline: float, lower_bound: int, proven_below: bool,
+            tried: list[dict[str, Any]], modulo_ii: int | None, blocked: list[str] | None, note: str) -> Schedule:
+    problem: JointProblem = joint.problem
+    solution, records, proven = _secondary(joint, outcome, options, deadline)
+    groups, assignment = warp_groups(graph, problem.ii, solution)
+    variables, constraints = joint.size
+    stats: dict[str, Any] = {
+        "search": "joint", "backend": "cpsat", "tried": tried, "modulo_ii": modulo_ii,
+        "length": solution.length, "copies": problem.copies, "objectives": records,
+        "tie_break": "first optimal solution of the last objective, 1 CP-SAT worker, seed "
+                     f"{options.seed}", "variables": variables, "constraints": constraints,
+        "families": dict(joint.builder.counts), "reg_limit": problem.reg_limit, "max_warps": problem.max_warps,
+        "smem_bytes": solution.objectives.get("smem", 0),
+    }
+    stats["mii"] = lower_bound
+    if blocked is not None:
+        stats["blocked_by"] = blocked
+        stats["blocked_by_note"] = note
+    status = "optimal" if proven_below and proven else "feasible"
+    return Schedule(graph=graph, arch=machine.name, solver="cpsat", status=status, ii=problem.ii,
+                    ii_lower_bound=problem.ii if proven_below else lower_bound, starts=dict(solution.starts),
+                    assignment=assignment, warps=groups, solve_seconds=time.perf_counter() - started,
+                    streaming_depth=options.streaming_depth, stats=stats)
