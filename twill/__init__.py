@@ -13,6 +13,16 @@ from twill.schedule import Schedule, WarpGroup
 
 __version__ = "0.1.0"
 
+
+def from_triton(fn, *, signature: str, constexprs=(), num_warps: int = 4, num_stages: int | None = None,
+                arch: str = "h100", loop: int | None = None) -> LoopGraph:
+    """Loop graph of a ``@triton.jit`` kernel's innermost loop, compiled on this CPU for ``arch``
+    (``h100``/``h200`` -> sm_90, ``b200`` -> sm_100). Needs ``triton==3.6.0``; see ``docs/triton.md``."""
+    from twill.frontends.triton import graph_from_function
+
+    return graph_from_function(fn, signature=signature, constexprs=constexprs, num_warps=num_warps,
+                               num_stages=num_stages, machine=arch, loop=loop)
+
 __all__ = ["Edge", "FormatError", "GraphBuilder", "GraphError", "InfeasibleScheduleError", "LoopGraph",
            "Machine", "MachineError", "Op", "Schedule", "TwillError", "UnsupportedFeatureError",
-           "VerificationError", "WarpGroup", "get_machine", "load_graph", "save_graph", "__version__"]
+           "VerificationError", "WarpGroup", "from_triton", "get_machine", "load_graph", "save_graph", "__version__"]

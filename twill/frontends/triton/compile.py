@@ -1,0 +1,371 @@
+"""Compile a ``@triton.jit`` kernel ahead of time (no GPU needed) with Triton 3.6.0, split at the pipeliner.
+
+Triton's ``make_ttgir`` stage is replaced, through ``triton.knobs.runtime.add_stages_inspection_hook``, by
+the same pass list cut in two at ``TritonGPUPipeline``: :data:`PRE_PIPELINE` (up to and including
+``ScheduleLoops``, which writes Triton's own ``loop.stage``/``loop.cluster``) and :data:`POST_PIPELINE`
+(the pipeliner and everything after it). Between the two a callback sees the module as text; it may only
+read it (the frontend) or rewrite the schedule attributes (:mod:`twill.codegen.triton`), after which the
+text is re-parsed. The lists are copies of ``triton/backends/nvidia/compiler.py`` of Triton 3.6.0, so any
+other version is refused.
+
+Triton 3.6.0 does not put the hook into its compile-cache key: every compile here runs with a private,
+empty cache directory and ``always_compile``, so no cached kernel with another schedule is ever reused.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from twill.errors import TwillError, UnsupportedFeatureError
+
+TRITON_VERSION = "3.6.0"
+SUPPORTED_CAPABILITIES = (90, 100)
+
+#: A schedule edit: pre-pipeline TTGIR text in, text to continue compiling with out.
+TextEdit = Callable[[str], str]
+
+
+class _Captured(Exception):
+    """Raised inside the hook to stop compiling once the pre-pipeline TTGIR has been read."""
+
+
+def require_triton():
+    """Import Triton and check its version; :class:`UnsupportedFeatureError` unless it is 3.6.0."""
+    try:
+        import triton
+    except ImportError:
+        raise UnsupportedFeatureError("the Triton frontend needs triton==3.6.0: pip install 'twill-gpu[triton]'") \
+            from None
+    if triton.__version__ != TRITON_VERSION:
+        raise UnsupportedFeatureError(
+            f"Triton {triton.__version__} is installed but Twill's Triton frontend and schedule injection are "
+            f"written against the pass pipeline of Triton {TRITON_VERSION}: pip install triton=={TRITON_VERSION}")
+    return triton
+
+
+# -- signature and constexprs ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Argument:
+    """A kernel argument of the signature: Triton type string and whether it is divisible by 16."""
+
+    name: str
+    type: str
+    divisible: bool
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "<[(":
+            depth += 1
+        elif ch in ">])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_signature(text: str) -> tuple[Argument, ...]:
+    """``"a_ptr=*fp16:16,M=i32:16,scale=fp32"`` -> arguments; ``:16`` marks ``tt.divisibility = 16``."""
+    out = []
+    for part in _split_top(text):
+        if "=" not in part:
+            raise TwillError(f"signature entry {part!r} must be NAME=TYPE (e.g. a_ptr=*fp16:16, M=i32)")
+        name, typ = (s.strip() for s in part.split("=", 1))
+        divisible = False
+        m = re.match(r"^(.*):(\d+)$", typ)
+        if m and not typ.endswith(">"):
+            typ, div = m.group(1).strip(), int(m.group(2))
+            if div != 16:
+                raise TwillError(f"signature entry {part!r}: only ':16' (tt.divisibility 16) is supported")
+            divisible = True
+        if not name.isidentifier() or not typ:
+            raise TwillError(f"signature entry {part!r} must be NAME=TYPE (e.g. a_ptr=*fp16:16, M=i32)")
+        out.append(Argument(name, typ, divisible))
+    if not out:
+        raise TwillError("empty signature: list every non-constexpr argument, e.g. a_ptr=*fp16:16,M=i32:16")
+    return tuple(out)
+
+
+def parse_constexpr_value(text: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False, "true": True, "false": False, "None": None}.get(text, text)
+
+
+def parse_constexprs(items: Sequence[str]) -> dict[str, Any]:
+    """``["BLOCK_M=128", "CAUSAL=False"]`` -> ``{"BLOCK_M": 128, "CAUSAL": False}``."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise TwillError(f"constexpr {item!r} must be NAME=VALUE (e.g. BLOCK_M=128)")
+        name, value = (s.strip() for s in item.split("=", 1))
+        if not name.isidentifier():
+            raise TwillError(f"constexpr {item!r} must be NAME=VALUE (e.g. BLOCK_M=128)")
+        out[name] = parse_constexpr_value(value)
+    return out
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything needed to compile one kernel ahead of time."""
+
+    fn: Any
+    signature: tuple[Argument, ...]
+    constexprs: Mapping[str, Any]
+    num_warps: int = 4
+    num_stages: int | None = None
+    capability: int = 90
+
+    def __post_init__(self) -> None:
+        if self.capability not in SUPPORTED_CAPABILITIES:
+            raise UnsupportedFeatureError(f"compute capability {self.capability} is not supported "
+                                          f"(Twill targets sm_90 and sm_100)")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise TwillError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if self.num_stages is not None and self.num_stages < 1:
+            raise TwillError(f"num_stages must be >= 1, got {self.num_stages}")
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    def options(self) -> dict[str, int]:
+        opts = {"num_warps": self.num_warps}
+        if self.num_stages is not None:
+            opts["num_stages"] = self.num_stages
+        return opts
+
+    def source(self):
+        """The ``ASTSource``: types for every argument, constexpr values, divisibility attributes."""
+        from triton.compiler import ASTSource
+
+        arg_names = list(self.fn.arg_names)
+        given = {a.name: a for a in self.signature}
+        for name in list(given) + list(self.constexprs):
+            if name not in arg_names:
+                raise TwillError(f"kernel {self.name!r} has no argument {name!r} "
+                                 f"(arguments: {', '.join(arg_names)})")
+        constexprs = dict(self.constexprs)
+        params = {p.name: p for p in getattr(self.fn, "params", [])}
+        sig: dict[str, str] = {}
+        for name in arg_names:
+            param = params.get(name)
+            if name in constexprs or (param is not None and param.is_constexpr):
+                if name not in constexprs:
+                    default = param._param.default if param is not None else None
+                    if default is None or default is param._param.empty:
+                        raise TwillError(f"kernel {self.name!r}: constexpr {name!r} has no value; "
+                                         f"pass --constexpr {name}=VALUE")
+                    constexprs[name] = default
+                sig[name] = "constexpr"
+            elif name in given:
+                sig[name] = given[name].type
+            else:
+                raise TwillError(f"kernel {self.name!r}: argument {name!r} is missing from the signature "
+                                 f"(list every non-constexpr argument, e.g. {name}=i32:16)")
+        attrs = {(arg_names.index(a.name),): [["tt.divisibility", 16]] for a in self.signature if a.divisible}
+        return ASTSource(self.fn, sig, constexprs, attrs)
+
+    def target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", self.capability, 32)
+
+
+def capability_of(arch: str) -> int:
+    """``"sm_90"``/``"sm_90a"``/``"90"`` -> 90."""
+    m = re.match(r"^(?:sm_)?(\d+)a?$", arch.strip())
+    if not m:
+        raise TwillError(f"cannot read architecture {arch!r} (use sm_90 or sm_100)")
+    return int(m.group(1))
+
+
+# -- loading a kernel from a file --------------------------------------------------------------------------
+def load_kernel(path: str | os.PathLike, fn_name: str):
+    """Import ``path`` and return its ``@triton.jit`` function ``fn_name``."""
+    triton = require_triton()
+    path = Path(path)
+    if not path.is_file():
+        raise TwillError(f"kernel file {str(path)!r} does not exist")
+    mod_name = f"_twill_kernel_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise TwillError(f"cannot import {str(path)!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise TwillError(f"importing {str(path)!r} failed: {type(exc).__name__}: {exc}") from None
+    fn = getattr(module, fn_name, None)
+    if fn is None:
+        raise TwillError(f"{str(path)!r} has no function {fn_name!r}")
+    if not isinstance(fn, triton.runtime.jit.JITFunction):
+        raise TwillError(f"{fn_name!r} in {str(path)!r} is not a @triton.jit kernel")
+    return fn
+
+
+# -- the pass pipeline, split at the pipeliner -------------------------------------------------------------
+def run_pre_pipeline(mod, options, capability: int) -> None:
+    """``make_ttgir`` of Triton 3.6.0 up to and including ``ScheduleLoops``."""
+    from triton._C.libtriton import ir, nvidia, passes
+
+    pm = ir.pass_manager(mod.context)
+    dump = pm.enable_debug()
+    passes.ttir.add_convert_to_ttgpuir(pm, f"cuda:{capability}", options.num_warps, 32, options.num_ctas)
+    passes.ttgpuir.add_coalesce(pm)
+    passes.ttgpuir.add_f32_dot_tc(pm, capability // 10 >= 8)
+    nvidia.passes.ttnvgpuir.add_plan_cta(pm)
+    passes.ttgpuir.add_remove_layout_conversions(pm)
+    passes.ttgpuir.add_optimize_thread_locality(pm)
+    passes.ttgpuir.add_accelerate_matmul(pm)
+    passes.ttgpuir.add_remove_layout_conversions(pm)
+    passes.ttgpuir.add_optimize_dot_operands(pm, capability >= 80)
+    nvidia.passes.ttnvgpuir.add_optimize_descriptor_encoding(pm)
+    passes.ttir.add_loop_aware_cse(pm)
+    passes.ttgpuir.add_fuse_nested_loops(pm)
+    passes.common.add_canonicalizer(pm)
+    passes.ttir.add_triton_licm(pm)
+    if capability // 10 == 9:
+        passes.common.add_canonicalizer(pm)
+        passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+        nvidia.passes.hopper.add_hopper_warpspec(pm, options.num_stages, dump)
+    else:
+        passes.ttgpuir.add_optimize_accumulator_init(pm)
+        passes.ttgpuir.add_hoist_tmem_alloc(pm, False)
+        nvidia.passes.ttnvgpuir.add_promote_lhs_to_tmem(pm)
+    passes.ttgpuir.add_assign_latencies(pm, options.num_stages)
+    passes.ttgpuir.add_schedule_loops(pm)
+    pm.run(mod, "twill_pre_pipeline")
+
+
+def run_post_pipeline(mod, options, capability: int) -> None:
+    """``make_ttgir`` of Triton 3.6.0 from the pipeliner (sm_100: from warp specialization) to its end."""
+    from triton._C.libtriton import ir, nvidia, passes
+
+    pm = ir.pass_manager(mod.context)
+    dump = pm.enable_debug()
+    if capability // 10 == 9:
+        passes.ttgpuir.add_pipeline(pm, options.num_stages, dump)
+    else:
+        passes.ttgpuir.add_warp_specialize(pm, options.num_stages)
+        passes.ttgpuir.add_pipeline(pm, options.num_stages, dump)
+        passes.ttgpuir.add_optimize_partition_warps(pm)
+        passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+        passes.ttgpuir.add_hoist_tmem_alloc(pm, True)
+        nvidia.passes.ttnvgpuir.add_remove_tmem_tokens(pm)
+    passes.common.add_canonicalizer(pm)
+    passes.ttir.add_loop_aware_cse(pm)
+    passes.ttgpuir.add_prefetch(pm)
+    passes.ttgpuir.add_optimize_dot_operands(pm, capability >= 80)
+    passes.ttgpuir.add_coalesce_async_copy(pm)
+    nvidia.passes.ttnvgpuir.add_optimize_tmem_layouts(pm)
+    nvidia.passes.ttnvgpuir.add_tma_lowering(pm)
+    passes.ttgpuir.add_remove_layout_conversions(pm)
+    nvidia.passes.ttnvgpuir.add_interleave_tmem(pm)
+    passes.ttgpuir.add_reduce_data_duplication(pm)
+    passes.ttgpuir.add_reorder_instructions(pm)
+    passes.ttir.add_loop_aware_cse(pm)
+    passes.common.add_symbol_dce(pm)
+    nvidia.passes.ttnvgpuir.add_fence_insertion(pm, capability)
+    nvidia.passes.ttnvgpuir.add_lower_mma(pm)
+    passes.common.add_sccp(pm)
+    passes.common.add_cse(pm)
+    passes.common.add_canonicalizer(pm)
+    pm.run(mod, "twill_post_pipeline")
+
+
+def make_hook(kernel_name: str, edit: TextEdit, workdir: str, *, stop_after_capture: bool = False,
+              seen: list[str] | None = None):
+    """An ``add_stages_inspection_hook`` that replaces the ``ttgir`` stage of ``kernel_name`` by
+    pre-pipeline passes -> ``edit(text)`` -> re-parse -> post-pipeline passes. Kernels of other names
+    compile normally. ``seen`` collects the pre-pipeline texts."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import Language
+
+    tag = f"twill-{kernel_name}"
+
+    def hook(backend=None, stages=None, options=None, language=None, capability=None):
+        if stages is None:                 # newer Triton asks the hook for a cache key this way
+            return tag, tag
+        if language != Language.TRITON or capability // 10 not in (9, 10):
+            return tag, tag
+
+        def make_ttgir(mod, metadata):
+            if options.maxnreg is not None:
+                mod.set_attr("ttg.maxnreg", ir.builder(mod.context).get_int32_attr(options.maxnreg))
+            run_pre_pipeline(mod, options, capability)
+            text = str(mod)
+            if f"@{kernel_name}(" not in text:
+                raise TwillError(f"hook for kernel {kernel_name!r} saw another kernel")
+            if seen is not None:
+                seen.append(text)
+            if stop_after_capture:
+                raise _Captured()
+            path = os.path.join(workdir, f"{kernel_name}.scheduled.ttgir")
+            Path(path).write_text(edit(text))
+            context = mod.context
+            mod = ir.parse_mlir_module(path, context)
+            mod.context = context
+            run_post_pipeline(mod, options, capability)
+            metadata["tensordesc_meta"] = mod.get_tensordesc_metadata()
+            return mod
+
+        stages["ttgir"] = make_ttgir
+        return tag, tag
+
+    return hook
+
+
+def compile_with_edit(spec: KernelSpec, edit: TextEdit | None, *, capture_only: bool = False,
+                      workdir: str | None = None):
+    """Compile ``spec`` with the schedule edit ``edit`` (``None`` = Triton's own schedule, identity text).
+
+    Returns ``(compiled kernel or None, pre-pipeline TTGIR text)``; with ``capture_only`` compilation stops
+    after the pre-pipeline passes and the kernel is ``None``.
+    """
+    triton = require_triton()
+    from triton import knobs
+
+    seen: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="twill-triton-") as tmp:
+        hook = make_hook(spec.name, edit or (lambda text: text), workdir or tmp, stop_after_capture=capture_only,
+                         seen=seen)
+        with knobs.runtime.scope(), knobs.compilation.scope(), knobs.cache.scope():
+            knobs.cache.dir = os.path.join(tmp, "cache")
+            knobs.compilation.always_compile = True
+            knobs.runtime.add_stages_inspection_hook = hook
+            try:
+                kernel = triton.compile(spec.source(), target=spec.target(), options=spec.options())
+            except _Captured:
+                kernel = None
+            except TwillError:
+                raise
+            except Exception as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise TwillError(f"Triton failed to compile kernel {spec.name!r}: {type(exc).__name__}: "
+                                 f"{first[:300]}") from None
+    if not seen:
+        raise TwillError(f"kernel {spec.name!r}: the ttgir stage never ran (is it a Triton kernel for CUDA?)")
+    return kernel, seen[0]
+
+
+def capture_prepipeline(spec: KernelSpec) -> str:
+    """The TTGIR of ``spec`` as it enters Triton's pipeliner (Triton's own schedule attributes included)."""
+    return compile_with_edit(spec, None, capture_only=True)[1]

@@ -1,0 +1,6 @@
+"""Real Triton kernels that the Triton frontend schedules (``twill graph``, ``twill inject``).
+
+Each module holds one ``@triton.jit`` kernel plus the compile settings the tests and the A/B benchmark use
+(``SIGNATURE``, ``CONSTEXPRS``, ``NUM_WARPS``, ``NUM_STAGES``) and a ``launch`` helper for the GPU. Import
+them only where Triton is installed.
+"""
