@@ -1,0 +1,109 @@
+"""Matplotlib plumbing shared by the pictures: figures on the Agg canvas (never pyplot, so no global
+backend is switched), deterministic SVG output with text kept as text, and atomic writes."""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from twill.errors import UnsupportedFeatureError
+
+#: Picture formats by file suffix.
+FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf"}
+
+#: Resolution of PNG pictures.
+DPI = 110
+
+#: rcParams in force while a picture is saved: SVG text stays searchable text, ids are reproducible.
+SAVE_RC = {"svg.fonttype": "none", "svg.hashsalt": "twill", "font.family": "DejaVu Sans"}
+
+#: Metadata that would make two saves of the same picture differ.
+_NO_DATE = {"svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}, "png": {}}
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A figure of ``width`` x ``height`` inches on an Agg canvas."""
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def picture_format(path: Path) -> str:
+    """The format named by ``path``'s suffix, or a one-line error listing the supported ones."""
+    try:
+        return FORMATS[path.suffix.lower()]
+    except KeyError:
+        raise UnsupportedFeatureError(f"cannot write picture {str(path)!r}: unknown format "
+                                      f"{path.suffix or '(no suffix)'!r}; use {', '.join(FORMATS)}") from None
+
+
+def render(fig: Figure, fmt: str) -> bytes:
+    """The picture encoded as ``fmt``."""
+    buffer = io.BytesIO()
+    with matplotlib.rc_context(SAVE_RC):
+        fig.savefig(buffer, format=fmt, dpi=DPI, metadata=_NO_DATE[fmt], bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def svg_markup(fig: Figure) -> str:
+    """The figure as an ``<svg>`` element to inline in HTML (XML declaration and doctype removed)."""
+    text = render(fig, "svg").decode("utf-8")
+    return text[text.index("<svg"):]
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``, so a
+    failure never leaves a partial file. Creates missing parent directories."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())         # mkstemp creates 0600; give the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Save ``fig`` to ``path`` in the format of its suffix, atomically."""
+    path = Path(path)
+    return write_atomic(path, render(fig, picture_format(path)))
+
+
+def text_fits(label: str, width_pt: float, height_pt: float, fontsize: float) -> bool:
+    """Whether ``label`` at ``fontsize`` fits a box of ``width_pt`` x ``height_pt`` points (DejaVu Sans
+    averages about 0.6 em per character)."""
+    return 0.6 * fontsize * len(label) <= width_pt - 2 and fontsize * 1.2 <= height_pt
+
+
+def darker(color: str, factor: float = 0.6) -> tuple[float, float, float]:
+    """``color`` with each RGB channel scaled by ``factor`` (bar outlines)."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(color)
+    return (r * factor, g * factor, b * factor)
+
+
+def legend_kwargs(**extra: Any) -> dict[str, Any]:
+    """Common legend style: small, framed, outside clutter."""
+    base: dict[str, Any] = {"fontsize": 8, "frameon": True, "framealpha": 0.9}
+    base.update(extra)
+    return base
