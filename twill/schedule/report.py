@@ -27,6 +27,14 @@ def _normalization_line(norm: Mapping[str, Any] | None) -> str:
             f"{100 * float(norm.get('max_relative_error', 0)):.1f}%{below}\n  raw->normalized: {pairs}")
 
 
+def _tried_entry(row: Mapping[str, Any]) -> str:
+    """``2 optimal`` for a modulo search row; ``2 (modulo optimal, joint infeasible)`` for a joint one."""
+    if "status" in row:
+        return f"{row.get('ii')} {row['status']}"
+    phases = [f"{key} {row[key]}" for key in ("modulo", "joint") if key in row]
+    return f"{row.get('ii')} ({', '.join(phases)})" if phases else str(row.get("ii"))
+
+
 def _header(schedule: Schedule) -> list[str]:
     stats = schedule.stats
     res, rec = stats.get("res_mii"), stats.get("rec_mii")
@@ -42,7 +50,7 @@ def _header(schedule: Schedule) -> list[str]:
     lines.append(f"solve time: {schedule.solve_seconds:.2f} s")
     tried = stats.get("tried")
     if tried:
-        lines.append("IIs tried: " + ", ".join(f"{row['ii']} {row['status']}" for row in tried))
+        lines.append("IIs tried: " + ", ".join(_tried_entry(row) for row in tried))
     lines.append(_normalization_line(stats.get("normalization")))
     return lines
 

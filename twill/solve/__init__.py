@@ -139,7 +139,7 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
     if options.ws:
         result = _joint_solver()(work, machine, options, lower_bound=max(res, rec), res_mii=res, rec_mii=rec)
         stats = {"res_mii": res, "rec_mii": rec, **dict(result.stats), "normalization": norm}
-        result = replace(result, stats=stats)
+        result = replace(result, stats=stats, solve_seconds=_elapsed(started))
     else:
         result = _modulo_schedule(work, machine, units, options, res=res, rec=rec, started=started)
         result = replace(result, stats={**dict(result.stats), "normalization": norm},
