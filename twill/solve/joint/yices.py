@@ -1,0 +1,803 @@
+"""Paper-faithful Yices 2 backend: the time-indexed QF_LIA model of Twill's Figures 4, 5 and 6.
+
+The straight-line program Q overlaps n = ⌈L/I⌉ copies of one iteration, copy i starting at i·I, over
+T = (n−1)·I + L cycles. Booleans ``op[v,i,t]`` (copy i of v issues at t), ``live[v,i,t]`` (its register
+result is live at t) and ``opw[v,g]`` (v runs on warp-group slot g) carry the problem; every constraint
+family is one ``add_*`` function below whose docstring gives its formula. The semantics are those of
+docs/model.md (shared with the CP-SAT backend and the verifier), including its deviations from the paper:
+group widths, the uniform register budget and REGISTER FILE, ``busy(o)`` in CONCURRENCY, the cross-warp
+receive rule, mma_wait sharing its MMA's group, and MEMORY CAPACITY as statically allocated ring buffers.
+
+Each query is a pure satisfiability check. :func:`solve_joint` walks Algorithm 1: I upward from the lower
+bound; at each I, LEN(M) from phase 1 (:func:`twill.solve.modulo.solve_modulo`), then one query per
+L = LEN(M), LEN(M)+1, … while ⌈L/I⌉ is unchanged. The model is built once per I on the widest grid of that
+window (T_max = (n−1)·I + n·I) and each L asserts its COMPLETION under ``push``/``pop``; nothing can issue
+past T, so the extra tail changes no answer. Secondary objectives (stages, warps, SMEM, prologue) are
+minimised by the same kind of queries: ``push``, assert ``objective ≤ k``, ``check_context(timeout)``, ``pop``.
+
+Auxiliary terms, each defined by an equivalence so that it adds no freedom:
+  * ``issued[v,i,t] ⇔ issued[v,i,t−1] ∨ op[v,i,t]`` turns the paper's quadratic DEPENDENCE and CROSS-WARP
+    SPILLS clauses ("op[u,i,t] ⇒ ¬op[v,i+δ,t′] for every t′ < t + d") into one clause per (u, i, t);
+  * ``same[u,v] ⇔ ∨_g opw[u,g] ∧ opw[v,g]``; ``inflight[o,t] = ∨_{i′, t′∈[t−busy(o)+1, t]} op[o,i′,t′]``;
+  * integer terms ``k_v = Σ_t ⌊t/I⌋·op[v,0,t]`` (stage), ``w_g`` (slot width), ``depth_v`` (ring depth).
+
+Yices is GPL-3.0 and optional (``pip install "twill-gpu[yices]"``), loaded lazily by
+:mod:`twill.solve._yices_loader`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from twill.errors import InfeasibleScheduleError
+from twill.ir.graph import Edge, LoopGraph
+from twill.machine.models import Machine
+from twill.schedule.result import Schedule
+from twill.solve.joint.problem import (RELAXABLE, WIDTHS, JointProblem, JointSolution, blocking_in,
+                                       buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
+                                       is_streaming, value_bytes, waited_groups)
+from twill.solve.options import SolveOptions
+
+#: Constraint families in paper order (Figures 4, 5, 6), as :func:`build_model` adds them.
+FAMILIES = (
+    "uniqueness", "consistency", "completion", "dependence", "capacity",
+    "liveness", "memory_capacity",
+    "warp_uniqueness", "variable_latency", "warp_count", "register_file", "register_limit",
+    "cross_warp_spills", "concurrency",
+)
+
+#: Secondary objectives after L, in order (docs/model.md §5; the CP-SAT search adds ``prologue``).
+SECONDARY = ("stages", "warps", "smem", "prologue")
+
+
+class YicesModel:
+    """One Yices context for a :class:`JointProblem`: named Booleans, the variable maps, assertions counted
+    per family.
+
+    Variable maps: ``op_at[(v, i, t)]`` (t ∈ [0, span)), ``live_at[(v, i, t)]`` (t ∈ [0, span], register
+    results only), ``warp_of[(v, g)]``, ``issued_by[(v, i, t)]``; integer terms ``stage[v]``, ``width[g]``,
+    ``objective[name]``.
+    """
+
+    def __init__(self, yices: Any, problem: JointProblem):
+        self.y = yices
+        self.problem = problem
+        self.graph = problem.graph
+        self.ii = problem.ii
+        self.copies = problem.copies
+        self.span = problem.horizon(problem.length_max)
+        config = yices.Config()
+        config.default_config_for_logic("QF_LIA")
+        self.context = yices.Context(config)
+        config.dispose()
+        self.counts: dict[str, int] = {}
+        self.booleans = 0
+        self.integers = 0
+        self.op_at: dict[tuple[str, int, int], int] = {}
+        self.live_at: dict[tuple[str, int, int], int] = {}
+        self.warp_of: dict[tuple[str, int], int] = {}
+        self.issued_by: dict[tuple[str, int, int], int] = {}
+        self.stage: dict[str, int] = {}
+        self.width: list[int] = []
+        self.heavy: list[int] = []
+        self.objective: dict[str, int] = {}
+        self.staging: list[int] = []
+        self.model: Any = None
+        self._same: dict[tuple[str, str], int] = {}
+        self._inflight: dict[tuple[str, int], int] = {}
+        terms = yices.Terms
+        self.true, self.false = terms.true(), terms.false()
+        self.zero, self.one = terms.integer(0), terms.integer(1)
+
+    # -- adapter ---------------------------------------------------------------------------------------
+    def new_bool(self, name: str) -> int:
+        self.booleans += 1
+        return self.y.Terms.new_uninterpreted_term(self.y.Types.bool_type(), name)
+
+    def new_int(self, name: str, lo: int, hi: int) -> int:
+        """A fresh integer in ``[lo, hi]`` (bounds asserted under the family ``domains``)."""
+        self.integers += 1
+        T = self.y.Terms
+        var = T.new_uninterpreted_term(self.y.Types.int_type(), name)
+        self.add("domains", [T.arith_geq_atom(var, T.integer(lo)), T.arith_leq_atom(var, T.integer(hi))])
+        return var
+
+    def add(self, family: str, formulas: Sequence[int]) -> None:
+        """Assert ``formulas`` and count them under ``family``."""
+        formulas = [f for f in formulas if f != self.true]
+        if formulas:
+            self.context.assert_formulas(formulas)
+        self.counts[family] = self.counts.get(family, 0) + len(formulas)
+
+    def neg(self, term: int) -> int:
+        return self.y.Terms.ynot(term)
+
+    def any(self, terms: Iterable[int]) -> int:
+        terms = [t for t in terms if t != self.false]
+        if self.true in terms:
+            return self.true
+        if not terms:
+            return self.false
+        return terms[0] if len(terms) == 1 else self.y.Terms.yor(terms)
+
+    def all(self, terms: Iterable[int]) -> int:
+        terms = [t for t in terms if t != self.true]
+        if self.false in terms:
+            return self.false
+        if not terms:
+            return self.true
+        return terms[0] if len(terms) == 1 else self.y.Terms.yand(terms)
+
+    def implies(self, lhs: Sequence[int], rhs: int) -> int:
+        """``∧ lhs ⇒ rhs`` as one clause."""
+        return self.any([self.neg(t) for t in lhs] + [rhs])
+
+    def integer(self, value: int) -> int:
+        return self.y.Terms.integer(int(value))
+
+    def linear(self, terms: Sequence[tuple[int, int]], constant: int = 0) -> int:
+        """``constant + Σ weight·[literal]`` over ``(literal, weight)`` pairs."""
+        T = self.y.Terms
+        parts = [T.ite(lit, self.integer(w), self.zero) for lit, w in terms if w and lit != self.false]
+        parts.append(self.integer(constant))
+        return parts[0] if len(parts) == 1 else T.sum(parts)
+
+    def leq(self, lhs: int, rhs: int) -> int:
+        return self.y.Terms.arith_leq_atom(lhs, rhs)
+
+    def weighted_sum_leq(self, terms: Sequence[tuple[int, int]], bound: int) -> int | None:
+        """``Σ weight·[literal] ≤ bound``; None when it holds whatever the literals."""
+        terms = [(lit, w) for lit, w in terms if w and lit != self.false]
+        if sum(w for _, w in terms) <= bound:
+            return None
+        return self.leq(self.linear(terms), self.integer(bound))
+
+    def exactly_one(self, literals: Sequence[int]) -> int:
+        """``Σ [literal] = 1`` (a QF_LIA cardinality atom)."""
+        if not literals:
+            return self.false
+        return self.y.Terms.arith_eq_atom(self.linear([(lit, 1) for lit in literals]), self.one)
+
+    # -- variable lookups ------------------------------------------------------------------------------
+    def op(self, v: str, i: int, t: int) -> int:
+        """``op[v,i,t]``; false outside ``[0, span)`` and for copies outside ``[0, n)``."""
+        return self.op_at.get((v, i, t), self.false)
+
+    def live(self, v: str, i: int, t: int) -> int:
+        return self.live_at.get((v, i, t), self.false)
+
+    def opw(self, v: str, g: int) -> int:
+        return self.warp_of.get((v, g), self.false)
+
+    def slots_of(self, v: str) -> list[int]:
+        """Slots ``v`` may use: W_vl (0) iff variable latency (VARIABLE LATENCY), else 1 … G−1."""
+        return [0] if self.graph.op(v).variable_latency else list(range(1, self.problem.slots))
+
+    def not_issued_before(self, v: str, i: int, s: int) -> int:
+        """``∧_{t′ < s} ¬op[v,i,t′]`` = ``¬issued[v,i,s−1]`` (true when s ≤ 0)."""
+        if s <= 0:
+            return self.true
+        return self.neg(self.issued_by[(v, i, min(s, self.span) - 1)])
+
+    def same(self, a: str, b: str) -> int:
+        """``same[a,b] ⇔ ∨_g opw[a,g] ∧ opw[b,g]`` (a fresh Boolean, defined once per pair)."""
+        key = (a, b) if a <= b else (b, a)
+        if key not in self._same:
+            lit = self.new_bool(f"same[{key[0]},{key[1]}]")
+            common = [self.all([self.opw(a, g), self.opw(b, g)]) for g in range(self.problem.slots)]
+            self.add("warp_definitions", [self.y.Terms.iff(lit, self.any(common))])
+            self._same[key] = lit
+        return self._same[key]
+
+    def inflight(self, o: str, t: int) -> int:
+        """``∨_{i′, t′ ∈ [t−busy(o)+1, t]} op[o,i′,t′]``: some copy of ``o`` holds its warp at ``t``."""
+        key = (o, t)
+        if key not in self._inflight:
+            busy = self.graph.op(o).busy
+            self._inflight[key] = self.any(self.op(o, i, s) for i in range(self.copies)
+                                           for s in range(t - busy + 1, t + 1))
+        return self._inflight[key]
+
+    def crossing(self, edge: Edge) -> bool:
+        """The edge can carry a register value to another group (docs/model.md CROSS-WARP SPILLS)."""
+        return edge.src != edge.dst and can_cross(self.graph.op(edge.src))
+
+
+# -- variables -------------------------------------------------------------------------------------------
+def add_variables(m: YicesModel) -> None:
+    """``op[v,i,t]`` and ``issued[v,i,t] ⇔ issued[v,i,t−1] ∨ op[v,i,t]`` (issued[v,i,−1] = false) for every
+    op; ``live[v,i,t]`` for ops with a register result; ``opw[v,g]`` over the slots of v; the stage
+    ``k_v = Σ_t ⌊t/I⌋·op[v,0,t]``; per slot an integer width ``w_g ∈ [0, 8]`` and the term
+    ``heavy_g = ∨_{v: regs(v) > 0} opw[v,g]``."""
+    T = m.y.Terms
+    definitions = []
+    for op in m.graph.ops:
+        v = op.name
+        for i in range(m.copies):
+            previous = m.false
+            for t in range(m.span):
+                lit = m.new_bool(f"op[{v},i={i},t={t}]")
+                m.op_at[(v, i, t)] = lit
+                issued = m.new_bool(f"issued[{v},i={i},t={t}]")
+                definitions.append(T.iff(issued, m.any([previous, lit])))
+                m.issued_by[(v, i, t)] = issued
+                previous = issued
+            if op.regs > 0:
+                for t in range(m.span + 1):
+                    m.live_at[(v, i, t)] = m.new_bool(f"live[{v},i={i},t={t}]")
+        for g in m.slots_of(v):
+            m.warp_of[(v, g)] = m.new_bool(f"opw[{v},g={g}]")
+        m.stage[v] = m.linear([(m.op(v, 0, t), t // m.ii) for t in range(m.span)])
+    m.add("issued_definitions", definitions)
+    for g in range(m.problem.slots):
+        m.width.append(m.new_int(f"w[g={g}]", 0, max(WIDTHS)))
+        m.heavy.append(m.any(m.opw(op.name, g) for op in m.graph.ops if op.regs > 0))
+
+
+# -- Figure 4: a valid modulo schedule -------------------------------------------------------------------
+def add_uniqueness(m: YicesModel) -> None:
+    """UNIQUENESS (Fig. 4): ∀ v, i: Σ_t op[v,i,t] = 1."""
+    m.add("uniqueness", [m.exactly_one([m.op(v, i, t) for t in range(m.span)])
+                         for v in m.graph.op_names for i in range(m.copies)])
+
+
+def add_consistency(m: YicesModel) -> None:
+    """CONSISTENCY (Fig. 4): ∀ v, i ∈ [1, n), t: op[v,0,t] ⇒ op[v,i,t + i·I] (op beyond the grid is false)."""
+    m.add("consistency", [m.implies([m.op(v, 0, t)], m.op(v, i, t + i * m.ii))
+                          for v in m.graph.op_names for i in range(1, m.copies) for t in range(m.span)])
+
+
+def completion_formulas(m: YicesModel, horizon: int) -> list[int]:
+    """COMPLETION (Fig. 4) at T = ``horizon``: ∀ v, i, t: t + cycles(v) > T ⇒ ¬op[v,i,t]."""
+    return [m.neg(m.op(op.name, i, t)) for op in m.graph.ops for i in range(m.copies)
+            for t in range(max(0, horizon - op.cycles + 1), m.span)]
+
+
+def add_completion(m: YicesModel) -> None:
+    """COMPLETION at the widest horizon of the model; each L narrows it in :func:`check`."""
+    m.add("completion", completion_formulas(m, m.span))
+
+
+def dependence_pairs(m: YicesModel, edge: Edge) -> list[tuple[int, int, int]]:
+    """``(i, j, shift)``: copy i of the source constrains copy j of the consumer, shifted by ``shift``
+    cycles. The paper's pairs are ``j = i + δ < n``; an edge with δ ≥ n (its consumer is beyond Q) is kept on
+    copy 0 as ``j = 0, shift = δ·I`` — the modulo dependence that docs/model.md states for every edge."""
+    if edge.distance >= m.copies:
+        return [(0, 0, edge.distance * m.ii)]
+    return [(i, i + edge.distance, 0) for i in range(m.copies - edge.distance)]
+
+
+def add_dependence(m: YicesModel) -> None:
+    """DEPENDENCE (Fig. 4): ∀ (u,v,d,δ), i, t, t′ ∈ [0, t + d): op[u,i,t] ⇒ ¬op[v,i+δ,t′],
+    emitted as ``op[u,i,t] ⇒ ¬issued[v,i+δ,t+d−1]``."""
+    out = []
+    for e in m.graph.edges:
+        for i, j, shift in dependence_pairs(m, e):
+            for t in range(m.span):
+                bound = m.not_issued_before(e.dst, j, t + e.delay - shift)
+                if bound != m.true:
+                    out.append(m.implies([m.op(e.src, i, t)], bound))
+    m.add("dependence", out)
+
+
+def add_capacity(m: YicesModel) -> None:
+    """CAPACITY (Fig. 4): ∀ t, f: Σ_{v, i, c ∈ [0, cycles(v))} op[v,i,t−c]·RRT[v][f,c] ≤ cap(f)."""
+    out = []
+    for unit, cap in sorted(m.problem.units.items()):
+        users = [(op.name, c, dict(row)[unit]) for op in m.graph.ops
+                 for c, row in enumerate(op.rrt) if dict(row).get(unit)]
+        for t in range(m.span):
+            atom = m.weighted_sum_leq([(m.op(v, i, t - c), count) for v, c, count in users
+                                       for i in range(m.copies) if t >= c], cap)
+            if atom is not None:
+                out.append(atom)
+    m.add("capacity", out)
+
+
+# -- Figure 5: liveness and memory -----------------------------------------------------------------------
+def uses(m: YicesModel, v: str, i: int) -> list[tuple[str, int]]:
+    """Consumer copies ``(u, j)`` of copy i of v: ``j = i + δ`` per out-edge (v,u,·,δ). An in-place
+    accumulator (self-edge of distance 1) has only its next copy (docs/model.md, Liveness)."""
+    if in_place(m.graph, v):
+        return [(v, i + 1)]
+    return [(e.dst, i + e.distance) for e in m.graph.out_edges(v)]
+
+
+def live_at_end(m: YicesModel, v: str, i: int) -> bool:
+    """INIT (Fig. 5): copy i of v is live at T iff one of its consumers lies beyond Q (j ≥ n); for δ = 1
+    this is the paper's "loop-carried results of the last copy"."""
+    return any(j >= m.copies for _, j in uses(m, v, i))
+
+
+def add_liveness(m: YicesModel) -> None:
+    """INIT, LIVEPROP, DEADPROP (Fig. 5) for register results, the backward dataflow over Q:
+
+        INIT      live[v,i,T] ⇔ live_at_end(v, i)
+        LIVEPROP  live[v,i,t] ∧ ¬op[v,i,t] ⇒ live[v,i,t−1];   op[v,i,t] ⇒ ¬live[v,i,t−1]
+        DEADPROP  ¬live[v,i,t] ∧ use(v,i,t) ∧ ¬op[v,i,t] ⇒ live[v,i,t−1];
+                  ¬live[v,i,t] ∧ ¬use(v,i,t) ⇒ ¬live[v,i,t−1]
+
+    together ``live[v,i,t−1] ⇔ ¬op[v,i,t] ∧ (live[v,i,t] ∨ use(v,i,t))``, use(v,i,t) = ∨ op[u,j,t] over the
+    consumers of :func:`uses` inside Q. REGISTER LIMIT counts ``live ∨ op``: the value occupies
+    ``[t_v+i·I, max(t_v+i·I+1, last use))`` as docs/model.md states (one cycle when nothing uses it). The
+    model spans T_max ≥ T; nothing issues past T, so live is constant on [T, T_max] and INIT sits at T_max.
+    """
+    T = m.y.Terms
+    out = []
+    for op in m.graph.ops:
+        if op.regs <= 0:
+            continue
+        v = op.name
+        for i in range(m.copies):
+            end = m.live(v, i, m.span)
+            out.append(end if live_at_end(m, v, i) else m.neg(end))
+            consumers = [(u, j) for u, j in uses(m, v, i) if j < m.copies]
+            for t in range(m.span, 0, -1):
+                used = m.any(m.op(u, j, t) for u, j in consumers)
+                keep = m.all([m.neg(m.op(v, i, t)), m.any([m.live(v, i, t), used])])
+                out.append(T.iff(m.live(v, i, t - 1), keep))
+    m.add("liveness", out)
+
+
+def add_memory_capacity(m: YicesModel) -> None:
+    """MEMORY CAPACITY (Fig. 5, docs/model.md §4: statically allocated ring buffers):
+    ``resident + Σ_v smem(v)·depth(v) + Σ_e staging(e) ≤ smem_per_block`` and ``Σ_v tmem(v)·depth(v) ≤ tmem``,
+    ``depth(v) ≥ k_u + δ − k_v + 1`` per out-edge to another op (1 for accumulators; ≥ streaming_depth for
+    streaming loads), ``staging(u→v) ≥ bytes(u)·(k_v + δ − k_u + 1)`` when the edge crosses groups."""
+    p, T = m.problem, m.y.Terms
+    formulas = []
+    max_depth = p.copies + max([e.distance for e in m.graph.edges] or [0]) + p.streaming_depth + 1
+    smem_terms, tmem_terms = [m.integer(p.smem_resident)], []
+    for op in m.graph.ops:
+        if not holds_memory(op):
+            continue
+        depth = m.new_int(f"depth[{op.name}]", 1, max_depth)
+        if is_accumulator(op):
+            formulas.append(T.arith_eq_atom(depth, m.one))
+        else:
+            for e in buffer_edges(m.graph, op.name):
+                need = T.sum([m.stage[e.dst], m.integer(e.distance + 1), T.neg(m.stage[op.name])])
+                formulas.append(T.arith_geq_atom(depth, need))
+            if is_streaming(m.graph, op):
+                formulas.append(T.arith_geq_atom(depth, m.integer(p.streaming_depth)))
+        smem_terms.append(T.mul(m.integer(op.smem), depth))
+        tmem_terms.append(T.mul(m.integer(op.tmem), depth))
+    if p.active("cross_warp_spills") and p.cross_warp:
+        for e in m.graph.edges:
+            if not m.crossing(e):
+                continue
+            nbytes = value_bytes(m.graph.op(e.src))
+            staged = m.new_int(f"staging[{e.src}->{e.dst}]", 0, nbytes * (p.copies + e.distance + 1))
+            need = T.mul(m.integer(nbytes),
+                         T.sum([m.stage[e.dst], m.integer(e.distance + 1), T.neg(m.stage[e.src])]))
+            formulas.append(m.implies([m.neg(m.same(e.src, e.dst))], T.arith_geq_atom(staged, need)))
+            smem_terms.append(staged)
+    smem = T.sum(smem_terms)
+    m.objective["smem"] = smem
+    if p.active("memory_capacity"):
+        formulas.append(m.leq(smem, m.integer(p.smem_capacity)))
+        if p.tmem_capacity > 0 and tmem_terms:
+            formulas.append(m.leq(T.sum(tmem_terms), m.integer(p.tmem_capacity)))
+    m.add("memory_capacity", formulas)
+
+
+# -- Figure 6: warp assignment ---------------------------------------------------------------------------
+def add_warp_uniqueness(m: YicesModel) -> None:
+    """WARP UNIQUENESS (Fig. 6, docs/model.md §3): ∀ v: Σ_g opw[v,g] = 1; a slot's width
+    ``w_g ∈ {0,1,2,4,8}`` equals warps(v) for every v on it and is 0 iff the slot is empty; an ``mma_wait``
+    shares the slot of its MMA. Symmetry breaking (removes no schedule up to renaming slots): for g ≥ 2,
+    ``opw[v,g] ⇒ ∨_{u before v} opw[u,g−1]``."""
+    T = m.y.Terms
+    p, names = m.problem, m.graph.op_names
+    out = [m.exactly_one([m.opw(v, g) for g in m.slots_of(v)]) for v in names]
+    for g, width in enumerate(m.width):
+        members = [v for v in names if (v, g) in m.warp_of]
+        for v in members:
+            out.append(m.implies([m.opw(v, g)], T.arith_eq_atom(width, m.integer(m.graph.op(v).warps))))
+        out.append(m.any([m.opw(v, g) for v in members] + [T.arith_eq_atom(width, m.zero)]))
+    for g in range(2, p.slots):
+        for j, v in enumerate(names):
+            if (v, g) in m.warp_of:
+                earlier = [m.opw(u, g - 1) for u in names[:j]]
+                out.append(m.implies([m.opw(v, g)], m.any(earlier)))
+    for wait, mma in waited_groups(m.graph):
+        out.append(m.same(wait, mma))
+    m.add("warp_uniqueness", out)
+
+
+def add_variable_latency(m: YicesModel) -> None:
+    """VARIABLE LATENCY (Fig. 6): ∀ v: variable_latency(v) ⇔ opw[v, W_vl]. W_vl is slot 0; ``opw[v,g]`` only
+    exists on the slots of :meth:`YicesModel.slots_of`, so this asserts ``¬opw`` for every other pair."""
+    out = [m.neg(m.opw(v, g)) for v in m.graph.op_names for g in range(m.problem.slots)
+           if g not in m.slots_of(v) and (v, g) in m.warp_of]
+    m.add("variable_latency", out)
+
+
+def add_warp_count(m: YicesModel) -> None:
+    """WARP COUNT (docs/model.md §3): ``Σ_g w_g ≤ max_warps``."""
+    total = m.y.Terms.sum(m.width)
+    m.objective["warps"] = total
+    if m.problem.active("warp_count"):
+        m.add("warp_count", [m.leq(total, m.integer(m.problem.max_warps))])
+
+
+def add_register_file(m: YicesModel) -> None:
+    """REGISTER FILE (docs/model.md §3): ``Σ_g 32·w_g·budget_g ≤ regs_per_sm``, ``budget_g = R`` when slot g
+    holds a register result (heavy), else the setmaxnreg minimum."""
+    T, p = m.y.Terms, m.problem
+    if not p.active("register_file"):
+        return
+    parts = [T.mul(m.integer(32 * p.light_regs), w) for w in m.width]
+    parts += [T.ite(heavy, T.mul(m.integer(32 * (p.reg_limit - p.light_regs)), w), m.zero)
+              for heavy, w in zip(m.heavy, m.width) if heavy != m.false]
+    m.add("register_file", [m.leq(T.sum(parts), m.integer(p.regs_per_sm))])
+
+
+def add_register_limit(m: YicesModel) -> None:
+    """REGISTER LIMIT (Fig. 6): ∀ t, g: Σ_{v,i} (live[v,i,t] ∨ op[v,i,t])·opw[v,g]·regs(v) ≤ R."""
+    p = m.problem
+    if not p.active("register_limit"):
+        return
+    out = []
+    holders = [op for op in m.graph.ops if op.regs > 0]
+    for g in range(p.slots):
+        users = [op for op in holders if (op.name, g) in m.warp_of]
+        for t in range(m.span):
+            terms = [(m.all([m.any([m.live(op.name, i, t), m.op(op.name, i, t)]), m.opw(op.name, g)]), op.regs)
+                     for op in users for i in range(m.copies)]
+            atom = m.weighted_sum_leq(terms, p.reg_limit)
+            if atom is not None:
+                out.append(atom)
+    m.add("register_limit", out)
+
+
+def add_cross_warp_spills(m: YicesModel) -> None:
+    """CROSS-WARP SPILLS (Fig. 6): ∀ (u,v,d,δ), t, i, w ≠ w′, s ∈ [0, spillcost(u)):
+    op[u,i,t] ∧ opw[u,w] ∧ opw[v,w′] ⇒ ¬op[v,i+δ,t+d+s]; with DEPENDENCE this is
+    ``op[u,i,t] ∧ ¬same[u,v] ⇒ ¬issued[v,i+δ,t+d+spill(u)−1]`` for register results (regs(u) > 0). With
+    ``cross_warp`` off, ``same[u,v]`` holds on every such edge (the paper's third UNSAT ablation)."""
+    p = m.problem
+    if not p.active("cross_warp_spills"):
+        return
+    out = []
+    for e in m.graph.edges:
+        if not m.crossing(e):
+            continue
+        if not p.cross_warp:
+            out.append(m.same(e.src, e.dst))
+            continue
+        spill = m.graph.op(e.src).spill_cost
+        if not spill:
+            continue
+        crossing = m.neg(m.same(e.src, e.dst))
+        for i, j, shift in dependence_pairs(m, e):
+            for t in range(m.span):
+                bound = m.not_issued_before(e.dst, j, t + e.delay + spill - shift)
+                if bound != m.true:
+                    out.append(m.implies([m.op(e.src, i, t), crossing], bound))
+    m.add("cross_warp_spills", out)
+
+
+def wait_conditions(m: YicesModel, v: str) -> list[list[int]]:
+    """When v waits synchronously, as alternatives (each a list of literals): ``[[]]`` (always) for a
+    blocking in-edge; else one ``[¬same[u,v]]`` per register in-edge (the cross-warp receive variant)."""
+    if blocking_in(m.graph, v):
+        return [[]]
+    if not (m.problem.active("cross_warp_spills") and m.problem.cross_warp):
+        return []
+    return [[m.neg(m.same(e.src, v))] for e in m.graph.in_edges(v) if m.crossing(e)]
+
+
+def add_concurrency(m: YicesModel) -> None:
+    """CONCURRENCY (Fig. 6) with the cross-warp receive variant: ∀ v that waits, i, t, o ≠ v, busy(o) > 0:
+    op[v,i,t] ∧ same[v,o] ⇒ ¬op[o,i′,t′] for all i′ and t′ ∈ [t − busy(o) + 1, t]. The paper's cycles(o) is
+    ``busy(o)`` (docs/model.md: an asynchronous op holds its warp only while it issues)."""
+    if not m.problem.active("concurrency"):
+        return
+    out = []
+    names = m.graph.op_names
+    for v in names:
+        conditions = wait_conditions(m, v)
+        if not conditions:
+            continue
+        for o in names:
+            if o == v or m.graph.op(o).busy <= 0 or not set(m.slots_of(v)) & set(m.slots_of(o)):
+                continue
+            together = m.same(v, o)
+            for i in range(m.copies):
+                for t in range(m.span):
+                    busy = m.inflight(o, t)
+                    if busy == m.false:
+                        continue
+                    for cond in conditions:
+                        out.append(m.implies([m.op(v, i, t), together, *cond], m.neg(busy)))
+    m.add("concurrency", out)
+
+
+def add_objective_terms(m: YicesModel) -> None:
+    """Objective terms: ``stages = max_v k_v + 1`` (an integer ``top ≥ k_v``, minimised) and
+    ``prologue = Σ_v (top − k_v)``."""
+    T = m.y.Terms
+    top = m.new_int("max_stage", 0, m.span // m.ii)
+    m.add("objectives", [T.arith_geq_atom(top, k) for k in m.stage.values()])
+    m.objective["stages"] = T.add(top, m.one)
+    m.objective["prologue"] = T.sum([T.sub(top, k) for k in m.stage.values()])
+
+
+FAMILY_FUNCTIONS: dict[str, Callable[[YicesModel], None]] = {
+    "uniqueness": add_uniqueness, "consistency": add_consistency, "completion": add_completion,
+    "dependence": add_dependence, "capacity": add_capacity, "liveness": add_liveness,
+    "memory_capacity": add_memory_capacity, "warp_uniqueness": add_warp_uniqueness,
+    "variable_latency": add_variable_latency, "warp_count": add_warp_count,
+    "register_file": add_register_file, "register_limit": add_register_limit,
+    "cross_warp_spills": add_cross_warp_spills, "concurrency": add_concurrency,
+}
+
+
+def build_model(yices: Any, problem: JointProblem, families: Iterable[str] = FAMILIES) -> YicesModel:
+    """The time-indexed model of ``problem`` with ``families`` added in paper order (a table of contents of
+    Figures 4-6). Families in ``problem.relaxed`` are skipped by their own functions; ``families`` lets a
+    test leave any family out."""
+    chosen = set(families)
+    unknown = chosen - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown constraint families {sorted(unknown)}")
+    m = YicesModel(yices, problem)
+    add_variables(m)
+    for name in FAMILIES:
+        if name in chosen:
+            FAMILY_FUNCTIONS[name](m)
+    m.objective.setdefault("warps", m.y.Terms.sum(m.width))
+    m.objective.setdefault("smem", m.zero)
+    add_objective_terms(m)
+    return m
+
+
+# -- queries ---------------------------------------------------------------------------------------------
+def query(m: YicesModel, assumptions: Sequence[int] = (), timeout: float | None = None) -> str:
+    """One satisfiability check of the context plus ``assumptions`` (asserted inside push/pop):
+    ``sat`` (the model is kept in ``m.model``), ``unsat`` or ``unknown`` (time out)."""
+    y = m.y
+    if assumptions:
+        m.context.push()
+        m.context.assert_formulas(list(assumptions))
+    try:
+        status = m.context.check_context(timeout=None if timeout is None else max(0.01, timeout))
+        if status == y.Status.SAT:
+            if m.model is not None:
+                m.model.dispose()
+            m.model = y.Model.from_context(m.context, 1)
+    finally:
+        if assumptions:
+            m.context.pop()
+    if status == y.Status.SAT:
+        return "sat"
+    return "unsat" if status == y.Status.UNSAT else "unknown"
+
+
+def value(m: YicesModel, term: int) -> int:
+    """The integer value of ``term`` in the last satisfying model."""
+    return int(m.model.get_integer_value(term))
+
+
+def minimize(m: YicesModel, name: str, *, deadline: float, lower: int = 0) -> tuple[int, bool]:
+    """Minimise ``m.objective[name]`` below its value in the current model by binary search over
+    ``objective ≤ k`` queries, then assert it at the best value. Returns (best, proved optimal)."""
+    term = m.objective[name]
+    best = value(m, term)
+    lo, proven = lower, True
+    while lo < best:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            proven = False
+            break
+        mid = (lo + best) // 2
+        kept = m.model
+        m.model = None
+        answer = query(m, [m.leq(term, m.integer(mid))], timeout=remaining)
+        if answer == "sat":
+            kept.dispose()
+            best = value(m, term)
+        else:
+            m.model = kept
+            if answer == "unsat":
+                lo = mid + 1
+            else:
+                proven = False
+                break
+    m.add("objective_fixes", [m.y.Terms.arith_eq_atom(term, m.integer(best))])
+    return best, proven
+
+
+def decode(m: YicesModel, length: int) -> JointSolution:
+    """Start times M*(v) = t iff op[v,0,t], the slot of every op (one-hot), widths and budgets, objective
+    values, from the last satisfying model."""
+    p, model = m.problem, m.model
+    starts: dict[str, int] = {}
+    group: dict[str, int] = {}
+    for v in m.graph.op_names:
+        times = [t for t in range(m.span) if model.get_bool_value(m.op(v, 0, t))]
+        assert len(times) == 1, f"op {v!r} issues at {times} in copy 0"
+        starts[v] = times[0]
+        slots = [g for g in m.slots_of(v) if model.get_bool_value(m.opw(v, g))]
+        assert len(slots) == 1, f"op {v!r} is on slots {slots}"
+        group[v] = slots[0]
+    widths = tuple(value(m, w) for w in m.width)
+    budgets = tuple(0 if widths[g] == 0 else (p.reg_limit if model.formula_true_in_model(m.heavy[g])
+                                              else p.light_regs) for g in range(p.slots))
+    objectives = {"length": length, **{name: value(m, term) for name, term in m.objective.items()}}
+    return JointSolution(starts, length, group, widths, budgets, objectives)
+
+
+def model_size(m: YicesModel) -> dict[str, Any]:
+    """Booleans, integers and assertions (total and per family), for ``Schedule.stats``."""
+    return {"booleans": m.booleans, "integers": m.integers, "assertions": sum(m.counts.values()),
+            "families": dict(m.counts)}
+
+
+# -- search (Algorithm 1) --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Found:
+    """A satisfiable (I, L): the model (with the COMPLETION of L asserted) and where it was found."""
+
+    model: YicesModel
+    length: int
+
+
+def search_lengths(m: YicesModel, *, deadline: float, rows: list[dict[str, Any]],
+                   report: Callable[[str], None]) -> Found | str:
+    """L = length_min, length_min + 1, … length_max at the model's I: one query each with COMPLETION at
+    T = (n−1)·I + L under push/pop. Returns the first satisfiable L (its COMPLETION then stays asserted in a
+    pushed scope), ``infeasible`` (every L unsat) or ``unknown`` (time out)."""
+    p = m.problem
+    for length in range(p.length_min, p.length_max + 1):
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return "unknown"
+        horizon = p.horizon(length)
+        began = time.perf_counter()
+        answer = query(m, completion_formulas(m, horizon), timeout=remaining)
+        seconds = time.perf_counter() - began
+        rows.append({"length": length, "horizon": horizon, "status": answer, "seconds": round(seconds, 3)})
+        report(f"II {p.ii}, L {length} (T {horizon}): {answer} ({seconds:.2f} s)")
+        if answer == "sat":
+            m.context.push()
+            m.add("completion", completion_formulas(m, horizon))
+            return Found(m, length)
+        if answer == "unknown":
+            return "unknown"
+    return "infeasible"
+
+
+def explain_infeasible(yices: Any, problem: JointProblem, deadline: float) -> tuple[list[str], str]:
+    """docs/model.md §5: relax one family at a time; those whose removal alone makes ``problem`` feasible
+    (some L in its window) block it. Returns (families, one readable line)."""
+    from twill.solve.joint.search import EXPLAIN_TIME_LIMIT, FAMILY_TEXT
+
+    blocked: list[str] = []
+    undecided: list[str] = []
+    for k, family in enumerate(RELAXABLE):
+        remaining = deadline - time.perf_counter()
+        budget = max(0.5, min(EXPLAIN_TIME_LIMIT, remaining / (len(RELAXABLE) - k)))
+        relaxed = build_model(yices, replace(problem, relaxed=problem.relaxed | {family}))
+        answer = query(relaxed, timeout=budget)
+        if answer == "sat":
+            blocked.append(family)
+        elif answer == "unknown":
+            undecided.append(family)
+    where = f"at the modulo-only II {problem.ii} (L {problem.length_min}..{problem.length_max})"
+    if blocked:
+        note = f"no warp specialization exists {where}: blocked by " + "; ".join(FAMILY_TEXT[f] for f in blocked)
+    else:
+        note = f"no warp specialization exists {where}: no single family is responsible (a combination)"
+    if undecided:
+        note += f" (undecided within the time limit: {', '.join(undecided)})"
+    return blocked, note
+
+
+def secondary(m: YicesModel, length: int, deadline: float) -> tuple[JointSolution, list[dict[str, Any]], bool]:
+    """With L fixed, minimise stages, warps, SMEM and prologue in turn (each fixed before the next).
+    Returns the final solution, the objective records and whether every objective was proved optimal."""
+    records = [{"name": "length", "value": length, "proven": True}]
+    lower = {"stages": 1}
+    for k, name in enumerate(SECONDARY):
+        share = (deadline - time.perf_counter()) / (len(SECONDARY) - k)
+        best, proven = minimize(m, name, deadline=time.perf_counter() + max(0.5, share),
+                                lower=lower.get(name, 0))
+        records.append({"name": name, "value": best, "proven": proven})
+    return decode(m, length), records, all(r["proven"] for r in records)
+
+
+def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lower_bound: int,
+                res_mii: int | None = None, rec_mii: int | None = None) -> Schedule:
+    """Algorithm 1 with the time-indexed Yices model; same signature and :class:`Schedule` shape as the
+    CP-SAT search (:func:`twill.solve.joint.search.solve_joint`, docs/model.md §7). Raises
+    :class:`~twill.errors.SolverUnavailableError` without the ``yices`` extra and
+    :class:`InfeasibleScheduleError` past ``max_ii`` or the time limit."""
+    from twill.ir.validate import effective_units
+    from twill.solve import default_max_ii
+    from twill.solve._yices_loader import load_yices
+    from twill.solve.joint.search import make_problem
+    from twill.solve.modulo import solve_modulo
+
+    yices = load_yices()
+    started = time.perf_counter()
+    deadline = started + options.time_limit
+    units = effective_units(graph, machine.units)
+    max_ii = options.max_ii if options.max_ii is not None else max(lower_bound, default_max_ii(graph))
+    tried: list[dict[str, Any]] = []
+    proven_below = True
+    modulo_ii: int | None = None
+    blocked: list[str] | None = None
+    note = ""
+    for ii in range(lower_bound, max_ii + 1):
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            break
+        options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
+        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed)
+        row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
+        tried.append(row)
+        if not mod.found:
+            proven_below = proven_below and mod.status == "infeasible"
+            continue
+        modulo_ii = modulo_ii or ii
+        problem = make_problem(graph, machine, options, units, ii=ii, length_min=mod.length)
+        built = time.perf_counter()
+        model = build_model(yices, problem)
+        lengths: list[dict[str, Any]] = []
+        outcome = search_lengths(model, deadline=deadline, rows=lengths, report=options.report)
+        joint = outcome if isinstance(outcome, str) else "sat"
+        row.update({"length_min": mod.length, "copies": problem.copies, "joint": joint, "lengths": lengths,
+                    "seconds": round(time.perf_counter() - built, 3)})
+        if isinstance(outcome, Found):
+            return finish(graph, machine, options, outcome, mod.status == "optimal", started=started,
+                          deadline=deadline, lower_bound=lower_bound, proven_below=proven_below, tried=tried,
+                          modulo_ii=modulo_ii, blocked=blocked, note=note)
+        proven_below = proven_below and outcome == "infeasible" and mod.status == "optimal"
+        if outcome == "unknown":
+            break
+        if ii == modulo_ii:
+            blocked, note = explain_infeasible(yices, problem, deadline)
+            options.report(note)
+    if tried and tried[-1]["ii"] == max_ii and tried[-1].get("joint", "infeasible") == "infeasible":
+        raise InfeasibleScheduleError(
+            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {max_ii} (yices backend); raise "
+            f"--max-ii" + (f" ({note})" if note else ""))
+    raise InfeasibleScheduleError(
+        f"no joint schedule of graph {graph.name!r} found by the yices backend within the time limit of "
+        f"{options.time_limit:g} s; raise --time-limit" + (f" ({note})" if note else ""))
+
+
+def finish(graph: LoopGraph, machine: Machine, options: SolveOptions, found: Found, length_proven: bool, *,
+           started: float, deadline: float, lower_bound: int, proven_below: bool, tried: list[dict[str, Any]],
+           modulo_ii: int | None, blocked: list[str] | None, note: str) -> Schedule:
+    """Secondary objectives, warp groups (:func:`twill.solve.joint.search.warp_groups`) and the Schedule."""
+    from twill.solve.joint.search import warp_groups
+
+    m = found.model
+    problem = m.problem
+    solution, records, proven = secondary(m, found.length, deadline)
+    records[0]["proven"] = length_proven
+    groups, assignment = warp_groups(graph, problem.ii, solution)
+    size = model_size(m)
+    stats: dict[str, Any] = {
+        "search": "joint", "backend": "yices", "tried": tried, "modulo_ii": modulo_ii,
+        "length": solution.length, "copies": problem.copies, "objectives": records,
+        "tie_break": "first model Yices returns at the last objective's optimum",
+        "variables": size["booleans"] + size["integers"], "constraints": size["assertions"],
+        "booleans": size["booleans"], "families": size["families"], "horizon": m.span,
+        "reg_limit": problem.reg_limit, "max_warps": problem.max_warps,
+        "smem_bytes": solution.objectives.get("smem", 0), "mii": lower_bound,
+    }
+    if blocked is not None:
+        stats["blocked_by"] = blocked
+        stats["blocked_by_note"] = note
+    status = "optimal" if proven_below and proven and length_proven else "feasible"
+    return Schedule(graph=graph, arch=machine.name, solver="yices", status=status, ii=problem.ii,
+                    ii_lower_bound=problem.ii if proven_below else lower_bound, starts=dict(solution.starts),
+                    assignment=assignment, warps=groups, solve_seconds=time.perf_counter() - started,
+                    streaming_depth=options.streaming_depth, stats=stats)
