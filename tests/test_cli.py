@@ -172,3 +172,13 @@ def test_installed_command_prints_no_traceback(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert not target.exists()
+
+
+def test_plots_are_written(capsys, tmp_path):
+    picture, folder = tmp_path / "t.png", tmp_path / "all"
+    rc, _, err = run(capsys, "schedule", "paper-example", "--no-ws", "--plot", str(picture), "--plot-all",
+                     str(folder))
+    assert rc == 0, err
+    assert picture.stat().st_size > 0 and any(folder.iterdir())
+    rc, _, err = run(capsys, "schedule", "paper-example", "--no-ws", "--plot", "/nonexistent-dir/t.png")
+    assert rc == 2 and err.startswith("twill: error: ") and err.count("\n") == 1

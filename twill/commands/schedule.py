@@ -25,16 +25,16 @@ def _plots(args: argparse.Namespace, schedule, machine) -> None:
         from twill import viz
     except ImportError as exc:
         raise TwillError(f"plotting is not available ({exc})") from None
-    if args.plot:
-        save_timeline = getattr(viz, "save_timeline", None)
-        if save_timeline is None:
-            raise TwillError("plotting is not available in this installation (twill.viz.save_timeline)")
-        save_timeline(schedule, machine, args.plot)
-    if args.plot_all:
-        save_all = getattr(viz, "save_all", None)
-        if save_all is None:
-            raise TwillError("plotting is not available in this installation (twill.viz.save_all)")
-        save_all(schedule, machine, args.plot_all)
+    jobs = [(name, target) for name, target in (("save_timeline", args.plot), ("save_all", args.plot_all))
+            if target]
+    for name, target in jobs:
+        save = getattr(viz, name, None)
+        if save is None:
+            raise TwillError(f"plotting is not available in this installation (twill.viz.{name})")
+        try:
+            save(schedule, machine, target)
+        except OSError as exc:
+            raise TwillError(f"cannot write picture {target!r}: {exc.strerror or exc}") from None
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:

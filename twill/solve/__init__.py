@@ -29,9 +29,10 @@ def normalized(graph: LoopGraph, options: SolveOptions) -> tuple[LoopGraph, dict
     """The graph the solver works on and the ``stats["normalization"]`` record."""
     if not options.normalize:
         return graph, {"enabled": False}
-    from twill.solve.normalize import normalize_graph
+    from twill.solve.normalize import NORMALIZE_TIME_LIMIT, normalize_graph
 
-    new, norm = normalize_graph(graph, options.resolution, workers=1)
+    limit = min(NORMALIZE_TIME_LIMIT, options.time_limit / 4)
+    new, norm = normalize_graph(graph, options.resolution, time_limit=limit, workers=1)
     return new, norm.to_dict()
 
 
