@@ -21,8 +21,8 @@ class SolveOptions:
             time-indexed QF_LIA formulation; needs ``pip install twill-gpu[yices]``).
         time_limit: wall-clock seconds for the whole search. When it runs out the best schedule found so
             far is returned with status ``feasible`` and the remaining gap. Default 120.
-        max_ii: give up (status ``infeasible``) past this II. ``None`` = sum of all op cycles, an II at
-            which the loop runs without overlap.
+        max_ii: give up (status ``infeasible``) past this II. ``None`` = sum of all op cycles plus all
+            edge delays (normalized), an II at which the loop runs without overlap.
         normalize: run cost normalization (paper §5.2) before scheduling. Default True.
         resolution: U, the upper bound on the sum of normalized costs. Smaller = coarser, faster. Default 300.
         reg_limit: per-thread register budget of a compute warp group; ``None`` = the machine's
