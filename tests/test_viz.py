@@ -268,3 +268,38 @@ def test_report_is_self_contained_and_names_every_op(tmp_path):
     ids = re.findall(r'\bid="([^"]+)"', page)
     assert len(ids) == len(set(ids))                                       # SVG ids namespaced
     assert [p.name for p in tmp_path.iterdir()] == ["r.html"]              # no temporary files left
+
+
+# -- twill report ----------------------------------------------------------------------------------------
+def test_cli_report_writes_the_page(tmp_path, capsys):
+    from twill.cli import main
+
+    out = tmp_path / "paper.html"
+    assert main(["report", "paper-example", "--no-ws", "-o", str(out)]) == 0
+    page = out.read_text()
+    assert all(op in page for op in ("S", "P", "O")) and "pipelined program Q" in page
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cli_report_reads_a_schedule_file(tmp_path, capsys):
+    from twill.cli import main
+
+    doc, out = tmp_path / "s.json", tmp_path / "s.html"
+    assert main(["schedule", "paper-example", "--no-ws", "-o", str(doc)]) == 0
+    assert main(["report", str(doc), "-o", str(out)]) == 0
+    assert "paper-example" in out.read_text()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["report", "paper-example", "--no-ws", "-o", "{tmp}/missing/r.html"], "cannot write"),
+    (["report", "no-such-kernel", "-o", "{tmp}/r.html"], "unknown kernel"),
+    (["report", "paper-example"], "-o/--output"),
+])
+def test_cli_report_errors_are_one_line(tmp_path, capsys, argv, message):
+    from twill.cli import main
+
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

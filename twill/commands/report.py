@@ -1,5 +1,69 @@
-"""Placeholder: commands of this module are being written."""
+"""``twill report``: schedule a target and write one self-contained HTML page with the pictures, the tables,
+the text schedule and the pipelined program.
+
+The target is what ``twill schedule`` takes (a built-in kernel, a ``twill-graph/1`` file, a Triton
+``path.py:fn``) or a schedule file written by ``twill schedule -o``, which is reported without solving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from twill.commands.common import (add_solve_arguments, add_target_arguments, load_schedule_document,
+                                   machine_of, resolve_target, solve_options)
+from twill.errors import TwillError
 
 
-def register(sub):
-    pass
+def _is_schedule_file(target: str) -> bool:
+    """Whether ``target`` is a JSON file holding a ``twill-schedule/1`` object (not a graph)."""
+    from twill.schedule.result import SCHEDULE_FORMAT
+
+    if not target.endswith(".json"):
+        return False
+    try:
+        with open(target) as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError):
+        return False          # resolve_target reports unreadable or invalid files
+    return isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT
+
+
+def _schedule(args: argparse.Namespace, machine: Any) -> Any:
+    if _is_schedule_file(args.target):
+        return load_schedule_document(args.target)
+    from twill.solve import schedule as solve
+
+    return solve(resolve_target(args, machine), machine, solve_options(args))
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from twill.schedule.pipelined import format_pipelined, pipelined_program
+    from twill.schedule.report import format_report
+
+    machine = machine_of(args)
+    result = _schedule(args, machine)
+    try:
+        from twill import viz
+
+        path = viz.write_report(result, machine, args.output, text_report=format_report(result, machine),
+                                pipelined=format_pipelined(result, pipelined_program(result)))
+    except ImportError as exc:
+        raise TwillError(f"the HTML report needs matplotlib ({exc}); pip install matplotlib") from None
+    except OSError as exc:
+        raise TwillError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    print(f"wrote {path}: {result.graph.name} on {machine.name}, II {result.ii} ({result.status}), "
+          f"{len(result.warps)} warp groups")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write a self-contained HTML report of a schedule",
+                       description="Schedule a target (or read a schedule file written by 'twill schedule -o') "
+                                   "and write one HTML page: timeline, modulo reservation table, dependence "
+                                   "graph, register/memory pressure, tables, text schedule, pipelined program.")
+    add_target_arguments(p)
+    add_solve_arguments(p)
+    p.add_argument("-o", "--output", metavar="FILE.html", required=True, help="the HTML file to write")
+    p.set_defaults(func=_cmd_report)

@@ -62,6 +62,7 @@ def save_all(schedule: Schedule, machine: Machine, directory: str | Path, *, fmt
     """Write the four pictures as ``timeline.<fmt>``, ``mrt.<fmt>``, ``graph.<fmt>`` and
     ``pressure.<fmt>`` in ``directory`` (created if missing); return their paths in that order."""
     directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     return [save_picture(name, schedule, machine, directory / f"{name}.{fmt.lstrip('.')}") for name in PICTURES]
 
 

@@ -60,9 +60,8 @@ def svg_markup(fig: Figure) -> str:
 
 def write_atomic(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``, so a
-    failure never leaves a partial file. Creates missing parent directories."""
+    failure never leaves a partial file. The directory must exist."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -19,6 +19,8 @@ LANE_GAP = 0.35
 MIN_WIDTH, MAX_WIDTH = 11.0, 22.0
 #: Points of horizontal space we would like per label character at the bar font size.
 LABEL_FONT = 7.0
+#: Bars are drawn at least this many points wide, and this tall (fraction of a row).
+MIN_BAR_PT, BAR_HEIGHT = 2.5, 0.84
 PHASE_COLORS = {"prologue": "#e8eef7", "steady state": "#ffffff", "epilogue": "#f2f2f2"}
 
 
@@ -54,29 +56,46 @@ def _plot_width(tl: Timeline) -> float:
     return min(MAX_WIDTH, max(MIN_WIDTH, wanted))
 
 
-def _draw_bar(ax, bar: Bar, y_top: float, kind: str, pt_per_unit: float) -> None:
+def _draw_bar(ax, bar: Bar, y_top: float, kind: str, unit_per_pt: float) -> None:
+    """The bar's rectangle(s); at least ``MIN_BAR_PT`` wide so that one-cycle ops stay visible."""
     y = y_top + bar.row + 0.08
-    height = 0.84
     edge = _mpl.darker(bar.color)
+    end = max(bar.end, bar.start + MIN_BAR_PT * unit_per_pt)
     if kind == "warp":
+        issue_end = bar.start
         if bar.issue_end > bar.start:
-            ax.add_patch(Rectangle((bar.start, y), bar.issue_end - bar.start, height, facecolor=bar.color,
+            issue_end = min(max(bar.issue_end, bar.start + MIN_BAR_PT * unit_per_pt), end)
+        if issue_end > bar.start:
+            ax.add_patch(Rectangle((bar.start, y), issue_end - bar.start, BAR_HEIGHT, facecolor=bar.color,
                                    edgecolor=edge, linewidth=0.6))
-        if bar.end > bar.issue_end:
-            ax.add_patch(Rectangle((bar.issue_end, y), bar.end - bar.issue_end, height, facecolor=bar.color,
+        if end > issue_end:
+            ax.add_patch(Rectangle((issue_end, y), end - issue_end, BAR_HEIGHT, facecolor=bar.color,
                                    alpha=0.35, edgecolor=edge, linewidth=0.4, hatch="///"))
     else:
-        ax.add_patch(Rectangle((bar.start, y), bar.end - bar.start, height, facecolor=bar.color,
+        ax.add_patch(Rectangle((bar.start, y), end - bar.start, BAR_HEIGHT, facecolor=bar.color,
                                edgecolor=edge, linewidth=0.6))
-    width_pt = (bar.end - bar.start) * pt_per_unit
-    height_pt = height * ROW_INCHES * 72
-    solid = kind != "warp" or bar.issue_end - bar.start >= 0.5 * (bar.end - bar.start)
-    color = text_color(bar.color) if solid else "black"
-    for fontsize in (LABEL_FONT, 6.0, 5.0):
-        if _mpl.text_fits(bar.label, width_pt, height_pt, fontsize):
-            ax.text((bar.start + bar.end) / 2, y + height / 2, bar.label, ha="center", va="center",
-                    fontsize=fontsize, color=color, clip_on=True)
-            return
+
+
+def _label_bars(ax, bars: list[Bar], y_top: float, kind: str, pt_per_unit: float, x_end: float) -> None:
+    """Label each bar of one lane row inside it when the label fits, else just right of it when the row
+    is free until the next bar (sparse rows: loads, waits), else not at all."""
+    height_pt = BAR_HEIGHT * ROW_INCHES * 72
+    bars = sorted(bars, key=lambda b: b.start)
+    for i, bar in enumerate(bars):
+        y = y_top + bar.row + 0.08 + BAR_HEIGHT / 2
+        solid = kind != "warp" or bar.issue_end - bar.start >= 0.5 * (bar.end - bar.start)
+        color = text_color(bar.color) if solid else "black"
+        inside = next((f for f in (LABEL_FONT, 6.0, 5.0)
+                       if _mpl.text_fits(bar.label, (bar.end - bar.start) * pt_per_unit, height_pt, f)), None)
+        if inside is not None:
+            ax.text((bar.start + bar.end) / 2, y, bar.label, ha="center", va="center", fontsize=inside,
+                    color=color, clip_on=True)
+            continue
+        right = max(bar.end, bar.start + MIN_BAR_PT / pt_per_unit)
+        free_until = bars[i + 1].start if i + 1 < len(bars) else x_end
+        if _mpl.text_fits(bar.label, (free_until - right) * pt_per_unit - 3, height_pt, 6.0):
+            ax.text(right + 2 / pt_per_unit, y, bar.label, ha="left", va="center", fontsize=6.0,
+                    color=_mpl.darker(bar.color, 0.7), clip_on=True)
 
 
 def _shade_phases(ax, tl: Timeline) -> None:
@@ -134,8 +153,12 @@ def draw_timeline(schedule: Schedule, machine: Machine, iterations: int | None =
     pt_per_unit = plot_width * 72 / max(tl.phases.end, 1)
     _shade_phases(ax, tl)
     kinds = {lane.key: lane.kind for lane in tl.lanes}
+    rows: dict[tuple[str, int], list[Bar]] = {}
     for bar in tl.bars:
-        _draw_bar(ax, bar, offsets[bar.lane], kinds[bar.lane], pt_per_unit)
+        _draw_bar(ax, bar, offsets[bar.lane], kinds[bar.lane], 1 / pt_per_unit)
+        rows.setdefault((bar.lane, bar.row), []).append(bar)
+    for (lane, _), row_bars in rows.items():
+        _label_bars(ax, row_bars, offsets[lane], kinds[lane], pt_per_unit, tl.phases.end)
     ax.set_yticks([offsets[lane.key] + lane.rows / 2 for lane in tl.lanes])
     ax.set_yticklabels([lane.label for lane in tl.lanes], fontsize=8)
     for tick, lane in zip(ax.get_yticklabels(), tl.lanes):
