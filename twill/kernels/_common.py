@@ -91,11 +91,13 @@ def mma_wait(b: GraphBuilder, m: Machine, name: str, role: str = "mma_wait", *,
 
 
 def exp2(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, out_dtype: str, *,
-         subtile: int | None = None) -> str:
-    """``exp2`` over a ``rows x cols`` tile on MUFU; the result (``out_dtype``) stays in registers."""
+         subtile: int | None = None, in_place: bool = False) -> str:
+    """``exp2`` over a ``rows x cols`` tile on MUFU; the result (``out_dtype``) stays in registers.
+    ``in_place``: the result is written fragment by fragment over its (larger) input's registers."""
     cost = costs.exp2_cost(m, rows * cols)
     return _register_op(b, m, name, cost, kind="exp2", role=role, subtile=subtile,
-                        regs=tile_regs(rows, cols, out_dtype), out_bytes=tile_bytes(rows, cols, out_dtype))
+                        regs=tile_regs(rows, cols, out_dtype), out_bytes=tile_bytes(rows, cols, out_dtype),
+                        attrs={"in_place": in_place})
 
 
 def row_reduce(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, *,
@@ -107,11 +109,13 @@ def row_reduce(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, col
 
 
 def elementwise(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, out_dtype: str, *,
-                subtile: int | None = None, ops_per_element: float = 1.0) -> str:
-    """FP32 elementwise arithmetic over a ``rows x cols`` tile on the ALU; result in registers."""
+                subtile: int | None = None, ops_per_element: float = 1.0, in_place: bool = False) -> str:
+    """FP32 elementwise arithmetic over a ``rows x cols`` tile on the ALU; result in registers.
+    ``in_place``: the result overwrites its same-sized register input (``O *= alpha``)."""
     cost = costs.alu_cost(m, rows * cols, ops_per_element)
     return _register_op(b, m, name, cost, kind="alu", role=role, subtile=subtile,
-                        regs=tile_regs(rows, cols, out_dtype), out_bytes=tile_bytes(rows, cols, out_dtype))
+                        regs=tile_regs(rows, cols, out_dtype), out_bytes=tile_bytes(rows, cols, out_dtype),
+                        attrs={"in_place": in_place})
 
 
 def tmem_load(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, *,

@@ -81,7 +81,10 @@ def _softmax_chain(b: GraphBuilder, machine: Machine, x: str, s: int | None, row
     """rowmax, alpha, exp, rowsum of one sub-tile reading the scores ``scores``; returns (alpha, exp)."""
     rowmax = k.row_reduce(b, machine, f"rowmax{x}", "rowmax", rows, block_n, subtile=s)
     alpha = k.exp2(b, machine, f"alpha{x}", "alpha", rows, 1, "fp32", subtile=s)
-    p = k.exp2(b, machine, f"exp{x}", "exp", rows, block_n, dtype, subtile=s)
+    # Hopper: P is the register A operand of an RS wgmma, materialised in fp16 after the fp32 exp2, so S and
+    # P are both live while exp runs. Blackwell: P goes to TMEM fragment by fragment (FA4), written over S.
+    p = k.exp2(b, machine, f"exp{x}", "exp", rows, block_n, dtype, subtile=s,
+               in_place=machine.mma_accumulates_in == "tmem")
     rowsum = k.row_reduce(b, machine, f"rowsum{x}", "rowsum", rows, block_n, subtile=s)
     b.edge(scores, rowmax, delay=scores_delay, blocking=scores_blocking)
     b.edge(scores, p, delay=scores_delay, blocking=scores_blocking)
@@ -102,7 +105,8 @@ def _hopper_subtile(b: GraphBuilder, machine: Machine, s: int, subtiles: int, ro
     qk = k.mma(b, machine, f"qk{x}", "qk", rows, block_n, head_dim, dtype, subtile=sub)
     qk_cycles = b.build().op(qk).issue_latency
     alpha, p = _softmax_chain(b, machine, x, sub, rows, block_n, dtype, qk, qk_cycles, True)
-    rescale = k.elementwise(b, machine, f"rescale{x}", "rescale", rows, head_dim, "fp32", subtile=sub)
+    rescale = k.elementwise(b, machine, f"rescale{x}", "rescale", rows, head_dim, "fp32", subtile=sub,
+                            in_place=True)
     pv = k.mma(b, machine, f"pv{x}", "pv", rows, head_dim, block_n, dtype, subtile=sub, accumulator=True)
     pv_cycles = b.build().op(pv).issue_latency
     b.edge(load_k, qk, delay=0)
@@ -128,7 +132,7 @@ def _blackwell_subtile(b: GraphBuilder, machine: Machine, s: int, subtiles: int,
     o_load = k.tmem_load(b, machine, f"o_load{x}", "o_load", rows, head_dim, subtile=sub,
                          chunk_cols=CORRECTION_CHUNK)
     rescale = k.elementwise(b, machine, f"rescale{x}", "rescale", rows, CORRECTION_CHUNK, "fp32", subtile=sub,
-                            ops_per_element=head_dim / CORRECTION_CHUNK)
+                            ops_per_element=head_dim / CORRECTION_CHUNK, in_place=True)
     o_store = k.tmem_store(b, machine, f"o_store{x}", "o_store", rows, head_dim, "fp32", subtile=sub)
     pv = k.mma(b, machine, f"pv{x}", "pv", rows, head_dim, block_n, dtype, subtile=sub, accumulator=True)
     pv_cycles = b.build().op(pv).issue_latency

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, blocking_in,
                                        buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
-                                       is_streaming, value_bytes, waited_groups)
+                                       is_streaming, read_cycles, value_bytes, waited_groups)
 
 #: Objectives in the order Algorithm 1 and the secondary criteria apply them (docs/model.md §5).
 OBJECTIVES = ("length", "stages", "warps", "smem", "prologue")
@@ -214,7 +214,8 @@ def add_register_file(b: _Builder) -> None:
 
 def live_end(b: _Builder, name: str, copy: int) -> Any:
     """``E[v,i] = max(t_v + i·I + 1, max over out-edges (v,u,δ) of end(u, i+δ))`` with ``end(u, j) = t_u +
-    j·I`` for ``j ≤ n−1`` and ``T`` beyond Q (paper INIT). An in-place accumulator (self-edge of distance 1)
+    j·I + read(v, u)`` for ``j ≤ n−1`` (``read`` = cycles(u), or 0 when u overwrites v in place) and ``T``
+    beyond Q (paper INIT). An in-place accumulator (self-edge of distance 1)
     is live until its next copy issues: ``E[v,i] = end(v, i+1)``."""
     p, m = b.p, b.model
     start = b.v.t[name] + copy * p.ii
@@ -227,8 +228,11 @@ def live_end(b: _Builder, name: str, copy: int) -> Any:
         return end
     for e in b.g.out_edges(name):
         j = copy + e.distance
-        terms.append(b.v.t[e.dst] + j * p.ii if j <= p.copies - 1 else b.v.horizon)
-    horizon_max = (p.copies - 1) * p.ii + p.length_max
+        if j <= p.copies - 1:
+            terms.append(b.v.t[e.dst] + j * p.ii + read_cycles(b.g, name, e.dst))
+        else:
+            terms.append(b.v.horizon)
+    horizon_max = (p.copies - 1) * p.ii + p.length_max + max(op.cycles for op in b.g.ops)
     end = m.new_int_var(0, horizon_max, f"E[{name},i={copy}]")
     m.add_max_equality(end, terms)
     return end
@@ -244,7 +248,7 @@ def add_register_limit(b: _Builder) -> None:
         b.count("register_limit", before)
         return
     per_slot: dict[int, tuple[list[Any], list[int]]] = {}
-    horizon_max = (p.copies - 1) * p.ii + p.length_max
+    horizon_max = (p.copies - 1) * p.ii + p.length_max + max(op.cycles for op in b.g.ops)
     for name in b.names:
         op = b.ops[name]
         if op.regs <= 0:
@@ -337,6 +341,34 @@ def add_concurrency(b: _Builder) -> None:
     b.count("concurrency", before)
 
 
+def add_warp_issue(b: _Builder) -> None:
+    """WARP ISSUE (ours): a warp group issues in order and runs one tile op at a time — for ops v ≠ o on the
+    same slot, the windows ``[t_v, t_v + busy(v))`` and ``[t_o, t_o + busy(o))`` are disjoint modulo I.
+    One NoOverlap per slot over optional slot intervals and their II-shifted copies; ``busy(v) > I`` cannot
+    repeat every I on one warp and is infeasible."""
+    p, m = b.p, b.model
+    before = len(m.proto.constraints)
+    if not p.active("warp_issue"):
+        b.count("warp_issue", before)
+        return
+    per_slot: dict[int, list[Any]] = {}
+    for name in b.names:
+        busy = b.ops[name].busy
+        if busy <= 0:
+            continue
+        for g in b.slots_of(name):
+            lit = b.v.assign[(name, g)]
+            if busy > p.ii:
+                m.add(lit == 0)
+                continue
+            for shift in (0, p.ii):
+                per_slot.setdefault(g, []).append(m.new_optional_fixed_size_interval_var(
+                    b.v.slot[name] + shift, busy, lit, f"issue[{name},g={g},+{shift}]"))
+    for g, intervals in sorted(per_slot.items()):
+        m.add_no_overlap(intervals)
+    b.count("warp_issue", before)
+
+
 # -- Figure 5: memory capacity -----------------------------------------------------------------------------------
 def add_memory_capacity(b: _Builder, staging: Any) -> None:
     """MEMORY CAPACITY: ``resident + Σ_v smem(v)·depth(v) + staging ≤ smem_per_block`` and
@@ -395,6 +427,7 @@ def build_model(problem: JointProblem) -> _Builder:
     add_register_limit(b)
     staging = add_cross_warp_spills(b)
     add_concurrency(b)
+    add_warp_issue(b)
     add_memory_capacity(b, staging)
     add_stage_objective(b)
     return b

@@ -18,7 +18,7 @@ from twill.machine.models import Machine
 
 #: Families that the UNSAT explanation relaxes one at a time (docs/model.md §5).
 RELAXABLE = ("register_limit", "register_file", "warp_count", "cross_warp_spills", "concurrency",
-             "memory_capacity")
+             "warp_issue", "memory_capacity")
 
 #: Non-W_vl slots offered to the solver at most (docs/model.md §3).
 MAX_COMPUTE_SLOTS = 7
@@ -135,6 +135,21 @@ def in_place(graph: LoopGraph, name: str) -> bool:
     """An accumulator updated in place: a self-edge of distance 1. Copies share one buffer, so copy i is
     live only until copy i+1 issues (docs/model.md, Liveness)."""
     return any(e.src == e.dst == name and e.distance == 1 for e in graph.edges)
+
+
+def overwrites(consumer: Op, value: Op) -> bool:
+    """``consumer`` writes its result over ``value``'s registers: an accumulator update or an in-place
+    elementwise op (``attrs["accumulator"]``/``attrs["in_place"]``) whose result is no larger than the input
+    (``O *= alpha``; ``P = exp2(S)`` converted fragment by fragment into S's registers)."""
+    flagged = consumer.attrs.get("accumulator", False) or consumer.attrs.get("in_place", False)
+    return bool(flagged) and 0 < consumer.regs <= value.regs
+
+
+def read_cycles(graph: LoopGraph, value: str, consumer: str) -> int:
+    """How long after its issue ``consumer`` still reads ``value``: its whole execution (``cycles``; a wgmma
+    reads register operands asynchronously until it completes), or 0 when it overwrites ``value`` in place."""
+    u, v = graph.op(consumer), graph.op(value)
+    return 0 if overwrites(u, v) else u.cycles
 
 
 def waited_groups(graph: LoopGraph) -> list[tuple[str, str]]:

@@ -30,6 +30,7 @@ FAMILY_TEXT = {
     "warp_count": "warp count (not enough warps for the groups the schedule needs)",
     "cross_warp_spills": "cross-warp transfers (a value must cross warp groups)",
     "concurrency": "concurrency (a blocking wait would stall work in flight on its warp)",
+    "warp_issue": "warp issue (a warp group's tile ops, run one at a time, exceed the II)",
     "memory_capacity": "memory capacity (shared memory / TMEM buffers)",
 }
 
