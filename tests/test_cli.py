@@ -182,3 +182,22 @@ def test_plots_are_written(capsys, tmp_path):
     assert picture.stat().st_size > 0 and any(folder.iterdir())
     rc, _, err = run(capsys, "schedule", "paper-example", "--no-ws", "--plot", "/nonexistent-dir/t.png")
     assert rc == 2 and err.startswith("twill: error: ") and err.count("\n") == 1
+
+
+def test_json_with_pipelined_program(capsys):
+    rc, out, _ = run(capsys, "schedule", "paper-example", "--no-ws", "--json", "--pipelined")
+    assert rc == 0
+    q = json.loads(out)["pipelined"]
+    assert (q["ii"], q["copies"], q["total"]) == (2, 2, 6) and len(q["instances"]) == 6
+
+
+@pytest.mark.parametrize("target", ["missing_kernel.py:attn_fwd", "missing.ttgir"])
+def test_missing_triton_sources(capsys, target):
+    rc, out, err = run(capsys, "schedule", target, "--no-ws")
+    assert rc == 2 and out == ""
+    assert err == f"twill: error: cannot read Triton source '{target.split(':')[0]}': no such file\n"
+
+
+def test_kernel_options_rejected_for_triton_targets(capsys):
+    rc, _, err = run(capsys, "schedule", "k.py:fn", "--subtiles", "2", "--no-ws")
+    assert rc == 2 and "--subtiles applies to built-in kernels only; use --constexpr" in err

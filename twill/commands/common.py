@@ -6,7 +6,7 @@ A *target* is one of
   (``--subtiles``, ``--head-dim``, ``--block-m``, ``--block-n``, ``--block-k``, ``--dtype``);
 * a ``twill-graph/1`` file (``*.json``);
 * a Triton kernel ``path.py:fn``, traced with ``--signature``, ``--constexpr NAME=VAL``, ``--num-warps``,
-  ``--num-stages``.
+  ``--num-stages``; or a Triton ``.ttgir`` / ``.mlir`` dump, read directly.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     tri = parser.add_argument_group("Triton target options (path.py:fn targets only)")
     tri.add_argument("--signature", default=None, help="argument types, e.g. '*fp16,*fp16,i32'")
     tri.add_argument("--constexpr", action="append", default=[], metavar="NAME=VAL",
-                     help="a tl.constexpr value (repeatable)")
+                     help="a tl.constexpr value (repeatable), read by the Triton frontend")
     tri.add_argument("--num-warps", type=int, default=None, help="Triton num_warps")
     tri.add_argument("--num-stages", type=int, default=None, help="Triton num_stages")
 
@@ -103,22 +103,6 @@ def machine_of(args: argparse.Namespace) -> Machine:
     return get_machine(args.arch)
 
 
-def parse_constexpr(text: str) -> tuple[str, Any]:
-    """``NAME=VAL`` -> (name, value) with VAL read as int, float, bool or string, in that order."""
-    name, sep, raw = text.partition("=")
-    if not sep or not name.strip():
-        raise TwillError(f"--constexpr expects NAME=VAL, got {text!r}")
-    raw = raw.strip()
-    for cast in (int, float):
-        try:
-            return name.strip(), cast(raw)
-        except ValueError:
-            pass
-    if raw in ("True", "False", "true", "false"):
-        return name.strip(), raw.lower() == "true"
-    return name.strip(), raw
-
-
 def kernel_options_given(args: argparse.Namespace) -> dict[str, Any]:
     """The static kernel options that were given on the command line."""
     return {dest: getattr(args, dest) for dest, _ in KERNEL_FLAGS.values() if getattr(args, dest, None) is not None}
@@ -141,6 +125,8 @@ def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
             raise TwillError(f"--{sorted(kernel_opts)[0].replace('_', '-')} applies to built-in kernels only; "
                              f"use --constexpr for a Triton target")
         return _triton_graph(match["path"], match["fn"], args, machine)
+    if target.endswith((".ttgir", ".mlir")):
+        return _triton_graph(target, "", args, machine)
     if triton_flags:
         raise TwillError(f"{triton_flags[0]} applies to Triton targets (path.py:fn) only")
     if target.endswith(".json") or os.path.sep in target or os.path.isfile(target):
@@ -168,8 +154,7 @@ def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine
         from twill.frontends.triton import graph_from_target
     except ImportError as exc:
         raise TwillError(f"the Triton frontend is not available ({exc}); install twill-gpu[triton]") from None
-    constexprs = dict(parse_constexpr(c) for c in args.constexpr)
-    return graph_from_target(path, fn, signature=args.signature, constexprs=constexprs,
+    return graph_from_target(path, fn, signature=args.signature, constexprs=list(args.constexpr),
                              num_warps=args.num_warps, num_stages=args.num_stages, machine=machine)
 
 
@@ -208,3 +193,13 @@ def write_json_output(path: str, data: Any) -> None:
         write_json_atomic(path, data)
     except OSError as exc:
         raise TwillError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+
+
+def print_output(text: str) -> None:
+    """Print ``text`` on stdout; a reader that closed the pipe early (``| head``) ends the command quietly."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(0) from None

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, machine_of, resolve_target,
-                                   schedule_document, solve_options, write_json_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, machine_of, print_output,
+                                   resolve_target, schedule_document, solve_options, write_json_output)
 from twill.errors import TwillError
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
     from twill.kernels import list_kernels
 
-    for entry in list_kernels():
-        print(f"{entry.name:16s} {entry.summary}")
+    print_output("\n".join(f"{entry.name:16s} {entry.summary}" for entry in list_kernels()))
     return 0
 
 
@@ -59,14 +58,14 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         write_json_output(args.output, doc)
     _plots(args, result, machine)
     if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        print(format_report(result, machine))
-        if program is not None:
-            from twill.schedule.pipelined import format_pipelined
+        print_output(json.dumps(doc, indent=2))
+        return 0
+    text = format_report(result, machine)
+    if program is not None:
+        from twill.schedule.pipelined import format_pipelined
 
-            print()
-            print(format_pipelined(result, program))
+        text += "\n\n" + format_pipelined(result, program)
+    print_output(text)
     return 0
 
 

@@ -158,12 +158,11 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
 
     began = time.perf_counter()
     asap = asap_starts(graph, ii)
-    lo_bound = 0 if asap is None else length_lower_bound(graph, ii)
     if asap is None:
         return ModuloResult("infeasible", {}, 0, True, 0, ii, 0.0, {"reason": "II below RecMII"})
     horizon = start_horizon(graph, ii)
     max_len = horizon + max(op.cycles for op in graph.ops)
-    lo, hi = lo_bound, max_len
+    lo, hi = length_lower_bound(graph, ii), max_len
     if length_bounds is not None:
         lo = max(lo, length_bounds[0] or 0)
         hi = min(hi, max_len if length_bounds[1] is None else length_bounds[1])
