@@ -19,6 +19,7 @@ def test_report_of_a_solved_schedule():
     assert any(line.startswith("L: 4    stages: 2    copies: 2") for line in lines)
     assert any(line.startswith("normalization: U=300, distortion F=0") for line in lines)
     assert "IIs tried: 2 optimal" in lines
+    assert "unit utilization: EXP 50%, TC 100%" in lines
     table = lines[lines.index("ops (steady-state order):") + 1]
     assert table.split() == ["op", "kind", "start", "stage", "slot", "order", "cycles"]
     assert any(line.split()[:1] == ["O->O"] for line in lines)      # buffer depth table

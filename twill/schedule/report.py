@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from twill.ir.validate import effective_units
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 
@@ -55,6 +56,17 @@ def _header(schedule: Schedule) -> list[str]:
     return lines
 
 
+def _utilization_line(schedule: Schedule, machine: Machine) -> str:
+    """Per unit, the share of its ``cap·II`` unit-cycles an iteration uses: ``Σ_v usage_f(v) / (cap(f)·II)``."""
+    units = effective_units(schedule.graph, machine.units)
+    parts = []
+    for unit, cap in sorted(units.items()):
+        used = sum(op.usage(unit) for op in schedule.graph.ops)
+        if used:
+            parts.append(f"{unit} {100 * used / (cap * schedule.ii):.0f}%")
+    return "unit utilization: " + (", ".join(parts) if parts else "none")
+
+
 def _op_rows(schedule: Schedule) -> list[str]:
     has_warps = bool(schedule.assignment)
     header = ["op", "kind", "start", "stage", "slot", "order", "cycles"] + (["warp"] if has_warps else [])
@@ -102,9 +114,9 @@ def _blocked_rows(schedule: Schedule) -> list[str]:
 
 
 def format_report(schedule: Schedule, machine: Machine) -> str:
-    """II, bounds, L, stages, status, solve time, normalization, per-op table, buffers, warp groups and
-    ``blocked_by`` explanations, as plain text."""
-    sections = [_header(schedule), _op_rows(schedule), _buffer_rows(schedule), _warp_rows(schedule),
+    """II, bounds, L, stages, status, solve time, normalization, unit utilization, per-op table, buffers,
+    warp groups and ``blocked_by`` explanations, as plain text."""
+    sections = [_header(schedule) + [_utilization_line(schedule, machine)], _op_rows(schedule), _buffer_rows(schedule), _warp_rows(schedule),
                 _blocked_rows(schedule)]
     lines: list[str] = []
     for block in sections:
