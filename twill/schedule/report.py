@@ -110,7 +110,8 @@ def _blocked_rows(schedule: Schedule) -> list[str]:
         items = [str(x) for x in blocked]
     else:
         items = [str(blocked)]
-    return ["blocked_by:"] + [f"  {x}" for x in items]
+    note = schedule.stats.get("blocked_by_note")
+    return ["blocked_by:"] + [f"  {x}" for x in items] + ([f"  ({note})"] if note else [])
 
 
 def format_report(schedule: Schedule, machine: Machine) -> str:
