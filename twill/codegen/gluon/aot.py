@@ -1,0 +1,75 @@
+"""Ahead-of-time compilation of emitted kernels for sm_90 (no GPU needed) and the PTX facts tests check.
+
+``compile_sm90(module)`` builds a :class:`GluonASTSource` from the emitted module's ``KERNEL_FN`` and
+``compile_signature()`` and compiles it with ``GPUTarget("cuda", 90, 32)``; :func:`ptx_facts` counts what
+the schedule asked for: wgmma instructions and shapes, ``wgmma.wait_group`` depths, ``setmaxnreg`` values,
+TMA copies, mbarrier waits, and the shared memory the kernel reserves.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from twill.errors import UnsupportedFeatureError
+
+
+@dataclass(frozen=True)
+class PtxFacts:
+    """Counts read off the PTX of a compiled kernel.
+
+    Attributes:
+        shared: bytes of shared memory the kernel reserves (``metadata.shared``).
+        num_warps: the kernel's ``num_warps`` (default partition).
+        wgmma: number of ``wgmma.mma_async`` instructions.
+        wgmma_shapes: distinct ``mNnNkN`` shapes.
+        wait_depths: distinct ``wgmma.wait_group`` arguments.
+        setmaxnreg: distinct ``(inc|dec, value)`` pairs.
+        tma_loads: ``cp.async.bulk.tensor`` global->shared instructions.
+        tma_stores: ``cp.async.bulk.tensor`` shared->global instructions.
+        mbarrier_waits: ``mbarrier.try_wait`` instructions.
+    """
+
+    shared: int
+    num_warps: int
+    wgmma: int
+    wgmma_shapes: tuple[str, ...]
+    wait_depths: tuple[int, ...]
+    setmaxnreg: tuple[tuple[str, int], ...]
+    tma_loads: int
+    tma_stores: int
+    mbarrier_waits: int
+
+
+def compile_sm90(module: ModuleType) -> Any:
+    """Compile the emitted module's kernel for sm_90; returns Triton's ``CompiledKernel``."""
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.experimental.gluon._runtime import GluonASTSource
+    except ImportError as exc:
+        raise UnsupportedFeatureError(f"cannot compile: Triton 3.6 with Gluon is needed ({exc})") from None
+    signature, constexprs = module.compile_signature()
+    pointer_args = [i for i, ty in enumerate(signature.values()) if ty.startswith("*")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in pointer_args}
+    src = GluonASTSource(module.KERNEL_FN, signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": module.NUM_WARPS})
+
+
+def ptx_facts(compiled: Any) -> PtxFacts:
+    """The :class:`PtxFacts` of a compiled kernel."""
+    ptx = compiled.asm["ptx"]
+    return PtxFacts(
+        shared=int(compiled.metadata.shared),
+        num_warps=int(compiled.metadata.num_warps),
+        wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
+        wgmma_shapes=tuple(sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))),
+        wait_depths=tuple(sorted({int(d) for d in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})),
+        setmaxnreg=tuple(sorted({(k, int(v)) for k, v in
+                                 re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)})),
+        tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx)),
+        tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
+        mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)),
+    )

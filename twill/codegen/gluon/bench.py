@@ -1,0 +1,374 @@
+"""Generate, check and time the emitted Gluon kernels (``twill bench``; GPU for ``--run``).
+
+Two steps, so that the GPU machine needs neither ortools nor the solver:
+
+* ``generate(outdir)`` (CPU): builds every variant's schedule (the joint solver's when it is available,
+  else the hand-built one of :mod:`~twill.codegen.gluon.variants`), verifies it, emits the kernel into
+  ``outdir/<variant>.py`` and writes ``outdir/manifest.json``.
+* ``run(kernel_dir, out)`` (GPU): for each emitted kernel, checks correctness against torch in fp32 on fresh
+  random inputs with the output poisoned with NaN (ragged shapes included), then times it with
+  ``triton.testing.do_bench`` (median) beside the references of the same run: cuBLAS (``torch.matmul``) for
+  GEMM; cuDNN SDPA, PyTorch flash (FA2) and JAX Pallas Mosaic GPU ``attention_mgpu`` for attention.
+  Writes ``out/gluon_bench.json`` and prints a table last.
+
+    python -m twill.codegen.gluon.bench generate benchmarks/gluon_kernels
+    python -m twill.codegen.gluon.bench run benchmarks/gluon_kernels --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+GEMM_SIZES = (4096, 8192)
+GEMM_RAGGED = ((300, 520, 200), (257, 333, 129), (1000, 72, 4104), (128, 256, 64))
+ATTN_SEQS = (2048, 4096, 8192, 16384)
+ATTN_RAGGED = ((1, 3, 77), (2, 2, 1000), (1, 2, 4096), (2, 1, 200))
+ATTN_BATCH, ATTN_HEADS = 4, 32
+
+#: (variant name, kernel, kernel options, hand-built schedule shape)
+SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
+    ("gemm_128x256x64_lag1_d4", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64}, {"lag": 1, "depth": 4}),
+    ("gemm_128x256x64_lag1_d3", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64}, {"lag": 1, "depth": 3}),
+    ("gemm_128x256x64_lag0_d3", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64}, {"lag": 0, "depth": 3}),
+    ("gemm_128x128x64_lag1_d4", "gemm", {"block_m": 128, "block_n": 128, "block_k": 64}, {"lag": 1, "depth": 4}),
+    ("gemm_bf16_128x256x64_lag1_d4", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64, "dtype": "bf16"},
+     {"lag": 1, "depth": 4}),
+    ("fa_d128_sub2_ahead1_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 1, "depth": 2}),
+    ("fa_d128_sub2_ahead0_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 0, "depth": 2}),
+    ("fa_d128_sub1_ahead1_d2", "flash-fwd", {"subtiles": 1, "head_dim": 128}, {"ahead": 1, "depth": 2}),
+    ("fa_d128_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 1, "depth": 3}),
+    ("fa_d64_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"ahead": 1, "depth": 3}),
+    ("fa_d64_sub1_ahead1_d3", "flash-fwd", {"subtiles": 1, "head_dim": 64}, {"ahead": 1, "depth": 3}),
+    ("fa_bf16_d128_sub2_ahead1_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128, "dtype": "bf16"},
+     {"ahead": 1, "depth": 2}),
+)
+
+
+# -- generation (CPU) ------------------------------------------------------------------------------------
+def variant_schedule(kernel: str, options: dict[str, Any], shape: dict[str, Any], machine: Any) -> Any:
+    """The hand-built schedule of one suite entry (verified)."""
+    from twill.codegen.gluon import variants
+    from twill.kernels import build_kernel
+    from twill.schedule.verify import verify
+
+    graph = build_kernel(kernel, machine, **options)
+    if kernel == "gemm":
+        warps = 8 if options.get("block_m", 128) == 128 else 4
+        sched = variants.gemm_schedule(graph, machine, warps=warps, **shape)
+    else:
+        sched = variants.flash_schedule(graph, machine, **shape)
+    verify(sched, machine)
+    return sched
+
+
+def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
+    """Emit every suite variant into ``outdir`` and write ``manifest.json``; returns the manifest rows."""
+    from twill.codegen.gluon import kernel_plan, render_plan
+    from twill.machine.models import get_machine
+
+    machine = get_machine(arch)
+    os.makedirs(outdir, exist_ok=True)
+    rows = []
+    for name, kernel, options, shape in SUITE:
+        sched = variant_schedule(kernel, options, shape, machine)
+        plan = kernel_plan(sched)
+        with open(os.path.join(outdir, f"{name}.py"), "w") as fh:
+            fh.write(render_plan(plan))
+        rows.append({"name": name, "file": f"{name}.py", "kernel": kernel, "options": options,
+                     "solver": sched.solver, "ii": sched.ii, "stages": sched.num_stages,
+                     "rings": {r.name: r.depth for r in plan.rings}, "mma_lag": plan.mma_lag,
+                     "qk_ahead": plan.qk_ahead, "compute_partitions": len(plan.compute),
+                     "turns": [list(t.ops) for t in plan.turns]})
+    with open(os.path.join(outdir, "manifest.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    return rows
+
+
+# -- checks and timing (GPU) -----------------------------------------------------------------------------
+def _relerr(out: Any, ref: Any) -> float:
+    import torch
+
+    if not torch.isfinite(out).all():
+        return float("nan")
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def check_gemm(mod: Any, dtype: str) -> list[dict[str, Any]]:
+    """Relative error against an fp32 torch product on ragged shapes, output poisoned with NaN."""
+    import torch
+
+    rows = []
+    for M, N, K in GEMM_RAGGED:
+        a = torch.randn(M, K, device="cuda", dtype=_dtype(dtype))
+        b = torch.randn(K, N, device="cuda", dtype=_dtype(dtype))
+        c = torch.full((M, N), float("nan"), device="cuda", dtype=_dtype(dtype))
+        mod.launch(a, b, c)
+        torch.cuda.synchronize()
+        rows.append({"M": M, "N": N, "K": K, "relerr": _relerr(c, a.float() @ b.float())})
+    return rows
+
+
+def time_gemm(mod: Any, dtype: str, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    import torch
+    from triton.testing import do_bench
+
+    rows = []
+    for n in sizes:
+        a = torch.randn(n, n, device="cuda", dtype=_dtype(dtype))
+        b = torch.randn(n, n, device="cuda", dtype=_dtype(dtype))
+        c = torch.full((n, n), float("nan"), device="cuda", dtype=_dtype(dtype))
+        mod.launch(a, b, c)
+        err = _relerr(c, a.float() @ b.float())
+        ms = do_bench(lambda: mod.launch(a, b, c), warmup=100, rep=400, return_mode="median")
+        ms_ref = do_bench(lambda: torch.matmul(a, b), warmup=100, rep=400, return_mode="median")
+        flops = 2 * n ** 3
+        rows.append({"M": n, "N": n, "K": n, "relerr": err, "tflops": flops / ms / 1e9,
+                     "cublas_tflops": flops / ms_ref / 1e9, "ratio_vs_cublas": ms_ref / ms})
+    return rows
+
+
+def _sdpa_ref(q: Any, k: Any, v: Any) -> Any:
+    import torch
+
+    s = (q.float() @ k.float().transpose(-1, -2)) / q.shape[-1] ** 0.5
+    return torch.softmax(s, dim=-1) @ v.float()
+
+
+def check_attention(mod: Any, dtype: str, head_dim: int) -> list[dict[str, Any]]:
+    import torch
+
+    rows = []
+    for B, H, S in ATTN_RAGGED:
+        q, k, v = (torch.randn(B, H, S, head_dim, device="cuda", dtype=_dtype(dtype)) for _ in range(3))
+        out = torch.full_like(q, float("nan"))
+        mod.launch(q, k, v, out=out)
+        torch.cuda.synchronize()
+        rows.append({"B": B, "H": H, "S": S, "D": head_dim, "relerr": _relerr(out, _sdpa_ref(q, k, v))})
+    return rows
+
+
+def time_attention(mod: Any, dtype: str, head_dim: int, seqs: tuple[int, ...]) -> list[dict[str, Any]]:
+    import torch
+    from triton.testing import do_bench
+
+    rows = []
+    for S in seqs:
+        q, k, v = (torch.randn(ATTN_BATCH, ATTN_HEADS, S, head_dim, device="cuda", dtype=_dtype(dtype))
+                   for _ in range(3))
+        out = torch.full_like(q, float("nan"))
+        mod.launch(q, k, v, out=out)
+        ms = do_bench(lambda: mod.launch(q, k, v, out=out), warmup=50, rep=200, return_mode="median")
+        flops = 4 * ATTN_BATCH * ATTN_HEADS * S * S * head_dim
+        rows.append({"B": ATTN_BATCH, "H": ATTN_HEADS, "S": S, "D": head_dim, "finite": bool(torch.isfinite(out).all()),
+                     "tflops": flops / ms / 1e9})
+    return rows
+
+
+def attention_references(dtype: str, head_dim: int, seqs: tuple[int, ...]) -> dict[int, dict[str, Any]]:
+    """cuDNN SDPA and PyTorch flash (FA2) with do_bench medians; Pallas attention_mgpu where it runs."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    refs: dict[int, dict[str, Any]] = {}
+    for S in seqs:
+        q, k, v = (torch.randn(ATTN_BATCH, ATTN_HEADS, S, head_dim, device="cuda", dtype=_dtype(dtype))
+                   for _ in range(3))
+        flops = 4 * ATTN_BATCH * ATTN_HEADS * S * S * head_dim
+        row: dict[str, Any] = {}
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+            try:
+                with sdpa_kernel([backend]):
+                    ms = do_bench(lambda: F.scaled_dot_product_attention(q, k, v), warmup=50, rep=200,
+                                  return_mode="median")
+                row[name] = flops / ms / 1e9
+            except Exception as exc:  # a backend missing on this stack is recorded, not fatal
+                row[name] = f"ERR {type(exc).__name__}: {str(exc)[:100]}"
+        refs[S] = row
+        del q, k, v
+        torch.cuda.empty_cache()
+    _pallas_references(refs, dtype, head_dim, seqs)
+    return refs
+
+
+def _pallas_references(refs: dict[int, dict[str, Any]], dtype: str, head_dim: int, seqs: tuple[int, ...]) -> None:
+    """JAX Pallas Mosaic GPU attention_mgpu (block_q 64, block_kv 128, 2 steps), timed with do_bench."""
+    try:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+        from triton.testing import do_bench
+    except Exception as exc:
+        for S in seqs:
+            refs[S]["pallas_mgpu"] = f"ERR import: {str(exc)[:100]}"
+        return
+    jdt = {"fp16": jnp.float16, "bf16": jnp.bfloat16}[dtype]
+    for S in seqs:
+        try:
+            keys = jax.random.split(jax.random.key(0), 3)
+            qj, kj, vj = (jax.random.normal(keys[i], (ATTN_BATCH, S, ATTN_HEADS, head_dim), jdt) for i in range(3))
+            cfg = am.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2)
+            f = jax.jit(lambda a, b, c: am.attention(a, b, c, cfg))
+            f(qj, kj, vj).block_until_ready()
+            ms = do_bench(lambda: f(qj, kj, vj).block_until_ready(), warmup=50, rep=200, return_mode="median")
+            refs[S]["pallas_mgpu"] = 4 * ATTN_BATCH * ATTN_HEADS * S * S * head_dim / ms / 1e9
+            del qj, kj, vj
+        except Exception as exc:
+            refs[S]["pallas_mgpu"] = f"ERR {type(exc).__name__}: {str(exc)[:100]}"
+
+
+def _versions() -> dict[str, Any]:
+    import torch
+    import triton
+
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "cudnn": torch.backends.cudnn.version(), "cuda": torch.version.cuda}
+    try:
+        import jax
+
+        out["jax"] = jax.__version__
+    except Exception:
+        out["jax"] = None
+    return out
+
+
+def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool = False) -> dict[str, Any]:
+    """Check and time every kernel of ``kernel_dir/manifest.json``; write ``out/gluon_bench.json``."""
+    from twill.codegen.gluon import load_emitted
+
+    with open(os.path.join(kernel_dir, "manifest.json")) as fh:
+        manifest = json.load(fh)
+    if only:
+        manifest = [m for m in manifest if any(o in m["name"] for o in only)]
+    result: dict[str, Any] = {"versions": _versions(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                              "kernels": [], "attention_references": {}}
+    seqs = ATTN_SEQS[:2] if quick else ATTN_SEQS
+    for entry in manifest:
+        row = dict(entry)
+        t0 = time.time()
+        try:
+            mod = load_emitted(os.path.join(kernel_dir, entry["file"]))
+            dtype = entry["options"].get("dtype", "fp16")
+            if entry["kernel"] == "gemm":
+                row["checks"] = check_gemm(mod, dtype)
+                row["timings"] = time_gemm(mod, dtype, GEMM_SIZES[:1] if quick else GEMM_SIZES)
+            else:
+                hd = entry["options"].get("head_dim", 128)
+                row["checks"] = check_attention(mod, dtype, hd)
+                row["timings"] = time_attention(mod, dtype, hd, seqs)
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+        row["seconds"] = round(time.time() - t0, 1)
+        result["kernels"].append(row)
+        print(json.dumps({k: row.get(k) for k in ("name", "checks", "timings", "error")}), flush=True)
+    for dtype, hd in sorted({(e["options"].get("dtype", "fp16"), e["options"].get("head_dim", 128))
+                             for e in manifest if e["kernel"] == "flash-fwd"}):
+        result["attention_references"][f"{dtype}_d{hd}"] = attention_references(dtype, hd, seqs)
+    _attach_ratios(result)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gluon_bench.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(table(result))
+    return result
+
+
+def _attach_ratios(result: dict[str, Any]) -> None:
+    for row in result["kernels"]:
+        if row["kernel"] != "flash-fwd" or "timings" not in row:
+            continue
+        refs = result["attention_references"].get(f"{row['options'].get('dtype', 'fp16')}_d"
+                                                   f"{row['options'].get('head_dim', 128)}", {})
+        for t in row["timings"]:
+            ref = refs.get(t["S"], {})
+            for name in ("cudnn", "fa2", "pallas_mgpu"):
+                if isinstance(ref.get(name), float):
+                    t[f"{name}_tflops"] = ref[name]
+                    t[f"ratio_vs_{name}"] = t["tflops"] / ref[name]
+
+
+def table(result: dict[str, Any]) -> str:
+    """A short text table: one line per kernel and size."""
+    lines = [f"{result['versions']['gpu']} | torch {result['versions']['torch']} | triton "
+             f"{result['versions']['triton']}"]
+    for row in result["kernels"]:
+        if "error" in row:
+            lines.append(f"{row['name']:32s} ERROR {row['error'][:150]}")
+            continue
+        worst = max((c["relerr"] for c in row["checks"]), default=float("nan"))
+        for t in row["timings"]:
+            if row["kernel"] == "gemm":
+                lines.append(f"{row['name']:32s} {t['M']:>5d}^3  {t['tflops']:6.0f} TF  cuBLAS "
+                             f"{t['cublas_tflops']:6.0f}  x{t['ratio_vs_cublas']:.3f}  err {worst:.1e}")
+            else:
+                refs = "  ".join(f"{n} {t[f'{n}_tflops']:4.0f} x{t[f'ratio_vs_{n}']:.2f}"
+                                 for n in ("cudnn", "fa2", "pallas_mgpu") if f"{n}_tflops" in t)
+                lines.append(f"{row['name']:32s} S={t['S']:>5d}  {t['tflops']:6.0f} TF  {refs}  err {worst:.1e}")
+    return "\n".join(lines)
+
+
+def sanity(kernel_dir: str, only: list[str] | None = None) -> int:
+    """One small launch per kernel plus its check (for compute-sanitizer runs); returns failures."""
+    import torch
+
+    from twill.codegen.gluon import load_emitted
+
+    with open(os.path.join(kernel_dir, "manifest.json")) as fh:
+        manifest = [m for m in json.load(fh) if not only or any(o in m["name"] for o in only)]
+    failures = 0
+    for entry in manifest:
+        mod = load_emitted(os.path.join(kernel_dir, entry["file"]))
+        dtype = entry["options"].get("dtype", "fp16")
+        if entry["kernel"] == "gemm":
+            a = torch.randn(300, 200, device="cuda", dtype=_dtype(dtype))
+            b = torch.randn(200, 520, device="cuda", dtype=_dtype(dtype))
+            err = _relerr(mod.launch(a, b), a.float() @ b.float())
+        else:
+            q, k, v = (torch.randn(1, 2, 300, entry["options"].get("head_dim", 128), device="cuda",
+                                   dtype=_dtype(dtype)) for _ in range(3))
+            err = _relerr(mod.launch(q, k, v), _sdpa_ref(q, k, v))
+        torch.cuda.synchronize()
+        ok = err < 2e-2
+        failures += not ok
+        print(f"{entry['name']}: relerr {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m twill.codegen.gluon.bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    g = sub.add_parser("generate", help="emit the suite's kernels (CPU)")
+    g.add_argument("outdir")
+    r = sub.add_parser("run", help="check and time emitted kernels (GPU)")
+    r.add_argument("kernel_dir")
+    r.add_argument("--out", default=os.environ.get("OUT") or "out")
+    r.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
+    r.add_argument("--quick", action="store_true", help="fewer sizes")
+    z = sub.add_parser("sanity", help="one small checked launch per kernel (for compute-sanitizer)")
+    z.add_argument("kernel_dir")
+    z.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args(argv)
+    if args.step == "sanity":
+        return 1 if sanity(args.kernel_dir, args.only) else 0
+    if args.step == "generate":
+        for row in generate(args.outdir):
+            print(row["name"], row["solver"], "II", row["ii"], "rings", row["rings"])
+        return 0
+    run(args.kernel_dir, args.out, only=args.only, quick=args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

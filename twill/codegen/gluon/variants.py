@@ -1,0 +1,142 @@
+"""Named schedule variants of the built-in kernels, for the Gluon tests and benchmarks.
+
+Each variant is a real :class:`~twill.schedule.result.Schedule` of the kernel's loop graph: the joint
+solver's schedule (``solver``) when the solver is available, or a hand-built one (``solver="manual"``) that
+places the same ops at other legal start times, so that the emitted kernels differ:
+
+* GEMM: the wgmma wait lag (``mma_wait`` one stage after ``mma`` at II = MMA cycles, or in the same stage at
+  a longer II), the streaming depth (ring slots) and the compute warp count (4 or 8 warps, block_m 64/128).
+* Attention: 1 or 2 compute warp groups (sub-tiles), ``S = Q K^T`` one stage ahead of the softmax or not,
+  and ring depths.
+
+Hand-built schedules are checked with :func:`twill.schedule.verify.verify` by the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from twill.ir.graph import LoopGraph
+from twill.machine.models import Machine
+from twill.schedule.result import Schedule, WarpGroup
+
+#: Register budgets (setmaxnreg) of the hand-built schedules: the producer keeps the minimum, compute
+#: groups take what is left of 64 K registers (H100) for 1 producer + the compute warp groups.
+LOAD_REGS = 24
+COMPUTE_REGS = {1: 240, 2: 240}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A named schedule request: kernel, kernel build options and the schedule shape wanted.
+
+    Attributes:
+        name: file-friendly name (``gemm_128x256x64_lag1_d4``).
+        kernel: built-in kernel (``gemm``, ``flash-fwd``).
+        options: kernel build options (``block_n``, ``head_dim``, ``subtiles``...).
+        shape: schedule shape for hand-built schedules (``lag``, ``depth``, ``warps``, ``ahead``).
+    """
+
+    name: str
+    kernel: str
+    options: dict[str, Any] = field(default_factory=dict)
+    shape: dict[str, Any] = field(default_factory=dict)
+
+
+def _ops(graph: LoopGraph, role: str) -> list[str]:
+    return [op.name for op in graph.ops if op.attrs.get("role") == role]
+
+
+def gemm_schedule(graph: LoopGraph, machine: Machine, *, lag: int = 1, depth: int = 3,
+                  warps: int = 8) -> Schedule:
+    """A hand-built GEMM schedule. ``C`` = MMA cycles. Loads at 0 and 1 (one TMA unit), ``mma`` at 1.
+    ``lag >= 1``: II = C and ``mma_wait`` at ``1 + C + (lag - 1)·II`` (stage ``lag``). ``lag = 0``:
+    II = C + 2 so that ``mma_wait`` at ``1 + C`` stays in stage 0 (a slower, unlagged schedule)."""
+    (load_a,), (load_b,) = _ops(graph, "load_a"), _ops(graph, "load_b")
+    (mma,), (wait,) = _ops(graph, "mma"), _ops(graph, "mma_wait")
+    cycles = graph.op(mma).cycles
+    ii = cycles if lag >= 1 else cycles + 2
+    starts = {load_a: 0, load_b: 1, mma: 1, wait: 1 + cycles + max(0, lag - 1) * ii}
+    warps_ = (WarpGroup(0, "compute", warps, COMPUTE_REGS[1], (mma, wait)),
+              WarpGroup(1, "load", 1, LOAD_REGS, (load_a, load_b)))
+    return Schedule(graph=graph, arch=machine.name, solver="manual", status="feasible", ii=ii,
+                    ii_lower_bound=cycles, starts=starts,
+                    assignment={mma: 0, wait: 0, load_a: 1, load_b: 1}, warps=warps_, streaming_depth=depth,
+                    stats={"variant": f"lag{lag}_d{depth}_w{warps}"})
+
+
+def _units(graph: LoopGraph, machine: Machine) -> dict[str, int]:
+    return dict(graph.units) if graph.units is not None else dict(machine.units)
+
+
+def list_modulo_schedule(graph: LoopGraph, machine: Machine, ii: int,
+                         earliest: dict[str, int] | None = None) -> dict[str, int] | None:
+    """Greedy modulo list scheduling at ``ii``: ops in graph order (a topological order of the
+    distance-0 edges for the built-in kernels), each at the first cycle ``>= max(pred + delay - δ·II,
+    earliest[op])`` whose modulo reservation table has room. Returns the starts, or None if a
+    loop-carried edge is violated (try a larger II)."""
+    caps = _units(graph, machine)
+    usage: dict[tuple[str, int], int] = {}
+    starts: dict[str, int] = {}
+    for op in graph.ops:
+        lo = (earliest or {}).get(op.name, 0)
+        for e in graph.in_edges(op.name):
+            if e.src in starts:
+                lo = max(lo, starts[e.src] + e.delay - e.distance * ii)
+        t = lo
+        while any(usage.get((u, (t + c) % ii), 0) + n > caps.get(u, 0)
+                  for c, row in enumerate(op.rrt) for u, n in row):
+            t += 1
+            if t > lo + ii:
+                return None
+        for c, row in enumerate(op.rrt):
+            for u, n in row:
+                usage[(u, (t + c) % ii)] = usage.get((u, (t + c) % ii), 0) + n
+        starts[op.name] = t
+    for e in graph.edges:
+        if starts[e.dst] + e.distance * ii < starts[e.src] + e.delay:
+            return None
+    return starts
+
+
+def flash_schedule(graph: LoopGraph, machine: Machine, *, ahead: int = 1, depth: int = 2,
+                   warps: int | None = None) -> Schedule:
+    """A hand-built attention schedule: one compute warp group per sub-tile (8 warps for one 128-row tile,
+    4 per 64-row sub-tile) plus the TMA producer; ``ahead = 1`` starts every softmax op at least one II
+    after its ``qk`` (stage distance 1), ``ahead = 0`` keeps the iteration in one stage. The smallest II
+    (from the tensor-core bound up) at which the greedy list scheduler succeeds is used."""
+    subtiles = int(graph.attrs.get("subtiles", 1))
+    warps = warps or (8 if subtiles == 1 else 4)
+    tc = sum(op.usage("tc") for op in graph.ops)
+    for ii in range(tc, 20 * tc):
+        earliest = {}
+        if ahead:
+            for op in graph.ops:
+                if op.attrs.get("role") in ("rowmax", "alpha", "exp", "rowsum", "rescale", "pv"):
+                    earliest[op.name] = ii
+        else:
+            earliest = {}
+        starts = list_modulo_schedule(graph, machine, ii, earliest)
+        if starts is None:
+            continue
+        stages = {n: t // ii for n, t in starts.items()}
+        qk_stage = {op.attrs.get("subtile", 0): stages[op.name] for op in graph.ops if op.attrs.get("role") == "qk"}
+        ok = all(stages[op.name] - qk_stage[op.attrs.get("subtile", 0)] == ahead
+                 for op in graph.ops if op.attrs.get("role") == "exp")
+        if ok:
+            break
+    else:
+        raise ValueError(f"no hand-built schedule for {graph.name} with ahead={ahead}")
+    assignment, groups = {}, []
+    for s in range(subtiles):
+        ops = tuple(op.name for op in graph.ops
+                    if not op.variable_latency and int(op.attrs.get("subtile", 0)) == s)
+        groups.append(WarpGroup(s, "compute", warps, COMPUTE_REGS[subtiles], ops))
+        assignment.update({n: s for n in ops})
+    loads = tuple(op.name for op in graph.ops if op.variable_latency)
+    groups.append(WarpGroup(subtiles, "load", 1, LOAD_REGS, loads))
+    assignment.update({n: subtiles for n in loads})
+    return Schedule(graph=graph, arch=machine.name, solver="manual", status="feasible", ii=ii,
+                    ii_lower_bound=tc, starts=starts, assignment=assignment, warps=tuple(groups),
+                    streaming_depth=depth, stats={"variant": f"ahead{ahead}_d{depth}_sub{subtiles}"})
