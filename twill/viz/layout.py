@@ -15,10 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from twill.ir.graph import Edge, LoopGraph, Op
+from twill.ir.graph import LoopGraph, Op
 from twill.ir.validate import effective_units
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
+from twill.solve.joint.problem import (buffer_edges, can_cross, in_place, is_accumulator, read_cycles,
+                                       value_bytes)
 from twill.viz.palette import (op_colors, unit_color, unit_rank, warp_group_colors, warp_group_label)
 
 
@@ -262,13 +264,46 @@ def reservation_table(schedule: Schedule, machine: Machine) -> ReservationTable:
 
 # -- memory pressure ---------------------------------------------------------------------------------------
 def live_interval(schedule: Schedule, name: str) -> tuple[int, int]:
-    """Cycles ``[start, end)`` during which the result of iteration 0's ``name`` is live: from its issue to
-    the last consumer's issue, ``max over edges (name -> u, δ) of starts[u] + δ·II``; a result nobody
-    reads lives until the op completes."""
+    """Cycles ``[start, end)`` during which the result of iteration 0's ``name`` is live, as the solver and
+    verifier count it (docs/model.md, Liveness, in the steady state): an accumulator updated in place lives
+    until its next copy issues, ``[t, t + II)``; any other value until its last reader is done,
+    ``end = max(t + 1, max over edges (name -> u, δ) of t_u + δ·II + read(name, u))`` with ``read`` the
+    reader's cycles, or 0 when it overwrites the value in place."""
+    graph, ii = schedule.graph, schedule.ii
     start = schedule.starts[name]
-    uses = [schedule.starts[e.dst] + e.distance * schedule.ii for e in schedule.graph.out_edges(name)]
-    end = max(uses) if uses else start + schedule.graph.op(name).cycles
-    return start, max(end, start + 1)
+    if in_place(graph, name):
+        return start, start + ii
+    ends = [schedule.starts[e.dst] + e.distance * ii + read_cycles(graph, name, e.dst) for e in graph.out_edges(name)]
+    return start, max([start + 1, *ends])
+
+
+def memory_depth(schedule: Schedule, name: str) -> int:
+    """Buffers allocated for ``name``'s result (docs/model.md §4): 1 for an accumulator or a value read by
+    no other op, else ``max over out-edges (u ≠ name) of k_u + δ - k_name + 1``; streaming loads at least
+    ``streaming_depth``."""
+    graph = schedule.graph
+    op = graph.op(name)
+    edges = buffer_edges(graph, name)
+    if is_accumulator(op) or not edges:
+        depth = 1
+    else:
+        depth = max(schedule.stage(e.dst) + e.distance - schedule.stage(name) + 1 for e in edges)
+    if graph.is_streaming(name):
+        depth = max(depth, schedule.streaming_depth)
+    return max(1, depth)
+
+
+def staging_bytes(schedule: Schedule) -> int:
+    """Shared memory that register values crossing warp groups are staged in (docs/model.md §4):
+    ``Σ over edges u -> v with regs(u) > 0 in different groups of bytes(u)·(k_v + δ - k_u + 1)``."""
+    total = 0
+    for e in schedule.graph.edges:
+        src = schedule.graph.op(e.src)
+        if e.src == e.dst or not can_cross(src) or e.src not in schedule.assignment:
+            continue
+        if schedule.assignment[e.src] != schedule.assignment.get(e.dst):
+            total += value_bytes(src) * (schedule.stage(e.dst) + e.distance - schedule.stage(e.src) + 1)
+    return total
 
 
 def live_copies(start: int, end: int, slot: int, ii: int) -> int:
@@ -280,8 +315,9 @@ def live_copies(start: int, end: int, slot: int, ii: int) -> int:
 @dataclass(frozen=True)
 class PressureSeries:
     """Usage of one resource over the steady state: ``by_owner`` maps a warp-group label (or ``all``) to
-    its usage at each slot ``0..II-1``; ``limit`` is the capacity; ``allocated`` the buffer allocation when
-    it differs from what is live (shared memory rings), else None."""
+    its usage at each slot ``0..II-1``; ``limit`` is the capacity; ``allocated`` is, for memories, the
+    static allocation that the solver checks against the limit (ring buffers, staging, resident tiles),
+    else None."""
 
     title: str
     unit: str
@@ -323,8 +359,10 @@ def _owners(schedule: Schedule) -> list[tuple[str, str, list[str], int]]:
 def pressure(schedule: Schedule, machine: Machine) -> list[PressureSeries]:
     """Registers per thread live in each warp group (limit: its ``setmaxnreg`` budget; the per-thread
     cap without warp specialization), then shared memory and tensor memory of the CTA, stacked by the
-    producing warp group (limits: ``smem_per_block``, ``tmem_bytes``). A value is charged to the warp
-    group of the op that produces it, for its :func:`live_interval`."""
+    producing warp group, with their static allocation (:func:`memory_depth` buffers per value, plus
+    :func:`staging_bytes` and ``graph.attrs["smem_resident"]`` for shared memory; limits
+    ``smem_per_block``, ``tmem_bytes``). A value is charged to the warp group of the op that produces it,
+    for its :func:`live_interval`."""
     graph = schedule.graph
     group_colors = warp_group_colors(schedule.warps)
     color_of = {f"wg{wg.id}": group_colors[wg.id] for wg in schedule.warps}
@@ -339,20 +377,13 @@ def pressure(schedule: Schedule, machine: Machine) -> list[PressureSeries]:
     for field, title, limit in (("smem", "shared memory (CTA)", machine.smem_per_block),
                                 ("tmem", "tensor memory (CTA)", machine.tmem_bytes)):
         amount = {op.name: getattr(op, field) for op in graph.ops}
-        if not any(amount.values()):
+        staging = staging_bytes(schedule) if field == "smem" else 0
+        if not any(amount.values()) and not staging:
             continue
         by_owner = {key: _live_usage(schedule, names, amount) for key, _, names, _ in owners}
-        allocated = sum(amount[e.src] * schedule.buffer_depth(e) for e in _widest_edges(schedule))
-        allocated += sum(amount[n] for n in graph.op_names if not graph.out_edges(n))
+        allocated = sum(amount[n] * memory_depth(schedule, n) for n in graph.op_names) + staging
+        if field == "smem":
+            allocated += int(graph.attrs.get("smem_resident", 0))
         out.append(PressureSeries(title, "bytes", by_owner, {k: color_of[k] for k in by_owner}, limit,
                                   allocated))
     return out
-
-
-def _widest_edges(schedule: Schedule) -> list[Edge]:
-    """For each op with consumers, the out-edge that needs the deepest buffer (its ring size)."""
-    best: dict[str, Edge] = {}
-    for e in schedule.graph.edges:
-        if e.src not in best or schedule.buffer_depth(e) > schedule.buffer_depth(best[e.src]):
-            best[e.src] = e
-    return list(best.values())

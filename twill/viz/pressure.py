@@ -16,35 +16,39 @@ LIMIT_COLOR = "#b22222"
 PANEL_INCHES = 1.7
 
 
-def _fmt(value: int, unit: str) -> str:
-    if unit == "bytes":
-        return f"{value / 1024:.1f} KiB"
-    return f"{value}"
+def _fmt(value: float, unit: str) -> str:
+    return f"{value / 1024:.1f} KiB" if unit == "bytes" else f"{value:g}"
 
 
 def _draw_series(ax, series: PressureSeries, ii: int) -> None:
+    """Stacked step areas per owner over ``t mod II``, the limit (dashed) and, for memories, the static
+    allocation (dotted). Memories are plotted in KiB."""
+    scale = 1024.0 if series.unit == "bytes" else 1.0
     xs = list(range(ii + 1))
-    base = [0] * (ii + 1)
+    base = [0.0] * (ii + 1)
     for owner, values in series.by_owner.items():
-        top = [b + v for b, v in zip(base, list(values) + [values[-1]])]
+        top = [b + v / scale for b, v in zip(base, list(values) + [values[-1]])]
         ax.fill_between(xs, base, top, step="post", facecolor=series.colors[owner], alpha=0.55,
                         edgecolor=_mpl.darker(series.colors[owner]), linewidth=0.8, label=owner)
         base = top
-    ax.axhline(series.limit, color=LIMIT_COLOR, linestyle="--", linewidth=1.2)
-    ax.text(ii, series.limit, f" limit {_fmt(series.limit, series.unit)}", color=LIMIT_COLOR, fontsize=8,
-            va="center", ha="left")
+    ax.axhline(series.limit / scale, color=LIMIT_COLOR, linestyle="--", linewidth=1.2)
+    ax.text(ii, series.limit / scale, f" limit {_fmt(series.limit, series.unit)}", color=LIMIT_COLOR,
+            fontsize=8, va="center", ha="left")
+    used = series.peak
+    title = f"{series.title}: live peak {_fmt(series.peak, series.unit)}"
     if series.allocated is not None:
-        ax.axhline(series.allocated, color="#333333", linestyle=":", linewidth=1.2)
-        ax.text(ii, series.allocated, f" buffers {_fmt(series.allocated, series.unit)}", fontsize=8,
+        used = series.allocated
+        ax.axhline(series.allocated / scale, color="#333333", linestyle=":", linewidth=1.2)
+        ax.text(ii, series.allocated / scale, f" allocated {_fmt(series.allocated, series.unit)}", fontsize=8,
                 va="center", ha="left", color="#333333")
-    peak = series.peak
-    tops = [series.limit, peak] + ([series.allocated] if series.allocated is not None else [])
-    ax.set_ylim(0, max(tops) * 1.18 + 1)
+        title = f"{series.title}: allocated {_fmt(series.allocated, series.unit)} (live peak " \
+                f"{_fmt(series.peak, series.unit)})"
+    over = used > series.limit
+    title += f" of {_fmt(series.limit, series.unit)}" + (" — OVER LIMIT" if over else "")
+    ax.set_ylim(0, max(series.limit, series.peak, series.allocated or 0) / scale * 1.18 + 1)
     ax.set_xlim(0, ii)
-    over = " OVER LIMIT" if peak > series.limit else ""
-    ax.set_title(f"{series.title}: peak {_fmt(peak, series.unit)} of {_fmt(series.limit, series.unit)}{over}",
-                 fontsize=9, loc="left", color=LIMIT_COLOR if over else "black")
-    ax.set_ylabel(series.unit, fontsize=8)
+    ax.set_title(title, fontsize=9, loc="left", color=LIMIT_COLOR if over else "black")
+    ax.set_ylabel("KiB" if series.unit == "bytes" else series.unit, fontsize=8)
     ax.tick_params(labelsize=7)
     if len(series.by_owner) > 1:
         ax.legend(**_mpl.legend_kwargs(loc="upper left", fontsize=7, ncol=len(series.by_owner)))
@@ -63,6 +67,6 @@ def draw_pressure(schedule: Schedule, machine: Machine) -> Figure:
     fig.suptitle(f"{schedule.graph.name}: live registers and memory over the steady state (II = {schedule.ii})",
                  fontsize=10, x=0.09, ha="left")
     fig.legend(handles=[Line2D([], [], color=LIMIT_COLOR, linestyle="--", label="limit"),
-                        Line2D([], [], color="#333333", linestyle=":", label="allocated buffers")],
+                        Line2D([], [], color="#333333", linestyle=":", label="allocated (buffers, staging)")],
                loc="upper right", fontsize=7)
     return fig
