@@ -38,7 +38,7 @@ from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 from twill.solve.joint.problem import (RELAXABLE, WIDTHS, JointProblem, JointSolution, blocking_in,
                                        buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
-                                       is_streaming, value_bytes, waited_groups)
+                                       is_streaming, read_cycles, value_bytes, waited_groups)
 from twill.solve.options import SolveOptions
 
 #: Constraint families in paper order (Figures 4, 5, 6), as :func:`build_model` adds them.
@@ -46,7 +46,7 @@ FAMILIES = (
     "uniqueness", "consistency", "completion", "dependence", "capacity",
     "liveness", "memory_capacity",
     "warp_uniqueness", "variable_latency", "warp_count", "register_file", "register_limit",
-    "cross_warp_spills", "concurrency",
+    "cross_warp_spills", "concurrency", "warp_issue",
 )
 
 #: Secondary objectives after L, in order (docs/model.md §5; the CP-SAT search adds ``prologue``).
@@ -193,12 +193,18 @@ class YicesModel:
         return self._same[key]
 
     def inflight(self, o: str, t: int) -> int:
-        """``∨_{i′, t′ ∈ [t−busy(o)+1, t]} op[o,i′,t′]``: some copy of ``o`` holds its warp at ``t``."""
+        """``∨_{i′, t′ ∈ [t−busy(o)+1, t]} op[o,i′,t′]``: some copy of ``o`` holds its warp at ``t``.
+
+        When busy(o) > cycles(o) a copy can still hold its warp after COMPLETION's end of Q, so the copy
+        before Q (i′ = −1, issued at t′ ⇔ op[o,0,t′+I]) is included: Q's steady state then sees every
+        overlap that the modulo rule of docs/model.md sees."""
         key = (o, t)
         if key not in self._inflight:
-            busy = self.graph.op(o).busy
-            self._inflight[key] = self.any(self.op(o, i, s) for i in range(self.copies)
-                                           for s in range(t - busy + 1, t + 1))
+            op = self.graph.op(o)
+            first = -1 if op.busy > op.cycles else 0
+            self._inflight[key] = self.any(self.op(o, 0, s + self.ii) if i < 0 else self.op(o, i, s)
+                                           for i in range(first, self.copies)
+                                           for s in range(t - op.busy + 1, t + 1))
         return self._inflight[key]
 
     def crossing(self, edge: Edge) -> bool:
@@ -298,18 +304,19 @@ def add_capacity(m: YicesModel) -> None:
 
 
 # -- Figure 5: liveness and memory -----------------------------------------------------------------------
-def uses(m: YicesModel, v: str, i: int) -> list[tuple[str, int]]:
-    """Consumer copies ``(u, j)`` of copy i of v: ``j = i + δ`` per out-edge (v,u,·,δ). An in-place
-    accumulator (self-edge of distance 1) has only its next copy (docs/model.md, Liveness)."""
+def uses(m: YicesModel, v: str, i: int) -> list[tuple[str, int, int]]:
+    """Consumers ``(u, j, read)`` of copy i of v: ``j = i + δ`` per out-edge (v,u,·,δ); u reads the value
+    until ``read`` cycles after it issues (``read_cycles``: cycles(u), 0 when u overwrites v in place). An
+    in-place accumulator (self-edge of distance 1) has only its next copy, read 0 (docs/model.md, Liveness)."""
     if in_place(m.graph, v):
-        return [(v, i + 1)]
-    return [(e.dst, i + e.distance) for e in m.graph.out_edges(v)]
+        return [(v, i + 1, 0)]
+    return [(e.dst, i + e.distance, read_cycles(m.graph, v, e.dst)) for e in m.graph.out_edges(v)]
 
 
 def live_at_end(m: YicesModel, v: str, i: int) -> bool:
     """INIT (Fig. 5): copy i of v is live at T iff one of its consumers lies beyond Q (j ≥ n); for δ = 1
     this is the paper's "loop-carried results of the last copy"."""
-    return any(j >= m.copies for _, j in uses(m, v, i))
+    return any(j >= m.copies for _, j, _ in uses(m, v, i))
 
 
 def add_liveness(m: YicesModel) -> None:
@@ -320,9 +327,10 @@ def add_liveness(m: YicesModel) -> None:
         DEADPROP  ¬live[v,i,t] ∧ use(v,i,t) ∧ ¬op[v,i,t] ⇒ live[v,i,t−1];
                   ¬live[v,i,t] ∧ ¬use(v,i,t) ⇒ ¬live[v,i,t−1]
 
-    together ``live[v,i,t−1] ⇔ ¬op[v,i,t] ∧ (live[v,i,t] ∨ use(v,i,t))``, use(v,i,t) = ∨ op[u,j,t] over the
-    consumers of :func:`uses` inside Q. REGISTER LIMIT counts ``live ∨ op``: the value occupies
-    ``[t_v+i·I, max(t_v+i·I+1, last use))`` as docs/model.md states (one cycle when nothing uses it). The
+    together ``live[v,i,t−1] ⇔ ¬op[v,i,t] ∧ (live[v,i,t] ∨ use(v,i,t))``, use(v,i,t) = ∨ op[u,j,t−read] over
+    the consumers ``(u, j, read)`` of :func:`uses` inside Q (a consumer still reads the value ``read`` cycles
+    after it issues). REGISTER LIMIT counts ``live ∨ op``: the value occupies ``[t_v+i·I, E_{v,i})``,
+    ``E_{v,i} = max(t_v+i·I+1, max_u t_u+j·I+read)`` as docs/model.md states (one cycle when unused). The
     model spans T_max ≥ T; nothing issues past T, so live is constant on [T, T_max] and INIT sits at T_max.
     """
     T = m.y.Terms
@@ -334,9 +342,9 @@ def add_liveness(m: YicesModel) -> None:
         for i in range(m.copies):
             end = m.live(v, i, m.span)
             out.append(end if live_at_end(m, v, i) else m.neg(end))
-            consumers = [(u, j) for u, j in uses(m, v, i) if j < m.copies]
+            consumers = [(u, j, read) for u, j, read in uses(m, v, i) if j < m.copies]
             for t in range(m.span, 0, -1):
-                used = m.any(m.op(u, j, t) for u, j in consumers)
+                used = m.any(m.op(u, j, t - read) for u, j, read in consumers)
                 keep = m.all([m.neg(m.op(v, i, t)), m.any([m.live(v, i, t), used])])
                 out.append(T.iff(m.live(v, i, t - 1), keep))
     m.add("liveness", out)
@@ -517,6 +525,29 @@ def add_concurrency(m: YicesModel) -> None:
     m.add("concurrency", out)
 
 
+def add_warp_issue(m: YicesModel) -> None:
+    """WARP ISSUE (docs/model.md, ours): a warp group issues in order and runs one tile op at a time —
+    ∀ g, t: Σ_v inflight[v,t]·opw[v,g] ≤ 1 over ops with busy(v) > 0, and busy(v) > I ⇒ ¬opw[v,g] (an op
+    that cannot repeat every I on one warp)."""
+    p = m.problem
+    if not p.active("warp_issue"):
+        return
+    out = []
+    issuers = [op for op in m.graph.ops if op.busy > 0]
+    for op in issuers:
+        if op.busy > p.ii:
+            out += [m.neg(m.opw(op.name, g)) for g in m.slots_of(op.name)]
+    for g in range(p.slots):
+        users = [op.name for op in issuers if (op.name, g) in m.warp_of and op.busy <= p.ii]
+        if len(users) < 2:
+            continue
+        for t in range(m.span):
+            atom = m.weighted_sum_leq([(m.all([m.inflight(v, t), m.opw(v, g)]), 1) for v in users], 1)
+            if atom is not None:
+                out.append(atom)
+    m.add("warp_issue", out)
+
+
 def add_objective_terms(m: YicesModel) -> None:
     """Objective terms: ``stages = max_v k_v + 1`` (an integer ``top ≥ k_v``, minimised) and
     ``prologue = Σ_v (top − k_v)``."""
@@ -533,7 +564,7 @@ FAMILY_FUNCTIONS: dict[str, Callable[[YicesModel], None]] = {
     "memory_capacity": add_memory_capacity, "warp_uniqueness": add_warp_uniqueness,
     "variable_latency": add_variable_latency, "warp_count": add_warp_count,
     "register_file": add_register_file, "register_limit": add_register_limit,
-    "cross_warp_spills": add_cross_warp_spills, "concurrency": add_concurrency,
+    "cross_warp_spills": add_cross_warp_spills, "concurrency": add_concurrency, "warp_issue": add_warp_issue,
 }
 
 
