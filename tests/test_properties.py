@@ -89,10 +89,31 @@ def test_cpsat_matches_brute_force(graph):
     assert (result.ii, result.length) == brute_force(graph)
 
 
+JSON_SCALARS = st.one_of(st.integers(-5, 5), st.booleans(), st.text(max_size=4), st.none())
+
+
+@st.composite
+def rich_graphs(draw):
+    """Graphs that use every optional field of twill-graph/1, for the round trip."""
+    base = draw(graphs(max_ops=5))
+    ops = tuple(Op(name=op.name, rrt=op.rrt, kind=op.kind,
+                   latency=draw(st.none() | st.integers(0, 9)), regs=draw(st.integers(0, 255)),
+                   warps=draw(st.sampled_from([1, 2, 4, 8])), variable_latency=draw(st.booleans()),
+                   spill_cost=draw(st.integers(0, 9)), smem=draw(st.integers(0, 1 << 16)),
+                   tmem=draw(st.integers(0, 1 << 16)), warp_busy=draw(st.none() | st.integers(0, 9)),
+                   attrs=draw(st.dictionaries(st.text(min_size=1, max_size=4), JSON_SCALARS, max_size=3)))
+                for op in base.ops)
+    units = draw(st.none() | st.just(dict(base.units)))
+    attrs = draw(st.dictionaries(st.text(min_size=1, max_size=4), JSON_SCALARS, max_size=3))
+    return LoopGraph(base.name, ops, base.edges, units, attrs)
+
+
 @settings(max_examples=60, deadline=None)
-@given(graphs(max_ops=5))
+@given(rich_graphs())
 def test_graph_round_trip(graph):
     back = graph_from_dict(graph_to_dict(graph))
     assert back == graph
     assert graph_to_dict(back) == graph_to_dict(graph)
     assert [dict(o.attrs) for o in back.ops] == [dict(o.attrs) for o in graph.ops]
+    assert dict(back.attrs) == dict(graph.attrs)
+    assert back.units == graph.units

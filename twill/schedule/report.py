@@ -117,8 +117,8 @@ def _blocked_rows(schedule: Schedule) -> list[str]:
 def format_report(schedule: Schedule, machine: Machine) -> str:
     """II, bounds, L, stages, status, solve time, normalization, unit utilization, per-op table, buffers,
     warp groups and ``blocked_by`` explanations, as plain text."""
-    sections = [_header(schedule) + [_utilization_line(schedule, machine)], _op_rows(schedule), _buffer_rows(schedule), _warp_rows(schedule),
-                _blocked_rows(schedule)]
+    sections = [_header(schedule) + [_utilization_line(schedule, machine)], _op_rows(schedule),
+                _buffer_rows(schedule), _warp_rows(schedule), _blocked_rows(schedule)]
     lines: list[str] = []
     for block in sections:
         if block:
