@@ -44,7 +44,7 @@ def _attrs(role: str, subtile: int | None, extra: dict[str, Any] | None = None) 
 
 
 def _register_op(b: GraphBuilder, m: Machine, name: str, cost: costs.OpCost, *, kind: str, role: str,
-                 subtile: int | None, regs: int, out_bytes: int, warps: int = 4,
+                 subtile: int | None, regs: int, out_bytes: int, warps: int,
                  attrs: dict[str, Any] | None = None) -> str:
     """A synchronous op whose result of ``out_bytes`` lives in registers (``regs`` per thread); crossing to
     another warp group costs :func:`~twill.machine.costs.spill_cost` and a shared-memory staging buffer."""
@@ -63,7 +63,7 @@ def tma_load(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols:
 
 
 def mma(b: GraphBuilder, m: Machine, name: str, role: str, M: int, N: int, K: int, dtype: str, *,
-        subtile: int | None = None, accumulator: bool = False) -> str:
+        subtile: int | None = None, accumulator: bool = False, warps: int = 4) -> str:
     """A tensor-core GEMM ``[M,K] x [K,N]`` with an fp32 ``[M,N]`` result.
 
     Hopper: a 4-warp wgmma; the result occupies ``tile_regs(M, N)`` registers per thread. Blackwell: a
@@ -76,75 +76,78 @@ def mma(b: GraphBuilder, m: Machine, name: str, role: str, M: int, N: int, K: in
         return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="mma", warps=1,
                     tmem=tile_bytes(M, N, "fp32"), warp_busy=cost.warp_busy, attrs=_attrs(role, subtile, extra))
     out_bytes = tile_bytes(M, N, "fp32")
-    return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="mma", warps=4,
-                regs=tile_regs(M, N, "fp32"), spill_cost=costs.spill_cost(m, out_bytes),
+    return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="mma", warps=warps,
+                regs=tile_regs(M, N, "fp32", warps), spill_cost=costs.spill_cost(m, out_bytes),
                 warp_busy=cost.warp_busy, attrs=_attrs(role, subtile, {**extra, "out_bytes": out_bytes}))
 
 
 def mma_wait(b: GraphBuilder, m: Machine, name: str, role: str = "mma_wait", *,
-             subtile: int | None = None) -> str:
+             subtile: int | None = None, warps: int = 4) -> str:
     """A zero-unit op that blocks until a tensor-core op completes (``wgmma.wait_group`` / tcgen05 commit
     + mbarrier wait). It holds no unit; it must sit with the MMA that it waits for."""
-    warps = 1 if m.mma_accumulates_in == "tmem" else 4
+    warps = 1 if m.mma_accumulates_in == "tmem" else warps
     return b.op(name, rrt=({},), latency=0, kind="mma_wait", warps=warps, warp_busy=0,
                 attrs=_attrs(role, subtile))
 
 
 def exp2(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, out_dtype: str, *,
-         subtile: int | None = None, in_place: bool = False) -> str:
+         subtile: int | None = None, in_place: bool = False, warps: int = 4) -> str:
     """``exp2`` over a ``rows x cols`` tile on MUFU; the result (``out_dtype``) stays in registers.
     ``in_place``: the result is written fragment by fragment over its (larger) input's registers."""
     cost = costs.exp2_cost(m, rows * cols)
-    return _register_op(b, m, name, cost, kind="exp2", role=role, subtile=subtile,
-                        regs=tile_regs(rows, cols, out_dtype), out_bytes=tile_bytes(rows, cols, out_dtype),
+    return _register_op(b, m, name, cost, kind="exp2", role=role, subtile=subtile, warps=warps,
+                        regs=tile_regs(rows, cols, out_dtype, warps), out_bytes=tile_bytes(rows, cols, out_dtype),
                         attrs={"in_place": in_place})
 
 
 def row_reduce(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, *,
-               subtile: int | None = None) -> str:
+               subtile: int | None = None, warps: int = 4) -> str:
     """A row max / row sum of a ``rows x cols`` tile; the result is one fp32 per row."""
     cost = costs.reduce_cost(m, rows, cols)
-    return _register_op(b, m, name, cost, kind="reduce", role=role, subtile=subtile,
-                        regs=tile_regs(rows, 1, "fp32"), out_bytes=tile_bytes(rows, 1, "fp32"))
+    return _register_op(b, m, name, cost, kind="reduce", role=role, subtile=subtile, warps=warps,
+                        regs=tile_regs(rows, 1, "fp32", warps), out_bytes=tile_bytes(rows, 1, "fp32"))
 
 
 def elementwise(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, out_dtype: str, *,
-                subtile: int | None = None, ops_per_element: float = 1.0, in_place: bool = False) -> str:
+                subtile: int | None = None, ops_per_element: float = 1.0, in_place: bool = False,
+                warps: int = 4) -> str:
     """FP32 elementwise arithmetic over a ``rows x cols`` tile on the ALU; result in registers.
     ``in_place``: the result overwrites its same-sized register input (``O *= alpha``)."""
     cost = costs.alu_cost(m, rows * cols, ops_per_element)
-    return _register_op(b, m, name, cost, kind="alu", role=role, subtile=subtile,
-                        regs=tile_regs(rows, cols, out_dtype), out_bytes=tile_bytes(rows, cols, out_dtype),
+    return _register_op(b, m, name, cost, kind="alu", role=role, subtile=subtile, warps=warps,
+                        regs=tile_regs(rows, cols, out_dtype, warps), out_bytes=tile_bytes(rows, cols, out_dtype),
                         attrs={"in_place": in_place})
 
 
 def tmem_load(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, *,
-              subtile: int | None = None, chunk_cols: int | None = None) -> str:
+              subtile: int | None = None, chunk_cols: int | None = None, warps: int = 4) -> str:
     """tcgen05.ld of an fp32 ``rows x cols`` TMEM tile into registers. With ``chunk_cols`` the consumer
     works through the tile ``chunk_cols`` columns at a time (FA4's correction warps), so only one chunk is
     live in registers."""
     cost = costs.tmem_cost(m, tile_bytes(rows, cols, "fp32"))
     live_cols = chunk_cols or cols
-    return _register_op(b, m, name, cost, kind="tmem_load", role=role, subtile=subtile,
-                        regs=tile_regs(rows, live_cols, "fp32"), out_bytes=tile_bytes(rows, live_cols, "fp32"),
+    return _register_op(b, m, name, cost, kind="tmem_load", role=role, subtile=subtile, warps=warps,
+                        regs=tile_regs(rows, live_cols, "fp32", warps), out_bytes=tile_bytes(rows, live_cols, "fp32"),
                         attrs={"chunk_cols": live_cols})
 
 
 def tmem_store(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, dtype: str, *,
-               subtile: int | None = None, tmem_bytes: int = 0) -> str:
+               subtile: int | None = None, tmem_bytes: int = 0, warps: int = 4) -> str:
     """tcgen05.st of a ``rows x cols`` register tile into TMEM (result in TMEM: crosses warps for free).
     ``tmem_bytes`` is the new TMEM footprint it creates (0 when it overwrites a buffer counted elsewhere)."""
     cost = costs.tmem_cost(m, tile_bytes(rows, cols, dtype))
-    return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="tmem_store", warps=4, tmem=tmem_bytes,
+    return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="tmem_store", warps=warps, tmem=tmem_bytes,
                 warp_busy=cost.warp_busy, attrs=_attrs(role, subtile, {"dtype": dtype}))
 
 
 def smem_store(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, dtype: str, *,
-               subtile: int | None = None) -> str:
-    """A register -> shared-memory store of a tile (operand staging for an MMA or a TMA store)."""
+               subtile: int | None = None, warps: int = 4, smem_bytes: int | None = None) -> str:
+    """A register -> shared-memory store of a tile (operand staging for an MMA or a TMA store);
+    ``smem_bytes`` overrides the buffer it creates (0 when it reuses one counted elsewhere)."""
     nbytes = tile_bytes(rows, cols, dtype)
     cost = costs.smem_cost(m, nbytes)
-    return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="smem_store", warps=4, smem=nbytes,
+    return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="smem_store", warps=warps,
+                smem=nbytes if smem_bytes is None else smem_bytes,
                 warp_busy=cost.warp_busy, attrs=_attrs(role, subtile, {"dtype": dtype}))
 
 
@@ -154,6 +157,13 @@ def tma_reduce(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, col
     cost = costs.tma_store_cost(m, tile_bytes(rows, cols, dtype))
     return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="tma_store", warps=1, variable_latency=True,
                 warp_busy=cost.warp_busy, attrs=_attrs(role, None, {"dtype": dtype}))
+
+
+def group_warps(m: Machine, rows: int) -> int:
+    """Warps that cooperate on a ``rows``-row tile: a 4-warp group covers 64 rows on Hopper (wgmma M=64)
+    and 128 rows on Blackwell (32 TMEM lanes per warp); at least one group."""
+    per_group = 128 if m.mma_accumulates_in == "tmem" else 64
+    return max(4, 4 * rows // per_group)
 
 
 def suffix(subtiles: int, s: int) -> str:

@@ -52,7 +52,8 @@ CORRECTION_CHUNK = 32
 
 
 def default_block_m(machine: Machine) -> int:
-    """128 query rows on Hopper (two 64-row wgmma sub-tiles), 256 on Blackwell (two 128-row tcgen05)."""
+    """128 query rows on Hopper (two 64-row wgmma sub-tiles), 256 on Blackwell (two 128-row tcgen05). The
+    same CTA tile without sub-tiling is one coarse tile on 8 warps (two groups cooperating on every op)."""
     return 256 if machine.mma_accumulates_in == "tmem" else 128
 
 
@@ -60,11 +61,12 @@ def build(machine: Machine, *, subtiles: int = 1, head_dim: int = 128, block_m: 
           dtype: str = "fp16") -> LoopGraph:
     """The forward KV-loop body for ``machine`` (see the module docstring)."""
     block_m = block_m or default_block_m(machine)
+    smem_resident = block_m * head_dim * 2          # the Q tile, loaded once before the loop
     tmem = machine.mma_accumulates_in == "tmem"
     b = GraphBuilder("flash-fwd", attrs={
         "kernel": "flash-fwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
         "head_dim": head_dim, "dtype": dtype, "subtiles": subtiles,
-        "reg_limit": DEFAULT_REG_LIMIT[machine.mma_accumulates_in]})
+        "reg_limit": DEFAULT_REG_LIMIT[machine.mma_accumulates_in], "smem_resident": smem_resident})
     load_k = k.tma_load(b, machine, "load_k", "load_k", block_n, head_dim, dtype)
     load_v = k.tma_load(b, machine, "load_v", "load_v", block_n, head_dim, dtype)
     rows = block_m // subtiles
@@ -79,13 +81,14 @@ def build(machine: Machine, *, subtiles: int = 1, head_dim: int = 128, block_m: 
 def _softmax_chain(b: GraphBuilder, machine: Machine, x: str, s: int | None, rows: int, block_n: int,
                    dtype: str, scores: str, scores_delay: int, scores_blocking: bool) -> tuple[str, str]:
     """rowmax, alpha, exp, rowsum of one sub-tile reading the scores ``scores``; returns (alpha, exp)."""
-    rowmax = k.row_reduce(b, machine, f"rowmax{x}", "rowmax", rows, block_n, subtile=s)
-    alpha = k.exp2(b, machine, f"alpha{x}", "alpha", rows, 1, "fp32", subtile=s)
+    w = k.group_warps(machine, rows)
+    rowmax = k.row_reduce(b, machine, f"rowmax{x}", "rowmax", rows, block_n, subtile=s, warps=w)
+    alpha = k.exp2(b, machine, f"alpha{x}", "alpha", rows, 1, "fp32", subtile=s, warps=w)
     # Hopper: P is the register A operand of an RS wgmma, materialised in fp16 after the fp32 exp2, so S and
     # P are both live while exp runs. Blackwell: P goes to TMEM fragment by fragment (FA4), written over S.
     p = k.exp2(b, machine, f"exp{x}", "exp", rows, block_n, dtype, subtile=s,
-               in_place=machine.mma_accumulates_in == "tmem")
-    rowsum = k.row_reduce(b, machine, f"rowsum{x}", "rowsum", rows, block_n, subtile=s)
+               in_place=machine.mma_accumulates_in == "tmem", warps=w)
+    rowsum = k.row_reduce(b, machine, f"rowsum{x}", "rowsum", rows, block_n, subtile=s, warps=w)
     b.edge(scores, rowmax, delay=scores_delay, blocking=scores_blocking)
     b.edge(scores, p, delay=scores_delay, blocking=scores_blocking)
     b.edge(rowmax, rowmax, distance=1)
@@ -102,12 +105,14 @@ def _hopper_subtile(b: GraphBuilder, machine: Machine, s: int, subtiles: int, ro
     """wgmma sub-tile: S and O accumulate in the registers of the issuing warp group."""
     x = k.suffix(subtiles, s)
     sub = s if subtiles > 1 else None
-    qk = k.mma(b, machine, f"qk{x}", "qk", rows, block_n, head_dim, dtype, subtile=sub)
+    w = k.group_warps(machine, rows)
+    qk = k.mma(b, machine, f"qk{x}", "qk", rows, block_n, head_dim, dtype, subtile=sub, warps=w)
     qk_cycles = b.build().op(qk).issue_latency
     alpha, p = _softmax_chain(b, machine, x, sub, rows, block_n, dtype, qk, qk_cycles, True)
     rescale = k.elementwise(b, machine, f"rescale{x}", "rescale", rows, head_dim, "fp32", subtile=sub,
-                            in_place=True)
-    pv = k.mma(b, machine, f"pv{x}", "pv", rows, head_dim, block_n, dtype, subtile=sub, accumulator=True)
+                            in_place=True, warps=w)
+    pv = k.mma(b, machine, f"pv{x}", "pv", rows, head_dim, block_n, dtype, subtile=sub, accumulator=True,
+               warps=w)
     pv_cycles = b.build().op(pv).issue_latency
     b.edge(load_k, qk, delay=0)
     b.edge(load_v, pv, delay=0)
@@ -122,18 +127,22 @@ def _blackwell_subtile(b: GraphBuilder, machine: Machine, s: int, subtiles: int,
     """tcgen05 sub-tile: S, P and O live in TMEM; softmax and correction move them through registers."""
     x = k.suffix(subtiles, s)
     sub = s if subtiles > 1 else None
+    w = k.group_warps(machine, rows)
     qk = k.mma(b, machine, f"qk{x}", "qk", rows, block_n, head_dim, dtype, subtile=sub)
     qk_cycles = b.build().op(qk).issue_latency
-    s_load = k.tmem_load(b, machine, f"s_load{x}", "s_load", rows, block_n, subtile=sub)
+    s_load = k.tmem_load(b, machine, f"s_load{x}", "s_load", rows, block_n, subtile=sub, warps=w)
     b.edge(qk, s_load, delay=qk_cycles, blocking=True)
     s_cycles = b.build().op(s_load).issue_latency
     alpha, p = _softmax_chain(b, machine, x, sub, rows, block_n, dtype, s_load, s_cycles, False)
-    p_store = k.tmem_store(b, machine, f"p_store{x}", "p_store", rows, block_n, dtype, subtile=sub)
+    p_store = k.tmem_store(b, machine, f"p_store{x}", "p_store", rows, block_n, dtype, subtile=sub,
+                           warps=w)
     o_load = k.tmem_load(b, machine, f"o_load{x}", "o_load", rows, head_dim, subtile=sub,
-                         chunk_cols=CORRECTION_CHUNK)
+                         chunk_cols=CORRECTION_CHUNK, warps=w)
     rescale = k.elementwise(b, machine, f"rescale{x}", "rescale", rows, CORRECTION_CHUNK, "fp32", subtile=sub,
-                            ops_per_element=head_dim / CORRECTION_CHUNK, in_place=True)
-    o_store = k.tmem_store(b, machine, f"o_store{x}", "o_store", rows, head_dim, "fp32", subtile=sub)
+                            ops_per_element=head_dim / CORRECTION_CHUNK, in_place=True,
+                            warps=w)
+    o_store = k.tmem_store(b, machine, f"o_store{x}", "o_store", rows, head_dim, "fp32", subtile=sub,
+                           warps=w)
     pv = k.mma(b, machine, f"pv{x}", "pv", rows, head_dim, block_n, dtype, subtile=sub, accumulator=True)
     pv_cycles = b.build().op(pv).issue_latency
     b.edge(load_k, qk, delay=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
+from itertools import combinations
 from typing import Any, Mapping
 
 from twill.errors import InfeasibleScheduleError
@@ -51,7 +52,7 @@ def make_problem(graph: LoopGraph, machine: Machine, options: SolveOptions, unit
 
 def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit: float) -> tuple[list[str], str]:
     """Relax one family at a time; the families whose removal alone makes ``problem`` feasible block it.
-    Returns (families, one readable line)."""
+    When no single family does, pairs are tried and reported as ``"a+b"``. Returns (families, one line)."""
     from twill.solve.joint.cpsat import CpsatJoint
 
     blocked: list[str] = []
@@ -65,12 +66,19 @@ def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit:
             blocked.append(family)
         elif outcome.status == "unknown":
             undecided.append(family)
+    if not blocked:
+        for pair in combinations([f for f in RELAXABLE if f not in undecided], 2):
+            relaxed = replace(problem, relaxed=problem.relaxed | set(pair))
+            outcome = CpsatJoint(relaxed, workers=options.workers, seed=options.seed).solve(
+                None, time_limit=per_family)
+            if outcome.found:
+                blocked.append("+".join(pair))
     where = f"at the modulo-only II {problem.ii} (L {problem.length_min}..{problem.length_max})"
     if blocked:
-        reasons = "; ".join(FAMILY_TEXT[f] for f in blocked)
+        reasons = "; ".join(" together with ".join(FAMILY_TEXT[f] for f in b.split("+")) for b in blocked)
         note = f"no warp specialization exists {where}: blocked by {reasons}"
     else:
-        note = f"no warp specialization exists {where}: no single family is responsible (a combination)"
+        note = f"no warp specialization exists {where}: no single family or pair of families is responsible"
     if undecided:
         note += f" (undecided within the time limit: {', '.join(undecided)})"
     return blocked, note
@@ -78,7 +86,7 @@ def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit:
 
 def derive_role(graph: LoopGraph, ops: list[str], variable_latency: bool) -> str:
     """``load`` (W_vl), ``mma`` (only MMAs and their waits), ``compute`` (MMAs mixed with other work),
-    ``softmax`` (holds an ``exp``), ``correction`` (``rescale``/``o_load`` without ``exp``), else ``compute``."""
+    ``softmax`` (holds an ``exp``), ``correction`` (``rescale``/``o_load``/``o_store`` without ``exp``), else ``compute``."""
     if variable_latency:
         return "load"
     kinds = {graph.op(n).kind for n in ops}
@@ -89,7 +97,7 @@ def derive_role(graph: LoopGraph, ops: list[str], variable_latency: bool) -> str
         return "compute"
     if "exp" in roles:
         return "softmax"
-    if roles & {"rescale", "o_load"}:
+    if roles & {"rescale", "o_load", "o_store"}:
         return "correction"
     return "compute"
 

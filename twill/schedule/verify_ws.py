@@ -1,0 +1,261 @@
+"""Independent re-check of the warp-specialization families of docs/model.md (no solver code).
+
+``ws_violations(schedule, machine, options)`` returns one message per violated constraint, each starting
+with the family name: WARP UNIQUENESS, VARIABLE LATENCY, WARP COUNT, REGISTER FILE, REGISTER LIMIT,
+CROSS-WARP SPILLS, CONCURRENCY, WARP ISSUE, MEMORY CAPACITY. Formulas are re-derived here from the
+schedule's start times and warp groups; nothing is read back from the solver except the number of copies
+``n`` and the length ``L`` of Q (``stats["copies"]``/``stats["length"]``, else ``⌈L/I⌉`` and the span).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from twill.ir.graph import LoopGraph, Op
+from twill.machine.models import Machine
+from twill.schedule.result import Schedule
+
+THREADS_PER_WARP = 32
+
+
+def _option(options: Any, name: str, default: Any) -> Any:
+    value = getattr(options, name, None) if options is not None else None
+    return default if value is None else value
+
+
+def _overwrites(consumer: Op, value: Op) -> bool:
+    flagged = consumer.attrs.get("accumulator", False) or consumer.attrs.get("in_place", False)
+    return bool(flagged) and 0 < consumer.regs <= value.regs
+
+
+def _in_place(graph: LoopGraph, name: str) -> bool:
+    return any(e.src == e.dst == name and e.distance == 1 for e in graph.edges)
+
+
+def _crosses(schedule: Schedule, src: str, dst: str) -> bool:
+    """A register value (regs > 0) consumed on another warp group."""
+    op = schedule.graph.op(src)
+    return src != dst and op.regs > 0 and schedule.assignment[src] != schedule.assignment[dst]
+
+
+def q_shape(schedule: Schedule) -> tuple[int, int, int]:
+    """(n copies, L, T = (n−1)·I + L) of the straight-line program Q."""
+    length = int(schedule.stats.get("length", schedule.length))
+    copies = int(schedule.stats.get("copies", math.ceil(length / schedule.ii)))
+    return copies, length, (copies - 1) * schedule.ii + length
+
+
+def uniqueness_violations(schedule: Schedule) -> list[str]:
+    """WARP UNIQUENESS: every op on exactly one group whose width equals the op's warps; group op lists
+    match the assignment; an ``mma_wait`` sits with the MMA it waits for."""
+    out = []
+    graph, groups = schedule.graph, schedule.warps
+    for op in graph.ops:
+        gid = schedule.assignment.get(op.name)
+        if gid is None or not 0 <= gid < len(groups):
+            out.append(f"WARP UNIQUENESS: op {op.name!r} has no valid warp group ({gid!r})")
+            continue
+        listed = [g.id for g in groups if op.name in g.ops]
+        if listed != [gid]:
+            out.append(f"WARP UNIQUENESS: op {op.name!r} is listed in groups {listed}, assigned to {gid}")
+        if groups[gid].num_warps != op.warps:
+            out.append(f"WARP UNIQUENESS: op {op.name!r} needs {op.warps} warps but group {gid} has "
+                       f"{groups[gid].num_warps}")
+    for e in graph.edges:
+        if e.blocking and e.src != e.dst and graph.op(e.dst).kind == "mma_wait" \
+                and schedule.assignment.get(e.src) != schedule.assignment.get(e.dst):
+            out.append(f"WARP UNIQUENESS: wait {e.dst!r} is not on the group of the MMA {e.src!r} it waits for")
+    return out
+
+
+def variable_latency_violations(schedule: Schedule) -> list[str]:
+    """VARIABLE LATENCY: all variable-latency ops share one group W_vl, which holds nothing else."""
+    graph = schedule.graph
+    vl_groups = {schedule.assignment[op.name] for op in graph.ops if op.variable_latency}
+    out = []
+    if len(vl_groups) > 1:
+        out.append(f"VARIABLE LATENCY: variable-latency ops are spread over groups {sorted(vl_groups)}")
+    for op in graph.ops:
+        if not op.variable_latency and schedule.assignment[op.name] in vl_groups:
+            out.append(f"VARIABLE LATENCY: op {op.name!r} has fixed latency but runs on W_vl "
+                       f"(group {schedule.assignment[op.name]})")
+    return out
+
+
+def warp_count_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:
+    """WARP COUNT: ``Σ_g num_warps ≤ max_warps``."""
+    limit = _option(options, "max_warps", machine.max_warps_per_cta)
+    total = sum(g.num_warps for g in schedule.warps)
+    return [f"WARP COUNT: {total} warps exceed max warps {limit}"] if total > limit else []
+
+
+def register_file_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:
+    """REGISTER FILE: legal setmaxnreg budgets, ``Σ_g 32·num_warps·regs ≤ regs_per_sm``; register-holding
+    groups within ``reg_limit`` when one is given."""
+    out = []
+    limit = _option(options, "reg_limit", None)
+    for g in schedule.warps:
+        if g.regs % machine.setmaxnreg_step or not machine.setmaxnreg_min <= g.regs <= machine.setmaxnreg_max:
+            out.append(f"REGISTER FILE: group {g.id} budget {g.regs} is not a legal setmaxnreg value")
+        holds = any(schedule.graph.op(n).regs > 0 for n in g.ops)
+        if holds and limit is not None and g.regs > limit:
+            out.append(f"REGISTER FILE: group {g.id} budget {g.regs} exceeds the register limit {limit}")
+    total = sum(THREADS_PER_WARP * g.num_warps * g.regs for g in schedule.warps)
+    if total > machine.regs_per_sm:
+        out.append(f"REGISTER FILE: groups need {total} registers, the SM has {machine.regs_per_sm}")
+    return out
+
+
+def live_intervals(schedule: Schedule) -> list[tuple[str, int, int, int]]:
+    """(op, copy, start, end) of every register value of Q: copy i of v is live on ``[t_v + i·I, E)`` with
+    ``E = max(start + 1, end of each consumer copy)``; a consumer copy j ≤ n−1 ends its read at ``t_u + j·I
+    + cycles(u)`` (at ``t_u + j·I`` when it overwrites v in place), beyond Q at T; an in-place accumulator
+    ends at its next copy's issue."""
+    graph, ii = schedule.graph, schedule.ii
+    copies, _, horizon = q_shape(schedule)
+    out = []
+    for op in graph.ops:
+        if op.regs <= 0:
+            continue
+        t = schedule.starts[op.name]
+        for i in range(copies):
+            start = t + i * ii
+            ends = [start + 1]
+            if _in_place(graph, op.name):
+                ends.append(t + (i + 1) * ii if i + 1 <= copies - 1 else horizon)
+            else:
+                for e in graph.out_edges(op.name):
+                    j = i + e.distance
+                    if j > copies - 1:
+                        ends.append(horizon)
+                        continue
+                    user = graph.op(e.dst)
+                    read = 0 if _overwrites(user, op) else user.cycles
+                    ends.append(schedule.starts[e.dst] + j * ii + read)
+            out.append((op.name, i, start, max(ends)))
+    return out
+
+
+def register_limit_violations(schedule: Schedule) -> list[str]:
+    """REGISTER LIMIT: per group, at every time, ``Σ regs of live values produced on it ≤ group.regs``."""
+    out = []
+    graph = schedule.graph
+    by_group: dict[int, list[tuple[int, int, int]]] = {}
+    for name, _, start, end in live_intervals(schedule):
+        by_group.setdefault(schedule.assignment[name], []).append((start, end, graph.op(name).regs))
+    for gid, items in sorted(by_group.items()):
+        events = sorted([(s, r) for s, _, r in items] + [(e, -r) for _, e, r in items],
+                        key=lambda x: (x[0], x[1]))
+        load = 0
+        for when, delta in events:
+            load += delta
+            if load > schedule.warps[gid].regs:
+                out.append(f"REGISTER LIMIT: group {gid} holds {load} registers per thread at t={when}, "
+                           f"budget {schedule.warps[gid].regs}")
+                break
+    return out
+
+
+def cross_warp_violations(schedule: Schedule, options: Any) -> list[str]:
+    """CROSS-WARP SPILLS: a crossing register value adds ``spill(u)``: ``t_v + δ·I ≥ t_u + d + spill(u)``;
+    with ``cross_warp=False`` none may cross."""
+    out = []
+    allowed = _option(options, "cross_warp", True)
+    for e in schedule.graph.edges:
+        if not _crosses(schedule, e.src, e.dst):
+            continue
+        if not allowed:
+            out.append(f"CROSS-WARP SPILLS: register value {e.src!r} crosses to {e.dst!r} but cross-warp "
+                       f"transfers are forbidden")
+        spill = schedule.graph.op(e.src).spill_cost
+        if schedule.starts[e.dst] + e.distance * schedule.ii < schedule.starts[e.src] + e.delay + spill:
+            out.append(f"CROSS-WARP SPILLS: {e.src}->{e.dst} crosses warp groups but leaves less than delay "
+                       f"{e.delay} + spill {spill}")
+    return out
+
+
+def _waits(schedule: Schedule, name: str) -> bool:
+    edges = schedule.graph.in_edges(name)
+    return any(e.blocking for e in edges) or any(_crosses(schedule, e.src, name) for e in edges)
+
+
+def concurrency_violations(schedule: Schedule) -> list[str]:
+    """CONCURRENCY: a waiting op v (blocking in-edge or cross-warp receive) issues when no other op of its
+    group is in flight: ``(t_v − t_o) mod I ≥ busy(o)``."""
+    out = []
+    graph, ii = schedule.graph, schedule.ii
+    for v in graph.op_names:
+        if not _waits(schedule, v):
+            continue
+        for o in graph.ops:
+            if o.name == v or o.busy <= 0 or schedule.assignment[o.name] != schedule.assignment[v]:
+                continue
+            if (schedule.starts[v] - schedule.starts[o.name]) % ii < o.busy:
+                out.append(f"CONCURRENCY: {v!r} waits while {o.name!r} is in flight on group "
+                           f"{schedule.assignment[v]}")
+    return out
+
+
+def warp_issue_violations(schedule: Schedule) -> list[str]:
+    """WARP ISSUE: ops of one group run one at a time: busy windows disjoint modulo I, each ``busy ≤ I``."""
+    out = []
+    graph, ii = schedule.graph, schedule.ii
+    ops = [op for op in graph.ops if op.busy > 0]
+    for k, a in enumerate(ops):
+        if a.busy > ii:
+            out.append(f"WARP ISSUE: {a.name!r} keeps its warp busy {a.busy} cycles, longer than II {ii}")
+        for b in ops[k + 1:]:
+            if schedule.assignment[a.name] != schedule.assignment[b.name]:
+                continue
+            gap = (schedule.starts[b.name] - schedule.starts[a.name]) % ii
+            if gap < a.busy or ii - gap < b.busy:
+                out.append(f"WARP ISSUE: {a.name!r} and {b.name!r} overlap on group {schedule.assignment[a.name]}")
+    return out
+
+
+def memory_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:
+    """MEMORY CAPACITY: resident + Σ smem(v)·depth(v) + cross-warp staging ≤ smem_per_block;
+    Σ tmem(v)·depth(v) ≤ tmem_bytes; depth as ``Schedule.buffer_depth`` (1 for accumulators)."""
+    graph, ii = schedule.graph, schedule.ii
+    streaming_depth = _option(options, "streaming_depth", schedule.streaming_depth)
+    smem, tmem = int(graph.attrs.get("smem_resident", 0)), 0
+    for op in graph.ops:
+        if not (op.smem or op.tmem):
+            continue
+        depth = 1
+        if not op.attrs.get("accumulator", False):
+            for e in graph.out_edges(op.name):
+                if e.dst != op.name:
+                    depth = max(depth, schedule.stage(e.dst) + e.distance - schedule.stage(op.name) + 1)
+            if op.variable_latency and not graph.in_edges(op.name):
+                depth = max(depth, streaming_depth)
+        smem += op.smem * depth
+        tmem += op.tmem * depth
+    for e in graph.edges:
+        if _crosses(schedule, e.src, e.dst):
+            src = graph.op(e.src)
+            nbytes = int(src.attrs.get("out_bytes", src.regs * 4 * THREADS_PER_WARP * src.warps))
+            smem += nbytes * (schedule.stage(e.dst) + e.distance - schedule.stage(e.src) + 1)
+    out = []
+    if smem > machine.smem_per_block:
+        out.append(f"MEMORY CAPACITY: {smem} bytes of shared memory exceed {machine.smem_per_block}")
+    if machine.tmem_bytes and tmem > machine.tmem_bytes:
+        out.append(f"MEMORY CAPACITY: {tmem} bytes of tensor memory exceed {machine.tmem_bytes}")
+    return out
+
+
+def ws_violations(schedule: Schedule, machine: Machine, options: Any = None) -> list[str]:
+    """Every warp-specialization violation of ``schedule`` (empty list = valid)."""
+    out = uniqueness_violations(schedule)
+    if out:
+        return out
+    out += variable_latency_violations(schedule)
+    out += warp_count_violations(schedule, machine, options)
+    out += register_file_violations(schedule, machine, options)
+    out += register_limit_violations(schedule)
+    out += cross_warp_violations(schedule, options)
+    out += concurrency_violations(schedule)
+    out += warp_issue_violations(schedule)
+    out += memory_violations(schedule, machine, options)
+    return out
