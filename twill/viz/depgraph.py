@@ -89,7 +89,7 @@ def _draw_edge(ax, edge_index: int, edge: Edge, layout: GraphLayout) -> None:
         ax.add_patch(FancyArrowPatch((right, y0 + 0.12), (right, y0 - 0.12), connectionstyle="arc3,rad=-2.2",
                                      **style))
         ax.text(right + 0.2, y0 + 0.17, _edge_label(edge), fontsize=6.5, color=style["color"], ha="left",
-                va="bottom")
+                va="bottom", zorder=5)
         return
     path, (lx, ly) = edge_path(edge_index, edge, layout)
     ax.add_patch(FancyArrowPatch(path=path, **style))

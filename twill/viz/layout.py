@@ -381,6 +381,7 @@ def pressure(schedule: Schedule, machine: Machine) -> list[PressureSeries]:
         if not any(amount.values()) and not staging:
             continue
         by_owner = {key: _live_usage(schedule, names, amount) for key, _, names, _ in owners}
+        by_owner = {k: v for k, v in by_owner.items() if any(v)} or {owners[0][0]: by_owner[owners[0][0]]}
         allocated = sum(amount[n] * memory_depth(schedule, n) for n in graph.op_names) + staging
         if field == "smem":
             allocated += int(graph.attrs.get("smem_resident", 0))

@@ -33,14 +33,16 @@ def _draw_series(ax, series: PressureSeries, ii: int) -> None:
         base = top
     ax.axhline(series.limit / scale, color=LIMIT_COLOR, linestyle="--", linewidth=1.2)
     ax.text(ii, series.limit / scale, f" limit {_fmt(series.limit, series.unit)}", color=LIMIT_COLOR,
-            fontsize=8, va="center", ha="left")
+            fontsize=8, va="bottom" if series.allocated is not None else "center", ha="left")
     used = series.peak
     title = f"{series.title}: live peak {_fmt(series.peak, series.unit)}"
     if series.allocated is not None:
         used = series.allocated
         ax.axhline(series.allocated / scale, color="#333333", linestyle=":", linewidth=1.2)
+        # Keep the two right-hand labels apart when the allocation is close to the limit.
+        near = abs(series.allocated - series.limit) < 0.08 * max(series.limit, series.allocated, 1)
         ax.text(ii, series.allocated / scale, f" allocated {_fmt(series.allocated, series.unit)}", fontsize=8,
-                va="center", ha="left", color="#333333")
+                va="top" if near else "center", ha="left", color="#333333")
         title = f"{series.title}: allocated {_fmt(series.allocated, series.unit)} (live peak " \
                 f"{_fmt(series.peak, series.unit)})"
     over = used > series.limit
@@ -60,7 +62,7 @@ def draw_pressure(schedule: Schedule, machine: Machine) -> Figure:
     height = PANEL_INCHES * len(panels) + 1.0
     fig = _mpl.new_figure(10.0, height)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    fig.subplots_adjust(left=0.09, right=0.86, top=1 - 0.55 / height, bottom=0.5 / height, hspace=0.55)
+    fig.subplots_adjust(left=0.09, right=0.86, top=1 - 0.85 / height, bottom=0.5 / height, hspace=0.55)
     for ax, series in zip(axes, panels):
         _draw_series(ax, series, schedule.ii)
     axes[-1].set_xlabel(f"cycle of the steady state, t mod II ({time_unit(schedule)})", fontsize=9)

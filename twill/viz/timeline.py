@@ -31,7 +31,9 @@ def time_unit(schedule: Schedule) -> str:
     if not norm or not norm.get("enabled", True):
         return "cycles"
     per_unit = norm.get("cycles_per_unit")
-    return f"normalized cycles, 1 = ~{float(per_unit):.3g} raw cycles" if per_unit else "normalized cycles"
+    if not per_unit or abs(float(per_unit) - 1.0) < 1e-9:
+        return "normalized cycles"
+    return f"normalized cycles, 1 = ~{float(per_unit):.3g} raw cycles"
 
 
 def _lane_offsets(lanes: tuple[Lane, ...]) -> dict[str, float]:
