@@ -241,7 +241,8 @@ def live_end(b: _Builder, name: str, copy: int) -> Any:
 def add_register_limit(b: _Builder) -> None:
     """REGISTER LIMIT: for every slot g and time τ, ``Σ_{(v,i) live at τ, a[v,g]} regs(v) ≤ budget_g``.
     Live intervals ``[t_v + i·I, E[v,i])`` (liveness derived from the schedule), one optional copy per slot,
-    one Cumulative per slot with capacity R (light slots hold no register value by definition)."""
+    one Cumulative per slot with capacity ``R − light_regs``: every group keeps the bookkeeping registers a
+    light (producer) warp runs on, so tile values get the rest (light slots hold no register value)."""
     p, m = b.p, b.model
     before = len(m.proto.constraints)
     if not p.active("register_limit"):
@@ -265,7 +266,7 @@ def add_register_limit(b: _Builder) -> None:
                 per_slot[g][0].append(itv)
                 per_slot[g][1].append(op.regs)
     for g, (intervals, demands) in sorted(per_slot.items()):
-        m.add_cumulative(intervals, demands, p.reg_limit)
+        m.add_cumulative(intervals, demands, p.reg_limit - p.light_regs)
     b.count("register_limit", before)
 
 

@@ -1,0 +1,151 @@
+"""Flash attention backward, single pass (FA3's algorithm): the loop over query blocks of one K/V block.
+
+One iteration takes a ``block_m``-row query block (Q, dO, and the row statistics LSE and D) against the
+CTA's resident K/V block of ``block_n`` keys, accumulates dK and dV (in place, across iterations) and
+adds its dQ contribution to global memory with a TMA reduce-add (the "atomic add").
+
+Ops (roles):
+  ``load_q``, ``load_do``, ``load_stats``   streaming TMA loads (Q, dO, LSE/D rows)
+  ``qk``       S  = Q K^T                    tensor core
+  ``dp``       dP = dO V^T                   tensor core
+  ``s_load``   S: TMEM -> registers          Blackwell only
+  ``exp``      P  = exp2(S*scale - LSE)      MUFU
+  ``p_store``  P -> SMEM (Hopper, operand of dV) / TMEM over S (Blackwell)
+  ``dp_load``  dP: TMEM -> registers         Blackwell only
+  ``ds``       dS = P * (dP - D)             ALU
+  ``ds_store`` dS -> SMEM (operand of dK and dQ)
+  ``dv``       dV += P^T dO                  tensor core, in-place accumulator
+  ``dk``       dK += dS^T Q                  tensor core, in-place accumulator
+  ``dq``       dQ  = dS K                    tensor core
+  ``dq_load``  dQ: TMEM -> registers         Blackwell only
+  ``dq_store`` dQ -> SMEM staging tile
+  ``dq_atomic`` TMA reduce-add of dQ into global memory (variable latency, not streaming)
+
+Hopper: every GEMM is an 8-warp wgmma (two warp groups cooperate, as FA3's two MMA warp groups), dK and dV
+live in registers for the whole loop. Blackwell: tcgen05 into TMEM, 4-warp register ops; TMEM holds S, dP,
+dV, dK (4 x 64 KB = all 256 KB), so P is written over S and dQ reuses dP's columns (write-after-read edge
+``dq_load -> dp``, distance 1).
+
+``reg_limit`` (graph attribute, docs/model.md "Registers"): 240 — the architectural budget FA3 gives its
+MMA warp groups; the paper's "Twill-LR" experiment passes a reduced ``--reg-limit``.
+"""
+
+from __future__ import annotations
+
+from twill.ir.builder import GraphBuilder
+from twill.ir.graph import LoopGraph
+from twill.kernels import KernelOption
+from twill.kernels import _common as k
+from twill.machine.models import Machine
+
+OPTIONS = {
+    "head_dim": KernelOption(int, 128, "head dimension", (64, 128)),
+    "block_m": KernelOption(int, 0, "query rows per iteration (0 = 64 on Hopper, 128 on Blackwell)", (0, 64, 128)),
+    "block_n": KernelOption(int, 128, "keys of the resident K/V block", (64, 128)),
+    "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
+}
+
+#: Per-thread budget of register-holding groups when none is given.
+DEFAULT_REG_LIMIT = 240
+
+#: Warps cooperating on each Hopper op (FA3's two MMA warp groups).
+HOPPER_WARPS = 8
+
+
+def build(machine: Machine, *, head_dim: int = 128, block_m: int = 0, block_n: int = 128,
+          dtype: str = "fp16") -> LoopGraph:
+    """The backward loop body for ``machine`` (see the module docstring)."""
+    tmem = machine.mma_accumulates_in == "tmem"
+    block_m = block_m or (128 if tmem else 64)
+    resident = 2 * block_n * head_dim * 2                 # K and V tiles, loaded once
+    b = GraphBuilder("flash-bwd", attrs={
+        "kernel": "flash-bwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
+        "head_dim": head_dim, "dtype": dtype, "subtiles": 1, "reg_limit": DEFAULT_REG_LIMIT,
+        "smem_resident": resident})
+    load_q = k.tma_load(b, machine, "load_q", "load_q", block_m, head_dim, dtype)
+    load_do = k.tma_load(b, machine, "load_do", "load_do", block_m, head_dim, dtype)
+    load_stats = k.tma_load(b, machine, "load_stats", "load_stats", block_m, 2, "fp32")
+    if tmem:
+        _blackwell(b, machine, block_m, block_n, head_dim, dtype, load_q, load_do, load_stats)
+    else:
+        _hopper(b, machine, block_m, block_n, head_dim, dtype, load_q, load_do, load_stats)
+    return b.build()
+
+
+def _latency(b: GraphBuilder, name: str) -> int:
+    return b.build().op(name).issue_latency
+
+
+def _hopper(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, load_q: str, load_do: str,
+            load_stats: str) -> None:
+    w = HOPPER_WARPS
+    qk = k.mma(b, m, "qk", "qk", bm, bn, d, dtype, warps=w)
+    dp = k.mma(b, m, "dp", "dp", bm, bn, d, dtype, warps=w)
+    p = k.exp2(b, m, "exp", "exp", bm, bn, dtype, warps=w)
+    ds = k.elementwise(b, m, "ds", "ds", bm, bn, dtype, ops_per_element=2.0, warps=w)
+    p_store = k.smem_store(b, m, "p_store", "p_store", bm, bn, dtype, warps=w)
+    ds_store = k.smem_store(b, m, "ds_store", "ds_store", bm, bn, dtype, warps=w)
+    dv = k.mma(b, m, "dv", "dv", bn, d, bm, dtype, accumulator=True, warps=w)
+    dk = k.mma(b, m, "dk", "dk", bn, d, bm, dtype, accumulator=True, warps=w)
+    dq = k.mma(b, m, "dq", "dq", bm, d, bn, dtype, warps=w)
+    dq_store = k.smem_store(b, m, "dq_store", "dq_store", bm, d, "fp32", warps=w)
+    dq_atomic = k.tma_reduce(b, m, "dq_atomic", "dq_atomic", bm, d, "fp32")
+    b.edge(load_q, qk, delay=0)
+    b.edge(load_do, dp, delay=0)
+    b.edge(load_stats, p, delay=0)
+    b.edge(load_stats, ds, delay=0)
+    b.edge(qk, p, delay=_latency(b, qk), blocking=True)
+    b.edge(dp, ds, delay=_latency(b, dp), blocking=True)
+    b.edge(p, ds)
+    b.edge(p, p_store)
+    b.edge(ds, ds_store)
+    b.edge(p_store, dv)
+    b.edge(load_do, dv, delay=0)
+    b.edge(dv, dv, distance=1)
+    b.edge(ds_store, dk)
+    b.edge(load_q, dk, delay=0)
+    b.edge(dk, dk, distance=1)
+    b.edge(ds_store, dq)
+    b.edge(dq, dq_store, delay=_latency(b, dq), blocking=True)
+    b.edge(dq_store, dq_atomic, blocking=True)
+
+
+def _blackwell(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, load_q: str, load_do: str,
+               load_stats: str) -> None:
+    w = k.group_warps(m, bm)
+    qk = k.mma(b, m, "qk", "qk", bm, bn, d, dtype)
+    dp = k.mma(b, m, "dp", "dp", bm, bn, d, dtype)
+    s_load = k.tmem_load(b, m, "s_load", "s_load", bm, bn, warps=w)
+    p = k.exp2(b, m, "exp", "exp", bm, bn, dtype, in_place=True, warps=w)
+    p_store = k.tmem_store(b, m, "p_store", "p_store", bm, bn, dtype, warps=w)
+    dp_load = k.tmem_load(b, m, "dp_load", "dp_load", bm, bn, warps=w)
+    ds = k.elementwise(b, m, "ds", "ds", bm, bn, dtype, ops_per_element=2.0, in_place=True, warps=w)
+    ds_store = k.smem_store(b, m, "ds_store", "ds_store", bm, bn, dtype, warps=w)
+    dv = k.mma(b, m, "dv", "dv", bn, d, bm, dtype, accumulator=True)
+    dk = k.mma(b, m, "dk", "dk", bn, d, bm, dtype, accumulator=True)
+    dq = k.mma(b, m, "dq", "dq", bm, d, bn, dtype, owns_tmem=False)
+    dq_load = k.tmem_load(b, m, "dq_load", "dq_load", bm, d, warps=w)
+    dq_store = k.smem_store(b, m, "dq_store", "dq_store", bm, d, "fp32", warps=w)
+    dq_atomic = k.tma_reduce(b, m, "dq_atomic", "dq_atomic", bm, d, "fp32")
+    b.edge(load_q, qk, delay=0)
+    b.edge(load_do, dp, delay=0)
+    b.edge(load_stats, p, delay=0)
+    b.edge(load_stats, ds, delay=0)
+    b.edge(qk, s_load, delay=_latency(b, qk), blocking=True)
+    b.edge(s_load, p)
+    b.edge(p, p_store)
+    b.edge(p, ds)
+    b.edge(dp, dp_load, delay=_latency(b, dp), blocking=True)
+    b.edge(dp_load, ds)
+    b.edge(ds, ds_store)
+    b.edge(p_store, dv, blocking=True)
+    b.edge(load_do, dv, delay=0)
+    b.edge(dv, dv, distance=1)
+    b.edge(ds_store, dk, blocking=True)
+    b.edge(load_q, dk, delay=0)
+    b.edge(dk, dk, distance=1)
+    b.edge(ds_store, dq, blocking=True)
+    b.edge(dq, dq_load, delay=_latency(b, dq), blocking=True)
+    b.edge(dq_load, dq_store)
+    b.edge(dq_store, dq_atomic, blocking=True)
+    b.edge(dq_load, dp, distance=1)
