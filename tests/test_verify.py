@@ -107,3 +107,16 @@ def test_verifier_imports_no_solver_code():
             "bad = [m for m in sys.modules if m.startswith(('ortools', 'twill.solve'))]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_warp_families_are_checked_when_there_is_an_assignment():
+    pytest.importorskip("twill.schedule.verify_ws")
+    from twill.solve import SolveOptions, schedule
+
+    good = schedule(build_kernel("paper-example", H100), H100, SolveOptions(ws=True))
+    assert good.assignment and violations(good, H100) == []
+    bad = replace(good, assignment={**good.assignment, "P": 99})
+    found = violations(bad, H100)
+    assert any(v.startswith("WARP UNIQUENESS: op 'P'") for v in found)
+    with pytest.raises(VerificationError, match="WARP UNIQUENESS"):
+        verify(bad, H100)
