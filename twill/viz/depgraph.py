@@ -104,8 +104,9 @@ def draw_dependence_graph(schedule: Schedule, machine: Machine) -> Figure:
     graph = schedule.graph
     layout = graph_layout(graph, dict(schedule.assignment))
     positions, engine = layout.positions, layout.engine
-    xs = [x for x, _ in positions.values()]
-    ys = [y for _, y in positions.values()]
+    points = [*positions.values(), *(p for route in (*layout.via.values(), *layout.bezier.values()) for p in route)]
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
     span_x, span_y = max(xs) - min(xs) + 1.6, max(ys) - min(ys) + 1.2
     width, height = max(6.0, span_x * SLOT_INCHES) + 3.2, max(3.0, span_y * LAYER_INCHES) + 0.8
     fig = _mpl.new_figure(width, height)

@@ -100,7 +100,7 @@ def _label_bars(ax, bars: list[Bar], y_top: float, kind: str, pt_per_unit: float
                     color=_mpl.darker(bar.color, 0.7), clip_on=True)
 
 
-def _shade_phases(ax, tl: Timeline) -> None:
+def _shade_phases(ax, tl: Timeline, pt_per_unit: float) -> None:
     ph = tl.phases
     spans = (("prologue", 0, ph.steady_start), ("steady state", ph.steady_start, ph.epilogue_start),
              ("epilogue", ph.epilogue_start, ph.end))
@@ -112,8 +112,9 @@ def _shade_phases(ax, tl: Timeline) -> None:
         if name == "steady state":
             repeats = (b - a) // ph.ii
             label = f"steady state ({repeats} x II)"
-        ax.text((a + b) / 2, -1.35, label, ha="center", va="center", fontsize=9, style="italic",
-                color="#444444")
+        if _mpl.text_fits(label, (b - a) * pt_per_unit, 20, 9):
+            ax.text((a + b) / 2, -1.35, label, ha="center", va="center", fontsize=9, style="italic",
+                    color="#444444")
     for k in range((ph.epilogue_start - ph.steady_start) // ph.ii + 1):
         x = ph.steady_start + k * ph.ii
         ax.axvline(x, color="#b22222", linestyle="--", linewidth=0.9, zorder=1)
@@ -153,7 +154,7 @@ def draw_timeline(schedule: Schedule, machine: Machine, iterations: int | None =
     ax.set_xlim(0, tl.phases.end)
     ax.set_ylim(y_max + 0.1, -1.7)
     pt_per_unit = plot_width * 72 / max(tl.phases.end, 1)
-    _shade_phases(ax, tl)
+    _shade_phases(ax, tl, pt_per_unit)
     kinds = {lane.key: lane.kind for lane in tl.lanes}
     rows: dict[tuple[str, int], list[Bar]] = {}
     for bar in tl.bars:
