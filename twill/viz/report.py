@@ -15,6 +15,7 @@ from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 from twill.viz import PICTURES, _mpl, figure
 from twill.viz.palette import op_colors, primary_unit, warp_group_colors, warp_group_label
+from twill.viz.timeline import time_unit
 
 CAPTIONS = {
     "timeline": "Timeline of consecutive iterations: one lane per warp group (solid = the warp is busy issuing, "
@@ -50,8 +51,11 @@ def _e(value: Any) -> str:
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Sequence[int] = ()) -> str:
-    """An HTML table; cells are escaped unless given as ``("raw", markup)``; ``numeric`` columns align right."""
-    out = ["<table>", "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>"]
+    """An HTML table (no header row when ``headers`` is empty); cells are escaped unless given as
+    ``("raw", markup)``; ``numeric`` columns align right."""
+    out = ["<table>"]
+    if headers:
+        out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in headers) + "</tr>")
     for row in rows:
         cells = []
         for i, cell in enumerate(row):
@@ -75,14 +79,15 @@ def namespaced_svg(svg: str, prefix: str) -> str:
 
 
 def lower_bounds(schedule: Schedule) -> list[tuple[str, Any]]:
-    """The II lower bounds known for the schedule: the proven bound and, when the solver recorded them,
-    ResMII = max_f ⌈Σ usage_f / cap(f)⌉ and RecMII = max over cycles ⌈Σ d / Σ δ⌉."""
+    """The lower bounds known for the schedule: the proven II bound and, when the solver recorded them,
+    ResMII = max_f ⌈Σ usage_f / cap(f)⌉, RecMII = max over cycles ⌈Σ d / Σ δ⌉ and the bound on L."""
     rows: list[tuple[str, Any]] = [("II lower bound (proven)", schedule.ii_lower_bound)]
     for key, label in (("res_mii", "ResMII (resources)"), ("rec_mii", "RecMII (recurrences)")):
         if key in schedule.stats:
             rows.append((label, schedule.stats[key]))
-    gap = schedule.ii - schedule.ii_lower_bound
-    rows.append(("II - lower bound", gap))
+    rows.append(("II - lower bound", schedule.ii - schedule.ii_lower_bound))
+    if "length_lower_bound" in schedule.stats:
+        rows.append(("L lower bound", schedule.stats["length_lower_bound"]))
     return rows
 
 
@@ -96,8 +101,9 @@ def _summary(schedule: Schedule, machine: Machine) -> str:
         ("warp groups", len(schedule.warps) or "none (no warp specialization)"),
         ("streaming depth", schedule.streaming_depth), ("solve time", f"{schedule.solve_seconds:.2f} s"),
     ]
+    rows.append(("time unit", time_unit(schedule)))
     rows += list(lower_bounds(schedule))
-    return _table(("", ""), rows)
+    return _table((), rows)
 
 
 def _ops_table(schedule: Schedule) -> str:
