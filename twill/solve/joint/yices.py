@@ -27,9 +27,9 @@ Yices is GPL-3.0 and optional (``pip install "twill-gpu[yices]"``), loaded lazil
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, replace
+from itertools import combinations
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from twill.errors import InfeasibleScheduleError
@@ -88,9 +88,20 @@ class YicesModel:
         self.model: Any = None
         self._same: dict[tuple[str, str], int] = {}
         self._inflight: dict[tuple[str, int], int] = {}
+        self._negations: dict[int, int] = {}
+        self._integers: dict[int, int] = {}
         terms = yices.Terms
         self.true, self.false = terms.true(), terms.false()
         self.zero, self.one = terms.integer(0), terms.integer(1)
+
+    def close(self) -> None:
+        """Free the Yices context and the last model (terms are global to Yices and stay)."""
+        if self.model is not None:
+            self.model.dispose()
+            self.model = None
+        if self.context is not None:
+            self.context.dispose()
+            self.context = None
 
     # -- adapter ---------------------------------------------------------------------------------------
     def new_bool(self, name: str) -> int:
@@ -113,7 +124,10 @@ class YicesModel:
         self.counts[family] = self.counts.get(family, 0) + len(formulas)
 
     def neg(self, term: int) -> int:
-        return self.y.Terms.ynot(term)
+        """``¬term`` (memoised: model building makes millions of these calls through ctypes)."""
+        if term not in self._negations:
+            self._negations[term] = self.y.Terms.ynot(term)
+        return self._negations[term]
 
     def any(self, terms: Iterable[int]) -> int:
         terms = [t for t in terms if t != self.false]
@@ -136,7 +150,10 @@ class YicesModel:
         return self.any([self.neg(t) for t in lhs] + [rhs])
 
     def integer(self, value: int) -> int:
-        return self.y.Terms.integer(int(value))
+        """The constant ``value`` (memoised)."""
+        if value not in self._integers:
+            self._integers[value] = self.y.Terms.integer(int(value))
+        return self._integers[value]
 
     def linear(self, terms: Sequence[tuple[int, int]], constant: int = 0) -> int:
         """``constant + Σ weight·[literal]`` over ``(literal, weight)`` pairs."""
@@ -443,7 +460,9 @@ def add_register_file(m: YicesModel) -> None:
 
 
 def add_register_limit(m: YicesModel) -> None:
-    """REGISTER LIMIT (Fig. 6): ∀ t, g: Σ_{v,i} (live[v,i,t] ∨ op[v,i,t])·opw[v,g]·regs(v) ≤ R."""
+    """REGISTER LIMIT (Fig. 6): ∀ t, g: Σ_{v,i} (live[v,i,t] ∨ op[v,i,t])·opw[v,g]·regs(v) ≤ R − light_regs
+    (docs/model.md: every group keeps the bookkeeping registers a light warp runs on; tile values get the
+    rest)."""
     p = m.problem
     if not p.active("register_limit"):
         return
@@ -454,7 +473,7 @@ def add_register_limit(m: YicesModel) -> None:
         for t in range(m.span):
             terms = [(m.all([m.any([m.live(op.name, i, t), m.op(op.name, i, t)]), m.opw(op.name, g)]), op.regs)
                      for op in users for i in range(m.copies)]
-            atom = m.weighted_sum_leq(terms, p.reg_limit)
+            atom = m.weighted_sum_leq(terms, p.reg_limit - p.light_regs)
             if atom is not None:
                 out.append(atom)
     m.add("register_limit", out)
@@ -702,25 +721,35 @@ def search_lengths(m: YicesModel, *, deadline: float, rows: list[dict[str, Any]]
 
 def explain_infeasible(yices: Any, problem: JointProblem, deadline: float) -> tuple[list[str], str]:
     """docs/model.md §5: relax one family at a time; those whose removal alone makes ``problem`` feasible
-    (some L in its window) block it. Returns (families, one readable line)."""
+    (some L in its window) block it. When no single family does, pairs are tried and reported as ``"a+b"``.
+    Returns (families, one readable line)."""
     from twill.solve.joint.search import EXPLAIN_TIME_LIMIT, FAMILY_TEXT
+
+    def feasible_without(families: Iterable[str], seconds: float) -> str:
+        relaxed = build_model(yices, replace(problem, relaxed=problem.relaxed | set(families)))
+        answer = query(relaxed, timeout=seconds)
+        relaxed.close()
+        return answer
 
     blocked: list[str] = []
     undecided: list[str] = []
-    for k, family in enumerate(RELAXABLE):
-        remaining = deadline - time.perf_counter()
-        budget = max(0.5, min(EXPLAIN_TIME_LIMIT, remaining / (len(RELAXABLE) - k)))
-        relaxed = build_model(yices, replace(problem, relaxed=problem.relaxed | {family}))
-        answer = query(relaxed, timeout=budget)
+    per_family = max(0.5, min(EXPLAIN_TIME_LIMIT, (deadline - time.perf_counter()) / len(RELAXABLE)))
+    for family in RELAXABLE:
+        answer = feasible_without([family], per_family)
         if answer == "sat":
             blocked.append(family)
         elif answer == "unknown":
             undecided.append(family)
+    if not blocked:
+        for pair in combinations([f for f in RELAXABLE if f not in undecided], 2):
+            if feasible_without(pair, per_family) == "sat":
+                blocked.append("+".join(pair))
     where = f"at the modulo-only II {problem.ii} (L {problem.length_min}..{problem.length_max})"
     if blocked:
-        note = f"no warp specialization exists {where}: blocked by " + "; ".join(FAMILY_TEXT[f] for f in blocked)
+        reasons = "; ".join(" together with ".join(FAMILY_TEXT[f] for f in b.split("+")) for b in blocked)
+        note = f"no warp specialization exists {where}: blocked by {reasons}"
     else:
-        note = f"no warp specialization exists {where}: no single family is responsible (a combination)"
+        note = f"no warp specialization exists {where}: no single family or pair of families is responsible"
     if undecided:
         note += f" (undecided within the time limit: {', '.join(undecided)})"
     return blocked, note
@@ -785,6 +814,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             return finish(graph, machine, options, outcome, mod.status == "optimal", started=started,
                           deadline=deadline, lower_bound=lower_bound, proven_below=proven_below, tried=tried,
                           modulo_ii=modulo_ii, blocked=blocked, note=note)
+        model.close()
         proven_below = proven_below and outcome == "infeasible" and mod.status == "optimal"
         if outcome == "unknown":
             break
@@ -809,9 +839,10 @@ def finish(graph: LoopGraph, machine: Machine, options: SolveOptions, found: Fou
     m = found.model
     problem = m.problem
     solution, records, proven = secondary(m, found.length, deadline)
+    size = model_size(m)
+    m.close()
     records[0]["proven"] = length_proven
     groups, assignment = warp_groups(graph, problem.ii, solution)
-    size = model_size(m)
     stats: dict[str, Any] = {
         "search": "joint", "backend": "yices", "tried": tried, "modulo_ii": modulo_ii,
         "length": solution.length, "copies": problem.copies, "objectives": records,
