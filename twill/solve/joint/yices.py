@@ -367,6 +367,12 @@ def add_liveness(m: YicesModel) -> None:
     m.add("liveness", out)
 
 
+def smem_lower_bound(p: JointProblem) -> int:
+    """SMEM with every ring at its least depth (1; streaming_depth for streaming loads) and nothing staged."""
+    return p.smem_resident + sum(op.smem * (p.streaming_depth if is_streaming(p.graph, op)
+                                            and not is_accumulator(op) else 1) for op in p.graph.ops)
+
+
 def add_memory_capacity(m: YicesModel) -> None:
     """MEMORY CAPACITY (Fig. 5, docs/model.md §4: statically allocated ring buffers):
     ``resident + Σ_v smem(v)·depth(v) + Σ_e staging(e) ≤ smem_per_block`` and ``Σ_v tmem(v)·depth(v) ≤ tmem``,
@@ -631,17 +637,19 @@ def value(m: YicesModel, term: int) -> int:
 
 
 def minimize(m: YicesModel, name: str, *, deadline: float, lower: int = 0) -> tuple[int, bool]:
-    """Minimise ``m.objective[name]`` below its value in the current model by binary search over
-    ``objective ≤ k`` queries, then assert it at the best value. Returns (best, proved optimal)."""
+    """Minimise ``m.objective[name]`` below its value in the current model: one ``objective ≤ lower`` query
+    (the static bound is often the optimum), then binary search over ``objective ≤ k`` queries; finally
+    assert the best value. Returns (best, proved optimal)."""
     term = m.objective[name]
     best = value(m, term)
-    lo, proven = lower, True
+    lo, proven, probe = lower, True, True
     while lo < best:
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             proven = False
             break
-        mid = (lo + best) // 2
+        mid = lo if probe else (lo + best) // 2
+        probe = False
         kept = m.model
         m.model = None
         answer = query(m, [m.leq(term, m.integer(mid))], timeout=remaining)
@@ -759,7 +767,7 @@ def secondary(m: YicesModel, length: int, deadline: float) -> tuple[JointSolutio
     """With L fixed, minimise stages, warps, SMEM and prologue in turn (each fixed before the next).
     Returns the final solution, the objective records and whether every objective was proved optimal."""
     records = [{"name": "length", "value": length, "proven": True}]
-    lower = {"stages": 1}
+    lower = {"stages": 1, "smem": smem_lower_bound(m.problem)}
     for k, name in enumerate(SECONDARY):
         share = (deadline - time.perf_counter()) / (len(SECONDARY) - k)
         best, proven = minimize(m, name, deadline=time.perf_counter() + max(0.5, share),
