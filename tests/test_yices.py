@@ -3,8 +3,9 @@
 * one test per constraint family on a tiny graph: an assumption that violates exactly that family is UNSAT
   with the family and SAT without it;
 * both backends agree (II, L and the secondary objectives, or infeasibility and its UNSAT explanation) on
-  every built-in kernel, H100 and B200, and the Yices schedules pass the verifier. These run at cost resolution U = 20 (``RESOLUTION``) for both backends:
-  the time-indexed model grows with T, and at U = 20 every built-in kernel solves in seconds;
+  every built-in kernel, H100 and B200, and the Yices schedules pass the verifier. These run at cost
+  resolution U = 20 (``RESOLUTION``) for both backends: the time-indexed model grows with T, and at U = 20
+  every built-in kernel solves in seconds;
 * the loader and the missing-extra error.
 
 Skipped as a whole when the ``yices`` extra is not installed.

@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from itertools import combinations
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from twill.errors import InfeasibleScheduleError
 from twill.ir.graph import Edge, LoopGraph
@@ -84,7 +84,6 @@ class YicesModel:
         self.width: list[int] = []
         self.heavy: list[int] = []
         self.objective: dict[str, int] = {}
-        self.staging: list[int] = []
         self.model: Any = None
         self._same: dict[tuple[str, str], int] = {}
         self._inflight: dict[tuple[str, int], int] = {}
