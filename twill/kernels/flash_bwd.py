@@ -22,9 +22,11 @@ Ops (roles):
   ``dq_atomic`` TMA reduce-add of dQ into global memory (variable latency, not streaming)
 
 Hopper: every GEMM is an 8-warp wgmma (two warp groups cooperate, as FA3's two MMA warp groups), dK and dV
-live in registers for the whole loop. Blackwell: tcgen05 into TMEM, 4-warp register ops; TMEM holds S, dP,
-dV, dK (4 x 64 KB = all 256 KB), so P is written over S and dQ reuses dP's columns (write-after-read edge
-``dq_load -> dp``, distance 1).
+live in registers for the whole loop. Blackwell: tcgen05 into TMEM, 4-warp register ops; P is written over S
+in TMEM and dQ reuses dP's columns (write-after-read edge ``dq_load -> dp``, distance 1); dQ is staged
+``DQ_CHUNK`` columns at a time. ``block_m`` defaults to 64 on both: with 128 query rows the K/V tiles, two
+Q and two dO ring slots, dS and the dQ staging chunk need 242 KB of shared memory, more than the 227 KB a
+block may use, and the problem is infeasible at every II.
 
 ``reg_limit`` (graph attribute, docs/model.md "Registers"): 240 — the architectural budget FA3 gives its
 MMA warp groups; the paper's "Twill-LR" experiment passes a reduced ``--reg-limit``.
@@ -40,13 +42,17 @@ from twill.machine.models import Machine
 
 OPTIONS = {
     "head_dim": KernelOption(int, 128, "head dimension", (64, 128)),
-    "block_m": KernelOption(int, 0, "query rows per iteration (0 = 64 on Hopper, 128 on Blackwell)", (0, 64, 128)),
+    "block_m": KernelOption(int, 0, "query rows per iteration (0 = 64)", (0, 64, 128)),
     "block_n": KernelOption(int, 128, "keys of the resident K/V block", (64, 128)),
     "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
 }
 
 #: Per-thread budget of register-holding groups when none is given.
 DEFAULT_REG_LIMIT = 240
+
+#: Columns of dQ that Blackwell stages through registers and shared memory at a time (FA4 reduces dQ in
+#: chunks; the staging buffer holds one chunk).
+DQ_CHUNK = 32
 
 #: Warps cooperating on each Hopper op (FA3's two MMA warp groups).
 HOPPER_WARPS = 8
@@ -56,7 +62,7 @@ def build(machine: Machine, *, head_dim: int = 128, block_m: int = 0, block_n: i
           dtype: str = "fp16") -> LoopGraph:
     """The backward loop body for ``machine`` (see the module docstring)."""
     tmem = machine.mma_accumulates_in == "tmem"
-    block_m = block_m or (128 if tmem else 64)
+    block_m = block_m or 64
     resident = 2 * block_n * head_dim * 2                 # K and V tiles, loaded once
     b = GraphBuilder("flash-bwd", attrs={
         "kernel": "flash-bwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
@@ -124,8 +130,9 @@ def _blackwell(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str
     dv = k.mma(b, m, "dv", "dv", bn, d, bm, dtype, accumulator=True)
     dk = k.mma(b, m, "dk", "dk", bn, d, bm, dtype, accumulator=True)
     dq = k.mma(b, m, "dq", "dq", bm, d, bn, dtype, owns_tmem=False)
-    dq_load = k.tmem_load(b, m, "dq_load", "dq_load", bm, d, warps=w)
-    dq_store = k.smem_store(b, m, "dq_store", "dq_store", bm, d, "fp32", warps=w)
+    dq_load = k.tmem_load(b, m, "dq_load", "dq_load", bm, d, warps=w, chunk_cols=DQ_CHUNK)
+    dq_store = k.smem_store(b, m, "dq_store", "dq_store", bm, d, "fp32", warps=w,
+                            smem_bytes=k.tile_bytes(bm, DQ_CHUNK, "fp32"))
     dq_atomic = k.tma_reduce(b, m, "dq_atomic", "dq_atomic", bm, d, "fp32")
     b.edge(load_q, qk, delay=0)
     b.edge(load_do, dp, delay=0)
