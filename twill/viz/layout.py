@@ -21,8 +21,7 @@ from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 from twill.solve.joint.problem import (buffer_edges, can_cross, in_place, is_accumulator, read_cycles,
                                        value_bytes)
-from twill.viz.palette import (op_colors, unit_color, unit_rank, warp_group_colors, warp_group_label)
-
+from twill.viz.palette import op_colors, unit_color, unit_rank, warp_group_colors, warp_group_label
 
 
 # -- timeline ------------------------------------------------------------------------------------------
@@ -87,6 +86,7 @@ def default_iterations(schedule: Schedule) -> int:
 
 
 def phases(schedule: Schedule, iterations: int) -> Phases:
+    """The :class:`Phases` of ``iterations`` iterations (at least ``copies``)."""
     ii, n = schedule.ii, schedule.copies
     k = max(iterations, n)
     return Phases(ii=ii, iterations=k, steady_start=(n - 1) * ii, epilogue_start=k * ii,
@@ -136,7 +136,8 @@ def run_ahead_starts(schedule: Schedule, iterations: int) -> dict[tuple[str, int
     With ``D = streaming_depth`` buffers, the copy of iteration ``k`` may issue once the slot used by
     iteration ``k - D`` is released, i.e. when its last consumer ``c`` (edge distance δ) completes:
     ``release = max_c starts[c] + cycles(c) + (k - D + δ)·II``. The warp issues in order (iteration, then
-    schedule start), each op busy for ``busy`` cycles: ``t = max(previous t + busy, release, 0)``.
+    schedule start), each op busy for ``busy`` cycles: ``t = max(previous t + busy, release, 0)``, and
+    never later than the modulo schedule's ``starts[load] + k·II``.
     """
     graph, ii, depth = schedule.graph, schedule.ii, schedule.streaming_depth
     streaming = [n for n in graph.op_names if graph.is_streaming(n)]
@@ -150,7 +151,7 @@ def run_ahead_starts(schedule: Schedule, iterations: int) -> dict[tuple[str, int
         for k, _, name in order:
             release = max((schedule.starts[e.dst] + graph.op(e.dst).cycles + (k - depth + e.distance) * ii
                            for e in graph.out_edges(name)), default=0)
-            t = max(cursor, release, 0)
+            t = min(max(cursor, release, 0), schedule.starts[name] + k * ii)
             out[(name, k)] = t
             cursor = t + max(graph.op(name).busy, 1)
     return out
@@ -219,8 +220,11 @@ class Cell:
 
 @dataclass(frozen=True)
 class ReservationTable:
+    """The cells of the modulo reservation table; ``units`` lists ``(unit, rows shown)`` in lane order with
+    rows = max(capacity, instances used) — a row past the capacity means an over-subscribed unit."""
+
     ii: int
-    units: tuple[tuple[str, int], ...]   # (unit, rows shown), rows = max(capacity, rows used)
+    units: tuple[tuple[str, int], ...]
     cells: tuple[Cell, ...]
     capacity: Mapping[str, int]
 

@@ -148,9 +148,10 @@ def draw_timeline(schedule: Schedule, machine: Machine, iterations: int | None =
     offsets = _lane_offsets(tl.lanes)
     y_max = max(offsets[lane.key] + lane.rows for lane in tl.lanes) if tl.lanes else 1.0
     plot_width = _plot_width(tl)
-    fig = _mpl.new_figure(plot_width + 3.2, (y_max + 2.2) * ROW_INCHES + 1.0)
-    ax = fig.add_axes((2.0 / (plot_width + 3.2), 0.9 / ((y_max + 2.2) * ROW_INCHES + 1.0),
-                       plot_width / (plot_width + 3.2), (y_max + 1.7) * ROW_INCHES / ((y_max + 2.2) * ROW_INCHES + 1.0)))
+    # Inches: 2.0 for lane labels on the left, 1.2 for the legend on the right; 0.9 below for the axis.
+    width, height = plot_width + 3.2, (y_max + 2.2) * ROW_INCHES + 1.0
+    fig = _mpl.new_figure(width, height)
+    ax = fig.add_axes((2.0 / width, 0.9 / height, plot_width / width, (y_max + 1.7) * ROW_INCHES / height))
     ax.set_xlim(0, tl.phases.end)
     ax.set_ylim(y_max + 0.1, -1.7)
     pt_per_unit = plot_width * 72 / max(tl.phases.end, 1)
