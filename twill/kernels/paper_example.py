@@ -16,9 +16,10 @@ OPTIONS: dict = {}
 
 def build(machine: Machine) -> LoopGraph:
     b = GraphBuilder("paper-example", units={"TC": 1, "EXP": 1})
-    s = b.op("S", uses={"TC": 1}, cycles=1, kind="mma", attrs={"role": "qk"})
+    # The GEMMs are asynchronous (wgmma): they hold their warp only to issue, negligible at this scale.
+    s = b.op("S", uses={"TC": 1}, cycles=1, kind="mma", warp_busy=0, attrs={"role": "qk"})
     p = b.op("P", uses={"EXP": 1}, cycles=1, kind="exp2", attrs={"role": "exp"})
-    o = b.op("O", uses={"TC": 1}, cycles=1, kind="mma", attrs={"role": "pv"})
+    o = b.op("O", uses={"TC": 1}, cycles=1, kind="mma", warp_busy=0, attrs={"role": "pv"})
     b.edge(s, p, delay=1)
     b.edge(p, o, delay=1)
     b.edge(o, o, delay=1, distance=1)

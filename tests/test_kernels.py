@@ -1,0 +1,99 @@
+"""Built-in kernel graphs: roles, attributes, architecture-specific structure (no solver)."""
+
+from __future__ import annotations
+
+import pytest
+
+from twill.errors import TwillError
+from twill.ir.validate import validate_graph
+from twill.kernels import build_kernel
+from twill.machine import get_machine
+
+ARCHS = ("h100", "b200")
+
+ROLES = {
+    "gemm": {"load_a", "load_b", "mma", "mma_wait"},
+    "flash-fwd": {"load_k", "load_v", "qk", "s_load", "rowmax", "alpha", "exp", "rowsum", "p_store", "o_load",
+                  "rescale", "o_store", "pv"},
+    "flash-bwd": {"load_q", "load_do", "load_stats", "qk", "dp", "s_load", "exp", "p_store", "dp_load", "ds",
+                  "ds_store", "dv", "dk", "dq", "dq_load", "dq_store", "dq_atomic"},
+}
+
+BLACKWELL_ONLY = {"s_load", "p_store_tmem", "o_load", "o_store", "dp_load", "dq_load"}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel,options", [
+    ("gemm", {}), ("gemm", {"block_n": 256, "block_k": 128}), ("flash-fwd", {}),
+    ("flash-fwd", {"subtiles": 2}), ("flash-fwd", {"subtiles": 2, "head_dim": 64}), ("flash-bwd", {}),
+])
+def test_every_op_has_a_known_role_and_the_graph_validates(kernel, options, arch):
+    machine = get_machine(arch)
+    graph = build_kernel(kernel, machine, **options)
+    validate_graph(graph, machine.units)
+    for op in graph.ops:
+        assert op.attrs.get("role") in ROLES[kernel], op.name
+    for key in ("block_m", "block_n", "dtype", "subtiles"):
+        assert key in graph.attrs
+    assert ("block_k" in graph.attrs) or ("head_dim" in graph.attrs)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_streaming_loads_are_variable_latency_with_zero_latency(arch):
+    graph = build_kernel("flash-fwd", get_machine(arch), subtiles=2)
+    for name in ("load_k", "load_v"):
+        op = graph.op(name)
+        assert op.variable_latency and graph.is_streaming(name)
+        assert all(e.delay == 0 for e in graph.out_edges(name))
+
+
+def test_gemm_roles_and_the_blocking_wait():
+    graph = build_kernel("gemm", get_machine("h100"))
+    assert [graph.op(n).attrs["role"] for n in graph.op_names] == ["load_a", "load_b", "mma", "mma_wait"]
+    wait_edges = [e for e in graph.edges if e.dst == "mma_wait"]
+    assert len(wait_edges) == 1 and wait_edges[0].blocking and wait_edges[0].src == "mma"
+    assert graph.op("mma_wait").kind == "mma_wait" and not graph.op("mma_wait").units()
+    assert graph.op("mma").attrs["k"] == 64
+
+
+def test_hopper_mma_is_a_warp_group_op_accumulating_in_registers():
+    graph = build_kernel("flash-fwd", get_machine("h100"), subtiles=2)
+    qk = graph.op("qk_a")
+    assert qk.kind == "mma" and qk.warps == 4 and qk.regs > 0 and qk.tmem == 0
+    assert not any(graph.op(n).attrs["role"] in BLACKWELL_ONLY for n in graph.op_names)
+
+
+def test_blackwell_uses_tcgen05_into_tmem_and_explicit_tmem_moves():
+    graph = build_kernel("flash-fwd", get_machine("b200"), subtiles=2)
+    qk = graph.op("qk_a")
+    assert qk.kind == "mma" and qk.warps == 1 and qk.regs == 0 and qk.tmem > 0
+    kinds = {graph.op(n).kind for n in graph.op_names}
+    assert {"tmem_load", "tmem_store"} <= kinds
+    assert all(e.blocking for e in graph.edges if e.src == "qk_a")
+
+
+def test_subtiles_split_the_q_block_and_share_kv_loads():
+    graph = build_kernel("flash-fwd", get_machine("h100"), subtiles=2)
+    subtiled = [n for n in graph.op_names if "subtile" in graph.op(n).attrs]
+    assert {graph.op(n).attrs["subtile"] for n in subtiled} == {0, 1}
+    assert "subtile" not in graph.op("load_k").attrs
+    assert {e.dst for e in graph.out_edges("load_k")} == {"qk_a", "qk_b"}
+    whole = build_kernel("flash-fwd", get_machine("h100"), subtiles=1)
+    assert whole.op("qk").usage("tc") == 2 * graph.op("qk_a").usage("tc")
+
+
+def test_flash_bwd_has_five_gemms_one_exp_and_the_dq_atomic_add():
+    for arch in ARCHS:
+        graph = build_kernel("flash-bwd", get_machine(arch))
+        mmas = sorted(n for n in graph.op_names if graph.op(n).kind == "mma")
+        assert mmas == ["dk", "dp", "dq", "dv", "qk"]
+        assert [n for n in graph.op_names if graph.op(n).kind == "exp2"] == ["exp"]
+        atomic = graph.op("dq_atomic")
+        assert atomic.variable_latency and not graph.is_streaming("dq_atomic")
+
+
+def test_unknown_or_invalid_option_is_a_one_line_error():
+    with pytest.raises(TwillError, match="no option"):
+        build_kernel("gemm", get_machine("h100"), head_dim=64)
+    with pytest.raises(TwillError, match="subtiles must be one of"):
+        build_kernel("flash-fwd", get_machine("h100"), subtiles=3)
