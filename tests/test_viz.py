@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -20,7 +21,7 @@ from twill.schedule.result import Schedule, WarpGroup
 from twill.solve import schedule as solve
 from twill.solve.options import SolveOptions
 from twill.viz import PICTURES, save_all, save_timeline, write_report
-from twill.viz.graphlayout import layered_layout, layers, parse_dot_plain
+from twill.viz.graphlayout import dot_layout, layered_layout, layers, parse_dot_plain
 from twill.viz.layout import (live_copies, live_interval, phases, pressure, reservation_table, run_ahead_starts,
                               timeline)
 from twill.viz.palette import (NEUTRAL, op_colors, role_color, text_color, unit_color, warp_group_colors)
@@ -239,6 +240,17 @@ def test_dot_plain_output_is_parsed():
     assert layout.positions["S"] == pytest.approx((1.0, 2.6 / 1.1))
     assert sorted(layout.bezier) == [0, 1] and len(layout.bezier[0]) == 4
     assert parse_dot_plain("node S 1 1 1 1\nstop", graph) is None
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz dot is not installed")
+def test_dot_layout_when_graphviz_is_installed():
+    graph = build_kernel("flash-fwd", B200, subtiles=2)
+    layout = dot_layout(graph)
+    assert layout is not None and layout.engine == "dot"
+    assert set(layout.positions) == set(graph.op_names)
+    routed = {i for i, e in enumerate(graph.edges) if e.src != e.dst}
+    assert set(layout.bezier) == routed
+    assert all((len(points) - 1) % 3 == 0 for points in layout.bezier.values())   # cubic Bézier pieces
 
 
 # -- files ---------------------------------------------------------------------------------------------

@@ -45,9 +45,10 @@ def edge_path(edge_index: int, edge: Edge, layout: GraphLayout) -> tuple[Path, P
     ops of the same layer."""
     a, b = layout.positions[edge.src], layout.positions[edge.dst]
     if edge_index in layout.bezier:
+        # dot's spline stops where its arrowhead would start: extend it straight to the node's box.
         pts = list(layout.bezier[edge_index])
-        codes = [Path.MOVETO] + [Path.CURVE4] * (len(pts) - 1)
-        return Path(pts, codes), pts[len(pts) // 2]
+        codes = [Path.MOVETO] + [Path.CURVE4] * (len(pts) - 1) + [Path.LINETO]
+        return Path(pts + [clip_to_box(b, pts[-1])], codes), pts[len(pts) // 2]
     via = list(layout.via.get(edge_index, ()))
     if via:
         start, end = clip_to_box(a, via[0]), clip_to_box(b, via[-1])
