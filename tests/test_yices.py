@@ -285,12 +285,18 @@ def test_backends_agree_on_builtin_kernels(kernel, options, arch):
 
 
 def test_unsat_explanation_agrees():
+    """Fewer warps (the paper's first UNSAT ablation): W_vl + a 4-warp wgmma group do not fit in 4 warps."""
     from twill.kernels import build_kernel
     from twill.machine.models import H100
+    from twill.solve import SolveOptions, schedule
 
-    cpsat, yices_schedule = solve_both(build_kernel("paper-example", H100), H100, max_warps=1)
-    assert yices_schedule.ii == cpsat.ii
-    assert yices_schedule.stats.get("blocked_by") == cpsat.stats.get("blocked_by")
+    notes = []
+    for backend in ("cpsat", "yices"):
+        options = SolveOptions(backend=backend, resolution=RESOLUTION, max_warps=4, max_ii=6)
+        with pytest.raises(InfeasibleScheduleError) as exc:
+            schedule(build_kernel("gemm", H100), H100, options)
+        notes.append(str(exc.value).split("(no warp")[-1])
+    assert notes[0] == notes[1] and "blocked by warp count" in notes[0]
 
 
 def test_missing_extra_is_one_line_error():
