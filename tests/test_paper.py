@@ -1,0 +1,151 @@
+"""Reproductions of the paper's schedule-structure results (Soi et al., Twill, OSDI '26, §4-§6).
+
+Each test solves a built-in kernel with the default options (cost normalization at U = 300, CP-SAT) and
+checks the *structure* the paper reports, not exact numbers (the paper's Table 1 is not available, and our
+cost model is our own; see docs/kernels.md). Results that our model does not reproduce are ``xfail`` with
+the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import pytest
+
+from twill.kernels import build_kernel
+from twill.machine import get_machine
+from twill.schedule.verify_ws import ws_violations
+from twill.solve import schedule
+from twill.solve.options import SolveOptions
+
+
+@lru_cache(maxsize=None)
+def solved(kernel: str, arch: str, kernel_options: tuple = (), **solve_options):
+    machine = get_machine(arch)
+    options = SolveOptions(time_limit=120, **solve_options)
+    result = schedule(build_kernel(kernel, machine, **dict(kernel_options)), machine, options)
+    assert ws_violations(result, machine, options) == []
+    return result
+
+
+def raw_ii(result) -> float:
+    """II in raw cycles (normalized II times cycles per normalized unit)."""
+    return result.ii * result.stats["normalization"]["cycles_per_unit"]
+
+
+def tc_bound(result) -> int:
+    return math.ceil(sum(op.usage("tc") for op in result.graph.ops))
+
+
+def group_ops(result, role):
+    return [set(w.ops) for w in result.warps if w.role == role]
+
+
+def cyclic_runs(labels: list) -> int:
+    """Runs of equal labels around a circle (a a b b -> 2; a b a b -> 4)."""
+    return sum(1 for k in range(len(labels)) if labels[k] != labels[k - 1]) or 1
+
+
+def overlaps_mod(a_start: int, a_len: int, b_start: int, b_len: int, ii: int) -> bool:
+    a = {(a_start + c) % ii for c in range(a_len)}
+    return any((b_start + c) % ii in a for c in range(b_len))
+
+
+# 1 ------------------------------------------------------------------------------------------------------------
+def test_paper_example_hoists_s_one_stage_ahead():
+    result = solved("paper-example", "h100")
+    assert result.ii == 2 and result.status == "optimal"
+    assert result.stage("S") == 0
+    assert result.stage("P") == result.stage("O") == 1
+
+
+# 2 ------------------------------------------------------------------------------------------------------------
+def test_h100_flash_fwd_two_subtiles_is_ping_pong_at_the_tensor_core_bound():
+    result = solved("flash-fwd", "h100", (("subtiles", 2),))
+    assert result.status == "optimal"
+    assert result.ii == tc_bound(result) == result.stats["res_mii"]
+    loads = group_ops(result, "load")
+    assert loads == [{"load_k", "load_v"}]
+    compute = [w for w in result.warps if w.role == "compute"]
+    assert len(compute) == 2
+    subtiles = [{result.graph.op(n).attrs["subtile"] for n in w.ops} for w in compute]
+    assert sorted(map(sorted, subtiles)) == [[0], [1]]
+    tc_ops = sorted((n for n in result.graph.op_names if result.graph.op(n).kind == "mma"), key=result.slot)
+    assert cyclic_runs([result.assignment[n] for n in tc_ops]) == 2          # a a b b: the groups alternate
+    for w in compute:
+        exp = next(n for n in w.ops if result.graph.op(n).attrs["role"] == "exp")
+        other_tc = [n for n in tc_ops if result.assignment[n] != w.id]
+        assert any(overlaps_mod(result.start(exp), result.graph.op(exp).cycles, result.start(n),
+                                result.graph.op(n).cycles, result.ii) for n in other_tc)
+    hoisted = [x for x in "ab" if result.stage(f"qk_{x}") < result.stage(f"pv_{x}")]
+    assert hoisted
+
+
+# 3 ------------------------------------------------------------------------------------------------------------
+def test_b200_flash_fwd_two_subtiles_finds_fa4_roles():
+    result = solved("flash-fwd", "b200", (("subtiles", 2),))
+    assert result.status == "optimal" and result.ii == result.stats["modulo_ii"]
+    assert group_ops(result, "load") == [{"load_k", "load_v"}]
+    mma = [w for w in result.warps if w.role == "mma"]
+    assert len(mma) == 1 and mma[0].num_warps == 1 and set(mma[0].ops) == {"qk_a", "qk_b", "pv_a", "pv_b"}
+    softmax = [w for w in result.warps if w.role == "softmax"]
+    assert len(softmax) == 2
+    per_group = sorted(sorted({result.graph.op(n).attrs["subtile"] for n in w.ops}) for w in softmax)
+    assert per_group == [[0], [1]]
+    assert all(any(result.graph.op(n).attrs["role"] == "exp" for n in w.ops) for w in softmax)
+    correction = [w for w in result.warps if w.role == "correction"]
+    assert len(correction) == 1 and {"rescale_a", "rescale_b"} <= set(correction[0].ops)
+
+
+# 4 ------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("label,kernel_options,solve_options,family", [
+    ("fewer warps", (("subtiles", 2),), {"max_warps": 13}, "warp_count"),
+    ("no cross-warp transfers", (("subtiles", 2),), {"cross_warp": False}, "cross_warp_spills"),
+    ("no sub-tiling", (("subtiles", 1),), {}, "register_file"),
+])
+def test_b200_flash_fwd_ablations_are_infeasible_at_the_modulo_ii(label, kernel_options, solve_options, family):
+    base = solved("flash-fwd", "b200", (("subtiles", 2),))
+    result = solved("flash-fwd", "b200", kernel_options, **solve_options)
+    assert result.stats["tried"][0]["ii"] == result.stats["modulo_ii"]
+    assert result.stats["tried"][0]["joint"] == "infeasible"
+    assert result.ii > result.stats["modulo_ii"]
+    assert raw_ii(result) > raw_ii(base)
+    assert any(family in entry.split("+") for entry in result.stats["blocked_by"]), result.stats["blocked_by"]
+    assert result.stats["blocked_by_note"].startswith("no warp specialization exists at the modulo-only II")
+
+
+# 5 ------------------------------------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced: in our register model the H100 backward keeps ~24 of its 216 usable registers per "
+    "thread free, so the solver overlaps the dV GEMM (and the P store) of iteration i with S/dP of "
+    "iteration i+1 (2 stages, II one unit above ResMII); the paper reports no cross-iteration overlap"))
+def test_h100_flash_bwd_does_not_overlap_iterations():
+    result = solved("flash-bwd", "h100")
+    compute = [n for n in result.graph.op_names if not result.graph.op(n).variable_latency]
+    span = max(result.start(n) + result.graph.op(n).cycles for n in compute) - min(result.start(n) for n in compute)
+    assert span <= result.ii
+
+
+# 6 ------------------------------------------------------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason=(
+    "not reproduced: with our costs the B200 backward is not register-bound at II = ResMII, so the default "
+    "budget already reaches the tensor-core bound with 2 compute groups and --reg-limit 160 gives the same "
+    "II; the paper's Twill-LR finds 3 groups and a smaller II"))
+def test_b200_flash_bwd_reduced_register_budget_gives_three_groups_and_smaller_ii():
+    default = solved("flash-bwd", "b200")
+    reduced = solved("flash-bwd", "b200", reg_limit=160)
+    heavy = lambda r: [w for w in r.warps if w.role not in ("load", "mma")]  # noqa: E731
+    assert len(heavy(default)) == 2
+    assert len(heavy(reduced)) == 3
+    assert reduced.ii < default.ii
+
+
+def test_b200_flash_bwd_default_budget_uses_two_compute_groups():
+    """The part of result 6 that does hold: default budget, loads and MMAs on their own warps, two compute
+    groups (one for the exponentials, one staging dQ for the atomic add)."""
+    result = solved("flash-bwd", "b200")
+    assert [w.role for w in result.warps][:2] == ["load", "mma"]
+    heavy = [w for w in result.warps if w.role not in ("load", "mma")]
+    assert len(heavy) == 2
+    assert any("exp" in w.ops for w in heavy) and any("dq_store" in w.ops for w in heavy)
