@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from twill.errors import UnsupportedFeatureError
+from twill.errors import TwillError, UnsupportedFeatureError
 from twill.ir import GraphBuilder
 from twill.kernels import build_kernel, kernel_module, list_kernels
 from twill.machine import B200, H100, Machine, get_machine
@@ -291,6 +291,16 @@ def test_unknown_suffix_is_a_one_line_error(tmp_path):
     with pytest.raises(UnsupportedFeatureError, match="unknown format '.jpg'"):
         save_timeline(paper_schedule(), H100, tmp_path / "t.jpg")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_paths_are_one_line_errors(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(TwillError, match=r"cannot write '.*missing/t.png': No such file or directory"):
+        save_timeline(paper_schedule(), H100, tmp_path / "missing" / "t.png")
+    with pytest.raises(TwillError, match="cannot create directory"):
+        save_all(paper_schedule(), H100, blocker / "pictures")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 def test_report_is_self_contained_and_names_every_op(tmp_path):

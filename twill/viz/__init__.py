@@ -61,8 +61,9 @@ def save_timeline(schedule: Schedule, machine: Machine, path: str | Path) -> Pat
 def save_all(schedule: Schedule, machine: Machine, directory: str | Path, *, fmt: str = "png") -> list[Path]:
     """Write the four pictures as ``timeline.<fmt>``, ``mrt.<fmt>``, ``graph.<fmt>`` and
     ``pressure.<fmt>`` in ``directory`` (created if missing); return their paths in that order."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    from twill.viz import _mpl
+
+    directory = _mpl.make_directory(Path(directory))
     return [save_picture(name, schedule, machine, directory / f"{name}.{fmt.lstrip('.')}") for name in PICTURES]
 
 

@@ -13,7 +13,7 @@ import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from twill.errors import UnsupportedFeatureError
+from twill.errors import TwillError, UnsupportedFeatureError
 
 #: Picture formats by file suffix.
 FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf"}
@@ -60,19 +60,34 @@ def svg_markup(fig: Figure) -> str:
 
 def write_atomic(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``, so a
-    failure never leaves a partial file. The directory must exist."""
+    failure never leaves a partial file. The directory must exist; an OS error becomes a one-line
+    :class:`~twill.errors.TwillError` naming the path."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise TwillError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.chmod(tmp, 0o666 & ~_umask())         # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
+    except OSError as exc:
+        os.unlink(tmp)
+        raise TwillError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.unlink(tmp)
         raise
     return path
+
+
+def make_directory(directory: Path) -> Path:
+    """Create ``directory`` (and parents) if missing; an OS error becomes a one-line TwillError."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TwillError(f"cannot create directory {str(directory)!r}: {exc.strerror or exc}") from None
+    return directory
 
 
 def _umask() -> int:
