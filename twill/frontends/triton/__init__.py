@@ -133,13 +133,19 @@ def graph_from_function(fn, *, signature: str, constexprs: Sequence[str] | Mappi
     return lower_function(spec, machine, loop=loop)[0].graph
 
 
-def graph_from_target(path: str | os.PathLike, fn: str, *, signature: str, constexprs: list[str], num_warps: int,
-                      num_stages: int | None, machine: Machine) -> LoopGraph:
+def graph_from_target(path: str | os.PathLike, fn: str, *, signature: str | None,
+                      constexprs: Sequence[str] | Mapping[str, Any], num_warps: int | None,
+                      num_stages: int | None, machine: Machine | str) -> LoopGraph:
     """Entry point of ``twill schedule/graph path.py:fn``: import ``fn`` from ``path`` and extract its loop
-    graph (a ``.ttgir`` path is read directly; ``fn`` and the compile options are then ignored)."""
+    graph. ``constexprs`` are ``NAME=VALUE`` strings or a mapping; ``num_warps`` defaults to 4 and
+    ``num_stages`` to Triton's default (3). A ``.ttgir`` path is read directly (``fn`` and the compile
+    options are then ignored)."""
     if str(path).endswith((".ttgir", ".mlir")):
         return graph_from_ttgir(Path(path), machine)
+    if not signature:
+        raise TwillError(f"Triton target {str(path)}:{fn} needs --signature listing every non-constexpr "
+                         f"argument, e.g. --signature 'a_ptr=*fp16:16,M=i32:16'")
     require_triton()
     kernel = load_kernel(path, fn)
-    return graph_from_function(kernel, signature=signature, constexprs=constexprs, num_warps=num_warps,
+    return graph_from_function(kernel, signature=signature, constexprs=constexprs, num_warps=num_warps or 4,
                                num_stages=num_stages, machine=machine)

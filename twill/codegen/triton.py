@@ -1,0 +1,484 @@
+"""Inject a Twill modulo schedule into stock Triton 3.6.0 (software pipelining only, no warp specialization).
+
+Triton's pipeliner consumes a *coarse schedule* serialized in the IR: every op of the loop body carries
+``loop.stage`` (iteration offset) and ``loop.cluster`` (emission order within the steady-state body), and
+the loop carries ``tt.scheduled_max_stage``. We compile with the ``make_ttgir`` pass list split at the
+pipeliner (:mod:`twill.frontends.triton.compile`), lower the loop body with the frontend again, and rewrite
+those attributes as text from the schedule:
+
+* graph op ``v`` with start time ``t`` at interval ``II``: ``stage = ⌊t / II⌋``, ``cluster`` = dense rank of
+  ``t mod II`` among all ops (Triton emits clusters in order, program order within a cluster);
+* a streaming TMA load gets zero latency in the model, so the solver may put it in its consumer's stage;
+  Triton would then not pipeline it. The ring depth of streaming loads is an outer knob (paper §5.3): a load
+  is placed ``load_lead`` stages before its first consumer (default ``num_stages - 1``, the ring Triton's own
+  schedule uses, so an A/B compares schedules and not buffer counts). Triton allocates
+  ``stage(consumer) - stage(load) + 1`` buffers for a load read by a wgmma/tcgen05;
+* a folded statement (index arithmetic, views, the ``local_alloc`` that receives a load) takes the stage
+  and cluster of its earliest consumer (reached through ``scf.yield``: of its consumer in the next
+  iteration, never before its own producers).
+
+Stages are shifted so that the smallest is 0. The edited text is re-parsed and compiled to a cubin.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from twill.errors import InfeasibleScheduleError, TwillError, UnsupportedFeatureError
+from twill.frontends.triton import lower_ttgir
+from twill.frontends.triton.compile import KernelSpec, compile_with_edit
+from twill.frontends.triton.lower import LoweredLoop
+from twill.frontends.triton.mlir import ForLoop, find_loops
+from twill.ir.graph import Edge, LoopGraph, frozen_attrs
+from twill.machine.models import Machine
+from twill.schedule.result import Schedule
+from twill.solve.options import SolveOptions
+
+_STAGE = re.compile(r"loop\.stage = -?\d+ : i32")
+_CLUSTER = re.compile(r"loop\.cluster = -?\d+ : i32")
+_MAX_STAGE = re.compile(r"tt\.scheduled_max_stage = -?\d+ : i32")
+LOAD_KINDS = ("tma_load", "load")
+_RING = re.compile(r"ttg\.local_alloc\s*(?::[^\n]*?)?->\s*!ttg\.memdesc<(\d+)x(\d+)x(\d+)x(\w+),")
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """The coarse schedule to write: (stage, cluster) for every op of the schedule's graph and for every
+    statement of the loop body, and the loop's maximum stage."""
+
+    ii: int
+    op_slots: Mapping[str, tuple[int, int]]
+    statements: Mapping[int, tuple[int, int]]
+    max_stage: int
+    load_lead: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ii": self.ii, "max_stage": self.max_stage, "load_lead": self.load_lead,
+                "ops": {n: {"stage": s, "cluster": c} for n, (s, c) in sorted(self.op_slots.items())}}
+
+
+@dataclass(frozen=True)
+class InjectionResult:
+    """A kernel compiled with an injected schedule.
+
+    Attributes:
+        kernel: Triton's ``CompiledKernel`` (``asm['ttgir']``, ``asm['cubin']``, ``metadata.shared``).
+        plan: the coarse schedule that was written.
+        scheduled_ttgir: the pre-pipeline TTGIR with Twill's ``loop.stage``/``loop.cluster``.
+        rings: shared-memory rings of the final TTGIR: ``(depth, shape)`` per multi-buffered allocation.
+    """
+
+    kernel: Any
+    plan: StagePlan
+    scheduled_ttgir: str
+    rings: tuple[tuple[int, tuple[int, int], str], ...] = field(default=())
+
+    @property
+    def shared_bytes(self) -> int:
+        return int(self.kernel.metadata.shared)
+
+    def summary(self, schedule: Schedule) -> dict[str, Any]:
+        """The JSON summary ``twill inject`` prints: II, stages, buffers, shared memory."""
+        norm = dict(schedule.stats.get("normalization", {}))
+        per_unit = norm.get("cycles_per_unit")
+        out: dict[str, Any] = {
+            "kernel": self.kernel.name, "arch": schedule.arch, "ii": schedule.ii,
+            "ii_cycles": round(schedule.ii * per_unit) if per_unit else schedule.ii,
+            "status": schedule.status, "stages": self.plan.max_stage + 1, "load_lead": self.plan.load_lead,
+            "shared_memory_bytes": self.shared_bytes, "num_warps": int(self.kernel.metadata.num_warps),
+            "buffers": [{"depth": d, "shape": list(s), "dtype": t} for d, s, t in self.rings],
+            "ops": {n: {"stage": s, "cluster": c} for n, (s, c) in self.plan.op_slots.items()},
+        }
+        return out
+
+
+# -- the plan ----------------------------------------------------------------------------------------------
+def _is_streaming_load(graph: LoopGraph, name: str) -> bool:
+    return graph.op(name).kind in LOAD_KINDS and graph.is_streaming(name)
+
+
+def constrain_for_triton(graph: LoopGraph, capability: int) -> LoopGraph:
+    """``graph`` with the constraints Triton 3.6's pipeliner puts on an injected schedule.
+
+    On sm_90 the pipeliner must predicate every op of a stage before the last (it runs in the epilogue
+    iterations for iterations that do not exist), and it cannot predicate ``warp_group_dot``: every wgmma must
+    sit in the last stage, and nothing computed from it can come later. We ask that all ops except streaming
+    loads start within one II of each other: an edge ``v -> r`` (delay 1, distance 1), i.e.
+    ``t_v - t_r <= II - 1``, from every op ``v`` to every root ``r`` (an op with no same-iteration
+    predecessor among them) bounds every pairwise gap, since each op starts no earlier than some root. After a
+    shift of all times (which keeps a modulo schedule valid) they share one stage. sm_100 (tcgen05 is
+    predicable) needs nothing.
+
+    Implied edges make the bound tight for the II search: when MMA ``u`` reaches MMA ``m`` in the same
+    iteration (both on the tensor core, capacity 1), ``m`` (starting less than II after ``u``) must finish
+    before ``u``'s next instance: ``t_m + cycles(m) <= t_u + II``, an edge ``m -> u`` (delay ``cycles(m)``,
+    distance 1), so RecMII already includes the chain plus the wrap-around on the tensor core.
+    """
+    if capability // 10 != 9:
+        return graph
+    compute = [op.name for op in graph.ops if not _is_streaming_load(graph, op.name)]
+    inside = set(compute)
+    roots = [n for n in compute if not any(e.distance == 0 and e.src in inside for e in graph.in_edges(n))]
+    extra = [Edge(v, r, 1, 1) for v in compute for r in roots if v != r]
+    below = _descendants(graph, inside)
+    for u in compute:
+        for m in sorted(below[u]):
+            if graph.op(u).kind == graph.op(m).kind == "mma":
+                extra.append(Edge(m, u, graph.op(m).cycles, 1))
+    attrs = {**dict(graph.attrs), "triton_sm90_window": True}
+    return replace(graph, edges=graph.edges + tuple(extra), attrs=frozen_attrs(attrs))
+
+
+def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, options: SolveOptions | None = None,
+                     *, per_ii_limit: float = 20.0) -> Schedule:
+    """A software-pipelining schedule of ``graph`` that Triton 3.6 can take (see :func:`constrain_for_triton`).
+
+    sm_100: :func:`twill.solve.schedule` with ``ws=False``. sm_90: the window constraint makes the
+    linear II search of the core slow (each infeasible II is a hard proof), so this searches II on the
+    normalized, constrained graph with :func:`twill.solve.modulo.solve_modulo` directly: upward in steps of
+    1/8 of the lower bound until a schedule is found, then bisection between the highest II not yet excluded
+    and the best found. ``status`` is ``optimal`` only when II − 1 was proved infeasible and L is optimal;
+    otherwise ``feasible`` with ``ii_lower_bound`` the smallest II not proved infeasible. The result is
+    checked by :func:`twill.schedule.verify.verify`.
+    """
+    from twill.solve import schedule as solve
+
+    base = options or SolveOptions(ws=False)
+    if base.ws:
+        base = replace(base, ws=False)
+    if capability // 10 != 9:
+        return solve(graph, machine, base)
+    import time
+
+    from twill.ir.validate import validate_graph
+    from twill.schedule.verify import verify
+    from twill.solve import normalized
+    from twill.solve.bounds import rec_mii, res_mii
+    from twill.solve.modulo import solve_modulo
+
+    started = time.perf_counter()
+    constrained = constrain_for_triton(graph, capability)
+    validate_graph(constrained, machine.units)
+    work, norm = normalized(constrained, base)
+    units = validate_graph(work, machine.units)
+    res, rec = res_mii(work, units), rec_mii(work)
+    low = max(res, rec)
+    tried: list[dict[str, Any]] = []
+    best = None
+
+    def attempt(ii: int):
+        remaining = base.time_limit - (time.perf_counter() - started)
+        if remaining <= 0.5:
+            return None
+        r = solve_modulo(work, units, ii, time_limit=min(per_ii_limit, remaining), workers=base.workers,
+                         seed=base.seed)
+        tried.append({"ii": ii, "status": r.status, "seconds": round(r.seconds, 3)})
+        base.report(f"II {ii}: {r.status} ({r.seconds:.1f} s)")
+        return r
+
+    excluded = low - 1           # every II <= excluded is proved infeasible
+    ii, step = low, max(1, low // 8)
+    while best is None:
+        r = attempt(ii)
+        if r is None:
+            raise InfeasibleScheduleError(f"no Triton-compatible schedule of graph {graph.name!r} found within "
+                                          f"{base.time_limit:g} s (tried II up to {ii}); raise --time-limit")
+        if r.found:
+            best = r
+        else:
+            if r.status == "infeasible" and ii == excluded + 1:
+                excluded = ii
+            ii += step
+    lo, hi = excluded + 1, best.ii - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        r = attempt(mid)
+        if r is None:
+            break
+        if r.found:
+            best, hi = r, mid - 1
+        else:
+            if r.status == "infeasible" and mid == excluded + 1:
+                excluded = mid
+            lo = mid + 1
+    proved = excluded == best.ii - 1 and best.status == "optimal"
+    stats = {"search": "triton-window-bisection", "res_mii": res, "rec_mii": rec, "mii": low, "tried": tried,
+             "length": best.length, "normalization": norm, "triton_sm90_window": True}
+    result = Schedule(graph=work, arch=machine.name, solver="cpsat", status="optimal" if proved else "feasible",
+                      ii=best.ii, ii_lower_bound=excluded + 1, starts=dict(best.starts),
+                      solve_seconds=time.perf_counter() - started, streaming_depth=base.streaming_depth,
+                      stats=stats)
+    verify(result, machine, base)
+    return result
+
+
+def _descendants(graph: LoopGraph, among: set[str]) -> dict[str, set[str]]:
+    """Ops reachable from each op of ``among`` through same-iteration (distance 0) edges inside ``among``."""
+    succ: dict[str, set[str]] = {n: set() for n in among}
+    for e in graph.edges:
+        if e.distance == 0 and e.src in among and e.dst in among:
+            succ[e.src].add(e.dst)
+    out: dict[str, set[str]] = {}
+
+    def walk(n: str) -> set[str]:
+        if n not in out:
+            out[n] = set()
+            found: set[str] = set()
+            for m in succ[n]:
+                found |= {m} | walk(m)
+            out[n] = found
+        return out[n]
+
+    for n in among:
+        walk(n)
+    return out
+
+
+def op_slots(schedule: Schedule, load_lead: int) -> dict[str, tuple[int, int]]:
+    """(stage, cluster) of every graph op.
+
+    Times are first shifted by the earliest start of a non-load op (a translation keeps a modulo schedule
+    valid). Then ``stage = ⌊t / II⌋`` and ``cluster`` = dense rank of ``t mod II``; streaming loads go
+    ``load_lead`` stages ahead of their first consumer and into a final cluster of their own (they are
+    zero-latency in the model, so where they sit within II is free; emitting them after the MMAs that read
+    older ring slots saves Triton a buffer). Stages are shifted so the smallest is 0.
+    """
+    g, ii = schedule.graph, schedule.ii
+    loads = [n for n in g.op_names if _is_streaming_load(g, n)]
+    compute = [n for n in g.op_names if n not in loads]
+    base = min((schedule.starts[n] for n in compute), default=0)
+    stage = {n: (schedule.starts[n] - base) // ii for n in g.op_names}
+    slot = {n: (schedule.starts[n] - base) % ii for n in compute}
+    for n in loads:
+        uses = [stage[e.dst] + e.distance for e in g.out_edges(n)]
+        if uses:
+            stage[n] = min(stage[n], min(uses) - load_lead)
+    low = min(stage.values())
+    rank = {s: k for k, s in enumerate(sorted(set(slot.values())))}
+    last = len(rank)
+    return {n: (stage[n] - low, rank[slot[n]] if n in slot else last) for n in g.op_names}
+
+
+def check_predicable(schedule: Schedule, slots: Mapping[str, tuple[int, int]], capability: int) -> None:
+    """On sm_90, refuse a plan that puts a wgmma before the last stage (Triton 3.6 aborts on it)."""
+    if capability // 10 != 9:
+        return
+    top = max(s for s, _ in slots.values())
+    early = sorted(n for n, (s, _) in slots.items() if schedule.graph.op(n).kind == "mma" and s < top)
+    if early:
+        raise UnsupportedFeatureError(
+            f"the schedule puts wgmma op {early[0]!r} in stage {slots[early[0]][0]} < last stage {top}; Triton "
+            f"3.6 cannot predicate warp_group_dot in the pipeline epilogue: solve the graph returned by "
+            f"constrain_for_triton() (twill inject does), or emit Gluon for this schedule")
+
+
+def plan_stages(lowered: LoweredLoop, schedule: Schedule, *, load_lead: int, capability: int = 90) -> StagePlan:
+    """Stage and cluster of every body statement of ``lowered`` from ``schedule`` (op names must match)."""
+    names = set(lowered.owner.values())
+    scheduled = set(schedule.graph.op_names)
+    if names != scheduled:
+        extra = sorted(names ^ scheduled)
+        raise TwillError(f"the schedule is for graph {schedule.graph.name!r}, whose ops differ from the kernel's "
+                         f"loop (first mismatch: {extra[0]!r}); re-run 'twill schedule' on this kernel with the "
+                         f"same signature, constexprs and num_warps")
+    if load_lead < 1:
+        raise TwillError(f"load lead must be >= 1 stage (a load in its consumer's stage is not pipelined), "
+                         f"got {load_lead}")
+    slots = op_slots(schedule, load_lead)
+    check_predicable(schedule, slots, capability)
+    statements: dict[int, tuple[int, int]] = {i: slots[n] for i, n in lowered.owner.items()}
+    producers = _folded_producers(lowered)
+    for index, consumers in lowered.folded_into.items():
+        now = [slots[n] for n, d in consumers if d == 0]
+        if now:
+            statements[index] = min(now)
+            continue
+        later = [slots[n] for n, _ in consumers]
+        after = [slots[n] for n in producers.get(index, ())]
+        if later:
+            statements[index] = max([min(later)] + after)
+        else:
+            statements[index] = max(after) if after else (max(s for s, _ in slots.values()),
+                                                          max(c for _, c in slots.values()))
+    max_stage = max(s for s, _ in statements.values())
+    return StagePlan(ii=schedule.ii, op_slots=slots, statements=statements, max_stage=max_stage,
+                     load_lead=load_lead)
+
+
+def _folded_producers(lowered: LoweredLoop) -> dict[int, set[str]]:
+    """Graph ops whose results a folded statement reads in the same iteration (directly or through other
+    folded statements)."""
+    defined = {r.split("#")[0]: st.index for st in lowered.loop.body for r in st.results}
+    memo: dict[int, set[str]] = {}
+
+    def of(index: int) -> set[str]:
+        if index in memo:
+            return memo[index]
+        memo[index] = set()
+        out: set[str] = set()
+        for v in lowered.loop.body[index].operands:
+            src = defined.get(v.split("#")[0])
+            if src is None:
+                continue
+            if src in lowered.owner:
+                out.add(lowered.owner[src])
+            else:
+                out |= of(src)
+        memo[index] = out
+        return out
+
+    return {i: of(i) for i in lowered.folded_into}
+
+
+# -- text rewriting ----------------------------------------------------------------------------------------
+def _type_colon(line: str) -> int:
+    """Index of the top-level `` : `` that starts a statement's type signature, or -1."""
+    depth = 0
+    for i, ch in enumerate(line):
+        if ch in "<({[":
+            depth += 1
+        elif ch in ">)}]":
+            depth = max(0, depth - 1)
+        elif ch == ":" and depth == 0 and line[i - 1:i + 2] == " : ":
+            return i - 1
+    return -1
+
+
+def set_schedule_attrs(line: str, stage: int, cluster: int) -> str:
+    """``line`` (a statement's last line) with ``loop.stage``/``loop.cluster`` set, added if missing."""
+    attrs = f"loop.cluster = {cluster} : i32, loop.stage = {stage} : i32"
+    if _STAGE.search(line) and _CLUSTER.search(line):
+        line = _STAGE.sub(f"loop.stage = {stage} : i32", line, count=1)
+        return _CLUSTER.sub(f"loop.cluster = {cluster} : i32", line, count=1)
+    cut = _type_colon(line)
+    if cut < 0:
+        raise TwillError(f"cannot place schedule attributes on {line.strip()[:80]!r}")
+    head = line[:cut].rstrip()
+    if head.endswith("}"):                 # an attribute dictionary precedes the types: extend it
+        return head[:-1].rstrip() + f", {attrs}}}" + line[cut:]
+    return head + f" {{{attrs}}}" + line[cut:]
+
+
+def set_loop_max_stage(line: str, max_stage: int) -> str:
+    """The loop's closing line with ``tt.scheduled_max_stage`` set."""
+    if _MAX_STAGE.search(line):
+        return _MAX_STAGE.sub(f"tt.scheduled_max_stage = {max_stage} : i32", line, count=1)
+    m = re.match(r"^(\s*\})\s*\{(.*?)\}(.*)$", line)
+    if m:
+        return f"{m.group(1)} {{{m.group(2)}, tt.scheduled_max_stage = {max_stage} : i32}}{m.group(3)}"
+    m = re.match(r"^(\s*\})(.*)$", line)
+    return f"{m.group(1)} {{tt.scheduled_max_stage = {max_stage} : i32}}{m.group(2)}"
+
+
+def annotate(text: str, loop: ForLoop, plan: StagePlan) -> str:
+    """The module text with ``plan`` written on ``loop``'s body and ``tt.scheduled_max_stage`` on the loop."""
+    lines = text.splitlines()
+    for st in loop.body:
+        stage, cluster = plan.statements[st.index]
+        lines[st.last_line] = set_schedule_attrs(lines[st.last_line], stage, cluster)
+    lines[loop.close_line] = set_loop_max_stage(lines[loop.close_line], plan.max_stage)
+    return "\n".join(lines) + "\n"
+
+
+def read_schedule_attrs(text: str, loop: ForLoop) -> dict[int, tuple[int, int]]:
+    """(stage, cluster) of every statement of ``loop`` as written in ``text`` (Triton's or an injected one)."""
+    lines = text.splitlines()
+    out = {}
+    for st in loop.body:
+        line = lines[st.last_line]
+        s, c = re.search(r"loop\.stage = (-?\d+)", line), re.search(r"loop\.cluster = (-?\d+)", line)
+        if s and c:
+            out[st.index] = (int(s.group(1)), int(c.group(1)))
+    return out
+
+
+# -- compile -----------------------------------------------------------------------------------------------
+def schedule_edit(schedule: Schedule, machine: Machine, *, load_lead: int, capability: int,
+                  plans: list[StagePlan] | None = None):
+    """The text edit that writes ``schedule`` onto the pre-pipeline TTGIR (for :func:`compile_with_edit` or a
+    JIT hook, :func:`make_jit_hook`). Each plan it writes is appended to ``plans``."""
+
+    def edit(text: str) -> str:
+        lowered = lower_ttgir(text, machine, name=schedule.graph.name)
+        plan = plan_stages(lowered, schedule, load_lead=load_lead, capability=capability)
+        if plans is not None:
+            plans.append(plan)
+        return annotate(text, lowered.loop, plan)
+
+    return edit
+
+
+def default_load_lead(num_stages: int | None) -> int:
+    """``num_stages - 1`` (Triton's default num_stages is 3), at least 1."""
+    return max(1, (3 if num_stages is None else num_stages) - 1)
+
+
+def rings(ttgir: str) -> tuple[tuple[int, tuple[int, int], str], ...]:
+    """Multi-buffered shared-memory allocations of a final TTGIR: (depth, tile shape, element type)."""
+    out = []
+    for m in _RING.finditer(ttgir):
+        out.append((int(m.group(1)), (int(m.group(2)), int(m.group(3))), m.group(4)))
+    return tuple(out)
+
+
+def inject(spec: KernelSpec, schedule: Schedule, machine: Machine, *, load_lead: int | None = None,
+           workdir: str | None = None) -> InjectionResult:
+    """Compile ``spec`` with ``schedule`` instead of Triton's own software-pipelining schedule."""
+    if schedule.assignment:
+        raise UnsupportedFeatureError("Triton injection takes a software-pipelining schedule only; schedule "
+                                      "with --no-ws (SolveOptions(ws=False)) or emit Gluon for warp "
+                                      "specialization")
+    if spec.capability // 10 not in (9, 10):
+        raise UnsupportedFeatureError(f"schedule injection supports sm_90 and sm_100, not sm_{spec.capability}")
+    lead = default_load_lead(spec.num_stages) if load_lead is None else load_lead
+    plans: list[StagePlan] = []
+    seen: list[str] = []
+
+    def edit(text: str) -> str:
+        seen.append(schedule_edit(schedule, machine, load_lead=lead, capability=spec.capability, plans=plans)(text))
+        return seen[-1]
+
+    kernel, _ = compile_with_edit(spec, edit, workdir=workdir)
+    return InjectionResult(kernel=kernel, plan=plans[0], scheduled_ttgir=seen[0],
+                           rings=rings(kernel.asm["ttgir"]))
+
+
+def make_jit_hook(kernel_name: str, schedule: Schedule, machine: Machine, *, load_lead: int, workdir: str,
+                  capability: int = 90):
+    """An ``add_stages_inspection_hook`` for JIT launches (``kernel[grid](...)``) that compiles
+    ``kernel_name`` with ``schedule``. Triton 3.6 does not key its caches on the hook: use a fresh
+    ``JITFunction`` (``triton.jit(fn.fn)``) and ``knobs.compilation.always_compile``."""
+    from twill.frontends.triton.compile import make_hook
+
+    return make_hook(kernel_name, schedule_edit(schedule, machine, load_lead=load_lead, capability=capability),
+                     workdir)
+
+
+def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | Path) -> dict[str, Any]:
+    """Write ``<kernel>.ttgir`` (final), ``<kernel>.scheduled.ttgir`` (pre-pipeline, Twill's attributes),
+    ``<kernel>.cubin``, ``<kernel>.ptx`` and ``summary.json`` into ``directory``; returns the summary."""
+    out = Path(directory)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TwillError(f"cannot create output directory {str(out)!r}: {exc.strerror}") from None
+    name = result.kernel.name
+    (out / f"{name}.ttgir").write_text(result.kernel.asm["ttgir"])
+    (out / f"{name}.scheduled.ttgir").write_text(result.scheduled_ttgir)
+    (out / f"{name}.ptx").write_text(result.kernel.asm["ptx"])
+    (out / f"{name}.cubin").write_bytes(result.kernel.asm["cubin"])
+    summary = result.summary(schedule)
+    summary["files"] = sorted(p.name for p in out.iterdir() if p.name != "summary.json") + ["summary.json"]
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def heuristic_plan(text: str) -> dict[int, tuple[int, int]]:
+    """Triton's own (stage, cluster) per statement of the chosen loop of a pre-pipeline TTGIR."""
+    from twill.frontends.triton import select_loop
+
+    return read_schedule_attrs(text, select_loop(find_loops(text)))
