@@ -75,7 +75,8 @@ def mma(b: GraphBuilder, m: Machine, name: str, role: str, M: int, N: int, K: in
     extra = {"m": M, "n": N, "k": K, "dtype": dtype, "accumulator": accumulator}
     if m.mma_accumulates_in == "tmem":
         return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="mma", warps=1,
-                    tmem=tile_bytes(M, N, "fp32") if owns_tmem else 0, warp_busy=cost.warp_busy, attrs=_attrs(role, subtile, extra))
+                    tmem=tile_bytes(M, N, "fp32") if owns_tmem else 0, warp_busy=cost.warp_busy,
+                    attrs=_attrs(role, subtile, extra))
     out_bytes = tile_bytes(M, N, "fp32")
     return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="mma", warps=warps,
                 regs=tile_regs(M, N, "fp32", warps), spill_cost=costs.spill_cost(m, out_bytes),

@@ -57,6 +57,7 @@ def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit:
 
     blocked: list[str] = []
     undecided: list[str] = []
+    deadline = time.perf_counter() + time_limit
     per_family = max(0.5, min(EXPLAIN_TIME_LIMIT, time_limit / len(RELAXABLE)))
     for family in RELAXABLE:
         relaxed = replace(problem, relaxed=problem.relaxed | {family})
@@ -68,6 +69,9 @@ def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit:
             undecided.append(family)
     if not blocked:
         for pair in combinations([f for f in RELAXABLE if f not in undecided], 2):
+            if time.perf_counter() + per_family > deadline:
+                undecided.append("+".join(pair))
+                continue
             relaxed = replace(problem, relaxed=problem.relaxed | set(pair))
             outcome = CpsatJoint(relaxed, workers=options.workers, seed=options.seed).solve(
                 None, time_limit=per_family)
@@ -86,7 +90,8 @@ def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit:
 
 def derive_role(graph: LoopGraph, ops: list[str], variable_latency: bool) -> str:
     """``load`` (W_vl), ``mma`` (only MMAs and their waits), ``compute`` (MMAs mixed with other work),
-    ``softmax`` (holds an ``exp``), ``correction`` (``rescale``/``o_load``/``o_store`` without ``exp``), else ``compute``."""
+    ``softmax`` (holds an ``exp``), ``correction`` (``rescale``/``o_load``/``o_store`` without ``exp``),
+    else ``compute``."""
     if variable_latency:
         return "load"
     kinds = {graph.op(n).kind for n in ops}
@@ -102,7 +107,8 @@ def derive_role(graph: LoopGraph, ops: list[str], variable_latency: bool) -> str
     return "compute"
 
 
-def warp_groups(graph: LoopGraph, ii: int, solution: JointSolution) -> tuple[tuple[WarpGroup, ...], dict[str, int]]:
+def warp_groups(graph: LoopGraph, ii: int,
+                solution: JointSolution) -> tuple[tuple[WarpGroup, ...], dict[str, int]]:
     """Non-empty slots renumbered in slot order (W_vl first), ops in steady-state order."""
     order = sorted(graph.op_names, key=lambda n: (solution.starts[n] % ii, -(solution.starts[n] // ii),
                                                   graph.op_names.index(n)))
@@ -118,7 +124,8 @@ def warp_groups(graph: LoopGraph, ii: int, solution: JointSolution) -> tuple[tup
     return tuple(groups), assignment
 
 
-def _secondary(joint: Any, first: JointOutcome, options: SolveOptions, deadline: float) -> tuple[JointSolution, list[dict[str, Any]], bool]:
+def _secondary(joint: Any, first: JointOutcome, options: SolveOptions,
+               deadline: float) -> tuple[JointSolution, list[dict[str, Any]], bool]:
     """Fix L, then minimise stages, warps, SMEM in turn; returns the final solution, the objective records
     and whether every objective was proved optimal."""
     solution = first.solution
