@@ -15,8 +15,11 @@ Policy (documented in ``docs/codegen.md``):
   (GEMM) or the tensor-core op itself (attention, where the wait is implicit in the next wgmma wait).
 * **Waits.** The wgmma wait lag of a GEMM is ``stage(mma_wait) - stage(mma)``: ``warpgroup_mma_wait(lag)``
   keeps ``lag`` wgmma groups in flight and releases the slots of iteration ``i - lag``.
-  In attention ``qk_ahead = stage(exp) - stage(qk)`` (0 or 1): with 1, ``S = Q K^T`` of iteration
-  ``j + 1`` is issued before the softmax of iteration ``j`` (FA3's intra-warp-group pipeline).
+  In attention ``qk_ahead = stage(pv) - stage(qk)`` (0 or 1): with 1, ``S = Q K^T`` of iteration
+  ``j + 1`` is issued together with ``O += P V`` of iteration ``j`` and the softmax of ``j + 1`` overlaps
+  that PV (FA3's intra-warp-group pipeline). Whether the softmax sits in the stage of ``qk`` or of ``pv``
+  only rotates the same instruction stream; the emitter always rotates the loop so that no wgmma is in
+  flight across the back-edge (ptxas serializes every wgmma otherwise, warning C7514).
 * **Tensor-core order.** With several compute groups, the steady-state order of their tensor-core ops
   (by ``t mod II``) is cut into *turns*: maximal runs of one group's ops. Each turn is guarded by a
   ``turn`` mbarrier the previous group arrives on (ping-pong).
@@ -105,7 +108,7 @@ class KernelPlan:
         partitions: compute partitions first (the first is the default partition), then the load partition.
         rings: one per TMA-load edge, in graph order.
         mma_lag: GEMM wgmma wait lag (``stage(mma_wait) - stage(mma)``).
-        qk_ahead: attention: ``stage(exp) - stage(qk)``.
+        qk_ahead: attention: ``stage(pv) - stage(qk)``.
         turns: tensor-core turns between compute partitions (empty with one compute partition).
     """
 
@@ -281,7 +284,7 @@ def flash_plan(schedule: Schedule) -> KernelPlan:
     _check_roles(graph, FLASH_ROLES)
     if graph.attrs.get("causal"):
         raise UnsupportedFeatureError("cannot generate: causal masking not supported by the Gluon backend")
-    qks, pvs, exps = ops_with_role(graph, "qk"), ops_with_role(graph, "pv"), ops_with_role(graph, "exp")
+    qks, pvs = ops_with_role(graph, "qk"), ops_with_role(graph, "pv")
     if not qks or len(qks) != len(pvs) or len(qks) > 2:
         raise UnsupportedFeatureError("cannot generate: attention graph needs one qk and one pv per sub-tile "
                                       "(1 or 2 sub-tiles) for the Gluon backend")
@@ -301,10 +304,10 @@ def flash_plan(schedule: Schedule) -> KernelPlan:
                                           f"its sub-tile's wgmma (a register transfer through shared memory is "
                                           f"not supported by the Gluon backend)")
         (qk,) = [n for n in qks if subtile_of[n] == p.subtile]
-        (exp,) = [n for n in exps if subtile_of[n] == p.subtile]
-        ahead.add(schedule.stage(exp) - schedule.stage(qk))
+        (pv,) = [n for n in pvs if subtile_of[n] == p.subtile]
+        ahead.add(schedule.stage(pv) - schedule.stage(qk))
     if len(ahead) != 1 or not ahead <= {0, 1}:
-        raise UnsupportedFeatureError(f"cannot generate: qk issued {sorted(ahead)} stages ahead of the softmax "
+        raise UnsupportedFeatureError(f"cannot generate: qk issued {sorted(ahead)} stages ahead of its pv "
                                       f"not supported by the Gluon backend (0 or 1, equal for every sub-tile)")
     rings = []
     for load_role, name, readers in (("load_k", "k", qks), ("load_v", "v", pvs)):

@@ -5,8 +5,8 @@ Shape of the emitted kernel: ``load_partition`` (TMA producer) loads each comput
 once, then streams K and V tiles into their rings; one ``computeN_partition`` per sub-tile (the first is the
 default partition) runs the online softmax with S and O accumulators in registers and P kept in registers
 as the A operand of the second wgmma. With ``QK_AHEAD = 1`` (``S = Q K^T`` one stage ahead of the softmax)
-the steady state issues ``S(j+1)`` before the softmax of ``j`` and waits for ``O += P V`` one iteration
-late; with two compute partitions each wgmma turn is guarded by a ``turn`` mbarrier (ping-pong).
+the steady state issues ``S(j+1)`` together with ``O += P(j) V(j)`` and runs the softmax of ``j+1`` while
+that PV runs; with two compute partitions each wgmma turn is guarded by a ``turn`` mbarrier (ping-pong).
 
 Layout policy: S and O use the wgmma accumulator layout (``NVMMADistributedLayout`` v3, warps along M);
 row statistics (max, sum, alpha) live in ``SliceLayout(1, ·)`` of S and are converted to O's slice layout
@@ -36,7 +36,7 @@ def render_constants_flash(plan: KernelPlan) -> str:
         ("V_DEPTH", v.depth, f"ring v slots: {v.why}"),
         ("K_READERS", k.arrivals, "compute partitions releasing each k slot"),
         ("V_READERS", v.arrivals, "compute partitions releasing each v slot"),
-        ("QK_AHEAD", plan.qk_ahead, "stage(exp) - stage(qk): S = Q K^T issued this many iterations early"),
+        ("QK_AHEAD", plan.qk_ahead, "stage(pv) - stage(qk): S = Q K^T issued this many iterations before PV"),
         ("COMPUTE_WARPS", comp[0].num_warps, f"warp group {comp[0].group}: default partition (num_warps)"),
         ("COMPUTE_REGS", comp[-1].regs, "setmaxnreg budget of worker compute partitions (schedule)"),
         ("LOAD_WARPS", plan.load.num_warps, f"warp group {plan.load.group}: TMA producer"),
@@ -167,66 +167,61 @@ def render_compute_partition(plan: KernelPlan, index: int) -> str:
             f"{ind}                                    gl.SliceLayout(0, s_layout))",
         ]
 
-    def rescale_and_pv(j: str, ind: str, counter: str) -> list[str]:
+    def issue_pv(j: str, ind: str, counter: str | None) -> list[str]:
+        """``counter`` None: outside the steady state, where tensor-core turns are not taken."""
         return [
-            f"{ind}o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale",
             f"{ind}p_op = gl.convert_layout(p.to(DTYPE), p_layout)  # P stays in registers: wgmma A operand",
             f"{ind}mbarrier.wait(v_ready.index({j} % V_DEPTH), ({j} // V_DEPTH) & 1)  # ready: V tile {j}",
-            *turns.before(pv, ind, counter),
+            *(turns.before(pv, ind, counter) if counter else []),
             f"{ind}# {pv}: start {sched.start(pv)}, stage {sched.stage(pv)}",
             f"{ind}o_tok = warpgroup_mma(p_op, v_ring.index({j} % V_DEPTH), o, is_async=True)",
-            *turns.after(pv, ind),
+            *(turns.after(pv, ind) if counter else []),
         ]
 
+    rescale = "o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale"
     if plan.qk_ahead:
         body = [
-            f"    # prologue: {qk} of iteration 0 (stage {sched.stage(qk)} runs one iteration ahead of "
-            f"{exp}, stage {sched.stage(exp)})",
-            "    mbarrier.wait(k_ready.index(0), 0)",
+            f"    # {qk} runs one stage ahead of {pv} (stages {sched.stage(qk)} / {sched.stage(exp)} / "
+            f"{sched.stage(pv)} for {qk} / {exp} / {pv}).",
+            "    # The loop is rotated so that no wgmma is in flight across the back-edge (ptxas would serialize",
+            "    # every wgmma otherwise, C7514): body j issues S(j+1) and O += P(j) V(j), runs the softmax of",
+            "    # j+1 while O += P V runs, then retires it and rescales O.",
+            f"    # prologue: {qk} and softmax of iteration 0",
+            "    mbarrier.wait(k_ready.index(0), 0)  # ready: K tile 0",
             "    s_tok = warpgroup_mma(q, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
             "    s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
             "    mbarrier.arrive(k_empty.index(0))  # empty: K tile 0 consumed",
-            f"    # steady state: {qk}(j+1) overlaps the softmax of j; {pv}(j) is waited one iteration late",
+            *softmax("0", i4),
             "    for j in range(0, n_tiles - 1):",
             "        jn = j + 1",
             *issue_qk("jn", i8, "j"),
-            *softmax("j", i8),
-            f"{i8}# wait for {pv}(j-1) only now (wgmma groups retire in order: S(j+1) may still run)",
-            f"{i8}o = warpgroup_mma_wait(1, deps=[o])",
-            f"{i8}if j > 0:",
-            f"{i8}    mbarrier.arrive(v_empty.index((j - 1) % V_DEPTH))  # empty: V tile j-1 consumed",
-            *rescale_and_pv("j", i8, "j"),
-            f"{i8}# S(j+1) complete; O += P V of j may still run",
-            f"{i8}s_cur, o = warpgroup_mma_wait(1, deps=[s_tok, o_tok])",
+            *issue_pv("j", i8, "j"),
+            f"{i8}# S(j+1) complete (wgmma groups retire in order); O += P(j) V(j) still in flight",
+            f"{i8}s_cur, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])",
             f"{i8}mbarrier.arrive(k_empty.index(jn % K_DEPTH))  # empty: K tile j+1 consumed",
-            "    # epilogue: softmax and PV of the last iteration, then drain",
+            *softmax("jn", i8),
+            f"{i8}o, p_op = warpgroup_mma_wait(0, deps=[o, p_op])  # O += P(j) V(j) complete",
+            f"{i8}mbarrier.arrive(v_empty.index(j % V_DEPTH))  # empty: V tile j consumed",
+            f"{i8}{rescale}",
+            f"    # epilogue: {pv} of the last iteration",
             "    j = n_tiles - 1",
-            *softmax("j", i4),
-            "    o = warpgroup_mma_wait(0, deps=[o])",
-            "    if j > 0:",
-            "        mbarrier.arrive(v_empty.index((j - 1) % V_DEPTH))",
-            "    o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale",
-            "    p_op = gl.convert_layout(p.to(DTYPE), p_layout)",
-            "    mbarrier.wait(v_ready.index(j % V_DEPTH), (j // V_DEPTH) & 1)",
-            "    o_tok = warpgroup_mma(p_op, v_ring.index(j % V_DEPTH), o, is_async=True)",
-            "    o = warpgroup_mma_wait(0, deps=[o_tok])",
-            "    mbarrier.arrive(v_empty.index(j % V_DEPTH))",
+            *issue_pv("j", i4, None),
+            "    o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])",
+            "    mbarrier.arrive(v_empty.index(j % V_DEPTH))  # empty: V tile consumed",
         ]
     else:
         body = [
-            f"    # steady state: {qk}, softmax and {pv} of the same iteration (all stage {sched.stage(qk)})",
+            f"    # {qk}, softmax and {pv} of one iteration share stage {sched.stage(qk)}: no overlap inside the "
+            f"partition",
             "    for j in range(0, n_tiles):",
             *issue_qk("j", i8, "j"),
-            f"{i8}# S(j) needed now: wgmma groups retire in order, so {pv}(j-1) completes too",
-            f"{i8}s_cur, o = warpgroup_mma_wait(0, deps=[s_tok, o])",
+            f"{i8}s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
             f"{i8}mbarrier.arrive(k_empty.index(j % K_DEPTH))  # empty: K tile j consumed",
-            f"{i8}if j > 0:",
-            f"{i8}    mbarrier.arrive(v_empty.index((j - 1) % V_DEPTH))  # empty: V tile j-1 consumed",
             *softmax("j", i8),
-            *rescale_and_pv("j", i8, "j"),
-            f"{i8}o = warpgroup_mma_wait(1, deps=[o_tok])  # returns at once: only {pv}(j) in flight",
-            "    o = warpgroup_mma_wait(0, deps=[o])",
-            "    mbarrier.arrive(v_empty.index((n_tiles - 1) % V_DEPTH))",
+            f"{i8}{rescale}",
+            *issue_pv("j", i8, "j"),
+            f"{i8}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])",
+            f"{i8}mbarrier.arrive(v_empty.index(j % V_DEPTH))  # empty: V tile j consumed",
         ]
     tail = [
         "    # normalise and store (rows past seq_len masked)",
@@ -337,8 +332,8 @@ def launch(q, k, v, sm_scale=None, out=None):
 def render_flash(plan: KernelPlan) -> str:
     """The complete emitted module for an attention-forward plan."""
     turns = "; ".join(f"compute{t.partition}: {'/'.join(t.ops)}" for t in plan.turns) or "none (one compute group)"
-    extra = ["", f"decisions: QK_AHEAD {plan.qk_ahead} (S = Q K^T issued {plan.qk_ahead} iteration(s) before its "
-                 f"softmax); tensor-core turns (ping-pong): {turns}",
+    extra = ["", f"decisions: QK_AHEAD {plan.qk_ahead} (S = Q K^T issued {plan.qk_ahead} iteration(s) before "
+                 f"its PV); tensor-core turns (ping-pong): {turns}",
              "layouts: S, O in the wgmma accumulator layout; row max/sum in SliceLayout(1, S); P in registers as "
              "the A operand (DotOperandLayout) of O += P V"]
     header = render_header(plan, "Warp-specialized attention forward for Hopper (sm_90), Gluon / Triton 3.6.",

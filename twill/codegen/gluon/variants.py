@@ -50,14 +50,15 @@ def _ops(graph: LoopGraph, role: str) -> list[str]:
 
 def gemm_schedule(graph: LoopGraph, machine: Machine, *, lag: int = 1, depth: int = 3,
                   warps: int = 8) -> Schedule:
-    """A hand-built GEMM schedule. ``C`` = MMA cycles. Loads at 0 and 1 (one TMA unit), ``mma`` at 1.
-    ``lag >= 1``: II = C and ``mma_wait`` at ``1 + C + (lag - 1)·II`` (stage ``lag``). ``lag = 0``:
-    II = C + 2 so that ``mma_wait`` at ``1 + C`` stays in stage 0 (a slower, unlagged schedule)."""
+    """A hand-built GEMM schedule. ``C`` = MMA cycles, ``B`` = its issue cycles (the wait may not start while
+    the next MMA issues: CONCURRENCY). Loads at 0 and 1 (one TMA unit), ``mma`` at 1. ``lag >= 1``: II = C
+    and ``mma_wait`` at ``1 + C + B + (lag - 1)·II`` (stage ``lag``). ``lag = 0``: II = C + B + 2 so that
+    ``mma_wait`` at ``1 + C + B`` stays in stage 0 (a slower, unlagged schedule)."""
     (load_a,), (load_b,) = _ops(graph, "load_a"), _ops(graph, "load_b")
     (mma,), (wait,) = _ops(graph, "mma"), _ops(graph, "mma_wait")
-    cycles = graph.op(mma).cycles
-    ii = cycles if lag >= 1 else cycles + 2
-    starts = {load_a: 0, load_b: 1, mma: 1, wait: 1 + cycles + max(0, lag - 1) * ii}
+    cycles, busy = graph.op(mma).cycles, graph.op(mma).busy
+    ii = cycles if lag >= 1 else cycles + busy + 2
+    starts = {load_a: 0, load_b: 1, mma: 1, wait: 1 + cycles + busy + max(0, lag - 1) * ii}
     warps_ = (WarpGroup(0, "compute", warps, COMPUTE_REGS[1], (mma, wait)),
               WarpGroup(1, "load", 1, LOAD_REGS, (load_a, load_b)))
     return Schedule(graph=graph, arch=machine.name, solver="manual", status="feasible", ii=ii,
@@ -71,11 +72,14 @@ def _units(graph: LoopGraph, machine: Machine) -> dict[str, int]:
 
 
 def list_modulo_schedule(graph: LoopGraph, machine: Machine, ii: int,
-                         earliest: dict[str, int] | None = None) -> dict[str, int] | None:
+                         earliest: dict[str, int] | None = None,
+                         group_of: dict[str, int] | None = None) -> dict[str, int] | None:
     """Greedy modulo list scheduling at ``ii``: ops in graph order (a topological order of the
     distance-0 edges for the built-in kernels), each at the first cycle ``>= max(pred + delay - δ·II,
     earliest[op])`` whose modulo reservation table has room. Returns the starts, or None if a
-    loop-carried edge is violated (try a larger II)."""
+    loop-carried edge is violated (try a larger II). With ``group_of``, each warp group is a unit of capacity
+    1 that an op holds for its ``busy`` cycles (WARP ISSUE), and an op with ``busy = 0`` needs its issue
+    cycle free (CONCURRENCY)."""
     caps = _units(graph, machine)
     usage: dict[tuple[str, int], int] = {}
     starts: dict[str, int] = {}
@@ -84,15 +88,20 @@ def list_modulo_schedule(graph: LoopGraph, machine: Machine, ii: int,
         for e in graph.in_edges(op.name):
             if e.src in starts:
                 lo = max(lo, starts[e.src] + e.delay - e.distance * ii)
+        warp = f"warp group {group_of[op.name]}" if group_of else None
         t = lo
         while any(usage.get((u, (t + c) % ii), 0) + n > caps.get(u, 0)
-                  for c, row in enumerate(op.rrt) for u, n in row):
+                  for c, row in enumerate(op.rrt) for u, n in row) or (
+                warp and any(usage.get((warp, (t + c) % ii), 0) for c in range(max(1, op.busy)))):
             t += 1
             if t > lo + ii:
                 return None
         for c, row in enumerate(op.rrt):
             for u, n in row:
                 usage[(u, (t + c) % ii)] = usage.get((u, (t + c) % ii), 0) + n
+        if warp:
+            for c in range(op.busy):
+                usage[(warp, (t + c) % ii)] = 1
         starts[op.name] = t
     for e in graph.edges:
         if starts[e.dst] + e.distance * ii < starts[e.src] + e.delay:
@@ -104,12 +113,15 @@ def flash_schedule(graph: LoopGraph, machine: Machine, *, ahead: int = 1, depth:
                    warps: int | None = None) -> Schedule:
     """A hand-built attention schedule: one compute warp group per sub-tile (8 warps for one 128-row tile,
     4 per 64-row sub-tile) plus the TMA producer; ``ahead = 1`` starts every softmax op at least one II
-    after its ``qk`` (stage distance 1), ``ahead = 0`` keeps the iteration in one stage. The smallest II
+    after its ``qk`` (so ``pv`` is one stage after ``qk``), ``ahead = 0`` keeps ``qk`` and ``pv`` in one stage. The smallest II
     (from the tensor-core bound up) at which the greedy list scheduler succeeds is used."""
     subtiles = int(graph.attrs.get("subtiles", 1))
     warps = warps or (8 if subtiles == 1 else 4)
     tc = sum(op.usage("tc") for op in graph.ops)
-    for ii in range(tc, 20 * tc):
+    group_of = {op.name: subtiles if op.variable_latency else int(op.attrs.get("subtile", 0)) for op in graph.ops}
+    busy = max(sum(op.busy for op in graph.ops if group_of[op.name] == g) for g in set(group_of.values()))
+    lower = max(tc, busy)
+    for ii in range(lower, 4 * lower, max(1, lower // 200)):
         earliest = {}
         if ahead:
             for op in graph.ops:
@@ -117,13 +129,13 @@ def flash_schedule(graph: LoopGraph, machine: Machine, *, ahead: int = 1, depth:
                     earliest[op.name] = ii
         else:
             earliest = {}
-        starts = list_modulo_schedule(graph, machine, ii, earliest)
+        starts = list_modulo_schedule(graph, machine, ii, earliest, group_of)
         if starts is None:
             continue
         stages = {n: t // ii for n, t in starts.items()}
         qk_stage = {op.attrs.get("subtile", 0): stages[op.name] for op in graph.ops if op.attrs.get("role") == "qk"}
         ok = all(stages[op.name] - qk_stage[op.attrs.get("subtile", 0)] == ahead
-                 for op in graph.ops if op.attrs.get("role") == "exp")
+                 for op in graph.ops if op.attrs.get("role") == "pv")
         if ok:
             break
     else:
@@ -138,5 +150,5 @@ def flash_schedule(graph: LoopGraph, machine: Machine, *, ahead: int = 1, depth:
     groups.append(WarpGroup(subtiles, "load", 1, LOAD_REGS, loads))
     assignment.update({n: subtiles for n in loads})
     return Schedule(graph=graph, arch=machine.name, solver="manual", status="feasible", ii=ii,
-                    ii_lower_bound=tc, starts=starts, assignment=assignment, warps=tuple(groups),
+                    ii_lower_bound=lower, starts=starts, assignment=assignment, warps=tuple(groups),
                     streaming_depth=depth, stats={"variant": f"ahead{ahead}_d{depth}_sub{subtiles}"})
