@@ -277,6 +277,7 @@ def test_backends_agree_on_builtin_kernels(kernel, options, arch):
     assert (yices_schedule.ii, yices_schedule.length) == (cpsat.ii, cpsat.length)
     assert yices_schedule.status == cpsat.status == "optimal"
     assert yices_schedule.solver == "yices" and yices_schedule.assignment
+    assert yices_schedule.stats.get("blocked_by") == cpsat.stats.get("blocked_by")
     proven = {r["name"]: r["value"] for r in cpsat.stats["objectives"] if r["proven"]}
     mine = {r["name"]: r["value"] for r in yices_schedule.stats["objectives"] if r["proven"]}
     for name in proven.keys() & mine.keys():

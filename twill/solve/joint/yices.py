@@ -62,7 +62,7 @@ class YicesModel:
     ``objective[name]``.
     """
 
-    def __init__(self, yices: Any, problem: JointProblem):
+    def __init__(self, yices: Any, problem: JointProblem, *, switched: bool = False):
         self.y = yices
         self.problem = problem
         self.graph = problem.graph
@@ -92,6 +92,9 @@ class YicesModel:
         terms = yices.Terms
         self.true, self.false = terms.true(), terms.false()
         self.zero, self.one = terms.integer(0), terms.integer(1)
+        self.switch: dict[str, int] = {}
+        if switched:
+            self.switch = {f: self.new_bool(f"on[{f}]") for f in RELAXABLE if problem.active(f)}
 
     def close(self) -> None:
         """Free the Yices context and the last model (terms are global to Yices and stay)."""
@@ -116,11 +119,18 @@ class YicesModel:
         return var
 
     def add(self, family: str, formulas: Sequence[int]) -> None:
-        """Assert ``formulas`` and count them under ``family``."""
+        """Assert ``formulas`` and count them under ``family``; a switched relaxable family asserts
+        ``on[family] ⇒ formula`` instead (see :func:`switches`)."""
         formulas = [f for f in formulas if f != self.true]
+        if family in self.switch:
+            formulas = [self.implies([self.switch[family]], f) for f in formulas]
         if formulas:
             self.context.assert_formulas(formulas)
         self.counts[family] = self.counts.get(family, 0) + len(formulas)
+
+    def on(self, family: str) -> int:
+        """The switch literal of a relaxable family (true when the model is not switched)."""
+        return self.switch.get(family, self.true)
 
     def neg(self, term: int) -> int:
         """``¬term`` (memoised: model building makes millions of these calls through ctypes)."""
@@ -403,7 +413,8 @@ def add_memory_capacity(m: YicesModel) -> None:
             staged = m.new_int(f"staging[{e.src}->{e.dst}]", 0, nbytes * (p.copies + e.distance + 1))
             need = T.mul(m.integer(nbytes),
                          T.sum([m.stage[e.dst], m.integer(e.distance + 1), T.neg(m.stage[e.src])]))
-            formulas.append(m.implies([m.neg(m.same(e.src, e.dst))], T.arith_geq_atom(staged, need)))
+            formulas.append(m.implies([m.on("cross_warp_spills"), m.neg(m.same(e.src, e.dst))],
+                                      T.arith_geq_atom(staged, need)))
             smem_terms.append(staged)
     smem = T.sum(smem_terms)
     m.objective["smem"] = smem
@@ -518,7 +529,8 @@ def waits(m: YicesModel, v: str) -> int:
         return m.true
     if not (m.problem.active("cross_warp_spills") and m.problem.cross_warp):
         return m.false
-    return m.any(m.neg(m.same(e.src, v)) for e in m.graph.in_edges(v) if m.crossing(e))
+    crossing = m.any(m.neg(m.same(e.src, v)) for e in m.graph.in_edges(v) if m.crossing(e))
+    return m.all([m.on("cross_warp_spills"), crossing]) if crossing != m.false else m.false
 
 
 def add_concurrency(m: YicesModel) -> None:
@@ -589,15 +601,17 @@ FAMILY_FUNCTIONS: dict[str, Callable[[YicesModel], None]] = {
 }
 
 
-def build_model(yices: Any, problem: JointProblem, families: Iterable[str] = FAMILIES) -> YicesModel:
+def build_model(yices: Any, problem: JointProblem, families: Iterable[str] = FAMILIES, *,
+                switched: bool = False) -> YicesModel:
     """The time-indexed model of ``problem`` with ``families`` added in paper order (a table of contents of
     Figures 4-6). Families in ``problem.relaxed`` are skipped by their own functions; ``families`` lets a
-    test leave any family out."""
+    test leave any family out. ``switched`` guards every relaxable family with a literal ``on[family]``
+    that each query assumes (:func:`switches`), so the UNSAT explanation reuses the model."""
     chosen = set(families)
     unknown = chosen - set(FAMILIES)
     if unknown:
         raise ValueError(f"unknown constraint families {sorted(unknown)}")
-    m = YicesModel(yices, problem)
+    m = YicesModel(yices, problem, switched=switched)
     add_variables(m)
     for name in FAMILIES:
         if name in chosen:
@@ -628,6 +642,12 @@ def query(m: YicesModel, assumptions: Sequence[int] = (), timeout: float | None 
     if status == y.Status.SAT:
         return "sat"
     return "unsat" if status == y.Status.UNSAT else "unknown"
+
+
+def switches(m: YicesModel, off: Iterable[str] = ()) -> list[int]:
+    """Assumptions that switch every relaxable family on except ``off`` (empty for an unswitched model)."""
+    off = set(off)
+    return [m.neg(lit) if family in off else lit for family, lit in m.switch.items()]
 
 
 def value(m: YicesModel, term: int) -> int:
@@ -713,30 +733,29 @@ def search_lengths(m: YicesModel, *, deadline: float, rows: list[dict[str, Any]]
             return "unknown"
         horizon = p.horizon(length)
         began = time.perf_counter()
-        answer = query(m, completion_formulas(m, horizon), timeout=remaining)
+        answer = query(m, completion_formulas(m, horizon) + switches(m), timeout=remaining)
         seconds = time.perf_counter() - began
         rows.append({"length": length, "horizon": horizon, "status": answer, "seconds": round(seconds, 3)})
         report(f"II {p.ii}, L {length} (T {horizon}): {answer} ({seconds:.2f} s)")
         if answer == "sat":
             m.context.push()
-            m.add("completion", completion_formulas(m, horizon))
+            m.add("completion", completion_formulas(m, horizon) + switches(m))
             return Found(m, length)
         if answer == "unknown":
             return "unknown"
     return "infeasible"
 
 
-def explain_infeasible(yices: Any, problem: JointProblem, deadline: float) -> tuple[list[str], str]:
-    """docs/model.md §5: relax one family at a time; those whose removal alone makes ``problem`` feasible
-    (some L in its window) block it. When no single family does, pairs are tried and reported as ``"a+b"``.
-    Returns (families, one readable line)."""
+def explain_infeasible(m: YicesModel, deadline: float) -> tuple[list[str], str]:
+    """docs/model.md §5: relax one family at a time; those whose removal alone makes the switched model
+    ``m`` feasible (some L in its window) block it. When no single family does, pairs are tried and reported
+    as ``"a+b"``. Each relaxation is one query with that family's switch off. Returns (families, one line)."""
     from twill.solve.joint.search import EXPLAIN_TIME_LIMIT, FAMILY_TEXT
 
+    problem = m.problem
+
     def feasible_without(families: Iterable[str], seconds: float) -> str:
-        relaxed = build_model(yices, replace(problem, relaxed=problem.relaxed | set(families)))
-        answer = query(relaxed, timeout=seconds)
-        relaxed.close()
-        return answer
+        return query(m, switches(m, off=families), timeout=seconds)
 
     blocked: list[str] = []
     undecided: list[str] = []
@@ -811,7 +830,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         modulo_ii = modulo_ii or ii
         problem = make_problem(graph, machine, options, units, ii=ii, length_min=mod.length)
         built = time.perf_counter()
-        model = build_model(yices, problem)
+        model = build_model(yices, problem, switched=ii == modulo_ii)
         lengths: list[dict[str, Any]] = []
         outcome = search_lengths(model, deadline=deadline, rows=lengths, report=options.report)
         joint = outcome if isinstance(outcome, str) else "sat"
@@ -821,13 +840,13 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             return finish(graph, machine, options, outcome, mod.status == "optimal", started=started,
                           deadline=deadline, lower_bound=lower_bound, proven_below=proven_below, tried=tried,
                           modulo_ii=modulo_ii, blocked=blocked, note=note)
-        model.close()
         proven_below = proven_below and outcome == "infeasible" and mod.status == "optimal"
+        if outcome == "infeasible" and ii == modulo_ii:
+            blocked, note = explain_infeasible(model, deadline)
+            options.report(note)
+        model.close()
         if outcome == "unknown":
             break
-        if ii == modulo_ii:
-            blocked, note = explain_infeasible(yices, problem, deadline)
-            options.report(note)
     if tried and tried[-1]["ii"] == max_ii and tried[-1].get("joint", "infeasible") == "infeasible":
         raise InfeasibleScheduleError(
             f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {max_ii} (yices backend); raise "
