@@ -54,34 +54,38 @@ class _Builder:
         self.v = ModelVars()
         self.counts: dict[str, int] = {}
         self.names = list(self.g.op_names)
+        self.index = {name: k for k, name in enumerate(self.names)}
         self.ops = {op.name: op for op in self.g.ops}
+        self.allowed = {name: self._slots(name) for name in self.names}
 
-    def slots_of(self, name: str) -> list[int]:
-        """Slots ``name`` may use: W_vl (0) iff variable latency (VARIABLE LATENCY)."""
+    def _slots(self, name: str) -> list[int]:
         if self.ops[name].variable_latency:
             return [0]
         return list(range(1, self.p.slots))
 
+    def slots_of(self, name: str) -> list[int]:
+        """Slots ``name`` may use: W_vl (0) iff variable latency (VARIABLE LATENCY)."""
+        return self.allowed[name]
+
     def same(self, u: str, v: str) -> Any:
-        """``same[u,v] ⇔ ∨_g a[u,g] ∧ a[v,g]`` (created on first use)."""
-        key = (u, v) if self.names.index(u) < self.names.index(v) else (v, u)
+        """``same[u,v] ⇔ ∨_g a[u,g] ∧ a[v,g]`` (created on first use). With exactly one slot per op, two
+        clauses per common slot define it: ``a[u,g] ∧ a[v,g] ⇒ same`` and ``same ∧ a[u,g] ⇒ a[v,g]``."""
+        key = (u, v) if self.index[u] < self.index[v] else (v, u)
         if key in self.v.same:
             return self.v.same[key]
         m = self.model
-        common = sorted(set(self.slots_of(u)) & set(self.slots_of(v)))
         lit = m.new_bool_var(f"same[{key[0]},{key[1]}]")
-        both = []
-        for g in common:
-            au, av = self.v.assign[(u, g)], self.v.assign[(v, g)]
-            b = m.new_bool_var(f"both[{key[0]},{key[1]},g={g}]")
-            m.add_implication(b, au)
-            m.add_implication(b, av)
-            m.add_bool_or([au.Not(), av.Not(), b])
-            both.append(b)
-        if both:
-            m.add_max_equality(lit, both)
-        else:
+        common = [g for g in self.allowed[u] if g in self.allowed[v]]
+        if not common:
             m.add(lit == 0)
+        for g in self.allowed[u]:
+            au = self.v.assign[(u, g)]
+            if g in self.allowed[v]:
+                av = self.v.assign[(v, g)]
+                m.add_bool_or([au.Not(), av.Not(), lit])
+                m.add_bool_or([lit.Not(), au.Not(), av])
+            else:
+                m.add_implication(au, lit.Not())
         self.v.same[key] = lit
         return lit
 
@@ -328,7 +332,7 @@ def add_concurrency(b: _Builder) -> None:
             continue
         for o in b.names:
             busy = b.ops[o].busy
-            if o == v or busy <= 0 or not set(b.slots_of(v)) & set(b.slots_of(o)):
+            if o == v or busy <= 0 or b.ops[v].variable_latency != b.ops[o].variable_latency:
                 continue
             cond = [b.same(v, o)] + ([] if waits is True else [waits])
             if busy >= p.ii:

@@ -169,18 +169,21 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     modulo_ii: int | None = None
     blocked: list[str] | None = None
     note = ""
+    previous: dict[str, int] | None = None
     for ii in range(lower_bound, max_ii + 1):
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             break
         options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
-        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed)
+        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed,
+                           hint=previous)
         row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
         if not mod.found:
             tried.append(row)
             proven_below = proven_below and mod.status == "infeasible"
             continue
         modulo_ii = modulo_ii or ii
+        previous = dict(mod.starts)
         problem = make_problem(graph, machine, options, units, ii=ii, length_min=mod.length)
         joint = CpsatJoint(problem, workers=options.workers, seed=options.seed)
         joint.hint(mod.starts)
