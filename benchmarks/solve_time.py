@@ -62,7 +62,8 @@ def run_one(kernel: str, options: dict[str, Any], arch: str, backend: str, time_
         "modulo_ii": stats.get("modulo_ii"), "ii": result.ii, "length": result.length,
         "stages": result.num_stages, "warps": [f"{w.role}:{w.num_warps}x{w.regs}" for w in result.warps],
         "variables": stats.get("variables"), "constraints": stats.get("constraints"),
-        "blocked_by": stats.get("blocked_by"), "seconds": round(time.perf_counter() - began, 2),
+        "blocked_by": stats.get("blocked_by"), "iis_tried": len(stats.get("tried", [])),
+        "seconds": round(time.perf_counter() - began, 2),
         "cycles_per_unit": stats.get("normalization", {}).get("cycles_per_unit"),
     })
     return row
@@ -82,17 +83,18 @@ def backends(requested: list[str]) -> list[str]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| kernel | arch | backend | ops | II bound | modulo II | final II | L | status | variables | "
-            "constraints | seconds |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| kernel | arch | backend | ops | II bound | modulo II | final II | IIs tried | L | status | "
+            "variables | constraints | seconds |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         label = next(lab for k, o, lab in CONFIGS if k == r["kernel"] and o == r["options"])
         if r["status"] == "error":
-            lines.append(f"| {label} | {r['arch']} | {r['backend']} | {r['ops']} | | | | | error: "
+            lines.append(f"| {label} | {r['arch']} | {r['backend']} | {r['ops']} | | | | | | error: "
                          f"{r['error'][:60]} | | | {r['seconds']} |")
             continue
         lines.append(f"| {label} | {r['arch']} | {r['backend']} | {r['ops']} | {r['ii_lower_bound']} | "
-                     f"{r['modulo_ii']} | {r['ii']} | {r['length']} | {r['status']} | {r['variables']} | "
+                     f"{r['modulo_ii']} | {r['ii']} | {r['iis_tried']} | {r['length']} | {r['status']} | "
+                     f"{r['variables']} | "
                      f"{r['constraints']} | {r['seconds']} |")
     return head + "\n".join(lines) + "\n"
 

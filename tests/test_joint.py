@@ -159,3 +159,14 @@ def test_roles_are_derived_from_the_ops():
     assert derive_role(graph, ["o_load_a", "rescale_a", "o_store_a"], False) == "correction"
     hopper = build_kernel("flash-fwd", H100, subtiles=2)
     assert derive_role(hopper, ["qk_a", "exp_a", "pv_a"], False) == "compute"
+
+
+def test_a_time_limit_never_claims_optimality():
+    machine = get_machine("b200")
+    graph = build_kernel("flash-fwd", machine, subtiles=1)     # needs ~86 IIs proved infeasible
+    try:
+        result = schedule(graph, machine, SolveOptions(time_limit=2.0))
+    except InfeasibleScheduleError as exc:
+        assert "time limit" in str(exc)
+    else:
+        assert result.status == "feasible" or result.ii == result.ii_lower_bound
