@@ -133,6 +133,11 @@ def constrain_for_triton(graph: LoopGraph, capability: int) -> LoopGraph:
     return replace(graph, edges=graph.edges + tuple(extra), attrs=frozen_attrs(attrs))
 
 
+#: Cost-normalization budget U of the sm_90 window search: coarser than the default 300, because proving
+#: an II infeasible under the window constraint is the expensive step and its cost grows with U.
+WINDOW_RESOLUTION = 100
+
+
 def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, options: SolveOptions | None = None,
                      *, per_ii_limit: float = 20.0) -> Schedule:
     """A software-pipelining schedule of ``graph`` that Triton 3.6 can take (see :func:`constrain_for_triton`).
@@ -141,7 +146,8 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
     linear II search of the core slow (each infeasible II is a hard proof), so this searches II on the
     normalized, constrained graph with :func:`twill.solve.modulo.solve_modulo` directly: upward in steps of
     1/8 of the lower bound until a schedule is found, then bisection between the highest II not yet excluded
-    and the best found. ``status`` is ``optimal`` only when II − 1 was proved infeasible and L is optimal;
+    and the best found, at cost resolution ``min(U, WINDOW_RESOLUTION)``. ``status`` is ``optimal`` only when
+    II − 1 was proved infeasible and L is optimal;
     otherwise ``feasible`` with ``ii_lower_bound`` the smallest II not proved infeasible. The result is
     checked by :func:`twill.schedule.verify.verify`.
     """
@@ -163,7 +169,7 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
     started = time.perf_counter()
     constrained = constrain_for_triton(graph, capability)
     validate_graph(constrained, machine.units)
-    work, norm = normalized(constrained, base)
+    work, norm = normalized(constrained, replace(base, resolution=min(base.resolution, WINDOW_RESOLUTION)))
     units = validate_graph(work, machine.units)
     res, rec = res_mii(work, units), rec_mii(work)
     low = max(res, rec)

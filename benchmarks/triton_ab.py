@@ -1,0 +1,260 @@
+"""A/B of the same Triton kernels under the same Triton 3.6.0: Triton's own software-pipelining schedule vs
+the schedule Twill computes and injects (``twill.codegen.triton``).
+
+Two steps, because the GPU machine has no OR-Tools:
+
+  python benchmarks/triton_ab.py prepare     # CPU: extract graphs, solve, write SCHEDULES (committed)
+  PYTHONPATH=. python benchmarks/triton_ab.py run --out benchmarks/results/triton_ab.json   # GPU
+
+``run`` compiles every kernel twice with the JIT — once plainly, once through a *separate* ``JITFunction``
+whose first launch runs with Twill's injection hook (Triton 3.6 keys neither its in-memory nor its file
+cache on the hook, so the variants get their own JITFunction and the file cache is off) — then for every
+size: fresh random inputs, NaN-poisoned outputs, a float32 torch reference, and ``do_bench`` medians of the
+two variants interleaved A, B, A, B (the spread of the two A runs is the noise floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEDULES = ROOT / "benchmarks" / "results" / "triton_ab_schedules.json"
+
+#: case -> (kernel module, kernel function, sizes). Sizes: (M, N, K) for GEMM, (B, H, S, D) for attention.
+CASES = {
+    "matmul": ("matmul", "matmul_kernel", [(4096, 4096, 4096), (8192, 8192, 8192)]),
+    "flash_fwd": ("flash_fwd", "attn_fwd", [(4, 32, 4096, 128), (4, 32, 8192, 128)]),
+    "flash_fwd_subtiled": ("flash_fwd_subtiled", "attn_fwd_subtiled", [(4, 32, 4096, 128), (4, 32, 8192, 128)]),
+}
+
+
+def _module(name: str):
+    import importlib
+
+    return importlib.import_module(f"twill.kernels.triton.{name}")
+
+
+# -- prepare (CPU) ----------------------------------------------------------------------------------------
+def prepare(time_limit: float) -> None:
+    """Extract each kernel's loop graph for sm_90, solve it for Triton, save the schedules with their graphs."""
+    from twill.codegen.triton import solve_for_triton
+    from twill.commands.common import schedule_document
+    from twill.frontends.triton import kernel_spec, lower_function
+    from twill.machine import get_machine
+    from twill.solve import SolveOptions
+
+    machine = get_machine("h100")
+    out = {}
+    for case, (mod_name, fn_name, _) in CASES.items():
+        mod = _module(mod_name)
+        spec = kernel_spec(getattr(mod, fn_name), signature=mod.SIGNATURE, constexprs=list(mod.CONSTEXPRS),
+                           num_warps=mod.NUM_WARPS, num_stages=mod.NUM_STAGES, machine=machine)
+        lowered, _ = lower_function(spec, machine)
+        began = time.perf_counter()
+        sched = solve_for_triton(lowered.graph, machine, spec.capability,
+                                 SolveOptions(ws=False, time_limit=time_limit), per_ii_limit=30.0)
+        doc = schedule_document(sched)
+        per_unit = sched.stats["normalization"]["cycles_per_unit"]
+        doc["triton_ab"] = {"ii_cycles": round(sched.ii * per_unit),
+                            "ii_lower_bound_cycles": round(sched.ii_lower_bound * per_unit),
+                            "solve_seconds": round(time.perf_counter() - began, 1)}
+        out[case] = doc
+        print(f"{case}: II {sched.ii} (~{doc['triton_ab']['ii_cycles']} cycles, {sched.status}, lower bound "
+              f"~{doc['triton_ab']['ii_lower_bound_cycles']}) in {doc['triton_ab']['solve_seconds']} s", flush=True)
+    SCHEDULES.parent.mkdir(parents=True, exist_ok=True)
+    SCHEDULES.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {SCHEDULES}")
+
+
+# -- run (GPU) --------------------------------------------------------------------------------------------
+def _load_schedule(doc: dict):
+    from twill.ir.io import graph_from_dict
+    from twill.schedule.result import Schedule
+
+    return Schedule.from_dict(doc, graph_from_dict(doc["loop_graph"]))
+
+
+def _rel_err(out, ref) -> float:
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+def _gemm_inputs(torch, M, N, K):
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
+    c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
+    return a, b, c
+
+
+def _attn_inputs(torch, B, H, S, D):
+    q, k, v = (torch.randn(B * H * S, D, device="cuda", dtype=torch.float16) for _ in range(3))
+    o = torch.full((B * H * S, D), float("nan"), device="cuda", dtype=torch.float16)
+    return q, k, v, o
+
+
+def _attn_reference(torch, q, k, v, S, D, heads: list[int]):
+    """float32 attention of selected (batch*head) slices: list of [S, D] outputs."""
+    scale = 1.0 / math.sqrt(D)
+    outs = []
+    for h in heads:
+        rows = slice(h * S, (h + 1) * S)
+        qh, kh, vh = q[rows].float(), k[rows].float(), v[rows].float()
+        p = torch.softmax((qh @ kh.T) * scale, dim=-1)
+        outs.append(p @ vh)
+    return outs
+
+
+def _launcher(torch, case: str, fn, size):
+    """(launch(), check() -> error, flops) for one kernel variant and size; check() redraws the inputs."""
+    mod = _module(CASES[case][0])
+    consts = {c.split("=")[0]: int(c.split("=")[1]) for c in mod.CONSTEXPRS}
+    if case == "matmul":
+        M, N, K = size
+        a, b, c = _gemm_inputs(torch, M, N, K)
+        grid = (M // consts["BLOCK_M"], N // consts["BLOCK_N"])
+
+        def launch():
+            return fn[grid](a, b, c, M, N, K, **consts, num_warps=mod.NUM_WARPS, num_stages=mod.NUM_STAGES)
+
+        def check():
+            a.copy_(torch.randn_like(a))
+            b.copy_(torch.randn_like(b))
+            c.fill_(float("nan"))
+            launch()
+            torch.cuda.synchronize()
+            if torch.isnan(c).any():
+                return float("inf")
+            return _rel_err(c, a.float() @ b.float())
+
+        return launch, check, 2.0 * M * N * K
+    B, H, S, D = size
+    q, k, v, o = _attn_inputs(torch, B, H, S, D)
+    rows_per_program = consts["BLOCK_M"] * (2 if case == "flash_fwd_subtiled" else 1)
+    grid = (S // rows_per_program, B * H)
+    scale = 1.0 / math.sqrt(D)
+
+    def launch():
+        return fn[grid](q, k, v, o, scale, B * H, S, **consts, num_warps=mod.NUM_WARPS, num_stages=mod.NUM_STAGES)
+
+    def check():
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        o.fill_(float("nan"))
+        launch()
+        torch.cuda.synchronize()
+        if torch.isnan(o).any():
+            return float("inf")
+        heads = [0, B * H // 2 + 1, B * H - 1]
+        refs = _attn_reference(torch, q, k, v, S, D, heads)
+        return max(_rel_err(o[h * S:(h + 1) * S], r) for h, r in zip(heads, refs))
+
+    return launch, check, 4.0 * B * H * S * S * D
+
+
+def run(out_path: Path, reps: int) -> None:
+    import torch
+    import triton
+    from triton import knobs
+    from triton.testing import do_bench
+
+    from twill.codegen.triton import default_load_lead, make_jit_hook
+    from twill.machine import get_machine
+
+    machine = get_machine("h100")
+    knobs.compilation.always_compile = True
+    knobs.cache.dir = tempfile.mkdtemp(prefix="twill-ab-cache-")
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    docs = json.loads(SCHEDULES.read_text())
+    device = torch.cuda.get_device_name()
+    results = {"device": device, "triton": triton.__version__, "torch": torch.__version__,
+               "timing": f"triton.testing.do_bench median (warmup 25 ms, rep 100 ms), interleaved A,B x{reps}",
+               "cases": []}
+    for case, (mod_name, fn_name, sizes) in CASES.items():
+        mod = _module(mod_name)
+        base = getattr(mod, fn_name)
+        sched = _load_schedule(docs[case])
+        twill_fn = triton.jit(base.fn)
+        workdir = tempfile.mkdtemp(prefix=f"twill-ab-{case}-")
+        lead = default_load_lead(mod.NUM_STAGES)
+        for size in sizes:
+            row = {"case": case, "size": list(size), "ii_model_cycles": docs[case]["triton_ab"]["ii_cycles"]}
+            variants = {}
+            for variant, fn in (("triton", base), ("twill", twill_fn)):
+                launch, check, flops = _launcher(torch, case, fn, size)
+                if variant == "twill":
+                    knobs.runtime.add_stages_inspection_hook = make_jit_hook(
+                        base.__name__, sched, machine, load_lead=lead, workdir=workdir, capability=90)
+                try:
+                    compiled = launch()
+                    torch.cuda.synchronize()
+                finally:
+                    knobs.runtime.add_stages_inspection_hook = None
+                variants[variant] = (launch, check, flops)
+                row[f"{variant}_shared_bytes"] = int(compiled.metadata.shared)
+                row[f"{variant}_regs"] = int(getattr(compiled, "n_regs", 0) or 0)
+                row[f"{variant}_spills"] = int(getattr(compiled, "n_spills", 0) or 0)
+            for variant, (launch, check, flops) in variants.items():
+                row[f"{variant}_rel_err"] = max(check(), check())
+            times = {v: [] for v in variants}
+            for _ in range(reps):
+                for variant, (launch, _, _) in variants.items():
+                    times[variant].append(do_bench(launch, warmup=25, rep=100, return_mode="median"))
+            flops = variants["triton"][2]
+            for variant in variants:
+                best = min(times[variant])
+                row[f"{variant}_ms"] = [round(t, 4) for t in times[variant]]
+                row[f"{variant}_tflops"] = round(flops / best / 1e9, 1)
+            row["speedup"] = round(min(times["triton"]) / min(times["twill"]), 3)
+            row["noise"] = round(max(max(t) / min(t) - 1 for t in times.values()), 3)
+            results["cases"].append(row)
+            print(json.dumps(row), flush=True)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(results, indent=1) + "\n")
+    print(format_table(results))
+
+
+def format_table(results: dict) -> str:
+    """Markdown table of a results document."""
+    lines = [f"Device: {results['device']}, Triton {results['triton']}, torch {results['torch']}; "
+             f"{results['timing']}.", "",
+             "| kernel | size | Triton TFLOP/s | Twill TFLOP/s | speedup | rel. err (Triton / Twill) | "
+             "SMEM B (Triton / Twill) | regs (T / Tw) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results["cases"]:
+        size = "x".join(str(x) for x in r["size"])
+        lines.append(f"| {r['case']} | {size} | {r['triton_tflops']} | {r['twill_tflops']} | {r['speedup']:.3f} | "
+                     f"{r['triton_rel_err']:.1e} / {r['twill_rel_err']:.1e} | {r['triton_shared_bytes']} / "
+                     f"{r['twill_shared_bytes']} | {r['triton_regs']} / {r['twill_regs']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare", help="CPU: solve and save schedules")
+    p.add_argument("--time-limit", type=float, default=300.0)
+    p = sub.add_parser("run", help="GPU: correctness and TFLOP/s of both variants")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "triton_ab.json")
+    p.add_argument("--reps", type=int, default=2)
+    p = sub.add_parser("table", help="print the markdown table of a results file")
+    p.add_argument("path", type=Path)
+    args = parser.parse_args(argv)
+    if args.cmd == "prepare":
+        prepare(args.time_limit)
+    elif args.cmd == "run":
+        run(args.out, args.reps)
+    else:
+        print(format_table(json.loads(args.path.read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
