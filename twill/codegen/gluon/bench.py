@@ -44,6 +44,11 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
     ("fa_d128_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 1, "depth": 3}),
     ("fa_d64_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"ahead": 1, "depth": 3}),
     ("fa_d64_sub1_ahead1_d3", "flash-fwd", {"subtiles": 1, "head_dim": 64}, {"ahead": 1, "depth": 3}),
+    ("gemm_solver_128x128x64_d4", "gemm", {"block_m": 128, "block_n": 128, "block_k": 64},
+     {"solver": True, "depth": 4}),
+    ("fa_d128_sub2_solver_d3", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"solver": True, "depth": 3}),
+    ("fa_d128_sub1_solver_d2", "flash-fwd", {"subtiles": 1, "head_dim": 128}, {"solver": True, "depth": 2}),
+    ("fa_d64_sub2_solver_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"solver": True, "depth": 3}),
     ("fa_bf16_d128_sub2_ahead1_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128, "dtype": "bf16"},
      {"ahead": 1, "depth": 2}),
 )
@@ -51,12 +56,18 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
 
 # -- generation (CPU) ------------------------------------------------------------------------------------
 def variant_schedule(kernel: str, options: dict[str, Any], shape: dict[str, Any], machine: Any) -> Any:
-    """The hand-built schedule of one suite entry (verified)."""
+    """The schedule of one suite entry (verified): the joint solver's (``shape["solver"]``, streaming depth
+    ``shape["depth"]``) or a hand-built one."""
     from twill.codegen.gluon import variants
     from twill.kernels import build_kernel
     from twill.schedule.verify import verify
 
     graph = build_kernel(kernel, machine, **options)
+    if shape.get("solver"):
+        from twill.solve import schedule
+        from twill.solve.options import SolveOptions
+
+        return schedule(graph, machine, SolveOptions(time_limit=120, streaming_depth=shape.get("depth", 2)))
     if kernel == "gemm":
         warps = 8 if options.get("block_m", 128) == 128 else 4
         sched = variants.gemm_schedule(graph, machine, warps=warps, **shape)

@@ -27,7 +27,7 @@ Policy (documented in ``docs/codegen.md``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from twill.errors import UnsupportedFeatureError
@@ -54,6 +54,7 @@ class Partition:
             Triton derives from the workers'.
         ops: the schedule's ops run by this partition, in steady-state order.
         subtile: the sub-tile a compute partition owns (0 without sub-tiling).
+        qk_ahead: attention compute partitions: ``stage(pv) - stage(qk)`` of its sub-tile (0 or 1).
     """
 
     name: str
@@ -63,6 +64,7 @@ class Partition:
     regs: int
     ops: tuple[str, ...]
     subtile: int = 0
+    qk_ahead: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class KernelPlan:
         partitions: compute partitions first (the first is the default partition), then the load partition.
         rings: one per TMA-load edge, in graph order.
         mma_lag: GEMM wgmma wait lag (``stage(mma_wait) - stage(mma)``).
-        qk_ahead: attention: ``stage(pv) - stage(qk)``.
+        qk_ahead: attention: the largest ``stage(pv) - stage(qk)`` over the compute partitions.
         turns: tensor-core turns between compute partitions (empty with one compute partition).
     """
 
@@ -282,6 +284,10 @@ def flash_plan(schedule: Schedule) -> KernelPlan:
     _check_schedule(schedule)
     graph = schedule.graph
     _check_roles(graph, FLASH_ROLES)
+    missing = [r for r in ("load_k", "load_v", "qk", "exp", "pv") if not ops_with_role(graph, r)]
+    if missing:
+        raise UnsupportedFeatureError(f"cannot generate: graph {graph.name!r} without a {missing[0]} op not "
+                                      f"supported by the Gluon backend (attention needs TMA loads of K and V)")
     if graph.attrs.get("causal"):
         raise UnsupportedFeatureError("cannot generate: causal masking not supported by the Gluon backend")
     qks, pvs = ops_with_role(graph, "qk"), ops_with_role(graph, "pv")
@@ -295,7 +301,7 @@ def flash_plan(schedule: Schedule) -> KernelPlan:
     if len(compute) != len(qks):
         raise UnsupportedFeatureError(f"cannot generate: {len(qks)} sub-tiles on {len(compute)} compute warp "
                                       f"groups not supported by the Gluon backend (one group per sub-tile)")
-    ahead = set()
+    with_ahead = []
     for p in compute:
         mine = [n for n in graph.op_names if subtile_of[n] == p.subtile and not graph.op(n).variable_latency]
         strays = [n for n in mine if schedule.assignment[n] != p.group]
@@ -305,10 +311,13 @@ def flash_plan(schedule: Schedule) -> KernelPlan:
                                           f"not supported by the Gluon backend)")
         (qk,) = [n for n in qks if subtile_of[n] == p.subtile]
         (pv,) = [n for n in pvs if subtile_of[n] == p.subtile]
-        ahead.add(schedule.stage(pv) - schedule.stage(qk))
-    if len(ahead) != 1 or not ahead <= {0, 1}:
-        raise UnsupportedFeatureError(f"cannot generate: qk issued {sorted(ahead)} stages ahead of its pv "
-                                      f"not supported by the Gluon backend (0 or 1, equal for every sub-tile)")
+        ahead = schedule.stage(pv) - schedule.stage(qk)
+        if ahead not in (0, 1):
+            raise UnsupportedFeatureError(f"cannot generate: {qk!r} issued {ahead} stages before {pv!r} not "
+                                          f"supported by the Gluon backend (0 or 1)")
+        with_ahead.append(replace(p, qk_ahead=ahead))
+    compute = tuple(with_ahead)
+    parts = compute + (parts[-1],)
     rings = []
     for load_role, name, readers in (("load_k", "k", qks), ("load_v", "v", pvs)):
         (load,) = ops_with_role(graph, load_role)
@@ -327,7 +336,8 @@ def flash_plan(schedule: Schedule) -> KernelPlan:
                                       "the Gluon backend")
     tile = {"block_m": sub_m * len(compute), "sub_m": sub_m, "block_n": block_n, "head_dim": head_dim}
     return KernelPlan(kernel="flash-fwd", schedule=schedule, dtype=_dtype(graph), tile=tile, partitions=parts,
-                      rings=tuple(rings), qk_ahead=ahead.pop(), turns=_turns(schedule, compute, tc_ops))
+                      rings=tuple(rings), qk_ahead=max(p.qk_ahead for p in compute),
+                      turns=_turns(schedule, compute, tc_ops))
 
 
 def kernel_plan(schedule: Schedule) -> KernelPlan:

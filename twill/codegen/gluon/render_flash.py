@@ -4,7 +4,7 @@ kernel for sm_90.
 Shape of the emitted kernel: ``load_partition`` (TMA producer) loads each compute partition's Q sub-tile
 once, then streams K and V tiles into their rings; one ``computeN_partition`` per sub-tile (the first is the
 default partition) runs the online softmax with S and O accumulators in registers and P kept in registers
-as the A operand of the second wgmma. With ``QK_AHEAD = 1`` (``S = Q K^T`` one stage ahead of the softmax)
+as the A operand of the second wgmma. When the schedule puts ``pv`` one stage after ``qk`` (per partition)
 the steady state issues ``S(j+1)`` together with ``O += P(j) V(j)`` and runs the softmax of ``j+1`` while
 that PV runs; with two compute partitions each wgmma turn is guarded by a ``turn`` mbarrier (ping-pong).
 
@@ -36,7 +36,6 @@ def render_constants_flash(plan: KernelPlan) -> str:
         ("V_DEPTH", v.depth, f"ring v slots: {v.why}"),
         ("K_READERS", k.arrivals, "compute partitions releasing each k slot"),
         ("V_READERS", v.arrivals, "compute partitions releasing each v slot"),
-        ("QK_AHEAD", plan.qk_ahead, "stage(pv) - stage(qk): S = Q K^T issued this many iterations before PV"),
         ("COMPUTE_WARPS", comp[0].num_warps, f"warp group {comp[0].group}: default partition (num_warps)"),
         ("COMPUTE_REGS", comp[-1].regs, "setmaxnreg budget of worker compute partitions (schedule)"),
         ("LOAD_WARPS", plan.load.num_warps, f"warp group {plan.load.group}: TMA producer"),
@@ -96,7 +95,15 @@ class _Turns:
     """Where a compute partition waits for / passes the tensor-core turn (ping-pong), from the plan."""
 
     def __init__(self, plan: KernelPlan, index: int):
-        self.mine: list[Turn] = [t for t in plan.turns if t.partition == index]
+        graph = plan.schedule.graph
+        program_order = {"qk": 0, "pv": 1}   # a partition issues S = Q K^T before O += P V in its body
+
+        def rank(op: str) -> int:
+            return program_order[graph.op(op).attrs.get("role")]
+
+        # within one turn the partition's ops are contiguous on the tensor core: issue them in program order
+        self.mine: list[Turn] = [Turn(t.partition, tuple(sorted(t.ops, key=rank)))
+                                 for t in plan.turns if t.partition == index]
         self.index = index
         self.count = len(self.mine)
 
@@ -179,7 +186,7 @@ def render_compute_partition(plan: KernelPlan, index: int) -> str:
         ]
 
     rescale = "o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale"
-    if plan.qk_ahead:
+    if part.qk_ahead:
         body = [
             f"    # {qk} runs one stage ahead of {pv} (stages {sched.stage(qk)} / {sched.stage(exp)} / "
             f"{sched.stage(pv)} for {qk} / {exp} / {pv}).",
@@ -332,8 +339,9 @@ def launch(q, k, v, sm_scale=None, out=None):
 def render_flash(plan: KernelPlan) -> str:
     """The complete emitted module for an attention-forward plan."""
     turns = "; ".join(f"compute{t.partition}: {'/'.join(t.ops)}" for t in plan.turns) or "none (one compute group)"
-    extra = ["", f"decisions: QK_AHEAD {plan.qk_ahead} (S = Q K^T issued {plan.qk_ahead} iteration(s) before "
-                 f"its PV); tensor-core turns (ping-pong): {turns}",
+    extra = ["", f"decisions: stage(pv) - stage(qk) per compute partition "
+                 f"{[p.qk_ahead for p in plan.compute]} (1: S(j+1) issued with PV(j), softmax overlaps PV); "
+                 f"tensor-core turns (ping-pong): {turns}",
              "layouts: S, O in the wgmma accumulator layout; row max/sum in SliceLayout(1, S); P in registers as "
              "the A operand (DotOperandLayout) of O += P V"]
     header = render_header(plan, "Warp-specialized attention forward for Hopper (sm_90), Gluon / Triton 3.6.",

@@ -81,6 +81,7 @@ def list_modulo_schedule(graph: LoopGraph, machine: Machine, ii: int,
     1 that an op holds for its ``busy`` cycles (WARP ISSUE), and an op with ``busy = 0`` needs its issue
     cycle free (CONCURRENCY)."""
     caps = _units(graph, machine)
+    step = max(1, ii // 256)          # probe start cycles on a coarse grid: hand-built, not optimal
     usage: dict[tuple[str, int], int] = {}
     starts: dict[str, int] = {}
     for op in graph.ops:
@@ -93,7 +94,7 @@ def list_modulo_schedule(graph: LoopGraph, machine: Machine, ii: int,
         while any(usage.get((u, (t + c) % ii), 0) + n > caps.get(u, 0)
                   for c, row in enumerate(op.rrt) for u, n in row) or (
                 warp and any(usage.get((warp, (t + c) % ii), 0) for c in range(max(1, op.busy)))):
-            t += 1
+            t += step
             if t > lo + ii:
                 return None
         for c, row in enumerate(op.rrt):
@@ -121,7 +122,7 @@ def flash_schedule(graph: LoopGraph, machine: Machine, *, ahead: int = 1, depth:
     group_of = {op.name: subtiles if op.variable_latency else int(op.attrs.get("subtile", 0)) for op in graph.ops}
     busy = max(sum(op.busy for op in graph.ops if group_of[op.name] == g) for g in set(group_of.values()))
     lower = max(tc, busy)
-    for ii in range(lower, 4 * lower, max(1, lower // 200)):
+    for ii in range(lower, 4 * lower, max(1, lower // 64)):
         earliest = {}
         if ahead:
             for op in graph.ops:
