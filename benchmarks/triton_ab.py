@@ -27,12 +27,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ROOT / "benchmarks" / "results" / "triton_ab_schedules.json"
 
-#: case -> (kernel module, kernel function, sizes). Sizes: (M, N, K) for GEMM, (B, H, S, D) for attention.
+GEMM_SIZES = [(4096, 4096, 4096), (8192, 8192, 8192)]
+ATTN_SIZES = [(4, 32, 4096, 128), (4, 32, 8192, 128)]
+
+#: case -> (kernel module, kernel function, constexpr overrides, sizes). Sizes: (M, N, K) for GEMM,
+#: (B, H, S, D) for attention.
 CASES = {
-    "matmul": ("matmul", "matmul_kernel", [(4096, 4096, 4096), (8192, 8192, 8192)]),
-    "flash_fwd": ("flash_fwd", "attn_fwd", [(4, 32, 4096, 128), (4, 32, 8192, 128)]),
-    "flash_fwd_subtiled": ("flash_fwd_subtiled", "attn_fwd_subtiled", [(4, 32, 4096, 128), (4, 32, 8192, 128)]),
+    "matmul": ("matmul", "matmul_kernel", {}, GEMM_SIZES),
+    "flash_fwd": ("flash_fwd", "attn_fwd", {}, ATTN_SIZES),
+    "flash_fwd_subtiled": ("flash_fwd_subtiled", "attn_fwd_subtiled", {}, ATTN_SIZES),
+    "flash_fwd_subtiled_bn64": ("flash_fwd_subtiled", "attn_fwd_subtiled", {"BLOCK_N": 64}, ATTN_SIZES),
 }
+
+
+def _constexprs(case: str) -> dict[str, int]:
+    mod_name, _, over, _ = CASES[case]
+    consts = {c.split("=")[0]: int(c.split("=")[1]) for c in _module(mod_name).CONSTEXPRS}
+    return {**consts, **over}
 
 
 def _module(name: str):
@@ -42,8 +53,9 @@ def _module(name: str):
 
 
 # -- prepare (CPU) ----------------------------------------------------------------------------------------
-def prepare(time_limit: float) -> None:
-    """Extract each kernel's loop graph for sm_90, solve it for Triton, save the schedules with their graphs."""
+def prepare(time_limit: float, only: list[str]) -> None:
+    """Extract each kernel's loop graph for sm_90, solve it for Triton, save the schedules with their graphs
+    (``only``: just these cases, keeping the others already in the file)."""
     from twill.codegen.triton import solve_for_triton
     from twill.commands.common import schedule_document
     from twill.frontends.triton import kernel_spec, lower_function
@@ -51,10 +63,12 @@ def prepare(time_limit: float) -> None:
     from twill.solve import SolveOptions
 
     machine = get_machine("h100")
-    out = {}
-    for case, (mod_name, fn_name, _) in CASES.items():
+    out = json.loads(SCHEDULES.read_text()) if only and SCHEDULES.exists() else {}
+    for case, (mod_name, fn_name, _, _) in CASES.items():
+        if only and case not in only:
+            continue
         mod = _module(mod_name)
-        spec = kernel_spec(getattr(mod, fn_name), signature=mod.SIGNATURE, constexprs=list(mod.CONSTEXPRS),
+        spec = kernel_spec(getattr(mod, fn_name), signature=mod.SIGNATURE, constexprs=_constexprs(case),
                            num_warps=mod.NUM_WARPS, num_stages=mod.NUM_STAGES, machine=machine)
         lowered, _ = lower_function(spec, machine)
         began = time.perf_counter()
@@ -113,7 +127,7 @@ def _attn_reference(torch, q, k, v, S, D, heads: list[int]):
 def _launcher(torch, case: str, fn, size):
     """(launch(), check() -> error, flops) for one kernel variant and size; check() redraws the inputs."""
     mod = _module(CASES[case][0])
-    consts = {c.split("=")[0]: int(c.split("=")[1]) for c in mod.CONSTEXPRS}
+    consts = _constexprs(case)
     if case == "matmul":
         M, N, K = size
         a, b, c = _gemm_inputs(torch, M, N, K)
@@ -135,7 +149,7 @@ def _launcher(torch, case: str, fn, size):
         return launch, check, 2.0 * M * N * K
     B, H, S, D = size
     q, k, v, o = _attn_inputs(torch, B, H, S, D)
-    rows_per_program = consts["BLOCK_M"] * (2 if case == "flash_fwd_subtiled" else 1)
+    rows_per_program = consts["BLOCK_M"] * (2 if case.startswith("flash_fwd_subtiled") else 1)
     grid = (S // rows_per_program, B * H)
     scale = 1.0 / math.sqrt(D)
 
@@ -175,7 +189,7 @@ def run(out_path: Path, reps: int) -> None:
     results = {"device": device, "triton": triton.__version__, "torch": torch.__version__,
                "timing": f"triton.testing.do_bench median (warmup 25 ms, rep 100 ms), interleaved A,B x{reps}",
                "cases": []}
-    for case, (mod_name, fn_name, sizes) in CASES.items():
+    for case, (mod_name, fn_name, _, sizes) in CASES.items():
         mod = _module(mod_name)
         base = getattr(mod, fn_name)
         sched = _load_schedule(docs[case])
@@ -239,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="CPU: solve and save schedules")
     p.add_argument("--time-limit", type=float, default=300.0)
+    p.add_argument("--only", nargs="*", default=[], choices=list(CASES), help="re-solve only these cases")
     p = sub.add_parser("run", help="GPU: correctness and TFLOP/s of both variants")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "triton_ab.json")
     p.add_argument("--reps", type=int, default=2)
@@ -246,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("path", type=Path)
     args = parser.parse_args(argv)
     if args.cmd == "prepare":
-        prepare(args.time_limit)
+        prepare(args.time_limit, args.only)
     elif args.cmd == "run":
         run(args.out, args.reps)
     else:
