@@ -238,13 +238,14 @@ def format_table(results: dict) -> str:
     lines = [f"Device: {results['device']}, Triton {results['triton']}, torch {results['torch']}; "
              f"{results['timing']}.", "",
              "| kernel | size | Triton TFLOP/s | Twill TFLOP/s | speedup | rel. err (Triton / Twill) | "
-             "SMEM B (Triton / Twill) | regs (T / Tw) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "SMEM B (Triton / Twill) | regs (T / Tw) | spills (T / Tw) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results["cases"]:
         size = "x".join(str(x) for x in r["size"])
         lines.append(f"| {r['case']} | {size} | {r['triton_tflops']} | {r['twill_tflops']} | {r['speedup']:.3f} | "
                      f"{r['triton_rel_err']:.1e} / {r['twill_rel_err']:.1e} | {r['triton_shared_bytes']} / "
-                     f"{r['twill_shared_bytes']} | {r['triton_regs']} / {r['twill_regs']} |")
+                     f"{r['twill_shared_bytes']} | {r['triton_regs']} / {r['twill_regs']} | "
+                     f"{r['triton_spills']} / {r['twill_spills']} |")
     return "\n".join(lines)
 
 

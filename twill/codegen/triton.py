@@ -6,18 +6,23 @@ the loop carries ``tt.scheduled_max_stage``. We compile with the ``make_ttgir`` 
 pipeliner (:mod:`twill.frontends.triton.compile`), lower the loop body with the frontend again, and rewrite
 those attributes as text from the schedule:
 
-* graph op ``v`` with start time ``t`` at interval ``II``: ``stage = ⌊t / II⌋``, ``cluster`` = dense rank of
-  ``t mod II`` among all ops (Triton emits clusters in order, program order within a cluster);
+* graph op ``v`` with start time ``t`` at interval ``II`` (times shifted by the earliest non-load start):
+  ``stage = ⌊t / II⌋``, ``cluster`` = dense rank of ``t mod II`` among all ops (Triton emits clusters in
+  order, program order within a cluster);
 * a streaming TMA load gets zero latency in the model, so the solver may put it in its consumer's stage;
   Triton would then not pipeline it. The ring depth of streaming loads is an outer knob (paper §5.3): a load
   is placed ``load_lead`` stages before its first consumer (default ``num_stages - 1``, the ring Triton's own
-  schedule uses, so an A/B compares schedules and not buffer counts). Triton allocates
-  ``stage(consumer) - stage(load) + 1`` buffers for a load read by a wgmma/tcgen05;
+  schedule uses, so an A/B compares schedules and not buffer counts) and in a final cluster of its own.
+  Triton allocates ``stage(consumer) - stage(load) + 1`` buffers for a load read by a wgmma/tcgen05;
 * a folded statement (index arithmetic, views, the ``local_alloc`` that receives a load) takes the stage
   and cluster of its earliest consumer (reached through ``scf.yield``: of its consumer in the next
   iteration, never before its own producers).
 
 Stages are shifted so that the smallest is 0. The edited text is re-parsed and compiled to a cubin.
+
+On sm_90 Triton 3.6 cannot predicate ``warp_group_dot``, so every wgmma (and everything computed from it)
+must be in the last stage: :func:`constrain_for_triton` turns that into edges and :func:`solve_for_triton`
+searches II under them.
 """
 
 from __future__ import annotations

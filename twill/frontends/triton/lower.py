@@ -20,7 +20,7 @@ Mapping (docs/triton.md has the full table):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import AbstractSet, Any, Mapping
 
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import Edge, LoopGraph, Op
@@ -231,7 +231,7 @@ def _sources(loop: ForLoop, nodes: Mapping[int, Node]) -> dict[str, frozenset[tu
 
 
 def _edges_in(loop: ForLoop, nodes: Mapping[int, Node],
-              sources: Mapping[str, frozenset[tuple[str, int]]]) -> dict[tuple[int, int, int], int]:
+              sources: Mapping[str, frozenset[tuple[str, int]]]) -> set[tuple[int, int, int]]:
     """(src index, dst index, distance) for every dependence between nodes. Iteration arguments resolve to
     what the previous iteration yielded (distance + 1), through chains of pass-through arguments."""
 
@@ -246,14 +246,14 @@ def _edges_in(loop: ForLoop, nodes: Mapping[int, Node],
             out |= resolve(s, distance + 1, seen | {k})
         return out
 
-    edges: dict[tuple[int, int, int], int] = {}
+    edges: set[tuple[int, int, int]] = set()
     for idx, node in nodes.items():
         for operand in node.stmt.operands:
             for src in sources.get(operand, frozenset()):
                 for s_idx, dist in resolve(src, 0, frozenset()):
                     if s_idx == idx and dist == 0:
                         continue
-                    edges[(s_idx, idx, dist)] = 1
+                    edges.add((s_idx, idx, dist))
     return edges
 
 
@@ -296,7 +296,7 @@ def _consumers_of_folded(loop: ForLoop, nodes: Mapping[int, Node]) -> dict[int, 
 
 
 # -- roles -------------------------------------------------------------------------------------------------
-def _ancestors(edges: Mapping[tuple[int, int, int], int]) -> dict[int, set[int]]:
+def _ancestors(edges: AbstractSet[tuple[int, int, int]]) -> dict[int, set[int]]:
     """Distance-0 ancestors of every node."""
     preds: dict[int, set[int]] = {}
     for (s, d, dist) in edges:
@@ -324,7 +324,7 @@ def _operand_sources(node: Node, position: int, sources: Mapping[str, frozenset[
     return {k for kind, k in sources.get(node.stmt.operands[position], frozenset()) if kind == "op"}
 
 
-def assign_roles(nodes: Mapping[int, Node], edges: Mapping[tuple[int, int, int], int],
+def assign_roles(nodes: Mapping[int, Node], edges: AbstractSet[tuple[int, int, int]],
                  sources: Mapping[str, frozenset[tuple[str, int]]]) -> dict[int, tuple[str, int | None]]:
     """(role, subtile) per node. Recognises GEMM loops (``load_a``, ``load_b``, ``mma``) and attention loops
     (``load_k``, ``load_v``, ``qk``, ``rowmax``, ``exp``, ``alpha``, ``rowsum``, ``rescale``, ``pv`` and on
@@ -391,7 +391,7 @@ def assign_roles(nodes: Mapping[int, Node], edges: Mapping[tuple[int, int, int],
     return roles
 
 
-def _feeds(src: int, dst: int, edges: Mapping[tuple[int, int, int], int]) -> bool:
+def _feeds(src: int, dst: int, edges: AbstractSet[tuple[int, int, int]]) -> bool:
     return (src, dst, 0) in edges
 
 

@@ -93,12 +93,6 @@ class Statement:
     def short(self) -> str:
         return self.op.split(".", 1)[1]
 
-    def attr(self, name: str) -> str | None:
-        m = re.search(re.escape(name) + r"\s*=\s*([^,}>]+)", self._tail())
-        return m.group(1).strip() if m else None
-
-    def _tail(self) -> str:
-        return self.text.splitlines()[-1]
 
 
 @dataclass(frozen=True)
@@ -112,9 +106,6 @@ class ForLoop:
     body: tuple[Statement, ...]
     yields: tuple[str, ...]
     innermost: bool
-
-    def defined(self) -> set[str]:
-        return {r for s in self.body for r in s.results}
 
 
 # -- types -------------------------------------------------------------------------------------------------
