@@ -90,14 +90,13 @@ def load_partition(q_desc, k_desc, v_desc, q_smem, q_bar, k_ring, k_ready, k_emp
 def online_softmax(s, m_i, l_i, kv_start, seq_len, qk_scale, col_layout: gl.constexpr):
     """One online-softmax step on S (fp32, wgmma layout): returns P = exp2(S*scale - m_new), alpha =
     exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Keys past seq_len are masked to -inf."""
-    s = s * qk_scale
     if kv_start + BLOCK_N > seq_len:
         cols = gl.arange(0, BLOCK_N, col_layout)
         s = gl.where((kv_start + cols < seq_len)[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))           # rowmax
-    alpha = gl.exp2(m_i - m_new)                     # alpha
-    p = gl.exp2(s - m_new[:, None])                  # exp
-    l_new = l_i * alpha + gl.sum(p, 1)               # rowsum
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # rowmax (m kept in scaled log2 units)
+    alpha = gl.exp2(m_i - m_new)                      # alpha
+    p = gl.exp2(s * qk_scale - m_new[:, None])        # exp: one FMA + ex2 per element
+    l_new = l_i * alpha + gl.sum(p, 1)                # rowsum
     return p, alpha, m_new, l_new
 
 @gluon.jit

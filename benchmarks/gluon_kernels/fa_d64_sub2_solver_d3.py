@@ -5,8 +5,8 @@
 # II = 162 (lower bound 162), length L = 322, stages = 2, dtype fp16, tile block_m=128 sub_m=64 block_n=128 head_dim=64
 #
 # partitions (gl.warp_specialize; the first is the default partition):
-#   compute0_partition   warp group 1 (compute): 4 warp(s), schedule budget 240 regs (default partition: Triton gives it what the workers leave); ops qk_a, rowmax_a, alpha_a, exp_a, rescale_a, pv_a, rowsum_a
-#   compute1_partition   warp group 2 (compute): 4 warp(s), 240 regs (worker_num_regs); ops alpha_b, qk_b, rowsum_b, rescale_b, pv_b, rowmax_b, exp_b
+#   compute0_partition   warp group 1 (compute): 4 warp(s), schedule budget 240 regs (default partition: Triton gives it what the workers leave); ops qk_a, rowmax_a, exp_a, alpha_a, rescale_a, pv_a, rowsum_a
+#   compute1_partition   warp group 2 (compute): 4 warp(s), 240 regs (worker_num_regs); ops alpha_b, rescale_b, qk_b, rowsum_b, pv_b, rowmax_b, exp_b
 #   load_partition       warp group 0 (load): 1 warp(s), 24 regs (worker_num_regs); ops load_k, load_v
 # rings (shared memory, ready/empty mbarriers):
 #   k: load_k -> qk_a, qk_b, 3 slots, released after qk_a; depth = max(stage(qk_a)=0 - stage(load_k)=0 + 1, streaming depth 3) = 3
@@ -20,17 +20,17 @@
 #   load_k       load_k         0     0   0  |0                                               |
 #   qk_a         qk             0     0   1  |000000000000                                    |
 #   qk_b         qk            40     0   2  |           0000000000000                        |
-#   rowmax_b     rowmax        86     0   2  |                         0000000                |
+#   rowmax_b     rowmax        85     0   2  |                         0000000                |
 #   exp_b        exp          108     0   2  |00000000                        0000000000000000|
 #   load_v       load_v       163     1   0  |1                                               |
 #   rowmax_a     rowmax       167     1   1  | 1111111                                        |
 #   alpha_b      alpha        188     1   2  |       1                                        |
-#   alpha_a      alpha        189     1   1  |        1                                       |
-#   exp_a        exp          190     1   1  |        111111111111111111111111                |
-#   rowsum_b     rowsum       215     1   2  |               1111111                          |
-#   rescale_b    rescale      237     1   2  |                      11                        |
+#   exp_a        exp          189     1   1  |        111111111111111111111111                |
+#   rescale_b    rescale      189     1   2  |        11                                      |
+#   rowsum_b     rowsum       207     1   2  |             1111111                            |
 #   pv_b         pv           242     1   2  |                       1111111111111            |
-#   rescale_a    rescale      270     1   1  |                                11              |
+#   alpha_a      alpha        269     1   1  |                               1                |
+#   rescale_a    rescale      277     1   1  |                                  11            |
 #   pv_a         pv           282     1   1  |                                   1111111111111|
 #   rowsum_a     rowsum       287     1   1  |                                     1111111    |
 
@@ -90,20 +90,19 @@ def load_partition(q_desc, k_desc, v_desc, q_smem, q_bar, k_ring, k_ready, k_emp
 def online_softmax(s, m_i, l_i, kv_start, seq_len, qk_scale, col_layout: gl.constexpr):
     """One online-softmax step on S (fp32, wgmma layout): returns P = exp2(S*scale - m_new), alpha =
     exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Keys past seq_len are masked to -inf."""
-    s = s * qk_scale
     if kv_start + BLOCK_N > seq_len:
         cols = gl.arange(0, BLOCK_N, col_layout)
         s = gl.where((kv_start + cols < seq_len)[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))           # rowmax
-    alpha = gl.exp2(m_i - m_new)                     # alpha
-    p = gl.exp2(s - m_new[:, None])                  # exp
-    l_new = l_i * alpha + gl.sum(p, 1)               # rowsum
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # rowmax (m kept in scaled log2 units)
+    alpha = gl.exp2(m_i - m_new)                      # alpha
+    p = gl.exp2(s * qk_scale - m_new[:, None])        # exp: one FMA + ex2 per element
+    l_new = l_i * alpha + gl.sum(p, 1)                # rowsum
     return p, alpha, m_new, l_new
 
 @gluon.jit
 def compute0_partition(q_smem, q_bar, k_ring, k_ready, k_empty, v_ring, v_ready, v_empty, turn_bars, o_ptr,
         o_row, q_start, seq_len, n_tiles, qk_scale):
-    """Warp group 1 (4 warps), sub-tile 0: qk_a, rowmax_a, alpha_a, exp_a, rescale_a, pv_a, rowsum_a."""
+    """Warp group 1 (4 warps), sub-tile 0: qk_a, rowmax_a, exp_a, alpha_a, rescale_a, pv_a, rowsum_a."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],
@@ -169,7 +168,7 @@ def compute0_partition(q_smem, q_bar, k_ring, k_ready, k_empty, v_ring, v_ready,
 @gluon.jit
 def compute1_partition(q_smem, q_bar, k_ring, k_ready, k_empty, v_ring, v_ready, v_empty, turn_bars, o_ptr,
         o_row, q_start, seq_len, n_tiles, qk_scale):
-    """Warp group 2 (4 warps), sub-tile 1: alpha_b, qk_b, rowsum_b, rescale_b, pv_b, rowmax_b, exp_b."""
+    """Warp group 2 (4 warps), sub-tile 1: alpha_b, rescale_b, qk_b, rowsum_b, pv_b, rowmax_b, exp_b."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],

@@ -43,6 +43,8 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
     ("fa_d128_sub1_ahead1_d2", "flash-fwd", {"subtiles": 1, "head_dim": 128}, {"ahead": 1, "depth": 2}),
     ("fa_d128_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 1, "depth": 3}),
     ("fa_d64_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"ahead": 1, "depth": 3}),
+    ("fa_d64_sub2_grouped_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64},
+     {"ahead": 1, "depth": 3, "grouped": True}),
     ("fa_d64_sub1_ahead1_d3", "flash-fwd", {"subtiles": 1, "head_dim": 64}, {"ahead": 1, "depth": 3}),
     ("gemm_solver_128x128x64_d4", "gemm", {"block_m": 128, "block_n": 128, "block_k": 64},
      {"solver": True, "depth": 4}),
