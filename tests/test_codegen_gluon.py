@@ -28,7 +28,19 @@ def _compile(tmp_path, schedule: Schedule, name: str):
     path = tmp_path / f"{name}.py"
     path.write_text(emit_gluon(schedule))
     module = load_emitted(str(path), f"twill_test_{name}")
+    _check_launcher_globals(module)
     return module, aot.ptx_facts(aot.compile_sm90(module))
+
+
+def _check_launcher_globals(module) -> None:
+    """Every global the host launcher reads exists (the launcher itself only runs on a GPU)."""
+    import builtins
+    import dis
+
+    for fn in (module.launch, module.compile_signature):
+        names = {i.argval for i in dis.get_instructions(fn) if i.opname == "LOAD_GLOBAL"}
+        missing = [n for n in names if n not in vars(module) and not hasattr(builtins, n)]
+        assert not missing, f"{fn.__name__} reads undefined globals {missing}"
 
 
 # -- GEMM ----------------------------------------------------------------------------------------------

@@ -231,7 +231,7 @@ def attention_kernel(q_desc, k_desc, v_desc, o_ptr, seq_len, qk_scale):
 
 NUM_WARPS = COMPUTE_WARPS.value
 KERNEL_FN = attention_kernel
-LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
 
 
 def _desc_type(shape):

@@ -163,10 +163,12 @@ def launch(a, b, c=None):
         c = torch.empty(M, N, dtype=a.dtype, device=a.device)
     c_t = c if c.stride(-1) == 1 and (c.stride(0) * c.element_size()) % 16 == 0 else torch.empty(
         M, n8, dtype=a.dtype, device=a.device)
-    layout = gl.NVMMASharedLayout.get_default_for
-    a_desc = TensorDescriptor.from_tensor(a_t, [BLOCK_M.value, BLOCK_K.value], layout([BLOCK_M.value, BLOCK_K.value], DTYPE.value))
-    b_desc = TensorDescriptor.from_tensor(b_t, [BLOCK_K.value, BLOCK_N.value], layout([BLOCK_K.value, BLOCK_N.value], DTYPE.value))
-    c_desc = TensorDescriptor.from_tensor(c_t, [BLOCK_M.value, BLOCK_N.value], layout([BLOCK_M.value, BLOCK_N.value], DTYPE.value))
+    def desc(t, rows, cols):
+        return TensorDescriptor.from_tensor(t, [rows, cols], gl.NVMMASharedLayout.get_default_for([rows, cols], DTYPE.value))
+
+    a_desc = desc(a_t, BLOCK_M.value, BLOCK_K.value)
+    b_desc = desc(b_t, BLOCK_K.value, BLOCK_N.value)
+    c_desc = desc(c_t, BLOCK_M.value, BLOCK_N.value)
     grid = (triton.cdiv(M, BLOCK_M.value) * triton.cdiv(N, BLOCK_N.value),)
     gemm_kernel[grid](a_desc, b_desc, c_desc, M, N, K, num_warps=NUM_WARPS)
     if c_t is not c:

@@ -85,26 +85,3 @@ def render_constants(items: list[tuple[str, object, str]]) -> str:
     """``NAME = gl.constexpr(value)  # why`` lines (Gluon kernels may read only constexpr globals)."""
     width = max(len(n) for n, _, _ in items)
     return "\n".join(f"{name:<{width}s} = gl.constexpr({value!r})  # {why}" for name, value, why in items) + "\n"
-
-
-def render_ring_alloc(name: str, dtype_expr: str, shape: str, layout_expr: str) -> str:
-    """Allocation of a ring's slots and its ready/empty barrier arrays plus their init."""
-    depth = f"{name.upper()}_DEPTH"
-    return (f"    {name}_ring = gl.allocate_shared_memory({dtype_expr}, [{depth}, {shape}], {layout_expr})\n"
-            f"    {name}_ready = gl.allocate_shared_memory(gl.int64, [{depth}, 1], mbarrier.MBarrierLayout())\n"
-            f"    {name}_empty = gl.allocate_shared_memory(gl.int64, [{depth}, 1], mbarrier.MBarrierLayout())\n"
-            f"    for s in gl.static_range({depth}):\n"
-            f"        mbarrier.init({name}_ready.index(s), count=1)  # one TMA transaction group per fill\n"
-            f"        mbarrier.init({name}_empty.index(s), count={name.upper()}_READERS)  "
-            f"# every reading compute partition releases\n")
-
-
-def render_produce(name: str, index: str, desc: str, coords: str, indent: str) -> str:
-    """Producer side of one ring fill: wait for a free slot, expect the bytes, issue the TMA copy."""
-    depth = f"{name.upper()}_DEPTH"
-    return (f"{indent}slot = {index} % {depth}\n"
-            f"{indent}# wait until the readers released this slot (phase starts flipped: first pass is free)\n"
-            f"{indent}mbarrier.wait({name}_empty.index(slot), (({index} // {depth}) & 1) ^ 1)\n"
-            f"{indent}mbarrier.expect({name}_ready.index(slot), {desc}.block_type.nbytes)\n"
-            f"{indent}tma.async_copy_global_to_shared({desc}, {coords}, {name}_ready.index(slot), "
-            f"{name}_ring.index(slot))\n")

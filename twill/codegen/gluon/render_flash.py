@@ -18,11 +18,8 @@ from __future__ import annotations
 from twill.codegen.gluon.plan import DTYPES, KernelPlan, Partition, Turn
 from twill.codegen.gluon.render_common import IMPORTS, render_constants, render_header
 
-LOG2E = 1.4426950408889634
-
 
 def render_constants_flash(plan: KernelPlan) -> str:
-    sched = plan.schedule
     t = plan.tile
     k, v = plan.ring("k"), plan.ring("v")
     comp = plan.compute
@@ -63,7 +60,8 @@ def render_load_partition(plan: KernelPlan) -> str:
         r = next(r for r in plan.rings if r.producer == name)
         depth = f"{r.name.upper()}_DEPTH"
         lines += [
-            f"        # {name}: start {sched.start(name)}, stage {sched.stage(name)} -> ring {r.name} ({r.depth} slots)",
+            f"        # {name}: start {sched.start(name)}, stage {sched.stage(name)} -> ring {r.name} "
+            f"({r.depth} slots)",
             f"        slot = j % {depth}",
             f"        # empty: wait until every compute partition released the slot (first pass free)",
             f"        mbarrier.wait({r.name}_empty.index(slot), ((j // {depth}) & 1) ^ 1)",
@@ -293,7 +291,7 @@ def render_kernel(plan: KernelPlan) -> str:
 HOST = '''
 NUM_WARPS = COMPUTE_WARPS.value
 KERNEL_FN = attention_kernel
-LOG2E = 1.4426950408889634
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
 
 
 def _desc_type(shape):
