@@ -140,11 +140,13 @@ def test_memory_capacity_counts_the_streaming_ring():
         solve(b.build(), streaming_depth=3, max_ii=3)
 
 
-def test_search_is_deterministic():
-    graph = build_kernel("flash-fwd", H100, subtiles=2)
+@pytest.mark.parametrize("arch", ["h100", "b200"])
+def test_search_is_deterministic(arch):
+    machine = get_machine(arch)
+    graph = build_kernel("flash-fwd", machine, subtiles=2)
     opts = SolveOptions(time_limit=60)
-    first = schedule(graph, H100, opts).to_dict()
-    second = schedule(graph, H100, opts).to_dict()
+    first = schedule(graph, machine, opts).to_dict()
+    second = schedule(graph, machine, opts).to_dict()
     first.pop("solve_seconds"), second.pop("solve_seconds")
     for d in (first, second):
         d["stats"].pop("tried")

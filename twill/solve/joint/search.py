@@ -140,9 +140,11 @@ def _secondary(joint: Any, first: JointOutcome, options: SolveOptions,
     previous = "length"
     for k, name in enumerate(SECONDARY):
         joint.fix(previous, solution.objectives[previous])
-        joint.hint(solution.starts)
-        remaining = deadline - time.perf_counter()
         last = k == len(SECONDARY) - 1
+        # The last solve decides the remaining ties: one worker and no hint (earlier solves may return
+        # different optimal solutions run to run), so its answer depends only on the model and the seed.
+        joint.hint({} if last else solution.starts)
+        remaining = deadline - time.perf_counter()
         outcome = joint.solve(name, time_limit=max(0.5, remaining / (len(SECONDARY) - k)),
                               workers=1 if last else None)
         if outcome.found:
