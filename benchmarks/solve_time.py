@@ -176,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
             "time_limit": args.time_limit}
     if not args.no_write:
+        ran = {r["backend"] for r in rows}
+        if os.path.exists(RESULTS) and not args.only:
+            with open(RESULTS) as fh:
+                kept = [r for r in json.load(fh)["rows"] if r["backend"] not in ran]
+            rows = rows + kept                  # keep the other backends' last measurements
         os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
         with open(RESULTS, "w") as fh:
             json.dump({"meta": meta, "rows": rows}, fh, indent=1)

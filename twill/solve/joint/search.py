@@ -21,6 +21,11 @@ from twill.solve.options import SolveOptions
 #: Secondary objectives after L, in order (docs/model.md §5).
 SECONDARY = ("stages", "warps", "smem", "prologue")
 
+#: Graphs up to this many ops get one CP-SAT worker for the phase-1 solve at each II: those models are tiny
+#: (one start per op) and the portfolio start-up of a second worker dominates them (measured on b200
+#: flash-fwd --subtiles 1, which visits 87 IIs: 3.8 s -> 2.6 s; shared/reference/solvers.md found the same).
+SMALL_PHASE1_OPS = 64
+
 #: Seconds each relaxed re-solve of the UNSAT explanation may take at most.
 EXPLAIN_TIME_LIMIT = 20.0
 
@@ -183,7 +188,8 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         if remaining <= 0:
             break
         options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
-        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed,
+        phase1_workers = 1 if len(graph.ops) <= SMALL_PHASE1_OPS else options.workers
+        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=phase1_workers, seed=options.seed,
                            hint=previous)
         row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
         if not mod.found:
