@@ -81,8 +81,6 @@ def test_forbidding_cross_warp_transfers_makes_a_forced_split_infeasible():
     graph = accumulators(2, 150, chain=True)
     split = solve(graph)
     assert split.assignment["acc0"] != split.assignment["acc1"]
-    assert split.start("acc1") >= split.start("acc0") + 1 + graph.op("acc0").spill_cost or \
-        graph.op("acc0").spill_cost == 0
     with pytest.raises(InfeasibleScheduleError, match="cross-warp"):
         solve(graph, cross_warp=False, max_ii=3)
 

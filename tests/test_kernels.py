@@ -19,7 +19,7 @@ ROLES = {
                   "ds_store", "dv", "dk", "dq", "dq_load", "dq_store", "dq_atomic"},
 }
 
-BLACKWELL_ONLY = {"s_load", "p_store_tmem", "o_load", "o_store", "dp_load", "dq_load"}
+BLACKWELL_ONLY = {"s_load", "o_load", "o_store", "dp_load", "dq_load"}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
