@@ -4,6 +4,7 @@ the schedule Twill computes and injects (``twill.codegen.triton``).
 Two steps, because the GPU machine has no OR-Tools:
 
   python benchmarks/triton_ab.py prepare     # CPU: extract graphs, solve, write SCHEDULES (committed)
+  python benchmarks/triton_ab.py model       # CPU: model II of Triton's own order, for the report
   PYTHONPATH=. python benchmarks/triton_ab.py run --out benchmarks/results/triton_ab.json   # GPU
 
 ``run`` compiles every kernel twice with the JIT — once plainly, once through a *separate* ``JITFunction``
@@ -85,6 +86,42 @@ def prepare(time_limit: float, only: list[str]) -> None:
     SCHEDULES.parent.mkdir(parents=True, exist_ok=True)
     SCHEDULES.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {SCHEDULES}")
+
+
+def model_triton_order(time_limit: float) -> None:
+    """For each case, the model II of *Triton's own* emission order: the compute ops chained (delay-0 edges) in
+    the (cluster, program) order of Triton's schedule, solved like Twill's (``solve_for_triton``). Stored in
+    SCHEDULES under ``triton_ab.triton_order``."""
+    from dataclasses import replace
+
+    from twill.codegen.triton import heuristic_plan, solve_for_triton
+    from twill.frontends.triton import kernel_spec, lower_function
+    from twill.ir.graph import Edge
+    from twill.machine import get_machine
+    from twill.solve import SolveOptions
+
+    machine = get_machine("h100")
+    docs = json.loads(SCHEDULES.read_text())
+    for case, (mod_name, fn_name, _, _) in CASES.items():
+        mod = _module(mod_name)
+        spec = kernel_spec(getattr(mod, fn_name), signature=mod.SIGNATURE, constexprs=_constexprs(case),
+                           num_warps=mod.NUM_WARPS, num_stages=mod.NUM_STAGES, machine=machine)
+        lowered, text = lower_function(spec, machine)
+        plan, graph = heuristic_plan(text), lowered.graph
+        order = sorted((i for i, n in lowered.owner.items() if graph.op(n).kind not in ("tma_load", "load")),
+                       key=lambda i: (plan[i][1], i))
+        names = [lowered.owner[i] for i in order]
+        chained = replace(graph, edges=graph.edges + tuple(Edge(a, b, 0, 0) for a, b in zip(names, names[1:])))
+        sched = solve_for_triton(chained, machine, spec.capability, SolveOptions(ws=False, time_limit=time_limit),
+                                 per_ii_limit=30.0)
+        per_unit = sched.stats["normalization"]["cycles_per_unit"]
+        docs[case]["triton_ab"]["triton_order"] = {
+            "ii_cycles": round(sched.ii * per_unit), "ii_lower_bound_cycles": round(sched.ii_lower_bound * per_unit),
+            "status": sched.status}
+        print(f"{case}: Triton's order II ~{docs[case]['triton_ab']['triton_order']['ii_cycles']} cycles "
+              f"({sched.status}, >= ~{docs[case]['triton_ab']['triton_order']['ii_lower_bound_cycles']}); "
+              f"Twill's ~{docs[case]['triton_ab']['ii_cycles']}", flush=True)
+    SCHEDULES.write_text(json.dumps(docs, indent=1) + "\n")
 
 
 # -- run (GPU) --------------------------------------------------------------------------------------------
@@ -255,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prepare", help="CPU: solve and save schedules")
     p.add_argument("--time-limit", type=float, default=300.0)
     p.add_argument("--only", nargs="*", default=[], choices=list(CASES), help="re-solve only these cases")
+    p = sub.add_parser("model", help="CPU: model II of Triton's own order, for comparison")
+    p.add_argument("--time-limit", type=float, default=150.0)
     p = sub.add_parser("run", help="GPU: correctness and TFLOP/s of both variants")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "triton_ab.json")
     p.add_argument("--reps", type=int, default=2)
@@ -263,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.time_limit, args.only)
+    elif args.cmd == "model":
+        model_triton_order(args.time_limit)
     elif args.cmd == "run":
         run(args.out, args.reps)
     else:
