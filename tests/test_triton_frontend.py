@@ -227,9 +227,10 @@ def test_same_ii_as_builtin_graph(case, matmul, flash, flash_subtiled):
 
     machine = get_machine("h100")
     graph, builtin = {
-        "gemm": (matmul, build_kernel("gemm", machine)),
-        "flash": (flash, build_kernel("flash-fwd", machine)),
-        "flash_subtiled": (flash_subtiled, build_kernel("flash-fwd", machine, subtiles=2)),
+        "gemm": (matmul, build_kernel("gemm", machine, block_m=128, block_n=128, block_k=64)),
+        "flash": (flash, build_kernel("flash-fwd", machine, block_m=128, block_n=128, head_dim=128)),
+        "flash_subtiled": (flash_subtiled, build_kernel("flash-fwd", machine, subtiles=2, block_m=128,
+                                                        block_n=128, head_dim=128)),
     }[case]
     raw = []
     for g in (graph, builtin):
