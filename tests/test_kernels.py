@@ -15,8 +15,8 @@ ROLES = {
     "gemm": {"load_a", "load_b", "mma", "mma_wait"},
     "flash-fwd": {"load_k", "load_v", "qk", "s_load", "rowmax", "alpha", "exp", "rowsum", "p_store", "o_load",
                   "rescale", "o_store", "pv"},
-    "flash-bwd": {"load_q", "load_do", "load_stats", "qk", "dp", "s_load", "exp", "p_store", "dp_load", "ds",
-                  "ds_store", "dv", "dk", "dq", "dq_load", "dq_store", "dq_atomic"},
+    "flash-bwd": {"load_q", "load_do", "load_stats", "qk", "dp", "s_load", "exp", "p_cvt", "p_store", "dp_load",
+                  "ds", "ds_store", "dv", "dk", "dq", "dq_load", "dq_store", "dq_atomic"},
 }
 
 BLACKWELL_ONLY = {"s_load", "o_load", "o_store", "dp_load", "dq_load"}

@@ -9,20 +9,25 @@ Ops (roles):
   ``qk``       S  = Q K^T                    tensor core
   ``dp``       dP = dO V^T                   tensor core
   ``s_load``   S: TMEM -> registers          Blackwell only
-  ``exp``      P  = exp2(S*scale - LSE)      MUFU
-  ``p_store``  P -> SMEM (Hopper, operand of dV) / TMEM over S (Blackwell)
+  ``exp``      P  = exp2(S*scale - LSE)      MUFU (Hopper: fp32, in place over S, as FA3)
+  ``p_cvt``    P -> fp16 registers           Hopper only: the register A operand of the dV wgmma
+  ``p_store``  P -> TMEM over S              Blackwell only
   ``dp_load``  dP: TMEM -> registers         Blackwell only
-  ``ds``       dS = P * (dP - D)             ALU
-  ``ds_store`` dS -> SMEM (operand of dK and dQ)
+  ``ds``       dS = P * (dP - D), fp16       ALU (reads the fp32 P)
+  ``ds_store`` dS -> SMEM (operand of dQ; of dK on Blackwell)
   ``dv``       dV += P^T dO                  tensor core, in-place accumulator
-  ``dk``       dK += dS^T Q                  tensor core, in-place accumulator
+  ``dk``       dK += dS^T Q                  tensor core, in-place accumulator (Hopper: dS from registers)
   ``dq``       dQ  = dS K                    tensor core
   ``dq_load``  dQ: TMEM -> registers         Blackwell only
   ``dq_store`` dQ -> SMEM staging tile
   ``dq_atomic`` TMA reduce-add of dQ into global memory (variable latency, not streaming)
 
-Hopper: every GEMM is an 8-warp wgmma (two warp groups cooperate, as FA3's two MMA warp groups), dK and dV
-live in registers for the whole loop. Blackwell: tcgen05 into TMEM, 4-warp register ops; P is written over S
+Hopper (FA3 ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`` at hdim 128: ``kBlockM`` 64, ``kBlockN`` 128, two
+MMA warp groups, ``SdP_swapAB`` and ``AtomLayoutNdKV`` = 2, hence ``Mma_dKV_is_RS``): every GEMM is an
+8-warp wgmma (the two MMA warp groups cooperate on every tile), dK and dV live in registers for the whole
+loop (64 + 64 per thread), S/P and dP are fp32 register tiles (32 each), P and dS are converted to fp16
+register operands of the dV and dK wgmmas (16 each; only dS is stored to shared memory, for dQ), and dQ
+(32) is staged to shared memory for the producer warp's TMA reduce-add. Blackwell: tcgen05 into TMEM, 4-warp register ops; P is written over S
 in TMEM and dQ reuses dP's columns (write-after-read edge ``dq_load -> dp``, distance 1); dQ is staged
 ``DQ_CHUNK`` columns at a time. ``block_m`` defaults to 64 on both: with 128 query rows the K/V tiles, two
 Q and two dO ring slots, dS and the dQ staging chunk need 242 KB of shared memory, more than the 227 KB a
@@ -54,6 +59,9 @@ DEFAULT_REG_LIMIT = 240
 #: chunks; the staging buffer holds one chunk).
 DQ_CHUNK = 32
 
+#: FP32 -> fp16 conversion cost per element (F2FP packs two values per instruction).
+CVT_OPS_PER_ELEMENT = 0.5
+
 #: Warps cooperating on each Hopper op (FA3's two MMA warp groups).
 HOPPER_WARPS = 8
 
@@ -84,12 +92,16 @@ def _latency(b: GraphBuilder, name: str) -> int:
 
 def _hopper(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, load_q: str, load_do: str,
             load_stats: str) -> None:
+    """FA3's hdim-128 configuration (``SdP_swapAB``, ``AtomLayoutNdKV`` = 2 warp groups, so
+    ``Mma_dKV_is_RS``): dV and dK read P and dS as fp16 register operands; only dS goes to shared memory
+    (for dQ). Per MMA thread (two 4-warp groups, 256 threads): dK, dV 64 each, S/P and dP 32 each (fp32),
+    P and dS in fp16 16 each, dQ 32."""
     w = HOPPER_WARPS
     qk = k.mma(b, m, "qk", "qk", bm, bn, d, dtype, warps=w)
     dp = k.mma(b, m, "dp", "dp", bm, bn, d, dtype, warps=w)
-    p = k.exp2(b, m, "exp", "exp", bm, bn, dtype, warps=w)
+    p = k.exp2(b, m, "exp", "exp", bm, bn, "fp32", in_place=True, warps=w)
     ds = k.elementwise(b, m, "ds", "ds", bm, bn, dtype, ops_per_element=2.0, warps=w)
-    p_store = k.smem_store(b, m, "p_store", "p_store", bm, bn, dtype, warps=w)
+    p_cvt = k.elementwise(b, m, "p_cvt", "p_cvt", bm, bn, dtype, ops_per_element=CVT_OPS_PER_ELEMENT, warps=w)
     ds_store = k.smem_store(b, m, "ds_store", "ds_store", bm, bn, dtype, warps=w)
     dv = k.mma(b, m, "dv", "dv", bn, d, bm, dtype, accumulator=True, warps=w)
     dk = k.mma(b, m, "dk", "dk", bn, d, bm, dtype, accumulator=True, warps=w)
@@ -103,12 +115,12 @@ def _hopper(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, l
     b.edge(qk, p, delay=_latency(b, qk), blocking=True)
     b.edge(dp, ds, delay=_latency(b, dp), blocking=True)
     b.edge(p, ds)
-    b.edge(p, p_store)
+    b.edge(p, p_cvt)
     b.edge(ds, ds_store)
-    b.edge(p_store, dv)
+    b.edge(p_cvt, dv)
     b.edge(load_do, dv, delay=0)
     b.edge(dv, dv, distance=1)
-    b.edge(ds_store, dk)
+    b.edge(ds, dk)
     b.edge(load_q, dk, delay=0)
     b.edge(dk, dk, distance=1)
     b.edge(ds_store, dq)

@@ -111,7 +111,7 @@ def live_intervals(schedule: Schedule) -> list[tuple[str, int, int, int]]:
     """(op, copy, start, end) of every register value of Q: copy i of v is live on ``[t_v + i·I, E)`` with
     ``E = max(start + 1, end of each consumer copy)``; a consumer copy j ≤ n−1 ends its read at ``t_u + j·I
     + cycles(u)`` (at ``t_u + j·I`` when it overwrites v in place), beyond Q at T; an in-place accumulator
-    ends at its next copy's issue."""
+    ends at its next copy's issue, and its copy 0 starts at 0 (the initial value, held from loop entry)."""
     graph, ii = schedule.graph, schedule.ii
     copies, _, horizon = q_shape(schedule)
     out = []
@@ -119,8 +119,9 @@ def live_intervals(schedule: Schedule) -> list[tuple[str, int, int, int]]:
         if op.regs <= 0:
             continue
         t = schedule.starts[op.name]
+        carried = _in_place(graph, op.name)
         for i in range(copies):
-            start = t + i * ii
+            start = 0 if carried and i == 0 else t + i * ii
             ends = [start + 1]
             if _in_place(graph, op.name):
                 ends.append(t + (i + 1) * ii if i + 1 <= copies - 1 else horizon)

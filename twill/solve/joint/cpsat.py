@@ -244,7 +244,8 @@ def live_end(b: _Builder, name: str, copy: int) -> Any:
 
 def add_register_limit(b: _Builder) -> None:
     """REGISTER LIMIT: for every slot g and time τ, ``Σ_{(v,i) live at τ, a[v,g]} regs(v) ≤ budget_g``.
-    Live intervals ``[t_v + i·I, E[v,i])`` (liveness derived from the schedule), one optional copy per slot,
+    Live intervals ``[t_v + i·I, E[v,i])`` (liveness derived from the schedule; an in-place accumulator's
+    copy 0 from 0: its initial value is held from loop entry), one optional copy per slot,
     one Cumulative per slot with capacity ``R − light_regs``: every group keeps the bookkeeping registers a
     light (producer) warp runs on, so tile values get the rest (light slots hold no register value)."""
     p, m = b.p, b.model
@@ -258,8 +259,9 @@ def add_register_limit(b: _Builder) -> None:
         op = b.ops[name]
         if op.regs <= 0:
             continue
+        carried = in_place(b.g, name)
         for i in range(p.copies):
-            start = b.v.t[name] + i * p.ii
+            start = 0 if carried and i == 0 else b.v.t[name] + i * p.ii
             end = live_end(b, name, i)
             size = m.new_int_var(1, horizon_max, f"live[{name},i={i}]")
             m.add(size == end - start)

@@ -478,7 +478,8 @@ def add_register_file(m: YicesModel) -> None:
 def add_register_limit(m: YicesModel) -> None:
     """REGISTER LIMIT (Fig. 6): ∀ t, g: Σ_{v,i} (live[v,i,t] ∨ op[v,i,t])·opw[v,g]·regs(v) ≤ R − light_regs
     (docs/model.md: every group keeps the bookkeeping registers a light warp runs on; tile values get the
-    rest)."""
+    rest). An in-place accumulator counts at every t: its copies are live back to back from its initial
+    value (held from loop entry until copy 0 issues) to T, so their union is the whole of Q."""
     p = m.problem
     if not p.active("register_limit"):
         return
@@ -488,7 +489,8 @@ def add_register_limit(m: YicesModel) -> None:
         users = [op for op in holders if (op.name, g) in m.warp_of]
         for t in range(m.span):
             terms = [(m.all([m.any([m.live(op.name, i, t), m.op(op.name, i, t)]), m.opw(op.name, g)]), op.regs)
-                     for op in users for i in range(m.copies)]
+                     for op in users if not in_place(m.graph, op.name) for i in range(m.copies)]
+            terms += [(m.opw(op.name, g), op.regs) for op in users if in_place(m.graph, op.name)]
             atom = m.weighted_sum_leq(terms, p.reg_limit - p.light_regs)
             if atom is not None:
                 out.append(atom)
