@@ -149,6 +149,27 @@ def test_solver_schedule_compiles(tmp_path, kernel, options):
     assert ("dec", 24) in facts.setmaxnreg
 
 
+@pytest.mark.skipif(not HAS_ORTOOLS, reason="the joint solver needs OR-Tools")
+def test_solver_plans_match_the_fastest_hand_schedules():
+    """The default solver path makes the decisions of the fastest hand-built variants (docs/codegen.md):
+    GEMM 128x256 on one 8-warp consumer with the wait lagged one iteration; attention with two sub-tiles:
+    S = Q K^T one stage ahead of O += P V in both groups, one tensor-core turn per group and iteration."""
+    from twill.solve import schedule
+    from twill.solve.options import SolveOptions
+
+    gemm = kernel_plan(schedule(build_kernel("gemm", H100), H100, SolveOptions(time_limit=60, streaming_depth=3)))
+    hand = kernel_plan(gemm_schedule(build_kernel("gemm", H100), H100, lag=1, depth=3, warps=8))
+    assert (gemm.mma_lag, gemm.tile, gemm.compute[0].num_warps) == (hand.mma_lag, hand.tile, 8)
+    assert [r.depth for r in gemm.rings] == [r.depth for r in hand.rings] == [3, 3]
+    graph = build_kernel("flash-fwd", H100, subtiles=2)
+    fa = kernel_plan(schedule(graph, H100, SolveOptions(time_limit=60)))
+    hand_fa = kernel_plan(flash_schedule(graph, H100, ahead=1, depth=2))
+    assert [p.qk_ahead for p in fa.compute] == [p.qk_ahead for p in hand_fa.compute] == [1, 1]
+    assert sorted(sorted(t.ops) for t in fa.turns) == sorted(sorted(t.ops) for t in hand_fa.turns) == [
+        ["pv_a", "qk_a"], ["pv_b", "qk_b"]]
+    assert [r.depth for r in fa.rings] == [r.depth for r in hand_fa.rings] == [2, 2]
+
+
 # -- errors --------------------------------------------------------------------------------------------
 def test_unsupported_graph_is_reported():
     graph = build_kernel("paper-example", H100)

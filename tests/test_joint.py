@@ -170,3 +170,35 @@ def test_a_time_limit_never_claims_optimality():
         assert "time limit" in str(exc)
     else:
         assert result.status == "feasible" or result.ii == result.ii_lower_bound
+
+
+def test_hopper_attention_hoists_s_in_every_subtile_before_minimising_length():
+    from twill.solve.joint.search import hoist_pairs
+
+    graph = build_kernel("flash-fwd", H100, subtiles=2)
+    assert hoist_pairs(graph, H100) == [("qk_a", "pv_a"), ("qk_b", "pv_b")]
+    result = schedule(graph, H100, SolveOptions(time_limit=60))
+    names = [o["name"] for o in result.stats["objectives"]]
+    assert names == ["unhoisted", "length", "stages", "warps", "smem", "prologue"]
+    assert result.stats["objectives"][0]["value"] == 0 and result.status == "optimal"
+    assert all(result.stage(f"pv_{x}") == result.stage(f"qk_{x}") + 1 for x in "ab")
+
+
+@pytest.mark.parametrize("kernel,arch", [("flash-bwd", "h100"), ("gemm", "h100"), ("flash-fwd", "b200"),
+                                         ("paper-example", "h100")])
+def test_no_hoist_pairs_without_a_waited_register_accumulator(kernel, arch):
+    from twill.solve.joint.search import hoist_pairs
+
+    machine = get_machine(arch)
+    assert hoist_pairs(build_kernel(kernel, machine), machine) == []
+
+
+def test_default_gemm_tile_is_one_8_warp_consumer_with_a_lagged_wait():
+    graph = build_kernel("gemm", H100)
+    assert (graph.attrs["block_m"], graph.attrs["block_n"], graph.attrs["warps"]) == (128, 256, 8)
+    assert graph.op("mma").warps == 8 and graph.op("mma").regs == 128
+    assert build_kernel("gemm", H100, block_n=128).op("mma").warps == 4
+    result = schedule(graph, H100, SolveOptions(time_limit=30, streaming_depth=3))
+    mma = result.warp_of("mma")
+    assert mma.num_warps == 8 and set(mma.ops) == {"mma", "mma_wait"}
+    assert result.stage("mma_wait") - result.stage("mma") == 1

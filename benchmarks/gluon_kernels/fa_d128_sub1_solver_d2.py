@@ -5,7 +5,7 @@
 # II = 204 (lower bound 204), length L = 408, stages = 2, dtype fp16, tile block_m=128 sub_m=128 block_n=128 head_dim=128
 #
 # partitions (gl.warp_specialize; the first is the default partition):
-#   compute0_partition   warp group 1 (compute): 8 warp(s), schedule budget 240 regs (default partition: Triton gives it what the workers leave); ops qk, exp, rescale, pv, rowmax, alpha, rowsum
+#   compute0_partition   warp group 1 (compute): 8 warp(s), schedule budget 240 regs (default partition: Triton gives it what the workers leave); ops qk, exp, rescale, pv, rowmax, rowsum, alpha
 #   load_partition       warp group 0 (load): 1 warp(s), 24 regs (worker_num_regs); ops load_k, load_v
 # rings (shared memory, ready/empty mbarriers):
 #   k: load_k -> qk, 2 slots, released after qk; depth = max(stage(qk)=0 - stage(load_k)=0 + 1, streaming depth 2) = 2
@@ -19,12 +19,12 @@
 #   load_k       load_k         0     0   0  |0                                               |
 #   qk           qk             0     0   1  |00000000000000000000000                         |
 #   rowmax       rowmax       112     0   1  |                          0000000               |
-#   alpha        alpha        138     0   1  |                                0               |
+#   alpha        alpha        164     0   1  |                                      0         |
 #   load_v       load_v       205     1   0  |1                                               |
 #   exp          exp          207     1   1  |11111111111111111111111                         |
 #   rescale      rescale      302     1   1  |                       111                      |
 #   pv           pv           313     1   1  |                         11111111111111111111111|
-#   rowsum       rowsum       343     1   1  |                                1111111         |
+#   rowsum       rowsum       342     1   1  |                                1111111         |
 
 """Generated warp-specialized Gluon attention forward; see the header comment."""
 
@@ -93,7 +93,7 @@ def online_softmax(s, m_i, l_i, kv_start, seq_len, qk_scale, col_layout: gl.cons
 @gluon.jit
 def compute0_partition(q_smem, q_bar, k_ring, k_ready, k_empty, v_ring, v_ready, v_empty, turn_bars, o_ptr,
         o_row, q_start, seq_len, n_tiles, qk_scale):
-    """Warp group 1 (8 warps), sub-tile 0: qk, exp, rescale, pv, rowmax, alpha, rowsum."""
+    """Warp group 1 (8 warps), sub-tile 0: qk, exp, rescale, pv, rowmax, rowsum, alpha."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],

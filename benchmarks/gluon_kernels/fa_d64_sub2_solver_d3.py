@@ -20,16 +20,16 @@
 #   load_k       load_k         0     0   0  |0                                               |
 #   qk_a         qk             0     0   1  |000000000000                                    |
 #   qk_b         qk            40     0   2  |           0000000000000                        |
-#   rowmax_b     rowmax        85     0   2  |                         0000000                |
-#   exp_b        exp          108     0   2  |00000000                        0000000000000000|
+#   rowmax_b     rowmax        93     0   2  |                           0000000              |
+#   exp_b        exp          115     0   2  |0000000000                        00000000000000|
 #   load_v       load_v       163     1   0  |1                                               |
-#   rowmax_a     rowmax       167     1   1  | 1111111                                        |
-#   alpha_b      alpha        188     1   2  |       1                                        |
-#   exp_a        exp          189     1   1  |        111111111111111111111111                |
-#   rescale_b    rescale      189     1   2  |        11                                      |
+#   rowmax_a     rowmax       174     1   1  |   1111111                                      |
+#   alpha_b      alpha        195     1   2  |         1                                      |
+#   exp_a        exp          196     1   1  |          111111111111111111111111              |
+#   rescale_b    rescale      196     1   2  |          11                                    |
 #   rowsum_b     rowsum       207     1   2  |             1111111                            |
 #   pv_b         pv           242     1   2  |                       1111111111111            |
-#   alpha_a      alpha        269     1   1  |                               1                |
+#   alpha_a      alpha        276     1   1  |                                 1              |
 #   rescale_a    rescale      277     1   1  |                                  11            |
 #   pv_a         pv           282     1   1  |                                   1111111111111|
 #   rowsum_a     rowsum       287     1   1  |                                     1111111    |

@@ -21,6 +21,9 @@ from twill.solve.options import SolveOptions
 #: Secondary objectives after L, in order (docs/model.md §5).
 SECONDARY = ("stages", "warps", "smem", "prologue")
 
+#: Objective minimised before L when the graph has hoistable tensor-core pairs (:func:`hoist_pairs`).
+HOIST = "unhoisted"
+
 #: Graphs up to this many ops get one CP-SAT worker for the phase-1 solve at each II: those models are tiny
 #: (one start per op) and the portfolio start-up of a second worker dominates them (measured on b200
 #: flash-fwd --subtiles 1, which visits 87 IIs: 3.8 s -> 2.6 s; shared/reference/solvers.md found the same).
@@ -53,6 +56,61 @@ def make_problem(graph: LoopGraph, machine: Machine, options: SolveOptions, unit
         smem_capacity=machine.smem_per_block, tmem_capacity=machine.tmem_bytes,
         smem_resident=int(graph.attrs.get("smem_resident", 0)), streaming_depth=options.streaming_depth,
         cross_warp=options.cross_warp, relaxed=relaxed)
+
+
+def hoist_pairs(graph: LoopGraph, machine: Machine) -> list[tuple[str, str]]:
+    """Tensor-core pairs ``(u, v)`` that a register-accumulating (Hopper, wgmma) warp group should
+    software-pipeline: ``v`` is an MMA reached from the MMA ``u`` through a path of distance-0 edges whose
+    inner ops are not MMAs, and the register work waits for ``v`` of the previous iteration (a blocking
+    loop-carried edge from ``v`` to a non-MMA op): ``S = Q K^T -> softmax -> O += P V`` with ``O *= alpha``
+    reading O in the next iteration. Empty on Blackwell, where a single MMA warp issues both and the register
+    work runs in other warp groups.
+
+    Why (docs/model.md §5, "unhoisted"): on Hopper the warp group that issues ``u`` and ``v`` also runs the
+    register ops between them and waits for ``v`` before the next iteration's register work. With ``u`` and
+    ``v`` in one stage its iteration is ``u -> wait -> register ops -> v -> wait`` in series; with ``u`` of
+    iteration ``i + 1`` issued together with ``v`` of iteration ``i`` (``stage(v) > stage(u)``, FA3's
+    intra-warp-group pipelining, Shah et al. 2024, §3.2) the register work of ``i + 1`` runs while ``v`` of
+    ``i`` is on the tensor core. The cost model sees no difference (an asynchronous MMA costs its group only
+    the issue cycles and a wait costs nothing), so every unmodelled cycle of the serial chain (wgmma wait and
+    fence latency, layout conversions, the ping-pong barrier hand-off) adds to the II on the GPU (H100:
+    0.87-0.90x against 1.00-1.03x cuDNN, docs/performance.md). Accumulators that the register work never
+    reads inside the loop (flash-bwd's dV, dK) need no such wait and are not paired."""
+    if machine.mma_accumulates_in != "registers":
+        return []
+    mmas = [op.name for op in graph.ops if op.kind == "mma"]
+    waited = {e.src for e in graph.edges if e.blocking and e.distance >= 1 and graph.op(e.src).kind == "mma"
+              and graph.op(e.dst).kind != "mma"}
+    pairs = []
+    for u in mmas:
+        seen, frontier = {u}, [u]
+        while frontier:
+            nxt = []
+            for name in frontier:
+                for e in graph.out_edges(name):
+                    if e.distance != 0 or e.dst in seen:
+                        continue
+                    seen.add(e.dst)
+                    if graph.op(e.dst).kind == "mma":
+                        if e.dst in waited:
+                            pairs.append((u, e.dst))
+                    else:
+                        nxt.append(e.dst)
+            frontier = nxt
+    return sorted(set(pairs))
+
+
+def add_hoist_objective(joint: Any, pairs: list[tuple[str, str]]) -> None:
+    """CP-SAT term ``unhoisted = Σ_(u,v) [stage(v) = stage(u)]`` over :func:`hoist_pairs` (a literal
+    ``h_uv ⇒ k_v ≥ k_u + 1``; ``unhoisted = |pairs| − Σ h_uv``)."""
+    b = joint.builder
+    m, stage = b.model, b.v.stage
+    hoisted = []
+    for u, v in pairs:
+        h = m.new_bool_var(f"hoisted[{u},{v}]")
+        m.add(stage[v] >= stage[u] + 1).only_enforce_if(h)
+        hoisted.append(h)
+    b.v.objective[HOIST] = len(pairs) - sum(hoisted)
 
 
 def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit: float) -> tuple[list[str], str]:
@@ -135,28 +193,51 @@ def warp_groups(graph: LoopGraph, ii: int,
     return tuple(groups), assignment
 
 
+def objective_order(joint: Any) -> tuple[str, ...]:
+    """Lexicographic objectives after II: ``unhoisted`` (when the model has it), ``length``, then
+    :data:`SECONDARY`."""
+    lead = (HOIST,) if HOIST in joint.builder.v.objective else ()
+    return (*lead, "length", *SECONDARY)
+
+
 def _secondary(joint: Any, first: JointOutcome, options: SolveOptions,
                deadline: float) -> tuple[JointSolution, list[dict[str, Any]], bool]:
-    """Fix L, then minimise stages, warps, SMEM in turn; returns the final solution, the objective records
-    and whether every objective was proved optimal."""
+    """Minimise the objectives of :func:`objective_order` in turn, each fixed before the next (the first
+    solve already minimised L; with ``unhoisted`` first, L is minimised again once it is fixed). Returns the
+    final solution, the objective records and whether every objective was proved optimal."""
     solution = first.solution
     assert solution is not None
-    records = [{"name": "length", "value": solution.length, "proven": first.status == "optimal"}]
-    previous = "length"
-    for k, name in enumerate(SECONDARY):
-        joint.fix(previous, solution.objectives[previous])
-        last = k == len(SECONDARY) - 1
+    order = objective_order(joint)
+    records: list[dict[str, Any]] = []
+    for k, name in enumerate(order):
+        if k:
+            joint.fix(order[k - 1], solution.objectives[order[k - 1]])
+        if k == 0 and name == "length":
+            records.append({"name": name, "value": solution.length, "proven": first.status == "optimal"})
+            continue
+        last = k == len(order) - 1
         # The last solve decides the remaining ties: one worker and no hint (earlier solves may return
         # different optimal solutions run to run), so its answer depends only on the model and the seed.
         joint.hint({} if last else solution.starts)
         remaining = deadline - time.perf_counter()
-        outcome = joint.solve(name, time_limit=max(0.5, remaining / (len(SECONDARY) - k)),
+        outcome = joint.solve(name, time_limit=max(0.5, remaining / (len(order) - k)),
                               workers=1 if last else None)
         if outcome.found:
             solution = outcome.solution
         records.append({"name": name, "value": solution.objectives[name], "proven": outcome.status == "optimal"})
-        previous = name
     return solution, records, all(r["proven"] for r in records)
+
+
+def issue_bound(graph: LoopGraph, machine: Machine, options: SolveOptions) -> Any:
+    """:func:`twill.solve.bounds.warp_issue_bound` with the limits :func:`make_problem` uses. IIs below it
+    (after the modulo-only II, whose joint solve and UNSAT explanation still run) are recorded as proved
+    infeasible without a solve (docs/model.md §5)."""
+    from twill.solve.bounds import warp_issue_bound
+
+    return warp_issue_bound(graph, reg_limit=reg_limit_for(graph, machine, options.reg_limit),
+                            light_regs=legal_budget(machine, machine.setmaxnreg_min),
+                            regs_per_sm=machine.regs_per_sm,
+                            max_warps=options.max_warps or machine.max_warps_per_cta, slots=slot_count(graph))
 
 
 def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lower_bound: int,
@@ -183,10 +264,16 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     blocked: list[str] | None = None
     note = ""
     previous: dict[str, int] | None = None
+    issue = issue_bound(graph, machine, options)
     for ii in range(lower_bound, max_ii + 1):
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             break
+        if modulo_ii is not None and issue is not None and ii < issue.ii:
+            tried.append({"ii": ii, "joint": "infeasible", "by": "warp_issue_bound",
+                          "bound": {"ii": issue.ii, "warps": issue.warps, "groups": issue.groups,
+                                    "busy": issue.busy}})
+            continue
         options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
         phase1_workers = 1 if len(graph.ops) <= SMALL_PHASE1_OPS else options.workers
         mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=phase1_workers, seed=options.seed,
@@ -200,6 +287,9 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         previous = dict(mod.starts)
         problem = make_problem(graph, machine, options, units, ii=ii, length_min=mod.length)
         joint = CpsatJoint(problem, workers=options.workers, seed=options.seed)
+        pairs = hoist_pairs(graph, machine)
+        if pairs:
+            add_hoist_objective(joint, pairs)
         joint.hint(mod.starts)
         outcome = joint.solve("length", time_limit=deadline - time.perf_counter())
         row.update({"length_min": mod.length, "copies": problem.copies, "joint": outcome.status,

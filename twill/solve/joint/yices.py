@@ -593,6 +593,45 @@ def add_objective_terms(m: YicesModel) -> None:
     m.objective["prologue"] = T.sum([T.sub(top, k) for k in m.stage.values()])
 
 
+def add_hoist_term(m: YicesModel, pairs: Sequence[tuple[str, str]]) -> None:
+    """The CP-SAT search's ``unhoisted`` term (:func:`twill.solve.joint.search.hoist_pairs`):
+    ``Σ_(u,v) ite(k_v ≥ k_u + 1, 0, 1)``."""
+    from twill.solve.joint.search import HOIST
+
+    T = m.y.Terms
+    m.objective[HOIST] = T.sum([T.ite(T.arith_geq_atom(T.sub(m.stage[v], m.stage[u]), m.one), m.zero, m.one)
+                                for u, v in pairs])
+
+
+def minimize_before_length(m: YicesModel, name: str, *, deadline: float) -> tuple[int, bool] | str:
+    """Minimise ``m.objective[name]`` over every L of the window (COMPLETION at ``T(length_max)``), then assert
+    its best value: binary search over ``objective ≤ k`` queries. Returns (best, proved optimal), or
+    ``infeasible`` / ``unknown`` when the window has no schedule."""
+    p = m.problem
+    base = completion_formulas(m, p.horizon(p.length_max)) + switches(m)
+    answer = query(m, base, timeout=deadline - time.perf_counter())
+    if answer != "sat":
+        return "infeasible" if answer == "unsat" else "unknown"
+    term = m.objective[name]
+    best, lo, proven = value(m, term), 0, True
+    while lo < best:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            proven = False
+            break
+        mid = (lo + best) // 2
+        answer = query(m, base + [m.leq(term, m.integer(mid))], timeout=remaining)
+        if answer == "sat":
+            best = value(m, term)
+        elif answer == "unsat":
+            lo = mid + 1
+        else:
+            proven = False
+            break
+    m.add("objective_fixes", [m.y.Terms.arith_eq_atom(term, m.integer(best))])
+    return best, proven
+
+
 FAMILY_FUNCTIONS: dict[str, Callable[[YicesModel], None]] = {
     "uniqueness": add_uniqueness, "consistency": add_consistency, "completion": add_completion,
     "dependence": add_dependence, "capacity": add_capacity, "liveness": add_liveness,
@@ -788,10 +827,12 @@ def explain_infeasible(m: YicesModel, deadline: float) -> tuple[list[str], str]:
     return blocked, note
 
 
-def secondary(m: YicesModel, length: int, deadline: float) -> tuple[JointSolution, list[dict[str, Any]], bool]:
+def secondary(m: YicesModel, length: int, deadline: float,
+              lead: Sequence[dict[str, Any]] = ()) -> tuple[JointSolution, list[dict[str, Any]], bool]:
     """With L fixed, minimise stages, warps, SMEM and prologue in turn (each fixed before the next).
-    Returns the final solution, the objective records and whether every objective was proved optimal."""
-    records = [{"name": "length", "value": length, "proven": True}]
+    ``lead`` holds the records of objectives minimised before L. Returns the final solution, the objective
+    records and whether every objective was proved optimal."""
+    records = [*lead, {"name": "length", "value": length, "proven": True}]
     lower = {"stages": 1, "smem": smem_lower_bound(m.problem)}
     for k, name in enumerate(SECONDARY):
         share = (deadline - time.perf_counter()) / (len(SECONDARY) - k)
@@ -810,7 +851,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     from twill.ir.validate import effective_units
     from twill.solve import default_max_ii
     from twill.solve._yices_loader import load_yices
-    from twill.solve.joint.search import make_problem
+    from twill.solve.joint.search import HOIST, hoist_pairs, make_problem
     from twill.solve.modulo import solve_modulo
 
     yices = load_yices()
@@ -839,14 +880,26 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         built = time.perf_counter()
         model = build_model(yices, problem, switched=ii == modulo_ii)
         lengths: list[dict[str, Any]] = []
-        outcome = search_lengths(model, deadline=deadline, rows=lengths, report=options.report)
+        lead: list[dict[str, Any]] = []
+        pairs = hoist_pairs(graph, machine)
+        outcome: Found | str
+        if pairs:
+            add_hoist_term(model, pairs)
+            hoisted = minimize_before_length(model, HOIST, deadline=deadline)
+            if isinstance(hoisted, tuple):
+                lead.append({"name": HOIST, "value": hoisted[0], "proven": hoisted[1]})
+                outcome = search_lengths(model, deadline=deadline, rows=lengths, report=options.report)
+            else:
+                outcome = hoisted
+        else:
+            outcome = search_lengths(model, deadline=deadline, rows=lengths, report=options.report)
         joint = outcome if isinstance(outcome, str) else "sat"
         row.update({"length_min": mod.length, "copies": problem.copies, "joint": joint, "lengths": lengths,
                     "seconds": round(time.perf_counter() - built, 3)})
         if isinstance(outcome, Found):
             return finish(graph, machine, options, outcome, mod.status == "optimal", started=started,
                           deadline=deadline, lower_bound=lower_bound, proven_below=proven_below, tried=tried,
-                          modulo_ii=modulo_ii, blocked=blocked, note=note)
+                          modulo_ii=modulo_ii, blocked=blocked, note=note, lead=lead)
         proven_below = proven_below and outcome == "infeasible" and mod.status == "optimal"
         if outcome == "infeasible" and ii == modulo_ii:
             blocked, note = explain_infeasible(model, deadline)
@@ -865,16 +918,17 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
 
 def finish(graph: LoopGraph, machine: Machine, options: SolveOptions, found: Found, length_proven: bool, *,
            started: float, deadline: float, lower_bound: int, proven_below: bool, tried: list[dict[str, Any]],
-           modulo_ii: int | None, blocked: list[str] | None, note: str) -> Schedule:
+           modulo_ii: int | None, blocked: list[str] | None, note: str,
+           lead: Sequence[dict[str, Any]] = ()) -> Schedule:
     """Secondary objectives, warp groups (:func:`twill.solve.joint.search.warp_groups`) and the Schedule."""
     from twill.solve.joint.search import warp_groups
 
     m = found.model
     problem = m.problem
-    solution, records, proven = secondary(m, found.length, deadline)
+    solution, records, proven = secondary(m, found.length, deadline, lead)
     size = model_size(m)
     m.close()
-    records[0]["proven"] = length_proven
+    records[len(lead)]["proven"] = length_proven
     groups, assignment = warp_groups(graph, problem.ii, solution)
     stats: dict[str, Any] = {
         "search": "joint", "backend": "yices", "tried": tried, "modulo_ii": modulo_ii,
