@@ -1,11 +1,13 @@
-"""ResMII, RecMII and the length lower bound."""
+"""ResMII, RecMII, the length lower bound and the joint problem's warp-issue bound."""
 
 from __future__ import annotations
 
 from twill.ir import GraphBuilder
 from twill.kernels import build_kernel
-from twill.machine import H100
-from twill.solve.bounds import asap_starts, length_lower_bound, rec_mii, res_mii
+from twill.machine import B200, H100
+from twill.solve import schedule
+from twill.solve.bounds import asap_starts, length_lower_bound, rec_mii, res_mii, warp_issue_bound
+from twill.solve.options import SolveOptions
 
 
 def test_paper_example_bounds():
@@ -50,3 +52,41 @@ def test_asap_and_length_bound():
     b.op("x", uses={}, cycles=1)
     b.edge("x", "x", delay=5, distance=1)
     assert asap_starts(b.build(), 4) is None       # below RecMII = 5
+
+
+def register_ops(width: int, busy: tuple[int, ...], *, loads: int = 0):
+    b = GraphBuilder("issue", units={"alu": 4, "tma": 1})
+    for k, cycles in enumerate(busy):
+        b.op(f"v{k}", uses={"alu": 1}, cycles=cycles, regs=64, warps=width)
+    for k in range(loads):
+        b.op(f"load{k}", uses={"tma": 1}, cycles=1, warps=1, variable_latency=True)
+    return b.build()
+
+
+LIMITS = {"light_regs": 24, "regs_per_sm": 65536, "max_warps": 32, "slots": 8}
+
+
+def test_warp_issue_bound_counts_the_register_groups_the_register_file_admits():
+    graph = register_ops(8, (5, 5))
+    one = warp_issue_bound(graph, reg_limit=240, **LIMITS)          # 2048 / (240·8) -> one 8-warp group
+    assert (one.ii, one.groups, one.busy) == (10, 1, 10)
+    two = warp_issue_bound(graph, reg_limit=120, **LIMITS)          # 2048 / (120·8) -> two
+    assert (two.ii, two.groups) == (5, 2)
+    light = warp_issue_bound(register_ops(4, (3, 3, 3), loads=1), reg_limit=240, **LIMITS)
+    assert light.groups == (2048 - 24) // (240 * 4) and light.ii == 5   # ⌈9/2⌉, W_vl's light warp counted
+    assert warp_issue_bound(register_ops(4, (3,)), reg_limit=240, **{**LIMITS, "slots": 2}).ii == 3
+    assert warp_issue_bound(register_ops(8, (1,)), reg_limit=240, **LIMITS) is None
+
+
+def test_joint_search_skips_iis_below_the_warp_issue_bound_after_the_modulo_ii():
+    """B200 flash-fwd without sub-tiling: at budget 160 one 8-warp register group fits, so the II is at
+    least the busy sum of its register ops; the modulo-only II is still solved (and explained) first."""
+    result = schedule(build_kernel("flash-fwd", B200, subtiles=1), B200, SolveOptions(time_limit=120))
+    tried = result.stats["tried"]
+    assert tried[0]["ii"] == result.stats["modulo_ii"] and "by" not in tried[0]
+    skipped = [row for row in tried if row.get("by") == "warp_issue_bound"]
+    assert skipped and all(row["joint"] == "infeasible" for row in skipped)
+    bound = skipped[0]["bound"]
+    assert bound["groups"] == 1 and bound["warps"] == 8
+    assert [row["ii"] for row in skipped] == list(range(tried[0]["ii"] + 1, bound["ii"]))
+    assert bound["ii"] <= result.ii and result.status == "optimal"

@@ -6,10 +6,15 @@
   graph with edge weights ``d − II·δ`` has no positive cycle (binary search, Bellman-Ford).
 * ``asap_starts(graph, ii)``: earliest starts under the dependences alone, so
   ``L ≥ max_v asap(v) + cycles(v)`` at that II.
+* ``warp_issue_bound``: a lower bound on the II of the *joint* problem (docs/model.md §5, "Warp-issue
+  bound") from REGISTER FILE, WARP COUNT, the slot count and WARP ISSUE: ops with registers of one width
+  can only spread over as many register-holding groups of that width as the register file admits, and each
+  group issues its ops one after another.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 from twill.ir.graph import LoopGraph
@@ -70,3 +75,43 @@ def length_lower_bound(graph: LoopGraph, ii: int) -> int:
     if asap is None:
         raise ValueError(f"II {ii} is below RecMII of graph {graph.name!r}")
     return max(asap[op.name] + op.cycles for op in graph.ops)
+
+
+@dataclass(frozen=True)
+class IssueBound:
+    """``ii`` = ⌈busy / groups⌉: the ops with registers of width ``warps`` issue ``busy`` cycles per
+    iteration and fit on at most ``groups`` register-holding warp groups."""
+
+    ii: int
+    warps: int
+    groups: int
+    busy: int
+
+
+def warp_issue_bound(graph: LoopGraph, *, reg_limit: int, light_regs: int, regs_per_sm: int, max_warps: int,
+                     slots: int) -> IssueBound | None:
+    """The joint problem's II lower bound from its warp families (None when it gives nothing above 1).
+
+    A non-variable-latency op ``v`` with ``regs(v) > 0`` runs on a compute slot whose width is ``warps(v)``
+    and whose budget is ``R`` (it is register-holding). Let ``w₀`` be the width of W_vl when it holds no
+    register value (``light_regs`` each). REGISTER FILE (``Σ_g 32·w_g·budget_g ≤ regs_per_sm``), WARP COUNT
+    (``Σ_g w_g ≤ max_warps``) and the ``slots − 1`` compute slots allow at most
+    ``k_w = min(⌊(regs_per_sm/32 − light_regs·w₀) / (R·w)⌋, ⌊(max_warps − w₀) / w⌋, slots − 1)`` such
+    slots of width ``w``. WARP ISSUE makes the busy windows of one slot disjoint modulo I, so the slot's
+    busy sum is at most I, and the slot with the most work has at least ``1/k_w`` of it:
+    ``I ≥ ⌈Σ_{v: warps(v)=w, regs(v)>0} busy(v) / k_w⌉`` for every width ``w`` with ``k_w ≥ 1``.
+    Valid whenever REGISTER FILE, WARP COUNT and WARP ISSUE are all enforced (never for a relaxed problem).
+    """
+    latency = [op for op in graph.ops if op.variable_latency]
+    base = max((op.warps for op in latency), default=0) if all(op.regs == 0 for op in latency) else 0
+    best: IssueBound | None = None
+    for width in sorted({op.warps for op in graph.ops if op.regs > 0 and not op.variable_latency}):
+        busy = sum(op.busy for op in graph.ops if op.regs > 0 and not op.variable_latency and op.warps == width)
+        groups = min((regs_per_sm // 32 - light_regs * base) // (reg_limit * width),
+                     (max_warps - base) // width, slots - 1)
+        if groups < 1 or busy <= 0:
+            continue
+        bound = IssueBound(-(-busy // groups), width, groups, busy)
+        if best is None or bound.ii > best.ii:
+            best = bound
+    return best if best is not None and best.ii > 1 else None
