@@ -27,7 +27,7 @@ SECTION = "## Solve time"
 #: (kernel, options, label) for every built-in configuration.
 CONFIGS = (
     ("paper-example", {}, "paper-example"),
-    ("gemm", {}, "gemm 128x128x64"),
+    ("gemm", {}, "gemm (default 128x256x64)"),
     ("flash-fwd", {"subtiles": 1}, "flash-fwd --subtiles 1"),
     ("flash-fwd", {"subtiles": 2}, "flash-fwd --subtiles 2"),
     ("flash-fwd", {"subtiles": 2, "head_dim": 64}, "flash-fwd --subtiles 2 --head-dim 64"),
@@ -48,13 +48,14 @@ def run_one(kernel: str, options: dict[str, Any], arch: str, backend: str, time_
 
     machine = get_machine(arch)
     graph = build_kernel(kernel, machine, **options)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     row: dict[str, Any] = {"kernel": kernel, "options": options, "arch": arch, "backend": backend,
-                           "ops": len(graph.ops), "edges": len(graph.edges)}
+                           "ops": len(graph.ops), "edges": len(graph.edges), "date": time.strftime("%Y-%m-%d %H:%M")}
     try:
         result = schedule(graph, machine, SolveOptions(backend=backend, time_limit=time_limit))
     except TwillError as exc:
-        row.update({"status": "error", "error": str(exc), "seconds": round(time.perf_counter() - began, 2)})
+        row.update({"status": "error", "error": str(exc), "seconds": round(time.perf_counter() - began, 2),
+                    "cpu_seconds": round(time.process_time() - cpu, 2)})
         return row
     stats = result.stats
     row.update({
@@ -63,7 +64,8 @@ def run_one(kernel: str, options: dict[str, Any], arch: str, backend: str, time_
         "stages": result.num_stages, "warps": [f"{w.role}:{w.num_warps}x{w.regs}" for w in result.warps],
         "variables": stats.get("variables"), "constraints": stats.get("constraints"),
         "blocked_by": stats.get("blocked_by"), "iis_tried": len(stats.get("tried", [])),
-        "seconds": round(time.perf_counter() - began, 2),
+        "iis_skipped": sum(1 for t in stats.get("tried", []) if t.get("by") == "warp_issue_bound"),
+        "seconds": round(time.perf_counter() - began, 2), "cpu_seconds": round(time.process_time() - cpu, 2),
         "cycles_per_unit": stats.get("normalization", {}).get("cycles_per_unit"),
     })
     return row
@@ -82,21 +84,27 @@ def backends(requested: list[str]) -> list[str]:
     return out
 
 
+def row_order(row: dict[str, Any]) -> tuple[int, int, int]:
+    """Backend (cpsat first), configuration and architecture order of :data:`CONFIGS` x :data:`ARCHS`."""
+    config = next(i for i, (k, o, _) in enumerate(CONFIGS) if k == row["kernel"] and o == row["options"])
+    return (row["backend"] != "cpsat", config, ARCHS.index(row["arch"]))
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| kernel | arch | backend | ops | II bound | modulo II | final II | IIs tried | L | status | "
-            "variables | constraints | seconds |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| kernel | arch | backend | ops | II bound | modulo II | final II | IIs tried (skipped) | L | status | "
+            "variables | constraints | seconds | CPU s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         label = next(lab for k, o, lab in CONFIGS if k == r["kernel"] and o == r["options"])
         if r["status"] == "error":
             what = "no schedule within the time limit" if "time limit" in r["error"] else f"error: {r['error'][:60]}"
             lines.append(f"| {label} | {r['arch']} | {r['backend']} | {r['ops']} | | | | | | {what} | | | "
-                         f"{r['seconds']} |")
+                         f"{r['seconds']} | {r.get('cpu_seconds', '')} |")
             continue
         lines.append(f"| {label} | {r['arch']} | {r['backend']} | {r['ops']} | {r['ii_lower_bound']} | "
-                     f"{r['modulo_ii']} | {r['ii']} | {r['iis_tried']} | {r['length']} | {r['status']} | "
-                     f"{r['variables']} | "
-                     f"{r['constraints']} | {r['seconds']} |")
+                     f"{r['modulo_ii']} | {r['ii']} | {r['iis_tried']} ({r.get('iis_skipped', 0)}) | {r['length']} | "
+                     f"{r['status']} | {r['variables']} | {r['constraints']} | {r['seconds']} | "
+                     f"{r.get('cpu_seconds', '')} |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -115,16 +123,29 @@ def section(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         slow = max(cpsat, key=lambda r: r["seconds"])
         label = next(lab for k, o, lab in CONFIGS if k == slow["kernel"] and o == slow["options"])
         proven = sum(r["status"] == "optimal" for r in cpsat)
+        sub1 = [r for r in cpsat if r["kernel"] == "flash-fwd" and r["options"] == {"subtiles": 1}
+                and r["arch"] == "b200"]
         compare += (f"CP-SAT proved {proven} of {len(cpsat)} cases optimal. The slowest, `{label}` on "
-                    f"{slow['arch']} ({slow['seconds']} s), tries {slow['iis_tried']} IIs: the joint problem is "
-                    f"infeasible from the modulo-only II {slow['modulo_ii']} up to {slow['ii'] - 1}, and each II "
-                    f"costs a phase-1 solve, a model build and an infeasibility proof.\n\n")
+                    f"{slow['arch']} ({slow['seconds']} s wall, {slow.get('cpu_seconds')} s CPU), tries "
+                    f"{slow['iis_tried']} IIs, {slow.get('iis_skipped', 0)} of them proved infeasible by the "
+                    f"warp-issue bound without a solve (docs/model.md §5); each other II costs a phase-1 solve, a "
+                    f"model build and a joint solve.\n\n")
+        if sub1:
+            r = sub1[0]
+            compare += (f"B200 `flash-fwd --subtiles 1` (the case with the longest II search: modulo-only II "
+                        f"{r['modulo_ii']}, final II {r['ii']}): {r['seconds']} s wall, {r.get('cpu_seconds')} s "
+                        f"CPU, {r.get('iis_skipped', 0)} of its {r['iis_tried']} IIs skipped by the warp-issue "
+                        f"bound; {PAPER_H100_FWD_SECONDS / r['seconds']:.0f}x below the paper's 28 s.\n\n")
     if any(r["backend"] == "yices" for r in rows):
         compare += ("`yices` is the paper-faithful time-indexed backend (`twill/solve/joint/yices.py`, Booleans per "
-                    "op, copy and cycle) under the same time limit; its grid grows with T = (n−1)·II + L.\n\n")
+                    "op, copy and cycle) under the same time limit, with the plain Algorithm 1 loop (no warp-issue "
+                    "bound); its grid grows with T = (n−1)·II + L. Rows that were not re-run keep their last "
+                    "measurement (`date` per row in the JSON).\n\n")
     return (f"{SECTION}\n\n"
             f"Measured by `benchmarks/solve_time.py` on {meta['machine']} ({meta['cpus']} CPUs, Python "
-            f"{meta['python']}), {meta['date']}; default options (normalization U = 300, CP-SAT with 2 workers, "
+            f"{meta['python']}, load average {meta.get('load_average', '?')} at the end: other jobs share the "
+            f"host, so wall times are inflated and `CPU s` is the process's CPU time), {meta['date']}; "
+            f"default options (normalization U = 300, CP-SAT with 2 workers, "
             f"time limit {meta['time_limit']:g} s per case). Times include normalization, phase 1 at every II "
             f"tried, the joint solves, the secondary objectives, the UNSAT explanation (when the modulo-only II "
             f"is infeasible) and verification. II and L are in normalized units (not comparable across rows). "
@@ -174,13 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
     meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d"),
-            "time_limit": args.time_limit}
+            "time_limit": args.time_limit, "load_average": [round(x, 2) for x in os.getloadavg()]}
     if not args.no_write:
         ran = {r["backend"] for r in rows}
-        if os.path.exists(RESULTS) and not args.only:
+        if os.path.exists(RESULTS):
             with open(RESULTS) as fh:
-                kept = [r for r in json.load(fh)["rows"] if r["backend"] not in ran]
-            rows = rows + kept                  # keep the other backends' last measurements
+                kept = [r for r in json.load(fh)["rows"]
+                        if r["backend"] not in ran or (args.only and r["kernel"] != args.only)]
+            rows = sorted(rows + kept, key=row_order)   # keep the last measurements of what was not re-run
         os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
         with open(RESULTS, "w") as fh:
             json.dump({"meta": meta, "rows": rows}, fh, indent=1)
