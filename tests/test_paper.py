@@ -145,8 +145,9 @@ def test_h100_flash_bwd_overlaps_iterations_when_registers_allow():
 @pytest.mark.xfail(strict=True, reason=(
     "not reproduced: our B200 costs make the backward tensor-core bound (5 GEMMs = 115 normalized units = "
     "ResMII) while the register work is far below it (exp/dS group 86 units, dQ staging 29), so the default "
-    "budget reaches ResMII with 2 register groups and --reg-limit 160 gives the same II (115, measured); a "
-    "smaller II needs a default II above ResMII (docs/kernels.md, flash-bwd)"))
+    "budget reaches ResMII with 2 register groups and --reg-limit 160 gives the same II (115, measured). The "
+    "FA4-shaped graph of benchmarks/fa4_bwd_experiment.py is TMEM-bound: 2 groups at 240 (II 221), 3 groups "
+    "at 136 but II 241 (docs/kernels.md, flash-bwd)"))
 def test_b200_flash_bwd_reduced_register_budget_gives_three_groups_and_smaller_ii():
     default = solved("flash-bwd", "b200")
     reduced = solved("flash-bwd", "b200", reg_limit=160)

@@ -28,7 +28,8 @@ MMA warp groups, ``SdP_swapAB`` and ``AtomLayoutNdKV`` = 2, hence ``Mma_dKV_is_R
 loop (64 + 64 per thread), S/P and dP are fp32 register tiles (32 each), P and dS are converted to fp16
 register operands of the dV and dK wgmmas (16 each; only dS is stored to shared memory, for dQ), and dQ
 (32) is staged to shared memory for the producer warp's TMA reduce-add. Blackwell: tcgen05 into TMEM, 4-warp register ops; P is written over S
-in TMEM and dQ reuses dP's columns (write-after-read edge ``dq_load -> dp``, distance 1); dQ is staged
+in TMEM (write-after-read edge ``dv -> qk``, distance 1: the next S overwrites P once dV has read it) and dQ
+reuses dP's columns (write-after-read edge ``dq_load -> dp``, distance 1); dQ is staged
 ``DQ_CHUNK`` columns at a time. ``block_m`` defaults to 64 on both: with 128 query rows the K/V tiles, two
 Q and two dO ring slots, dS and the dQ staging chunk need 242 KB of shared memory, more than the 227 KB a
 block may use, and the problem is infeasible at every II.
@@ -168,3 +169,4 @@ def _blackwell(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str
     b.edge(dq_load, dq_store)
     b.edge(dq_store, dq_atomic, blocking=True)
     b.edge(dq_load, dp, distance=1)
+    b.edge(dv, qk, delay=_latency(b, dv), distance=1)
