@@ -71,8 +71,8 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-warps", type=int, default=None, metavar="W", help="size of the warp pool")
     g.add_argument("--no-cross-warp", dest="cross_warp", action="store_false",
                    help="forbid values crossing warp groups (paper's ablation)")
-    g.add_argument("--streaming-depth", type=int, default=2, metavar="D",
-                   help="buffers in flight for streaming TMA loads (default 2)")
+    g.add_argument("--streaming-depth", type=int, default=None, metavar="D",
+                   help="buffers in flight for streaming TMA loads (default: the kernel's, else 2)")
     g.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
     g.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
 

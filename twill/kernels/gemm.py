@@ -52,13 +52,19 @@ def mma_warps(machine: Machine, block_m: int, block_n: int, warps: int = 0) -> i
     return 4 if k.tile_regs(block_m, block_n, "fp32", 4) <= ACC_REGS_PER_THREAD else 8
 
 
+#: Default ring depth of the A/B loads: 3 slots of 128x64 + 64x256 fp16 tiles (144 KB) keep the TMA two tiles
+#: ahead of the wgmma; measured on H100 (benchmarks/results/gluon_bench_h100_solver.json) at 0.97-0.99x
+#: cuBLAS, as the hand-built Gluon matmul with a 3-4-deep ring (shared/reference/anchors.md).
+STREAMING_DEPTH = 3
+
+
 def build(machine: Machine, *, block_m: int = 128, block_n: int = 256, block_k: int = 64,
           dtype: str = "fp16", warps: int = 0) -> LoopGraph:
     """The GEMM K-loop body for ``machine`` (see the module docstring for ops and edges)."""
     w = mma_warps(machine, block_m, block_n, warps)
     b = GraphBuilder("gemm", attrs={"kernel": "gemm", "arch": machine.name, "block_m": block_m,
                                     "block_n": block_n, "block_k": block_k, "dtype": dtype, "subtiles": 1,
-                                    "warps": w})
+                                    "warps": w, "streaming_depth": STREAMING_DEPTH})
     load_a = k.tma_load(b, machine, "load_a", "load_a", block_m, block_k, dtype)
     load_b = k.tma_load(b, machine, "load_b", "load_b", block_k, block_n, dtype)
     acc = k.mma(b, machine, "mma", "mma", block_m, block_n, block_k, dtype, accumulator=True, warps=w)

@@ -128,6 +128,7 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
     from twill.solve.bounds import rec_mii, res_mii
 
     started = time.perf_counter()
+    options = options.for_graph(graph)
     validate_graph(graph, machine.units)
     work, norm = normalized(graph, options)
     units = validate_graph(work, machine.units, max_ii=options.max_ii)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from twill.errors import TwillError
+from twill.ir.graph import LoopGraph
 
 BACKENDS = ("cpsat", "yices")
+
+#: Ring depth of streaming loads when neither the options nor the graph give one.
+DEFAULT_STREAMING_DEPTH = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +35,8 @@ class SolveOptions:
         cross_warp: allow values to cross warp groups through shared memory (paper: cross-warp spills).
             False is the paper's third UNSAT ablation.
         streaming_depth: buffers in flight for streaming TMA loads (an outer tuning knob, paper §5.3).
+            ``None`` (the default) takes the kernel graph's ``attrs["streaming_depth"]``, else
+            ``DEFAULT_STREAMING_DEPTH``; :meth:`for_graph` resolves it.
         workers: CP-SAT search workers. Default 2 (the CI machine's cores).
         seed: CP-SAT random seed, for reproducible tie-breaking.
         progress: called with a one-line status string while searching (current II, bound, elapsed).
@@ -45,7 +51,7 @@ class SolveOptions:
     reg_limit: int | None = None
     max_warps: int | None = None
     cross_warp: bool = True
-    streaming_depth: int = 2
+    streaming_depth: int | None = None
     workers: int = 2
     seed: int = 0
     progress: Callable[[str], None] | None = field(default=None, compare=False)
@@ -63,10 +69,17 @@ class SolveOptions:
             raise TwillError(f"register limit must be in [24, 255], got {self.reg_limit}")
         if self.max_warps is not None and self.max_warps < 1:
             raise TwillError(f"max warps must be >= 1, got {self.max_warps}")
-        if self.streaming_depth < 1:
+        if self.streaming_depth is not None and self.streaming_depth < 1:
             raise TwillError(f"streaming depth must be >= 1, got {self.streaming_depth}")
         if self.workers < 1:
             raise TwillError(f"workers must be >= 1, got {self.workers}")
+
+    def for_graph(self, graph: LoopGraph) -> "SolveOptions":
+        """These options with ``streaming_depth`` resolved for ``graph`` (the graph's default, else 2)."""
+        if self.streaming_depth is not None:
+            return self
+        depth = int(graph.attrs.get("streaming_depth", DEFAULT_STREAMING_DEPTH))
+        return replace(self, streaming_depth=depth)
 
     def report(self, message: str) -> None:
         if self.progress is not None:

@@ -54,7 +54,7 @@ def make_problem(graph: LoopGraph, machine: Machine, options: SolveOptions, unit
         reg_limit=reg_limit_for(graph, machine, options.reg_limit),
         light_regs=legal_budget(machine, machine.setmaxnreg_min), regs_per_sm=machine.regs_per_sm,
         smem_capacity=machine.smem_per_block, tmem_capacity=machine.tmem_bytes,
-        smem_resident=int(graph.attrs.get("smem_resident", 0)), streaming_depth=options.streaming_depth,
+        smem_resident=int(graph.attrs.get("smem_resident", 0)), streaming_depth=options.for_graph(graph).streaming_depth,
         cross_warp=options.cross_warp, relaxed=relaxed)
 
 
@@ -245,6 +245,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     """Algorithm 1: for II = lower_bound, …: phase 1 gives LEN(M); the joint problem at (II, ⌈LEN/II⌉)
     minimises L; the first feasible II wins, then the secondary objectives. Raises
     :class:`InfeasibleScheduleError` past ``max_ii`` or the time limit."""
+    options = options.for_graph(graph)
     if options.backend == "yices":
         from twill.solve.joint import yices
 

@@ -855,6 +855,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     from twill.solve.modulo import solve_modulo
 
     yices = load_yices()
+    options = options.for_graph(graph)
     started = time.perf_counter()
     deadline = started + options.time_limit
     units = effective_units(graph, machine.units)
