@@ -39,3 +39,17 @@ def test_report_with_warps_blocked_by_and_normalization_off():
     assert "blocked_by:\n  II 1: CAPACITY of TC" in text
     header = next(line for line in text.splitlines() if line.strip().startswith("op "))
     assert header.split()[-1] == "warp"
+
+
+def test_tried_iis_with_the_same_outcome_are_merged_into_ranges():
+    g = build_kernel("paper-example", H100)
+    tried = ([{"ii": 7, "modulo": "optimal", "joint": "infeasible"}]
+             + [{"ii": ii, "joint": "infeasible", "by": "warp_issue_bound"} for ii in (8, 9, 10)]
+             + [{"ii": 11, "modulo": "optimal", "joint": "infeasible"},
+                {"ii": 13, "modulo": "optimal", "joint": "infeasible"},
+                {"ii": 14, "modulo": "optimal", "joint": "optimal"}])
+    s = Schedule(graph=g, arch="h100", solver="manual", status="optimal", ii=14, ii_lower_bound=14,
+                 starts={"S": 0, "P": 1, "O": 2}, stats={"tried": tried})
+    assert ("IIs tried: 7 (modulo optimal, joint infeasible), 8-10 (joint infeasible, by warp_issue_bound), "
+            "11 (modulo optimal, joint infeasible), 13 (modulo optimal, joint infeasible), "
+            "14 (modulo optimal, joint optimal)") in format_report(s, H100).splitlines()

@@ -28,12 +28,28 @@ def _normalization_line(norm: Mapping[str, Any] | None) -> str:
             f"{100 * float(norm.get('max_relative_error', 0)):.1f}%{below}\n  raw->normalized: {pairs}")
 
 
-def _tried_entry(row: Mapping[str, Any]) -> str:
-    """``2 optimal`` for a modulo search row; ``2 (modulo optimal, joint infeasible)`` for a joint one."""
+def _tried_outcome(row: Mapping[str, Any]) -> str:
+    """``optimal`` for a modulo search row; ``(modulo optimal, joint infeasible)`` for a joint one."""
     if "status" in row:
-        return f"{row.get('ii')} {row['status']}"
+        return str(row["status"])
     phases = [f"{key} {row[key]}" for key in ("modulo", "joint") if key in row]
-    return f"{row.get('ii')} ({', '.join(phases)})" if phases else str(row.get("ii"))
+    if "by" in row:
+        phases.append(f"by {row['by']}")
+    return f"({', '.join(phases)})" if phases else ""
+
+
+def _tried_line(tried: list[Mapping[str, Any]]) -> str:
+    """The IIs tried, consecutive IIs with the same outcome merged: ``272-298 (modulo optimal, joint
+    infeasible), 299 (modulo optimal, joint optimal)``."""
+    runs: list[list[Any]] = []                       # [first ii, last ii, outcome]
+    for row in tried:
+        ii, outcome = row.get("ii"), _tried_outcome(row)
+        if runs and runs[-1][2] == outcome and isinstance(ii, int) and runs[-1][1] == ii - 1:
+            runs[-1][1] = ii
+        else:
+            runs.append([ii, ii, outcome])
+    parts = [(f"{a}" if a == b else f"{a}-{b}") + (f" {outcome}" if outcome else "") for a, b, outcome in runs]
+    return "IIs tried: " + ", ".join(parts)
 
 
 def _header(schedule: Schedule) -> list[str]:
@@ -51,7 +67,7 @@ def _header(schedule: Schedule) -> list[str]:
     lines.append(f"solve time: {schedule.solve_seconds:.2f} s")
     tried = stats.get("tried")
     if tried:
-        lines.append("IIs tried: " + ", ".join(_tried_entry(row) for row in tried))
+        lines.append(_tried_line(tried))
     lines.append(_normalization_line(stats.get("normalization")))
     return lines
 
