@@ -158,7 +158,7 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
     """
     from twill.solve import schedule as solve
 
-    base = options or SolveOptions(ws=False)
+    base = (options or SolveOptions(ws=False)).for_graph(graph)
     if base.ws:
         base = replace(base, ws=False)
     if capability // 10 != 9:

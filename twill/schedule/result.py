@@ -82,6 +82,8 @@ class Schedule:
             raise FormatError(f"unknown schedule status {self.status!r}")
         if self.ii < 1:
             raise FormatError(f"initiation interval must be >= 1, got {self.ii}")
+        if not isinstance(self.streaming_depth, int) or self.streaming_depth < 1:
+            raise FormatError(f"streaming depth must be a positive integer, got {self.streaming_depth!r}")
         missing = set(self.graph.op_names) - set(self.starts)
         if missing:
             raise FormatError(f"schedule has no start time for op {sorted(missing)[0]!r}")
