@@ -223,7 +223,7 @@ def warp_issue_violations(schedule: Schedule) -> list[str]:
 def memory_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:
     """MEMORY CAPACITY: resident + Σ smem(v)·depth(v) + cross-warp staging ≤ smem_per_block;
     Σ tmem(v)·depth(v) ≤ tmem_bytes; depth as ``Schedule.buffer_depth`` (1 for accumulators)."""
-    graph, ii = schedule.graph, schedule.ii
+    graph = schedule.graph
     streaming_depth = _option(options, "streaming_depth", schedule.streaming_depth)
     smem, tmem = int(graph.attrs.get("smem_resident", 0)), 0
     for op in graph.ops:

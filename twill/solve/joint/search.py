@@ -7,7 +7,7 @@ import math
 import time
 from dataclasses import replace
 from itertools import combinations
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from twill.errors import InfeasibleScheduleError
 from twill.ir.graph import LoopGraph
@@ -113,37 +113,30 @@ def add_hoist_objective(joint: Any, pairs: list[tuple[str, str]]) -> None:
     b.v.objective[HOIST] = len(pairs) - sum(hoisted)
 
 
-def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit: float) -> tuple[list[str], str]:
-    """Relax one family at a time; the families whose removal alone makes ``problem`` feasible block it.
-    When no single family does, pairs are tried and reported as ``"a+b"``. Returns (families, one line)."""
-    from twill.solve.joint.cpsat import CpsatJoint
+def explain_with(problem: JointProblem, feasible_without: Callable[[tuple[str, ...], float], str],
+                 deadline: float) -> tuple[list[str], str]:
+    """docs/model.md §5: relax one family at a time; the families whose removal alone makes ``problem``
+    feasible block it. When no single family does, pairs are tried and reported as ``"a+b"``.
 
+    ``feasible_without(families, seconds)`` is the backend's oracle: ``"sat"``, ``"unsat"`` or
+    ``"unknown"`` for the problem with ``families`` dropped. Returns (blocking families, one readable line).
+    """
     blocked: list[str] = []
     undecided: list[str] = []
-    deadline = time.perf_counter() + time_limit
-    per_family = max(0.1, min(EXPLAIN_TIME_LIMIT, time_limit / len(RELAXABLE)))
+    per_family = max(0.1, min(EXPLAIN_TIME_LIMIT, (deadline - time.perf_counter()) / len(RELAXABLE)))
     for family in RELAXABLE:
         left = deadline - time.perf_counter()
-        if left <= 0.05:
-            undecided.append(family)
-            continue
-        relaxed = replace(problem, relaxed=problem.relaxed | {family})
-        outcome = CpsatJoint(relaxed, workers=options.workers, seed=options.seed).solve(
-            None, time_limit=min(per_family, left))
-        if outcome.found:
+        answer = feasible_without((family,), min(per_family, left)) if left > 0.05 else "unknown"
+        if answer == "sat":
             blocked.append(family)
-        elif outcome.status == "unknown":
+        elif answer == "unknown":
             undecided.append(family)
     if not blocked:
         for pair in combinations([f for f in RELAXABLE if f not in undecided], 2):
             left = deadline - time.perf_counter()
             if left <= 0.05:
                 undecided.append("+".join(pair))
-                continue
-            relaxed = replace(problem, relaxed=problem.relaxed | set(pair))
-            outcome = CpsatJoint(relaxed, workers=options.workers, seed=options.seed).solve(
-                None, time_limit=min(per_family, left))
-            if outcome.found:
+            elif feasible_without(pair, min(per_family, left)) == "sat":
                 blocked.append("+".join(pair))
     where = f"at the modulo-only II {problem.ii} (L {problem.length_min}..{problem.length_max})"
     if blocked:
@@ -155,6 +148,18 @@ def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit:
         shown = ", ".join(undecided[:4]) + (f" and {len(undecided) - 4} more" if len(undecided) > 4 else "")
         note += f" (undecided within the time limit: {shown})"
     return blocked, note
+
+
+def explain_infeasible(problem: JointProblem, options: SolveOptions, time_limit: float) -> tuple[list[str], str]:
+    """:func:`explain_with` on the CP-SAT model, one solve per relaxation."""
+    from twill.solve.joint.cpsat import CpsatJoint
+
+    def feasible_without(families: tuple[str, ...], seconds: float) -> str:
+        relaxed = replace(problem, relaxed=problem.relaxed | set(families))
+        outcome = CpsatJoint(relaxed, workers=options.workers, seed=options.seed).solve(None, time_limit=seconds)
+        return "sat" if outcome.found else ("unknown" if outcome.status == "unknown" else "unsat")
+
+    return explain_with(problem, feasible_without, time.perf_counter() + time_limit)
 
 
 def derive_role(graph: LoopGraph, ops: list[str], variable_latency: bool) -> str:

@@ -28,8 +28,7 @@ Yices is GPL-3.0 and optional (``pip install "twill-gpu[yices]"``), loaded lazil
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
-from itertools import combinations
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from twill.errors import InfeasibleScheduleError
@@ -788,43 +787,12 @@ def search_lengths(m: YicesModel, *, deadline: float, rows: list[dict[str, Any]]
 
 
 def explain_infeasible(m: YicesModel, deadline: float) -> tuple[list[str], str]:
-    """docs/model.md §5: relax one family at a time; those whose removal alone makes the switched model
-    ``m`` feasible (some L in its window) block it. When no single family does, pairs are tried and reported
-    as ``"a+b"``. Each relaxation is one query with that family's switch off. Returns (families, one line)."""
-    from twill.solve.joint.search import EXPLAIN_TIME_LIMIT, FAMILY_TEXT
+    """:func:`twill.solve.joint.search.explain_with` on the switched model ``m``: each relaxation is one
+    query with that family's switch off (some L in the window must be feasible)."""
+    from twill.solve.joint.search import explain_with
 
-    problem = m.problem
-
-    def feasible_without(families: Iterable[str], seconds: float) -> str:
-        return query(m, switches(m, off=families), timeout=seconds)
-
-    blocked: list[str] = []
-    undecided: list[str] = []
-    per_family = max(0.1, min(EXPLAIN_TIME_LIMIT, (deadline - time.perf_counter()) / len(RELAXABLE)))
-    for family in RELAXABLE:
-        left = deadline - time.perf_counter()
-        answer = feasible_without([family], min(per_family, left)) if left > 0.05 else "unknown"
-        if answer == "sat":
-            blocked.append(family)
-        elif answer == "unknown":
-            undecided.append(family)
-    if not blocked:
-        for pair in combinations([f for f in RELAXABLE if f not in undecided], 2):
-            left = deadline - time.perf_counter()
-            if left <= 0.05:
-                undecided.append("+".join(pair))
-            elif feasible_without(pair, min(per_family, left)) == "sat":
-                blocked.append("+".join(pair))
-    where = f"at the modulo-only II {problem.ii} (L {problem.length_min}..{problem.length_max})"
-    if blocked:
-        reasons = "; ".join(" together with ".join(FAMILY_TEXT[f] for f in b.split("+")) for b in blocked)
-        note = f"no warp specialization exists {where}: blocked by {reasons}"
-    else:
-        note = f"no warp specialization exists {where}: no single family or pair of families is responsible"
-    if undecided:
-        shown = ", ".join(undecided[:4]) + (f" and {len(undecided) - 4} more" if len(undecided) > 4 else "")
-        note += f" (undecided within the time limit: {shown})"
-    return blocked, note
+    return explain_with(m.problem, lambda families, seconds: query(m, switches(m, off=families), timeout=seconds),
+                        deadline)
 
 
 def secondary(m: YicesModel, length: int, deadline: float,
