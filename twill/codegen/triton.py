@@ -37,7 +37,7 @@ from twill.errors import InfeasibleScheduleError, TwillError, UnsupportedFeature
 from twill.frontends.triton import lower_ttgir
 from twill.frontends.triton.compile import KernelSpec, compile_with_edit
 from twill.frontends.triton.lower import LoweredLoop
-from twill.frontends.triton.mlir import ForLoop, find_loops
+from twill.frontends.triton.mlir import ForLoop, find_loops, type_colon
 from twill.ir.graph import Edge, LoopGraph, frozen_attrs
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
@@ -346,26 +346,13 @@ def _folded_producers(lowered: LoweredLoop) -> dict[int, set[str]]:
 
 
 # -- text rewriting ----------------------------------------------------------------------------------------
-def _type_colon(line: str) -> int:
-    """Index of the top-level `` : `` that starts a statement's type signature, or -1."""
-    depth = 0
-    for i, ch in enumerate(line):
-        if ch in "<({[":
-            depth += 1
-        elif ch in ">)}]":
-            depth = max(0, depth - 1)
-        elif ch == ":" and depth == 0 and line[i - 1:i + 2] == " : ":
-            return i - 1
-    return -1
-
-
 def set_schedule_attrs(line: str, stage: int, cluster: int) -> str:
     """``line`` (a statement's last line) with ``loop.stage``/``loop.cluster`` set, added if missing."""
     attrs = f"loop.cluster = {cluster} : i32, loop.stage = {stage} : i32"
     if _STAGE.search(line) and _CLUSTER.search(line):
         line = _STAGE.sub(f"loop.stage = {stage} : i32", line, count=1)
         return _CLUSTER.sub(f"loop.cluster = {cluster} : i32", line, count=1)
-    cut = _type_colon(line)
+    cut = type_colon(line)
     if cut < 0:
         raise TwillError(f"cannot place schedule attributes on {line.strip()[:80]!r}")
     head = line[:cut].rstrip()

@@ -124,18 +124,24 @@ def parse_types(signature: str) -> tuple[TileType, ...]:
     return tuple(out)
 
 
-def _type_signature(tail: str) -> str:
-    """The part of a statement's last line after its top-level ``:`` (the type signature), without loc."""
-    tail = re.sub(r"\s*loc\([^()]*(?:\([^()]*\))*[^()]*\)\s*$", "", tail)
+def type_colon(line: str) -> int:
+    """Index of the top-level `` : `` that starts a statement's type signature, or -1."""
     depth = 0
-    for i, ch in enumerate(tail):
+    for i, ch in enumerate(line):
         if ch in "<({[":
             depth += 1
         elif ch in ">)}]":
             depth = max(0, depth - 1)
-        elif ch == ":" and depth == 0 and tail[i - 1:i + 2] == " : ":
-            return tail[i + 1:]
-    return ""
+        elif ch == ":" and depth == 0 and line[i - 1:i + 2] == " : ":
+            return i - 1
+    return -1
+
+
+def _type_signature(tail: str) -> str:
+    """The part of a statement's last line after its top-level ``:`` (the type signature), without loc."""
+    tail = re.sub(r"\s*loc\([^()]*(?:\([^()]*\))*[^()]*\)\s*$", "", tail)
+    cut = type_colon(tail)
+    return tail[cut + 2:] if cut >= 0 else ""
 
 
 def _result_type(st: Statement) -> TileType | None:
