@@ -220,29 +220,32 @@ def warp_issue_violations(schedule: Schedule) -> list[str]:
     return out
 
 
+def staging_bytes(schedule: Schedule) -> int:
+    """Shared memory that register values crossing warp groups are staged in (docs/model.md §4):
+    Σ over edges u -> v with regs(u) > 0 on different groups of bytes(u)·(k_v + δ − k_u + 1), bytes(u) =
+    ``attrs["out_bytes"]`` else regs·4·32·warps. Ops without a warp group stage nothing."""
+    graph, total = schedule.graph, 0
+    for e in graph.edges:
+        if e.src in schedule.assignment and e.dst in schedule.assignment and _crosses(schedule, e.src, e.dst):
+            src = graph.op(e.src)
+            nbytes = int(src.attrs.get("out_bytes", src.regs * 4 * THREADS_PER_WARP * src.warps))
+            total += nbytes * (schedule.stage(e.dst) + e.distance - schedule.stage(e.src) + 1)
+    return total
+
+
 def memory_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:
     """MEMORY CAPACITY: resident + Σ smem(v)·depth(v) + cross-warp staging ≤ smem_per_block;
-    Σ tmem(v)·depth(v) ≤ tmem_bytes; depth as ``Schedule.buffer_depth`` (1 for accumulators)."""
+    Σ tmem(v)·depth(v) ≤ tmem_bytes; depth(v) = ``Schedule.result_depth`` (1 for accumulators)."""
     graph = schedule.graph
     streaming_depth = _option(options, "streaming_depth", schedule.streaming_depth)
     smem, tmem = int(graph.attrs.get("smem_resident", 0)), 0
     for op in graph.ops:
         if not (op.smem or op.tmem):
             continue
-        depth = 1
-        if not op.attrs.get("accumulator", False):
-            for e in graph.out_edges(op.name):
-                if e.dst != op.name:
-                    depth = max(depth, schedule.stage(e.dst) + e.distance - schedule.stage(op.name) + 1)
-            if op.variable_latency and not graph.in_edges(op.name):
-                depth = max(depth, streaming_depth)
+        depth = schedule.result_depth(op.name, streaming_depth)
         smem += op.smem * depth
         tmem += op.tmem * depth
-    for e in graph.edges:
-        if _crosses(schedule, e.src, e.dst):
-            src = graph.op(e.src)
-            nbytes = int(src.attrs.get("out_bytes", src.regs * 4 * THREADS_PER_WARP * src.warps))
-            smem += nbytes * (schedule.stage(e.dst) + e.distance - schedule.stage(e.src) + 1)
+    smem += staging_bytes(schedule)
     out = []
     if smem > machine.smem_per_block:
         out.append(f"MEMORY CAPACITY: {smem} bytes of shared memory exceed {machine.smem_per_block}")

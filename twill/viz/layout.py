@@ -19,8 +19,8 @@ from twill.ir.graph import LoopGraph, Op
 from twill.ir.validate import effective_units
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
-from twill.solve.joint.problem import (buffer_edges, can_cross, in_place, is_accumulator, read_cycles,
-                                       value_bytes)
+from twill.schedule.verify_ws import staging_bytes
+from twill.solve.joint.problem import in_place, read_cycles
 from twill.viz.palette import op_colors, unit_color, unit_rank, warp_group_colors, warp_group_label
 
 
@@ -281,35 +281,6 @@ def live_interval(schedule: Schedule, name: str) -> tuple[int, int]:
     return start, max([start + 1, *ends])
 
 
-def memory_depth(schedule: Schedule, name: str) -> int:
-    """Buffers allocated for ``name``'s result (docs/model.md §4): 1 for an accumulator or a value read by
-    no other op, else ``max over out-edges (u ≠ name) of k_u + δ - k_name + 1``; streaming loads at least
-    ``streaming_depth``."""
-    graph = schedule.graph
-    op = graph.op(name)
-    edges = buffer_edges(graph, name)
-    if is_accumulator(op) or not edges:
-        depth = 1
-    else:
-        depth = max(schedule.stage(e.dst) + e.distance - schedule.stage(name) + 1 for e in edges)
-    if graph.is_streaming(name):
-        depth = max(depth, schedule.streaming_depth)
-    return max(1, depth)
-
-
-def staging_bytes(schedule: Schedule) -> int:
-    """Shared memory that register values crossing warp groups are staged in (docs/model.md §4):
-    ``Σ over edges u -> v with regs(u) > 0 in different groups of bytes(u)·(k_v + δ - k_u + 1)``."""
-    total = 0
-    for e in schedule.graph.edges:
-        src = schedule.graph.op(e.src)
-        if e.src == e.dst or not can_cross(src) or e.src not in schedule.assignment:
-            continue
-        if schedule.assignment[e.src] != schedule.assignment.get(e.dst):
-            total += value_bytes(src) * (schedule.stage(e.dst) + e.distance - schedule.stage(e.src) + 1)
-    return total
-
-
 def live_copies(start: int, end: int, slot: int, ii: int) -> int:
     """Number of iterations ``k`` whose copy of an interval ``[start, end)`` covers cycle ``slot + k·II``:
     ⌈(end - slot)/II⌉ - ⌈(start - slot)/II⌉."""
@@ -363,7 +334,7 @@ def _owners(schedule: Schedule) -> list[tuple[str, str, list[str], int]]:
 def pressure(schedule: Schedule, machine: Machine) -> list[PressureSeries]:
     """Registers per thread live in each warp group (limit: its ``setmaxnreg`` budget; the per-thread
     cap without warp specialization), then shared memory and tensor memory of the CTA, stacked by the
-    producing warp group, with their static allocation (:func:`memory_depth` buffers per value, plus
+    producing warp group, with their static allocation (``Schedule.result_depth`` buffers per value, plus
     :func:`staging_bytes` and ``graph.attrs["smem_resident"]`` for shared memory; limits
     ``smem_per_block``, ``tmem_bytes``). A value is charged to the warp group of the op that produces it,
     for its :func:`live_interval`."""
@@ -386,7 +357,7 @@ def pressure(schedule: Schedule, machine: Machine) -> list[PressureSeries]:
             continue
         by_owner = {key: _live_usage(schedule, names, amount) for key, _, names, _ in owners}
         by_owner = {k: v for k, v in by_owner.items() if any(v)} or {owners[0][0]: by_owner[owners[0][0]]}
-        allocated = sum(amount[n] * memory_depth(schedule, n) for n in graph.op_names) + staging
+        allocated = sum(amount[n] * schedule.result_depth(n) for n in graph.op_names) + staging
         if field == "smem":
             allocated += int(graph.attrs.get("smem_resident", 0))
         out.append(PressureSeries(title, "bytes", by_owner, {k: color_of[k] for k in by_owner}, limit,
