@@ -112,3 +112,20 @@ def test_zero_distance_cycle_names_the_ops():
     assert zero_distance_cycle(b.build()) is None
     b.edge("c", "b")
     assert zero_distance_cycle(b.build()) == ["b", "c", "b"]
+
+
+@pytest.mark.parametrize("depth", [0, -1, 1.5, True, "2"])
+def test_ring_depth_must_be_a_positive_integer(depth):
+    b = GraphBuilder("g", units={"tma": 1})
+    b.op("load", uses={"tma": 1}, cycles=1, latency=0, variable_latency=True, attrs={"ring_depth": depth})
+    with pytest.raises(GraphError, match="ring_depth must be a positive integer on a streaming load"):
+        validate_graph(b.build())
+
+
+def test_ring_depth_only_on_streaming_loads():
+    b = GraphBuilder("g", units={"A": 1})
+    b.op("x", uses={"A": 1}, cycles=1, attrs={"ring_depth": 2})
+    with pytest.raises(GraphError, match="on a streaming load"):
+        validate_graph(b.build())
+    g = small()
+    assert g.least_depth("load", 3) == 3 and g.least_depth("mma", 3) == 1

@@ -138,6 +138,23 @@ def test_memory_capacity_counts_the_streaming_ring():
         solve(b.build(), streaming_depth=3, max_ii=3)
 
 
+def test_a_pinned_ring_depth_overrides_the_streaming_depth():
+    """``attrs["ring_depth"]`` on a streaming load is its least depth whatever ``streaming_depth`` says;
+    the solver, the verifier and the schedule's buffer report agree on it."""
+    def ring(depth):
+        b = GraphBuilder("ring", units={"tma": 1, "A": 1})
+        ld = b.op("ld", uses={"tma": 1}, cycles=1, latency=0, variable_latency=True, kind="tma_load",
+                  smem=100 * 1024, attrs={"role": "load", "ring_depth": depth})
+        x = b.op("x", uses={"A": 1}, cycles=1, warps=4, kind="alu", attrs={"role": "x"})
+        b.edge(ld, x)
+        return b.build()
+    one = solve(ring(1), streaming_depth=3)
+    assert one.stats["smem_bytes"] == 100 * 1024 and one.result_depth("ld") == 1
+    assert solve(ring(2), streaming_depth=1).stats["smem_bytes"] == 200 * 1024
+    with pytest.raises(InfeasibleScheduleError, match="memory"):
+        solve(ring(3), streaming_depth=1, max_ii=3)
+
+
 @pytest.mark.parametrize("arch", ["h100", "b200"])
 def test_search_is_deterministic(arch):
     machine = get_machine(arch)

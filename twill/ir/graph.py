@@ -196,6 +196,13 @@ class LoopGraph:
         """Variable-latency op with no incoming dependence (paper §5.3): zero latency, own pipeline depth."""
         return self.op(name).variable_latency and not self.in_edges(name)
 
+    def least_depth(self, name: str, streaming_depth: int) -> int:
+        """Fewest buffers ``name``'s result may have: for a streaming load its own ``attrs["ring_depth"]``
+        when the kernel pins one (FA4's single dO stage), else ``streaming_depth``; 1 for every other op."""
+        if not self.is_streaming(name):
+            return 1
+        return int(self.op(name).attrs.get("ring_depth", streaming_depth))
+
     def with_ops(self, ops: Iterable[Op]) -> "LoopGraph":
         return replace(self, ops=tuple(ops))
 

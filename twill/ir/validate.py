@@ -70,6 +70,11 @@ def validate_graph(graph: LoopGraph, machine_units: Mapping[str, int] | None = N
                 if count > units[unit]:
                     raise GraphError(f"op {op.name!r} needs {count} x {unit!r} in cycle {cycle} but only "
                                      f"{units[unit]} exist")
+        ring_depth = op.attrs.get("ring_depth")
+        if ring_depth is not None and (isinstance(ring_depth, bool) or not isinstance(ring_depth, int)
+                                       or ring_depth < 1 or not graph.is_streaming(op.name)):
+            raise GraphError(f"op {op.name!r}: ring_depth must be a positive integer on a streaming load, "
+                             f"got {ring_depth!r}")
         if max_ii is not None:
             for unit in op.units():
                 need = -(-op.usage(unit) // units[unit])

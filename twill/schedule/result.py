@@ -128,24 +128,22 @@ class Schedule:
 
     def buffer_depth(self, edge: Edge) -> int:
         """Copies of ``edge.src``'s result in flight: stage(dst) + distance - stage(src) + 1; streaming loads
-        use at least ``streaming_depth``."""
+        use at least their least depth (``LoopGraph.least_depth``)."""
         depth = self.stage(edge.dst) + edge.distance - self.stage(edge.src) + 1
-        if self.graph.is_streaming(edge.src):
-            depth = max(depth, self.streaming_depth)
-        return max(1, depth)
+        return max(depth, self.graph.least_depth(edge.src, self.streaming_depth))
 
     def result_depth(self, name: str, streaming_depth: int | None = None) -> int:
         """Buffers allocated for ``name``'s result (docs/model.md §4): 1 for an accumulator (updated in place)
         or a value no other op reads, else max over out-edges to other ops of stage(dst) + distance -
-        stage(name) + 1; streaming loads at least ``streaming_depth`` (default: the schedule's)."""
+        stage(name) + 1; streaming loads at least their least depth (``LoopGraph.least_depth`` with
+        ``streaming_depth``, default: the schedule's)."""
         op = self.graph.op(name)
         edges = [e for e in self.graph.out_edges(name) if e.dst != name]
         depth = 1
         if edges and not op.attrs.get("accumulator", False):
             depth = max(1, max(self.stage(e.dst) + e.distance - self.stage(name) + 1 for e in edges))
-        if self.graph.is_streaming(name):
-            depth = max(depth, self.streaming_depth if streaming_depth is None else streaming_depth)
-        return depth
+        return max(depth, self.graph.least_depth(
+            name, self.streaming_depth if streaming_depth is None else streaming_depth))
 
     def buffers(self) -> list[dict[str, Any]]:
         return [{"src": e.src, "dst": e.dst, "depth": self.buffer_depth(e)} for e in self.graph.edges]

@@ -214,9 +214,10 @@ def _partitions(schedule: Schedule, tc_ops: list[str], subtile_of: dict[str, int
 def ring_depth(schedule: Schedule, load: str, release: str) -> tuple[int, str]:
     """``depth = max(stage(release) - stage(load) + 1, streaming_depth)`` (streaming loads), with its text."""
     lifetime = schedule.stage(release) - schedule.stage(load) + 1
-    depth = max(lifetime, schedule.streaming_depth if schedule.graph.is_streaming(load) else 1)
+    least = schedule.graph.least_depth(load, schedule.streaming_depth)
+    depth = max(lifetime, least)
     why = (f"max(stage({release})={schedule.stage(release)} - stage({load})={schedule.stage(load)} + 1, "
-           f"streaming depth {schedule.streaming_depth}) = {depth}")
+           f"streaming depth {least}) = {depth}")
     return depth, why
 
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, blocking_in,
                                        buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
-                                       is_streaming, read_cycles, value_bytes, waited_groups)
+                                       most_least_depth, read_cycles, value_bytes, waited_groups)
 
 #: Objectives in the order Algorithm 1 and the secondary criteria apply them (docs/model.md §5).
 OBJECTIVES = ("length", "stages", "warps", "smem", "prologue")
@@ -380,11 +380,12 @@ def add_warp_issue(b: _Builder) -> None:
 def add_memory_capacity(b: _Builder, staging: Any) -> None:
     """MEMORY CAPACITY: ``resident + Σ_v smem(v)·depth(v) + staging ≤ smem_per_block`` and
     ``Σ_v tmem(v)·depth(v) ≤ tmem_bytes``; ``depth(v) ≥ k_u + δ − k_v + 1`` per out-edge (1 for
-    accumulators), ``≥ streaming_depth`` for streaming loads."""
+    accumulators), ``≥ least_depth(v)`` (``streaming_depth`` or the load's pinned ring depth) for streaming
+    loads."""
     p, m = b.p, b.model
     before = len(m.proto.constraints)
     smem, tmem = p.smem_resident, 0
-    max_depth = p.copies + max([e.distance for e in b.g.edges] or [0]) + p.streaming_depth + 1
+    max_depth = p.copies + max([e.distance for e in b.g.edges] or [0]) + most_least_depth(p) + 1
     for name in b.names:
         op = b.ops[name]
         if not holds_memory(op):
@@ -393,8 +394,7 @@ def add_memory_capacity(b: _Builder, staging: Any) -> None:
         if not is_accumulator(op):
             for e in buffer_edges(b.g, name):
                 m.add(depth >= b.v.stage[e.dst] + e.distance - b.v.stage[name] + 1)
-            if is_streaming(b.g, op):
-                m.add(depth >= p.streaming_depth)
+            m.add(depth >= b.g.least_depth(name, p.streaming_depth))
         else:
             m.add(depth == 1)
         b.v.depth[name] = depth

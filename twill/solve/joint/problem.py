@@ -121,9 +121,9 @@ class JointOutcome:
 
 
 # -- graph-derived quantities (shared by backends and the verifier) ------------------------------------------
-def is_streaming(graph: LoopGraph, op: Op) -> bool:
-    """Variable-latency op with no incoming edge (paper §5.3)."""
-    return op.variable_latency and not graph.in_edges(op.name)
+def most_least_depth(p: "JointProblem") -> int:
+    """The largest least ring depth of any op (``LoopGraph.least_depth``): bounds the depth variables."""
+    return max(p.graph.least_depth(op.name, p.streaming_depth) for op in p.graph.ops)
 
 
 def is_accumulator(op: Op) -> bool:

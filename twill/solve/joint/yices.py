@@ -37,7 +37,7 @@ from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 from twill.solve.joint.problem import (RELAXABLE, WIDTHS, JointProblem, JointSolution, blocking_in,
                                        buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
-                                       is_streaming, read_cycles, value_bytes, waited_groups)
+                                       most_least_depth, read_cycles, value_bytes, waited_groups)
 from twill.solve.options import SolveOptions
 
 #: Constraint families in paper order (Figures 4, 5, 6), as :func:`build_model` adds them.
@@ -376,19 +376,19 @@ def add_liveness(m: YicesModel) -> None:
 
 
 def smem_lower_bound(p: JointProblem) -> int:
-    """SMEM with every ring at its least depth (1; streaming_depth for streaming loads) and nothing staged."""
-    return p.smem_resident + sum(op.smem * (p.streaming_depth if is_streaming(p.graph, op)
-                                            and not is_accumulator(op) else 1) for op in p.graph.ops)
+    """SMEM with every ring at its least depth (``LoopGraph.least_depth``) and nothing staged."""
+    return p.smem_resident + sum(op.smem * (1 if is_accumulator(op) else p.graph.least_depth(op.name, p.streaming_depth))
+                                 for op in p.graph.ops)
 
 
 def add_memory_capacity(m: YicesModel) -> None:
     """MEMORY CAPACITY (Fig. 5, docs/model.md §4: statically allocated ring buffers):
     ``resident + Σ_v smem(v)·depth(v) + Σ_e staging(e) ≤ smem_per_block`` and ``Σ_v tmem(v)·depth(v) ≤ tmem``,
-    ``depth(v) ≥ k_u + δ − k_v + 1`` per out-edge to another op (1 for accumulators; ≥ streaming_depth for
+    ``depth(v) ≥ k_u + δ − k_v + 1`` per out-edge to another op (1 for accumulators; ≥ least_depth(v) for
     streaming loads), ``staging(u→v) ≥ bytes(u)·(k_v + δ − k_u + 1)`` when the edge crosses groups."""
     p, T = m.problem, m.y.Terms
     formulas = []
-    max_depth = p.copies + max([e.distance for e in m.graph.edges] or [0]) + p.streaming_depth + 1
+    max_depth = p.copies + max([e.distance for e in m.graph.edges] or [0]) + most_least_depth(p) + 1
     smem_terms, tmem_terms = [m.integer(p.smem_resident)], []
     for op in m.graph.ops:
         if not holds_memory(op):
@@ -400,8 +400,7 @@ def add_memory_capacity(m: YicesModel) -> None:
             for e in buffer_edges(m.graph, op.name):
                 need = T.sum([m.stage[e.dst], m.integer(e.distance + 1), T.neg(m.stage[op.name])])
                 formulas.append(T.arith_geq_atom(depth, need))
-            if is_streaming(m.graph, op):
-                formulas.append(T.arith_geq_atom(depth, m.integer(p.streaming_depth)))
+            formulas.append(T.arith_geq_atom(depth, m.integer(m.graph.least_depth(op.name, p.streaming_depth))))
         smem_terms.append(T.mul(m.integer(op.smem), depth))
         tmem_terms.append(T.mul(m.integer(op.tmem), depth))
     if p.active("cross_warp_spills") and p.cross_warp:
