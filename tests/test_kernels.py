@@ -87,9 +87,26 @@ def test_flash_bwd_has_five_gemms_one_exp_and_the_dq_atomic_add():
         graph = build_kernel("flash-bwd", get_machine(arch))
         mmas = sorted(n for n in graph.op_names if graph.op(n).kind == "mma")
         assert mmas == ["dk", "dp", "dq", "dv", "qk"]
-        assert [n for n in graph.op_names if graph.op(n).kind == "exp2"] == ["exp"]
+        exps = [n for n in graph.op_names if graph.op(n).kind == "exp2"]
+        assert exps == (["exp_a", "exp_b"] if arch == "b200" else ["exp"])
         atomic = graph.op("dq_atomic")
         assert atomic.variable_latency and not graph.is_streaming("dq_atomic")
+
+
+def test_blackwell_flash_bwd_has_fa4s_tiles_stages_and_tmem_layout():
+    """FA4 (flash_bwd_sm100.py): 128x128 tiles, S^T/dP^T column halves on two compute groups, Q in two
+    shared-memory stages and dO in one, TMEM = S | dV | dP | dK with P over S and dS, dQ over dP."""
+    machine = get_machine("b200")
+    graph = build_kernel("flash-bwd", machine)
+    assert (graph.attrs["block_m"], graph.attrs["block_n"], graph.attrs["subtiles"]) == (128, 128, 2)
+    assert graph.least_depth("load_q", 2) == 2 and graph.least_depth("load_do", 2) == 1
+    assert sum(op.tmem for op in graph.ops) == machine.tmem_bytes
+    assert {graph.op(f"exp_{x}").attrs["subtile"] for x in "ab"} == {0, 1}
+    # S half in fp32 registers (64/thread), dP and dS one 32-column chunk at a time (32/thread), dS in place.
+    assert graph.op("s_load_a").regs == 64 and graph.op("dp_load_a").regs == 32
+    assert graph.op("ds_a").regs == 32 and graph.op("ds_a").attrs["in_place"]
+    war = {(e.src, e.dst, e.distance) for e in graph.edges}
+    assert {("dv", "qk", 1), ("dk", "dp", 1), ("dk", "dq", 0), ("dq_load", "dp", 1)} <= war
 
 
 def test_unknown_or_invalid_option_is_a_one_line_error():

@@ -54,11 +54,13 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
     """Solver options, mapped onto :class:`~twill.solve.options.SolveOptions` by :func:`solve_options`."""
+    from twill.solve.options import DEFAULT_TIME_LIMIT
+
     g = parser.add_argument_group("solver options")
     g.add_argument("--no-ws", dest="ws", action="store_false",
                    help="modulo schedule only, no warp specialization")
-    g.add_argument("--time-limit", type=float, default=120.0, metavar="S",
-                   help="wall-clock seconds for the whole search (default 120)")
+    g.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S",
+                   help=f"wall-clock seconds for the whole search (default {DEFAULT_TIME_LIMIT:g})")
     g.add_argument("--max-ii", type=int, default=None, metavar="N", help="give up past this II")
     g.add_argument("--no-normalize", dest="normalize", action="store_false",
                    help="schedule raw cycle counts (no cost normalization)")

@@ -53,13 +53,15 @@ def _register_op(b: GraphBuilder, m: Machine, name: str, cost: costs.OpCost, *, 
                 attrs=_attrs(role, subtile, {"out_bytes": out_bytes, **(attrs or {})}))
 
 
-def tma_load(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, dtype: str) -> str:
-    """A streaming TMA load of a ``rows x cols`` input tile into a shared-memory ring slot."""
+def tma_load(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, dtype: str, *,
+             ring_depth: int | None = None) -> str:
+    """A streaming TMA load of a ``rows x cols`` input tile into a shared-memory ring slot. ``ring_depth``
+    pins the ring's least depth (``LoopGraph.least_depth``); without it the solve's streaming depth applies."""
     nbytes = tile_bytes(rows, cols, dtype)
     cost = costs.tma_load_cost(m, nbytes)
+    extra = {"rows": rows, "cols": cols, "dtype": dtype, **({"ring_depth": ring_depth} if ring_depth else {})}
     return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="tma_load", warps=1, variable_latency=True,
-                smem=nbytes, warp_busy=cost.warp_busy,
-                attrs=_attrs(role, None, {"rows": rows, "cols": cols, "dtype": dtype}))
+                smem=nbytes, warp_busy=cost.warp_busy, attrs=_attrs(role, None, extra))
 
 
 def mma(b: GraphBuilder, m: Machine, name: str, role: str, M: int, N: int, K: int, dtype: str, *,
@@ -112,13 +114,17 @@ def row_reduce(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, col
 
 def elementwise(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, out_dtype: str, *,
                 subtile: int | None = None, ops_per_element: float = 1.0, in_place: bool = False,
-                warps: int = 4) -> str:
+                chunk_cols: int | None = None, warps: int = 4) -> str:
     """FP32 elementwise arithmetic over a ``rows x cols`` tile on the ALU; result in registers.
-    ``in_place``: the result overwrites its same-sized register input (``O *= alpha``)."""
+    ``in_place``: the result overwrites its same-sized register input (``O *= alpha``). With ``chunk_cols``
+    the op works through the tile ``chunk_cols`` columns at a time behind a chunked producer
+    (:func:`tmem_load`), so only one chunk of its result is live."""
     cost = costs.alu_cost(m, rows * cols, ops_per_element)
+    live_cols = chunk_cols or cols
     return _register_op(b, m, name, cost, kind="alu", role=role, subtile=subtile, warps=warps,
-                        regs=tile_regs(rows, cols, out_dtype, warps), out_bytes=tile_bytes(rows, cols, out_dtype),
-                        attrs={"in_place": in_place})
+                        regs=tile_regs(rows, live_cols, out_dtype, warps),
+                        out_bytes=tile_bytes(rows, live_cols, out_dtype),
+                        attrs={"in_place": in_place, **({"chunk_cols": chunk_cols} if chunk_cols else {})})
 
 
 def tmem_load(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, *,

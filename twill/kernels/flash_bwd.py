@@ -27,12 +27,11 @@ MMA warp groups, ``SdP_swapAB`` and ``AtomLayoutNdKV`` = 2, hence ``Mma_dKV_is_R
 8-warp wgmma (the two MMA warp groups cooperate on every tile), dK and dV live in registers for the whole
 loop (64 + 64 per thread), S/P and dP are fp32 register tiles (32 each), P and dS are converted to fp16
 register operands of the dV and dK wgmmas (16 each; only dS is stored to shared memory, for dQ), and dQ
-(32) is staged to shared memory for the producer warp's TMA reduce-add. Blackwell: tcgen05 into TMEM, 4-warp register ops; P is written over S
-in TMEM (write-after-read edge ``dv -> qk``, distance 1: the next S overwrites P once dV has read it) and dQ
-reuses dP's columns (write-after-read edge ``dq_load -> dp``, distance 1); dQ is staged
-``DQ_CHUNK`` columns at a time. ``block_m`` defaults to 64 on both: with 128 query rows the K/V tiles, two
-Q and two dO ring slots, dS and the dQ staging chunk need 242 KB of shared memory, more than the 227 KB a
-block may use, and the problem is infeasible at every II.
+(32) is staged to shared memory for the producer warp's TMA reduce-add (``block_m`` 64).
+
+Blackwell follows FA4 (``flash_attn/cute/flash_bwd_sm100.py``, ``block_m`` 128): see :func:`_blackwell`.
+Sub-tiled ops carry the suffixes ``_a``/``_b`` (``s_load``, ``exp``, ``p_store``, ``dp_load``, ``ds``,
+``ds_store``); Q keeps two shared-memory stages and dO one (``ring_depth``, FA4's ``Q_stage``/``dO_stage``).
 
 ``reg_limit`` (graph attribute, docs/model.md "Registers"): 240 — the architectural budget FA3 gives its
 MMA warp groups; the paper's "Twill-LR" experiment passes a reduced ``--reg-limit``.
@@ -48,7 +47,7 @@ from twill.machine.models import Machine
 
 OPTIONS = {
     "head_dim": KernelOption(int, 128, "head dimension", (64, 128)),
-    "block_m": KernelOption(int, 0, "query rows per iteration (0 = 64)", (0, 64, 128)),
+    "block_m": KernelOption(int, 0, "query rows per iteration (0 = 64 on Hopper, 128 on Blackwell)", (0, 64, 128)),
     "block_n": KernelOption(int, 128, "keys of the resident K/V block", (64, 128)),
     "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
 }
@@ -59,6 +58,9 @@ DEFAULT_REG_LIMIT = 240
 #: Columns of dQ that Blackwell stages through registers and shared memory at a time (FA4 reduces dQ in
 #: chunks; the staging buffer holds one chunk).
 DQ_CHUNK = 32
+
+#: FA4's shared-memory stages of the Blackwell streaming loads (``Q_stage``, ``dO_stage``).
+Q_STAGES, DO_STAGES = 2, 1
 
 #: FP32 -> fp16 conversion cost per element (F2FP packs two values per instruction).
 CVT_OPS_PER_ELEMENT = 0.5
@@ -71,15 +73,17 @@ def build(machine: Machine, *, head_dim: int = 128, block_m: int = 0, block_n: i
           dtype: str = "fp16") -> LoopGraph:
     """The backward loop body for ``machine`` (see the module docstring)."""
     tmem = machine.mma_accumulates_in == "tmem"
-    block_m = block_m or 64
+    block_m = block_m or (128 if tmem else 64)
     resident = 2 * block_n * head_dim * 2                 # K and V tiles, loaded once
     b = GraphBuilder("flash-bwd", attrs={
         "kernel": "flash-bwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
-        "head_dim": head_dim, "dtype": dtype, "subtiles": 1, "reg_limit": DEFAULT_REG_LIMIT,
+        "head_dim": head_dim, "dtype": dtype, "subtiles": 2 if tmem else 1, "reg_limit": DEFAULT_REG_LIMIT,
         "smem_resident": resident})
-    load_q = k.tma_load(b, machine, "load_q", "load_q", block_m, head_dim, dtype)
-    load_do = k.tma_load(b, machine, "load_do", "load_do", block_m, head_dim, dtype)
-    load_stats = k.tma_load(b, machine, "load_stats", "load_stats", block_m, 2, "fp32")
+    # Blackwell: FA4's stage counts (Q_stage 2, dO_stage 1; LSE follows Q).
+    q_depth, do_depth = (Q_STAGES, DO_STAGES) if tmem else (None, None)
+    load_q = k.tma_load(b, machine, "load_q", "load_q", block_m, head_dim, dtype, ring_depth=q_depth)
+    load_do = k.tma_load(b, machine, "load_do", "load_do", block_m, head_dim, dtype, ring_depth=do_depth)
+    load_stats = k.tma_load(b, machine, "load_stats", "load_stats", block_m, 2, "fp32", ring_depth=q_depth)
     if tmem:
         _blackwell(b, machine, block_m, block_n, head_dim, dtype, load_q, load_do, load_stats)
     else:
@@ -131,42 +135,53 @@ def _hopper(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, l
 
 def _blackwell(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, load_q: str, load_do: str,
                load_stats: str) -> None:
-    w = k.group_warps(m, bm)
-    qk = k.mma(b, m, "qk", "qk", bm, bn, d, dtype)
-    dp = k.mma(b, m, "dp", "dp", bm, bn, d, dtype)
-    s_load = k.tmem_load(b, m, "s_load", "s_load", bm, bn, warps=w)
-    p = k.exp2(b, m, "exp", "exp", bm, bn, dtype, in_place=True, warps=w)
-    p_store = k.tmem_store(b, m, "p_store", "p_store", bm, bn, dtype, warps=w)
-    dp_load = k.tmem_load(b, m, "dp_load", "dp_load", bm, bn, warps=w)
-    ds = k.elementwise(b, m, "ds", "ds", bm, bn, dtype, ops_per_element=2.0, in_place=True, warps=w)
-    ds_store = k.smem_store(b, m, "ds_store", "ds_store", bm, bn, dtype, warps=w)
+    """FA4's layout (``flash_attn/cute/flash_bwd_sm100.py``): S^T = K Q^T and dP^T = V dO^T are ``bn x bm``
+    TMEM tiles whose ``bm`` query columns two 4-warp compute groups split (sub-tiles ``_a``, ``_b``); each
+    loads its half of S, applies exp2 in place (fp32 P kept for dS) and writes fp16 P over S; it then works
+    through its half of dP ``DQ_CHUNK`` columns at a time, computing dS in place over each chunk and storing
+    it to shared memory. dQ = dS K is written over dP and staged to shared memory ``DQ_CHUNK`` columns at a
+    time for the TMA reduce-add. TMEM holds S | dV | dP | dK; the write-after-read edges of the aliases:
+    ``dv -> qk`` (distance 1: the next S overwrites P once dV has read it), ``dk -> dp`` (distance 1: the
+    next dP overwrites dS once dK has read it), ``dk -> dq`` (dQ is written over dS; FA4 issues dK first)
+    and ``dq_load -> dp`` (distance 1: the next dP overwrites dQ once it is staged)."""
+    half = bm // 2
+    qk = k.mma(b, m, "qk", "qk", bn, bm, d, dtype)
+    dp = k.mma(b, m, "dp", "dp", bn, bm, d, dtype)
     dv = k.mma(b, m, "dv", "dv", bn, d, bm, dtype, accumulator=True)
     dk = k.mma(b, m, "dk", "dk", bn, d, bm, dtype, accumulator=True)
     dq = k.mma(b, m, "dq", "dq", bm, d, bn, dtype, owns_tmem=False)
-    dq_load = k.tmem_load(b, m, "dq_load", "dq_load", bm, d, warps=w, chunk_cols=DQ_CHUNK)
-    dq_store = k.smem_store(b, m, "dq_store", "dq_store", bm, d, "fp32", warps=w,
+    for edge in ((load_q, qk), (load_do, dp), (load_do, dv), (load_q, dk)):
+        b.edge(*edge, delay=0)
+    b.edge(dv, dv, distance=1)
+    b.edge(dk, dk, distance=1)
+    for s, x in enumerate("ab"):
+        s_load = k.tmem_load(b, m, f"s_load_{x}", "s_load", bn, half, subtile=s)
+        p = k.exp2(b, m, f"exp_{x}", "exp", bn, half, "fp32", subtile=s, in_place=True)
+        p_store = k.tmem_store(b, m, f"p_store_{x}", "p_store", bn, half, dtype, subtile=s)
+        dp_load = k.tmem_load(b, m, f"dp_load_{x}", "dp_load", bn, half, subtile=s, chunk_cols=DQ_CHUNK)
+        ds = k.elementwise(b, m, f"ds_{x}", "ds", bn, half, "fp32", subtile=s, ops_per_element=2.0,
+                           in_place=True, chunk_cols=DQ_CHUNK)
+        ds_store = k.smem_store(b, m, f"ds_store_{x}", "ds_store", bn, half, dtype, subtile=s)
+        b.edge(qk, s_load, delay=_latency(b, qk), blocking=True)
+        b.edge(s_load, p)
+        b.edge(load_stats, p, delay=0)
+        b.edge(p, p_store)
+        b.edge(p_store, dv, blocking=True)
+        b.edge(dp, dp_load, delay=_latency(b, dp), blocking=True)
+        b.edge(dp_load, ds)
+        b.edge(p, ds)
+        b.edge(load_stats, ds, delay=0)
+        b.edge(ds, ds_store)
+        b.edge(ds_store, dk, blocking=True)
+        b.edge(ds_store, dq, blocking=True)
+    dq_load = k.tmem_load(b, m, "dq_load", "dq_load", bm, d, chunk_cols=DQ_CHUNK)
+    dq_store = k.smem_store(b, m, "dq_store", "dq_store", bm, d, "fp32",
                             smem_bytes=k.tile_bytes(bm, DQ_CHUNK, "fp32"))
     dq_atomic = k.tma_reduce(b, m, "dq_atomic", "dq_atomic", bm, d, "fp32")
-    b.edge(load_q, qk, delay=0)
-    b.edge(load_do, dp, delay=0)
-    b.edge(load_stats, p, delay=0)
-    b.edge(load_stats, ds, delay=0)
-    b.edge(qk, s_load, delay=_latency(b, qk), blocking=True)
-    b.edge(s_load, p)
-    b.edge(p, p_store)
-    b.edge(p, ds)
-    b.edge(dp, dp_load, delay=_latency(b, dp), blocking=True)
-    b.edge(dp_load, ds)
-    b.edge(ds, ds_store)
-    b.edge(p_store, dv, blocking=True)
-    b.edge(load_do, dv, delay=0)
-    b.edge(dv, dv, distance=1)
-    b.edge(ds_store, dk, blocking=True)
-    b.edge(load_q, dk, delay=0)
-    b.edge(dk, dk, distance=1)
-    b.edge(ds_store, dq, blocking=True)
     b.edge(dq, dq_load, delay=_latency(b, dq), blocking=True)
     b.edge(dq_load, dq_store)
     b.edge(dq_store, dq_atomic, blocking=True)
     b.edge(dq_load, dp, distance=1)
     b.edge(dv, qk, delay=_latency(b, dv), distance=1)
+    b.edge(dk, dp, delay=_latency(b, dk), distance=1)
+    b.edge(dk, dq)

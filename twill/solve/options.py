@@ -10,6 +10,10 @@ from twill.ir.graph import LoopGraph
 
 BACKENDS = ("cpsat", "yices")
 
+#: Wall-clock seconds for a whole search: the Blackwell flash-bwd, the slowest built-in, takes about 4 minutes
+#: on a 2-core host (docs/performance.md).
+DEFAULT_TIME_LIMIT = 600.0
+
 #: Ring depth of streaming loads when neither the options nor the graph give one.
 DEFAULT_STREAMING_DEPTH = 2
 
@@ -24,7 +28,7 @@ class SolveOptions:
         backend: ``cpsat`` (OR-Tools CP-SAT, compact encoding; default) or ``yices`` (the paper's
             time-indexed QF_LIA formulation; needs ``pip install twill-gpu[yices]``).
         time_limit: wall-clock seconds for the whole search. When it runs out the best schedule found so
-            far is returned with status ``feasible`` and the remaining gap. Default 120.
+            far is returned with status ``feasible`` and the remaining gap. Default 600.
         max_ii: give up (status ``infeasible``) past this II. ``None`` = sum of all op cycles plus all
             edge delays (normalized), an II at which the loop runs without overlap.
         normalize: run cost normalization (paper §5.2) before scheduling. Default True.
@@ -44,7 +48,7 @@ class SolveOptions:
 
     ws: bool = True
     backend: str = "cpsat"
-    time_limit: float = 120.0
+    time_limit: float = DEFAULT_TIME_LIMIT
     max_ii: int | None = None
     normalize: bool = True
     resolution: int = 300
