@@ -336,8 +336,9 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def sanity(kernel_dir: str, only: list[str] | None = None) -> int:
-    """One small launch per kernel plus its check (for compute-sanitizer runs); returns failures."""
+def sanity(kernel_dir: str, only: list[str] | None = None, *, inner: int = 200, seq_len: int = 300) -> int:
+    """One small launch per kernel plus its check (for compute-sanitizer runs); returns failures. ``inner``
+    (the GEMM's K) and ``seq_len`` set how many loop iterations run: use enough for the rings to wrap."""
     import torch
 
     from twill.codegen.gluon import load_emitted
@@ -349,11 +350,11 @@ def sanity(kernel_dir: str, only: list[str] | None = None) -> int:
         mod = load_emitted(os.path.join(kernel_dir, entry["file"]))
         dtype = entry["options"].get("dtype", "fp16")
         if entry["kernel"] == "gemm":
-            a = torch.randn(300, 200, device="cuda", dtype=_dtype(dtype))
-            b = torch.randn(200, 520, device="cuda", dtype=_dtype(dtype))
+            a = torch.randn(300, inner, device="cuda", dtype=_dtype(dtype))
+            b = torch.randn(inner, 520, device="cuda", dtype=_dtype(dtype))
             err = _relerr(mod.launch(a, b), a.float() @ b.float())
         else:
-            q, k, v = (torch.randn(1, 2, 300, entry["options"].get("head_dim", 128), device="cuda",
+            q, k, v = (torch.randn(1, 2, seq_len, entry["options"].get("head_dim", 128), device="cuda",
                                    dtype=_dtype(dtype)) for _ in range(3))
             err = _relerr(mod.launch(q, k, v), _sdpa_ref(q, k, v))
         torch.cuda.synchronize()
