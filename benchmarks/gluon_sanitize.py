@@ -21,8 +21,9 @@ from our synchronization:
     compute-sanitizer --tool racecheck python benchmarks/gluon_sanitize.py probe
     compute-sanitizer --tool racecheck python benchmarks/gluon_sanitize.py probe-mbarrier
     TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 \\
-        python benchmarks/gluon_sanitize.py consan benchmarks/gluon_kernels [NAME ...]
+        python benchmarks/gluon_sanitize.py consan benchmarks/gluon_kernels [NAME ...] [--no-control]
 
+``--no-control`` skips the broken control (the script runs itself that way for the control).
 NAME: only kernels whose manifest name contains it (instrumented kernels run slowly: about 25 s each on an
 H200 with compilation, so the whole directory does not fit one 10-minute device command).
 """
@@ -137,18 +138,18 @@ def broken_copy(kernel_dir: str, dest: str) -> str:
     return path
 
 
-def consan(kernel_dir: str) -> int:
+def consan(kernel_dir: str, names: list[str], *, control: bool = True) -> int:
     """ConSan over every kernel of ``kernel_dir``, then over the broken control (in a child process: ConSan
     aborts the process on the first violation)."""
     if os.environ.get("TRITON_INSTRUMENTATION_MODE") != "consan":
         raise SystemExit("set TRITON_INSTRUMENTATION_MODE=consan (and CUDA_LAUNCH_BLOCKING=1)")
-    names = [a for a in sys.argv[3:] if a != "--one"]
-    if "--one" in sys.argv[3:]:
-        return run_sanity(kernel_dir)
     failures = run_sanity(kernel_dir, names or None)
+    if not control:
+        return failures
     with tempfile.TemporaryDirectory() as tmp:
         broken_copy(kernel_dir, tmp)
-        child = subprocess.run([sys.executable, __file__, "consan", tmp, "--one"], capture_output=True, text=True)
+        child = subprocess.run([sys.executable, __file__, "consan", tmp, "--no-control"], capture_output=True,
+                               text=True)
         # The same broken kernel without instrumentation: a crash above must be ConSan's, not the kernel's.
         plain_env = {**os.environ, "TRITON_INSTRUMENTATION_MODE": ""}
         try:
@@ -190,7 +191,8 @@ def main() -> int:
     if len(sys.argv) >= 2 and sys.argv[1] == "probe-mbarrier":
         return probe_mbarrier()
     if len(sys.argv) >= 3 and sys.argv[1] == "consan":
-        return consan(sys.argv[2])
+        rest = sys.argv[3:]
+        return consan(sys.argv[2], [a for a in rest if a != "--no-control"], control="--no-control" not in rest)
     print(__doc__, file=sys.stderr)
     return 2
 

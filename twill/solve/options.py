@@ -10,8 +10,8 @@ from twill.ir.graph import LoopGraph
 
 BACKENDS = ("cpsat", "yices")
 
-#: Wall-clock seconds for a whole search: the Blackwell flash-bwd, the slowest built-in, takes about 4 minutes
-#: on a 2-core host (docs/performance.md).
+#: Wall-clock seconds for a whole search: the Blackwell flash-bwd, the slowest built-in, takes 200-240 s on a
+#: 2-core host (docs/performance.md).
 DEFAULT_TIME_LIMIT = 600.0
 
 #: Ring depth of streaming loads when neither the options nor the graph give one.

@@ -212,7 +212,8 @@ def _partitions(schedule: Schedule, tc_ops: list[str], subtile_of: dict[str, int
 
 
 def ring_depth(schedule: Schedule, load: str, release: str) -> tuple[int, str]:
-    """``depth = max(stage(release) - stage(load) + 1, streaming_depth)`` (streaming loads), with its text."""
+    """``depth = max(stage(release) - stage(load) + 1, least_depth(load))`` (the load's pinned ring depth, else
+    the streaming depth), with its text."""
     lifetime = schedule.stage(release) - schedule.stage(load) + 1
     least = schedule.graph.least_depth(load, schedule.streaming_depth)
     depth = max(lifetime, least)

@@ -394,7 +394,9 @@ def add_memory_capacity(b: _Builder, staging: Any) -> None:
         if not is_accumulator(op):
             for e in buffer_edges(b.g, name):
                 m.add(depth >= b.v.stage[e.dst] + e.distance - b.v.stage[name] + 1)
-            m.add(depth >= b.g.least_depth(name, p.streaming_depth))
+            least = b.g.least_depth(name, p.streaming_depth)
+            if least > 1:
+                m.add(depth >= least)
         else:
             m.add(depth == 1)
         b.v.depth[name] = depth

@@ -377,8 +377,9 @@ def add_liveness(m: YicesModel) -> None:
 
 def smem_lower_bound(p: JointProblem) -> int:
     """SMEM with every ring at its least depth (``LoopGraph.least_depth``) and nothing staged."""
-    return p.smem_resident + sum(op.smem * (1 if is_accumulator(op) else p.graph.least_depth(op.name, p.streaming_depth))
-                                 for op in p.graph.ops)
+    least = {op.name: 1 if is_accumulator(op) else p.graph.least_depth(op.name, p.streaming_depth)
+             for op in p.graph.ops}
+    return p.smem_resident + sum(op.smem * least[op.name] for op in p.graph.ops)
 
 
 def add_memory_capacity(m: YicesModel) -> None:
@@ -400,7 +401,9 @@ def add_memory_capacity(m: YicesModel) -> None:
             for e in buffer_edges(m.graph, op.name):
                 need = T.sum([m.stage[e.dst], m.integer(e.distance + 1), T.neg(m.stage[op.name])])
                 formulas.append(T.arith_geq_atom(depth, need))
-            formulas.append(T.arith_geq_atom(depth, m.integer(m.graph.least_depth(op.name, p.streaming_depth))))
+            least = m.graph.least_depth(op.name, p.streaming_depth)
+            if least > 1:
+                formulas.append(T.arith_geq_atom(depth, m.integer(least)))
         smem_terms.append(T.mul(m.integer(op.smem), depth))
         tmem_terms.append(T.mul(m.integer(op.tmem), depth))
     if p.active("cross_warp_spills") and p.cross_warp:
