@@ -68,6 +68,10 @@ class Machine:
         smem_per_sm: shared memory per SM (bytes).
         tmem_bytes: tensor memory per SM (bytes); 0 if none.
         mma_accumulates_in: ``"registers"`` (wgmma) or ``"tmem"`` (tcgen05).
+        sustained_clock_ghz: SM clock the GPU holds under sustained tensor-core load (power-capped parts run
+            below ``clock_ghz``); used to turn cycles into time. ``None`` = ``clock_ghz``.
+        launch_us: fixed cost of one kernel launch in microseconds (launch latency plus the grid's ramp-up),
+            added once per launch when cycles are turned into time.
     """
 
     name: str
@@ -95,6 +99,8 @@ class Machine:
     smem_per_sm: int = 233472
     tmem_bytes: int = 0
     mma_accumulates_in: str = "registers"
+    sustained_clock_ghz: float | None = None
+    launch_us: float = 4.0
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -105,6 +111,11 @@ class Machine:
     def peak_tflops(self, dtype: str = "fp16") -> float:
         """Dense tensor-core peak of the whole GPU in TFLOP/s."""
         return self.tc_flops_per_clk[dtype] * self.sms * self.clock_ghz * 1e9 / 1e12
+
+    @property
+    def time_clock_ghz(self) -> float:
+        """The clock that turns cycles into time: the sustained clock when known, else the nominal one."""
+        return self.sustained_clock_ghz or self.clock_ghz
 
     def round_regs(self, regs: int) -> int:
         """Round a per-thread register count up to a legal ``setmaxnreg`` value."""
