@@ -39,8 +39,11 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     """The positional target, ``--arch``, the static kernel options and the Triton target options."""
     parser.add_argument("target", help="built-in kernel name (see 'twill kernels'), a twill-graph/1 .json "
                                        "file, or a Triton kernel path.py:fn")
-    parser.add_argument("--arch", default="h100", type=str.lower,
-                        help=f"target GPU: {', '.join(MACHINES)} (default h100)")
+    parser.add_argument("--arch", default=None, type=str.lower,
+                        help=f"target GPU: {', '.join(MACHINES)} (default h100, or the --machine file's)")
+    parser.add_argument("--machine", default=None, metavar="FILE",
+                        help="calibrated machine model (twill-machine/1, written by 'twill calibrate'); its "
+                             "measured rates replace the datasheet costs")
     group = parser.add_argument_group("static kernel options (built-in kernels only)")
     for flag, (dest, typ) in KERNEL_FLAGS.items():
         group.add_argument(flag, dest=dest, type=typ, default=None, help=f"kernel option {dest}")
@@ -102,7 +105,15 @@ def solve_options(args: argparse.Namespace) -> Any:
 
 
 def machine_of(args: argparse.Namespace) -> Machine:
-    return get_machine(args.arch)
+    """The machine ``--machine FILE`` (calibrated) or ``--arch`` (built-in, default h100) names."""
+    if getattr(args, "machine", None):
+        from twill.machine.calibration import load_machine
+
+        machine = load_machine(args.machine)
+        if args.arch and args.arch != machine.name:
+            raise TwillError(f"--arch {args.arch} contradicts --machine {args.machine} (a {machine.name} model)")
+        return machine
+    return get_machine(args.arch or "h100")
 
 
 def kernel_options_given(args: argparse.Namespace) -> dict[str, Any]:

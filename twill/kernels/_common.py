@@ -73,7 +73,7 @@ def mma(b: GraphBuilder, m: Machine, name: str, role: str, M: int, N: int, K: in
     columns counted for another op) and no registers. ``accumulator`` marks results updated in place across
     iterations (one buffer, however many stages it spans).
     """
-    cost = costs.mma_cost(m, M, N, K, dtype)
+    cost = costs.mma_cost(m, M, N, K, dtype, warps)
     extra = {"m": M, "n": N, "k": K, "dtype": dtype, "accumulator": accumulator}
     if m.mma_accumulates_in == "tmem":
         return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="mma", warps=1,
@@ -98,7 +98,7 @@ def exp2(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int
          subtile: int | None = None, in_place: bool = False, warps: int = 4) -> str:
     """``exp2`` over a ``rows x cols`` tile on MUFU; the result (``out_dtype``) stays in registers.
     ``in_place``: the result is written fragment by fragment over its (larger) input's registers."""
-    cost = costs.exp2_cost(m, rows * cols)
+    cost = costs.exp2_cost(m, rows * cols, warps)
     return _register_op(b, m, name, cost, kind="exp2", role=role, subtile=subtile, warps=warps,
                         regs=tile_regs(rows, cols, out_dtype, warps), out_bytes=tile_bytes(rows, cols, out_dtype),
                         attrs={"in_place": in_place})
@@ -119,7 +119,7 @@ def elementwise(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, co
     ``in_place``: the result overwrites its same-sized register input (``O *= alpha``). With ``chunk_cols``
     the op works through the tile ``chunk_cols`` columns at a time behind a chunked producer
     (:func:`tmem_load`), so only one chunk of its result is live."""
-    cost = costs.alu_cost(m, rows * cols, ops_per_element)
+    cost = costs.alu_cost(m, rows * cols, ops_per_element, warps)
     live_cols = chunk_cols or cols
     return _register_op(b, m, name, cost, kind="alu", role=role, subtile=subtile, warps=warps,
                         regs=tile_regs(rows, live_cols, out_dtype, warps),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 from twill.errors import MachineError
 
@@ -72,6 +72,10 @@ class Machine:
             below ``clock_ghz``); used to turn cycles into time. ``None`` = ``clock_ghz``.
         launch_us: fixed cost of one kernel launch in microseconds (launch latency plus the grid's ramp-up),
             added once per launch when cycles are turned into time.
+        model: where the rates come from: ``"datasheet"`` for the built-in models, else the name of the
+            ``twill-machine/1`` file's model (``name`` stays the built-in machine it refines, e.g. ``h200``).
+        calibration: rates measured by ``twill calibrate`` (:class:`~twill.machine.calibration.Calibration`);
+            the cost model prefers them to the datasheet rates above. ``None`` = datasheet only.
     """
 
     name: str
@@ -101,6 +105,8 @@ class Machine:
     mma_accumulates_in: str = "registers"
     sustained_clock_ghz: float | None = None
     launch_us: float = 4.0
+    model: str = "datasheet"
+    calibration: Any = None
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,313 @@
+"""Model fidelity: the time the model predicts for a generated Gluon kernel against the time it takes.
+
+Two steps, so that the GPU machine needs neither ortools nor the solver:
+
+* ``generate`` (CPU): for every candidate configuration (GEMM tiles and ring depths; attention head dim,
+  sub-tiles and ring depths) solve the schedule on the calibrated machine model and on the datasheet model,
+  emit the Gluon kernel of the calibrated schedule, and write ``manifest.json`` with both predictions
+  (:func:`twill.tune.predict.predict`) for every shape.
+* ``run`` (GPU): check every kernel against an fp32 reference (outputs poisoned with NaN, fresh random data,
+  ragged shapes), then time every kernel and every reference (cuBLAS; cuDNN and PyTorch flash through SDPA)
+  in interleaved rounds with ``triton.testing.do_bench`` (device-side events, median), recording the SM
+  clock (nvidia-smi) during each kernel's timing. Reports measured / predicted per kernel and shape, the
+  prediction re-evaluated at the measured clock, and the Spearman rank correlation between predicted and
+  measured over the candidates of one kernel and shape. Writes ``model_fidelity.json`` and prints a table.
+
+    python benchmarks/model_fidelity.py generate out/fidelity --machine benchmarks/results/calibration_h200.machine.json
+    python benchmarks/model_fidelity.py run out/fidelity --out $OUT          # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+#: GEMM candidates: (block_m, block_n, block_k, streaming depth).
+GEMM_CANDIDATES = [(128, bn, bk, d) for bn, bk in ((256, 64), (128, 64), (128, 128)) for d in (2, 3, 4)] \
+    + [(128, 256, 32, d) for d in (3, 4, 5)] + [(64, 256, 64, d) for d in (3, 4)]
+GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
+#: Attention candidates: (head_dim, sub-tiles, streaming depth).
+ATTN_CANDIDATES = [(d, s, depth) for d in (128, 64) for s in (2, 1) for depth in (2, 3)]
+ATTN_SEQS = (2048, 4096, 8192, 16384)
+ATTN_BATCH, ATTN_HEADS = 4, 32
+ROUNDS = 3
+
+
+def _solve(kernel: str, machine: Any, opts: dict[str, Any], depth: int) -> Any:
+    from twill.kernels import build_kernel
+    from twill.solve import SolveOptions, schedule
+
+    graph = build_kernel(kernel, machine, **opts)
+    return schedule(graph, machine, SolveOptions(streaming_depth=depth, time_limit=120))
+
+
+def generate(outdir: str, machine_path: str) -> None:
+    from twill.codegen.gluon import emit_gluon
+    from twill.machine.calibration import load_machine
+    from twill.machine.models import get_machine
+    from twill.tune.predict import Shape, predict
+
+    calibrated = load_machine(machine_path)
+    datasheet = get_machine(calibrated.name)
+    os.makedirs(outdir, exist_ok=True)
+    entries = []
+    jobs = [("gemm", f"gemm_{bm}x{bn}x{bk}_d{d}", {"block_m": bm, "block_n": bn, "block_k": bk}, d,
+             [Shape("gemm", s) for s in GEMM_SHAPES]) for bm, bn, bk, d in GEMM_CANDIDATES]
+    jobs += [("flash-fwd", f"fa_d{hd}_sub{s}_d{d}", {"head_dim": hd, "subtiles": s}, d,
+              [Shape("attention", (ATTN_BATCH, ATTN_HEADS, S, hd)) for S in ATTN_SEQS])
+             for hd, s, d in ATTN_CANDIDATES]
+    for kernel, name, opts, depth, shapes in jobs:
+        started = time.perf_counter()
+        entry: dict[str, Any] = {"name": name, "kernel": kernel, "options": opts, "depth": depth}
+        try:
+            cal = _solve(kernel, calibrated, opts, depth)
+            ds = _solve(kernel, datasheet, opts, depth)
+            source = emit_gluon(cal)
+        except Exception as exc:  # a candidate the solver or the emitter refuses is recorded, not fatal
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            print(f"{name:24s} skipped: {entry['error']}")
+            entries.append(entry)
+            continue
+        with open(os.path.join(outdir, f"{name}.py"), "w") as fh:
+            fh.write(source)
+        entry.update(file=f"{name}.py", ii=cal.ii, status=cal.status, datasheet_ii=ds.ii,
+                     shapes=[{"shape": shape.as_dict(), "flops": shape.flops(kernel),
+                              "predicted": predict(cal, shape, calibrated).to_dict(),
+                              "datasheet_predicted": predict(ds, shape, datasheet).to_dict()} for shape in shapes])
+        entries.append(entry)
+        print(f"{name:24s} II {cal.ii} ({cal.status}), datasheet II {ds.ii}, {time.perf_counter() - started:.1f} s")
+    manifest = {"machine": json.load(open(machine_path)), "entries": entries, "rounds": ROUNDS}
+    with open(os.path.join(outdir, "manifest.json"), "w") as fh:
+        json.dump(manifest, fh, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+
+def _load(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _relerr(out: Any, ref: Any) -> float:
+    out = out.float()
+    if not bool(out.isfinite().all()):
+        return float("inf")
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def _check(entry: dict[str, Any], module: Any) -> float:
+    """Worst relative error over ragged shapes and the first timed shape (fresh random data, NaN-poisoned
+    outputs) against an fp32 torch reference."""
+    import torch
+
+    worst = 0.0
+    if entry["kernel"] == "gemm":
+        for m, n, k in ((300, 520, 200), (257, 333, 129), (1000, 72, 4104), (4096, 4096, 4096)):
+            a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+            c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            module.launch(a, b, c)
+            worst = max(worst, _relerr(c, a.float() @ b.float()))
+        return worst
+    d = entry["options"]["head_dim"]
+    for b, h, s in ((1, 3, 77), (2, 2, 1000), (1, 2, 4096)):
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        out = torch.full_like(q, float("nan"))
+        module.launch(q, k, v, out=out)
+        ref = torch.softmax((q.float() @ k.float().transpose(-1, -2)) / d ** 0.5, -1) @ v.float()
+        worst = max(worst, _relerr(out, ref))
+    return worst
+
+
+def _inputs(kernel: str, shape: dict[str, int]) -> tuple[Any, ...]:
+    import torch
+
+    if kernel == "gemm":
+        return (torch.randn(shape["M"], shape["K"], device="cuda", dtype=torch.float16),
+                torch.randn(shape["K"], shape["N"], device="cuda", dtype=torch.float16),
+                torch.empty(shape["M"], shape["N"], device="cuda", dtype=torch.float16))
+    q, k, v = (torch.randn(shape["B"], shape["H"], shape["S"], shape["D"], device="cuda", dtype=torch.float16)
+               for _ in range(3))
+    return q, k, v, torch.empty_like(q)
+
+
+def _references(kernel: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if kernel == "gemm":
+        a, b, _ = args
+        return {"cublas": lambda: torch.matmul(a, b)}
+    q, k, v, _ = args
+
+    def sdpa(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v)
+        return call
+
+    return {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION)}
+
+
+def _time(fn: Any) -> tuple[float, tuple[float, float]]:
+    """do_bench median (ms) of ``fn`` and the unix-time window it ran in (to read the sampled clock)."""
+    from triton.testing import do_bench
+
+    start = time.time()
+    ms = do_bench(fn, warmup=25, rep=150, return_mode="median")
+    return ms, (start, time.time())
+
+
+def _spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        for position, i in enumerate(order):
+            r[i] = float(position)
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+
+
+def _launcher(kernel: str, module: Any, args: tuple[Any, ...]) -> Any:
+    if kernel == "gemm":
+        return lambda: module.launch(*args)
+    return lambda: module.launch(args[0], args[1], args[2], out=args[3])
+
+
+def _time_shapes(entries: list[dict[str, Any]], modules: dict[str, Any], sampler: Any) -> list[dict[str, Any]]:
+    """For each shape: every correct candidate and every reference, interleaved over ROUNDS rounds."""
+    import torch
+
+    groups: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for e in entries:
+        if e["correct"]:
+            for s in e["shapes"]:
+                groups.setdefault((e["kernel"], json.dumps(s["shape"], sort_keys=True)), []).append((e, s))
+    timed = []
+    for (kernel, key), group in sorted(groups.items()):
+        args = _inputs(kernel, json.loads(key))
+        calls = dict(_references(kernel, args))
+        calls.update({e["name"]: _launcher(kernel, modules[e["name"]], args) for e, _ in group})
+        samples: dict[str, list[tuple[float, tuple[float, float]]]] = {name: [] for name in calls}
+        for _ in range(ROUNDS):
+            for name, fn in calls.items():
+                samples[name].append(_time(fn))
+        timed.append({"kernel": kernel, "shape": json.loads(key), "group": group, "samples": samples})
+        del args, calls
+        torch.cuda.empty_cache()
+    return timed
+
+
+def _rows(timed: list[dict[str, Any]], sampler: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per (candidate, shape): measured median, spread, clock, predictions and ratios; per shape: references."""
+    rows, references = [], []
+    for t in timed:
+        medians = {name: statistics.median(ms for ms, _ in runs) for name, runs in t["samples"].items()}
+        ref_names = [n for n in medians if n in ("cublas", "cudnn", "flash")]
+        flops = t["group"][0][1]["flops"]
+        references.append({"kernel": t["kernel"], "shape": t["shape"],
+                           **{f"{n}_ms": medians[n] for n in ref_names},
+                           **{f"{n}_tflops": flops / medians[n] / 1e9 for n in ref_names}})
+        for e, s in t["group"]:
+            runs = t["samples"][e["name"]]
+            ms = medians[e["name"]]
+            clocks = [c for c in (sampler.median_ghz(*window) for _, window in runs) if c]
+            clock = statistics.median(clocks) if clocks else None
+            pred = s["predicted"]
+            at_clock = pred["cycles"] / (clock * 1e3) + pred["breakdown"]["launch_us"] if clock else None
+            rows.append({"name": e["name"], "kernel": t["kernel"], "options": e["options"], "depth": e["depth"],
+                         "shape": t["shape"], "ms": ms, "ms_min": min(m for m, _ in runs),
+                         "ms_max": max(m for m, _ in runs), "clock_ghz": clock, "tflops": s["flops"] / ms / 1e9,
+                         "predicted_us": pred["us"], "predicted_us_at_clock": at_clock,
+                         "datasheet_predicted_us": s["datasheet_predicted"]["us"],
+                         "measured_over_predicted": ms * 1e3 / pred["us"],
+                         "measured_over_predicted_at_clock": ms * 1e3 / at_clock if at_clock else None,
+                         "measured_over_datasheet": ms * 1e3 / s["datasheet_predicted"]["us"],
+                         **{f"vs_{n}": medians[n] / ms for n in ref_names}})
+    return rows, references
+
+
+def run(kernel_dir: str, out: str, only: list[str] | None) -> None:
+    import torch
+    import triton
+
+    from twill.machine.microbench import ClockSampler
+
+    manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
+    entries = [e for e in manifest["entries"] if "file" in e and (not only or any(o in e["name"] for o in only))]
+    modules = {}
+    for entry in entries:
+        try:
+            modules[entry["name"]] = module = _load(os.path.join(kernel_dir, entry["file"]))
+            entry["max_relerr"] = _check(entry, module)
+            entry["correct"] = entry["max_relerr"] < 1e-2
+        except Exception as exc:  # recorded in the results; the other kernels still run
+            entry["correct"], entry["error"] = False, f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(f"check {entry['name']:24s} {'ok' if entry['correct'] else 'FAILED'} "
+              f"{entry.get('max_relerr', entry.get('error'))}", flush=True)
+    with ClockSampler() as sampler:
+        timed = _time_shapes(entries, modules, sampler)
+    rows, references = _rows(timed, sampler)
+    correlations = []
+    for t in timed:
+        group = [r for r in rows if r["kernel"] == t["kernel"] and r["shape"] == t["shape"]]
+        if len(group) >= 3:
+            correlations.append({"kernel": t["kernel"], "shape": t["shape"], "candidates": len(group),
+                                 "spearman": _spearman([r["predicted_us"] for r in group], [r["ms"] for r in group]),
+                                 "spearman_datasheet": _spearman([r["datasheet_predicted_us"] for r in group],
+                                                                 [r["ms"] for r in group])})
+    result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": ROUNDS,
+              "machine_model": manifest["machine"].get("name"),
+              "checks": [{k: e.get(k) for k in ("name", "correct", "max_relerr", "error")} for e in entries],
+              "rows": rows, "references": references, "correlations": correlations}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "model_fidelity.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(f"\n{'kernel':24s} {'shape':24s} {'TFLOP/s':>8s} {'meas/pred':>9s} {'@clock':>7s} {'datasheet':>9s} "
+          f"{'GHz':>5s} {'vs ref':>7s}")
+    for r in rows:
+        ref = r.get("vs_cublas") or r.get("vs_cudnn") or float("nan")
+        at = r["measured_over_predicted_at_clock"] or float("nan")
+        shape = ",".join(str(v) for v in r["shape"].values())
+        print(f"{r['name']:24s} {shape:24s} {r['tflops']:8.0f} {r['measured_over_predicted']:9.2f} {at:7.2f} "
+              f"{r['measured_over_datasheet']:9.2f} {(r['clock_ghz'] or 0):5.2f} {ref:7.2f}")
+    for c in correlations:
+        print(f"spearman {c['kernel']} {c['shape']}: {c['spearman']:.2f} (datasheet model "
+              f"{c['spearman_datasheet']:.2f}, {c['candidates']} candidates)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=("generate", "run"))
+    parser.add_argument("kernel_dir")
+    parser.add_argument("--machine", default=os.path.join(HERE, "results", "calibration_h200.machine.json"))
+    parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
+    parser.add_argument("--only", nargs="*", default=None, help="substrings of candidate names")
+    args = parser.parse_args()
+    if args.step == "generate":
+        generate(args.kernel_dir, args.machine)
+    else:
+        run(args.kernel_dir, args.out, args.only)
+
+
+if __name__ == "__main__":
+    main()

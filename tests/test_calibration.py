@@ -1,0 +1,179 @@
+"""Calibrated machine models: the twill-machine/1 file, the fit of raw measurements, calibrated costs, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+from twill.cli import main
+from twill.errors import FormatError
+from twill.machine import costs
+from twill.machine.calibrate import fit, plan
+from twill.machine.calibration import Calibration, load_machine, machine_from_dict, machine_to_dict
+from twill.machine.models import H100, H200
+
+RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
+H200_RAW = os.path.join(RESULTS, "calibration_h200_raw.json")
+H200_MODEL = os.path.join(RESULTS, "calibration_h200.machine.json")
+
+
+def _rows() -> list[dict]:
+    """A small synthetic measurement set: every microbenchmark the fit needs, with round numbers."""
+    rows = []
+    for dtype in ("fp16", "bf16"):
+        for n, one, two in ((64, 3000.0, 3800.0), (256, 3900.0, 4000.0)):
+            rows.append({"bench": "mma", "args": {"n": n, "dtype": dtype, "groups": 1, "lag": 1},
+                         "result": {"n": n, "dtype": dtype, "groups": 1, "flops_per_clk": one}})
+            rows.append({"bench": "mma", "args": {"n": n, "dtype": dtype, "groups": 2, "lag": 1},
+                         "result": {"n": n, "dtype": dtype, "groups": 2, "flops_per_clk": two}})
+    for n, cycles in ((64, 200.0), (256, 600.0)):
+        rows.append({"bench": "mma", "args": {"n": n, "dtype": "fp16", "groups": 1, "lag": 0},
+                     "result": {"n": n, "dtype": "fp16", "groups": 1, "cycles_per_group": cycles}})
+    for op, one, best in (("exp2", 12.0, 15.0), ("fma", 100.0, 120.0), ("rowmax", 30.0, 40.0),
+                          ("rowsum", 30.0, 50.0)):
+        rows.append({"bench": "elementwise", "args": {"op": op, "groups": 1},
+                     "result": {"op": op, "groups": 1, "elements_per_clk": one}})
+        rows.append({"bench": "elementwise", "args": {"op": op, "groups": 3},
+                     "result": {"op": op, "groups": 3, "elements_per_clk": best}})
+    rows.append({"bench": "smem", "args": {"groups": 2}, "result": {"bytes_per_clk": 100.0}})
+    rows.append({"bench": "tma", "args": {"depth": 1}, "result": {"depth": 1, "cycles_per_tile": 1200.0,
+                                                                   "bytes_per_clk": 13.0}})
+    rows.append({"bench": "tma", "args": {"depth": 4}, "result": {"depth": 4, "cycles_per_tile": 500.0,
+                                                                   "bytes_per_clk": 30.0}})
+    rows.append({"bench": "handoff", "args": {"worker_warps": 4}, "result": {"cycles_per_handoff": 70.0}})
+    rows.append({"bench": "launch", "args": {}, "result": {"launch_us": 2.5}})
+    rows.append({"bench": "clock", "args": {}, "result": {"clock_ghz": 1.7}})
+    rows.append({"bench": "smem", "args": {"groups": 3}, "error": "AssertionError: failed on purpose"})
+    return rows
+
+
+def test_fit_takes_best_and_one_group_rates():
+    machine = fit(_rows(), H200)
+    cal = machine.calibration
+    assert machine.name == "h200" and machine.model == "h200-calibrated"
+    assert cal.mma_rate("fp16", 256) == 4000.0 and cal.mma_rate("fp16", 256, one_group=True) == 3900.0
+    assert cal.mma_rate("fp16", 128) == 3800.0  # widest measured N not above 128 is 64
+    assert cal.mma_rate("fp8", 128) is None
+    assert (cal.ex2_per_clk, cal.ex2_per_clk_one_group) == (15.0, 12.0)
+    assert (cal.rowmax_per_clk, cal.rowsum_per_clk) == (40.0, 50.0)
+    assert cal.barrier_handoff_cycles == 70.0 and cal.tma_latency_cycles == 1200.0
+    assert cal.tma_bytes_per_clk == 30.0 and cal.smem_bytes_per_clk == 100.0
+    assert machine.sustained_clock_ghz == 1.7 and machine.launch_us == 2.5
+    assert machine.time_clock_ghz == 1.7 and H200.time_clock_ghz == H200.clock_ghz
+
+
+def test_fit_names_what_is_missing():
+    rows = [r for r in _rows() if r["bench"] != "handoff"]
+    with pytest.raises(Exception, match="mbarrier hand-off"):
+        fit(rows, H200)
+
+
+def test_machine_file_round_trip(tmp_path):
+    machine = fit(_rows(), H200)
+    doc = machine_to_dict(machine, gpu="NVIDIA H200", measured="2026-12-01T00:00:00Z")
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    again = load_machine(str(path))
+    assert again.calibration == machine.calibration
+    assert (again.name, again.model, again.launch_us) == ("h200", "h200-calibrated", 2.5)
+    assert again.notes["gpu"] == "NVIDIA H200"
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(format="twill-machine/9"), "format must be"),
+    (lambda d: d.update(base="a100"), "base must be one of"),
+    (lambda d: d.update(launch_us=-1), "launch_us must be a positive number"),
+    (lambda d: d.update(sustained_clock_ghz=float("nan")), "sustained_clock_ghz must be a positive number"),
+    (lambda d: d["calibration"].update(ex2_per_clk=True), "ex2_per_clk must be a positive number"),
+    (lambda d: d["calibration"].update(bogus=1), "unknown field 'bogus'"),
+    (lambda d: d["calibration"].pop("fma_per_clk"), "missing field 'fma_per_clk'"),
+    (lambda d: d["calibration"]["mma_flops_per_clk"].update(fp16={"x": 1.0}), "not an instruction N"),
+])
+def test_machine_file_errors(mutate, message):
+    doc = machine_to_dict(fit(_rows(), H200))
+    mutate(doc)
+    with pytest.raises(FormatError, match=message):
+        machine_from_dict(doc)
+
+
+def test_unreadable_machine_files(tmp_path):
+    binary = tmp_path / "b.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(FormatError, match="not a UTF-8 text file|invalid JSON"):
+        load_machine(str(binary))
+    with pytest.raises(FormatError, match="cannot read machine file"):
+        load_machine(str(tmp_path / "missing.json"))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(FormatError):
+        load_machine(str(deep))
+
+
+def test_calibrated_costs_follow_the_measured_rates():
+    machine = fit(_rows(), H100)
+    cal = machine.calibration
+    # MMA: the unit is held for work / best rate; a 4-warp op finishes after work / one-group rate + fill
+    m, n, k = 64, 256, 64
+    cost = costs.mma_cost(machine, m, n, k, "fp16", warps=4)
+    work = 2 * m * n * k
+    fill = 600.0 - 2 * 64 * 256 * 64 / 3900.0
+    assert cost.cycles == math.ceil(work / 4000.0)
+    assert cost.latency == math.ceil(work / 3900.0 + fill)
+    wide = costs.mma_cost(machine, 128, n, k, "fp16", warps=8)
+    assert wide.latency == math.ceil(2 * 128 * n * k / 4000.0 + fill)
+    # exp2: MUFU held for elements / 15, the warp group busy for elements / 12
+    e = costs.exp2_cost(machine, 64 * 128)
+    assert (e.cycles, e.warp_busy, e.latency) == (math.ceil(8192 / 15), math.ceil(8192 / 12), math.ceil(8192 / 12))
+    # reduce: row max/sum rate less the paired FMA
+    r = costs.reduce_cost(machine, 64, 128)
+    assert r.cycles == math.ceil(8192 / (1 / (1 / 40 - 1 / 120)))
+    assert costs.spill_cost(machine, 4096) == 2 * math.ceil(4096 / cal.smem_bytes_per_clk) + 70
+    # uncalibrated machines keep the datasheet costs
+    assert costs.mma_cost(H100, m, n, k).cycles == work // 4096
+
+
+def test_plan_covers_every_fitted_quantity():
+    benches = {bench for bench, _ in plan()}
+    assert benches == {"mma", "elementwise", "smem", "tma", "handoff", "launch", "clock"}
+    assert len(plan(quick=True)) < len(plan())
+
+
+def test_cli_fits_from_raw_and_schedules_with_the_model(tmp_path, capsys):
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps({"format": "twill-calibration-raw/1", "base": "h200", "measured": "x",
+                               "software": {"device": "NVIDIA H200"}, "measurements": _rows()}))
+    model = tmp_path / "h200.json"
+    assert main(["calibrate", "--from-raw", str(raw), "-o", str(model)]) == 0
+    assert "h200-calibrated" in capsys.readouterr().out
+    assert main(["schedule", "gemm", "--machine", str(model), "--json"]) == 0
+    calibrated = json.loads(capsys.readouterr().out)
+    assert main(["schedule", "gemm", "--arch", "h200", "--json"]) == 0
+    datasheet = json.loads(capsys.readouterr().out)
+    assert calibrated["arch"] == datasheet["arch"] == "h200"
+    assert main(["schedule", "gemm", "--arch", "b200", "--machine", str(model)]) == 2
+    assert "contradicts" in capsys.readouterr().err
+
+
+def test_cli_calibrate_errors(tmp_path, capsys):
+    assert main(["calibrate", "-o", str(tmp_path / "no" / "x.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["calibrate", "--from-raw", str(bad), "-o", str(tmp_path / "m.json")]) == 2
+    assert "twill-calibration-raw/1" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+    assert main(["schedule", "gemm", "--machine", str(bad)]) == 2
+    assert "format must be" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists(H200_RAW), reason="no committed H200 calibration")
+def test_committed_h200_model_is_the_fit_of_its_raw_data():
+    with open(H200_RAW) as fh:
+        raw = json.load(fh)
+    refit = fit(raw["measurements"], H200)
+    committed = load_machine(H200_MODEL)
+    assert committed.calibration == refit.calibration
+    assert committed.sustained_clock_ghz == refit.sustained_clock_ghz

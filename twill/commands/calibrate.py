@@ -1,0 +1,84 @@
+"""``twill calibrate``: measure the GPU and write a calibrated machine model (``twill-machine/1``).
+
+    twill calibrate --arch h200 -o h200.machine.json --raw h200.raw.json     # on the GPU machine
+    twill calibrate --from-raw h200.raw.json -o h200.machine.json             # re-fit recorded data (CPU)
+    twill schedule flash-fwd --machine h200.machine.json                      # use it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from twill.commands.common import write_json_output
+from twill.errors import FormatError, TwillError
+
+
+def _check_writable(path: str) -> None:
+    """Refuse an output path whose folder is missing or unwritable, before any measurement runs."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise TwillError(f"cannot write {path!r}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK) or os.path.isdir(path):
+        raise TwillError(f"cannot write {path!r}: not writable")
+
+
+def _read_raw(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except OSError as exc:
+        raise FormatError(f"cannot read raw calibration {path!r}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise FormatError(f"{path}: not a JSON raw calibration ({exc.__class__.__name__})") from None
+    if not isinstance(raw, dict) or raw.get("format") != "twill-calibration-raw/1" \
+            or not isinstance(raw.get("measurements"), list):
+        raise FormatError(f"{path}: not a 'twill-calibration-raw/1' file written by 'twill calibrate --raw'")
+    return raw
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from twill.machine.calibrate import calibrate, fit
+    from twill.machine.calibration import machine_to_dict
+    from twill.machine.models import get_machine
+
+    for path in (args.output, args.raw):
+        if path:
+            _check_writable(path)
+    if args.from_raw:
+        if args.raw:
+            raise TwillError("--raw writes new measurements; it cannot be combined with --from-raw")
+        raw = _read_raw(args.from_raw)
+        base = get_machine(args.arch or raw.get("base", ""))
+        machine = fit(raw["measurements"], base)
+    else:
+        def progress(message: str) -> None:
+            print(f"twill: {message}", file=sys.stderr, flush=True)
+
+        machine, raw = calibrate(args.arch or "h100", quick=args.quick, progress=progress)
+        if args.raw:
+            write_json_output(args.raw, raw)
+    doc = machine_to_dict(machine, gpu=raw.get("software", {}).get("device", ""), measured=raw.get("measured", ""),
+                          software=raw.get("software"), name=args.name)
+    write_json_output(args.output, doc)
+    cal = machine.calibration
+    print(f"wrote {args.output}: {doc['name']} ({doc['gpu'] or machine.name}), sustained clock "
+          f"{machine.sustained_clock_ghz:.3f} GHz, fp16 wgmma n256 {cal.mma_rate('fp16', 256):.0f} FLOP/clk/SM "
+          f"({cal.mma_rate('fp16', 256) / machine.tc_flops_per_clk['fp16']:.0%} of datasheet), ex2 "
+          f"{cal.ex2_per_clk:.1f}/clk, handoff {cal.barrier_handoff_cycles:.0f} clk")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="measure the GPU and write a calibrated machine model (GPU)")
+    p.add_argument("--arch", default=None, type=str.lower,
+                   help="built-in machine the measurements refine (h100, h200; default h100, or the raw file's)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.json", help="machine model to write")
+    p.add_argument("--raw", default=None, metavar="FILE.json", help="also write every raw measurement here")
+    p.add_argument("--from-raw", default=None, metavar="FILE.json",
+                   help="fit from measurements recorded with --raw instead of measuring (no GPU needed)")
+    p.add_argument("--name", default=None, help="model name written in the file (default '<arch>-calibrated')")
+    p.add_argument("--quick", action="store_true", help="fewer instruction widths and dtypes (about a minute)")
+    p.set_defaults(func=_cmd_calibrate)

@@ -1,0 +1,171 @@
+"""``twill calibrate``: run the microbenchmarks of :mod:`twill.machine.microbench` on the local GPU and fit a
+calibrated machine model (:class:`~twill.machine.calibration.Calibration`).
+
+The plan (:func:`plan`) lists every measurement; :func:`run` executes it, keeping each raw result (or the
+one-line reason it failed), and :func:`fit` turns the raw results into the model. Fitting is pure Python so
+that it is tested on the CPU with recorded measurements.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from dataclasses import replace
+from typing import Any, Callable, Iterable
+
+from twill.errors import TwillError
+from twill.machine.calibration import Calibration
+from twill.machine.models import Machine, get_machine
+
+#: wgmma instruction widths measured (``m64nNk16``).
+MMA_WIDTHS = (64, 128, 256)
+#: Warp groups issuing at once.
+GROUPS = (1, 2, 3)
+
+
+def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """Every measurement as ``(microbenchmark, keyword arguments)``; ``quick`` trims widths and dtypes."""
+    widths = (64, 256) if quick else MMA_WIDTHS  # arange needs powers of two: no n192
+    steps: list[tuple[str, dict[str, Any]]] = []
+    for dtype in ("fp16",) if quick else ("fp16", "bf16"):
+        for n in widths:
+            for groups in GROUPS:
+                steps.append(("mma", {"n": n, "dtype": dtype, "groups": groups, "lag": 1}))
+    for n in widths:
+        steps.append(("mma", {"n": n, "dtype": "fp16", "groups": 1, "lag": 0, "reps": 1024}))
+    for op in ("exp2", "fma", "rowmax", "rowsum"):
+        for groups in GROUPS:
+            steps.append(("elementwise", {"op": op, "groups": groups}))
+    for groups in (1, 2):  # one plain CTA of 4 or 8 warps (num_warps must be a power of two)
+        steps.append(("smem", {"groups": groups}))
+    steps.append(("tma", {"depth": 1, "reps": 512}))
+    for depth in (2, 4):
+        steps.append(("tma", {"depth": depth}))
+    steps.append(("tma", {"depth": 4, "l2": True}))
+    steps.append(("handoff", {"worker_warps": 4}))
+    steps.append(("handoff", {"worker_warps": 1}))
+    steps.append(("launch", {}))
+    steps.append(("clock", {}))
+    return steps
+
+
+def run(steps: Iterable[tuple[str, dict[str, Any]]],
+        progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Execute ``steps`` on the local GPU. Each row: ``bench``, ``args``, and ``result`` or ``error``."""
+    from twill.machine import microbench
+
+    functions = {"mma": microbench.measure_mma, "elementwise": microbench.measure_elementwise,
+                 "smem": microbench.measure_smem, "tma": microbench.measure_tma,
+                 "handoff": microbench.measure_handoff, "launch": microbench.measure_launch,
+                 "clock": microbench.measure_clock}
+    steps = list(steps)
+    rows = []
+    for i, (bench, kwargs) in enumerate(steps, 1):
+        row: dict[str, Any] = {"bench": bench, "args": kwargs}
+        try:
+            row["result"] = functions[bench](**kwargs)
+        except Exception as exc:  # a failing microbenchmark is recorded, the others still run
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        rows.append(row)
+        if progress:
+            shown = row.get("error") or _summary(bench, row["result"])
+            progress(f"[{i}/{len(steps)}] {bench} {kwargs}: {shown}")
+    return rows
+
+
+def _summary(bench: str, result: dict[str, Any]) -> str:
+    keys = {"mma": ("flops_per_clk", "cycles_per_group", "clock_ghz"), "elementwise": ("elements_per_clk",),
+            "smem": ("bytes_per_clk",), "tma": ("bytes_per_clk", "cycles_per_tile"),
+            "handoff": ("cycles_per_handoff",), "launch": ("launch_us",), "clock": ("clock_ghz", "wgmma_clock_ghz", "gemm_tflops")}[bench]
+    return ", ".join(f"{k} {result[k]:.4g}" for k in keys)
+
+
+def _results(rows: list[dict[str, Any]], bench: str, **match: Any) -> list[dict[str, Any]]:
+    return [r["result"] for r in rows if r["bench"] == bench and "result" in r
+            and all(r["args"].get(k, _DEFAULTS.get((bench, k))) == v for k, v in match.items())]
+
+
+#: Defaults of the microbenchmark arguments that :func:`fit` matches on.
+_DEFAULTS = {("mma", "lag"): 1, ("mma", "dtype"): "fp16", ("mma", "groups"): 1, ("elementwise", "groups"): 1,
+             ("tma", "l2"): False, ("tma", "depth"): 2, ("handoff", "worker_warps"): 4}
+
+
+def _need(values: list[float], what: str) -> list[float]:
+    if not values:
+        raise TwillError(f"calibration incomplete: no successful measurement of {what}")
+    return values
+
+
+def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
+    """The calibrated machine: ``base`` with the rates the ``rows`` measured (see :class:`Calibration`)."""
+    mma_best: dict[str, dict[int, float]] = {}
+    mma_one: dict[str, dict[int, float]] = {}
+    for r in _need(_results(rows, "mma", lag=1), "wgmma throughput"):
+        best = mma_best.setdefault(r["dtype"], {})
+        best[r["n"]] = max(best.get(r["n"], 0.0), r["flops_per_clk"])
+        if r["groups"] == 1:
+            mma_one.setdefault(r["dtype"], {})[r["n"]] = r["flops_per_clk"]
+    if "fp16" not in mma_one:
+        raise TwillError("calibration incomplete: no one-warp-group fp16 wgmma measurement")
+    latency = {r["n"]: r["cycles_per_group"] for r in _need(_results(rows, "mma", lag=0), "wgmma latency")}
+
+    def best_and_one(op: str) -> tuple[float, float]:
+        found = _need(_results(rows, "elementwise", op=op), op)
+        one = [r["elements_per_clk"] for r in found if r["groups"] == 1]
+        return max(r["elements_per_clk"] for r in found), (one[0] if one else min(r["elements_per_clk"]
+                                                                                  for r in found))
+
+    ex2, ex2_one = best_and_one("exp2")
+    fma, fma_one = best_and_one("fma")
+    rowmax, _ = best_and_one("rowmax")
+    rowsum, _ = best_and_one("rowsum")
+    smem = max(r["bytes_per_clk"] for r in _need(_results(rows, "smem"), "shared-memory round trips"))
+    tma_lat = _need([r["cycles_per_tile"] for r in _results(rows, "tma", depth=1)], "TMA latency")[0]
+    tma_bw = max(_need([r["bytes_per_clk"] for r in _results(rows, "tma", l2=False) if r["depth"] > 1],
+                       "TMA bandwidth"))
+    handoff = _need([r["cycles_per_handoff"] for r in _results(rows, "handoff", worker_warps=4)],
+                    "mbarrier hand-off")[0]
+    launch = _need([r["launch_us"] for r in _results(rows, "launch")], "launch cost")[0]
+    clocks = [r["clock_ghz"] for r in _results(rows, "clock")]
+    calibration = Calibration(
+        mma_flops_per_clk=mma_best, mma_flops_per_clk_one_group=mma_one, mma_group_latency=latency,
+        ex2_per_clk=ex2, ex2_per_clk_one_group=ex2_one, fma_per_clk=fma, fma_per_clk_one_group=fma_one,
+        rowmax_per_clk=rowmax, rowsum_per_clk=rowsum, smem_bytes_per_clk=smem, barrier_handoff_cycles=handoff,
+        tma_latency_cycles=tma_lat, tma_bytes_per_clk=tma_bw)
+    calibration = Calibration.from_dict(calibration.to_dict())  # normalised, validated mappings
+    return replace(base, model=f"{base.name}-calibrated", calibration=calibration,
+                   sustained_clock_ghz=statistics.median(_need(clocks, "the sustained clock")), launch_us=launch)
+
+
+def software_versions() -> dict[str, str]:
+    """Versions of what the measurements ran on."""
+    import torch
+    import triton
+
+    return {"torch": torch.__version__, "triton": triton.__version__, "cuda": str(torch.version.cuda),
+            "device": torch.cuda.get_device_name(0)}
+
+
+def calibrate(arch: str, *, quick: bool = False,
+              progress: Callable[[str], None] | None = None) -> tuple[Machine, dict[str, Any]]:
+    """Measure the local GPU as a refinement of built-in machine ``arch``. Returns the calibrated machine
+    and the raw record (every measurement, device, software, time) to keep beside it."""
+    base = get_machine(arch)
+    if base.capability != 90:
+        raise TwillError(f"calibration microbenchmarks are written for Hopper (sm_90), not {base.name}; "
+                         f"Blackwell models stay datasheet-derived")
+    try:
+        import torch
+    except ImportError:
+        raise TwillError("twill calibrate needs torch with CUDA (run it on the GPU machine)") from None
+    if not torch.cuda.is_available():
+        raise TwillError("twill calibrate needs a CUDA GPU; none is visible here")
+    capability = torch.cuda.get_device_capability(0)
+    if capability != (9, 0):
+        raise TwillError(f"twill calibrate needs a Hopper GPU (sm_90); this one is sm_{capability[0]}{capability[1]}")
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    rows = run(plan(quick), progress)
+    machine = fit(rows, base)
+    raw = {"format": "twill-calibration-raw/1", "base": base.name, "measured": started,
+           "software": software_versions(), "quick": quick, "measurements": rows}
+    return machine, raw

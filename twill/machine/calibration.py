@@ -1,0 +1,181 @@
+"""Calibrated machine models: the ``twill-machine/1`` file that ``twill calibrate`` writes and ``--machine``
+reads.
+
+A file names a built-in machine as its ``base`` (``h100``, ``h200``) and carries what the microbenchmarks of
+:mod:`twill.machine.microbench` measured on a real GPU of that kind (:class:`Calibration`): sustained rates per
+SM in *cycles*, so they do not depend on the clock, plus the sustained clock and the launch cost that turn
+cycles into time. The cost model (:mod:`twill.machine.costs`) uses a machine's calibration wherever one is
+present and the datasheet rates otherwise. Format (every rate per SM; see docs/machine-format.md)::
+
+    {"format": "twill-machine/1", "name": "h200-calibrated", "base": "h200",
+     "gpu": "NVIDIA H200", "measured": "2026-12-01T12:00:00Z", "software": {...},
+     "sustained_clock_ghz": 1.76, "launch_us": 2.9,
+     "calibration": {"mma_flops_per_clk": {"fp16": {"64": 3500.0, "128": ..., "256": ...}, "bf16": {...}},
+                     "mma_flops_per_clk_one_group": {...}, "mma_group_latency": {"64": 140.0, ...},
+                     "ex2_per_clk": 15.8, "ex2_per_clk_one_group": 15.1, "fma_per_clk": 120.3,
+                     "fma_per_clk_one_group": ..., "rowmax_per_clk": ..., "rowsum_per_clk": ...,
+                     "smem_bytes_per_clk": ..., "barrier_handoff_cycles": ..., "tma_latency_cycles": ...,
+                     "tma_bytes_per_clk": ...}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from twill.errors import FormatError
+
+MACHINE_FORMAT = "twill-machine/1"
+
+
+def _positive(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise FormatError(f"{where} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _rate_table(where: str, value: Any) -> Mapping[int, float]:
+    """``{"64": rate, ...}`` -> ``{64: rate, ...}`` (instruction N -> rate)."""
+    if not isinstance(value, Mapping) or not value:
+        raise FormatError(f"{where} must be a non-empty object of instruction N -> rate")
+    out = {}
+    for key, rate in value.items():
+        try:
+            n = int(key)
+        except (TypeError, ValueError):
+            raise FormatError(f"{where}: key {key!r} is not an instruction N") from None
+        out[n] = _positive(f"{where}[{key}]", rate)
+    return MappingProxyType(dict(sorted(out.items())))
+
+
+def lookup_n(table: Mapping[int, float], n: int) -> float:
+    """The rate of the widest measured instruction N not above ``n`` (the narrowest when ``n`` is below all)."""
+    below = [k for k in table if k <= n]
+    return table[max(below)] if below else table[min(table)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Rates measured on a GPU by ``twill calibrate``, per SM, in units per clock (clock-independent).
+
+    Attributes:
+        mma_flops_per_clk: dtype -> wgmma instruction N -> dense FLOP per clock per SM, the best over 1-3
+            issuing warp groups (what the tensor core sustains; an MMA op holds it for work / this rate).
+        mma_flops_per_clk_one_group: the same with one warp group issuing (an op issued by one warp group
+            finishes no sooner than work / this rate).
+        mma_group_latency: wgmma instruction N -> cycles from issuing one K=64 group of ``m64nNk16`` (fp16)
+            to its ``wgmma.wait_group 0`` returning, one warp group.
+        ex2_per_clk / ex2_per_clk_one_group: ``exp2`` results per clock, best over 1-3 warp groups / one group.
+        fma_per_clk / fma_per_clk_one_group: FP32 FMA results per clock on an accumulator-layout tile.
+        rowmax_per_clk / rowsum_per_clk: elements per clock of a row max / row sum (with the broadcast FMA
+            that uses it) over a 64 x 128 accumulator tile per warp group, best over 1-3 groups.
+        smem_bytes_per_clk: bytes per clock of fp16 register <-> shared-memory round trips (store + load).
+        barrier_handoff_cycles: cycles for an mbarrier arrive in one partition to release a wait in another.
+        tma_latency_cycles: cycles per 128x64 fp16 TMA tile load with one load in flight (its latency).
+        tma_bytes_per_clk: bytes per clock per SM of TMA tile loads streaming from DRAM with every SM loading.
+    """
+
+    mma_flops_per_clk: Mapping[str, Mapping[int, float]]
+    mma_flops_per_clk_one_group: Mapping[str, Mapping[int, float]]
+    mma_group_latency: Mapping[int, float]
+    ex2_per_clk: float
+    ex2_per_clk_one_group: float
+    fma_per_clk: float
+    fma_per_clk_one_group: float
+    rowmax_per_clk: float
+    rowsum_per_clk: float
+    smem_bytes_per_clk: float
+    barrier_handoff_cycles: float
+    tma_latency_cycles: float
+    tma_bytes_per_clk: float
+
+    def mma_rate(self, dtype: str, n: int, *, one_group: bool = False) -> float | None:
+        """FLOP per clock for a ``dtype`` wgmma of width ``n``, or None when ``dtype`` was not measured."""
+        table = (self.mma_flops_per_clk_one_group if one_group else self.mma_flops_per_clk).get(dtype)
+        return None if table is None else lookup_n(table, min(n, 256))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("mma_flops_per_clk", "mma_flops_per_clk_one_group"):
+                value = {dt: {str(n): r for n, r in t.items()} for dt, t in value.items()}
+            elif f.name == "mma_group_latency":
+                value = {str(n): r for n, r in value.items()}
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "calibration") -> "Calibration":
+        if not isinstance(data, Mapping):
+            raise FormatError(f"{where} must be an object")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise FormatError(f"{where}: unknown field {unknown[0]!r}")
+        missing = sorted(names - set(data))
+        if missing:
+            raise FormatError(f"{where}: missing field {missing[0]!r}")
+        kwargs: dict[str, Any] = {}
+        for name in names:
+            value = data[name]
+            if name in ("mma_flops_per_clk", "mma_flops_per_clk_one_group"):
+                if not isinstance(value, Mapping) or not value:
+                    raise FormatError(f"{where}.{name} must be a non-empty object of dtype -> rates")
+                kwargs[name] = MappingProxyType({str(dt): _rate_table(f"{where}.{name}.{dt}", t)
+                                                 for dt, t in value.items()})
+            elif name == "mma_group_latency":
+                kwargs[name] = _rate_table(f"{where}.{name}", value)
+            else:
+                kwargs[name] = _positive(f"{where}.{name}", value)
+        return cls(**kwargs)
+
+
+def machine_to_dict(machine: Any, *, gpu: str = "", measured: str = "", software: Mapping[str, str] | None = None,
+                    name: str | None = None) -> dict[str, Any]:
+    """The ``twill-machine/1`` document of a calibrated ``machine`` (its base is ``machine.name``)."""
+    if machine.calibration is None:
+        raise FormatError(f"machine {machine.name!r} has no calibration to write")
+    return {"format": MACHINE_FORMAT, "name": name or machine.model, "base": machine.name,
+            "gpu": gpu, "measured": measured, "software": dict(software or {}),
+            "sustained_clock_ghz": machine.sustained_clock_ghz, "launch_us": machine.launch_us,
+            "calibration": machine.calibration.to_dict()}
+
+
+def machine_from_dict(data: Any, where: str = "machine file") -> Any:
+    """The calibrated :class:`~twill.machine.models.Machine` a ``twill-machine/1`` document describes."""
+    from twill.machine.models import MACHINES
+
+    if not isinstance(data, Mapping):
+        raise FormatError(f"{where}: not a JSON object")
+    if data.get("format") != MACHINE_FORMAT:
+        raise FormatError(f"{where}: format must be {MACHINE_FORMAT!r}, got {data.get('format')!r}")
+    base = data.get("base")
+    if base not in MACHINES:
+        raise FormatError(f"{where}: base must be one of {', '.join(MACHINES)}, got {base!r}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise FormatError(f"{where}: name must be a non-empty string")
+    calibration = Calibration.from_dict(data.get("calibration"), f"{where}: calibration")
+    return replace(MACHINES[base], model=name,
+                   sustained_clock_ghz=_positive(f"{where}: sustained_clock_ghz", data.get("sustained_clock_ghz")),
+                   launch_us=_positive(f"{where}: launch_us", data.get("launch_us")),
+                   calibration=calibration,
+                   notes={"gpu": str(data.get("gpu", "")), "measured": str(data.get("measured", ""))})
+
+
+def load_machine(path: str) -> Any:
+    """Read a ``twill-machine/1`` file; any problem is one :class:`FormatError` line."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise FormatError(f"cannot read machine file {path!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise FormatError(f"{path}: not a UTF-8 text file") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise FormatError(f"{path}: invalid JSON ({exc.__class__.__name__})") from None
+    return machine_from_dict(data, path)

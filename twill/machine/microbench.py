@@ -1,0 +1,537 @@
+"""Microbenchmarks behind ``twill calibrate``: Gluon kernels that time one SM resource each (GPU only).
+
+Every kernel reads the SM's cycle counter (``%clock64``) around its timed loop and records the SM it ran on
+(``%smid``), so each result is in *cycles*, independent of the (power-capped, moving) clock; the clock itself
+is measured separately as cycles over event time. CTAs that share an SM are added up per SM, so a result is
+always "per SM" whatever the occupancy.
+
+Each ``measure_*`` function launches one configuration on the current CUDA device, checks that the kernel
+computed something (the output is compared against a torch reference or at least checked finite), and returns
+a plain dict of numbers. Torch and Triton are imported when a function runs, never at import time of
+:mod:`twill.machine`.
+
+The kernels (all ``@gluon.jit``, sm_90):
+
+* :func:`_mma_kernel` - chained ``wgmma`` (``m64nNk16``, K = 64 per group) from 1, 2 or 3 warp groups on
+  operands resident in shared memory; ``LAG`` groups left in flight (1 = throughput, 0 = latency).
+* :func:`_elementwise_kernel` - ``exp2``, FMA, row max and row sum over an fp32 tile in the wgmma
+  accumulator layout (the layout attention's softmax works in), from 1, 2 or 3 warp groups.
+* :func:`_smem_kernel` - fp16 register -> shared memory -> register round trips of an accumulator tile.
+* :func:`_tma_kernel` - TMA tile loads into a ring of ``DEPTH`` slots completed on mbarriers.
+* :func:`_handoff_kernel` - mbarrier ping-pong between two ``warp_specialize`` partitions.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+#: Elementwise operations of :func:`_elementwise_kernel` (its ``OP`` constexpr).
+ELEMENTWISE_OPS = {"exp2": 0, "fma": 1, "rowmax": 2, "rowsum": 3}
+
+
+@gluon.jit
+def _clock(anchor):
+    """The SM cycle counter; ``anchor`` only gives the asm a scalar operand."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+
+@gluon.jit
+def _smid(anchor):
+    """The SM this CTA runs on."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [anchor], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _record(stats_ptr, pid, t0, t1):
+    """stats[pid] = (cycles, smid)."""
+    gl.store(stats_ptr + pid * 2, t1 - t0)
+    gl.store(stats_ptr + pid * 2 + 1, _smid(pid).to(gl.int64))
+
+
+@gluon.jit
+def _mma_loop(a_smem, b_smem, out_ptr, stats_ptr, reps, PART: gl.constexpr, GROUPS: gl.constexpr,
+              BLOCK_N: gl.constexpr, LAG: gl.constexpr):
+    """One warp group: acc[64, BLOCK_N] += A @ B ``reps`` times (BLOCK_K/16 ``m64nNk16`` per group), timed."""
+    pid = gl.program_id(0)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+    acc = gl.zeros([64, BLOCK_N], gl.float32, acc_layout)
+    t0 = _clock(pid)
+    for _ in range(reps):
+        acc = warpgroup_mma(a_smem, b_smem, acc, is_async=True)
+        acc = warpgroup_mma_wait(LAG, deps=[acc])
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    t1 = _clock(pid)
+    _record(stats_ptr, pid * GROUPS + PART, t0, t1)
+    om = gl.arange(0, 64, gl.SliceLayout(1, acc_layout))
+    on = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc_layout))
+    gl.store(out_ptr + (pid * GROUPS + PART) * 64 * BLOCK_N + om[:, None] * BLOCK_N + on[None, :], acc)
+
+
+@gluon.jit
+def _mma_kernel(a_ptr, b_ptr, out_ptr, stats_ptr, reps, GROUPS: gl.constexpr, BLOCK_N: gl.constexpr,
+                BLOCK_K: gl.constexpr, LAG: gl.constexpr, WORKER_REGS: gl.constexpr):
+    """GROUPS warp groups (the default partition and GROUPS-1 four-warp workers) each run :func:`_mma_loop`
+    on A [64, BLOCK_K] and B [BLOCK_K, BLOCK_N] resident in shared memory; ``LAG`` wgmma groups stay in
+    flight (1: throughput; 0: each group waited, its latency)."""
+    dtype: gl.constexpr = a_ptr.dtype.element_ty
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    am = gl.arange(0, 64, gl.SliceLayout(1, blocked))
+    ak = gl.arange(0, BLOCK_K, gl.SliceLayout(0, blocked))
+    a = gl.load(a_ptr + am[:, None] * BLOCK_K + ak[None, :])
+    bk = gl.arange(0, BLOCK_K, gl.SliceLayout(1, blocked))
+    bn = gl.arange(0, BLOCK_N, gl.SliceLayout(0, blocked))
+    b = gl.load(b_ptr + bk[:, None] * BLOCK_N + bn[None, :])
+    a_smem = gl.allocate_shared_memory(dtype, [64, BLOCK_K],
+                                       gl.NVMMASharedLayout.get_default_for([64, BLOCK_K], dtype), a)
+    b_smem = gl.allocate_shared_memory(dtype, [BLOCK_K, BLOCK_N],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], dtype), b)
+    fence_async_shared()
+    gl.thread_barrier()
+    if GROUPS == 1:
+        _mma_loop(a_smem, b_smem, out_ptr, stats_ptr, reps, 0, 1, BLOCK_N, LAG)
+    elif GROUPS == 2:
+        gl.warp_specialize([
+            (_mma_loop, (a_smem, b_smem, out_ptr, stats_ptr, reps, 0, 2, BLOCK_N, LAG)),
+            (_mma_loop, (a_smem, b_smem, out_ptr, stats_ptr, reps, 1, 2, BLOCK_N, LAG)),
+        ], [4], [WORKER_REGS])
+    else:
+        gl.warp_specialize([
+            (_mma_loop, (a_smem, b_smem, out_ptr, stats_ptr, reps, 0, 3, BLOCK_N, LAG)),
+            (_mma_loop, (a_smem, b_smem, out_ptr, stats_ptr, reps, 1, 3, BLOCK_N, LAG)),
+            (_mma_loop, (a_smem, b_smem, out_ptr, stats_ptr, reps, 2, 3, BLOCK_N, LAG)),
+        ], [4, 4], [WORKER_REGS, WORKER_REGS])
+
+
+@gluon.jit
+def _elementwise_loop(x_ptr, out_ptr, stats_ptr, reps, PART: gl.constexpr, GROUPS: gl.constexpr,
+                      OP: gl.constexpr, COLS: gl.constexpr):
+    """One warp group: ``reps`` rounds of one elementwise operation over a [64, COLS] fp32 tile in the
+    wgmma accumulator layout: OP 0 ``x = exp2(-x)``; 1 ``x = x*a + b``; 2 ``x = x - rowmax(x)*a``;
+    3 ``x = x - rowsum(x)*a``; timed."""
+    pid = gl.program_id(0)
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, COLS, 16])
+    rows = gl.arange(0, 64, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
+    offs = rows[:, None] * COLS + cols[None, :]
+    x = gl.load(x_ptr + offs)
+    t0 = _clock(pid)
+    for _ in range(reps):
+        if OP == 0:
+            x = gl.exp2(-x)
+        elif OP == 1:
+            x = x * 0.999 + 0.0005
+        elif OP == 2:
+            x = x - gl.max(x, 1)[:, None] * 0.001
+        else:
+            x = x - gl.sum(x, 1)[:, None] * 0.0001
+    t1 = _clock(pid)
+    _record(stats_ptr, pid * GROUPS + PART, t0, t1)
+    gl.store(out_ptr + (pid * GROUPS + PART) * 64 * COLS + offs, x)
+
+
+@gluon.jit
+def _elementwise_kernel(x_ptr, out_ptr, stats_ptr, reps, GROUPS: gl.constexpr, OP: gl.constexpr,
+                        COLS: gl.constexpr):
+    """GROUPS warp groups each run :func:`_elementwise_loop` (contention for MUFU and the FP32 pipes)."""
+    if GROUPS == 1:
+        _elementwise_loop(x_ptr, out_ptr, stats_ptr, reps, 0, 1, OP, COLS)
+    elif GROUPS == 2:
+        gl.warp_specialize([
+            (_elementwise_loop, (x_ptr, out_ptr, stats_ptr, reps, 0, 2, OP, COLS)),
+            (_elementwise_loop, (x_ptr, out_ptr, stats_ptr, reps, 1, 2, OP, COLS)),
+        ], [4], [168])
+    else:
+        gl.warp_specialize([
+            (_elementwise_loop, (x_ptr, out_ptr, stats_ptr, reps, 0, 3, OP, COLS)),
+            (_elementwise_loop, (x_ptr, out_ptr, stats_ptr, reps, 1, 3, OP, COLS)),
+            (_elementwise_loop, (x_ptr, out_ptr, stats_ptr, reps, 2, 3, OP, COLS)),
+        ], [4, 4], [152, 152])
+
+
+@gluon.jit
+def _smem_kernel(x_ptr, out_ptr, stats_ptr, reps, ROWS: gl.constexpr, COLS: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """``reps`` round trips of an fp16 [ROWS, COLS] accumulator-layout tile through (swizzled) shared memory,
+    as when a result crosses warp groups or is staged for a store."""
+    pid = gl.program_id(0)
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                     instr_shape=[16, COLS, 16])
+    rows = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
+    offs = rows[:, None] * COLS + cols[None, :]
+    x = gl.load(x_ptr + offs)
+    smem = gl.allocate_shared_memory(gl.float16, [ROWS, COLS],
+                                     gl.NVMMASharedLayout.get_default_for([ROWS, COLS], gl.float16))
+    gl.thread_barrier()
+    t0 = _clock(pid)
+    for _ in range(reps):
+        smem.store(x)
+        x = smem.load(layout) * 0.999
+    gl.thread_barrier()
+    t1 = _clock(pid)
+    _record(stats_ptr, pid, t0, t1)
+    gl.store(out_ptr + pid * ROWS * COLS + offs, x)
+
+
+@gluon.jit
+def _tma_kernel(desc, out_ptr, stats_ptr, reps, rows_total, DEPTH: gl.constexpr, L2_ROWS: gl.constexpr,
+                num_warps: gl.constexpr):
+    """``reps`` TMA tile loads through a ring of DEPTH slots: the load of iteration i + DEPTH is issued as
+    soon as iteration i's tile has landed. Tiles walk through ``rows_total`` rows (DRAM streaming) or, with
+    L2_ROWS > 0, through the first L2_ROWS rows only (L2-resident)."""
+    pid = gl.program_id(0)
+    BM: gl.constexpr = desc.block_type.shape[0]
+    BK: gl.constexpr = desc.block_type.shape[1]
+    ring = gl.allocate_shared_memory(desc.dtype, [DEPTH, BM, BK], desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(DEPTH):
+        mbarrier.init(ready.index(j), count=1)
+    if L2_ROWS > 0:
+        span = L2_ROWS // BM + rows_total * 0
+    else:
+        span = rows_total // BM
+    first = pid * reps
+    gl.thread_barrier()
+    t0 = _clock(pid)
+    for j in gl.static_range(DEPTH):
+        mbarrier.expect(ready.index(j), desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [((first + j) % span) * BM, 0], ready.index(j), ring.index(j))
+    for i in range(reps):
+        slot = i % DEPTH
+        mbarrier.wait(ready.index(slot), (i // DEPTH) & 1)
+        if i + DEPTH < reps:
+            mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(desc, [((first + i + DEPTH) % span) * BM, 0], ready.index(slot),
+                                            ring.index(slot))
+    gl.thread_barrier()
+    t1 = _clock(pid)
+    _record(stats_ptr, pid, t0, t1)
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    tile = ring.index(0).load(blocked)
+    r = gl.arange(0, BM, gl.SliceLayout(1, blocked))
+    c = gl.arange(0, BK, gl.SliceLayout(0, blocked))
+    gl.store(out_ptr + pid * BM * BK + r[:, None] * BK + c[None, :], tile)
+
+
+@gluon.jit
+def _ping_partition(ping, pong, stats_ptr, reps):
+    """Default partition: arrive on ``ping``, wait for ``pong``; timed."""
+    pid = gl.program_id(0)
+    gl.thread_barrier()
+    t0 = _clock(pid)
+    for i in range(reps):
+        mbarrier.arrive(ping)
+        mbarrier.wait(pong, i & 1)
+    t1 = _clock(pid)
+    _record(stats_ptr, pid, t0, t1)
+
+
+@gluon.jit
+def _pong_partition(ping, pong, reps):
+    """Worker partition: wait for ``ping``, arrive on ``pong``."""
+    for i in range(reps):
+        mbarrier.wait(ping, i & 1)
+        mbarrier.arrive(pong)
+
+
+@gluon.jit
+def _handoff_kernel(stats_ptr, reps, WORKER_WARPS: gl.constexpr, num_warps: gl.constexpr):
+    """Two partitions hand a token back and forth through two mbarriers ``reps`` times (2 hand-offs each)."""
+    ping = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    pong = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(ping, count=1)
+    mbarrier.init(pong, count=1)
+    gl.warp_specialize([
+        (_ping_partition, (ping, pong, stats_ptr, reps)),
+        (_pong_partition, (ping, pong, reps)),
+    ], [WORKER_WARPS], [48])
+
+
+@gluon.jit
+def _empty_kernel(x_ptr):
+    """Does nothing: times a launch."""
+    pass
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Host side: launch, check, reduce per SM.
+# ----------------------------------------------------------------------------------------------------------
+
+def _torch():
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device: 'twill calibrate' runs on the GPU machine")
+    return torch
+
+
+def sm_count() -> int:
+    return _torch().cuda.get_device_properties(0).multi_processor_count
+
+
+def _per_sm(stats: Any, work_per_cta: float) -> dict[str, float]:
+    """Reduce per-CTA (cycles, smid) rows to per-SM rates: the work of the CTAs that shared an SM over the
+    longest of their cycle counts, as a median over SMs; also the median per-CTA cycles."""
+    rows = stats.view(-1, 2).cpu().tolist()
+    by_sm: dict[int, list[int]] = {}
+    for cycles, sm in rows:
+        by_sm.setdefault(int(sm), []).append(int(cycles))
+    rates = [len(c) * work_per_cta / max(c) for c in by_sm.values()]
+    return {"per_clk": statistics.median(rates), "cycles": statistics.median(c for v in by_sm.values() for c in v),
+            "ctas_per_sm": statistics.median(len(c) for c in by_sm.values())}
+
+
+def _elapsed_ms(fn) -> float:
+    torch = _torch()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _worker_regs(groups: int) -> int:
+    """Registers per thread of each 4-warp worker partition: the register file split over the groups,
+    rounded down to a ``setmaxnreg`` multiple of 8, at most 240."""
+    return min(240, (65536 // (128 * groups)) // 8 * 8)
+
+
+def measure_mma(n: int, dtype: str = "fp16", groups: int = 1, lag: int = 1, reps: int = 4096) -> dict[str, float]:
+    """wgmma ``m64nNk16`` from ``groups`` warp groups per CTA: SM-wide FLOP per clock (``lag`` 1: one group of
+    BLOCK_K/16 instructions left in flight) or cycles per K=64 group (``lag`` 0: each group waited). Checked
+    against torch first. Also returns the sustained clock (cycles / event time) of the long run."""
+    torch = _torch()
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    block_k = 64
+    a = (torch.randn(64, block_k, device="cuda") / 8).to(tdt)
+    b = (torch.randn(block_k, n, device="cuda") / 8).to(tdt)
+    grid = sm_count()
+    out = torch.full((grid * groups, 64, n), float("nan"), device="cuda")
+    stats = torch.zeros(grid * groups * 2, dtype=torch.int64, device="cuda")
+
+    def launch(r):
+        _mma_kernel[(grid,)](a, b, out, stats, r, GROUPS=groups, BLOCK_N=n, BLOCK_K=block_k, LAG=lag,
+                             WORKER_REGS=_worker_regs(groups), num_warps=4)
+
+    launch(3)
+    ref = 3 * (a.float() @ b.float())
+    err = max(((out[i] - ref).norm() / ref.norm()).item() for i in range(groups))
+    if not err < 1e-2:
+        raise RuntimeError(f"mma microbenchmark wrong: relative error {err:.3g}")
+    launch(reps)  # warm-up at full length
+    ms = _elapsed_ms(lambda: launch(reps))
+    per_sm = _per_sm(stats, 2.0 * 64 * n * block_k * reps)
+    return {"n": n, "dtype": dtype, "groups": groups, "lag": lag, "flops_per_clk": per_sm["per_clk"],
+            "cycles_per_group": per_sm["cycles"] / reps, "ctas_per_sm": per_sm["ctas_per_sm"],
+            "clock_ghz": per_sm["cycles"] / (ms * 1e6), "ms": ms, "rel_error": err}
+
+
+def measure_elementwise(op: str, groups: int = 1, cols: int = 128, reps: int = 2048) -> dict[str, float]:
+    """An elementwise op over a [64, cols] fp32 accumulator-layout tile in each of ``groups`` warp groups:
+    SM-wide elements per clock. Checked against float64 torch first."""
+    torch = _torch()
+    x = torch.rand(64, cols, device="cuda") * 0.5 + 0.25
+    grid = sm_count()
+    out = torch.full((grid * groups, 64, cols), float("nan"), device="cuda")
+    stats = torch.zeros(grid * groups * 2, dtype=torch.int64, device="cuda")
+
+    def launch(r):
+        _elementwise_kernel[(grid,)](x, out, stats, r, GROUPS=groups, OP=ELEMENTWISE_OPS[op], COLS=cols,
+                                     num_warps=4)
+
+    launch(2)
+    ref = x.double()
+    for _ in range(2):
+        if op == "exp2":
+            ref = torch.exp2(-ref)
+        elif op == "fma":
+            ref = ref * 0.999 + 0.0005
+        elif op == "rowmax":
+            ref = ref - ref.amax(1, keepdim=True) * 0.001
+        else:
+            ref = ref - ref.sum(1, keepdim=True) * 0.0001
+    err = max(((out[i].double() - ref).norm() / ref.norm()).item() for i in range(groups))
+    if not err < 1e-4:
+        raise RuntimeError(f"{op} microbenchmark wrong: relative error {err:.3g}")
+    launch(reps)
+    per_sm = _per_sm(stats, float(64 * cols * reps))
+    return {"op": op, "groups": groups, "cols": cols, "elements_per_clk": per_sm["per_clk"],
+            "ctas_per_sm": per_sm["ctas_per_sm"], "rel_error": err}
+
+
+def measure_smem(groups: int = 1, cols: int = 128, reps: int = 2048) -> dict[str, float]:
+    """fp16 register <-> shared-memory round trips: SM-wide bytes moved (store + load) per clock."""
+    torch = _torch()
+    rows = 64 * groups
+    x = (torch.rand(rows, cols, device="cuda") + 0.5).half()
+    grid = sm_count()
+    out = torch.full((grid, rows, cols), float("nan"), device="cuda", dtype=torch.float16)
+    stats = torch.zeros(grid * 2, dtype=torch.int64, device="cuda")
+
+    def launch(r):
+        _smem_kernel[(grid,)](x, out, stats, r, ROWS=rows, COLS=cols, num_warps=4 * groups)
+
+    launch(1)
+    err = ((out[0].float() - (x.float() * 0.999)).norm() / x.float().norm()).item()
+    if not err < 1e-2:
+        raise RuntimeError(f"smem microbenchmark wrong: relative error {err:.3g}")
+    launch(reps)
+    per_sm = _per_sm(stats, float(rows * cols * 2 * 2 * reps))
+    return {"groups": groups, "cols": cols, "bytes_per_clk": per_sm["per_clk"], "rel_error": err}
+
+
+def measure_tma(block_m: int = 128, block_k: int = 64, depth: int = 2, l2: bool = False,
+                reps: int = 960) -> dict[str, float]:
+    """TMA loads of [block_m, block_k] fp16 tiles through a ``depth``-slot ring, from every SM at once:
+    bytes per clock per SM and cycles per tile (with depth 1, the load latency). Streaming from DRAM, every
+    CTA reads its own tiles of a 2 GiB tensor (no tile is read twice, so the L2 does not help); with ``l2``
+    all CTAs cycle through the same 64 tiles."""
+    torch = _torch()
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows_total = 1 << 24  # 16M rows x 64 fp16 = 2 GiB, 30x the L2
+    reps = min(reps, rows_total // block_m // sm_count())
+    src = torch.empty(rows_total, block_k, device="cuda", dtype=torch.float16).normal_()
+    layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.float16)
+    desc = TensorDescriptor.from_tensor(src, [block_m, block_k], layout)
+    grid = sm_count()
+    out = torch.full((grid, block_m, block_k), float("nan"), device="cuda", dtype=torch.float16)
+    stats = torch.zeros(grid * 2, dtype=torch.int64, device="cuda")
+    l2_rows = 64 * block_m if l2 else 0
+
+    def launch(r):
+        _tma_kernel[(grid,)](desc, out, stats, r, rows_total, DEPTH=depth, L2_ROWS=l2_rows, num_warps=4)
+
+    launch(1)
+    if not torch.equal(out[0], src[:block_m]):
+        raise RuntimeError("tma microbenchmark wrong: the first tile differs from the source")
+    launch(reps)
+    tile_bytes = block_m * block_k * 2
+    per_sm = _per_sm(stats, float(tile_bytes * reps))
+    return {"block_m": block_m, "block_k": block_k, "depth": depth, "l2": l2,
+            "bytes_per_clk": per_sm["per_clk"], "cycles_per_tile": per_sm["cycles"] / reps}
+
+
+def measure_handoff(worker_warps: int = 4, reps: int = 4096) -> dict[str, float]:
+    """mbarrier ping-pong between two partitions: cycles of one hand-off (half a round trip)."""
+    torch = _torch()
+    grid = sm_count()
+    stats = torch.zeros(grid * 2, dtype=torch.int64, device="cuda")
+    _handoff_kernel[(grid,)](stats, 16, WORKER_WARPS=worker_warps, num_warps=4)
+    _handoff_kernel[(grid,)](stats, reps, WORKER_WARPS=worker_warps, num_warps=4)
+    torch.cuda.synchronize()
+    per_sm = _per_sm(stats, 1.0)
+    return {"worker_warps": worker_warps, "cycles_per_handoff": per_sm["cycles"] / (2 * reps)}
+
+
+def measure_launch(launches: int = 200) -> dict[str, float]:
+    """Microseconds per launch of an empty kernel over every SM, back to back on the GPU: ``launches``
+    launches captured in a CUDA graph and replayed, so the host's launch overhead is not counted."""
+    torch = _torch()
+    x = torch.zeros(1, device="cuda")
+    grid = sm_count()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            _empty_kernel[(grid,)](x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(launches):
+            _empty_kernel[(grid,)](x)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = [_elapsed_ms(graph.replay) for _ in range(7)]
+    return {"launch_us": statistics.median(times) * 1e3 / launches}
+
+
+class ClockSampler:
+    """Samples the SM clock with ``nvidia-smi`` every ``interval_ms`` while the ``with`` block runs.
+
+    ``samples`` holds ``(unix time, MHz)`` readings; :meth:`median_ghz` is their median over a time window
+    (the whole block by default; ``None`` when nvidia-smi is missing or gave nothing in the window). Used to
+    record the clock beside every timed measurement: the GPU is power-capped and its clock moves with load.
+    """
+
+    def __init__(self, interval_ms: int = 50):
+        self.interval_ms = interval_ms
+        self.samples: list[tuple[float, float]] = []
+        self._proc: Any = None
+
+    def __enter__(self) -> "ClockSampler":
+        import subprocess
+
+        try:
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm", "--format=csv,noheader,nounits", "-i", "0",
+                 f"-lms={self.interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self._proc = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import datetime
+
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        out, _ = self._proc.communicate()
+        for line in out.splitlines():
+            stamp, _, mhz = line.partition(",")
+            try:
+                when = datetime.datetime.strptime(stamp.strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                self.samples.append((when, float(mhz)))
+            except ValueError:
+                continue
+
+    def median_ghz(self, start: float | None = None, end: float | None = None) -> float | None:
+        """Median SM clock in GHz of the samples between unix times ``start`` and ``end``."""
+        window = [mhz for when, mhz in self.samples
+                  if (start is None or when >= start) and (end is None or when <= end)]
+        return statistics.median(window) / 1e3 if window else None
+
+
+def measure_clock(seconds: float = 2.0, size: int = 8192) -> dict[str, float]:
+    """The SM clock sustained under tensor-core load, two ways:
+
+    * ``wgmma_clock_ghz``: cycles over event time of a ~300 ms wgmma loop on shared-memory operands
+      (little memory traffic, so little power);
+    * ``clock_ghz``: nvidia-smi's SM clock, median over ``seconds`` of back-to-back cuBLAS fp16
+      ``size``-cubed matrix products on random data (a full GEMM's power draw; the number the model uses).
+    """
+    torch = _torch()
+    probe = measure_mma(256, "fp16", groups=2, lag=1, reps=4096)
+    reps = int(4096 * 300.0 / probe["ms"])
+    wgmma = measure_mma(256, "fp16", groups=2, lag=1, reps=reps)
+    a = torch.randn(size, size, device="cuda", dtype=torch.float16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.float16)
+    one_ms = _elapsed_ms(lambda: a @ b)
+    count = max(1, int(seconds * 1e3 / max(one_ms, 1e-3)))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    with ClockSampler() as sampler:
+        ms = _elapsed_ms(lambda: [a @ b for _ in range(count)])
+    mhz = [m for _, m in sampler.samples]
+    return {"clock_ghz": sampler.median_ghz() or wgmma["clock_ghz"], "wgmma_clock_ghz": wgmma["clock_ghz"],
+            "gemm_tflops": 2 * size**3 * count / (ms * 1e-3) / 1e12, "samples": len(mhz),
+            "clock_min_ghz": min(mhz) / 1e3 if mhz else None}
+
+
+def device_name() -> str:
+    return _torch().cuda.get_device_name(0)
+
+
+__all__ = ["ELEMENTWISE_OPS", "device_name", "measure_elementwise", "measure_handoff", "measure_launch",
+           "ClockSampler", "measure_clock", "measure_mma", "measure_smem", "measure_tma", "sm_count"]
