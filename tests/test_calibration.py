@@ -43,9 +43,15 @@ def _rows() -> list[dict]:
                                                                    "bytes_per_clk": 13.0}})
     rows.append({"bench": "tma", "args": {"depth": 4}, "result": {"depth": 4, "cycles_per_tile": 500.0,
                                                                    "bytes_per_clk": 30.0}})
+    rows.append({"bench": "tma", "args": {"depth": 1, "hot_mb": 16},
+                 "result": {"depth": 1, "hot_mb": 16, "cycles_per_tile": 700.0, "bytes_per_clk": 24.0}})
+    rows.append({"bench": "tma", "args": {"depth": 4, "hot_mb": 16},
+                 "result": {"depth": 4, "hot_mb": 16, "cycles_per_tile": 300.0, "bytes_per_clk": 50.0}})
+    rows.append({"bench": "tma", "args": {"depth": 4, "hot_mb": 1},
+                 "result": {"depth": 4, "hot_mb": 1, "cycles_per_tile": 200.0, "bytes_per_clk": 80.0}})
     rows.append({"bench": "handoff", "args": {"worker_warps": 4}, "result": {"cycles_per_handoff": 70.0}})
     rows.append({"bench": "launch", "args": {}, "result": {"launch_us": 2.5}})
-    rows.append({"bench": "clock", "args": {}, "result": {"clock_ghz": 1.7}})
+    rows.append({"bench": "clock", "args": {}, "result": {"clock_ghz": 1.9, "wgmma_clock_ghz": 1.7}})
     rows.append({"bench": "smem", "args": {"groups": 3}, "error": "AssertionError: failed on purpose"})
     return rows
 
@@ -61,6 +67,7 @@ def test_fit_takes_best_and_one_group_rates():
     assert (cal.rowmax_per_clk, cal.rowsum_per_clk) == (40.0, 50.0)
     assert cal.barrier_handoff_cycles == 70.0 and cal.tma_latency_cycles == 1200.0
     assert cal.tma_bytes_per_clk == 30.0 and cal.smem_bytes_per_clk == 100.0
+    assert (cal.tma_l2_latency_cycles, cal.tma_l2_bytes_per_clk) == (700.0, 50.0)  # the 16 MiB set
     assert machine.sustained_clock_ghz == 1.7 and machine.launch_us == 2.5
     assert machine.time_clock_ghz == 1.7 and H200.time_clock_ghz == H200.clock_ghz
 

@@ -15,7 +15,7 @@ present and the datasheet rates otherwise. Format (every rate per SM; see docs/m
                      "ex2_per_clk": 15.8, "ex2_per_clk_one_group": 15.1, "fma_per_clk": 120.3,
                      "fma_per_clk_one_group": ..., "rowmax_per_clk": ..., "rowsum_per_clk": ...,
                      "smem_bytes_per_clk": ..., "barrier_handoff_cycles": ..., "tma_latency_cycles": ...,
-                     "tma_bytes_per_clk": ...}}
+                     "tma_bytes_per_clk": ..., "tma_l2_latency_cycles": ..., "tma_l2_bytes_per_clk": ...}}
 """
 
 from __future__ import annotations
@@ -74,8 +74,11 @@ class Calibration:
             that uses it) over a 64 x 128 accumulator tile per warp group, best over 1-3 groups.
         smem_bytes_per_clk: bytes per clock of fp16 register <-> shared-memory round trips (store + load).
         barrier_handoff_cycles: cycles for an mbarrier arrive in one partition to release a wait in another.
-        tma_latency_cycles: cycles per 128x64 fp16 TMA tile load with one load in flight (its latency).
+        tma_latency_cycles: cycles per 128x64 fp16 TMA tile load from DRAM with one load in flight per SM and
+            every SM loading (the loaded latency a ring must cover).
         tma_bytes_per_clk: bytes per clock per SM of TMA tile loads streaming from DRAM with every SM loading.
+        tma_l2_latency_cycles / tma_l2_bytes_per_clk: the same for tiles that every SM reads from one
+            L2-resident set of 16 MiB (operand tiles shared by the CTAs of a wave).
     """
 
     mma_flops_per_clk: Mapping[str, Mapping[int, float]]
@@ -91,6 +94,8 @@ class Calibration:
     barrier_handoff_cycles: float
     tma_latency_cycles: float
     tma_bytes_per_clk: float
+    tma_l2_latency_cycles: float
+    tma_l2_bytes_per_clk: float
 
     def mma_rate(self, dtype: str, n: int, *, one_group: bool = False) -> float | None:
         """FLOP per clock for a ``dtype`` wgmma of width ``n``, or None when ``dtype`` was not measured."""

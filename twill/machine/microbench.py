@@ -391,12 +391,13 @@ def measure_smem(groups: int = 1, cols: int = 128, reps: int = 2048) -> dict[str
     return {"groups": groups, "cols": cols, "bytes_per_clk": per_sm["per_clk"], "rel_error": err}
 
 
-def measure_tma(block_m: int = 128, block_k: int = 64, depth: int = 2, l2: bool = False,
+def measure_tma(block_m: int = 128, block_k: int = 64, depth: int = 2, hot_mb: int = 0,
                 reps: int = 960) -> dict[str, float]:
     """TMA loads of [block_m, block_k] fp16 tiles through a ``depth``-slot ring, from every SM at once:
-    bytes per clock per SM and cycles per tile (with depth 1, the load latency). Streaming from DRAM, every
-    CTA reads its own tiles of a 2 GiB tensor (no tile is read twice, so the L2 does not help); with ``l2``
-    all CTAs cycle through the same 64 tiles."""
+    bytes per clock per SM and cycles per tile (with depth 1, the load latency). With ``hot_mb`` 0 every CTA
+    streams its own tiles of a 2 GiB tensor from DRAM (no tile is read twice, so the L2 does not help); with
+    ``hot_mb`` > 0 all CTAs walk, each from its own starting tile, through the same first ``hot_mb`` MiB
+    (L2-resident, as the operand tiles that the CTAs of one GEMM or attention wave share)."""
     torch = _torch()
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -408,7 +409,7 @@ def measure_tma(block_m: int = 128, block_k: int = 64, depth: int = 2, l2: bool 
     grid = sm_count()
     out = torch.full((grid, block_m, block_k), float("nan"), device="cuda", dtype=torch.float16)
     stats = torch.zeros(grid * 2, dtype=torch.int64, device="cuda")
-    l2_rows = 64 * block_m if l2 else 0
+    l2_rows = (hot_mb << 20) // (block_k * 2) // block_m * block_m
 
     def launch(r):
         _tma_kernel[(grid,)](desc, out, stats, r, rows_total, DEPTH=depth, L2_ROWS=l2_rows, num_warps=4)
@@ -419,7 +420,7 @@ def measure_tma(block_m: int = 128, block_k: int = 64, depth: int = 2, l2: bool 
     launch(reps)
     tile_bytes = block_m * block_k * 2
     per_sm = _per_sm(stats, float(tile_bytes * reps))
-    return {"block_m": block_m, "block_k": block_k, "depth": depth, "l2": l2,
+    return {"block_m": block_m, "block_k": block_k, "depth": depth, "hot_mb": hot_mb,
             "bytes_per_clk": per_sm["per_clk"], "cycles_per_tile": per_sm["cycles"] / reps}
 
 
