@@ -12,7 +12,7 @@ import importlib.util
 import pytest
 
 from twill.codegen.gluon import emit_gluon, kernel_plan, load_emitted
-from twill.codegen.gluon.variants import flash_schedule, gemm_schedule
+from benchmarks.variants import flash_schedule, gemm_schedule
 from twill.errors import UnsupportedFeatureError
 from twill.kernels import build_kernel
 from twill.machine.models import H100
