@@ -95,7 +95,7 @@ def variant_schedule(kernel: str, options: dict[str, Any], shape: dict[str, Any]
 
 def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
     """Emit every suite variant into ``outdir`` and write ``manifest.json``; returns the manifest rows."""
-    from twill.codegen.gluon import kernel_plan, render_plan
+    from twill.codegen.gluon import gluon_plan, render_plan
     from twill.machine.models import get_machine
 
     machine = get_machine(arch)
@@ -103,7 +103,7 @@ def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
     rows = []
     for name, kernel, options, shape in SUITE:
         sched = variant_schedule(kernel, options, shape, machine)
-        plan = kernel_plan(sched)
+        plan = gluon_plan(sched)
         with open(os.path.join(outdir, f"{name}.py"), "w") as fh:
             fh.write(render_plan(plan))
         rows.append({"name": name, "file": f"{name}.py", "kernel": kernel, "options": options,
