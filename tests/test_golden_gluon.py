@@ -56,3 +56,15 @@ def test_emitted_source_matches_golden(name):
         path.write_text(source)
     assert path.exists(), f"no golden file {path.name}: run with TWILL_UPDATE_GOLDEN=1 to create it"
     assert source == path.read_text(), f"{name}: emitted source differs from {path.name} (see module docstring)"
+
+
+def test_lines_quoted_in_the_docs_come_from_the_golden_files():
+    """docs/codegen.md ("Reading an emitted file") quotes emitted lines; each must be in a golden file."""
+    doc = (Path(__file__).parents[1] / "docs" / "codegen.md").read_text()
+    section = doc[doc.index("## Reading an emitted file"):]
+    block = section[section.index("```text\n") + 8:]
+    quoted = [line for line in block[:block.index("```")].splitlines() if line.strip()]
+    goldens = "\n".join(p.read_text() for p in GOLDEN.glob("*.py.golden")).splitlines()
+    assert len(quoted) >= 4
+    missing = [line for line in quoted if line not in goldens]
+    assert not missing, f"docs/codegen.md quotes lines no golden file has: {missing}"
