@@ -15,7 +15,7 @@ from our synchronization:
 ``consan KERNEL_DIR``
     Triton's concurrency sanitizer (``TRITON_INSTRUMENTATION_MODE=consan``; it models mbarriers, TMA and
     wgmma, which racecheck does not) over one checked launch of every kernel in ``KERNEL_DIR``
-    (``twill bench sanity``), then over a *broken* copy of the first GEMM whose producer skips its
+    (``benchmarks/gluon_bench.py sanity``), then over a *broken* copy of the first GEMM whose producer skips its
     empty-slot waits: ConSan must report that one, or a clean pass means nothing.
 
     compute-sanitizer --tool racecheck python benchmarks/gluon_sanitize.py probe
@@ -154,7 +154,7 @@ def consan(kernel_dir: str, names: list[str], *, control: bool = True) -> int:
         plain_env = {**os.environ, "TRITON_INSTRUMENTATION_MODE": ""}
         try:
             plain = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); "
-                                    "from twill.codegen.gluon.bench import sanity; "
+                                    "from benchmarks.gluon_bench import sanity; "
                                     "sys.exit(1 if sanity(%r, inner=1024) else 0)" % (ROOT, tmp)],
                                    capture_output=True, text=True, env=plain_env, timeout=PLAIN_TIMEOUT)
             plain_text, plain_rc = plain.stdout + plain.stderr, str(plain.returncode)
@@ -179,7 +179,7 @@ def run_sanity(kernel_dir: str, only: list[str] | None = None) -> int:
         return torch.empty(size, dtype=torch.int8, device="cuda")
 
     triton.set_allocator(allocate)  # ConSan keeps its state in global scratch memory
-    from twill.codegen.gluon.bench import sanity
+    from benchmarks.gluon_bench import sanity
 
     # 16 K tiles / 8 KV tiles: every ring (at most 4 deep) wraps several times.
     return sanity(kernel_dir, only, inner=1024, seq_len=1024)

@@ -8,11 +8,13 @@ wgmma.wait_group depths (the lag), setmaxnreg budgets, TMA copies and ring sizes
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 
-from twill.codegen.gluon import emit_gluon, kernel_plan, load_emitted
-from twill.codegen.gluon.variants import flash_schedule, gemm_schedule
+from twill.codegen.gluon import emit_gluon, gluon_plan, load_emitted, render_plan
+from twill.codegen.plan import Turn
+from benchmarks.variants import flash_schedule, gemm_schedule
 from twill.errors import UnsupportedFeatureError
 from twill.kernels import build_kernel
 from twill.machine.models import H100
@@ -57,7 +59,7 @@ def test_gemm_variant_compiles_with_scheduled_lag_and_ring(tmp_path, bm, bn, lag
     graph = build_kernel("gemm", H100, block_m=bm, block_n=bn, block_k=64)
     sched = gemm_schedule(graph, H100, lag=lag, depth=depth, warps=warps)
     verify(sched, H100)
-    plan = kernel_plan(sched)
+    plan = gluon_plan(sched)
     assert plan.mma_lag == lag == sched.stage("mma_wait") - sched.stage("mma")
     assert [r.depth for r in plan.rings] == [max(depth, lag + 1)] * 2
     module, facts = _compile(tmp_path, sched, f"gemm_{bm}_{bn}_{lag}_{depth}")
@@ -86,7 +88,7 @@ def test_gemm_header_documents_the_schedule():
     source = emit_gluon(sched)
     header = source.split('"""')[0]
     assert f"II = {sched.ii}" in header and "stages = 2" in header
-    assert "load_partition" in header and "compute0_partition" in header and "24 regs" in header
+    assert "load_partition" in header and "compute_partition" in header and "24 regs" in header
     assert "a: load_a -> mma, 4 slots, released after mma_wait" in header
     assert "mma_wait" in header and "|" in header            # the chart
     compile(source, "gemm.py", "exec")
@@ -107,7 +109,7 @@ def test_flash_variant_compiles(tmp_path, subtiles, head_dim, ahead, depth):
     graph = build_kernel("flash-fwd", H100, subtiles=subtiles, head_dim=head_dim)
     sched = flash_schedule(graph, H100, ahead=ahead, depth=depth)
     verify(sched, H100)
-    plan = kernel_plan(sched)
+    plan = gluon_plan(sched)
     assert len(plan.compute) == subtiles
     assert [p.qk_ahead for p in plan.compute] == [ahead] * subtiles
     if subtiles == 1:
@@ -130,10 +132,66 @@ def test_flash_variant_compiles(tmp_path, subtiles, head_dim, ahead, depth):
 def test_flash_ping_pong_barriers_follow_the_schedule():
     graph = build_kernel("flash-fwd", H100, subtiles=2, head_dim=128)
     source = emit_gluon(flash_schedule(graph, H100, ahead=1, depth=2))
-    assert source.count("mbarrier.wait(turn_bars.index(") == 2
-    assert source.count("mbarrier.arrive(turn_bars.index(") == 3   # one per partition + the first turn
+    # one compute partition function, run for sub-tiles 0 and 1: one turn wait and one pass in it, plus the
+    # kernel's arrive that gives the first turn
+    assert source.count("(compute_partition, (compute_args, ") == 2
+    assert source.count("mbarrier.wait(turn_bars.index(SUB)") == 1
+    assert source.count("mbarrier.arrive(turn_bars.index(") == 2
     single = emit_gluon(flash_schedule(build_kernel("flash-fwd", H100, subtiles=1), H100, ahead=1))
-    assert "mbarrier.wait(turn_bars" not in single and "compute1_partition" not in single
+    assert "mbarrier.wait(turn_bars" not in single and "(compute_args, 1)" not in single
+
+
+def test_compute_partition_takes_differing_decisions_as_constexprs(tmp_path):
+    """Renderers read only the plan, so a plan whose partitions differ (S one stage ahead in sub-tile 1 only;
+    turn order pv before qk in sub-tile 1) renders one compute function with those decisions as constexpr
+    parameters and static ifs, and compiles with both wgmma wait depths."""
+    graph = build_kernel("flash-fwd", H100, subtiles=2, head_dim=128)
+    plan = gluon_plan(flash_schedule(graph, H100, ahead=1, depth=2))
+    turns = (Turn(0, ("qk_a",)), Turn(1, ("pv_b",)), Turn(0, ("pv_a",)), Turn(1, ("qk_b",)))
+    parts = [replace(p, qk_ahead=ahead, turn_waits=waits, turn_passes=passes) for p, ahead, waits, passes in zip(
+        plan.compute, (0, 1), ({"qk_a": 0, "pv_a": 1}, {"pv_b": 0, "qk_b": 1}), (("qk_a", "pv_a"), ("pv_b", "qk_b")))]
+    mixed = replace(plan, turns=turns, partitions=(*parts, plan.load))
+    source = render_plan(mixed)
+    assert "def compute_partition(compute_args, SUB: gl.constexpr, AHEAD: gl.constexpr, QK_TURN: gl.constexpr, " \
+           "PV_TURN: gl.constexpr):" in source
+    assert "(compute_partition, (compute_args, 0, 0, 0, 1))" in source
+    assert "(compute_partition, (compute_args, 1, 1, 1, 0))" in source
+    assert "    if AHEAD:" in source and "TURNS         = gl.constexpr(2)" in source
+    path = tmp_path / "mixed.py"
+    path.write_text(source)
+    facts = aot.ptx_facts(aot.compile_sm90(load_emitted(str(path), "twill_test_mixed")))
+    assert set(facts.wait_depths) == {0, 1}
+
+
+def test_every_wait_names_the_dependence_that_forces_it():
+    gemm = gluon_plan(gemm_schedule(build_kernel("gemm", H100, block_n=256), H100, lag=1, depth=4))
+    edges = {(e.src, e.dst): e for e in build_kernel("gemm", H100, block_n=256).edges}
+    retire = gemm.retire("mma")
+    assert (retire.source, retire.op, retire.latency) == ("mma", "mma_wait", edges[("mma", "mma_wait")].delay)
+    assert {(w.source, w.op) for w in gemm.waits if w.kind == "ready"} == {("load_a", "mma"), ("load_b", "mma")}
+    assert [b.rings for b in gemm.barriers] == [("a", "b")]       # equal depth and release: one barrier pair
+    assert all(w.distance == 4 for w in gemm.waits if w.kind == "empty")
+    source = emit_gluon(gemm_schedule(build_kernel("gemm", H100, block_n=256), H100, lag=1, depth=4))
+    assert retire.why in source and "ab_ready" in source and "b_ready" not in source.replace("ab_ready", "")
+    fa = gluon_plan(flash_schedule(build_kernel("flash-fwd", H100, subtiles=2), H100, ahead=1, depth=2))
+    turn_waits = [w for w in fa.waits if w.kind == "turn"]
+    assert len(turn_waits) == len(fa.turns) == 2
+    assert all(w.source in t.ops for w, t in zip(turn_waits, fa.turns[-1:] + fa.turns[:-1]))
+
+
+def test_renderers_read_only_the_plan():
+    """The Gluon renderers import nothing from the schedule, the graph or the solver: the plan is complete."""
+    import ast
+    from pathlib import Path
+
+    import twill.codegen.gluon as package
+
+    for name in ("render.py", "gemm.py", "flash.py"):
+        tree = ast.parse((Path(package.__file__).parent / name).read_text())
+        modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        twill = {m for m in modules if m and m.startswith("twill")}
+        assert twill <= {"twill.codegen.plan", "twill.codegen.gluon.render"}, (name, twill)
 
 
 @pytest.mark.skipif(not HAS_ORTOOLS, reason="the joint solver needs OR-Tools")
@@ -157,13 +215,13 @@ def test_solver_plans_match_the_fastest_hand_schedules():
     from twill.solve import schedule
     from twill.solve.options import SolveOptions
 
-    gemm = kernel_plan(schedule(build_kernel("gemm", H100), H100, SolveOptions(time_limit=60, streaming_depth=3)))
-    hand = kernel_plan(gemm_schedule(build_kernel("gemm", H100), H100, lag=1, depth=3, warps=8))
+    gemm = gluon_plan(schedule(build_kernel("gemm", H100), H100, SolveOptions(time_limit=60, streaming_depth=3)))
+    hand = gluon_plan(gemm_schedule(build_kernel("gemm", H100), H100, lag=1, depth=3, warps=8))
     assert (gemm.mma_lag, gemm.tile, gemm.compute[0].num_warps) == (hand.mma_lag, hand.tile, 8)
     assert [r.depth for r in gemm.rings] == [r.depth for r in hand.rings] == [3, 3]
     graph = build_kernel("flash-fwd", H100, subtiles=2)
-    fa = kernel_plan(schedule(graph, H100, SolveOptions(time_limit=60)))
-    hand_fa = kernel_plan(flash_schedule(graph, H100, ahead=1, depth=2))
+    fa = gluon_plan(schedule(graph, H100, SolveOptions(time_limit=60)))
+    hand_fa = gluon_plan(flash_schedule(graph, H100, ahead=1, depth=2))
     assert [p.qk_ahead for p in fa.compute] == [p.qk_ahead for p in hand_fa.compute] == [1, 1]
     assert sorted(sorted(t.ops) for t in fa.turns) == sorted(sorted(t.ops) for t in hand_fa.turns) == [
         ["pv_a", "qk_a"], ["pv_b", "qk_b"]]

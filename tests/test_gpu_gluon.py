@@ -1,7 +1,7 @@
 """Gluon backend on a Hopper GPU: emitted kernels against torch in fp32 (ragged shapes, poisoned outputs).
 
 Marked ``gpu``; skipped when torch, CUDA or an sm_90 device is missing (CI has none). Timing lives in
-``twill bench run`` (twill/codegen/gluon/bench.py), not here.
+``benchmarks/gluon_bench.py run``, not here.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from twill.codegen.gluon import emit_gluon, load_emitted
-from twill.codegen.gluon.variants import flash_schedule, gemm_schedule
+from benchmarks.variants import flash_schedule, gemm_schedule
 from twill.kernels import build_kernel
 from twill.machine.models import H100
 

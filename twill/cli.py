@@ -34,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
 COMMAND_MODULES = (
     "twill.commands.schedule",   # twill schedule, twill kernels
     "twill.commands.triton",     # twill graph, twill inject
-    "twill.commands.emit",       # twill emit, twill bench
+    "twill.commands.emit",       # twill emit
     "twill.commands.report",     # twill report
     "twill.commands.calibrate",  # twill calibrate
 )

@@ -151,13 +151,7 @@ def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
         return load_graph(target)
     from twill.kernels import build_kernel
 
-    try:
-        return build_kernel(target, machine, **kernel_opts)
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("twill.kernels."):
-            raise
-        raise TwillError(f"built-in kernel {target!r} is not available in this installation "
-                         f"(module {exc.name} is missing)") from None
+    return build_kernel(target, machine, **kernel_opts)
 
 
 def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine) -> LoopGraph:

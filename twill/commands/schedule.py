@@ -24,12 +24,9 @@ def _plots(args: argparse.Namespace, schedule, machine) -> None:
         from twill import viz
     except ImportError as exc:
         raise TwillError(f"plotting is not available ({exc})") from None
-    jobs = [(name, target) for name, target in (("save_timeline", args.plot), ("save_all", args.plot_all))
+    jobs = [(save, target) for save, target in ((viz.save_timeline, args.plot), (viz.save_all, args.plot_all))
             if target]
-    for name, target in jobs:
-        save = getattr(viz, name, None)
-        if save is None:
-            raise TwillError(f"plotting is not available in this installation (twill.viz.{name})")
+    for save, target in jobs:
         try:
             save(schedule, machine, target)
         except OSError as exc:

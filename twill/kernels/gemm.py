@@ -54,7 +54,7 @@ def mma_warps(machine: Machine, block_m: int, block_n: int, warps: int = 0) -> i
 
 #: Default ring depth of the A/B loads: 3 slots of 128x64 + 64x256 fp16 tiles (144 KB) keep the TMA two tiles
 #: ahead of the wgmma; measured on H100 (benchmarks/results/gluon_bench_h100_solver.json) at 0.97-0.99x
-#: cuBLAS, as the hand-built Gluon matmul with a 3-4-deep ring (shared/reference/anchors.md).
+#: cuBLAS, as the hand-built Gluon matmul with a 3-4-deep ring.
 STREAMING_DEPTH = 3
 
 

@@ -15,7 +15,7 @@ Sources (cited per field below):
              ex2 (MUFU), 128 results/clk/SM for FP32 FMA.
   [PTX-ISA]  PTX ISA 8.x, ``setmaxnreg``: register count in [24, 256], a multiple of 8.
   [TCGEN05]  PTX ISA 8.7, Tensor Memory: 128 lanes x 512 columns of 32-bit cells per CTA (256 KB) on sm_100.
-  [ANCHOR]   Our derivation (shared/reference/anchors.md §1): 989.4e12 / (132 SMs x 1.83 GHz) = 4096
+  [ANCHOR]   Our derivation: 989.4e12 / (132 SMs x 1.83 GHz) = 4096
              FP16 FLOP/clk/SM, so a 128x128x128 GEMM takes 1024 clk on H100, as the paper's "≈ 1000".
 """
 

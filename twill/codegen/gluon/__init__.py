@@ -3,11 +3,13 @@
     >>> from twill.codegen.gluon import emit_gluon
     >>> source = emit_gluon(schedule)          # a complete Python module: @gluon.jit kernel + launcher
 
-Stages: :func:`~twill.codegen.gluon.plan.kernel_plan` turns the schedule into a frozen
-:class:`~twill.codegen.gluon.plan.KernelPlan` (partitions, rings, wait lags, tensor-core turns), then a
-``render_*`` function turns the plan into source text. Unsupported graphs raise
-:class:`~twill.errors.UnsupportedFeatureError` ("cannot generate: <op> not supported by the Gluon backend").
-Importing this package does not import Triton; :mod:`~twill.codegen.gluon.aot` and the emitted modules do.
+Stages: :func:`~twill.codegen.plan.kernel_plan` turns the schedule into a frozen, backend-neutral
+:class:`~twill.codegen.plan.KernelPlan` (partitions, rings and barriers, waits with their reasons, stages,
+tensor-core turns); :func:`render_plan` renders it with the shared module renderer
+(:mod:`~twill.codegen.gluon.render`) and the kernel's compute body (:mod:`~twill.codegen.gluon.gemm`,
+:mod:`~twill.codegen.gluon.flash`). Unsupported graphs raise :class:`~twill.errors.UnsupportedFeatureError`
+("cannot generate: <op> not supported by the Gluon backend"). Importing this package does not import Triton;
+:mod:`~twill.codegen.gluon.aot` and the emitted modules do.
 """
 
 from __future__ import annotations
@@ -17,37 +19,37 @@ import os
 import sys
 from types import ModuleType
 
-from twill.codegen.gluon.plan import KernelPlan, kernel_plan
+from twill.codegen.plan import KernelPlan, kernel_plan
 from twill.schedule.result import Schedule
 
-__all__ = ["KernelPlan", "emit_gluon", "kernel_plan", "load_emitted", "render_plan", "write_gluon"]
+__all__ = ["BACKEND", "emit_gluon", "gluon_plan", "load_emitted", "render_plan"]
+
+#: The backend's name in error messages.
+BACKEND = "Gluon"
+
+
+def gluon_plan(schedule: Schedule) -> KernelPlan:
+    """The kernel plan of ``schedule``, with errors naming the Gluon backend."""
+    return kernel_plan(schedule, BACKEND)
 
 
 def render_plan(plan: KernelPlan) -> str:
     """Source text of the emitted module for ``plan``."""
+    from twill.codegen.gluon.render import render_module
+
     if plan.kernel == "gemm":
-        from twill.codegen.gluon.render_gemm import render_gemm
+        from twill.codegen.gluon.gemm import gemm_body
 
-        return render_gemm(plan)
-    from twill.codegen.gluon.render_flash import render_flash
+        return render_module(plan, gemm_body(plan))
+    from twill.codegen.gluon.flash import flash_body
 
-    return render_flash(plan)
+    return render_module(plan, flash_body(plan))
 
 
 def emit_gluon(schedule: Schedule) -> str:
     """Source of a complete ``@gluon.jit`` kernel module (kernel, partitions, host ``launch``) for a
     verified schedule with a warp assignment."""
-    return render_plan(kernel_plan(schedule))
-
-
-def write_gluon(schedule: Schedule, path: str) -> str:
-    """Emit the kernel for ``schedule`` into ``path`` (atomically); returns the source."""
-    source = emit_gluon(schedule)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(source)
-    os.replace(tmp, path)
-    return source
+    return render_plan(gluon_plan(schedule))
 
 
 def load_emitted(path: str, name: str | None = None) -> ModuleType:

@@ -26,7 +26,7 @@ HOIST = "unhoisted"
 
 #: Graphs up to this many ops get one CP-SAT worker for the phase-1 solve at each II: those models are tiny
 #: (one start per op) and the portfolio start-up of a second worker dominates them (measured on b200
-#: flash-fwd --subtiles 1, which visits 87 IIs: 3.8 s -> 2.6 s; shared/reference/solvers.md found the same).
+#: flash-fwd --subtiles 1, which visits 87 IIs: 3.8 s -> 2.6 s).
 SMALL_PHASE1_OPS = 64
 
 #: Seconds each relaxed re-solve of the UNSAT explanation may take at most.

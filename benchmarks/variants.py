@@ -1,8 +1,8 @@
-"""Named schedule variants of the built-in kernels, for the Gluon tests and benchmarks.
+"""Hand-built schedule variants of the built-in kernels, for the Gluon tests and benchmarks (not the library).
 
-Each variant is a real :class:`~twill.schedule.result.Schedule` of the kernel's loop graph: the joint
-solver's schedule (``solver``) when the solver is available, or a hand-built one (``solver="manual"``) that
-places the same ops at other legal start times, so that the emitted kernels differ:
+Each variant is a real :class:`~twill.schedule.result.Schedule` of the kernel's loop graph
+(``solver="manual"``) that places the same ops at other legal start times than the joint solver, so that
+the emitted kernels differ:
 
 * GEMM: the wgmma wait lag (``mma_wait`` one stage after ``mma`` at II = MMA cycles, or in the same stage at
   a longer II), the streaming depth (ring slots) and the compute warp count (4 or 8 warps, block_m 64/128).
@@ -14,9 +14,6 @@ Hand-built schedules are checked with :func:`twill.schedule.verify.verify` by th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from twill.ir.graph import LoopGraph
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule, WarpGroup
@@ -25,23 +22,6 @@ from twill.schedule.result import Schedule, WarpGroup
 #: groups take what is left of 64 K registers (H100) for 1 producer + the compute warp groups.
 LOAD_REGS = 24
 COMPUTE_REGS = {1: 240, 2: 240}
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A named schedule request: kernel, kernel build options and the schedule shape wanted.
-
-    Attributes:
-        name: file-friendly name (``gemm_128x256x64_lag1_d4``).
-        kernel: built-in kernel (``gemm``, ``flash-fwd``).
-        options: kernel build options (``block_n``, ``head_dim``, ``subtiles``...).
-        shape: schedule shape for hand-built schedules (``lag``, ``depth``, ``warps``, ``ahead``).
-    """
-
-    name: str
-    kernel: str
-    options: dict[str, Any] = field(default_factory=dict)
-    shape: dict[str, Any] = field(default_factory=dict)
 
 
 def _ops(graph: LoopGraph, role: str) -> list[str]:

@@ -1,0 +1,325 @@
+"""The attention-forward body of the shared Gluon module (:mod:`~twill.codegen.gluon.render`): one compute
+partition function for every sub-tile, the online softmax, the Q loads and the launcher.
+
+Shape of the emitted kernel: ``load_partition`` (TMA producer) loads each compute partition's Q sub-tile
+once, then streams K and V tiles into their rings; ``compute_partition`` runs once per sub-tile (``SUB``, a
+constexpr; sub-tile 0 is the default partition) with S and O accumulators in registers and P kept in
+registers as the A operand of the second wgmma. When the schedule puts ``pv`` one stage after ``qk`` the
+steady state issues ``S(j+1)`` together with ``O += P(j) V(j)`` and runs the softmax of ``j+1`` while that
+PV runs; with two compute partitions each wgmma turn is guarded by a ``turn`` mbarrier (ping-pong).
+
+Decisions that differ between the partitions become constexpr parameters of ``compute_partition`` (and
+static ``if``\\ s); decisions they share are rendered directly.
+
+Layout policy: S and O use the wgmma accumulator layout (``NVMMADistributedLayout`` v3, warps along M);
+row statistics (max, sum, alpha) live in ``SliceLayout(1, ·)`` of S and are converted to O's slice layout
+for the rescale; P is converted to ``DotOperandLayout(0, O layout, k_width=2)`` and never leaves registers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twill.codegen.gluon.render import KernelBody, compute_def
+from twill.codegen.plan import FLASH_PROGRAM_ORDER, KernelPlan
+
+#: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
+COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_ptr", "q_row", "q_start", "seq_len", "n_tiles", "qk_scale")
+
+SOFTMAX = '''
+@gluon.jit
+def online_softmax(s, m_i, l_i, kv_start, seq_len, qk_scale, col_layout: gl.constexpr):
+    """One online-softmax step on S (fp32, wgmma layout): returns P = exp2(S*scale - m_new), alpha =
+    exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Keys past seq_len are masked to -inf."""
+    if kv_start + BLOCK_N > seq_len:
+        cols = gl.arange(0, BLOCK_N, col_layout)
+        s = gl.where((kv_start + cols < seq_len)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # rowmax (m kept in scaled log2 units)
+    alpha = gl.exp2(m_i - m_new)                      # alpha
+    p = gl.exp2(s * qk_scale - m_new[:, None])        # exp: one FMA + ex2 per element
+    l_new = l_i * alpha + gl.sum(p, 1)                # rowsum
+    return p, alpha, m_new, l_new
+'''
+
+LAUNCH = '''
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
+
+
+def launch(q, k, v, sm_scale=None, out=None):
+    """softmax(q k^T * sm_scale) v for q, k, v [B, H, S, D] (fp16/bf16, CUDA, non-causal); returns out."""
+    import math
+
+    import torch
+
+    B, H, S, D = q.shape
+    if D != HEAD_DIM.value or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"expected q, k, v of shape [B, H, S, {HEAD_DIM.value}], got {tuple(q.shape)}")
+    q2, k2, v2 = (t.contiguous().view(B * H * S, D) for t in (q, k, v))
+    if out is None:
+        out = torch.empty_like(q)
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    q_desc = _descriptor(q2, [SUB_M.value, D])
+    k_desc = _descriptor(k2, [BLOCK_N.value, D])
+    v_desc = _descriptor(v2, [BLOCK_N.value, D])
+    grid = (triton.cdiv(S, BLOCK_M.value), B * H)
+    attention_kernel[grid](q_desc, k_desc, v_desc, out, S, sm_scale * LOG2E, num_warps=NUM_WARPS)
+    return out
+'''
+
+
+class _Knobs:
+    """Per-partition decisions of the compute partitions: ``SUB`` (the sub-tile), ``AHEAD`` (``stage(pv) -
+    stage(qk)``) and, with ping-pong, ``QK_TURN``/``PV_TURN`` (the turn waited for before the op, -1: none)
+    and ``QK_PASS``/``PV_PASS`` (1: pass the tensor core on after it). A knob with one value for every
+    partition is rendered as that value; the others (and ``SUB``) become constexpr parameters."""
+
+    def __init__(self, plan: KernelPlan):
+        comp = plan.compute
+        self.values: dict[str, tuple[int, ...]] = {"SUB": tuple(p.subtile for p in comp),
+                                                   "AHEAD": tuple(p.qk_ahead for p in comp)}
+        if plan.turns:
+            for role in FLASH_PROGRAM_ORDER:
+                self.values[f"{role.upper()}_TURN"] = tuple(p.turn_waits.get(p.roles[role], -1) for p in comp)
+                self.values[f"{role.upper()}_PASS"] = tuple(int(p.roles[role] in p.turn_passes) for p in comp)
+        self.params = tuple(n for n, v in self.values.items() if n == "SUB" or len(set(v)) > 1)
+
+    def value(self, name: str) -> str:
+        """The knob as emitted: its parameter name, or its one value."""
+        return name if name in self.params else str(self.values[name][0])
+
+    def when(self, name: str, condition: str, holds: Callable[[int], bool], lines: list[str]) -> list[str]:
+        """``lines`` when ``holds`` for the knob's value in every partition, nothing when in none, else
+        ``lines`` under a static ``if <condition>``."""
+        verdicts = {holds(v) for v in self.values[name]}
+        if verdicts != {True, False}:
+            return lines if True in verdicts else []
+        ind = lines[0][: len(lines[0]) - len(lines[0].lstrip())]
+        return [f"{ind}if {condition}:"] + ["    " + line for line in lines]
+
+
+class _Compute:
+    """Renders the compute partition of an attention plan (one function for every sub-tile)."""
+
+    def __init__(self, plan: KernelPlan):
+        self.plan = plan
+        self.knobs = _Knobs(plan)
+
+    def ops(self, role: str) -> str:
+        """``qk_a | qk_b``: the op of ``role`` in each partition."""
+        return " | ".join(p.roles[role] for p in self.plan.compute)
+
+    def placed(self, role: str) -> str:
+        """``qk_a: start 0, stage 0 | qk_b: ...``."""
+        at = [self.plan.placement(p.roles[role]) for p in self.plan.compute]
+        return " | ".join(f"{a.name}: start {a.start}, stage {a.stage}" for a in at)
+
+    def whys(self, kind: str, role: str) -> str:
+        """The dependences behind the ``kind`` wait of ``role``'s op in each partition."""
+        plan = self.plan
+        if kind == "wgmma":
+            return " | ".join(plan.retire(p.roles[role]).why for p in plan.compute)
+        return " | ".join(plan.wait(kind, p.roles[role]).why for p in plan.compute
+                          if any(w.kind == kind and w.op == p.roles[role] for w in plan.waits))
+
+    def turn_before(self, role: str, ind: str, counter: str | None) -> list[str]:
+        """Wait for the tensor-core turn before ``role``'s op (steady state only: ``counter`` is not None)."""
+        name = f"{role.upper()}_TURN"
+        if counter is None or name not in self.knobs.values:
+            return []
+        lines = [f"{ind}# turn: wait until the other compute partition issued its wgmma ({self.whys('turn', role)})",
+                 f"{ind}mbarrier.wait(turn_bars.index(SUB), ({counter} * TURNS{self._plus(name)}) & 1)"]
+        return self.knobs.when(name, f"{name} >= 0", lambda k: k >= 0, lines)
+
+    def _plus(self, name: str) -> str:
+        """`` + K`` for the turn index knob ``name`` (nothing when it is 0 for every partition)."""
+        value = self.knobs.value(name)
+        return "" if value == "0" else f" + {value}"
+
+    def turn_after(self, role: str, ind: str, counter: str | None) -> list[str]:
+        """Pass the tensor core on after ``role``'s op (steady state only)."""
+        name = f"{role.upper()}_PASS"
+        if counter is None or name not in self.knobs.values:
+            return []
+        lines = [f"{ind}mbarrier.arrive(turn_bars.index(1 - SUB))  # pass the tensor core on"]
+        return self.knobs.when(name, name, lambda k: k == 1, lines)
+
+    def issue_qk(self, j: str, ind: str, counter: str) -> list[str]:
+        return [
+            f"{ind}mbarrier.wait(k_ready.index({j} % K_DEPTH), ({j} // K_DEPTH) & 1)  # ready: K tile {j} "
+            f"({self.whys('ready', 'qk')})",
+            *self.turn_before("qk", ind, counter),
+            f"{ind}# {self.placed('qk')}",
+            f"{ind}s_tok = warpgroup_mma(q, k_ring.index({j} % K_DEPTH).permute((1, 0)), s_zero, use_acc=False,",
+            f"{ind}                      is_async=True)",
+            *self.turn_after("qk", ind, counter),
+        ]
+
+    def softmax(self, j: str, kv_start: str, ind: str) -> list[str]:
+        stages = "/".join(str(self.plan.placement(p.roles["exp"]).stage) for p in self.plan.compute)
+        return [
+            f"{ind}# rowmax/alpha/exp/rowsum of iteration {j} (stage {stages})",
+            f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, seq_len, qk_scale,",
+            f"{ind}                                    gl.SliceLayout(0, s_layout))",
+        ]
+
+    def issue_pv(self, j: str, ind: str, counter: str | None) -> list[str]:
+        """``counter`` None: outside the steady state, where tensor-core turns are not taken."""
+        return [
+            f"{ind}p_op = gl.convert_layout(p.to(DTYPE), p_layout)  # P stays in registers: wgmma A operand",
+            f"{ind}mbarrier.wait(v_ready.index({j} % V_DEPTH), ({j} // V_DEPTH) & 1)  # ready: V tile {j} "
+            f"({self.whys('ready', 'pv')})",
+            *self.turn_before("pv", ind, counter),
+            f"{ind}# {self.placed('pv')}",
+            f"{ind}o_tok = warpgroup_mma(p_op, v_ring.index({j} % V_DEPTH), o, is_async=True)",
+            *self.turn_after("pv", ind, counter),
+        ]
+
+    def body_ahead(self, ind: str) -> list[str]:
+        """``qk`` one stage ahead of ``pv``: S(j+1) issued with O += P(j) V(j), loop rotated."""
+        i2 = ind + "    "
+        rescale = "o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale"
+        return [
+            f"{ind}# qk runs one stage ahead of pv. The loop is rotated so that no wgmma is in flight across the",
+            f"{ind}# back-edge (ptxas would serialize every wgmma otherwise, C7514): body j issues S(j+1) and",
+            f"{ind}# O += P(j) V(j), runs the softmax of j+1 while O += P V runs, then retires it and rescales O.",
+            f"{ind}# prologue: qk and softmax of iteration 0",
+            f"{ind}mbarrier.wait(k_ready.index(0), 0)  # ready: K tile 0",
+            f"{ind}s_tok = warpgroup_mma(q, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
+            f"{ind}s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
+            f"{ind}mbarrier.arrive(k_empty.index(0))  # empty: K tile 0 consumed",
+            *self.softmax("0", "0", ind),
+            f"{ind}for j in range(0, n_tiles - 1):",
+            f"{i2}jn = j + 1",
+            *self.issue_qk("jn", i2, "j"),
+            *self.issue_pv("j", i2, "j"),
+            f"{i2}# S(j+1) complete (wgmma groups retire in order; {self.whys('wgmma', 'qk')});",
+            f"{i2}# O += P(j) V(j) still in flight",
+            f"{i2}s_cur, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])",
+            f"{i2}mbarrier.arrive(k_empty.index(jn % K_DEPTH))  # empty: K tile j+1 consumed",
+            *self.softmax("jn", "jn * BLOCK_N", i2),
+            f"{i2}o, p_op = warpgroup_mma_wait(0, deps=[o, p_op])  # O += P(j) V(j) complete "
+            f"({self.whys('wgmma', 'pv')})",
+            f"{i2}mbarrier.arrive(v_empty.index(j % V_DEPTH))  # empty: V tile j consumed",
+            f"{i2}{rescale}",
+            f"{ind}# epilogue: pv of the last iteration",
+            f"{ind}j = n_tiles - 1",
+            *self.issue_pv("j", ind, None),
+            f"{ind}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])",
+            f"{ind}mbarrier.arrive(v_empty.index(j % V_DEPTH))  # empty: V tile consumed",
+        ]
+
+    def body_serial(self, ind: str) -> list[str]:
+        """``qk``, softmax and ``pv`` of one iteration in one stage: no overlap inside the partition."""
+        i2 = ind + "    "
+        return [
+            f"{ind}# qk, softmax and pv of one iteration share a stage: no overlap inside the partition",
+            f"{ind}for j in range(0, n_tiles):",
+            *self.issue_qk("j", i2, "j"),
+            f"{i2}s_cur = warpgroup_mma_wait(0, deps=[s_tok])  # {self.whys('wgmma', 'qk')}",
+            f"{i2}mbarrier.arrive(k_empty.index(j % K_DEPTH))  # empty: K tile j consumed",
+            *self.softmax("j", "j * BLOCK_N", i2),
+            f"{i2}o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale",
+            *self.issue_pv("j", i2, "j"),
+            f"{i2}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])  # {self.whys('wgmma', 'pv')}",
+            f"{i2}mbarrier.arrive(v_empty.index(j % V_DEPTH))  # empty: V tile j consumed",
+        ]
+
+    def body(self) -> list[str]:
+        """The main loop: one form when every partition has the same ``AHEAD``, else both under a static if."""
+        if "AHEAD" not in self.knobs.params:
+            return self.body_ahead("    ") if self.knobs.values["AHEAD"][0] else self.body_serial("    ")
+        return ["    if AHEAD:", *self.body_ahead(" " * 8), "    else:", *self.body_serial(" " * 8)]
+
+    def render(self) -> str:
+        plan = self.plan
+        comp = plan.compute
+        groups = ", ".join(f"{p.subtile}: warp group {p.group}" for p in comp)
+        head = compute_def(plan, COMPUTE_PARAMS, self.knobs.params,
+                           f"Sub-tile SUB ({groups}; {comp[0].num_warps} warps each): online softmax over the "
+                           f"K/V tiles.")
+        lines = head + [
+            "    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
+            "                                                       instr_shape=[16, BLOCK_N, 16])",
+            "    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
+            "                                                       instr_shape=[16, HEAD_DIM, 16])",
+            "    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)",
+            "    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)",
+            "    m_i = gl.full([SUB_M], float(\"-inf\"), gl.float32, gl.SliceLayout(1, s_layout))",
+            "    l_i = gl.full([SUB_M], 0.0, gl.float32, gl.SliceLayout(1, s_layout))",
+            "    o = gl.zeros([SUB_M, HEAD_DIM], gl.float32, o_layout)",
+            "    s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)",
+            "    q = q_smem.index(SUB)",
+            "    mbarrier.wait(q_bar, 0)  # Q sub-tile loaded by load_partition",
+            *self.body(),
+            "    # normalise and store (rows past seq_len masked)",
+            "    o = o / gl.convert_layout(l_i, row_o)[:, None]",
+            "    rows = gl.arange(0, SUB_M, row_o)",
+            "    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))",
+            "    row0 = q_row + SUB * SUB_M",
+            "    ptrs = o_ptr + (row0 + rows).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]",
+            "    gl.store(ptrs, o.to(DTYPE), mask=(q_start + SUB * SUB_M + rows < seq_len)[:, None])",
+        ]
+        return SOFTMAX.strip("\n") + "\n\n" + "\n".join(lines) + "\n"
+
+
+def flash_body(plan: KernelPlan) -> KernelBody:
+    """The attention forward's part of the emitted module."""
+    t, comp = plan.tile, plan.compute
+    compute = _Compute(plan)
+    turns = "; ".join(f"compute{t.partition}: {'/'.join(t.ops)}" for t in plan.turns) or "none (one compute group)"
+    before = ["    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
+              "    for s in gl.static_range(2):",
+              "        mbarrier.init(turn_bars.index(s), count=1)"]
+    if plan.turns:
+        first = plan.turns[0]
+        before.append(f"    mbarrier.arrive(turn_bars.index({first.partition}))  # compute{first.partition} takes the "
+                      f"first tensor-core turn ({'/'.join(first.ops)})")
+    extra = [("NUM_COMPUTE", len(comp), "compute partitions = sub-tiles")]
+    if plan.turns:
+        extra.append(("TURNS", plan.turns_per_iteration, "tensor-core turns per partition per iteration"))
+    return KernelBody(
+        title="Warp-specialized attention forward for Hopper (sm_90), Gluon / Triton 3.6.",
+        summary="Generated warp-specialized Gluon attention forward; see the header comment.",
+        decisions=(f"decisions: stage(pv) - stage(qk) per compute partition {[p.qk_ahead for p in comp]} (1: S(j+1) "
+                   f"issued with PV(j), softmax overlaps PV); tensor-core turns (ping-pong): {turns}; "
+                   f"compute_partition constexprs {', '.join(compute.knobs.params)}",
+                   "layouts: S, O in the wgmma accumulator layout; row max/sum in SliceLayout(1, S); P in registers "
+                   "as the A operand (DotOperandLayout) of O += P V"),
+        tile_constants=(("BLOCK_M", t["block_m"], f"query rows per CTA = {len(comp)} sub-tile(s) x SUB_M"),
+                        ("SUB_M", t["sub_m"], "query rows per compute partition (16 per warp: one wgmma row block)"),
+                        ("BLOCK_N", t["block_n"], "keys per loop iteration"),
+                        ("HEAD_DIM", t["head_dim"], "head dimension")),
+        extra_constants=tuple(extra),
+        functions=compute.render(),
+        kernel="attention_kernel",
+        kernel_params="q_desc, k_desc, v_desc, o_ptr, seq_len, qk_scale",
+        kernel_doc="O = softmax(Q K^T * scale) V for one (query block, batch*head); Q, K, V, O are [B*H*S, D].",
+        setup=("    pid_m = gl.program_id(0)",
+               "    bh = gl.program_id(1)",
+               "    kv_row = bh * seq_len",
+               "    q_start = pid_m * BLOCK_M",
+               "    q_row = kv_row + q_start",
+               "    n_tiles = gl.cdiv(seq_len, BLOCK_N)",
+               "    q_smem = gl.allocate_shared_memory(DTYPE, [NUM_COMPUTE, SUB_M, HEAD_DIM], q_desc.layout)",
+               "    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
+               "    mbarrier.init(q_bar, count=1)"),
+        iv="j",
+        trip="n_tiles",
+        slot_shapes={"k": "BLOCK_N, HEAD_DIM", "v": "BLOCK_N, HEAD_DIM"},
+        coords={"k": "[kv_row + j * BLOCK_N, 0]", "v": "[kv_row + j * BLOCK_N, 0]"},
+        load_params=("q_desc", "q_smem", "q_bar", "q_row", "kv_row"),
+        load_setup=("    mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
+                    "    for sub in gl.static_range(NUM_COMPUTE):",
+                    "        tma.async_copy_global_to_shared(q_desc, [q_row + sub * SUB_M, 0], q_bar, "
+                    "q_smem.index(sub))"),
+        compute_params=COMPUTE_PARAMS,
+        constexprs=tuple((n, compute.knobs.values[n]) for n in compute.knobs.params),
+        before_specialize=tuple(before),
+        results="",
+        epilogue=(),
+        signature=(("q_desc", "_desc_type([SUB_M.value, HEAD_DIM.value])"),
+                   ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
+                   ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
+                   ("o_ptr", '"*" + str(DTYPE.value)'), ("seq_len", '"i32"'), ("qk_scale", '"fp32"')),
+        launch=LAUNCH,
+    )

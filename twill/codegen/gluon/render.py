@@ -1,0 +1,286 @@
+"""The module renderer every emitted Gluon kernel shares: header, constants, rings and barriers, the TMA
+producer, the ``gl.warp_specialize`` call and the host launcher. Only the compute partition and the
+kernel-specific lines come from the kernel's :class:`KernelBody` (``gemm.py``, ``flash.py``).
+
+Every function returns strings and iterates in a fixed order, so emitted files diff cleanly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from twill.codegen.plan import Barrier, KernelPlan, Partition
+
+#: Width of the steady-state chart in characters (one row per op, the II scaled onto it).
+CHART_WIDTH = 48
+#: Gluon dtype of each plan dtype.
+GL_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+#: Name of the compute partition function, called once per compute partition with its sub-tile.
+COMPUTE_FN = "compute_partition"
+LOAD_FN = "load_partition"
+
+IMPORTS = """\
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+"""
+
+HOST = '''
+NUM_WARPS = COMPUTE_WARPS.value
+KERNEL_FN = {kernel}
+
+
+def _desc_type(shape):
+    layout = gl.NVMMASharedLayout.get_default_for(shape, DTYPE.value)
+    return f"tensordesc<{{DTYPE.value}}[{{shape[0]}}, {{shape[1]}}],{{layout!r}}>"
+
+
+def _descriptor(t, shape):
+    """A TMA descriptor of ``t`` with block ``shape`` in the default NVMMA shared layout."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, shape, gl.NVMMASharedLayout.get_default_for(shape, DTYPE.value))
+
+
+def compile_signature():
+    """(signature, constexprs) for ahead-of-time compilation with GluonASTSource (no GPU needed)."""
+    sig = {{
+{signature}
+    }}
+    return sig, {{}}
+'''
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelBody:
+    """What one kernel adds to the shared module: its compute partition and the kernel-specific lines.
+
+    Attributes:
+        title: first header line; ``summary`` the module docstring.
+        decisions: header lines naming the kernel's decisions.
+        tile_constants, extra_constants: ``(name, value, why)`` before the rings / after the partitions.
+        functions: source of the compute partition function and its helpers.
+        kernel, kernel_params, kernel_doc: the ``@gluon.jit`` kernel's name, parameters and docstring.
+        setup: kernel lines before the rings (program ids, offsets, trip count, extra buffers).
+        iv, trip: the producer's loop variable and trip count.
+        slot_shapes: ring -> shape of one slot; ``coords``: ring -> TMA coordinates of iteration ``iv``.
+        load_params, load_setup: extra parameters of the producer and its lines before the loop.
+        compute_params: parameters of the compute partition after the rings and barriers.
+        constexprs: ``(name, values per compute partition)`` passed to the compute partition.
+        before_specialize: kernel lines after the barriers (other barriers).
+        results: what the default partition returns (``acc, = `` or empty); ``epilogue`` the lines after.
+        signature: ``(parameter, type expression)`` of the kernel for ``compile_signature``.
+        launch: source of the host launcher (after the shared host helpers).
+    """
+
+    title: str
+    summary: str
+    decisions: tuple[str, ...]
+    tile_constants: tuple[tuple[str, object, str], ...]
+    extra_constants: tuple[tuple[str, object, str], ...]
+    functions: str
+    kernel: str
+    kernel_params: str
+    kernel_doc: str
+    setup: tuple[str, ...]
+    iv: str
+    trip: str
+    slot_shapes: dict[str, str]
+    coords: dict[str, str]
+    load_params: tuple[str, ...]
+    load_setup: tuple[str, ...]
+    compute_params: tuple[str, ...]
+    constexprs: tuple[tuple[str, tuple[int, ...]], ...]
+    before_specialize: tuple[str, ...]
+    results: str
+    epilogue: tuple[str, ...]
+    signature: tuple[tuple[str, str], ...]
+    launch: str
+
+
+def render_module(plan: KernelPlan, body: KernelBody) -> str:
+    """The complete emitted module for ``plan``."""
+    parts = [render_header(plan, body), f'"""{body.summary}"""\n', IMPORTS, f'KERNEL = "{plan.kernel}"\n',
+             render_constants(plan, body), render_load_partition(plan, body), body.functions,
+             render_kernel(plan, body), render_host(plan, body)]
+    return "\n\n".join(p.strip("\n") for p in parts) + "\n"
+
+
+def render_chart(plan: KernelPlan) -> list[str]:
+    """A compact steady-state chart: per op, its start, stage, warp group, and the cycles it occupies in
+    ``[0, II)`` drawn with its stage digit (SLOTHY-style)."""
+    ii = plan.ii
+    lines = [f"{'op':12s} {'role':9s} {'start':>6s} {'stage':>5s} {'wg':>3s}  |{'0':<{CHART_WIDTH - 1}s}|II={ii}"]
+    order = sorted(range(len(plan.placements)), key=lambda i: (plan.placements[i].start, i))
+    for p in (plan.placements[i] for i in order):
+        row = [" "] * CHART_WIDTH
+        for c in range(max(1, p.cycles)):
+            row[(p.slot + c) % ii * CHART_WIDTH // ii] = str(p.stage % 10)
+        wg = "-" if p.group is None else p.group
+        lines.append(f"{p.name:12s} {p.role:9s} {p.start:6d} {p.stage:5d} {wg!s:>3s}  |{''.join(row)}|")
+    return lines
+
+
+def function_of(p: Partition) -> str:
+    """The emitted function a partition runs."""
+    return COMPUTE_FN if p.role == "compute" else LOAD_FN
+
+
+def render_header(plan: KernelPlan, body: KernelBody) -> str:
+    """The header comment: II, stages, partitions, rings, decisions, chart."""
+    tile = " ".join(f"{k}={v}" for k, v in plan.tile.items())
+    lines = [
+        body.title,
+        "",
+        "GENERATED by `twill emit gluon` from a Twill schedule -- do not edit by hand.",
+        f"schedule: graph {plan.graph!r}, arch {plan.arch}, solver {plan.solver}, status {plan.status}",
+        f"II = {plan.ii} (lower bound {plan.ii_lower_bound}), length L = {plan.length}, "
+        f"stages = {plan.num_stages}, dtype {plan.dtype}, tile {tile}",
+        "",
+        "partitions (gl.warp_specialize; the first is the default partition):",
+    ]
+    for p in plan.partitions:
+        where = f"{function_of(p)}, sub-tile {p.subtile}" if p.role == "compute" else function_of(p)
+        lines.append(f"  {p.name:8s} ({where}) warp group {p.group} ({p.group_role}): {p.num_warps} warp(s), "
+                     f"{_regs_text(plan, p)}; ops {', '.join(p.ops)}")
+    lines.append("rings (shared memory, ready/empty mbarriers):")
+    for r in plan.rings:
+        lines.append(f"  {r.name}: {r.producer} -> {', '.join(r.consumers)}, {r.depth} slots, released after "
+                     f"{r.release}, barriers {r.barrier}; depth = {r.why}")
+    lines += ["", *body.decisions, "", "steady-state chart (digit = stage; cycles scaled onto [0, II)):"]
+    lines += ["  " + line for line in render_chart(plan)]
+    return "\n".join(("# " + line).rstrip() for line in lines) + "\n"
+
+
+def _regs_text(plan: KernelPlan, p: Partition) -> str:
+    if p is plan.partitions[0]:
+        return f"schedule budget {p.regs} regs (default partition: Triton gives it what the workers leave)"
+    return f"{p.regs} regs (worker_num_regs)"
+
+
+def constant_lines(items: list[tuple[str, object, str]]) -> str:
+    """``NAME = gl.constexpr(value)  # why`` lines (Gluon kernels may read only constexpr globals)."""
+    width = max(len(n) for n, _, _ in items)
+    return "\n".join(f"{name:<{width}s} = gl.constexpr({value!r})  # {why}" for name, value, why in items) + "\n"
+
+
+def render_constants(plan: KernelPlan, body: KernelBody) -> str:
+    """Tile, ring, barrier, partition and kernel constants."""
+    comp, load = plan.compute, plan.load
+    items = list(body.tile_constants)
+    items += [(f"{r.name.upper()}_DEPTH", r.depth, f"ring {r.name} slots: {r.why}") for r in plan.rings]
+    items += [(f"{b.name.upper()}_READERS", b.arrivals, f"compute partitions releasing each {b.name} slot")
+              for b in plan.barriers]
+    items.append(("COMPUTE_WARPS", comp[0].num_warps, f"warp group {comp[0].group}: default partition (num_warps)"))
+    if len(comp) > 1:
+        items.append(("COMPUTE_REGS", comp[-1].regs, "setmaxnreg budget of worker compute partitions (schedule)"))
+    items += [("LOAD_WARPS", load.num_warps, f"warp group {load.group}: TMA producer"),
+              ("LOAD_REGS", load.regs, f"warp group {load.group}: setmaxnreg budget of the producer")]
+    items += body.extra_constants
+    dtype = f"DTYPE = gl.constexpr(gl.{GL_DTYPES[plan.dtype]})  # operand dtype\n"
+    return dtype + constant_lines(items)
+
+
+def depth_name(barrier: Barrier) -> str:
+    """The constant holding a barrier pair's depth (its first ring's)."""
+    return f"{barrier.rings[0].upper()}_DEPTH"
+
+
+def ring_args(plan: KernelPlan) -> list[str]:
+    """The rings and barrier arrays the partitions share, in a fixed order."""
+    return [f"{r.name}_ring" for r in plan.rings] + [f"{b.name}_{s}" for b in plan.barriers
+                                                     for s in ("ready", "empty")]
+
+
+def compute_def(plan: KernelPlan, params: tuple[str, ...], constexprs: tuple[str, ...], doc: str) -> list[str]:
+    """``def compute_partition(compute_args, CONST: gl.constexpr, ...)``, its docstring and the unpacking of
+    ``compute_args`` (the rings and barriers, then ``params``)."""
+    head = ["compute_args"] + [f"{c}: gl.constexpr" for c in constexprs]
+    return ["@gluon.jit", f"def {COMPUTE_FN}({', '.join(head)}):", f'    """{doc}"""',
+            *_wrap("    ", ring_args(plan) + list(params), " = compute_args", " " * 4)]
+
+
+def _wrap(head: str, args: list[str], tail: str, indent: str) -> list[str]:
+    """``head(arg, arg, ...)tail`` wrapped at 110 columns with continuation lines at ``indent``."""
+    lines, line = [], head + "("
+    for k, a in enumerate(args):
+        piece = a + (", " if k < len(args) - 1 else ")" + tail)
+        if len(line) + len(piece.rstrip()) > 110 and line.strip():
+            lines.append(line.rstrip())
+            line = indent
+        line += piece
+    return lines + [line]
+
+
+def render_load_partition(plan: KernelPlan, body: KernelBody) -> str:
+    """The TMA producer: per loop iteration, each load waits for a free slot, then fills it."""
+    load = plan.load
+    params = [f"{r.name}_desc" for r in plan.rings] + list(body.load_params) + ring_args(plan) + [body.trip]
+    lines = ["@gluon.jit", *_wrap(f"def {LOAD_FN}", params, ":", " " * 19),
+             f'    """Warp group {load.group} (TMA producer, {load.num_warps} warp): fills the rings '
+             f'{", ".join(r.name for r in plan.rings)}."""',
+             *body.load_setup,
+             f"    for {body.iv} in range({body.trip}):"]
+    iv = body.iv
+    for name in load.ops:
+        r = next(r for r in plan.rings if r.producer == name)
+        bar = plan.barrier(r.barrier)
+        depth = f"{r.name.upper()}_DEPTH"
+        at = plan.placement(name)
+        lines += [f"        # {name}: start {at.start}, stage {at.stage} -> ring {r.name} ({r.depth} slots)",
+                  f"        slot = {iv} % {depth}"]
+        if bar.rings[0] == r.name:
+            nbytes = " + ".join(f"{n}_desc.block_type.nbytes" for n in bar.rings)
+            lines += [f"        # empty: every compute partition released the slot (first pass free); "
+                      f"{plan.wait('empty', name).why}",
+                      f"        mbarrier.wait({bar.name}_empty.index(slot), (({iv} // {depth}) & 1) ^ 1)",
+                      f"        mbarrier.expect({bar.name}_ready.index(slot), {nbytes})"]
+        lines.append(f"        tma.async_copy_global_to_shared({r.name}_desc, {body.coords[r.name]}, "
+                     f"{bar.name}_ready.index(slot), {r.name}_ring.index(slot))")
+    return "\n".join(lines) + "\n"
+
+
+def render_kernel(plan: KernelPlan, body: KernelBody) -> str:
+    """The kernel: setup, rings and barriers, the ``gl.warp_specialize`` call, the epilogue."""
+    lines = ["@gluon.jit", f"def {body.kernel}({body.kernel_params}):", f'    """{body.kernel_doc}"""',
+             *body.setup]
+    for r in plan.rings:
+        lines.append(f"    {r.name}_ring = gl.allocate_shared_memory(DTYPE, [{r.name.upper()}_DEPTH, "
+                     f"{body.slot_shapes[r.name]}], {r.name}_desc.layout)")
+    for b in plan.barriers:
+        depth = depth_name(b)
+        lines += [
+            f"    {b.name}_ready = gl.allocate_shared_memory(gl.int64, [{depth}, 1], mbarrier.MBarrierLayout())",
+            f"    {b.name}_empty = gl.allocate_shared_memory(gl.int64, [{depth}, 1], mbarrier.MBarrierLayout())",
+            f"    for s in gl.static_range({depth}):",
+            f"        mbarrier.init({b.name}_ready.index(s), count=1)  # completed by the TMA transaction bytes",
+            f"        mbarrier.init({b.name}_empty.index(s), count={b.name.upper()}_READERS)  # one arrive per "
+            f"compute partition",
+        ]
+    lines += body.before_specialize
+    lines += _wrap("    compute_args = ", ring_args(plan) + list(body.compute_params), "", " " * 20)
+    lines.append(f"    {body.results}gl.warp_specialize([")
+    for k in range(len(plan.compute)):
+        args = ["compute_args"] + [str(values[k]) for _, values in body.constexprs]
+        lines.append(f"        ({COMPUTE_FN}, ({', '.join(args)}{',' if len(args) == 1 else ''})),")
+    load_args = [f"{r.name}_desc" for r in plan.rings] + list(body.load_params) + ring_args(plan) + [body.trip]
+    lines += _wrap(f"        ({LOAD_FN}, ", load_args, "),", " " * 12)
+    workers = plan.compute[1:]
+    warps = [str(p.num_warps) for p in workers] + ["LOAD_WARPS"]
+    regs = ["COMPUTE_REGS" for _ in workers] + ["LOAD_REGS"]
+    lines.append(f"    ], [{', '.join(warps)}], [{', '.join(regs)}])")
+    lines += body.epilogue
+    return "\n".join(lines) + "\n"
+
+
+def render_host(plan: KernelPlan, body: KernelBody) -> str:
+    """Host helpers shared by every kernel, then the kernel's launcher."""
+    signature = "\n".join(f'        "{name}": {ty},' for name, ty in body.signature)
+    return HOST.format(kernel=body.kernel, signature=signature).lstrip("\n") + "\n\n" + body.launch.strip("\n")

@@ -1,0 +1,544 @@
+"""From a schedule to a kernel plan: every decision a kernel renderer needs, each traced to the schedule.
+
+A :class:`KernelPlan` is frozen data derived from a :class:`~twill.schedule.result.Schedule` (with a warp
+assignment) and its loop graph. Renderers (``twill.codegen.gluon`` today) consume only the plan: they never
+look at the schedule or the graph, so another backend renders the same decisions.
+
+Policy (documented in ``docs/codegen.md``):
+
+* **Partitions.** One partition per warp group of the schedule. The group holding the variable-latency TMA
+  loads becomes the ``load`` partition (a worker). Compute groups hold the tensor-core ops, one per sub-tile
+  (partition index = sub-tile); the first is the *default* partition (it runs with the kernel's
+  ``num_warps``), the others are workers with the schedule's register budget. Each compute partition maps
+  the kernel's roles to its ops (``roles``).
+* **Rings and barriers.** Every edge from a TMA load into a compute group becomes a shared-memory ring with
+  ``ready``/``empty`` barriers. A slot is held from the load until its last reader releases it, so
+  ``depth = max(stage(release) - stage(load) + 1, least depth)``; the releasing op is the ``mma_wait``
+  (GEMM) or the tensor-core op itself (attention). Rings of equal depth and release point share one
+  barrier pair (one wait and one ``expect`` of both tiles' bytes).
+* **Waits.** Each wait the kernel performs is a :class:`Wait` naming the dependence that forces it: the
+  edge (source, latency, distance) of a ring's ``ready`` and of an asynchronous MMA's retirement
+  (``wgmma``), the slot reuse ``depth`` iterations later for ``empty``, the tensor-core order for ``turn``.
+* **Stages.** GEMM: ``mma_lag = stage(mma_wait) - stage(mma)`` MMA groups stay in flight. Attention:
+  ``qk_ahead = stage(pv) - stage(qk)`` per partition (0 or 1): with 1, ``S = Q K^T`` of iteration ``j + 1``
+  is issued together with ``O += P V`` of iteration ``j`` and the softmax of ``j + 1`` overlaps that PV
+  (FA3's intra-warp-group pipeline).
+* **Tensor-core order.** With several compute partitions, the steady-state order of their tensor-core ops
+  (by ``t mod II``) is cut into *turns*: maximal runs of one partition's ops (cyclically merged). A
+  partition waits for its turn before the first op of each of its turns and passes the tensor core on
+  after the last; within a turn it issues its ops in program order (``qk`` before ``pv``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from twill.errors import UnsupportedFeatureError
+from twill.ir.graph import LoopGraph
+from twill.schedule.result import Schedule, WarpGroup
+
+GEMM_ROLES = ("load_a", "load_b", "mma", "mma_wait")
+FLASH_ROLES = ("load_k", "load_v", "qk", "rowmax", "exp", "rowsum", "alpha", "rescale", "pv")
+#: Order in which an attention compute partition issues its tensor-core ops within one loop body.
+FLASH_PROGRAM_ORDER = ("qk", "pv")
+DTYPES = ("fp16", "bf16")
+ARCHS = ("h100", "h200")
+#: Register budget of the TMA producer partition when the schedule gives none below it (setmaxnreg minimum).
+LOAD_REGS_MIN = 24
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One op as the schedule placed it (for headers, charts and comments).
+
+    Attributes:
+        name, role: the op and its ``attrs["role"]``.
+        start, stage, slot: start cycle, ``start // II`` and ``start % II``.
+        cycles: its latency in cycles.
+        group: its warp group (``None`` without one).
+    """
+
+    name: str
+    role: str
+    start: int
+    stage: int
+    slot: int
+    cycles: int
+    group: int | None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One wait of the kernel and the dependence that forces it.
+
+    Attributes:
+        kind: ``ready`` (a ring slot was filled), ``empty`` (a ring slot was released), ``wgmma`` (an
+            asynchronous MMA retired) or ``turn`` (the other partition handed over the tensor core).
+        op: the op that waits.
+        source: the op waited for.
+        latency: cycles the schedule keeps between them (the edge's delay; for a turn, the tensor-core
+            cycles of the source).
+        distance: iterations from ``source`` to ``op`` (for ``empty``, the ring depth).
+    """
+
+    kind: str
+    op: str
+    source: str
+    latency: int
+    distance: int
+
+    @property
+    def why(self) -> str:
+        """``source -> op, latency N[, distance D]``."""
+        tail = f", distance {self.distance}" if self.distance else ""
+        return f"{self.source} -> {self.op}, latency {self.latency}{tail}"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One warp-specialized partition.
+
+    Attributes:
+        name: ``compute0``, ``compute1`` or ``load``.
+        role: ``load`` or ``compute``.
+        group: id of the schedule's warp group, and ``group_role`` its role there.
+        num_warps: warps of the partition (the schedule's ``WarpGroup.num_warps``).
+        regs: per-thread register budget (``setmaxnreg``); ignored for the default partition, whose budget
+            the compiler derives from the workers'.
+        ops: the schedule's ops run by this partition, in steady-state order.
+        roles: role -> op for the ops of a compute partition (``{"qk": "qk_a", ...}``).
+        subtile: the sub-tile a compute partition owns (= its index among the compute partitions).
+        qk_ahead: attention: ``stage(pv) - stage(qk)`` (0 or 1).
+        turn_waits: op -> index of the turn (among this partition's turns) it waits for before issuing.
+        turn_passes: ops after which the partition passes the tensor core on.
+    """
+
+    name: str
+    role: str
+    group: int
+    group_role: str
+    num_warps: int
+    regs: int
+    ops: tuple[str, ...]
+    roles: dict[str, str] = field(default_factory=dict)
+    subtile: int = 0
+    qk_ahead: int = 0
+    turn_waits: dict[str, int] = field(default_factory=dict)
+    turn_passes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A shared-memory ring for one cross-warp-group edge ``producer -> consumers``.
+
+    Attributes:
+        name: short name (``a``, ``b``, ``k``, ``v``).
+        producer: the TMA load op.
+        consumers: the tensor-core ops that read a slot.
+        release: the op after which a slot is released.
+        depth: slots; see the module docstring for the formula, and ``why`` for its derivation.
+        barrier: name of the ready/empty barrier pair the ring uses.
+    """
+
+    name: str
+    producer: str
+    consumers: tuple[str, ...]
+    release: str
+    depth: int
+    why: str
+    barrier: str
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """A ready/empty barrier pair shared by one or more rings of equal depth and release point.
+
+    Attributes:
+        name: ``a``, ``ab``, ``k``...
+        rings: the rings it guards, in producer order (the producer waits and expects at the first).
+        depth: slots (= the rings' depth).
+        arrivals: compute partitions that release each slot (the ``empty`` barrier's count).
+    """
+
+    name: str
+    rings: tuple[str, ...]
+    depth: int
+    arrivals: int
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A run of one compute partition's tensor-core ops in the steady-state tensor-core order."""
+
+    partition: int
+    ops: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelPlan:
+    """Everything a renderer needs, derived from one schedule.
+
+    Attributes:
+        kernel: ``gemm`` or ``flash-fwd``.
+        graph, arch, solver, status: the schedule's graph name, target, solver and status.
+        ii, ii_lower_bound, length, num_stages: the schedule's II, its lower bound, L and stages.
+        placements: every op as scheduled, in graph order.
+        dtype: operand dtype (``fp16``/``bf16``).
+        tile: tile sizes (``block_m``, ``block_n``, ``block_k`` or ``head_dim``, ``sub_m``).
+        partitions: compute partitions first (the first is the default partition), then the load partition.
+        rings: one per TMA-load edge, in graph order; ``barriers`` the ready/empty pairs they use.
+        waits: every wait of the kernel with the dependence that forces it.
+        mma_lag: GEMM MMA wait lag (``stage(mma_wait) - stage(mma)``).
+        turns: tensor-core turns between compute partitions (empty with one compute partition).
+    """
+
+    kernel: str
+    graph: str
+    arch: str
+    solver: str
+    status: str
+    ii: int
+    ii_lower_bound: int
+    length: int
+    num_stages: int
+    placements: tuple[Placement, ...]
+    dtype: str
+    tile: dict[str, int]
+    partitions: tuple[Partition, ...]
+    rings: tuple[Ring, ...]
+    barriers: tuple[Barrier, ...]
+    waits: tuple[Wait, ...]
+    mma_lag: int = 0
+    turns: tuple[Turn, ...] = ()
+
+    @property
+    def compute(self) -> tuple[Partition, ...]:
+        """The compute partitions (the first is the default partition)."""
+        return tuple(p for p in self.partitions if p.role == "compute")
+
+    @property
+    def load(self) -> Partition:
+        """The TMA producer partition."""
+        return next(p for p in self.partitions if p.role == "load")
+
+    @property
+    def qk_ahead(self) -> int:
+        """Attention: the largest ``stage(pv) - stage(qk)`` over the compute partitions."""
+        return max(p.qk_ahead for p in self.compute)
+
+    @property
+    def turns_per_iteration(self) -> int:
+        """Tensor-core turns each compute partition takes per loop iteration (0 without ping-pong)."""
+        return len(self.turns) // len(self.compute)
+
+    def barrier(self, name: str) -> Barrier:
+        """The barrier pair called ``name``."""
+        return next(b for b in self.barriers if b.name == name)
+
+    def placement(self, op: str) -> Placement:
+        """Where the schedule placed ``op``."""
+        return next(p for p in self.placements if p.name == op)
+
+    def wait(self, kind: str, op: str) -> Wait:
+        """The ``kind`` wait of ``op``."""
+        return next(w for w in self.waits if w.kind == kind and w.op == op)
+
+    def retire(self, mma: str) -> Wait:
+        """The wait for the asynchronous ``mma`` to retire."""
+        return next(w for w in self.waits if w.kind == "wgmma" and w.source == mma)
+
+
+def ops_with_role(graph: LoopGraph, wanted: str) -> list[str]:
+    """Names of the ops whose ``attrs["role"]`` is ``wanted``, in graph order."""
+    return [op.name for op in graph.ops if op.attrs.get("role") == wanted]
+
+
+def _unsupported(backend: str, what: str, hint: str = "") -> UnsupportedFeatureError:
+    """``cannot generate: <what> not supported by the <backend> backend[ (<hint>)]``."""
+    tail = f" ({hint})" if hint else ""
+    return UnsupportedFeatureError(f"cannot generate: {what} not supported by the {backend} backend{tail}")
+
+
+def _check_roles(graph: LoopGraph, known: tuple[str, ...], backend: str) -> None:
+    for op in graph.ops:
+        r = op.attrs.get("role")
+        if r not in known:
+            raise _unsupported(backend, f"{r or op.kind} (op {op.name!r})")
+
+
+def _check_schedule(schedule: Schedule, backend: str) -> None:
+    if schedule.arch not in ARCHS:
+        raise UnsupportedFeatureError(f"cannot generate: arch {schedule.arch!r} not supported by the {backend} "
+                                      f"backend (Hopper only: {', '.join(ARCHS)})")
+    if not schedule.assignment or not schedule.warps:
+        raise UnsupportedFeatureError(f"cannot generate: a schedule without warp assignment is not supported by "
+                                      f"the {backend} backend (solve with warp specialization)")
+
+
+def _dtype(graph: LoopGraph, backend: str) -> str:
+    dtype = str(graph.attrs.get("dtype", "fp16"))
+    if dtype not in DTYPES:
+        raise UnsupportedFeatureError(f"cannot generate: dtype {dtype} not supported by the {backend} backend "
+                                      f"(supported: {', '.join(DTYPES)})")
+    return dtype
+
+
+def _placements(schedule: Schedule) -> tuple[Placement, ...]:
+    graph = schedule.graph
+    return tuple(Placement(op.name, str(op.attrs.get("role", "")), schedule.start(op.name),
+                           schedule.stage(op.name), schedule.slot(op.name), op.cycles,
+                           schedule.assignment.get(op.name)) for op in graph.ops)
+
+
+def _partitions(schedule: Schedule, tc_ops: list[str], subtile_of: dict[str, int],
+                backend: str) -> tuple[Partition, ...]:
+    """Compute partitions (groups holding tensor-core ops, ordered by sub-tile) then the load partition."""
+    graph = schedule.graph
+    loads = [op.name for op in graph.ops if op.variable_latency]
+    load_groups = {schedule.assignment[n] for n in loads}
+    if len(load_groups) != 1:
+        raise _unsupported(backend, "TMA loads spread over several warp groups are",
+                           "one W_vl producer warp group expected")
+    compute_ids = sorted({schedule.assignment[n] for n in tc_ops}, key=lambda g: min(
+        subtile_of[n] for n in tc_ops if schedule.assignment[n] == g))
+    load_id = load_groups.pop()
+    if load_id in compute_ids:
+        raise _unsupported(backend, "TMA loads and wgmma in one warp group are",
+                           "warp specialization needs a producer group")
+    order = schedule.steady_state_order()
+    parts = []
+    for index, gid in enumerate(compute_ids):
+        group: WarpGroup = schedule.warps[gid]
+        if group.num_warps not in (4, 8):
+            raise _unsupported(backend, f"compute warp group {gid} with {group.num_warps} warps (wgmma needs 4 "
+                                        f"or 8)")
+        ops = tuple(n for n in order if schedule.assignment.get(n) == gid)
+        subtiles = {subtile_of[n] for n in ops if n in subtile_of}
+        subtile = min(subtiles) if subtiles else 0
+        if subtile != index:
+            raise _unsupported(backend, f"sub-tile {subtile} on compute partition {index}")
+        roles = {str(graph.op(n).attrs.get("role")): n for n in ops}
+        parts.append(Partition(f"compute{index}", "compute", gid, group.role, group.num_warps, group.regs, ops,
+                               roles, subtile))
+    group = schedule.warps[load_id]
+    ops = tuple(n for n in order if schedule.assignment.get(n) == load_id)
+    others = set(ops) - set(loads)
+    if others:
+        raise _unsupported(backend, f"op {sorted(others)[0]!r} in the TMA producer warp group")
+    parts.append(Partition("load", "load", load_id, group.role, 1, max(LOAD_REGS_MIN, group.regs), ops))
+    return tuple(parts)
+
+
+def ring_depth(schedule: Schedule, load: str, release: str) -> tuple[int, str]:
+    """``depth = max(stage(release) - stage(load) + 1, least_depth(load))`` (the load's pinned ring depth, else
+    the streaming depth), with its text."""
+    lifetime = schedule.stage(release) - schedule.stage(load) + 1
+    least = schedule.graph.least_depth(load, schedule.streaming_depth)
+    depth = max(lifetime, least)
+    why = (f"max(stage({release})={schedule.stage(release)} - stage({load})={schedule.stage(load)} + 1, "
+           f"streaming depth {least}) = {depth}")
+    return depth, why
+
+
+def _barriers(rings: list[Ring], arrivals: int) -> tuple[list[Ring], tuple[Barrier, ...]]:
+    """Rings of equal depth and release point share one barrier pair (named by their joined names)."""
+    groups: dict[tuple[int, str], list[Ring]] = {}
+    for r in rings:
+        groups.setdefault((r.depth, r.release), []).append(r)
+    named = {r.name: "".join(s.name for s in same) for same in groups.values() for r in same}
+    barriers = tuple(Barrier(named[same[0].name], tuple(r.name for r in same), same[0].depth, arrivals)
+                     for same in groups.values())
+    return [replace(r, barrier=named[r.name]) for r in rings], barriers
+
+
+def _edge_wait(graph: LoopGraph, kind: str, src: str, dst: str) -> Wait:
+    """The wait ``kind`` of ``dst`` for ``src``, from their edge."""
+    (edge,) = [e for e in graph.in_edges(dst) if e.src == src]
+    return Wait(kind, dst, src, edge.delay, edge.distance)
+
+
+def _retire_wait(graph: LoopGraph, mma: str) -> Wait:
+    """The wait for the asynchronous ``mma`` to retire: its first blocking reader (the first reader, or the
+    next ``mma`` itself, when none blocks)."""
+    out = [e for e in graph.out_edges(mma) if e.dst != mma]
+    blocking = [e for e in out if e.blocking] or out
+    if not blocking:
+        return Wait("wgmma", mma, mma, graph.op(mma).cycles, 1)
+    return _edge_wait(graph, "wgmma", mma, blocking[0].dst)
+
+
+def _ring_waits(graph: LoopGraph, rings: list[Ring]) -> list[Wait]:
+    """``ready``: each consumer waits for its load; ``empty``: the load waits for the release ``depth``
+    iterations earlier."""
+    waits = [_edge_wait(graph, "ready", r.producer, c) for r in rings for c in r.consumers]
+    waits += [Wait("empty", r.producer, r.release, 0, r.depth) for r in rings]
+    return waits
+
+
+def _turns(schedule: Schedule, compute: tuple[Partition, ...], tc_ops: list[str]) -> tuple[Turn, ...]:
+    """Cut the steady-state tensor-core order into maximal runs of one partition (cyclically merged)."""
+    if len(compute) < 2:
+        return ()
+    index = {p.group: i for i, p in enumerate(compute)}
+    runs: list[list[Any]] = []
+    for name in schedule.steady_state_order():
+        if name not in tc_ops:
+            continue
+        part = index[schedule.assignment[name]]
+        if runs and runs[-1][0] == part:
+            runs[-1][1].append(name)
+        else:
+            runs.append([part, [name]])
+    if len(runs) > 1 and runs[0][0] == runs[-1][0]:
+        runs[0][1] = runs[-1][1] + runs[0][1]
+        runs.pop()
+    return tuple(Turn(p, tuple(ops)) for p, ops in runs)
+
+
+def _program_order(graph: LoopGraph, ops: tuple[str, ...]) -> tuple[str, ...]:
+    """``ops`` in the order a compute partition issues them (:data:`FLASH_PROGRAM_ORDER`)."""
+    return tuple(sorted(ops, key=lambda op: FLASH_PROGRAM_ORDER.index(str(graph.op(op).attrs.get("role")))))
+
+
+def _with_turn_points(graph: LoopGraph, part: Partition, turns: tuple[Turn, ...], index: int) -> Partition:
+    """Where ``part`` waits for its turn (the first op of each of its turns, in program order) and passes the
+    tensor core on (the last op)."""
+    mine = [_program_order(graph, t.ops) for t in turns if t.partition == index]
+    return replace(part, turn_waits={ops[0]: k for k, ops in enumerate(mine)},
+                   turn_passes=tuple(ops[-1] for ops in mine))
+
+
+def _turn_waits(graph: LoopGraph, turns: tuple[Turn, ...]) -> list[Wait]:
+    """Each turn waits for the last op of the turn before it (cyclically) to leave the tensor core."""
+    waits = []
+    for k, t in enumerate(turns):
+        prev = _program_order(graph, turns[k - 1].ops)[-1]
+        waits.append(Wait("turn", _program_order(graph, t.ops)[0], prev, graph.op(prev).cycles, int(k == 0)))
+    return waits
+
+
+def _plan(schedule: Schedule, kernel: str, backend: str, **decisions: Any) -> KernelPlan:
+    return KernelPlan(kernel=kernel, graph=schedule.graph.name, arch=schedule.arch, solver=schedule.solver,
+                      status=schedule.status, ii=schedule.ii, ii_lower_bound=schedule.ii_lower_bound,
+                      length=schedule.length, num_stages=schedule.num_stages, placements=_placements(schedule),
+                      dtype=_dtype(schedule.graph, backend), **decisions)
+
+
+def gemm_plan(schedule: Schedule, backend: str) -> KernelPlan:
+    """Plan of the GEMM kernel; see the module docstring for each decision."""
+    _check_schedule(schedule, backend)
+    graph = schedule.graph
+    _check_roles(graph, GEMM_ROLES, backend)
+    mmas, waits = ops_with_role(graph, "mma"), ops_with_role(graph, "mma_wait")
+    if len(mmas) != 1 or len(waits) != 1:
+        raise _unsupported(backend, "a sub-tiled GEMM (several mma ops) is")
+    mma, wait = mmas[0], waits[0]
+    lag = schedule.stage(wait) - schedule.stage(mma)
+    if lag < 0:
+        raise UnsupportedFeatureError(f"cannot generate: mma_wait scheduled a stage before its mma ({lag})")
+    if schedule.assignment[wait] != schedule.assignment[mma]:
+        raise _unsupported(backend, "mma_wait in another warp group than its mma")
+    parts = _partitions(schedule, [mma], {mma: 0}, backend)
+    rings = []
+    for load_role, name in (("load_a", "a"), ("load_b", "b")):
+        (load,) = ops_with_role(graph, load_role)
+        depth, why = ring_depth(schedule, load, wait)
+        if depth < lag + 1:
+            raise UnsupportedFeatureError(f"cannot generate: ring {name} depth {depth} < wgmma wait lag + 1")
+        rings.append(Ring(name, load, (mma,), wait, depth, why, name))
+    rings, barriers = _barriers(rings, 1)
+    attrs = graph.op(mma).attrs
+    tile = {"block_m": int(graph.attrs.get("block_m", attrs.get("m", 128))),
+            "block_n": int(graph.attrs.get("block_n", attrs.get("n", 128))),
+            "block_k": int(graph.attrs.get("block_k", attrs.get("k", 64)))}
+    if tile["block_m"] != 64 * (parts[0].num_warps // 4) and tile["block_m"] % (16 * parts[0].num_warps):
+        raise UnsupportedFeatureError(f"cannot generate: block_m {tile['block_m']} not divisible over "
+                                      f"{parts[0].num_warps} wgmma warps")
+    all_waits = _ring_waits(graph, rings) + [_retire_wait(graph, mma)]
+    return _plan(schedule, "gemm", backend, tile=tile, partitions=parts, rings=tuple(rings), barriers=barriers,
+                 waits=tuple(all_waits), mma_lag=lag)
+
+
+def _subtile(graph: LoopGraph, name: str) -> int:
+    return int(graph.op(name).attrs.get("subtile", 0))
+
+
+def _flash_compute(schedule: Schedule, compute: tuple[Partition, ...], qks: list[str], pvs: list[str],
+                   backend: str) -> tuple[Partition, ...]:
+    """Check that each sub-tile stays in its partition and set each partition's ``qk_ahead``."""
+    graph = schedule.graph
+    out = []
+    for p in compute:
+        mine = [n for n in graph.op_names if _subtile(graph, n) == p.subtile and not graph.op(n).variable_latency]
+        strays = [n for n in mine if schedule.assignment[n] != p.group]
+        if strays:
+            raise UnsupportedFeatureError(f"cannot generate: op {strays[0]!r} runs in another warp group than its "
+                                          f"sub-tile's wgmma (a register transfer through shared memory is not "
+                                          f"supported by the {backend} backend)")
+        (qk,) = [n for n in qks if _subtile(graph, n) == p.subtile]
+        (pv,) = [n for n in pvs if _subtile(graph, n) == p.subtile]
+        ahead = schedule.stage(pv) - schedule.stage(qk)
+        if ahead not in (0, 1):
+            raise _unsupported(backend, f"{qk!r} issued {ahead} stages before {pv!r}", "0 or 1")
+        out.append(replace(p, qk_ahead=ahead))
+    return tuple(out)
+
+
+def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
+    """Plan of the attention forward kernel; see the module docstring for each decision."""
+    _check_schedule(schedule, backend)
+    graph = schedule.graph
+    _check_roles(graph, FLASH_ROLES, backend)
+    missing = [r for r in ("load_k", "load_v", "qk", "exp", "pv") if not ops_with_role(graph, r)]
+    if missing:
+        raise _unsupported(backend, f"graph {graph.name!r} without a {missing[0]} op",
+                           "attention needs TMA loads of K and V")
+    if graph.attrs.get("causal"):
+        raise _unsupported(backend, "causal masking")
+    qks, pvs = ops_with_role(graph, "qk"), ops_with_role(graph, "pv")
+    if not qks or len(qks) != len(pvs) or len(qks) > 2:
+        raise UnsupportedFeatureError(f"cannot generate: attention graph needs one qk and one pv per sub-tile "
+                                      f"(1 or 2 sub-tiles) for the {backend} backend")
+    tc_ops = qks + pvs
+    parts = _partitions(schedule, tc_ops, {n: _subtile(graph, n) for n in graph.op_names}, backend)
+    compute = parts[:-1]
+    if len(compute) != len(qks):
+        raise _unsupported(backend, f"{len(qks)} sub-tiles on {len(compute)} compute warp groups",
+                           "one group per sub-tile")
+    if any(p.num_warps != compute[0].num_warps for p in compute):
+        raise _unsupported(backend, "compute warp groups of different sizes")
+    compute = _flash_compute(schedule, compute, qks, pvs, backend)
+    turns = _turns(schedule, compute, tc_ops)
+    compute = tuple(_with_turn_points(graph, p, turns, i) for i, p in enumerate(compute)) if turns else compute
+    rings = []
+    for load_role, name, readers in (("load_k", "k", qks), ("load_v", "v", pvs)):
+        (load,) = ops_with_role(graph, load_role)
+        release = max(readers, key=schedule.stage)
+        depth, why = ring_depth(schedule, load, release)
+        rings.append(Ring(name, load, tuple(readers), release, depth, why, name))
+    barriers = tuple(Barrier(r.name, (r.name,), r.depth, len(compute)) for r in rings)
+    head_dim = int(graph.attrs.get("head_dim", 128))
+    if head_dim not in (64, 128):
+        raise _unsupported(backend, f"head dim {head_dim}", "64, 128")
+    qk_attrs = graph.op(qks[0]).attrs
+    sub_m = int(qk_attrs.get("m", 16 * compute[0].num_warps))
+    tile = {"block_m": sub_m * len(compute), "sub_m": sub_m,
+            "block_n": int(graph.attrs.get("block_n", qk_attrs.get("n", 128))), "head_dim": head_dim}
+    waits = _ring_waits(graph, rings) + [_retire_wait(graph, p.roles[r]) for p in compute for r in ("qk", "pv")]
+    waits += _turn_waits(graph, turns)
+    return _plan(schedule, "flash-fwd", backend, tile=tile, partitions=compute + (parts[-1],), rings=tuple(rings),
+                 barriers=barriers, waits=tuple(waits), turns=turns)
+
+
+def kernel_plan(schedule: Schedule, backend: str) -> KernelPlan:
+    """The plan of ``schedule`` for ``backend`` (named in errors), by the graph's ``kernel`` attribute (or,
+    failing that, its roles)."""
+    graph = schedule.graph
+    kind = graph.attrs.get("kernel") or graph.name
+    roles = {str(graph.op(n).attrs.get("role", "")) for n in graph.op_names}
+    if kind == "gemm" or roles <= set(GEMM_ROLES) and "mma" in roles:
+        return gemm_plan(schedule, backend)
+    if kind in ("flash-fwd", "flash_fwd") or "qk" in roles and "pv" in roles:
+        return flash_plan(schedule, backend)
+    raise _unsupported(backend, f"kernel {kind!r}", "gemm, flash-fwd")
