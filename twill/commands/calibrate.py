@@ -41,7 +41,7 @@ def _read_raw(path: str) -> dict:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from twill.machine.calibrate import calibrate, fit
-    from twill.machine.calibration import machine_to_dict
+    from twill.machine.calibration import format_calibration, machine_to_dict
     from twill.machine.models import get_machine
 
     for path in (args.output, args.raw):
@@ -68,6 +68,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
           f"{machine.sustained_clock_ghz:.3f} GHz, fp16 wgmma n256 {cal.mma_rate('fp16', 256):.0f} FLOP/clk/SM "
           f"({cal.mma_rate('fp16', 256) / machine.tc_flops_per_clk['fp16']:.0%} of datasheet), ex2 "
           f"{cal.ex2_per_clk:.1f}/clk, handoff {cal.barrier_handoff_cycles:.0f} clk")
+    if args.table:
+        print(format_calibration(machine))
     return 0
 
 
@@ -80,5 +82,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-raw", default=None, metavar="FILE.json",
                    help="fit from measurements recorded with --raw instead of measuring (no GPU needed)")
     p.add_argument("--name", default=None, help="model name written in the file (default '<arch>-calibrated')")
+    p.add_argument("--table", action="store_true", help="print the fitted rates beside the datasheet's")
     p.add_argument("--quick", action="store_true", help="fewer instruction widths and dtypes (about a minute)")
     p.set_defaults(func=_cmd_calibrate)

@@ -184,3 +184,42 @@ def load_machine(path: str) -> Any:
     except (json.JSONDecodeError, RecursionError) as exc:
         raise FormatError(f"{path}: invalid JSON ({exc.__class__.__name__})") from None
     return machine_from_dict(data, path)
+
+
+def format_calibration(machine: Any) -> str:
+    """A Markdown table of a calibrated machine's rates beside its datasheet values (per SM, per clock)."""
+    from twill.machine.costs import BARRIER_HANDOFF_CYCLES
+
+    cal = machine.calibration
+    if cal is None:
+        raise FormatError(f"machine {machine.name!r} has no calibration")
+    rows = [("quantity", "measured", "datasheet / estimate")]
+    for dtype, table in cal.mma_flops_per_clk.items():
+        for n, rate in table.items():
+            one = cal.mma_flops_per_clk_one_group[dtype].get(n)
+            rows.append((f"{dtype} wgmma m64n{n}k16 FLOP/clk (1 warp group)",
+                         f"{rate:.0f} ({one:.0f})" if one else f"{rate:.0f}", f"{machine.tc_flops_per_clk[dtype]}"))
+    for n, cycles in cal.mma_group_latency.items():
+        rows.append((f"wgmma K=64 group latency, n{n} (clk)", f"{cycles:.0f}", f"{2 * 64 * n * 64 // 4096}"))
+    rows += [
+        ("exp2 results/clk (1 warp group)", f"{cal.ex2_per_clk:.1f} ({cal.ex2_per_clk_one_group:.1f})",
+         f"{machine.mufu_ex2_per_clk}"),
+        ("FP32 FMA results/clk (1 warp group)", f"{cal.fma_per_clk:.1f} ({cal.fma_per_clk_one_group:.1f})",
+         f"{machine.fma_per_clk}"),
+        ("row max / row sum elements/clk (with the broadcast FMA)",
+         f"{cal.rowmax_per_clk:.1f} / {cal.rowsum_per_clk:.1f}", "-"),
+        ("register <-> shared memory bytes/clk", f"{cal.smem_bytes_per_clk:.1f}", f"{machine.smem_bytes_per_clk}"),
+        ("mbarrier hand-off between partitions (clk)", f"{cal.barrier_handoff_cycles:.0f}",
+         f"{BARRIER_HANDOFF_CYCLES} (estimate)"),
+        ("TMA 16 KiB tile latency, DRAM / L2 (clk)",
+         f"{cal.tma_latency_cycles:.0f} / {cal.tma_l2_latency_cycles:.0f}", "-"),
+        ("TMA bytes/clk per SM, DRAM / L2", f"{cal.tma_bytes_per_clk:.1f} / {cal.tma_l2_bytes_per_clk:.1f}",
+         f"{machine.dram_bytes_per_s / (machine.sms * machine.clock_ghz * 1e9):.1f} / -"),
+        ("sustained SM clock under tensor-core load (GHz)", f"{machine.sustained_clock_ghz:.3f}",
+         f"{machine.clock_ghz}"),
+        ("launch, back to back (us)", f"{machine.launch_us:.2f}", "4.0 (estimate)"),
+    ]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["| " + " | ".join(cell.ljust(width[i]) for i, cell in enumerate(row)) + " |" for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in width) + "|")
+    return "\n".join(lines)
