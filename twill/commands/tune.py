@@ -30,6 +30,7 @@ DEFAULT_TIME_LIMIT = 60.0
 
 
 def _values(typ: type):
+    """An argparse type that reads a comma list of ``typ`` values into a tuple."""
     def parse(text: str) -> tuple[Any, ...]:
         try:
             values = tuple(typ(v.strip()) for v in text.split(",") if v.strip())
@@ -44,6 +45,7 @@ def _values(typ: type):
 
 
 def _axes(args: argparse.Namespace, names: Any) -> dict[str, tuple[Any, ...]]:
+    """The axes among ``names`` that were given on the command line."""
     return {axis: getattr(args, axis) for axis in names if getattr(args, axis, None) is not None}
 
 
@@ -58,6 +60,7 @@ def _check_writable(path: str | None, what: str) -> None:
 
 
 def _triton_constexprs(items: list[str]) -> dict[str, tuple[Any, ...]]:
+    """``--constexpr NAME=V1,V2`` items as ``{NAME: (V1, V2)}`` (values parsed as the Triton frontend does)."""
     from twill.frontends.triton.compile import parse_constexpr_value
 
     out: dict[str, tuple[Any, ...]] = {}
@@ -150,6 +153,7 @@ def _shape_from_results(records: list[dict[str, Any]]) -> Any:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
+    """Check the outputs, plan the space, run the sweep, rank, optionally measure, write and print."""
     from twill.tune.rank import format_ranking, rank, sweep_document
     from twill.tune.sweep import Progress, run_sweep
 
@@ -200,6 +204,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _emit_winner(results: list[Any], path: str) -> None:
+    """Write the best-ranked schedule as a Gluon kernel to ``path``."""
     from twill.codegen.gluon import write_gluon
 
     best = next((r for r in results if r.prediction is not None), None)
@@ -212,6 +217,7 @@ def _emit_winner(results: list[Any], path: str) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``twill tune``."""
     p = sub.add_parser("tune", help="sweep tile sizes, depths and register budgets; rank by predicted time",
                        description="Solve every candidate of a target's search space in parallel (cached on "
                                    "disk), predict each schedule's kernel time on the problem shape and rank "

@@ -60,9 +60,11 @@ class Shape:
                              f"{','.join(names)}, got {self.sizes}")
 
     def __getitem__(self, name: str) -> int:
+        """The size called ``name`` (``shape["K"]``)."""
         return self.sizes[PROBLEMS[self.problem].index(name)]
 
     def as_dict(self) -> dict[str, int]:
+        """``{"M": 4096, ...}``."""
         return dict(zip(PROBLEMS[self.problem], self.sizes))
 
     def text(self) -> str:
@@ -138,9 +140,11 @@ class Prediction:
 
     @property
     def microseconds(self) -> float:
+        """``seconds`` in microseconds."""
         return self.seconds * 1e6
 
     def to_dict(self) -> dict[str, Any]:
+        """The prediction as JSON (the sweep document's ``prediction``)."""
         return {"seconds": self.seconds, "us": round(self.microseconds, 3), "cycles": self.cycles,
                 "iterations": self.iterations, "tiles": self.tiles, "waves": self.waves,
                 "breakdown": dict(self.breakdown)}

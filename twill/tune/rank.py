@@ -29,9 +29,11 @@ class Result:
 
     @property
     def status(self) -> str:
+        """The record's status (``ok``, ``infeasible``, ``spills``, ``error``)."""
         return str(self.record["status"])
 
     def to_dict(self) -> dict[str, Any]:
+        """One entry of the sweep document's ``results``."""
         out: dict[str, Any] = {"settings": self.candidate.settings(), "status": self.status,
                                "reason": self.record.get("reason"), "cached": self.record.get("cached", False),
                                "solve_seconds": self.record.get("seconds")}
@@ -47,6 +49,7 @@ class Result:
 
 
 def _schedule_of(record: Mapping[str, Any]) -> Schedule:
+    """The schedule stored in a solved record (``twill-schedule/1`` with its ``loop_graph``)."""
     from twill.ir.io import graph_from_dict
 
     doc = record["schedule"]

@@ -76,6 +76,7 @@ def machine_fields(machine: Machine) -> dict[str, Any]:
 
 
 def twill_version() -> str:
+    """The installed twill version (part of the cache key)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -206,6 +207,7 @@ class Progress:
     failed: int = 0
 
     def update(self, label: str, record: Mapping[str, Any], cached: bool) -> None:
+        """Count one finished candidate and redraw (or print its line)."""
         self.done += 1
         self.cached += cached
         self.failed += record["status"] != "ok"
