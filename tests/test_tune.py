@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from twill.schedule.result import Schedule, WarpGroup
 from twill.tune.predict import Shape, parse_shape, predict
 from twill.tune.space import Candidate, default_axes, kernel_space, triton_space
 from twill.tune.spills import parse_ptxas_log
-from twill.tune.sweep import Job, cache_dir, machine_fields, run_sweep
+from twill.tune.sweep import Job, Progress, cache_dir, machine_fields, run_sweep
 
 
 # -- space ------------------------------------------------------------------------------------------------
@@ -172,6 +173,30 @@ def test_failed_candidate_is_recorded_not_raised(tmp_path, monkeypatch):
     job = replace(_jobs([2])[0], graph={"format": "twill-graph/1", "name": "broken"})
     [record] = run_sweep([job], workers=1, use_cache=False)
     assert record["status"] == "error" and record["reason"]
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty,lines", [(True, False), (False, True), (False, False)])
+def test_progress_bar_on_a_terminal_lines_otherwise(tty, lines):
+    stream = _Stream(tty)
+    bar = Progress(total=2, stream=stream, lines=lines)
+    bar.update("a=1", {"status": "ok", "seconds": 0.5}, cached=False)
+    bar.update("a=2", {"status": "infeasible"}, cached=True)
+    text = stream.getvalue()
+    if tty:
+        assert text.count("\r") == 2 and text.endswith("2/2 (1 cached, 1 failed)\n")
+    elif lines:
+        assert text.splitlines() == ["twill: tune 1/2 a=1: ok (0.5 s)", "twill: tune 2/2 a=2: infeasible (cached)"]
+    else:
+        assert text == ""
 
 
 # -- the command ------------------------------------------------------------------------------------------
