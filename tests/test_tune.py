@@ -24,7 +24,7 @@ from twill.ir.io import graph_to_dict
 from twill.kernels import build_kernel
 from twill.machine.models import H100, B200
 from twill.schedule.result import Schedule, WarpGroup
-from twill.tune.predict import Shape, parse_shape, predict
+from twill.tune.predict import Shape, ctas_per_sm, parse_shape, predict
 from twill.tune.space import Candidate, default_axes, kernel_space, triton_space
 from twill.tune.spills import parse_ptxas_log
 from twill.tune.sweep import Job, Progress, cache_dir, machine_fields, run_sweep
@@ -107,6 +107,19 @@ def test_prediction_without_normalization_uses_schedule_cycles():
     p = predict(sched, Shape("gemm", (128, 128, 640)), replace(H100, launch_us=0.0))
     assert (p.tiles, p.iterations, p.waves) == (1, 10, 1)
     assert p.cycles == 9 * 10 + 25
+
+
+def test_schedule_without_warp_groups_counts_num_warps_and_its_buffers():
+    b = GraphBuilder("tri", attrs={"kernel": "k", "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8,
+                                   "smem_resident": 1000})
+    b.op("load_a", cycles=1, uses={"tma": 1}, variable_latency=True, smem=50_000)
+    b.op("mma", cycles=10, uses={"tc": 1})
+    b.edge("load_a", "mma", delay=0)
+    s = Schedule(graph=b.build(), arch="h100", solver="manual", status="optimal", ii=10, ii_lower_bound=10,
+                 starts={"load_a": 0, "mma": 10}, streaming_depth=2, stats={"res_mii": 10})
+    # load_a: stage 0 -> mma stage 1, two copies (= the streaming depth): 100 000 + 1 000 bytes -> 2 CTAs;
+    # 8 warps -> 8 CTAs; no register limit without warp groups.
+    assert ctas_per_sm(s, H100) == H100.smem_per_sm // 101_000 == 2
 
 
 def test_attention_loop_extents_forward_and_backward():

@@ -9,11 +9,11 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   iteration takes ``L``, so the tile takes ``(n − 1)·II + L`` cycles: ``n·II`` in the steady state plus the
   prologue/epilogue overhead ``L − II`` (the ``stages − 1`` partially filled iterations at each end).
 * **CTAs per SM** ``c`` = how many CTAs fit together on one SM: the least of shared memory
-  (``machine.smem_per_sm // stats["smem_bytes"]``), warps (``machine.max_warps_per_sm // warps``) and
-  registers (``machine.regs_per_sm // Σ warps·32·regs``) over the schedule's warp groups; 1 when the schedule
-  does not say (no warp specialization, no shared-memory figure). Co-resident CTAs share the SM's units, so a
-  wave of ``c`` CTAs takes ``max(tile, c·n·ResMII)`` cycles: the busiest unit is busy ``ResMII`` raw cycles per
-  iteration of every CTA.
+  (``machine.smem_per_sm //`` :func:`shared_memory`), warps (``machine.max_warps_per_sm // warps``) and
+  registers (``machine.regs_per_sm // Σ warps·32·regs``) over the schedule's warp groups; a schedule without
+  warp groups (a Triton kernel) counts the graph's ``num_warps`` and no register limit. Co-resident CTAs share
+  the SM's units, so a wave of ``c`` CTAs takes ``max(tile, c·n·ResMII)`` cycles: the busiest unit is busy
+  ``ResMII`` raw cycles per iteration of every CTA.
 * **Waves**: ``⌈tiles / (machine.sms · c)⌉`` (wave quantization over the SMs).
 * **Time**: ``waves · wave cycles / machine.time_clock_ghz + machine.launch_us``.
 
@@ -170,17 +170,32 @@ def loop_extent(graph: LoopGraph, shape: Shape) -> tuple[int, int]:
     return heads * math.ceil(seq / attrs["block_m"]), math.ceil(seq / attrs["block_n"])
 
 
+def shared_memory(schedule: Schedule) -> int:
+    """Shared-memory bytes of one CTA: ``stats["smem_bytes"]`` when the joint solver reports it, else every
+    op's buffer times the copies the schedule keeps (``Schedule.result_depth``) plus the resident tiles
+    (``attrs["smem_resident"]``)."""
+    if schedule.stats.get("smem_bytes"):
+        return int(schedule.stats["smem_bytes"])
+    graph = schedule.graph
+    buffers = sum(op.smem * schedule.result_depth(op.name) for op in graph.ops if op.smem)
+    return buffers + int(graph.attrs.get("smem_resident", 0))
+
+
 def ctas_per_sm(schedule: Schedule, machine: Machine) -> int:
-    """CTAs that fit on one SM together (module docstring); 1 when the schedule has no warp groups."""
-    if not schedule.warps:
-        return 1
-    warps = sum(g.num_warps for g in schedule.warps)
-    regs = sum(g.num_warps * 32 * g.regs for g in schedule.warps)
-    limits = [machine.max_warps_per_sm // warps, machine.regs_per_sm // regs]
-    smem = int(schedule.stats.get("smem_bytes", 0))
+    """CTAs that fit on one SM together (module docstring). Warps and registers come from the warp groups;
+    a schedule without warp groups (a Triton kernel) counts ``attrs["num_warps"]`` and no register limit."""
+    limits = []
+    if schedule.warps:
+        warps = sum(g.num_warps for g in schedule.warps)
+        limits.append(machine.regs_per_sm // sum(g.num_warps * 32 * g.regs for g in schedule.warps))
+    else:
+        warps = int(schedule.graph.attrs.get("num_warps", 0))
+    if warps:
+        limits.append(machine.max_warps_per_sm // warps)
+    smem = shared_memory(schedule)
     if smem:
         limits.append(machine.smem_per_sm // smem)
-    return max(1, min(limits))
+    return max(1, min(limits, default=1))
 
 
 def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
