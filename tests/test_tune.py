@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -27,7 +28,7 @@ from twill.schedule.result import Schedule, WarpGroup
 from twill.tune.predict import Shape, ctas_per_sm, parse_shape, predict
 from twill.tune.space import Candidate, default_axes, kernel_space, triton_space
 from twill.tune.spills import parse_ptxas_log
-from twill.tune.sweep import Job, Progress, cache_dir, machine_fields, run_sweep
+from twill.tune.sweep import Job, Progress, cache_dir, run_sweep
 
 
 # -- space ------------------------------------------------------------------------------------------------
@@ -158,7 +159,7 @@ def test_ptxas_log_parsing():
 # -- sweep and cache --------------------------------------------------------------------------------------
 def _jobs(depths, time_limit=30.0):
     graph = graph_to_dict(build_kernel("gemm", H100, block_m=128, block_n=128, block_k=64))
-    return [Job(candidate=Candidate(options=(("block_m", 128),), streaming_depth=d), machine=machine_fields(H100),
+    return [Job(candidate=Candidate(options=(("block_m", 128),), streaming_depth=d), machine=H100,
                 time_limit=time_limit, graph=graph) for d in depths]
 
 
@@ -179,6 +180,14 @@ def test_sweep_caches_each_candidate(tmp_path, monkeypatch):
     assert [r["cached"] for r in changed] == [True, False]
     other_limit = run_sweep(_jobs([2], time_limit=31.0), workers=1)
     assert other_limit[0]["cached"] is False
+    other_machine = run_sweep([replace(_jobs([2])[0], machine=replace(H100, launch_us=9.0))], workers=1)
+    assert other_machine[0]["cached"] is False
+
+
+def test_jobs_pickle_with_their_read_only_mappings():
+    job = _jobs([2])[0]
+    again = pickle.loads(pickle.dumps(job))
+    assert again.machine == H100 and again.key("v") == job.key("v")
 
 
 def test_failed_candidate_is_recorded_not_raised(tmp_path, monkeypatch):

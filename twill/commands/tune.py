@@ -78,14 +78,14 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
     from twill.ir.io import graph_to_dict
     from twill.tune.predict import default_shape, parse_shape
     from twill.tune.space import graph_space, kernel_space, triton_space
-    from twill.tune.sweep import Job, machine_fields
+    from twill.tune.sweep import Job
 
     match = _TRITON_TARGET.match(args.target)
     hopper = machine.capability // 10 == 9
     if args.check_spills and not match and not hopper:
         raise TwillError(f"--check-spills compiles Gluon kernels for sm_90 only, not {machine.arch}")
     check = bool(args.check_spills or (args.measure and hopper))
-    common = {"machine": machine_fields(machine), "time_limit": args.time_limit, "check_spills": check}
+    common = {"machine": machine, "time_limit": args.time_limit, "check_spills": check}
     kernel_axes = _axes(args, [a for a, _ in AXIS_FLAGS.values()])
     if match:
         if kernel_axes:

@@ -14,14 +14,16 @@ The shape is not part of the key: predictions are computed from the cached sched
 
 from __future__ import annotations
 
+import copyreg
 import hashlib
 import json
 import os
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from twill.errors import TwillError
@@ -39,7 +41,7 @@ class Job:
 
     Attributes:
         candidate: the point of the space.
-        machine: the machine model's fields (:func:`machine_fields`).
+        machine: the machine model.
         time_limit: wall-clock seconds for this candidate's solve.
         resolution: cost-normalization budget U.
         graph: the candidate's loop graph as ``twill-graph/1`` (built-in kernels and graph files).
@@ -50,7 +52,7 @@ class Job:
     """
 
     candidate: Candidate
-    machine: Mapping[str, Any]
+    machine: Machine
     time_limit: float
     resolution: int = 300
     graph: Mapping[str, Any] | None = None
@@ -59,7 +61,7 @@ class Job:
 
     def key(self, version: str) -> str:
         """The cache key (module docstring)."""
-        payload = {"version": version, "graph": self.graph, "machine": self.machine,
+        payload = {"version": version, "graph": self.graph, "machine": plain_data(self.machine),
                    "options": {"time_limit": self.time_limit, "resolution": self.resolution,
                                "check_spills": self.check_spills, **self.candidate.settings()},
                    "triton": self.triton}
@@ -67,12 +69,25 @@ class Job:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def machine_fields(machine: Machine) -> dict[str, Any]:
-    """The machine model as plain data (``Machine(**fields)`` rebuilds it)."""
-    def plain(value: Any) -> Any:
-        return dict(value) if isinstance(value, Mapping) else value
+def plain_data(value: Any) -> Any:
+    """``value`` with dataclasses and mappings turned into dicts, recursively (the machine model in the cache
+    key, whatever its fields hold)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_data(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    return value
 
-    return {f.name: plain(getattr(machine, f.name)) for f in fields(machine)}
+
+def _mappingproxy(items: dict[Any, Any]) -> MappingProxyType:
+    return MappingProxyType(items)
+
+
+# Frozen dataclasses of the IR and the machine model hold MappingProxyType fields, which pickle cannot send
+# to a worker process by default; they travel as dicts and come back as read-only views.
+copyreg.pickle(MappingProxyType, lambda m: (_mappingproxy, (dict(m),)))
 
 
 def twill_version() -> str:
@@ -107,7 +122,7 @@ def _solve_job(job: Job) -> dict[str, Any]:
     from twill.commands.common import schedule_document
     from twill.solve.options import SolveOptions
 
-    machine = Machine(**job.machine)
+    machine = job.machine
     cand = job.candidate
     options = SolveOptions(time_limit=job.time_limit, resolution=job.resolution, reg_limit=cand.reg_limit,
                            streaming_depth=cand.streaming_depth, workers=1)
