@@ -28,6 +28,7 @@ from twill.schedule.result import Schedule, WarpGroup
 from twill.tune.predict import Shape, ctas_per_sm, parse_shape, predict
 from twill.tune.space import Candidate, default_axes, kernel_space, triton_space
 from twill.tune.spills import parse_ptxas_log
+from twill.tune import sweep
 from twill.tune.sweep import Job, Progress, cache_dir, run_sweep
 
 
@@ -219,6 +220,18 @@ def test_progress_bar_on_a_terminal_lines_otherwise(tty, lines):
         assert text.splitlines() == ["twill: tune 1/2 a=1: ok (0.5 s)", "twill: tune 2/2 a=2: infeasible (cached)"]
     else:
         assert text == ""
+
+
+def _die(job):
+    os._exit(3)
+
+
+def test_a_dying_worker_fails_its_candidate_not_the_sweep(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(sweep, "run_job", _die)
+    [record] = run_sweep(_jobs([2]), workers=1)
+    assert record["status"] == "error" and "worker failed" in record["reason"]
+    assert not (tmp_path / "twill" / "tune").exists() or not list((tmp_path / "twill" / "tune").glob("*.json"))
 
 
 # -- the command ------------------------------------------------------------------------------------------

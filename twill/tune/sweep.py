@@ -271,6 +271,13 @@ def run_sweep(jobs: Iterable[Job], *, workers: int = 2, ray_address: str | None 
     return [r for r in records if r is not None]
 
 
+def _crashed(exc: BaseException) -> dict[str, Any]:
+    """The record of a job whose worker died before returning one (not cached)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return {"status": "error", "reason": f"worker failed: {type(exc).__name__}: {first}", "cacheable": False,
+            "seconds": 0.0}
+
+
 def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, workers: int,
               address: str | None) -> None:
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -279,7 +286,11 @@ def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, w
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
-                done(futures[fut], fut.result())
+                try:
+                    record = fut.result()
+                except Exception as exc:  # noqa: BLE001 - a worker that died (BrokenProcessPool) fails one job
+                    record = _crashed(exc)
+                done(futures[fut], record)
 
 
 def _run_ray(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, workers: int,
@@ -306,6 +317,10 @@ def _run_ray(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, wo
         while pending:
             finished, pending = ray.wait(pending, num_returns=1)
             for ref in finished:
-                done(refs[ref], ray.get(ref))
+                try:
+                    record = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - a crashed or lost Ray task fails one job
+                    record = _crashed(exc)
+                done(refs[ref], record)
     finally:
         ray.shutdown()
