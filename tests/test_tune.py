@@ -47,6 +47,7 @@ def test_gemm_space_rejects_candidates_over_the_shared_memory_of_a_block():
 def test_default_axes_follow_the_machine_and_the_kernel_budget():
     assert "warps" in default_axes("gemm", H100, None)
     assert "warps" not in default_axes("gemm", B200, None)
+    assert "reg_limit" not in default_axes("flash-fwd", B200, 160)
     assert default_axes("flash-fwd", H100, 240)["reg_limit"] == (240, 200, 160)
     space = kernel_space("flash-fwd", H100, {"head_dim": (64,), "block_n": (128,), "streaming_depth": (2,)})
     assert {c.settings()["subtiles"] for c in space.candidates} == {1, 2}

@@ -31,7 +31,7 @@ SOLVER_AXES = ("streaming_depth", "reg_limit")
 TRITON_AXES = ("num_warps", "num_stages")
 
 #: Default sweep per built-in kernel on Hopper (``reg_limit`` offsets are relative to the kernel's default
-#: budget, see :func:`default_axes`).
+#: budget; Blackwell drops ``warps`` and ``reg_limit``, see :func:`default_axes`).
 DEFAULT_AXES: dict[str, dict[str, tuple[Any, ...]]] = {
     "gemm": {"block_m": (64, 128, 256), "block_n": (64, 128, 256), "block_k": (64, 128), "warps": (4, 8),
              "streaming_depth": (2, 3, 4, 5)},
@@ -81,7 +81,9 @@ class Space:
 
 def default_axes(kernel: str, machine: Machine, graph_reg_limit: int | None) -> dict[str, tuple[Any, ...]]:
     """The default sweep of a built-in kernel on ``machine``: :data:`DEFAULT_AXES`, with ``reg_limit`` offsets
-    added to the kernel's default budget and the Hopper-only ``warps`` axis dropped on Blackwell."""
+    added to the kernel's default budget. On Blackwell (accumulators in TMEM) the ``warps`` axis does not exist
+    and ``reg_limit`` is not swept: below the kernel's budget of 160 the joint search runs into its time limit
+    instead of finding or refuting a schedule."""
     axes = dict(DEFAULT_AXES.get(kernel, {"streaming_depth": (2, 3)}))
     if "reg_limit" in axes:
         if graph_reg_limit is None:
@@ -90,6 +92,7 @@ def default_axes(kernel: str, machine: Machine, graph_reg_limit: int | None) -> 
             axes["reg_limit"] = tuple(graph_reg_limit + d for d in axes["reg_limit"])
     if machine.mma_accumulates_in == "tmem":
         axes.pop("warps", None)
+        axes.pop("reg_limit", None)
     return axes
 
 
