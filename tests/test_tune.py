@@ -325,6 +325,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_unreachable_ray_address_is_a_one_line_error(tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'twill-gpu[ray]')")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(TwillError, match="cannot reach the Ray cluster"):
+        run_sweep(_jobs([2]), ray_address=f"127.0.0.1:{_free_port()}")
+
+
 @pytest.mark.slow
 def test_ray_sweep_on_a_local_cluster(tmp_path, monkeypatch):
     pytest.importorskip("ray", reason="ray is not installed (pip install 'twill-gpu[ray]')")

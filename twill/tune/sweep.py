@@ -293,6 +293,21 @@ def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, w
                 done(futures[fut], record)
 
 
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A one-line error now when ``host:port`` (or ``ray://host:port``) does not accept a TCP connection:
+    Ray itself keeps retrying for minutes. Other addresses (``auto``) are left to Ray."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            return
+    except OSError as exc:
+        raise TwillError(f"cannot reach the Ray cluster at {address!r}: {exc.strerror or exc}") from None
+
+
 def _run_ray(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, workers: int,
              address: str | None) -> None:
     """The same :func:`run_job` as a Ray remote task on the cluster at ``address``; the local ``twill``
@@ -303,6 +318,7 @@ def _run_ray(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, wo
         raise TwillError("--ray needs Ray: pip install 'twill-gpu[ray]'") from None
     import twill
 
+    _check_reachable(address or "")
     package = os.path.dirname(os.path.abspath(twill.__file__))
     try:
         ray.init(address=address, runtime_env={"py_modules": [package]}, logging_level="ERROR",
