@@ -1,20 +1,23 @@
 """Model fidelity: the time the model predicts for a generated Gluon kernel against the time it takes.
 
-Two steps, so that the GPU machine needs neither ortools nor the solver:
+Three steps, so that the GPU machine needs neither ortools nor the solver, and predictions can be re-made
+from a new machine model without the GPU:
 
 * ``generate`` (CPU): for every candidate configuration (GEMM tiles and ring depths; attention head dim,
   sub-tiles and ring depths) solve the schedule on the calibrated machine model and on the datasheet model,
-  emit the Gluon kernel of the calibrated schedule, and write ``manifest.json`` with both predictions
-  (:func:`twill.tune.predict.predict`) for every shape.
+  emit the Gluon kernel of the calibrated schedule, and save both schedules and ``manifest.json``.
 * ``run`` (GPU): check every kernel against an fp32 reference (outputs poisoned with NaN, fresh random data,
   ragged shapes), then time every kernel and every reference (cuBLAS; cuDNN and PyTorch flash through SDPA)
-  in interleaved rounds with ``triton.testing.do_bench`` (device-side events, median), recording the SM
-  clock (nvidia-smi) during each kernel's timing. Reports measured / predicted per kernel and shape, the
-  prediction re-evaluated at the measured clock, and the Spearman rank correlation between predicted and
-  measured over the candidates of one kernel and shape. Writes ``model_fidelity.json`` and prints a table.
+  in interleaved rounds with ``triton.testing.do_bench`` (device-side events, median), sampling the SM clock
+  (nvidia-smi) meanwhile. Writes ``fidelity_measured.json``.
+* ``report`` (CPU): predictions (:func:`twill.tune.predict.predict`) of both schedules on every shape with
+  the calibrated and the datasheet machine, measured / predicted, the prediction re-evaluated at the
+  measured clock, and the Spearman rank correlation between predicted and measured over the candidates of
+  one kernel and shape. Writes ``model_fidelity.json`` and prints a table.
 
     python benchmarks/model_fidelity.py generate out/fidelity --machine benchmarks/results/calibration_h200.machine.json
     python benchmarks/model_fidelity.py run out/fidelity --out $OUT          # GPU
+    python benchmarks/model_fidelity.py report out/fidelity --measured $OUT/fidelity_measured.json
 """
 
 from __future__ import annotations
@@ -53,22 +56,22 @@ def _solve(kernel: str, machine: Any, opts: dict[str, Any], depth: int) -> Any:
 
 def generate(outdir: str, machine_path: str) -> None:
     from twill.codegen.gluon import emit_gluon
+    from twill.commands.common import schedule_document
     from twill.machine.calibration import load_machine
     from twill.machine.models import get_machine
-    from twill.tune.predict import Shape, predict
 
     calibrated = load_machine(machine_path)
     datasheet = get_machine(calibrated.name)
     os.makedirs(outdir, exist_ok=True)
     entries = []
     jobs = [("gemm", f"gemm_{bm}x{bn}x{bk}_d{d}", {"block_m": bm, "block_n": bn, "block_k": bk}, d,
-             [Shape("gemm", s) for s in GEMM_SHAPES]) for bm, bn, bk, d in GEMM_CANDIDATES]
+             [{"problem": "gemm", "sizes": list(s)} for s in GEMM_SHAPES]) for bm, bn, bk, d in GEMM_CANDIDATES]
     jobs += [("flash-fwd", f"fa_d{hd}_sub{s}_d{d}", {"head_dim": hd, "subtiles": s}, d,
-              [Shape("attention", (ATTN_BATCH, ATTN_HEADS, S, hd)) for S in ATTN_SEQS])
+              [{"problem": "attention", "sizes": [ATTN_BATCH, ATTN_HEADS, S, hd]} for S in ATTN_SEQS])
              for hd, s, d in ATTN_CANDIDATES]
     for kernel, name, opts, depth, shapes in jobs:
         started = time.perf_counter()
-        entry: dict[str, Any] = {"name": name, "kernel": kernel, "options": opts, "depth": depth}
+        entry: dict[str, Any] = {"name": name, "kernel": kernel, "options": opts, "depth": depth, "shapes": shapes}
         try:
             cal = _solve(kernel, calibrated, opts, depth)
             ds = _solve(kernel, datasheet, opts, depth)
@@ -80,15 +83,14 @@ def generate(outdir: str, machine_path: str) -> None:
             continue
         with open(os.path.join(outdir, f"{name}.py"), "w") as fh:
             fh.write(source)
-        entry.update(file=f"{name}.py", ii=cal.ii, status=cal.status, datasheet_ii=ds.ii,
-                     shapes=[{"shape": shape.as_dict(), "flops": shape.flops(kernel),
-                              "predicted": predict(cal, shape, calibrated).to_dict(),
-                              "datasheet_predicted": predict(ds, shape, datasheet).to_dict()} for shape in shapes])
+        for label, sched in (("calibrated", cal), ("datasheet", ds)):
+            with open(os.path.join(outdir, f"{name}.{label}.schedule.json"), "w") as fh:
+                json.dump(schedule_document(sched), fh)
+        entry.update(file=f"{name}.py", ii=cal.ii, status=cal.status, datasheet_ii=ds.ii)
         entries.append(entry)
         print(f"{name:24s} II {cal.ii} ({cal.status}), datasheet II {ds.ii}, {time.perf_counter() - started:.1f} s")
-    manifest = {"machine": json.load(open(machine_path)), "entries": entries, "rounds": ROUNDS}
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
-        json.dump(manifest, fh, indent=1)
+        json.dump({"machine_file": os.path.basename(machine_path), "entries": entries}, fh, indent=1)
 
 
 # ---------------------------------------------------------------------------------------------------- GPU
@@ -131,6 +133,11 @@ def _check(entry: dict[str, Any], module: Any) -> float:
     return worst
 
 
+def _shape_dict(shape: dict[str, Any]) -> dict[str, int]:
+    names = {"gemm": ("M", "N", "K"), "attention": ("B", "H", "S", "D")}[shape["problem"]]
+    return dict(zip(names, shape["sizes"]))
+
+
 def _inputs(kernel: str, shape: dict[str, int]) -> tuple[Any, ...]:
     import torch
 
@@ -171,6 +178,64 @@ def _time(fn: Any) -> tuple[float, tuple[float, float]]:
     return ms, (start, time.time())
 
 
+def _launcher(kernel: str, module: Any, args: tuple[Any, ...]) -> Any:
+    if kernel == "gemm":
+        return lambda: module.launch(*args)
+    return lambda: module.launch(args[0], args[1], args[2], out=args[3])
+
+
+def run(kernel_dir: str, out: str, only: list[str] | None) -> None:
+    """Check, then time every correct candidate and every reference per shape in ROUNDS interleaved rounds."""
+    import torch
+    import triton
+
+    from twill.machine.microbench import ClockSampler
+
+    manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
+    entries = [e for e in manifest["entries"] if "file" in e and (not only or any(o in e["name"] for o in only))]
+    modules, checks = {}, {}
+    for entry in entries:
+        try:
+            modules[entry["name"]] = module = _load(os.path.join(kernel_dir, entry["file"]))
+            worst = _check(entry, module)
+            checks[entry["name"]] = {"correct": worst < 1e-2, "max_relerr": worst}
+        except Exception as exc:  # recorded in the results; the other kernels still run
+            checks[entry["name"]] = {"correct": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        print(f"check {entry['name']:24s} {checks[entry['name']]}", flush=True)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for e in entries:
+        if checks[e["name"]]["correct"]:
+            for shape in e["shapes"]:
+                groups.setdefault((e["kernel"], json.dumps(_shape_dict(shape))), []).append(e["name"])
+    timings = []
+    with ClockSampler() as sampler:
+        for (kernel, key), names in sorted(groups.items()):
+            args = _inputs(kernel, json.loads(key))
+            calls = dict(_references(kernel, args))
+            calls.update({n: _launcher(kernel, modules[n], args) for n in names})
+            samples: dict[str, list[tuple[float, tuple[float, float]]]] = {n: [] for n in calls}
+            for _ in range(ROUNDS):
+                for n, fn in calls.items():
+                    samples[n].append(_time(fn))
+            timings.append({"kernel": kernel, "shape": json.loads(key), "samples": samples})
+            print(f"timed {kernel} {key}: " + ", ".join(
+                f"{n} {statistics.median(m for m, _ in v):.3f} ms" for n, v in samples.items()), flush=True)
+            del args, calls
+            torch.cuda.empty_cache()
+    for t in timings:
+        t["runs"] = {n: [{"ms": ms, "clock_ghz": sampler.median_ghz(*window)} for ms, window in v]
+                     for n, v in t.pop("samples").items()}
+    result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": ROUNDS, "checks": checks,
+              "timings": timings}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "fidelity_measured.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
 def _spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v: list[float]) -> list[float]:
         order = sorted(range(len(v)), key=v.__getitem__)
@@ -185,128 +250,96 @@ def _spearman(xs: list[float], ys: list[float]) -> float:
     return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
 
 
-def _launcher(kernel: str, module: Any, args: tuple[Any, ...]) -> Any:
-    if kernel == "gemm":
-        return lambda: module.launch(*args)
-    return lambda: module.launch(args[0], args[1], args[2], out=args[3])
+def report(kernel_dir: str, measured_path: str, machine_path: str, out: str) -> None:
+    """Predictions of every schedule on every measured shape, against the measurements."""
+    from twill.commands.common import load_schedule_document
+    from twill.machine.calibration import load_machine
+    from twill.machine.models import get_machine
+    from twill.tune.predict import Shape, predict
 
-
-def _time_shapes(entries: list[dict[str, Any]], modules: dict[str, Any], sampler: Any) -> list[dict[str, Any]]:
-    """For each shape: every correct candidate and every reference, interleaved over ROUNDS rounds."""
-    import torch
-
-    groups: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-    for e in entries:
-        if e["correct"]:
-            for s in e["shapes"]:
-                groups.setdefault((e["kernel"], json.dumps(s["shape"], sort_keys=True)), []).append((e, s))
-    timed = []
-    for (kernel, key), group in sorted(groups.items()):
-        args = _inputs(kernel, json.loads(key))
-        calls = dict(_references(kernel, args))
-        calls.update({e["name"]: _launcher(kernel, modules[e["name"]], args) for e, _ in group})
-        samples: dict[str, list[tuple[float, tuple[float, float]]]] = {name: [] for name in calls}
-        for _ in range(ROUNDS):
-            for name, fn in calls.items():
-                samples[name].append(_time(fn))
-        timed.append({"kernel": kernel, "shape": json.loads(key), "group": group, "samples": samples})
-        del args, calls
-        torch.cuda.empty_cache()
-    return timed
-
-
-def _rows(timed: list[dict[str, Any]], sampler: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Per (candidate, shape): measured median, spread, clock, predictions and ratios; per shape: references."""
-    rows, references = [], []
-    for t in timed:
-        medians = {name: statistics.median(ms for ms, _ in runs) for name, runs in t["samples"].items()}
-        ref_names = [n for n in medians if n in ("cublas", "cudnn", "flash")]
-        flops = t["group"][0][1]["flops"]
-        references.append({"kernel": t["kernel"], "shape": t["shape"],
-                           **{f"{n}_ms": medians[n] for n in ref_names},
-                           **{f"{n}_tflops": flops / medians[n] / 1e9 for n in ref_names}})
-        for e, s in t["group"]:
-            runs = t["samples"][e["name"]]
-            ms = medians[e["name"]]
-            clocks = [c for c in (sampler.median_ghz(*window) for _, window in runs) if c]
-            clock = statistics.median(clocks) if clocks else None
-            pred = s["predicted"]
-            at_clock = pred["cycles"] / (clock * 1e3) + pred["breakdown"]["launch_us"] if clock else None
-            rows.append({"name": e["name"], "kernel": t["kernel"], "options": e["options"], "depth": e["depth"],
-                         "shape": t["shape"], "ms": ms, "ms_min": min(m for m, _ in runs),
-                         "ms_max": max(m for m, _ in runs), "clock_ghz": clock, "tflops": s["flops"] / ms / 1e9,
-                         "predicted_us": pred["us"], "predicted_us_at_clock": at_clock,
-                         "datasheet_predicted_us": s["datasheet_predicted"]["us"],
-                         "measured_over_predicted": ms * 1e3 / pred["us"],
-                         "measured_over_predicted_at_clock": ms * 1e3 / at_clock if at_clock else None,
-                         "measured_over_datasheet": ms * 1e3 / s["datasheet_predicted"]["us"],
-                         **{f"vs_{n}": medians[n] / ms for n in ref_names}})
-    return rows, references
-
-
-def run(kernel_dir: str, out: str, only: list[str] | None) -> None:
-    import torch
-    import triton
-
-    from twill.machine.microbench import ClockSampler
-
+    calibrated = load_machine(machine_path)
+    datasheet = get_machine(calibrated.name)
     manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
-    entries = [e for e in manifest["entries"] if "file" in e and (not only or any(o in e["name"] for o in only))]
-    modules = {}
-    for entry in entries:
-        try:
-            modules[entry["name"]] = module = _load(os.path.join(kernel_dir, entry["file"]))
-            entry["max_relerr"] = _check(entry, module)
-            entry["correct"] = entry["max_relerr"] < 1e-2
-        except Exception as exc:  # recorded in the results; the other kernels still run
-            entry["correct"], entry["error"] = False, f"{type(exc).__name__}: {str(exc)[:300]}"
-        print(f"check {entry['name']:24s} {'ok' if entry['correct'] else 'FAILED'} "
-              f"{entry.get('max_relerr', entry.get('error'))}", flush=True)
-    with ClockSampler() as sampler:
-        timed = _time_shapes(entries, modules, sampler)
-    rows, references = _rows(timed, sampler)
-    correlations = []
-    for t in timed:
-        group = [r for r in rows if r["kernel"] == t["kernel"] and r["shape"] == t["shape"]]
+    measured = json.load(open(measured_path))
+    entries = {e["name"]: e for e in manifest["entries"] if "file" in e}
+    schedules = {(n, label): load_schedule_document(os.path.join(kernel_dir, f"{n}.{label}.schedule.json"))
+                 for n in entries for label in ("calibrated", "datasheet")}
+    rows, references, correlations = [], [], []
+    for t in measured["timings"]:
+        kernel, shape_d = t["kernel"], t["shape"]
+        problem = "gemm" if kernel == "gemm" else "attention"
+        shape = Shape(problem, tuple(shape_d.values()))
+        flops = shape.flops(kernel)
+        medians = {n: statistics.median(r["ms"] for r in runs) for n, runs in t["runs"].items()}
+        refs = {n: ms for n, ms in medians.items() if n not in entries}
+        references.append({"kernel": kernel, "shape": shape_d, **{f"{n}_ms": ms for n, ms in refs.items()},
+                           **{f"{n}_tflops": flops / ms / 1e9 for n, ms in refs.items()}})
+        group = []
+        for name in (n for n in t["runs"] if n in entries):
+            runs = t["runs"][name]
+            ms = medians[name]
+            clocks = [r["clock_ghz"] for r in runs if r["clock_ghz"]]
+            clock = statistics.median(clocks) if clocks else None
+            pred = predict(schedules[name, "calibrated"], shape, calibrated)
+            ds = predict(schedules[name, "datasheet"], shape, datasheet)
+            at_clock = pred.cycles / (clock * 1e3) + calibrated.launch_us if clock else None
+            row = {"name": name, "kernel": kernel, "options": entries[name]["options"],
+                   "depth": entries[name]["depth"], "shape": shape_d, "ms": ms,
+                   "ms_min": min(r["ms"] for r in runs), "ms_max": max(r["ms"] for r in runs), "clock_ghz": clock,
+                   "tflops": flops / ms / 1e9, "predicted_us": pred.microseconds, "predicted_us_at_clock": at_clock,
+                   "datasheet_predicted_us": ds.microseconds, "prediction": pred.to_dict(),
+                   "measured_over_predicted": ms * 1e3 / pred.microseconds,
+                   "measured_over_predicted_at_clock": ms * 1e3 / at_clock if at_clock else None,
+                   "measured_over_datasheet": ms * 1e3 / ds.microseconds,
+                   **{f"vs_{n}": r / ms for n, r in refs.items()}}
+            rows.append(row)
+            group.append(row)
         if len(group) >= 3:
-            correlations.append({"kernel": t["kernel"], "shape": t["shape"], "candidates": len(group),
+            correlations.append({"kernel": kernel, "shape": shape_d, "candidates": len(group),
                                  "spearman": _spearman([r["predicted_us"] for r in group], [r["ms"] for r in group]),
                                  "spearman_datasheet": _spearman([r["datasheet_predicted_us"] for r in group],
                                                                  [r["ms"] for r in group])})
-    result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-              "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": ROUNDS,
-              "machine_model": manifest["machine"].get("name"),
-              "checks": [{k: e.get(k) for k in ("name", "correct", "max_relerr", "error")} for e in entries],
-              "rows": rows, "references": references, "correlations": correlations}
+    ratios = [r["measured_over_predicted"] for r in rows]
+    summary = {"rows": len(rows), "within_15_percent": sum(1 for x in ratios if abs(x - 1) <= 0.15),
+               "median_ratio": statistics.median(ratios) if ratios else None,
+               "median_ratio_datasheet": statistics.median(r["measured_over_datasheet"] for r in rows) if rows else None}
+    result = {**{k: measured[k] for k in ("gpu", "torch", "triton", "cuda", "cudnn", "date", "rounds", "checks")},
+              "machine_model": calibrated.model, "machine_file": os.path.basename(machine_path),
+              "command": "python benchmarks/model_fidelity.py generate|run|report", "summary": summary,
+              "correlations": correlations, "references": references, "rows": rows}
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "model_fidelity.json"), "w") as fh:
         json.dump(result, fh, indent=1)
-    print(f"\n{'kernel':24s} {'shape':24s} {'TFLOP/s':>8s} {'meas/pred':>9s} {'@clock':>7s} {'datasheet':>9s} "
+    print(f"{'kernel':24s} {'shape':22s} {'TFLOP/s':>8s} {'meas/pred':>9s} {'@clock':>7s} {'datasheet':>9s} "
           f"{'GHz':>5s} {'vs ref':>7s}")
     for r in rows:
         ref = r.get("vs_cublas") or r.get("vs_cudnn") or float("nan")
         at = r["measured_over_predicted_at_clock"] or float("nan")
         shape = ",".join(str(v) for v in r["shape"].values())
-        print(f"{r['name']:24s} {shape:24s} {r['tflops']:8.0f} {r['measured_over_predicted']:9.2f} {at:7.2f} "
+        print(f"{r['name']:24s} {shape:22s} {r['tflops']:8.0f} {r['measured_over_predicted']:9.2f} {at:7.2f} "
               f"{r['measured_over_datasheet']:9.2f} {(r['clock_ghz'] or 0):5.2f} {ref:7.2f}")
     for c in correlations:
         print(f"spearman {c['kernel']} {c['shape']}: {c['spearman']:.2f} (datasheet model "
               f"{c['spearman_datasheet']:.2f}, {c['candidates']} candidates)")
+    print(f"summary: {summary}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("generate", "run"))
+    parser.add_argument("step", choices=("generate", "run", "report"))
     parser.add_argument("kernel_dir")
     parser.add_argument("--machine", default=os.path.join(HERE, "results", "calibration_h200.machine.json"))
     parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
     parser.add_argument("--only", nargs="*", default=None, help="substrings of candidate names")
+    parser.add_argument("--measured", default=None, help="report: the fidelity_measured.json of a run")
     args = parser.parse_args()
     if args.step == "generate":
         generate(args.kernel_dir, args.machine)
-    else:
+    elif args.step == "run":
         run(args.kernel_dir, args.out, args.only)
+    else:
+        report(args.kernel_dir, args.measured or os.path.join(args.out, "fidelity_measured.json"), args.machine,
+               args.out)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "twill.commands.triton",     # twill graph, twill inject
     "twill.commands.emit",       # twill emit
     "twill.commands.report",     # twill report
+    "twill.commands.tune",       # twill tune
     "twill.commands.calibrate",  # twill calibrate
 )
 

@@ -1,0 +1,368 @@
+"""twill tune: the candidate space, the predicted-time model, the cached parallel sweep, the command."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+
+import pytest
+
+from twill.cli import main
+from twill.errors import TwillError
+from twill.ir.builder import GraphBuilder
+from twill.ir.io import graph_to_dict
+from twill.kernels import build_kernel
+from twill.machine.models import H100, B200
+from twill.schedule.result import Schedule, WarpGroup
+from twill.tune.predict import Shape, ctas_per_sm, parse_shape, predict
+from twill.tune.space import Candidate, default_axes, kernel_space, triton_space
+from twill.tune.spills import parse_ptxas_log
+from twill.tune import sweep
+from twill.tune.sweep import Job, Progress, cache_dir, run_sweep
+
+
+# -- space ------------------------------------------------------------------------------------------------
+def test_gemm_space_rejects_candidates_over_the_shared_memory_of_a_block():
+    axes = {"block_m": (128, 256), "block_n": (256,), "block_k": (128,), "warps": (8,), "streaming_depth": (2, 3)}
+    space = kernel_space("gemm", H100, axes)
+    for cand in space.candidates + tuple(c for c, _ in space.rejected):
+        s = cand.settings()
+        ring = s["streaming_depth"] * (s["block_m"] * s["block_k"] + s["block_k"] * s["block_n"]) * 2  # fp16 A, B
+        assert (cand in space.candidates) == (ring <= H100.smem_per_block)
+    assert len(space.candidates) + len(space.rejected) == 4
+    assert all("shared memory" in why for _, why in space.rejected)
+
+
+def test_default_axes_follow_the_machine_and_the_kernel_budget():
+    assert "warps" in default_axes("gemm", H100, None)
+    assert "warps" not in default_axes("gemm", B200, None)
+    assert "reg_limit" not in default_axes("flash-fwd", B200, 160)
+    assert default_axes("flash-fwd", H100, 240)["reg_limit"] == (240, 200, 160)
+    space = kernel_space("flash-fwd", H100, {"head_dim": (64,), "block_n": (128,), "streaming_depth": (2,)})
+    assert {c.settings()["subtiles"] for c in space.candidates} == {1, 2}
+    assert all(dict(c.options)["head_dim"] == 64 for c in space.candidates)
+
+
+def test_unknown_axis_is_an_error():
+    with pytest.raises(TwillError, match="no option 'block_k'"):
+        kernel_space("flash-fwd", H100, {"block_k": (64,)})
+
+
+def test_triton_space_is_the_product_of_constexprs_warps_and_stages():
+    space = triton_space({"BLOCK_M": (64, 128), "BLOCK_N": (128,)}, {"num_warps": (4, 8)})
+    assert len(space.candidates) == 4
+    assert {(dict(c.options)["BLOCK_M"], c.num_warps, c.num_stages) for c in space.candidates} == \
+        {(64, 4, 3), (64, 8, 3), (128, 4, 3), (128, 8, 3)}
+
+
+# -- prediction -------------------------------------------------------------------------------------------
+def _hand_schedule(warps, stats, *, ii=10, cycles=25, scale=4.0):
+    """One op of ``cycles`` normalized units at start 0, so L = cycles; GEMM tile 128x128x64."""
+    b = GraphBuilder("hand", attrs={"kernel": "gemm", "block_m": 128, "block_n": 128, "block_k": 64})
+    b.op("mma", cycles=cycles, uses={"tc": 1})
+    norm = {"enabled": True, "cycles_per_unit": scale} if scale != 1.0 else {"enabled": False}
+    return Schedule(graph=b.build(), arch="h100", solver="manual", status="optimal", ii=ii, ii_lower_bound=ii,
+                    starts={"mma": 0}, warps=tuple(warps), stats={**stats, "normalization": norm})
+
+
+def test_prediction_arithmetic_one_cta_per_sm():
+    machine = replace(H100, sms=10, sustained_clock_ghz=1.0, launch_us=2.0)
+    sched = _hand_schedule([WarpGroup(0, "load", 1, 24, ()), WarpGroup(1, "mma", 8, 240, ("mma",))],
+                           {"res_mii": 10, "smem_bytes": 100_000})
+    p = predict(sched, Shape("gemm", (1000, 1000, 1000)), machine)
+    tiles = 8 * 8                       # ceil(1000/128)^2
+    iters = 16                          # ceil(1000/64)
+    # 32 + 8*32 threads at 24 and 240 registers: 62208 of 65536 -> one CTA per SM.
+    tile_cycles = (iters - 1) * 10 * 4 + 25 * 4
+    waves = 7                           # ceil(64 / 10 SMs)
+    assert (p.tiles, p.iterations, p.waves) == (tiles, iters, waves)
+    assert p.breakdown["ctas_per_sm"] == 1
+    assert p.cycles == pytest.approx(waves * tile_cycles)
+    assert p.seconds == pytest.approx(waves * tile_cycles / 1e9 + 2e-6)
+
+
+def test_prediction_shares_the_sm_between_coresident_ctas():
+    machine = replace(H100, sms=10, sustained_clock_ghz=2.0, launch_us=0.0)
+    sched = _hand_schedule([WarpGroup(0, "load", 1, 24, ()), WarpGroup(1, "mma", 4, 128, ("mma",))],
+                           {"res_mii": 10, "smem_bytes": 100_000})
+    p = predict(sched, Shape("gemm", (1000, 1000, 1000)), machine)
+    per_sm = 2                          # 233472 // 100000 bytes of shared memory (regs allow 3, warps 12)
+    busy = per_sm * 16 * 10 * 4         # two CTAs' tensor-core work per wave, 40 raw cycles per iteration
+    assert p.breakdown["ctas_per_sm"] == per_sm
+    assert p.waves == math.ceil(64 / (10 * per_sm))
+    assert p.cycles == pytest.approx(p.waves * busy)
+    assert p.seconds == pytest.approx(p.waves * busy / 2e9)
+
+
+def test_prediction_without_normalization_uses_schedule_cycles():
+    sched = _hand_schedule([], {"res_mii": 10}, scale=1.0)
+    p = predict(sched, Shape("gemm", (128, 128, 640)), replace(H100, launch_us=0.0))
+    assert (p.tiles, p.iterations, p.waves) == (1, 10, 1)
+    assert p.cycles == 9 * 10 + 25
+
+
+def test_schedule_without_warp_groups_counts_num_warps_and_its_buffers():
+    b = GraphBuilder("tri", attrs={"kernel": "k", "block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8,
+                                   "smem_resident": 1000})
+    b.op("load_a", cycles=1, uses={"tma": 1}, variable_latency=True, smem=50_000)
+    b.op("mma", cycles=10, uses={"tc": 1})
+    b.edge("load_a", "mma", delay=0)
+    s = Schedule(graph=b.build(), arch="h100", solver="manual", status="optimal", ii=10, ii_lower_bound=10,
+                 starts={"load_a": 0, "mma": 10}, streaming_depth=2, stats={"res_mii": 10})
+    # load_a: stage 0 -> mma stage 1, two copies (= the streaming depth): 100 000 + 1 000 bytes -> 2 CTAs;
+    # 8 warps -> 8 CTAs; no register limit without warp groups.
+    assert ctas_per_sm(s, H100) == H100.smem_per_sm // 101_000 == 2
+
+
+def test_attention_loop_extents_forward_and_backward():
+    shape = Shape("attention", (2, 3, 1000, 64))
+    machine = replace(H100, launch_us=0.0)
+    for kernel, tiles, iters in (("flash-fwd", 2 * 3 * 8, 16), ("flash-bwd", 2 * 3 * 16, 8)):
+        b = GraphBuilder("a", attrs={"kernel": kernel, "block_m": 128, "block_n": 64, "head_dim": 64})
+        b.op("qk", cycles=5, uses={"tc": 1})
+        s = Schedule(graph=b.build(), arch="h100", solver="manual", status="optimal", ii=5, ii_lower_bound=5,
+                     starts={"qk": 0}, stats={"res_mii": 5})
+        p = predict(s, shape, machine)
+        assert (p.tiles, p.iterations) == (tiles, iters)
+
+
+@pytest.mark.parametrize("text,problem,sizes", [("4096,4096,4096", "gemm", (4096, 4096, 4096)),
+                                                ("M=64,N=32,K=16", "gemm", (64, 32, 16)),
+                                                ("1,2,3,64", "attention", (1, 2, 3, 64))])
+def test_parse_shape(text, problem, sizes):
+    assert parse_shape(text, problem).sizes == sizes
+
+
+@pytest.mark.parametrize("text", ["1,2", "a,b,c", "0,4,4", "N=1,M=2,K=3"])
+def test_parse_shape_rejects(text):
+    with pytest.raises(TwillError, match="shape"):
+        parse_shape(text, "gemm")
+
+
+def test_ptxas_log_parsing():
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+           "ptxas info    : Function properties for k\n"
+           "    24 bytes stack frame, 16 bytes spill stores, 8 bytes spill loads\n"
+           "ptxas info    : Used 168 registers\n")
+    assert parse_ptxas_log(log) == {"registers": 168, "spill_stores": 16, "spill_loads": 8, "spill_bytes": 24}
+
+
+# -- sweep and cache --------------------------------------------------------------------------------------
+def _jobs(depths, time_limit=30.0):
+    graph = graph_to_dict(build_kernel("gemm", H100, block_m=128, block_n=128, block_k=64))
+    return [Job(candidate=Candidate(options=(("block_m", 128),), streaming_depth=d), machine=H100,
+                time_limit=time_limit, graph=graph) for d in depths]
+
+
+def test_cache_lives_under_xdg_cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "twill" / "tune"
+
+
+def test_sweep_caches_each_candidate(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = run_sweep(_jobs([2, 3]), workers=2)
+    assert [r["status"] for r in first] == ["ok", "ok"] and not any(r["cached"] for r in first)
+    assert len(list((tmp_path / "twill" / "tune").glob("*.json"))) == 2
+    again = run_sweep(_jobs([2, 3]), workers=2)
+    assert all(r["cached"] for r in again)
+    assert [r["ii"] for r in again] == [r["ii"] for r in first]
+    changed = run_sweep(_jobs([2, 4]), workers=1)           # depth 4 is new, depth 2 is not
+    assert [r["cached"] for r in changed] == [True, False]
+    other_limit = run_sweep(_jobs([2], time_limit=31.0), workers=1)
+    assert other_limit[0]["cached"] is False
+    other_machine = run_sweep([replace(_jobs([2])[0], machine=replace(H100, launch_us=9.0))], workers=1)
+    assert other_machine[0]["cached"] is False
+
+
+def test_jobs_pickle_with_their_read_only_mappings():
+    job = _jobs([2])[0]
+    again = pickle.loads(pickle.dumps(job))
+    assert again.machine == H100 and again.key("v") == job.key("v")
+
+
+def test_failed_candidate_is_recorded_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    job = replace(_jobs([2])[0], graph={"format": "twill-graph/1", "name": "broken"})
+    [record] = run_sweep([job], workers=1, use_cache=False)
+    assert record["status"] == "error" and record["reason"]
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty,lines", [(True, False), (False, True), (False, False)])
+def test_progress_bar_on_a_terminal_lines_otherwise(tty, lines):
+    stream = _Stream(tty)
+    bar = Progress(total=2, stream=stream, lines=lines)
+    bar.update("a=1", {"status": "ok", "seconds": 0.5}, cached=False)
+    bar.update("a=2", {"status": "infeasible"}, cached=True)
+    text = stream.getvalue()
+    if tty:
+        assert text.count("\r") == 2 and text.endswith("2/2 (1 cached, 1 failed)\n")
+    elif lines:
+        assert text.splitlines() == ["twill: tune 1/2 a=1: ok (0.5 s)", "twill: tune 2/2 a=2: infeasible (cached)"]
+    else:
+        assert text == ""
+
+
+def _die(job):
+    os._exit(3)
+
+
+def test_a_dying_worker_fails_its_candidate_not_the_sweep(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(sweep, "run_job", _die)
+    [record] = run_sweep(_jobs([2]), workers=1)
+    assert record["status"] == "error" and "worker failed" in record["reason"]
+    assert not (tmp_path / "twill" / "tune").exists() or not list((tmp_path / "twill" / "tune").glob("*.json"))
+
+
+# -- the command ------------------------------------------------------------------------------------------
+def _run(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.slow
+def test_tune_end_to_end_with_two_workers(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    doc_path, kernel_path = tmp_path / "sweep.json", tmp_path / "best.py"
+    argv = ["tune", "gemm", "--block-m", "128", "--block-n", "128,256", "--block-k", "64", "--warps", "8",
+            "--streaming-depth", "2,3", "--shape", "2048,2048,2048", "--workers", "2",
+            "--json", str(doc_path), "-o", str(kernel_path)]
+    rc, out, err = _run(argv, capsys)
+    assert rc == 0, err
+    doc = json.loads(doc_path.read_text())
+    assert doc["format"] == "twill-tune/1" and doc["shape"] == {"M": 2048, "N": 2048, "K": 2048}
+    results = doc["results"]
+    assert len(results) == 4 and all(r["status"] == "ok" and not r["cached"] for r in results)
+    times = [r["prediction"]["seconds"] for r in results]
+    assert times == sorted(times)
+    assert "def launch" in kernel_path.read_text()
+    assert "rank" in out and "4 ok" in out
+    rc, out, _ = _run(argv, capsys)
+    assert rc == 0 and "(4 cached)" in out
+    assert all(r["cached"] for r in json.loads(doc_path.read_text())["results"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["tune", "gemm", "--shape", "1,2"], "shape"),
+    (["tune", "gemm", "--shape", "1,2,3", "-o", "/nonexistent-dir/k.py"], "cannot write kernel"),
+    (["tune", "gemm", "--json", "/nonexistent-dir/s.json"], "cannot write sweep JSON"),
+    (["tune", "paper-example"], "no problem shape"),
+    (["tune", "nope"], "unknown kernel"),
+    (["tune", "flash-fwd", "--head-dim", "64", "--shape", "1,1,128,128"], "does not match"),
+    (["tune", "gemm", "--constexpr", "BLOCK_M=64"], "Triton targets only"),
+    (["tune", "gemm", "--workers", "0"], "--workers"),
+    (["tune", "gemm", "--block-m", "x"], "comma list"),
+])
+def test_tune_errors_are_one_line_before_any_solve(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    rc, out, err = _run(argv, capsys)
+    assert rc == 2 and out == ""
+    assert err.startswith("twill: error:") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "twill").exists()
+
+
+def test_measure_without_a_gpu_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    torch = pytest.importorskip("torch", reason="torch absent: the error path is the import one, covered below")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    rc, _, err = _run(["tune", "gemm", "--measure", "2"], capsys)
+    assert rc == 2 and "--measure needs a CUDA GPU" in err
+
+
+def test_measure_without_torch_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)         # import torch raises ImportError
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    rc, _, err = _run(["tune", "gemm", "--measure", "2"], capsys)
+    assert rc == 2 and "--measure needs a CUDA GPU" in err and err.count("\n") == 1
+
+
+# -- Triton targets and spills ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_triton_matmul_spill_check_discards_the_spilling_config(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("triton", reason="Triton is needed to compile the kernel")
+    from twill.kernels.triton import matmul
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    doc_path = tmp_path / "sweep.json"
+    rc, out, err = _run(["tune", f"{matmul.__file__}:matmul_kernel", "--signature", matmul.SIGNATURE,
+                         "--constexpr", "BLOCK_M=128,256", "--constexpr", "BLOCK_N=256", "--constexpr", "BLOCK_K=64",
+                         "--num-warps", "8", "--check-spills", "--json", str(doc_path)], capsys)
+    assert rc == 0, err
+    by_m = {r["settings"]["BLOCK_M"]: r for r in json.loads(doc_path.read_text())["results"]}
+    # 256x256 fp32 accumulator on 8 warps is 256 registers per thread before anything else: it must spill.
+    assert by_m[256]["status"] == "spills" and by_m[256]["spills"]["spill_bytes"] > 0
+    assert by_m[128]["status"] == "ok" and by_m[128]["spills"]["spill_bytes"] == 0
+    assert "M=4096,N=4096,K=4096" in out
+
+
+# -- Ray --------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_ray_address_is_a_one_line_error(tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'twill-gpu[ray]')")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(TwillError, match="cannot reach the Ray cluster"):
+        run_sweep(_jobs([2]), ray_address=f"127.0.0.1:{_free_port()}")
+
+
+@pytest.mark.slow
+def test_ray_sweep_on_a_local_cluster(tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'twill-gpu[ray]')")
+    port = _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    ray_tmp = tempfile.mkdtemp(prefix="twray", dir="/tmp")     # Ray's socket paths must stay short
+    head = subprocess.Popen([sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())",
+                             "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+                             "--include-dashboard=false", f"--temp-dir={ray_tmp}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_for_port(port, head)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        records = run_sweep(_jobs([2, 3]), ray_address=f"127.0.0.1:{port}", use_cache=False)
+        local = run_sweep(_jobs([2, 3]), workers=1, use_cache=False)
+        assert [r["status"] for r in records] == ["ok", "ok"]
+        assert [r["ii"] for r in records] == [r["ii"] for r in local]
+    finally:
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGTERM)         # the head and the workers it started, nothing else
+            head.wait(timeout=90)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"ray start exited with status {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.5)
+    pytest.fail("the local Ray head did not come up")

@@ -1,0 +1,259 @@
+"""``twill tune``: sweep a target's tile sizes, depths and register budgets, rank candidates by predicted time.
+
+Axis flags take comma lists (``--block-m 128,256``); an axis not given takes the kernel's default sweep
+(:data:`twill.tune.space.DEFAULT_AXES`). See docs/tuning.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from typing import Any
+
+from twill.commands.common import machine_of, print_output, write_json_output
+from twill.errors import TwillError
+
+_TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
+
+#: Axis flags of built-in kernels: flag -> (axis, value type).
+AXIS_FLAGS: dict[str, tuple[str, type]] = {
+    "--subtiles": ("subtiles", int), "--head-dim": ("head_dim", int), "--block-m": ("block_m", int),
+    "--block-n": ("block_n", int), "--block-k": ("block_k", int), "--dtype": ("dtype", str),
+    "--warps": ("warps", int), "--streaming-depth": ("streaming_depth", int), "--reg-limit": ("reg_limit", int),
+}
+
+#: Kernel -> problem it solves (see :data:`twill.tune.predict.PROBLEMS`).
+KERNEL_PROBLEMS = {"gemm": "gemm", "flash-fwd": "attention", "flash-bwd": "attention"}
+
+DEFAULT_TIME_LIMIT = 60.0
+
+
+def _values(typ: type):
+    """An argparse type that reads a comma list of ``typ`` values into a tuple."""
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            values = tuple(typ(v.strip()) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {typ.__name__}, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError("expected at least one value")
+        return values
+
+    parse.__name__ = f"{typ.__name__} list"
+    return parse
+
+
+def _axes(args: argparse.Namespace, names: Any) -> dict[str, tuple[Any, ...]]:
+    """The axes among ``names`` that were given on the command line."""
+    return {axis: getattr(args, axis) for axis in names if getattr(args, axis, None) is not None}
+
+
+def _check_writable(path: str | None, what: str) -> None:
+    """A clear error now, before the sweep, when ``path`` cannot be written."""
+    if not path:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(directory) or not os.access(directory, os.W_OK):
+        raise TwillError(f"cannot write {what} {path!r}: "
+                         f"{'is a directory' if os.path.isdir(path) else 'directory missing or not writable'}")
+
+
+def _triton_constexprs(items: list[str]) -> dict[str, tuple[Any, ...]]:
+    """``--constexpr NAME=V1,V2`` items as ``{NAME: (V1, V2)}`` (values parsed as the Triton frontend does)."""
+    from twill.frontends.triton.compile import parse_constexpr_value
+
+    out: dict[str, tuple[Any, ...]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip() or not values.strip():
+            raise TwillError(f"bad --constexpr {item!r}: expected NAME=V1,V2,...")
+        out[name.strip()] = tuple(parse_constexpr_value(v.strip()) for v in values.split(",") if v.strip())
+    return out
+
+
+def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
+    """``(space, jobs, shape)`` of the target; the shape is ``None`` for a Triton kernel without ``--shape``
+    (its problem is known only once its graph is extracted)."""
+    from twill.ir.io import graph_to_dict
+    from twill.tune.predict import default_shape, parse_shape
+    from twill.tune.space import graph_space, kernel_space, triton_space
+    from twill.tune.sweep import Job
+
+    match = _TRITON_TARGET.match(args.target)
+    hopper = machine.capability // 10 == 9
+    if args.check_spills and not match and not hopper:
+        raise TwillError(f"--check-spills compiles Gluon kernels for sm_90 only, not {machine.arch}")
+    check = bool(args.check_spills or (args.measure and hopper))
+    common = {"machine": machine, "time_limit": args.time_limit, "check_spills": check}
+    kernel_axes = _axes(args, [a for a, _ in AXIS_FLAGS.values()])
+    if match:
+        if kernel_axes:
+            raise TwillError(f"--{next(iter(kernel_axes)).replace('_', '-')} applies to built-in kernels and "
+                             f"graphs; use --constexpr NAME=V1,V2 for a Triton target")
+        if not os.path.isfile(match["path"]):
+            raise TwillError(f"cannot read Triton source {match['path']!r}: no such file")
+        if not args.signature:
+            raise TwillError("a Triton target needs --signature listing every non-constexpr argument")
+        space = triton_space(_triton_constexprs(args.constexpr), _axes(args, ("num_warps", "num_stages")))
+        with open(match["path"]) as fh:
+            info = {"path": os.path.abspath(match["path"]), "fn": match["fn"], "signature": args.signature,
+                    "source": fh.read()}
+        jobs = [Job(candidate=c, triton=info, **common) for c in space.candidates]
+        shape = None
+        if args.shape:
+            shape = parse_shape(args.shape, "gemm" if len(args.shape.split(",")) == 3 else "attention")
+        return space, jobs, shape
+    if args.constexpr or args.signature or args.num_warps or args.num_stages:
+        raise TwillError("--signature, --constexpr, --num-warps and --num-stages apply to Triton targets only")
+    if args.target.endswith(".json") or os.path.sep in args.target:
+        from twill.ir.io import load_graph
+        from twill.tune.predict import problem_of
+
+        graph = load_graph(args.target)
+        problem = problem_of(graph)
+        space = graph_space(kernel_axes)
+        shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem,
+                                                                                   graph.attrs.get("head_dim"))
+        jobs = [Job(candidate=c, graph=graph_to_dict(graph), **common) for c in space.candidates]
+        return space, jobs, shape
+    from twill.kernels import build_kernel, kernel_options
+
+    kernel_options(args.target)                     # unknown kernel: one clear error
+    problem = KERNEL_PROBLEMS.get(args.target)
+    if problem is None:
+        raise TwillError(f"kernel {args.target!r} has no problem shape to tune for "
+                         f"(tunable: {', '.join(KERNEL_PROBLEMS)})")
+    if problem == "attention":
+        given = kernel_axes.get("head_dim")
+        if given is not None and len(given) != 1:
+            raise TwillError("--head-dim takes one value (the shape's D)")
+        shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem, (given or (None,))[0])
+        if given is not None and given[0] != shape["D"]:
+            raise TwillError(f"--head-dim {given[0]} does not match the shape's D={shape['D']}")
+        kernel_axes["head_dim"] = (shape["D"],)
+    else:
+        shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem)
+    space = kernel_space(args.target, machine, kernel_axes)
+    jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(args.target, machine, **dict(c.options))), **common)
+            for c in space.candidates]
+    return space, jobs, shape
+
+
+def _shape_from_results(records: list[dict[str, Any]]) -> Any:
+    """The default shape of a Triton kernel's problem, read from its first solved graph."""
+    from twill.tune.predict import default_shape, problem_of
+    from twill.ir.io import graph_from_dict
+
+    for record in records:
+        if record["status"] == "ok":
+            graph = graph_from_dict(record["schedule"]["loop_graph"])
+            return default_shape(problem_of(graph), graph.attrs.get("head_dim"))
+    raise TwillError("no candidate was scheduled; nothing to rank (see the reasons with --json)")
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """Check the outputs, plan the space, run the sweep, rank, optionally measure, write and print."""
+    from twill.tune.rank import format_ranking, rank, sweep_document
+    from twill.tune.sweep import Progress, run_sweep
+
+    if args.workers < 1:
+        raise TwillError(f"--workers must be >= 1, got {args.workers}")
+    if args.time_limit <= 0:
+        raise TwillError(f"--time-limit must be positive, got {args.time_limit}")
+    if args.top < 1 or (args.measure is not None and args.measure < 1):
+        raise TwillError("--top and --measure take a positive count")
+    _check_writable(args.json, "sweep JSON")
+    _check_writable(args.output, "kernel")
+    if args.output and _TRITON_TARGET.match(args.target):
+        raise TwillError("-o emits a Gluon kernel from a warp-specialized schedule; for a Triton target run "
+                         "'twill inject' with the winning settings")
+    if args.measure and _TRITON_TARGET.match(args.target):
+        raise TwillError("--measure times emitted Gluon kernels; Triton targets are not measured yet")
+    if args.measure:
+        from twill.tune.measure import require_gpu
+
+        require_gpu()
+    machine = machine_of(args)
+    space, jobs, shape = _plan(args, machine)
+    if not jobs:
+        raise TwillError(f"every candidate was filtered out before solving ({len(space.rejected)}; "
+                         f"first: {space.rejected[0][1] if space.rejected else 'none'})")
+    progress = Progress(total=len(jobs), lines=args.progress)
+    records = run_sweep(jobs, workers=args.workers, ray_address=args.ray, use_cache=args.cache,
+                        progress=progress)
+    shape = shape or _shape_from_results(records)
+    results = rank(space.candidates, records, shape, machine)
+    measured: list[dict[str, Any]] = []
+    if args.measure:
+        from twill.tune.measure import format_measured, measure_candidates
+
+        measured = measure_candidates(results, shape, args.measure)
+    if args.json:
+        write_json_output(args.json, sweep_document(args.target, machine, shape, space, results, measured))
+    if args.output:
+        _emit_winner(results, args.output)
+    text = (f"tune {args.target} on {machine.name}, shape {shape.text()}: {len(jobs)} candidates "
+            f"({progress.cached} cached)\n" + format_ranking(results, args.top, len(space.rejected)))
+    if measured:
+        text += "\n\n" + format_measured(measured)
+    if args.output:
+        text += f"\nwinner written to {args.output}"
+    print_output(text)
+    return 0
+
+
+def _emit_winner(results: list[Any], path: str) -> None:
+    """Write the best-ranked schedule as a Gluon kernel to ``path``."""
+    from twill.codegen.gluon import write_gluon
+
+    best = next((r for r in results if r.prediction is not None), None)
+    if best is None:
+        raise TwillError("no candidate was scheduled; nothing to emit")
+    try:
+        write_gluon(best.schedule, path)
+    except OSError as exc:
+        raise TwillError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``twill tune``."""
+    p = sub.add_parser("tune", help="sweep tile sizes, depths and register budgets; rank by predicted time",
+                       description="Solve every candidate of a target's search space in parallel (cached on "
+                                   "disk), predict each schedule's kernel time on the problem shape and rank "
+                                   "them. Axis flags take comma lists; an axis not given takes the kernel's "
+                                   "default sweep.")
+    p.add_argument("target", help="built-in kernel (gemm, flash-fwd, flash-bwd), a twill-graph/1 .json file, "
+                                  "or a Triton kernel path.py:fn")
+    p.add_argument("--arch", default=None, type=str.lower, help="target GPU (default h100, or the --machine file's)")
+    p.add_argument("--machine", default=None, metavar="FILE",
+                   help="calibrated machine model (twill-machine/1, from 'twill calibrate'): its measured rates, "
+                        "clock, launch cost and memory bounds price every candidate")
+    p.add_argument("--shape", default=None, help="problem size: M,N,K (GEMM) or B,H,S,D (attention); "
+                                                 "default 4096,4096,4096 or 4,32,4096,head_dim")
+    axes = p.add_argument_group("search axes (comma lists; built-in kernels, and the solver knobs for graphs)")
+    for flag, (dest, typ) in AXIS_FLAGS.items():
+        axes.add_argument(flag, dest=dest, type=_values(typ), default=None, metavar="V[,V...]")
+    tri = p.add_argument_group("Triton target axes (path.py:fn)")
+    tri.add_argument("--signature", default=None, help="argument types, e.g. 'a_ptr=*fp16:16,M=i32:16'")
+    tri.add_argument("--constexpr", action="append", default=[], metavar="NAME=V1,V2",
+                     help="values of a tl.constexpr to sweep (repeatable)")
+    tri.add_argument("--num-warps", type=_values(int), default=None, metavar="W[,W...]", help="default 4")
+    tri.add_argument("--num-stages", type=_values(int), default=None, metavar="S[,S...]", help="default 3")
+    run = p.add_argument_group("sweep")
+    run.add_argument("--workers", type=int, default=2, help="parallel solves (processes; default 2)")
+    run.add_argument("--ray", default=None, metavar="ADDRESS", help="run the sweep on the Ray cluster at ADDRESS")
+    run.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S",
+                     help=f"seconds per candidate (default {DEFAULT_TIME_LIMIT:g})")
+    run.add_argument("--no-cache", dest="cache", action="store_false", help="solve everything again")
+    run.add_argument("--progress", action="store_true", help="one progress line per candidate when stderr "
+                                                             "is not a terminal")
+    run.add_argument("--check-spills", action="store_true",
+                     help="compile each candidate on the CPU and discard those whose kernel spills (slow)")
+    out = p.add_argument_group("output")
+    out.add_argument("--top", type=int, default=10, metavar="K", help="rows of the ranking (default 10)")
+    out.add_argument("--json", default=None, metavar="FILE", help="write the whole sweep as twill-tune/1 JSON")
+    out.add_argument("-o", "--output", default=None, metavar="FILE.py", help="emit the winner as a Gluon kernel")
+    out.add_argument("--measure", type=int, default=None, metavar="K",
+                     help="compile and time the best K on the GPU (needs a CUDA GPU)")
+    p.set_defaults(func=_cmd_tune)

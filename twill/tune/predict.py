@@ -1,0 +1,217 @@
+"""Predicted kernel time of a schedule on a problem shape: the number ``twill tune`` ranks candidates by.
+
+A schedule describes one CTA's main loop; the problem shape says how many loop iterations one CTA runs and
+how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
+
+* ``II`` and ``L`` are read off the schedule and turned into raw cycles with the normalization record
+  (``schedule.stats["normalization"]["cycles_per_unit"]``; 1 when normalization is off).
+* **Per tile**: a modulo-scheduled loop of ``n`` iterations starts iteration ``i`` at ``i·II`` and each
+  iteration takes ``L``, so the tile takes ``(n − 1)·II + L`` cycles: ``n·II`` in the steady state plus the
+  prologue/epilogue overhead ``L − II`` (the ``stages − 1`` partially filled iterations at each end).
+* **CTAs per SM** ``c`` = how many CTAs fit together on one SM: the least of shared memory
+  (``machine.smem_per_sm //`` :func:`shared_memory`), warps (``machine.max_warps_per_sm // warps``) and
+  registers (``machine.regs_per_sm // Σ warps·32·regs``) over the schedule's warp groups; a schedule without
+  warp groups (a Triton kernel) counts the graph's ``num_warps`` and no register limit. Co-resident CTAs share
+  the SM's units, so a wave of ``c`` CTAs takes ``max(tile, c·n·ResMII)`` cycles: the busiest unit is busy
+  ``ResMII`` raw cycles per iteration of every CTA.
+* **Waves**: ``⌈tiles / (machine.sms · c)⌉`` (wave quantization over the SMs).
+* **Time**: ``waves · wave cycles / machine.time_clock_ghz + machine.launch_us``.
+
+Problems (:data:`PROBLEMS`): ``gemm`` (``M, N, K``; tiles ``⌈M/block_m⌉·⌈N/block_n⌉``, ``⌈K/block_k⌉``
+iterations), ``attention`` (``B, H, S, D``, non-causal). The attention loop depends on the kernel: the forward
+pass (``flash-fwd``, Triton attention kernels) has ``B·H·⌈S/block_m⌉`` tiles of ``⌈S/block_n⌉`` iterations;
+the backward pass (``flash-bwd``: a resident K/V block, a loop over query blocks) has ``B·H·⌈S/block_n⌉`` tiles
+of ``⌈S/block_m⌉`` iterations.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from twill.errors import TwillError
+from twill.ir.graph import LoopGraph
+from twill.machine.models import Machine
+from twill.schedule.result import Schedule
+
+#: Problem -> the names of its sizes, in the order ``--shape`` takes them.
+PROBLEMS: dict[str, tuple[str, ...]] = {"gemm": ("M", "N", "K"), "attention": ("B", "H", "S", "D")}
+
+#: Default sizes per problem (attention's ``D`` comes from the kernel's ``head_dim``).
+DEFAULT_SIZES: dict[str, dict[str, int]] = {"gemm": {"M": 4096, "N": 4096, "K": 4096},
+                                            "attention": {"B": 4, "H": 32, "S": 4096}}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A problem size: ``problem`` (a key of :data:`PROBLEMS`) and its sizes in that problem's order."""
+
+    problem: str
+    sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        names = PROBLEMS.get(self.problem)
+        if names is None:
+            raise TwillError(f"unknown problem {self.problem!r} (known: {', '.join(PROBLEMS)})")
+        if len(self.sizes) != len(names) or any(int(s) < 1 for s in self.sizes):
+            raise TwillError(f"a {self.problem} shape is {len(names)} positive integers "
+                             f"{','.join(names)}, got {self.sizes}")
+
+    def __getitem__(self, name: str) -> int:
+        """The size called ``name`` (``shape["K"]``)."""
+        return self.sizes[PROBLEMS[self.problem].index(name)]
+
+    def as_dict(self) -> dict[str, int]:
+        """``{"M": 4096, ...}``."""
+        return dict(zip(PROBLEMS[self.problem], self.sizes))
+
+    def text(self) -> str:
+        """``M=4096,N=4096,K=4096``."""
+        return ",".join(f"{k}={v}" for k, v in self.as_dict().items())
+
+    def flops(self, kernel: str = "") -> float:
+        """Useful FLOPs: ``2·M·N·K``; attention forward ``4·B·H·S²·D``, backward 2.5× that (5 GEMMs, not 2)."""
+        if self.problem == "gemm":
+            return 2.0 * self["M"] * self["N"] * self["K"]
+        forward = 4.0 * self["B"] * self["H"] * self["S"] ** 2 * self["D"]
+        return 2.5 * forward if kernel == "flash-bwd" else forward
+
+
+def problem_of(graph: LoopGraph) -> str:
+    """The problem a loop graph belongs to, read from its attributes: ``head_dim`` means attention,
+    ``block_k`` GEMM."""
+    if "head_dim" in graph.attrs:
+        return "attention"
+    if "block_k" in graph.attrs:
+        return "gemm"
+    raise TwillError(f"graph {graph.name!r} names no problem (its attrs have neither block_k nor head_dim); "
+                     f"twill tune predicts GEMM and attention loops only")
+
+
+def default_shape(problem: str, head_dim: int | None = None) -> Shape:
+    """The default shape of ``problem``: GEMM 4096³; attention B=4, H=32, S=4096, D=``head_dim`` (128)."""
+    sizes = dict(DEFAULT_SIZES[problem])
+    if problem == "attention":
+        sizes["D"] = head_dim or 128
+    return Shape(problem, tuple(sizes[n] for n in PROBLEMS[problem]))
+
+
+def parse_shape(text: str, problem: str) -> Shape:
+    """``--shape 4096,4096,4096`` (or ``M=4096,N=4096,K=4096``) for ``problem``; a bad shape is a TwillError."""
+    names = PROBLEMS[problem]
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    values: list[int] = []
+    for i, part in enumerate(parts):
+        name, _, value = part.rpartition("=")
+        if name and (i >= len(names) or name.upper() != names[i]):
+            raise TwillError(f"bad --shape {text!r}: a {problem} shape is {','.join(names)}")
+        try:
+            values.append(int(value))
+        except ValueError:
+            raise TwillError(f"bad --shape {text!r}: {value!r} is not an integer") from None
+    return Shape(problem, tuple(values))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted time of one kernel launch.
+
+    Attributes:
+        seconds: predicted wall time of the launch.
+        cycles: raw SM cycles of the whole grid (``waves`` × wave cycles), without the launch cost.
+        iterations: loop iterations per tile (CTA).
+        tiles: CTAs of the grid.
+        waves: ``⌈tiles / (sms · ctas_per_sm)⌉``.
+        breakdown: the terms of the formula (module docstring): ``ii_raw``, ``length_raw``, ``tile_cycles``,
+            ``overhead_cycles`` (``L − II``), ``ctas_per_sm``, ``wave_cycles``, ``clock_ghz``, ``launch_us``.
+    """
+
+    seconds: float
+    cycles: float
+    iterations: int
+    tiles: int
+    waves: int
+    breakdown: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "breakdown", MappingProxyType(dict(self.breakdown)))
+
+    @property
+    def microseconds(self) -> float:
+        """``seconds`` in microseconds."""
+        return self.seconds * 1e6
+
+    def to_dict(self) -> dict[str, Any]:
+        """The prediction as JSON (the sweep document's ``prediction``)."""
+        return {"seconds": self.seconds, "us": round(self.microseconds, 3), "cycles": self.cycles,
+                "iterations": self.iterations, "tiles": self.tiles, "waves": self.waves,
+                "breakdown": dict(self.breakdown)}
+
+
+def cycles_per_unit(schedule: Schedule) -> float:
+    """Raw cycles per schedule time unit: the normalization scale, or 1 when normalization is off."""
+    norm = schedule.stats.get("normalization") or {}
+    return float(norm.get("cycles_per_unit", 1.0)) if norm.get("enabled") else 1.0
+
+
+def loop_extent(graph: LoopGraph, shape: Shape) -> tuple[int, int]:
+    """``(tiles, iterations per tile)`` of ``graph``'s loop on ``shape`` (module docstring)."""
+    attrs = graph.attrs
+    if shape.problem == "gemm":
+        return (math.ceil(shape["M"] / attrs["block_m"]) * math.ceil(shape["N"] / attrs["block_n"]),
+                math.ceil(shape["K"] / attrs["block_k"]))
+    if int(attrs["head_dim"]) != shape["D"]:
+        raise TwillError(f"shape D={shape['D']} does not match the kernel's head_dim {attrs['head_dim']}")
+    heads, seq = shape["B"] * shape["H"], shape["S"]
+    if attrs.get("kernel") == "flash-bwd":
+        return heads * math.ceil(seq / attrs["block_n"]), math.ceil(seq / attrs["block_m"])
+    return heads * math.ceil(seq / attrs["block_m"]), math.ceil(seq / attrs["block_n"])
+
+
+def shared_memory(schedule: Schedule) -> int:
+    """Shared-memory bytes of one CTA: ``stats["smem_bytes"]`` when the joint solver reports it, else every
+    op's buffer times the copies the schedule keeps (``Schedule.result_depth``) plus the resident tiles
+    (``attrs["smem_resident"]``)."""
+    if schedule.stats.get("smem_bytes"):
+        return int(schedule.stats["smem_bytes"])
+    graph = schedule.graph
+    buffers = sum(op.smem * schedule.result_depth(op.name) for op in graph.ops if op.smem)
+    return buffers + int(graph.attrs.get("smem_resident", 0))
+
+
+def ctas_per_sm(schedule: Schedule, machine: Machine) -> int:
+    """CTAs that fit on one SM together (module docstring). Warps and registers come from the warp groups;
+    a schedule without warp groups (a Triton kernel) counts ``attrs["num_warps"]`` and no register limit."""
+    limits = []
+    if schedule.warps:
+        warps = sum(g.num_warps for g in schedule.warps)
+        limits.append(machine.regs_per_sm // sum(g.num_warps * 32 * g.regs for g in schedule.warps))
+    else:
+        warps = int(schedule.graph.attrs.get("num_warps", 0))
+    if warps:
+        limits.append(machine.max_warps_per_sm // warps)
+    smem = shared_memory(schedule)
+    if smem:
+        limits.append(machine.smem_per_sm // smem)
+    return max(1, min(limits, default=1))
+
+
+def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
+    """The predicted time of one launch of ``schedule``'s kernel on ``shape`` (formula: module docstring)."""
+    scale = cycles_per_unit(schedule)
+    ii_raw, length_raw = schedule.ii * scale, schedule.length * scale
+    tiles, iterations = loop_extent(schedule.graph, shape)
+    tile_cycles = (iterations - 1) * ii_raw + length_raw
+    per_sm = ctas_per_sm(schedule, machine)
+    res_raw = float(schedule.stats.get("res_mii", 0)) * scale
+    wave_cycles = max(tile_cycles, per_sm * iterations * res_raw)
+    waves = math.ceil(tiles / (machine.sms * per_sm))
+    cycles = waves * wave_cycles
+    seconds = cycles / (machine.time_clock_ghz * 1e9) + machine.launch_us * 1e-6
+    breakdown = {"ii_raw": ii_raw, "length_raw": length_raw, "tile_cycles": tile_cycles,
+                 "overhead_cycles": length_raw - ii_raw, "ctas_per_sm": per_sm, "wave_cycles": wave_cycles,
+                 "clock_ghz": machine.time_clock_ghz, "launch_us": machine.launch_us}
+    return Prediction(seconds=seconds, cycles=cycles, iterations=iterations, tiles=tiles, waves=waves,
+                      breakdown=breakdown)

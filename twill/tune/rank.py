@@ -1,0 +1,111 @@
+"""Rank solved candidates by predicted time; the ranking table and the ``twill-tune/1`` sweep document."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from twill.errors import TwillError
+from twill.machine.models import Machine
+from twill.schedule.report import _table
+from twill.schedule.result import Schedule
+from twill.tune.predict import Prediction, Shape, predict, problem_of
+from twill.tune.space import Candidate, Space
+
+#: Format tag of the sweep JSON written by ``twill tune --json``.
+TUNE_FORMAT = "twill-tune/1"
+
+
+@dataclass(frozen=True)
+class Result:
+    """One candidate after the sweep: its record (:func:`twill.tune.sweep.run_job`), and for a solved one the
+    schedule and the prediction."""
+
+    candidate: Candidate
+    record: Mapping[str, Any]
+    schedule: Schedule | None = None
+    prediction: Prediction | None = None
+    tflops: float | None = None
+
+    @property
+    def status(self) -> str:
+        """The record's status (``ok``, ``infeasible``, ``spills``, ``error``)."""
+        return str(self.record["status"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """One entry of the sweep document's ``results``."""
+        out: dict[str, Any] = {"settings": self.candidate.settings(), "status": self.status,
+                               "reason": self.record.get("reason"), "cached": self.record.get("cached", False),
+                               "solve_seconds": self.record.get("seconds")}
+        if self.record.get("spills") is not None:
+            out["spills"] = self.record["spills"]
+        if self.schedule is not None:
+            out.update(ii=self.schedule.ii, solve_status=self.schedule.status,
+                       stages=self.schedule.num_stages,
+                       warps=[{"num_warps": g.num_warps, "regs": g.regs} for g in self.schedule.warps])
+        if self.prediction is not None:
+            out.update(prediction=self.prediction.to_dict(), tflops=round(self.tflops or 0.0, 2))
+        return out
+
+
+def _schedule_of(record: Mapping[str, Any]) -> Schedule:
+    """The schedule stored in a solved record (``twill-schedule/1`` with its ``loop_graph``)."""
+    from twill.ir.io import graph_from_dict
+
+    doc = record["schedule"]
+    return Schedule.from_dict(doc, graph_from_dict(doc["loop_graph"]))
+
+
+def rank(candidates: Sequence[Candidate], records: Sequence[Mapping[str, Any]], shape: Shape,
+         machine: Machine) -> list[Result]:
+    """Results of a sweep: solved candidates by predicted time (fastest first; ties go to fewer, larger
+    tiles, which reuse each loaded operand more), then the failed ones. A
+    schedule whose problem does not match ``shape`` is an ``error`` with the reason."""
+    solved: list[Result] = []
+    failed: list[Result] = []
+    for cand, record in zip(candidates, records):
+        if record["status"] != "ok":
+            failed.append(Result(cand, record))
+            continue
+        schedule = _schedule_of(record)
+        kernel = str(schedule.graph.attrs.get("kernel", ""))
+        try:
+            if problem_of(schedule.graph) != shape.problem:
+                raise TwillError(f"the kernel is a {problem_of(schedule.graph)} loop, the shape a {shape.problem}")
+            pred = predict(schedule, shape, machine)
+        except TwillError as exc:
+            failed.append(Result(cand, {**record, "status": "error", "reason": str(exc)}, schedule))
+            continue
+        solved.append(Result(cand, record, schedule, pred, shape.flops(kernel) / pred.seconds / 1e12))
+    solved.sort(key=lambda r: (r.prediction.seconds, r.prediction.tiles, r.candidate.label())
+                if r.prediction else (0.0, 0, ""))
+    return solved + failed
+
+
+def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> str:
+    """The ranking table: the ``top`` best solved candidates, then a count of the others by status."""
+    rows = []
+    for i, r in enumerate(results[:top]):
+        if r.prediction is None or r.schedule is None:
+            break
+        rows.append([i + 1, r.candidate.label(), r.schedule.ii, f"{r.prediction.breakdown['ii_raw']:.0f}",
+                     f"{r.prediction.microseconds:.1f}", f"{r.tflops:.0f}", r.schedule.status])
+    header = ["rank", "candidate", "II", "II raw", "predicted us", "TFLOP/s", "status"]
+    lines = _table(header, rows) if rows else ["  no candidate was scheduled"]
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    if rejected:
+        counts["filtered out"] = rejected
+    summary = ", ".join(f"{n} {status}" for status, n in counts.items())
+    return "\n".join(lines + [f"candidates: {summary}"])
+
+
+def sweep_document(target: str, machine: Machine, shape: Shape, space: Space, results: Sequence[Result],
+                   measured: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The ``twill-tune/1`` JSON of a sweep: target, machine, shape, every candidate (ranked), the
+    candidates filtered out before solving, and the GPU measurements when ``--measure`` ran."""
+    return {"format": TUNE_FORMAT, "target": target, "arch": machine.name, "shape": shape.as_dict(),
+            "problem": shape.problem, "results": [r.to_dict() for r in results],
+            "rejected": [{"settings": c.settings(), "reason": why} for c, why in space.rejected],
+            "measured": [dict(m) for m in measured]}

@@ -1,0 +1,163 @@
+"""The search space of ``twill tune``: candidates (kernel options × solver knobs) per target.
+
+A *target* is a built-in kernel, a ``twill-graph/1`` file or a Triton kernel ``path.py:fn``. Its space is the
+product of *axes*, each a tuple of values:
+
+* built-in kernels: the kernel options of :func:`twill.kernels.kernel_options` (``block_m``, ``subtiles``...)
+  plus the solver knobs ``streaming_depth`` and ``reg_limit``; :data:`DEFAULT_AXES` gives each kernel's
+  default sweep, and an axis given on the command line replaces it;
+* graph files: ``streaming_depth`` and ``reg_limit`` only;
+* Triton kernels: the ``tl.constexpr`` values, ``num_warps`` and ``num_stages`` given on the command line.
+
+Candidates that surely cannot run are filtered before any solve (:func:`smem_lower_bound` above
+``machine.smem_per_block``), and recorded with the reason; everything else is left to the solver, which may
+prove a candidate infeasible.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from twill.errors import TwillError
+from twill.ir.graph import LoopGraph
+from twill.machine.models import Machine
+
+#: Axes that are solver knobs (:class:`~twill.solve.options.SolveOptions` fields), not kernel options.
+SOLVER_AXES = ("streaming_depth", "reg_limit")
+
+#: Axes of a Triton target besides its constexprs.
+TRITON_AXES = ("num_warps", "num_stages")
+
+#: Default sweep per built-in kernel on Hopper (``reg_limit`` offsets are relative to the kernel's default
+#: budget; Blackwell drops ``warps`` and ``reg_limit``, see :func:`default_axes`).
+DEFAULT_AXES: dict[str, dict[str, tuple[Any, ...]]] = {
+    "gemm": {"block_m": (64, 128, 256), "block_n": (64, 128, 256), "block_k": (64, 128), "warps": (4, 8),
+             "streaming_depth": (2, 3, 4, 5)},
+    "flash-fwd": {"subtiles": (1, 2), "block_n": (64, 128), "streaming_depth": (2, 3, 4),
+                  "reg_limit": (0, -40, -80)},
+    "flash-bwd": {"streaming_depth": (2, 3)},
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the space.
+
+    Attributes:
+        options: kernel options as ``(name, value)`` pairs: ``build_kernel`` keywords for a built-in kernel,
+            ``tl.constexpr`` values for a Triton kernel, empty for a graph file.
+        streaming_depth: ring depth of streaming loads (``None`` = the graph's default).
+        reg_limit: per-thread register budget of compute warp groups (``None`` = the graph's default).
+        num_warps: Triton ``num_warps`` (Triton targets only).
+        num_stages: Triton ``num_stages`` (Triton targets only).
+    """
+
+    options: tuple[tuple[str, Any], ...] = ()
+    streaming_depth: int | None = None
+    reg_limit: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting that was chosen, options first: ``{"block_m": 128, ..., "streaming_depth": 3}``."""
+        knobs = {"streaming_depth": self.streaming_depth, "reg_limit": self.reg_limit,
+                 "num_warps": self.num_warps, "num_stages": self.num_stages}
+        return {**dict(self.options), **{k: v for k, v in knobs.items() if v is not None}}
+
+    def label(self) -> str:
+        """``block_m=128 block_n=256 streaming_depth=3``."""
+        return " ".join(f"{k}={v}" for k, v in self.settings().items()) or "(defaults)"
+
+
+@dataclass(frozen=True)
+class Space:
+    """The candidates of one target and those filtered out before solving (with their one-line reason)."""
+
+    candidates: tuple[Candidate, ...]
+    rejected: tuple[tuple[Candidate, str], ...] = ()
+
+
+def default_axes(kernel: str, machine: Machine, graph_reg_limit: int | None) -> dict[str, tuple[Any, ...]]:
+    """The default sweep of a built-in kernel on ``machine``: :data:`DEFAULT_AXES`, with ``reg_limit`` offsets
+    added to the kernel's default budget. On Blackwell (accumulators in TMEM) the ``warps`` axis does not exist
+    and ``reg_limit`` is not swept: below the kernel's budget of 160 the joint search runs into its time limit
+    instead of finding or refuting a schedule."""
+    axes = dict(DEFAULT_AXES.get(kernel, {"streaming_depth": (2, 3)}))
+    if "reg_limit" in axes:
+        if graph_reg_limit is None:
+            del axes["reg_limit"]
+        else:
+            axes["reg_limit"] = tuple(graph_reg_limit + d for d in axes["reg_limit"])
+    if machine.mma_accumulates_in == "tmem":
+        axes.pop("warps", None)
+        axes.pop("reg_limit", None)
+    return axes
+
+
+def product(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the axes' values, as dicts, in axis order."""
+    names = list(axes)
+    return [dict(zip(names, values)) for values in itertools.product(*(axes[n] for n in names))]
+
+
+def candidate_of(point: Mapping[str, Any]) -> Candidate:
+    """The candidate of one combination of axis values (kernel options and knobs separated)."""
+    knobs = {k: point[k] for k in (*SOLVER_AXES, *TRITON_AXES) if k in point}
+    options = tuple((k, v) for k, v in point.items() if k not in knobs)
+    return Candidate(options=options, **knobs)
+
+
+def smem_lower_bound(graph: LoopGraph, streaming_depth: int) -> int:
+    """Shared memory the kernel needs at least: every op's buffer times its least depth (streaming loads
+    ``streaming_depth``, or their pinned ring depth), plus the resident tiles (``attrs["smem_resident"]``)."""
+    buffers = sum(op.smem * graph.least_depth(op.name, streaming_depth) for op in graph.ops)
+    return buffers + int(graph.attrs.get("smem_resident", 0))
+
+
+def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]]) -> Space:
+    """The space of built-in ``kernel``: :func:`default_axes` with ``axes`` overriding; candidates whose
+    shared memory surely exceeds ``machine.smem_per_block`` are rejected."""
+    from twill.kernels import build_kernel, kernel_options
+
+    known = kernel_options(kernel)
+    for name in axes:
+        if name not in known and name not in SOLVER_AXES:
+            raise TwillError(f"kernel {kernel!r} has no option {name!r} (options: {', '.join(known) or 'none'})")
+    base = build_kernel(kernel, machine, **{k: v[0] for k, v in axes.items() if k in known})
+    merged = {k: tuple(v) for k, v in default_axes(kernel, machine, base.attrs.get("reg_limit")).items()
+              if k not in axes}
+    merged.update({k: tuple(v) for k, v in axes.items()})
+    kept: list[Candidate] = []
+    rejected: list[tuple[Candidate, str]] = []
+    for point in product(merged):
+        cand = candidate_of(point)
+        graph = build_kernel(kernel, machine, **dict(cand.options))
+        depth = cand.streaming_depth or int(graph.attrs.get("streaming_depth", 2))
+        need = smem_lower_bound(graph, depth)
+        if need > machine.smem_per_block:
+            rejected.append((cand, f"needs at least {need // 1024} KB of shared memory, "
+                                   f"over the {machine.smem_per_block // 1024} KB per block"))
+        else:
+            kept.append(cand)
+    return Space(tuple(kept), tuple(rejected))
+
+
+def graph_space(axes: Mapping[str, Sequence[Any]]) -> Space:
+    """The space of a graph file: only the solver knobs can vary."""
+    for name in axes:
+        if name not in SOLVER_AXES:
+            raise TwillError(f"a graph file has no option {name!r}; only {' and '.join(SOLVER_AXES)} vary")
+    return Space(tuple(candidate_of(p) for p in product({"streaming_depth": (2, 3, 4), **axes})))
+
+
+def triton_space(constexprs: Mapping[str, Sequence[Any]], axes: Mapping[str, Sequence[Any]]) -> Space:
+    """The space of a Triton kernel: every combination of constexpr values, ``num_warps`` and ``num_stages``
+    (defaults 4 warps, 3 stages)."""
+    unknown = [n for n in axes if n not in TRITON_AXES]
+    if unknown:
+        raise TwillError(f"a Triton target has no option {unknown[0]!r}; use --constexpr NAME=V1,V2, "
+                         f"--num-warps and --num-stages")
+    merged = {**{k: tuple(v) for k, v in constexprs.items()}, "num_warps": (4,), "num_stages": (3,), **axes}
+    return Space(tuple(candidate_of(p) for p in product(merged)))

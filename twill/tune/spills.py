@@ -1,0 +1,48 @@
+"""Register spills of a compiled kernel, from ptxas's own report (no GPU needed).
+
+Triton 3.6 runs ``ptxas -v`` while compiling but discards its log, and fills ``CompiledKernel.n_spills`` only
+when the kernel is loaded on a GPU. So the kernel's PTX (``kernel.asm["ptx"]``) is assembled again here with
+the ptxas that Triton ships, and the ``-v`` lines are read: ``Used N registers`` and
+``N bytes spill stores, M bytes spill loads``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+from twill.errors import TwillError
+
+_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGISTERS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas_log(log: str) -> dict[str, int]:
+    """``{"registers", "spill_stores", "spill_loads", "spill_bytes"}`` summed over the kernels in a
+    ``ptxas -v`` log (registers: the largest)."""
+    stores = sum(int(m.group(1)) for m in _SPILLS.finditer(log))
+    loads = sum(int(m.group(2)) for m in _SPILLS.finditer(log))
+    regs = max((int(m.group(1)) for m in _REGISTERS.finditer(log)), default=0)
+    return {"registers": regs, "spill_stores": stores, "spill_loads": loads, "spill_bytes": stores + loads}
+
+
+def ptxas_report(ptx: str, capability: int) -> dict[str, int]:
+    """Assemble ``ptx`` for ``sm_<capability>a`` with Triton's ptxas and parse its ``-v`` report."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError as exc:
+        raise TwillError(f"reading spills needs Triton's ptxas ({exc})") from None
+    ptxas = get_ptxas(capability).path
+    suffix = "a" if capability >= 90 else ""
+    with tempfile.TemporaryDirectory(prefix="twill-ptxas-") as tmp:
+        src, out = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(src, "w") as fh:
+            fh.write(ptx)
+        proc = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{capability}{suffix}", src, "-o", out],
+                              capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        first = (proc.stderr.strip().splitlines() or ["no output"])[0][:200]
+        raise TwillError(f"ptxas failed ({proc.returncode}): {first}")
+    return parse_ptxas_log(proc.stderr + proc.stdout)

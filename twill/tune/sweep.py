@@ -1,0 +1,342 @@
+"""Solve every candidate of a space in parallel, with an on-disk cache and a progress bar.
+
+Each candidate becomes a :class:`Job` (plain data, so it pickles to a process or a Ray worker); :func:`run_job`
+solves it (``twill.solve.schedule``, or :func:`twill.codegen.triton.solve_for_triton` for a Triton kernel;
+both verify the schedule) and returns a JSON-able record. Failures are records too (``status`` ``infeasible``,
+``spills`` or ``error`` with a one-line ``reason``): a sweep never stops on one candidate.
+
+The cache holds one JSON file per job under ``$XDG_CACHE_HOME/twill/tune/`` (default ``~/.cache/twill/tune``),
+named by the SHA-256 of the twill version, the job's graph (its ``twill-graph/1`` JSON; for a Triton kernel the
+source file's text, signature, constexprs, warps and stages, from which the graph is extracted), the machine
+model's fields and the solve options. Only outcomes of the solver are cached, never unexpected exceptions.
+The shape is not part of the key: predictions are computed from the cached schedules.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import hashlib
+import json
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping, TextIO
+
+from twill.errors import TwillError
+from twill.machine.models import Machine
+from twill.tune.space import Candidate
+
+#: Statuses of a job record. ``ok``: a verified schedule; ``infeasible``: the solver proved there is none or
+#: found none in the time limit; ``spills``: the compiled kernel spills registers; ``error``: anything else.
+STATUSES = ("ok", "infeasible", "spills", "error")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One candidate to solve, as plain data.
+
+    Attributes:
+        candidate: the point of the space.
+        machine: the machine model.
+        time_limit: wall-clock seconds for this candidate's solve.
+        resolution: cost-normalization budget U.
+        graph: the candidate's loop graph as ``twill-graph/1`` (built-in kernels and graph files).
+        triton: for a Triton kernel, ``{"path", "fn", "signature", "source"}`` (``source``: the file's text,
+            for the cache key only).
+        check_spills: compile the kernel (Triton injection, or the emitted Gluon kernel) on the CPU and
+            read ptxas's spill report.
+    """
+
+    candidate: Candidate
+    machine: Machine
+    time_limit: float
+    resolution: int = 300
+    graph: Mapping[str, Any] | None = None
+    triton: Mapping[str, str] | None = None
+    check_spills: bool = False
+
+    def key(self, version: str) -> str:
+        """The cache key (module docstring)."""
+        payload = {"version": version, "graph": self.graph, "machine": plain_data(self.machine),
+                   "options": {"time_limit": self.time_limit, "resolution": self.resolution,
+                               "check_spills": self.check_spills, **self.candidate.settings()},
+                   "triton": self.triton}
+        text = json.dumps(payload, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def plain_data(value: Any) -> Any:
+    """``value`` with dataclasses and mappings turned into dicts, recursively (the machine model in the cache
+    key, whatever its fields hold)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain_data(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    return value
+
+
+def _mappingproxy(items: dict[Any, Any]) -> MappingProxyType:
+    return MappingProxyType(items)
+
+
+# Frozen dataclasses of the IR and the machine model hold MappingProxyType fields, which pickle cannot send
+# to a worker process by default; they travel as dicts and come back as read-only views.
+copyreg.pickle(MappingProxyType, lambda m: (_mappingproxy, (dict(m),)))
+
+
+def twill_version() -> str:
+    """The installed twill version (part of the cache key)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("twill-gpu")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# -- solving one job (runs in a worker process or a Ray task) ---------------------------------------------
+def run_job(job: Job) -> dict[str, Any]:
+    """Solve ``job``; a record with ``status``, ``reason`` and, when solved, the schedule (never raises)."""
+    started = time.perf_counter()
+    try:
+        record = _solve_job(job)
+    except TwillError as exc:
+        from twill.errors import InfeasibleScheduleError
+
+        status = "infeasible" if isinstance(exc, InfeasibleScheduleError) else "error"
+        record = {"status": status, "reason": str(exc), "cacheable": True}
+    except Exception as exc:  # noqa: BLE001 - one failed candidate must not stop the sweep
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        record = {"status": "error", "reason": f"{type(exc).__name__}: {first}", "cacheable": False}
+    record["seconds"] = round(time.perf_counter() - started, 3)
+    return record
+
+
+def _solve_job(job: Job) -> dict[str, Any]:
+    from twill.commands.common import schedule_document
+    from twill.solve.options import SolveOptions
+
+    machine = job.machine
+    cand = job.candidate
+    options = SolveOptions(time_limit=job.time_limit, resolution=job.resolution, reg_limit=cand.reg_limit,
+                           streaming_depth=cand.streaming_depth, workers=1)
+    if job.triton is not None:
+        schedule, spills = _solve_triton(job, machine, options)
+    else:
+        from twill.ir.io import graph_from_dict
+        from twill.solve import schedule as solve
+
+        schedule = solve(graph_from_dict(dict(job.graph or {})), machine, options)
+        spills = _gluon_spills(schedule, machine) if job.check_spills else None
+    record: dict[str, Any] = {"status": "ok", "reason": None, "cacheable": True, "ii": schedule.ii,
+                              "solve_status": schedule.status, "schedule": schedule_document(schedule),
+                              "spills": spills}
+    if spills and spills["spill_bytes"] > 0:
+        record.update(status="spills", reason=f"ptxas reports {spills['spill_bytes']} bytes of spill "
+                                              f"stores/loads")
+    return record
+
+
+def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[str, int] | None]:
+    from dataclasses import replace
+
+    from twill.codegen.triton import inject, solve_for_triton
+    from twill.frontends.triton import kernel_spec, lower_function
+    from twill.frontends.triton.compile import load_kernel
+
+    info, cand = job.triton or {}, job.candidate
+    fn = load_kernel(info["path"], info["fn"])
+    spec = kernel_spec(fn, signature=info["signature"], constexprs=dict(cand.options),
+                       num_warps=cand.num_warps or 4, num_stages=cand.num_stages, machine=machine)
+    lowered, _ = lower_function(spec, machine)
+    schedule = solve_for_triton(lowered.graph, machine, spec.capability, replace(options, ws=False))
+    if not job.check_spills:
+        return schedule, None
+    from twill.tune.spills import ptxas_report
+
+    kernel = inject(spec, schedule, machine).kernel
+    return schedule, ptxas_report(kernel.asm["ptx"], spec.capability)
+
+
+def _gluon_spills(schedule: Any, machine: Machine) -> dict[str, int]:
+    import tempfile
+
+    from twill.codegen.gluon import load_emitted, write_gluon
+    from twill.codegen.gluon.aot import compile_sm90
+    from twill.tune.spills import ptxas_report
+
+    if machine.capability // 10 != 9:
+        raise TwillError(f"spill check compiles for sm_90 only, not {machine.arch}")
+    with tempfile.TemporaryDirectory(prefix="twill-tune-") as tmp:
+        path = os.path.join(tmp, "candidate.py")
+        write_gluon(schedule, path)
+        kernel = compile_sm90(load_emitted(path, f"twill_tune_{os.getpid()}_{abs(hash(path))}"))
+    return ptxas_report(kernel.asm["ptx"], 90)
+
+
+# -- cache ---------------------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/twill/tune`` (default ``~/.cache/twill/tune``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "twill" / "tune"
+
+
+def cache_read(directory: Path, key: str) -> dict[str, Any] | None:
+    """The cached record of ``key``, or None (missing or unreadable files are misses)."""
+    try:
+        with open(directory / f"{key}.json") as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("status") in STATUSES else None
+
+
+def cache_write(directory: Path, key: str, record: Mapping[str, Any]) -> None:
+    """Store ``record`` atomically; a cache that cannot be written is skipped silently (it is only a cache)."""
+    from twill.ir.io import write_json_atomic
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(directory / f"{key}.json", dict(record))
+    except OSError:
+        return
+
+
+# -- progress --------------------------------------------------------------------------------------------
+@dataclass
+class Progress:
+    """A progress bar on ``stream``: redrawn in place (``\\r``) on a terminal, else one line per candidate
+    when ``lines`` is set, else silent."""
+
+    total: int
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+    lines: bool = False
+    done: int = 0
+    cached: int = 0
+    failed: int = 0
+
+    def update(self, label: str, record: Mapping[str, Any], cached: bool) -> None:
+        """Count one finished candidate and redraw (or print its line)."""
+        self.done += 1
+        self.cached += cached
+        self.failed += record["status"] != "ok"
+        tty = self.stream.isatty()
+        if tty:
+            width = 30
+            fill = width * self.done // max(1, self.total)
+            end = "\n" if self.done == self.total else ""
+            self.stream.write(f"\rtwill: tune [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} "
+                              f"({self.cached} cached, {self.failed} failed){end}")
+        elif self.lines:
+            how = "cached" if cached else f"{record.get('seconds', 0):.1f} s"
+            self.stream.write(f"twill: tune {self.done}/{self.total} {label}: {record['status']} ({how})\n")
+        self.stream.flush()
+
+
+# -- the sweep -------------------------------------------------------------------------------------------
+def run_sweep(jobs: Iterable[Job], *, workers: int = 2, ray_address: str | None = None, use_cache: bool = True,
+              progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Solve ``jobs`` (cache first, then a process pool of ``workers``, or Ray at ``ray_address``); the records
+    in job order, each with ``key`` and ``cached`` added."""
+    jobs = list(jobs)
+    version = twill_version()
+    keys = [job.key(version) for job in jobs]
+    directory = cache_dir()
+    records: list[dict[str, Any] | None] = [None] * len(jobs)
+
+    def finish(i: int, record: dict[str, Any], cached: bool) -> None:
+        if not cached and use_cache and record.get("cacheable"):
+            cache_write(directory, keys[i], record)
+        records[i] = {**record, "key": keys[i], "cached": cached}
+        if progress is not None:
+            progress.update(jobs[i].candidate.label(), record, cached)
+
+    todo = []
+    for i in range(len(jobs)):
+        hit = cache_read(directory, keys[i]) if use_cache else None
+        if hit is not None:
+            finish(i, hit, True)
+        else:
+            todo.append(i)
+    if todo:
+        runner = _run_ray if ray_address else _run_pool
+        runner([jobs[i] for i in todo], lambda j, rec: finish(todo[j], rec, False),
+               workers=workers, address=ray_address)
+    return [r for r in records if r is not None]
+
+
+def _crashed(exc: BaseException) -> dict[str, Any]:
+    """The record of a job whose worker died before returning one (not cached)."""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return {"status": "error", "reason": f"worker failed: {type(exc).__name__}: {first}", "cacheable": False,
+            "seconds": 0.0}
+
+
+def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, workers: int,
+              address: str | None) -> None:
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                try:
+                    record = fut.result()
+                except Exception as exc:  # noqa: BLE001 - a worker that died (BrokenProcessPool) fails one job
+                    record = _crashed(exc)
+                done(futures[fut], record)
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A one-line error now when ``host:port`` (or ``ray://host:port``) does not accept a TCP connection:
+    Ray itself keeps retrying for minutes. Other addresses (``auto``) are left to Ray."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            return
+    except OSError as exc:
+        raise TwillError(f"cannot reach the Ray cluster at {address!r}: {exc.strerror or exc}") from None
+
+
+def _run_ray(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, workers: int,
+             address: str | None) -> None:
+    """The same :func:`run_job` as a Ray remote task on the cluster at ``address``; the local ``twill``
+    package is shipped with the job (``runtime_env`` ``py_modules``)."""
+    try:
+        import ray
+    except ImportError:
+        raise TwillError("--ray needs Ray: pip install 'twill-gpu[ray]'") from None
+    import twill
+
+    _check_reachable(address or "")
+    package = os.path.dirname(os.path.abspath(twill.__file__))
+    try:
+        ray.init(address=address, runtime_env={"py_modules": [package]}, logging_level="ERROR",
+                 log_to_driver=False, ignore_reinit_error=True)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise TwillError(f"cannot connect to the Ray cluster at {address!r}: {first}") from None
+    try:
+        task = ray.remote(num_cpus=1)(run_job)
+        refs = {task.remote(job): i for i, job in enumerate(jobs)}
+        pending = list(refs)
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1)
+            for ref in finished:
+                try:
+                    record = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - a crashed or lost Ray task fails one job
+                    record = _crashed(exc)
+                done(refs[ref], record)
+    finally:
+        ray.shutdown()
