@@ -17,7 +17,8 @@ from a new machine model without the GPU:
 
     python benchmarks/model_fidelity.py generate out/fidelity --machine benchmarks/results/calibration_h200.machine.json
     python benchmarks/model_fidelity.py run out/fidelity --out $OUT          # GPU
-    python benchmarks/model_fidelity.py report out/fidelity --measured $OUT/fidelity_measured.json
+    python benchmarks/model_fidelity.py report out/fidelity --measured benchmarks/results/fidelity_measured_h200.json \
+        --report benchmarks/results/model_fidelity_h200.json
 """
 
 from __future__ import annotations
@@ -250,7 +251,7 @@ def _spearman(xs: list[float], ys: list[float]) -> float:
     return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
 
 
-def report(kernel_dir: str, measured_path: str, machine_path: str, out: str) -> None:
+def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: str) -> None:
     """Predictions of every schedule on every measured shape, against the measurements."""
     from twill.commands.common import load_schedule_document
     from twill.machine.calibration import load_machine
@@ -307,8 +308,7 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, out: str) -> 
               "machine_model": calibrated.model, "machine_file": os.path.basename(machine_path),
               "command": "python benchmarks/model_fidelity.py generate|run|report", "summary": summary,
               "correlations": correlations, "references": references, "rows": rows}
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "model_fidelity.json"), "w") as fh:
+    with open(report_path, "w") as fh:
         json.dump(result, fh, indent=1)
     print(f"{'kernel':24s} {'shape':22s} {'TFLOP/s':>8s} {'meas/pred':>9s} {'@clock':>7s} {'datasheet':>9s} "
           f"{'GHz':>5s} {'vs ref':>7s}")
@@ -332,6 +332,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
     parser.add_argument("--only", nargs="*", default=None, help="substrings of candidate names")
     parser.add_argument("--measured", default=None, help="report: the fidelity_measured.json of a run")
+    parser.add_argument("--report", default=None, help="report: where to write (default OUT/model_fidelity.json)")
     args = parser.parse_args()
     if args.step == "generate":
         generate(args.kernel_dir, args.machine)
@@ -339,7 +340,7 @@ def main() -> None:
         run(args.kernel_dir, args.out, args.only)
     else:
         report(args.kernel_dir, args.measured or os.path.join(args.out, "fidelity_measured.json"), args.machine,
-               args.out)
+               args.report or os.path.join(args.out, "model_fidelity.json"))
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def test_prediction_arithmetic_one_cta_per_sm():
     p = predict(sched, Shape("gemm", (1000, 1000, 1000)), machine)
     tiles = 8 * 8                       # ceil(1000/128)^2
     iters = 16                          # ceil(1000/64)
-    # 32 + 8*32 threads at 24 and 240 registers: 62208 of 65536 -> one CTA per SM.
+    # 9 warps, launched as 12 (whole warp groups) at the largest budget, 240: 92160 > 65536 -> one CTA per SM.
     tile_cycles = (iters - 1) * 10 * 4 + 25 * 4
     waves = 7                           # ceil(64 / 10 SMs)
     assert (p.tiles, p.iterations, p.waves) == (tiles, iters, waves)
@@ -97,12 +97,53 @@ def test_prediction_shares_the_sm_between_coresident_ctas():
     sched = _hand_schedule([WarpGroup(0, "load", 1, 24, ()), WarpGroup(1, "mma", 4, 128, ("mma",))],
                            {"res_mii": 10, "smem_bytes": 100_000})
     p = predict(sched, Shape("gemm", (1000, 1000, 1000)), machine)
-    per_sm = 2                          # 233472 // 100000 bytes of shared memory (regs allow 3, warps 12)
+    per_sm = 2                          # 233472 // 100000 bytes of shared memory (regs: 8 x 32 x 128 allow 2)
     busy = per_sm * 16 * 10 * 4         # two CTAs' tensor-core work per wave, 40 raw cycles per iteration
     assert p.breakdown["ctas_per_sm"] == per_sm
     assert p.waves == math.ceil(64 / (10 * per_sm))
     assert p.cycles == pytest.approx(p.waves * busy)
     assert p.seconds == pytest.approx(p.waves * busy / 2e9)
+
+
+def test_warp_specialized_cta_reserves_whole_warp_groups_at_the_largest_budget():
+    # a 1-warp producer at 24 registers and a 4-warp consumer at 240: the CTA launches 8 warps at 240
+    # registers (61440 of 65536), so a second CTA never fits, however little shared memory it needs
+    sched = _hand_schedule([WarpGroup(0, "load", 1, 24, ()), WarpGroup(1, "mma", 4, 240, ("mma",))],
+                           {"res_mii": 10, "smem_bytes": 1000})
+    assert ctas_per_sm(sched, H100) == 1
+    small = _hand_schedule([WarpGroup(0, "load", 1, 24, ()), WarpGroup(1, "mma", 4, 64, ("mma",))],
+                           {"res_mii": 10, "smem_bytes": 1000})
+    assert ctas_per_sm(small, H100) == 65536 // (8 * 32 * 64)
+
+
+def _streaming_schedule(depth: int) -> Schedule:
+    """A 16 KiB streaming load feeding a 10-cycle MMA (raw cycles), ``depth`` ring slots."""
+    b = GraphBuilder("stream", attrs={"kernel": "gemm", "block_m": 128, "block_n": 128, "block_k": 64})
+    b.op("load_a", cycles=1, uses={"tma": 1}, variable_latency=True, smem=16384)
+    b.op("mma", cycles=10, uses={"tc": 1})
+    b.edge("load_a", "mma", delay=0)
+    return Schedule(graph=b.build(), arch="h100", solver="manual", status="optimal", ii=10, ii_lower_bound=10,
+                    starts={"load_a": 0, "mma": 0}, streaming_depth=depth,
+                    stats={"res_mii": 10, "normalization": {"enabled": False}})
+
+
+def test_streaming_loads_bound_the_loop_on_a_calibrated_machine():
+    from tests.test_calibration import _rows
+    from twill.machine.calibrate import fit
+
+    machine = replace(fit(_rows(), H100), launch_us=0.0, sustained_clock_ghz=1.0)
+    cal = machine.calibration
+    shape = Shape("gemm", (128, 128, 6400))  # one tile, 100 iterations
+    for depth in (2, 3):
+        p = predict(_streaming_schedule(depth), shape, machine)
+        latency_ii = cal.tma_latency_cycles / (depth - 1)
+        bandwidth_ii = 16384 / cal.tma_l2_bytes_per_clk
+        assert p.breakdown["latency_ii"] == pytest.approx(latency_ii)
+        assert p.breakdown["bandwidth_ii"] == pytest.approx(bandwidth_ii)
+        assert p.cycles == pytest.approx(99 * max(10, latency_ii, bandwidth_ii) + 10)
+    # the datasheet machine prices the loads as the solver does: free
+    plain = predict(_streaming_schedule(2), shape, replace(H100, launch_us=0.0))
+    assert "latency_ii" not in plain.breakdown and plain.cycles == 99 * 10 + 10
 
 
 def test_prediction_without_normalization_uses_schedule_cycles():

@@ -5,15 +5,21 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
 
 * ``II`` and ``L`` are read off the schedule and turned into raw cycles with the normalization record
   (``schedule.stats["normalization"]["cycles_per_unit"]``; 1 when normalization is off).
-* **Per tile**: a modulo-scheduled loop of ``n`` iterations starts iteration ``i`` at ``i·II`` and each
-  iteration takes ``L``, so the tile takes ``(n − 1)·II + L`` cycles: ``n·II`` in the steady state plus the
-  prologue/epilogue overhead ``L − II`` (the ``stages − 1`` partially filled iterations at each end).
+* **Streaming loads** (calibrated machines only, :func:`stream_bound`): the solver treats TMA loads as
+  free (paper §5.3); the hardware does not. The loop runs no faster than the load latency over the ring
+  slots that hide it, nor than its bytes per iteration over the L2 bandwidth per SM, so the effective
+  ``II_eff = max(II, latency / (depth − 1), bytes / bandwidth)``.
+* **Per tile**: a modulo-scheduled loop of ``n`` iterations starts iteration ``i`` at ``i·II_eff`` and each
+  iteration takes ``L``, so the tile takes ``(n − 1)·II_eff + L`` cycles: ``n·II_eff`` in the steady state
+  plus the prologue/epilogue overhead ``L − II`` (the ``stages − 1`` partially filled iterations at each end).
 * **CTAs per SM** ``c`` = how many CTAs fit together on one SM: the least of shared memory
   (``machine.smem_per_sm //`` :func:`shared_memory`), warps (``machine.max_warps_per_sm // warps``) and
-  registers (``machine.regs_per_sm // Σ warps·32·regs``) over the schedule's warp groups; a schedule without
+  registers over the schedule's warp groups (``setmaxnreg`` needs one register count for the whole CTA at
+  launch, so a warp-specialized CTA reserves its warps, rounded up to whole warp groups, times the largest
+  budget any group asks for: ``regs_per_sm // (⌈Σ warps⌉₄ · 32 · max regs)``); a schedule without
   warp groups (a Triton kernel) counts the graph's ``num_warps`` and no register limit. Co-resident CTAs share
-  the SM's units, so a wave of ``c`` CTAs takes ``max(tile, c·n·ResMII)`` cycles: the busiest unit is busy
-  ``ResMII`` raw cycles per iteration of every CTA.
+  the SM's units and its L2 bandwidth, so a wave of ``c`` CTAs takes ``max(tile, c·n·max(ResMII,
+  bandwidth bound))`` cycles: the busiest unit is busy ``ResMII`` raw cycles per iteration of every CTA.
 * **Waves**: ``⌈tiles / (machine.sms · c)⌉`` (wave quantization over the SMs).
 * **Time**: ``waves · wave cycles / machine.time_clock_ghz + machine.launch_us``.
 
@@ -124,7 +130,9 @@ class Prediction:
         iterations: loop iterations per tile (CTA).
         tiles: CTAs of the grid.
         waves: ``⌈tiles / (sms · ctas_per_sm)⌉``.
-        breakdown: the terms of the formula (module docstring): ``ii_raw``, ``length_raw``, ``tile_cycles``,
+        breakdown: the terms of the formula (module docstring): ``ii_raw``, ``ii_effective`` (with the
+            streaming bounds ``latency_ii`` and ``bandwidth_ii`` on a calibrated machine), ``length_raw``,
+            ``tile_cycles``,
             ``overhead_cycles`` (``L − II``), ``ctas_per_sm``, ``wave_cycles``, ``clock_ghz``, ``launch_us``.
     """
 
@@ -186,8 +194,8 @@ def ctas_per_sm(schedule: Schedule, machine: Machine) -> int:
     a schedule without warp groups (a Triton kernel) counts ``attrs["num_warps"]`` and no register limit."""
     limits = []
     if schedule.warps:
-        warps = sum(g.num_warps for g in schedule.warps)
-        limits.append(machine.regs_per_sm // sum(g.num_warps * 32 * g.regs for g in schedule.warps))
+        warps = -(-sum(g.num_warps for g in schedule.warps) // 4) * 4
+        limits.append(machine.regs_per_sm // (warps * 32 * max(g.regs for g in schedule.warps)))
     else:
         warps = int(schedule.graph.attrs.get("num_warps", 0))
     if warps:
@@ -198,20 +206,43 @@ def ctas_per_sm(schedule: Schedule, machine: Machine) -> int:
     return max(1, min(limits, default=1))
 
 
+def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
+    """Raw cycles per iteration below which the streaming loads cannot keep up, on a calibrated machine;
+    ``{}`` on a datasheet one (whose loads are free, as in the solver's model):
+
+    * ``latency_ii``: a load feeding a ring of ``d`` slots is issued ``d − 1`` iterations before its data is
+      used, so the loop runs no faster than ``tma_latency_cycles / (d − 1)`` per iteration (``d = 1``: the
+      whole latency). The latency is the loaded DRAM one: a ring waits for its slowest tile.
+    * ``bandwidth_ii``: the bytes the loop streams per iteration over ``tma_l2_bytes_per_clk``, the rate at
+      which every SM pulls the operand tiles that the CTAs of a wave share through the L2.
+    """
+    cal = machine.calibration
+    graph = schedule.graph
+    loads = [op for op in graph.ops if graph.is_streaming(op.name)]
+    if cal is None or not loads:
+        return {}
+    latency_ii = max(cal.tma_latency_cycles / max(1, schedule.result_depth(op.name) - 1) for op in loads)
+    return {"latency_ii": latency_ii, "bandwidth_ii": sum(op.smem for op in loads) / cal.tma_l2_bytes_per_clk}
+
+
 def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
     """The predicted time of one launch of ``schedule``'s kernel on ``shape`` (formula: module docstring)."""
     scale = cycles_per_unit(schedule)
     ii_raw, length_raw = schedule.ii * scale, schedule.length * scale
     tiles, iterations = loop_extent(schedule.graph, shape)
-    tile_cycles = (iterations - 1) * ii_raw + length_raw
+    memory = stream_bound(schedule, machine)
+    ii_eff = max([ii_raw, *memory.values()])
+    tile_cycles = (iterations - 1) * ii_eff + length_raw
     per_sm = ctas_per_sm(schedule, machine)
-    res_raw = float(schedule.stats.get("res_mii", 0)) * scale
-    wave_cycles = max(tile_cycles, per_sm * iterations * res_raw)
+    # co-resident CTAs (as many as fit, and as the grid has per SM) share the units and the L2 bandwidth
+    resident = min(per_sm, math.ceil(tiles / machine.sms))
+    shared_ii = max(float(schedule.stats.get("res_mii", 0)) * scale, memory.get("bandwidth_ii", 0.0))
+    wave_cycles = max(tile_cycles, resident * iterations * shared_ii)
     waves = math.ceil(tiles / (machine.sms * per_sm))
     cycles = waves * wave_cycles
     seconds = cycles / (machine.time_clock_ghz * 1e9) + machine.launch_us * 1e-6
-    breakdown = {"ii_raw": ii_raw, "length_raw": length_raw, "tile_cycles": tile_cycles,
-                 "overhead_cycles": length_raw - ii_raw, "ctas_per_sm": per_sm, "wave_cycles": wave_cycles,
+    breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, **memory, "length_raw": length_raw,
+                 "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw, "ctas_per_sm": per_sm, "wave_cycles": wave_cycles,
                  "clock_ghz": machine.time_clock_ghz, "launch_us": machine.launch_us}
     return Prediction(seconds=seconds, cycles=cycles, iterations=iterations, tiles=tiles, waves=waves,
                       breakdown=breakdown)
