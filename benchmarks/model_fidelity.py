@@ -324,9 +324,32 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
     print(f"summary: {summary}")
 
 
+def markdown_summary(result: dict[str, Any]) -> str:
+    """One row per kernel and shape of a ``report`` result: measured / predicted (calibrated and datasheet
+    models), the Spearman rank correlation over the candidates, and the best candidate against the reference."""
+    lines = ["| kernel | shape | candidates | measured / predicted: median (range) | datasheet model | "
+             "Spearman (datasheet) | best candidate | best vs reference |",
+             "|---|---|---|---|---|---|---|---|"]
+    correlations = {(c["kernel"], json.dumps(c["shape"])): c for c in result["correlations"]}
+    keys = sorted({(r["kernel"], json.dumps(r["shape"])) for r in result["rows"]})
+    for kernel, key in keys:
+        group = [r for r in result["rows"] if r["kernel"] == kernel and json.dumps(r["shape"]) == key]
+        ratios = [r["measured_over_predicted"] for r in group]
+        best = max(group, key=lambda r: r["tflops"])
+        ref = "cublas" if kernel == "gemm" else "cudnn"
+        corr = correlations.get((kernel, key))
+        spearman = f"{corr['spearman']:.2f} ({corr['spearman_datasheet']:.2f})" if corr else "-"
+        shape = ",".join(f"{k}={v}" for k, v in json.loads(key).items())
+        lines.append(f"| {kernel} | {shape} | {len(group)} | {statistics.median(ratios):.2f} "
+                     f"({min(ratios):.2f}-{max(ratios):.2f}) | "
+                     f"{statistics.median(r['measured_over_datasheet'] for r in group):.2f} | {spearman} | "
+                     f"`{best['name']}` {best['tflops']:.0f} TFLOP/s | {best[f'vs_{ref}']:.2f}x {ref} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("generate", "run", "report"))
+    parser.add_argument("step", choices=("generate", "run", "report", "summary"))
     parser.add_argument("kernel_dir")
     parser.add_argument("--machine", default=os.path.join(HERE, "results", "calibration_h200.machine.json"))
     parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
@@ -336,6 +359,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.step == "generate":
         generate(args.kernel_dir, args.machine)
+    elif args.step == "summary":
+        print(markdown_summary(json.load(open(args.kernel_dir))))
     elif args.step == "run":
         run(args.kernel_dir, args.out, args.only)
     else:

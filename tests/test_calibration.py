@@ -184,3 +184,27 @@ def test_committed_h200_model_is_the_fit_of_its_raw_data():
     committed = load_machine(H200_MODEL)
     assert committed.calibration == refit.calibration
     assert committed.sustained_clock_ghz == refit.sustained_clock_ghz
+
+
+@pytest.mark.skipif(not os.path.exists(H200_MODEL), reason="no committed H200 calibration")
+def test_docs_show_the_committed_model_table():
+    from twill.machine.calibration import format_calibration
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "calibration.md")) as fh:
+        doc = fh.read()
+    shown = doc.split("<!-- calibration-table:begin -->\n")[1].split("<!-- calibration-table:end -->")[0]
+    assert shown.strip() == format_calibration(load_machine(H200_MODEL)).strip()
+
+
+FIDELITY = os.path.join(RESULTS, "model_fidelity_h200.json")
+
+
+@pytest.mark.skipif(not os.path.exists(FIDELITY), reason="no committed model-fidelity results")
+def test_performance_doc_shows_the_committed_fidelity_summary():
+    from benchmarks.model_fidelity import markdown_summary
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as fh:
+        doc = fh.read()
+    shown = doc.split("<!-- fidelity-summary:begin -->\n")[1].split("<!-- fidelity-summary:end -->")[0]
+    with open(FIDELITY) as fh:
+        assert shown.strip() == markdown_summary(json.load(fh)).strip()
