@@ -3,7 +3,7 @@ imported only when it runs.
 
 For each of the top ``k`` solved candidates: emit the Gluon kernel (:func:`twill.codegen.gluon.emit_gluon`),
 check it against torch on ragged shapes with the output poisoned with NaN and fresh random data
-(:func:`twill.codegen.gluon.bench.check_gemm` / ``check_attention``), then time it on the tuning shape,
+(:func:`twill.codegen.gluon.check.check_gemm` / ``check_attention``), then time it on the tuning shape,
 device-side, with ``triton.testing.do_bench`` (median). A kernel that fails the check is reported, not
 timed. The lead's scripts call :func:`measure_candidates` directly.
 """
@@ -63,7 +63,7 @@ def time_kernel(module: Any, shape: Shape, dtype: str) -> float:
 
 
 def _check(module: Any, shape: Shape, attrs: Mapping[str, Any]) -> float:
-    from twill.codegen.gluon.bench import check_attention, check_gemm
+    from twill.codegen.gluon.check import check_attention, check_gemm
 
     dtype = str(attrs.get("dtype", "fp16"))
     rows = (check_gemm(module, dtype) if shape.problem == "gemm"

@@ -22,7 +22,7 @@ from types import ModuleType
 from twill.codegen.plan import KernelPlan, kernel_plan
 from twill.schedule.result import Schedule
 
-__all__ = ["BACKEND", "emit_gluon", "gluon_plan", "load_emitted", "render_plan"]
+__all__ = ["BACKEND", "emit_gluon", "gluon_plan", "load_emitted", "render_plan", "write_gluon"]
 
 #: The backend's name in error messages.
 BACKEND = "Gluon"
@@ -50,6 +50,20 @@ def emit_gluon(schedule: Schedule) -> str:
     """Source of a complete ``@gluon.jit`` kernel module (kernel, partitions, host ``launch``) for a
     verified schedule with a warp assignment."""
     return render_plan(gluon_plan(schedule))
+
+
+def write_gluon(schedule: Schedule, path: str) -> str:
+    """Emit ``schedule``'s kernel into ``path``, all or nothing (a temporary file renamed into place)."""
+    source = emit_gluon(schedule)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(source)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return source
 
 
 def load_emitted(path: str, name: str | None = None) -> ModuleType:
