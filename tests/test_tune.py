@@ -407,3 +407,20 @@ def _wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 120.0) ->
                 return
         time.sleep(0.5)
     pytest.fail("the local Ray head did not come up")
+
+
+def test_a_schedule_the_gluon_backend_refuses_is_not_ranked(monkeypatch):
+    from twill.errors import UnsupportedFeatureError
+    from twill.tune.space import kernel_space
+
+    def refuse(schedule):
+        raise UnsupportedFeatureError("cannot generate: op 'x' runs in another warp group")
+
+    monkeypatch.setattr("twill.codegen.gluon.gluon_plan", refuse)
+    space = kernel_space("gemm", H100, {"block_m": (128,), "block_n": (128,), "block_k": (64,), "warps": (4,),
+                                        "streaming_depth": (3,)})
+    cand = space.candidates[0]
+    record = sweep.run_job(Job(candidate=cand, graph=graph_to_dict(build_kernel("gemm", H100, **dict(cand.options))),
+                               machine=H100, time_limit=30.0))
+    assert record["status"] == "cannot_emit" and "another warp group" in record["reason"]
+    assert "schedule" in record  # the solved schedule is kept for the report

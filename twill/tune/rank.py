@@ -29,7 +29,7 @@ class Result:
 
     @property
     def status(self) -> str:
-        """The record's status (``ok``, ``infeasible``, ``spills``, ``error``)."""
+        """The record's status (``ok``, ``infeasible``, ``cannot_emit``, ``spills``, ``error``)."""
         return str(self.record["status"])
 
     def to_dict(self) -> dict[str, Any]:

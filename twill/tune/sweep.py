@@ -14,6 +14,8 @@ The shape is not part of the key: predictions are computed from the cached sched
 
 from __future__ import annotations
 
+import functools
+
 import copyreg
 import hashlib
 import json
@@ -90,14 +92,23 @@ def _mappingproxy(items: dict[Any, Any]) -> MappingProxyType:
 copyreg.pickle(MappingProxyType, lambda m: (_mappingproxy, (dict(m),)))
 
 
+@functools.lru_cache(maxsize=1)
 def twill_version() -> str:
-    """The installed twill version (part of the cache key)."""
+    """The installed twill version and a digest of its source files (part of the cache key, so that a
+    changed solver, cost model or emitter never answers from an older cache)."""
+    import hashlib
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("twill-gpu")
+        release = version("twill-gpu")
     except PackageNotFoundError:
-        return "unknown"
+        release = "unknown"
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return f"{release}+{digest.hexdigest()[:16]}"
 
 
 # -- solving one job (runs in a worker process or a Ray task) ---------------------------------------------
@@ -133,6 +144,10 @@ def _solve_job(job: Job) -> dict[str, Any]:
         from twill.solve import schedule as solve
 
         schedule = solve(graph_from_dict(dict(job.graph or {})), machine, options)
+        unemittable = _gluon_refusal(schedule, machine)
+        if unemittable:
+            return {"status": "cannot_emit", "reason": unemittable, "cacheable": True, "ii": schedule.ii,
+                    "solve_status": schedule.status, "schedule": schedule_document(schedule), "spills": None}
         spills = _gluon_spills(schedule, machine) if job.check_spills else None
     record: dict[str, Any] = {"status": "ok", "reason": None, "cacheable": True, "ii": schedule.ii,
                               "solve_status": schedule.status, "schedule": schedule_document(schedule),
@@ -162,6 +177,23 @@ def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[s
 
     kernel = inject(spec, schedule, machine).kernel
     return schedule, ptxas_report(kernel.asm["ptx"], spec.capability)
+
+
+def _gluon_refusal(schedule: Any, machine: Machine) -> str | None:
+    """Why the Gluon backend cannot emit a built-in kernel's schedule on Hopper (its plan refuses it, e.g. an
+    op placed in another warp group than its sub-tile's wgmma), or None. A tuned candidate must be a kernel
+    that can be built; elsewhere (Blackwell, graph files) there is no emitter to ask."""
+    from twill.errors import UnsupportedFeatureError
+
+    if machine.capability // 10 != 9 or not schedule.warps or "kernel" not in schedule.graph.attrs:
+        return None
+    from twill.codegen.gluon import gluon_plan
+
+    try:
+        gluon_plan(schedule)
+    except UnsupportedFeatureError as exc:
+        return str(exc)
+    return None
 
 
 def _gluon_spills(schedule: Any, machine: Machine) -> dict[str, int]:

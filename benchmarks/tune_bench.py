@@ -1,0 +1,274 @@
+"""Tuned generated kernels against the best references, in one run (issue: calibration and tuning).
+
+* ``generate`` (CPU): for every target shape, ``twill tune``'s sweep (library API, the calibrated H200 model)
+  ranks the candidate tiles, sub-tiles, ring depths and register budgets; the best ``--top`` solved
+  candidates are emitted as Gluon kernels with their predictions into ``manifest.json``.
+* ``run`` (GPU): every kernel is checked against fp32 torch (ragged shapes, NaN-poisoned outputs, fresh random
+  data; :mod:`twill.codegen.gluon.check`); then, per shape, the candidates and every reference are timed in
+  ``ROUNDS`` interleaved rounds with ``triton.testing.do_bench`` medians, device-side: cuBLAS for GEMM; cuDNN and
+  PyTorch flash (FA2) through SDPA and JAX Pallas ``attention_mgpu`` (the best of its tuning configurations
+  that fit, 20 calls per sample and one ``block_until_ready``) for attention. "Tuned" is the best measured of
+  the top candidates (what ``twill tune --measure`` picks). Writes ``tune_bench.json``, prints a table last.
+
+    python benchmarks/tune_bench.py generate out/tune --machine benchmarks/results/calibration_h200.machine.json
+    python benchmarks/tune_bench.py run out/tune --out $OUT          # GPU, carrying out/tune
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
+ATTN_SHAPES = [(4, 32, s, d) for d in (128, 64) for s in (2048, 4096, 8192, 16384)]
+ROUNDS = 3
+JAX_CALLS = 20
+#: attention_mgpu tuning configurations tried (block_q, block_kv, max_concurrent_steps); the best that runs.
+PALLAS_CONFIGS = ((64, 128, 2), (64, 64, 2), (64, 64, 3), (64, 128, 3))
+
+
+def _targets() -> list[dict[str, Any]]:
+    out = [{"kernel": "gemm", "dtype": dt, "problem": "gemm", "sizes": list(s)}
+           for dt in ("fp16", "bf16") for s in GEMM_SHAPES]
+    out += [{"kernel": "flash-fwd", "dtype": "fp16", "problem": "attention", "sizes": list(s)} for s in ATTN_SHAPES]
+    return out
+
+
+def _name(target: dict[str, Any]) -> str:
+    return f"{target['kernel']}_{target['dtype']}_" + "x".join(str(v) for v in target["sizes"])
+
+
+def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
+    from twill.codegen.gluon import write_gluon
+    from twill.ir.io import graph_to_dict
+    from twill.kernels import build_kernel
+    from twill.machine.calibration import load_machine
+    from twill.tune.predict import Shape
+    from twill.tune.rank import rank
+    from twill.tune.space import kernel_space
+    from twill.tune.sweep import Job, run_sweep
+
+    machine = load_machine(machine_path)
+    os.makedirs(outdir, exist_ok=True)
+    entries = []
+    for target in _targets():
+        started = time.perf_counter()
+        shape = Shape(target["problem"], tuple(target["sizes"]))
+        axes: dict[str, tuple[Any, ...]] = {"dtype": (target["dtype"],)}
+        if target["problem"] == "attention":
+            axes["head_dim"] = (shape["D"],)
+        space = kernel_space(target["kernel"], machine, axes)
+        jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(target["kernel"], machine, **dict(c.options))),
+                    machine=machine, time_limit=60.0, check_spills=False) for c in space.candidates]
+        results = rank(space.candidates, run_sweep(jobs, workers=workers), shape, machine)
+        solved = [r for r in results if r.prediction is not None][:top]
+        kernels = []
+        for i, result in enumerate(solved):
+            file = f"{_name(target)}_{i}.py"
+            write_gluon(result.schedule, os.path.join(outdir, file))
+            kernels.append({"file": file, "candidate": result.candidate.label(),
+                            "predicted_us": result.prediction.microseconds})
+        entries.append({**target, "name": _name(target), "flops": shape.flops(target["kernel"]),
+                        "candidates": len(jobs), "kernels": kernels})
+        print(f"{_name(target):32s} {len(jobs)} candidates, top: {kernels[0]['candidate'] if kernels else '-'} "
+              f"({time.perf_counter() - started:.1f} s)", flush=True)
+    with open(os.path.join(outdir, "manifest.json"), "w") as fh:
+        json.dump({"machine_file": os.path.basename(machine_path), "top": top, "entries": entries}, fh, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+
+def _load(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("twill_tuned_" + os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _time(fn: Any) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=150, return_mode="median")
+
+
+def _pallas(entry: dict[str, Any]) -> dict[str, Any]:
+    """Per tuning configuration of attention_mgpu: a callable timing ``JAX_CALLS`` calls, or the error."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")
+    try:
+        import jax
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+    except Exception as exc:  # JAX missing on this machine: recorded
+        return {"error": f"import: {exc}"}
+    b, h, s, d = entry["sizes"]
+    keys = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(keys[i], (b, s, h, d), jax.numpy.float16) for i in range(3))
+    calls: dict[str, Any] = {}
+    for bq, bkv, steps in PALLAS_CONFIGS:
+        try:
+            cfg = am.TuningConfig(block_q=bq, block_kv=bkv, max_concurrent_steps=steps)
+            f = jax.jit(lambda a, b_, c, cfg=cfg: am.attention(a, b_, c, cfg))
+            f(q, k, v).block_until_ready()
+
+            def many(f=f):
+                for _ in range(JAX_CALLS - 1):
+                    f(q, k, v)
+                f(q, k, v).block_until_ready()
+
+            calls[f"pallas_{bq}_{bkv}_{steps}"] = many
+        except Exception as exc:  # a configuration that does not fit is skipped
+            calls.setdefault("skipped", []).append(f"{(bq, bkv, steps)}: {str(exc).splitlines()[0][:120]}")
+    return calls
+
+
+def _references(entry: dict[str, Any], args: tuple[Any, ...]) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if entry["problem"] == "gemm":
+        a, b, _ = args
+        return {"cublas": lambda: torch.matmul(a, b)}
+    q, k, v, _ = args
+
+    def sdpa(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v)
+        return call
+
+    return {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "fa2": sdpa(SDPBackend.FLASH_ATTENTION)}
+
+
+def run(kernel_dir: str, out: str) -> None:
+    import torch
+    import triton
+
+    from twill.codegen.gluon.check import check_attention, check_gemm, torch_dtype
+
+    manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
+    results = []
+    for entry in manifest["entries"]:
+        dtype = torch_dtype(entry["dtype"])
+        row: dict[str, Any] = {k: entry[k] for k in ("name", "kernel", "dtype", "sizes", "flops")}
+        calls: dict[str, Any] = {}
+        if entry["problem"] == "gemm":
+            m, n, k = entry["sizes"]
+            args: tuple[Any, ...] = (torch.randn(m, k, device="cuda", dtype=dtype),
+                                     torch.randn(k, n, device="cuda", dtype=dtype),
+                                     torch.empty(m, n, device="cuda", dtype=dtype))
+        else:
+            b, h, s, d = entry["sizes"]
+            q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
+            args = (q, k, v, torch.empty_like(q))
+        row["kernels"] = []
+        for kern in entry["kernels"]:
+            info = dict(kern)
+            try:
+                module = _load(os.path.join(kernel_dir, kern["file"]))
+                checks = (check_gemm(module, entry["dtype"]) if entry["problem"] == "gemm"
+                          else check_attention(module, entry["dtype"], entry["sizes"][3]))
+                info["max_relerr"] = max(c["relerr"] for c in checks)
+                if info["max_relerr"] < 1e-2:
+                    calls[kern["file"]] = ((lambda m=module: m.launch(*args)) if entry["problem"] == "gemm"
+                                           else (lambda m=module: m.launch(args[0], args[1], args[2], out=args[3])))
+                else:
+                    info["error"] = f"wrong: relative error {info['max_relerr']:.3g}"
+            except Exception as exc:  # recorded; the other candidates still run
+                info["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            row["kernels"].append(info)
+        calls.update(_references(entry, args))
+        if entry["problem"] == "attention":
+            pallas = _pallas(entry)
+            row["pallas_skipped"] = pallas.pop("skipped", []) + ([pallas.pop("error")] if "error" in pallas else [])
+            calls.update(pallas)
+        samples: dict[str, list[float]] = {n: [] for n in calls}
+        for _ in range(ROUNDS):
+            for name, fn in calls.items():
+                try:
+                    ms = _time(fn)
+                    samples[name].append(ms / JAX_CALLS if name.startswith("pallas_") else ms)
+                except Exception as exc:  # a failing call is recorded by its absence of samples
+                    row.setdefault("errors", []).append(f"{name}: {type(exc).__name__}")
+        med = {n: statistics.median(v) for n, v in samples.items() if v}
+        spread = {n: (min(v), max(v)) for n, v in samples.items() if v}
+        for info in row["kernels"]:
+            if info["file"] in med:
+                info.update(ms=med[info["file"]], ms_range=spread[info["file"]],
+                            tflops=entry["flops"] / med[info["file"]] / 1e9)
+        row["references"] = {n: {"ms": ms, "tflops": entry["flops"] / ms / 1e9, "ms_range": spread[n]}
+                             for n, ms in med.items() if not n.endswith(".py")}
+        timed = [i for i in row["kernels"] if "ms" in i]
+        pallas_best = min((n for n in row["references"] if n.startswith("pallas_")),
+                          key=lambda n: row["references"][n]["ms"], default=None)
+        named = [n for n in row["references"] if not n.startswith("pallas_")] + ([pallas_best] if pallas_best else [])
+        if timed and named:
+            tuned = min(timed, key=lambda i: i["ms"])
+            best_ref = min(named, key=lambda n: row["references"][n]["ms"])
+            row.update(tuned=tuned["candidate"], tuned_tflops=tuned["tflops"], best_reference=best_ref,
+                       best_reference_tflops=row["references"][best_ref]["tflops"],
+                       ratio=row["references"][best_ref]["ms"] / tuned["ms"],
+                       predicted_rank_of_tuned=row["kernels"].index(tuned) + 1)
+        results.append(row)
+        print(f"{entry['name']:34s} tuned {row.get('tuned_tflops', float('nan')):6.0f} TFLOP/s vs "
+              f"{row.get('best_reference', '-')} {row.get('best_reference_tflops', float('nan')):6.0f}: "
+              f"{row.get('ratio', float('nan')):.3f}x", flush=True)
+        del args, calls
+        torch.cuda.empty_cache()
+    doc = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": ROUNDS,
+           "machine_file": manifest["machine_file"], "top": manifest["top"], "results": results}
+    try:
+        import jax
+
+        doc["jax"] = jax.__version__
+    except Exception:
+        doc["jax"] = None
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "tune_bench.json"), "w") as fh:
+        json.dump(doc, fh, indent=1)
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """The tuned kernel per shape against the best reference of the same run."""
+    lines = ["| kernel | shape | tuned candidate (rank predicted) | TFLOP/s | best reference | TFLOP/s | ratio |",
+             "|---|---|---|---|---|---|---|"]
+    for r in doc["results"]:
+        shape = "x".join(str(v) for v in r["sizes"])
+        if "ratio" not in r:
+            lines.append(f"| {r['kernel']} {r['dtype']} | {shape} | (no kernel ran) | | | | |")
+            continue
+        lines.append(f"| {r['kernel']} {r['dtype']} | {shape} | `{r['tuned']}` ({r['predicted_rank_of_tuned']}) | "
+                     f"{r['tuned_tflops']:.0f} | {r['best_reference']} | {r['best_reference_tflops']:.0f} | "
+                     f"{r['ratio']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=("generate", "run", "table"))
+    parser.add_argument("path", help="kernel folder (generate, run) or tune_bench.json (table)")
+    parser.add_argument("--machine", default=os.path.join(HERE, "results", "calibration_h200.machine.json"))
+    parser.add_argument("--top", type=int, default=3, help="candidates emitted and measured per shape")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
+    args = parser.parse_args()
+    if args.step == "generate":
+        generate(args.path, args.machine, args.top, args.workers)
+    elif args.step == "run":
+        run(args.path, args.out)
+    else:
+        print(markdown_table(json.load(open(args.path))))
+
+
+if __name__ == "__main__":
+    main()
