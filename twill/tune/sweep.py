@@ -96,7 +96,6 @@ copyreg.pickle(MappingProxyType, lambda m: (_mappingproxy, (dict(m),)))
 def twill_version() -> str:
     """The installed twill version and a digest of its source files (part of the cache key, so that a
     changed solver, cost model or emitter never answers from an older cache)."""
-    import hashlib
     from importlib.metadata import PackageNotFoundError, version
 
     try:
