@@ -45,7 +45,9 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (dest, typ) in KERNEL_FLAGS.items():
         group.add_argument(flag, dest=dest, type=typ, default=None, help=f"kernel option {dest}")
     tri = parser.add_argument_group("Triton target options (path.py:fn targets only)")
-    tri.add_argument("--signature", default=None, help="argument types, e.g. '*fp16,*fp16,i32'")
+    tri.add_argument("--signature", default=None,
+                     help="types of the non-constexpr arguments, NAME=TYPE or TYPE in argument order; ':16' "
+                          "marks divisibility by 16, e.g. 'a_ptr=*fp16:16,M=i32:16' or '*fp16:16,i32:16'")
     tri.add_argument("--constexpr", action="append", default=[], metavar="NAME=VAL",
                      help="a tl.constexpr value (repeatable), read by the Triton frontend")
     tri.add_argument("--num-warps", type=int, default=None, help="Triton num_warps")

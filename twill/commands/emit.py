@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 from twill.commands.common import (add_solve_arguments, add_target_arguments, load_schedule_document,
                                    machine_of, resolve_target, solve_options)
 from twill.errors import TwillError
+
+#: Targets that are Triton sources: a kernel ``path.py:fn`` or a TTGIR dump.
+_TRITON_SOURCE = re.compile(r"^(.+\.py:[A-Za-z_][A-Za-z_0-9]*|.+\.(ttgir|mlir))$")
 
 
 def _schedule_for(args: argparse.Namespace):
@@ -24,6 +28,12 @@ def _schedule_for(args: argparse.Namespace):
         return load_schedule_document(args.schedule)
     if not args.target:
         raise TwillError("emit needs a target (built-in kernel, graph .json) or --schedule FILE")
+    if _TRITON_SOURCE.match(args.target):
+        raise TwillError(f"twill emit gluon cannot emit Triton kernel {args.target!r}: the Gluon generator writes "
+                         f"the built-in gemm and flash-fwd kernels (and graphs with their roles), and a Triton "
+                         f"loop graph lacks the addressing, masks and epilogue of the source kernel; compile it "
+                         f"with a Twill schedule by 'twill inject {args.target} ...', or emit 'gemm' / 'flash-fwd' "
+                         f"with matching --block-m/--block-n/--block-k/--head-dim")
     from twill.solve import schedule
 
     machine = machine_of(args)

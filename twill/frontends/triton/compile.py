@@ -60,6 +60,10 @@ class Argument:
     divisible: bool
 
 
+#: Triton argument types: scalars, pointers (``*fp16``, ``*kfp16`` for const) and tensor descriptors.
+_ARG_TYPE = re.compile(r"^(\*k?)?([iu](1|8|16|32|64)|fp8\w*|fp16|bf16|fp32|fp64)$|^tensordesc<.+>$")
+
+
 def _split_top(text: str) -> list[str]:
     parts, depth, cur = [], 0, ""
     for ch in text:
@@ -78,12 +82,17 @@ def _split_top(text: str) -> list[str]:
 
 
 def parse_signature(text: str) -> tuple[Argument, ...]:
-    """``"a_ptr=*fp16:16,M=i32:16,scale=fp32"`` -> arguments; ``:16`` marks ``tt.divisibility = 16``."""
+    """``"a_ptr=*fp16:16,M=i32:16,scale=fp32"`` -> arguments; ``:16`` marks ``tt.divisibility = 16``.
+
+    The names may be left out (``"*fp16:16,i32:16,fp32"``): the types then go to the kernel's non-constexpr
+    arguments in order (the argument name is empty until :meth:`KernelSpec.source` assigns it)."""
     out = []
-    for part in _split_top(text):
-        if "=" not in part:
-            raise TwillError(f"signature entry {part!r} must be NAME=TYPE (e.g. a_ptr=*fp16:16, M=i32)")
-        name, typ = (s.strip() for s in part.split("=", 1))
+    parts = _split_top(text)
+    named = ["=" in p for p in parts]
+    if any(named) and not all(named):
+        raise TwillError(f"signature {text!r} mixes NAME=TYPE and bare TYPE entries: name all or none")
+    for part in parts:
+        name, typ = (s.strip() for s in part.split("=", 1)) if "=" in part else ("", part.strip())
         divisible = False
         m = re.match(r"^(.*):(\d+)$", typ)
         if m and not typ.endswith(">"):
@@ -91,8 +100,8 @@ def parse_signature(text: str) -> tuple[Argument, ...]:
             if div != 16:
                 raise TwillError(f"signature entry {part!r}: only ':16' (tt.divisibility 16) is supported")
             divisible = True
-        if not name.isidentifier() or not typ:
-            raise TwillError(f"signature entry {part!r} must be NAME=TYPE (e.g. a_ptr=*fp16:16, M=i32)")
+        if (name and not name.isidentifier()) or not _ARG_TYPE.match(typ):
+            raise TwillError(f"signature entry {part!r} must be NAME=TYPE or TYPE (e.g. a_ptr=*fp16:16, i32)")
         out.append(Argument(name, typ, divisible))
     if not out:
         raise TwillError("empty signature: list every non-constexpr argument, e.g. a_ptr=*fp16:16,M=i32:16")
@@ -156,7 +165,7 @@ class KernelSpec:
         from triton.compiler import ASTSource
 
         arg_names = list(self.fn.arg_names)
-        given = {a.name: a for a in self.signature}
+        given = {a.name: a for a in self._named_signature(arg_names)}
         for name in list(given) + list(self.constexprs):
             if name not in arg_names:
                 raise TwillError(f"kernel {self.name!r} has no argument {name!r} "
@@ -179,8 +188,21 @@ class KernelSpec:
             else:
                 raise TwillError(f"kernel {self.name!r}: argument {name!r} is missing from the signature "
                                  f"(list every non-constexpr argument, e.g. {name}=i32:16)")
-        attrs = {(arg_names.index(a.name),): [["tt.divisibility", 16]] for a in self.signature if a.divisible}
+        attrs = {(arg_names.index(a.name),): [["tt.divisibility", 16]] for a in given.values() if a.divisible}
         return ASTSource(self.fn, sig, constexprs, attrs)
+
+    def _named_signature(self, arg_names: list[str]) -> tuple[Argument, ...]:
+        """The signature with names: a name-less signature is matched in order with the arguments that are
+        neither ``tl.constexpr`` nor given by ``--constexpr``."""
+        if all(a.name for a in self.signature):
+            return self.signature
+        params = {p.name: p for p in getattr(self.fn, "params", [])}
+        runtime = [n for n in arg_names
+                   if n not in self.constexprs and not (n in params and params[n].is_constexpr)]
+        if len(runtime) != len(self.signature):
+            raise TwillError(f"kernel {self.name!r}: the signature lists {len(self.signature)} types but the "
+                             f"kernel has {len(runtime)} non-constexpr arguments ({', '.join(runtime)})")
+        return tuple(Argument(n, a.type, a.divisible) for n, a in zip(runtime, self.signature))
 
     def target(self):
         from triton.backends.compiler import GPUTarget
@@ -358,12 +380,37 @@ def compile_with_edit(spec: KernelSpec, edit: TextEdit | None, *, capture_only: 
             except TwillError:
                 raise
             except Exception as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                raise TwillError(f"Triton failed to compile kernel {spec.name!r}: {type(exc).__name__}: "
-                                 f"{first[:300]}") from None
+                raise TwillError(f"Triton failed to compile kernel {spec.name!r}{compile_error_text(exc, spec)}") \
+                    from None
     if not seen:
         raise TwillError(f"kernel {spec.name!r}: the ttgir stage never ran (is it a Triton kernel for CUDA?)")
     return kernel, seen[0]
+
+
+def compile_error_text(exc: Exception, spec: KernelSpec) -> str:
+    """``" at file.py:LINE: reason"`` for a Triton compilation error: the Python source line of the failing
+    expression and the reason (Triton's message starts with a kernel-relative ``at 3:13:`` and the source
+    excerpt, and ends with the reason)."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    reason = getattr(exc, "error_message", None) or (lines[-1].strip() if lines else "")
+    node, line = getattr(exc, "node", None), None
+    if node is not None and getattr(node, "lineno", None):
+        line = source_line(spec.fn, node.lineno)
+    return f"{' at ' + line if line else ''}: {type(exc).__name__}: {str(reason)[:300]}"
+
+
+def source_line(kernel: Any, relative: int) -> str | None:
+    """``"file.py:LINE"`` of line ``relative`` (1 = the ``def`` line) of a ``@triton.jit`` function's source,
+    the numbering Triton's compilation errors and TTGIR locations of the function body use."""
+    import inspect
+
+    fn = getattr(kernel, "fn", None)
+    try:
+        lines, start = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    def_at = next((k for k, text in enumerate(lines) if text.lstrip().startswith("def ")), 0)
+    return f"{Path(fn.__code__.co_filename).name}:{start + def_at + relative - 1}"
 
 
 def capture_prepipeline(spec: KernelSpec) -> str:

@@ -142,6 +142,7 @@ def classify(st: Statement, machine: Machine, num_warps: int,
 
     if st.op in LOAD_OPS:
         tile = t if t is not None else (st.types[-1] if st.types else None)
+        tile = tile.pointed_to() if tile is not None else None
         nbytes = tile.nbytes if tile is not None else 0
         return Node(st, LOAD_OPS[st.op], tma_load_cost(machine, nbytes), smem=nbytes, variable_latency=True,
                     info={"shape": list(tile.shape) if tile else [], "dtype": tile.dtype if tile else None})
@@ -155,6 +156,7 @@ def classify(st: Statement, machine: Machine, num_warps: int,
                     info={"m": M, "n": N, "k": K, "dtype": dtype, "shape": [M, N]})
     if st.op in STORE_OPS:
         tile = next((ty for ty in reversed(st.types) if ty.space == "registers"), None)
+        tile = tile.pointed_to() if tile is not None else None
         nbytes = tile.nbytes if tile is not None else 0
         return Node(st, STORE_OPS[st.op], tma_store_cost(machine, nbytes), warps=1,
                     info={"shape": list(tile.shape) if tile else []})

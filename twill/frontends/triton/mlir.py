@@ -39,6 +39,7 @@ class TileType:
     shape: tuple[int, ...]
     element: str
     space: str
+    pointee: str | None = None
 
     @property
     def elements(self) -> int:
@@ -47,6 +48,13 @@ class TileType:
     @property
     def nbytes(self) -> int:
         return self.elements * ELEMENT_BYTES.get(self.element, 4)
+
+    def pointed_to(self) -> TileType:
+        """The tile a load through this type reads: for a tensor of pointers (``tensor<128x64x!tt.ptr<f16>>``)
+        the same shape of the pointee element type, else the type itself."""
+        if self.element != "ptr" or not self.pointee:
+            return self
+        return TileType(self.shape, self.pointee, self.space)
 
     @property
     def is_float(self) -> bool:
@@ -115,12 +123,14 @@ def parse_types(signature: str) -> tuple[TileType, ...]:
     for m in _TYPE.finditer(signature):
         kind, dims, element, rest = m.groups()
         shape = tuple(int(d) for d in dims.split("x") if d)
-        element = "ptr" if element.startswith("!tt.ptr") else element
+        pointee = None
+        if element.startswith("!tt.ptr"):
+            element, pointee = "ptr", element[len("!tt.ptr<"):-1].split(",")[0].strip()
         if kind == "tensor":
             space = "registers"
         else:
             space = "tmem" if "tensor_memory" in rest else "shared"
-        out.append(TileType(shape, element, space))
+        out.append(TileType(shape, element, space, pointee))
     return tuple(out)
 
 

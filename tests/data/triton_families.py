@@ -1,0 +1,200 @@
+"""Triton kernels in the styles public kernel libraries write them, one per family the frontend must handle.
+
+Written for Twill's tests (not copied from anywhere): pointer-based tutorial matmul with grouped program
+ordering, block-pointer batched matmul, a persistent matmul (``tl.range(..., flatten=True)`` with the
+epilogue inside the flattened loop), pointer-load attention forward (causal: two KV loops), the dK/dV loop
+of an attention backward, and ``@triton.autotune`` / ``@triton.heuristics`` wrappers.
+"""
+
+import triton
+import triton.language as tl
+
+MATMUL_SIGNATURE = ("a_ptr=*fp16:16,b_ptr=*fp16:16,c_ptr=*fp16:16,M=i32:16,N=i32:16,K=i32:16,"
+                    "stride_am=i32:16,stride_ak=i32,stride_bk=i32:16,stride_bn=i32,stride_cm=i32:16,stride_cn=i32")
+
+
+@triton.jit
+def matmul_grouped(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    rows_in_group = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % rows_in_group
+    pid_n = (pid % per_group) // rows_in_group
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_K, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_K, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(tl.float16), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}, num_warps=8, num_stages=3),
+                          triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32}, num_warps=4, num_stages=4)],
+                 key=["M", "N", "K"])
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
+@triton.jit
+def matmul_tuned(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k, other=0.0)
+        acc += tl.dot(a, b)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(tl.float16))
+
+
+@triton.jit
+def bmm_block_ptr(a_ptr, b_ptr, c_ptr, M, N, K, stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn,
+                  stride_cb, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    batch = tl.program_id(2)
+    a_blk = tl.make_block_ptr(a_ptr + batch * stride_ab, shape=(M, K), strides=(stride_am, stride_ak),
+                              offsets=(tl.program_id(0) * BLOCK_M, 0), block_shape=(BLOCK_M, BLOCK_K), order=(1, 0))
+    b_blk = tl.make_block_ptr(b_ptr + batch * stride_bb, shape=(K, N), strides=(stride_bk, stride_bn),
+                              offsets=(0, tl.program_id(1) * BLOCK_N), block_shape=(BLOCK_K, BLOCK_N), order=(1, 0))
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K, BLOCK_K):
+        acc += tl.dot(tl.load(a_blk, boundary_check=(0, 1)), tl.load(b_blk, boundary_check=(0, 1)))
+        a_blk = tl.advance(a_blk, (0, BLOCK_K))
+        b_blk = tl.advance(b_blk, (BLOCK_K, 0))
+    c_blk = tl.make_block_ptr(c_ptr + batch * stride_cb, shape=(M, N), strides=(stride_cm, stride_cn),
+                              offsets=(tl.program_id(0) * BLOCK_M, tl.program_id(1) * BLOCK_N),
+                              block_shape=(BLOCK_M, BLOCK_N), order=(1, 0))
+    tl.store(c_blk, acc.to(tl.float16), boundary_check=(0, 1))
+
+
+@triton.jit
+def matmul_persistent(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                      stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      NUM_SMS: tl.constexpr):
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+        offs_m = (tile // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(k_tiles):
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + (kk * BLOCK_K + offs_k)[None, :] * stride_ak)
+            b = tl.load(b_ptr + (kk * BLOCK_K + offs_k)[:, None] * stride_bk + offs_n[None, :] * stride_bn)
+            acc = tl.dot(a, b, acc)
+        tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(tl.float16),
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _attn_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, qk_scale, lo, hi,
+                BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    k_ptrs += lo * stride_kn
+    v_ptrs += lo * stride_vn
+    for start_n in range(lo, hi, BLOCK_N):
+        k = tl.load(k_ptrs)
+        qk = tl.dot(q, tl.trans(k))
+        if MASKED:
+            qk = qk * qk_scale + tl.where(offs_m[:, None] >= (start_n + offs_n)[None, :], 0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_ij[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = tl.load(v_ptrs)
+        acc = tl.dot(p.to(tl.float16), v, acc)
+        m_i = m_ij
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return acc, l_i, m_i
+
+
+ATTN_SIGNATURE = ("Q=*fp16:16,K=*fp16:16,V=*fp16:16,Out=*fp16:16,sm_scale=fp32,stride_qm=i32:16,"
+                  "stride_kn=i32:16,stride_vn=i32:16,stride_om=i32:16,N_CTX=i32:16")
+
+
+@triton.jit
+def attn_fwd_ptr(Q, K, V, Out, sm_scale, stride_qm, stride_kn, stride_vn, stride_om, N_CTX,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    start_m = tl.program_id(0)
+    base = tl.program_id(1).to(tl.int64) * N_CTX
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + (base + offs_m)[:, None] * stride_qm + offs_d[None, :])
+    k_ptrs = K + (base + offs_n)[:, None] * stride_kn + offs_d[None, :]
+    v_ptrs = V + (base + offs_n)[:, None] * stride_vn + offs_d[None, :]
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale * 1.44269504
+    if CAUSAL:
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                                    qk_scale, 0, start_m * BLOCK_M, BLOCK_N, False)
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                                    qk_scale, start_m * BLOCK_M, (start_m + 1) * BLOCK_M, BLOCK_N, True)
+    else:
+        acc, l_i, m_i = _attn_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n,
+                                    qk_scale, 0, N_CTX, BLOCK_N, False)
+    acc = acc / l_i[:, None]
+    tl.store(Out + (base + offs_m)[:, None] * stride_om + offs_d[None, :], acc.to(tl.float16))
+
+
+BWD_SIGNATURE = ("Q=*fp16:16,K=*fp16:16,V=*fp16:16,DO=*fp16:16,M=*fp32:16,D=*fp32:16,DK=*fp16:16,DV=*fp16:16,"
+                 "stride_tok=i32:16,N_CTX=i32:16")
+
+
+@triton.jit
+def attn_bwd_dkdv(Q, K, V, DO, M, D, DK, DV, stride_tok, N_CTX,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_n = tl.program_id(0) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k = tl.load(K + offs_n[:, None] * stride_tok + offs_d[None, :])
+    v = tl.load(V + offs_n[:, None] * stride_tok + offs_d[None, :])
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    qT_ptrs = Q + offs_m[None, :] * stride_tok + offs_d[:, None]
+    do_ptrs = DO + offs_m[:, None] * stride_tok + offs_d[None, :]
+    curr_m = 0
+    for _ in range(0, N_CTX, BLOCK_M):
+        qT = tl.load(qT_ptrs)
+        m = tl.load(M + curr_m + offs_m)
+        qkT = tl.dot(k, qT)
+        pT = tl.math.exp2(qkT - m[None, :])
+        do = tl.load(do_ptrs)
+        dv += tl.dot(pT.to(tl.float16), do)
+        Di = tl.load(D + curr_m + offs_m)
+        dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
+        dsT = pT * (dpT - Di[None, :])
+        dk += tl.dot(dsT.to(tl.float16), tl.trans(qT))
+        curr_m += BLOCK_M
+        qT_ptrs += BLOCK_M * stride_tok
+        do_ptrs += BLOCK_M * stride_tok
+    tl.store(DV + offs_n[:, None] * stride_tok + offs_d[None, :], dv.to(tl.float16))
+    tl.store(DK + offs_n[:, None] * stride_tok + offs_d[None, :], dk.to(tl.float16))
