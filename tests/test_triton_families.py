@@ -82,3 +82,54 @@ def test_emit_gluon_refuses_triton_kernels_before_solving(capsys):
     err = capsys.readouterr().err
     assert "cannot emit Triton kernel" in err and "twill inject" in err and err.count("\n") == 1
     assert not Path("unused.py").exists()
+
+
+CAUSAL = ATTN + ("CAUSAL=True",)
+
+
+def test_causal_attention_lists_its_loops_and_takes_loop_by_index_or_python_line():
+    with pytest.raises(TwillError) as info:
+        _graph("attn_fwd_ptr", F.ATTN_SIGNATURE, CAUSAL)
+    msg = str(info.value)
+    inner_for = _line_of("    for start_n in range(lo, hi, BLOCK_N):")
+    # a call spanning lines is located on its last line, where Triton puts the call site
+    calls = [_line_of("                                    qk_scale, 0, start_m"),
+             _line_of("                                    qk_scale, start_m * BLOCK_M")]
+    assert "--loop" in msg and "loop 0 at" in msg and "loop 1 at" in msg
+    assert f"triton_families.py:{inner_for} (called at triton_families.py:{calls[0]})" in msg
+    first = _graph("attn_fwd_ptr", F.ATTN_SIGNATURE, CAUSAL, loop=0)
+    second = _graph("attn_fwd_ptr", F.ATTN_SIGNATURE, CAUSAL, loop=f"line:{calls[1]}")
+    assert first.attrs["loop_line"] < second.attrs["loop_line"]
+    assert first.attrs["loop_source"] == second.attrs["loop_source"] == f"triton_families.py:{inner_for}"
+    for g in (first, second):
+        assert {"qk", "pv", "exp", "load_k", "load_v"} <= {op.attrs["role"] for op in g.ops}
+        assert g.op("load_k").smem == 128 * 128 * 2
+    with pytest.raises(TwillError, match="out of range"):
+        _graph("attn_fwd_ptr", F.ATTN_SIGNATURE, CAUSAL, loop=5)
+    with pytest.raises(TwillError, match="matches 2 loops"):
+        _graph("attn_fwd_ptr", F.ATTN_SIGNATURE, CAUSAL, loop=f"line:{inner_for}")
+
+
+def _line_of(text: str, nth: int = 0) -> int:
+    lines = [k + 1 for k, line in enumerate(FAMILIES.read_text().splitlines()) if line.startswith(text)]
+    return lines[nth]
+
+
+def test_autotuned_kernel_takes_a_config_and_heuristics():
+    with pytest.raises(TwillError) as info:
+        _graph_tuned()
+    assert "autotuned over 2 configs" in str(info.value) and "1: BLOCK_M=64 BLOCK_N=128 BLOCK_K=32" in str(info.value)
+    with pytest.raises(TwillError, match="'EVEN_K' is computed by @triton.heuristics"):
+        _graph_tuned(config=1)
+    g = _graph_tuned(config=1, constexprs=["EVEN_K=True"])
+    assert g.op("mma").attrs["m"] == 64 and g.op("mma").attrs["k"] == 32 and g.attrs["num_warps"] == 4
+    assert g.attrs["num_stages"] == 4 and g.attrs["even_k"] is True
+    with pytest.raises(TwillError, match="out of range"):
+        _graph_tuned(config=2, constexprs=["EVEN_K=True"])
+    with pytest.raises(TwillError, match="--config applies to @triton.autotune"):
+        _graph("matmul_grouped", F.MATMUL_SIGNATURE, MATMUL + ("GROUP_M=8",), config=0)
+
+
+def _graph_tuned(config=None, constexprs=()):
+    return graph_from_target(FAMILIES, "matmul_tuned", signature=F.MATMUL_SIGNATURE, constexprs=list(constexprs),
+                             num_warps=None, num_stages=None, machine=get_machine("h100"), config=config)

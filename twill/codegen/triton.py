@@ -396,12 +396,13 @@ def read_schedule_attrs(text: str, loop: ForLoop) -> dict[int, tuple[int, int]]:
 
 # -- compile -----------------------------------------------------------------------------------------------
 def schedule_edit(schedule: Schedule, machine: Machine, *, load_lead: int, capability: int,
-                  plans: list[StagePlan] | None = None):
-    """The text edit that writes ``schedule`` onto the pre-pipeline TTGIR (for :func:`compile_with_edit` or a
+                  plans: list[StagePlan] | None = None, loop: int | str | None = None):
+    """The text edit that writes ``schedule`` onto loop ``loop`` (see
+    :func:`~twill.frontends.triton.select_loop`) of the pre-pipeline TTGIR (for :func:`compile_with_edit` or a
     JIT hook, :func:`make_jit_hook`). Each plan it writes is appended to ``plans``."""
 
     def edit(text: str) -> str:
-        lowered = lower_ttgir(text, machine, name=schedule.graph.name)
+        lowered = lower_ttgir(text, machine, name=schedule.graph.name, loop=loop)
         plan = plan_stages(lowered, schedule, load_lead=load_lead, capability=capability)
         if plans is not None:
             plans.append(plan)
@@ -424,8 +425,9 @@ def rings(ttgir: str) -> tuple[tuple[int, tuple[int, int], str], ...]:
 
 
 def inject(spec: KernelSpec, schedule: Schedule, machine: Machine, *, load_lead: int | None = None,
-           workdir: str | None = None) -> InjectionResult:
-    """Compile ``spec`` with ``schedule`` instead of Triton's own software-pipelining schedule."""
+           workdir: str | None = None, loop: int | str | None = None) -> InjectionResult:
+    """Compile ``spec`` with ``schedule`` on loop ``loop`` instead of Triton's own software-pipelining
+    schedule."""
     if schedule.assignment:
         raise UnsupportedFeatureError("Triton injection takes a software-pipelining schedule only; schedule "
                                       "with --no-ws (SolveOptions(ws=False)) or emit Gluon for warp "
@@ -437,7 +439,8 @@ def inject(spec: KernelSpec, schedule: Schedule, machine: Machine, *, load_lead:
     seen: list[str] = []
 
     def edit(text: str) -> str:
-        seen.append(schedule_edit(schedule, machine, load_lead=lead, capability=spec.capability, plans=plans)(text))
+        seen.append(schedule_edit(schedule, machine, load_lead=lead, capability=spec.capability, plans=plans,
+                                  loop=loop)(text))
         return seen[-1]
 
     kernel, _ = compile_with_edit(spec, edit, workdir=workdir)
@@ -475,8 +478,9 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
     return summary
 
 
-def heuristic_plan(text: str) -> dict[int, tuple[int, int]]:
+def heuristic_plan(text: str, loop: int | str | None = None) -> dict[int, tuple[int, int]]:
     """Triton's own (stage, cluster) per statement of the chosen loop of a pre-pipeline TTGIR."""
     from twill.frontends.triton import select_loop
+    from twill.frontends.triton.mlir import location_table
 
-    return read_schedule_attrs(text, select_loop(find_loops(text)))
+    return read_schedule_attrs(text, select_loop(find_loops(text), loop, location_table(text)))

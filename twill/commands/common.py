@@ -52,6 +52,11 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
                      help="a tl.constexpr value (repeatable), read by the Triton frontend")
     tri.add_argument("--num-warps", type=int, default=None, help="Triton num_warps")
     tri.add_argument("--num-stages", type=int, default=None, help="Triton num_stages")
+    tri.add_argument("--loop", default=None, metavar="N|line:L",
+                     help="the loop to schedule: index N (0 = first scf.for) or line:L (its Python source line); "
+                          "needed when several innermost loops have the most dots")
+    tri.add_argument("--config", type=int, default=None, metavar="N",
+                     help="which @triton.autotune config to compile (its constexprs, num_warps, num_stages)")
 
 
 def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +118,8 @@ def kernel_options_given(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _triton_options_given(args: argparse.Namespace) -> list[str]:
-    names = [("--signature", args.signature), ("--num-warps", args.num_warps), ("--num-stages", args.num_stages)]
+    names = [("--signature", args.signature), ("--num-warps", args.num_warps), ("--num-stages", args.num_stages),
+             ("--loop", args.loop), ("--config", args.config)]
     given = [flag for flag, value in names if value is not None]
     return given + (["--constexpr"] if args.constexpr else [])
 
@@ -159,7 +165,8 @@ def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine
     except ImportError as exc:
         raise TwillError(f"the Triton frontend is not available ({exc}); install twill-gpu[triton]") from None
     return graph_from_target(path, fn, signature=args.signature, constexprs=list(args.constexpr),
-                             num_warps=args.num_warps, num_stages=args.num_stages, machine=machine)
+                             num_warps=args.num_warps, num_stages=args.num_stages, machine=machine, loop=args.loop,
+                             config=args.config)
 
 
 def schedule_document(schedule: Any) -> dict[str, Any]:

@@ -30,18 +30,14 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _kernel_spec(args: argparse.Namespace, machine):
-    from twill.frontends.triton import kernel_spec
-    from twill.frontends.triton.compile import load_kernel
+    from twill.frontends.triton import spec_from_target
 
     match = _TRITON_TARGET.match(args.target)
     if not match:
         raise TwillError(f"twill inject needs a Triton kernel target path.py:fn, got {args.target!r}")
-    if not args.signature:
-        raise TwillError("twill inject needs --signature listing every non-constexpr argument, "
-                         "e.g. --signature 'a_ptr=*fp16:16,M=i32:16'")
-    fn = load_kernel(match["path"], match["fn"])
-    return kernel_spec(fn, signature=args.signature, constexprs=list(args.constexpr),
-                       num_warps=args.num_warps or 4, num_stages=args.num_stages, machine=machine)
+    return spec_from_target(match["path"], match["fn"], signature=args.signature, constexprs=list(args.constexpr),
+                            num_warps=args.num_warps, num_stages=args.num_stages, machine=machine,
+                            config=args.config)
 
 
 def _cmd_inject(args: argparse.Namespace) -> int:
@@ -53,9 +49,9 @@ def _cmd_inject(args: argparse.Namespace) -> int:
     if args.schedule:
         schedule = load_schedule_document(args.schedule)
     else:
-        lowered, _ = lower_function(spec, machine)
+        lowered, _ = lower_function(spec, machine, loop=args.loop)
         schedule = solve_for_triton(lowered.graph, machine, spec.capability, solve_options(args))
-    result = inject(spec, schedule, machine, load_lead=args.load_lead)
+    result = inject(spec, schedule, machine, load_lead=args.load_lead, loop=args.loop)
     summary = write_outputs(result, schedule, args.output)
     write_json_output(f"{args.output}/schedule.json", schedule_document(schedule))
     print(json.dumps(summary, indent=2))

@@ -19,7 +19,7 @@ import os
 import re
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -219,8 +219,73 @@ def capability_of(arch: str) -> int:
 
 
 # -- loading a kernel from a file --------------------------------------------------------------------------
-def load_kernel(path: str | os.PathLike, fn_name: str):
-    """Import ``path`` and return its ``@triton.jit`` function ``fn_name``."""
+@dataclass(frozen=True)
+class KernelSource:
+    """A kernel imported from a file: the ``@triton.jit`` function under its decorators, the configs of an
+    ``@triton.autotune`` and the constexpr functions of ``@triton.heuristics`` wrapped around it."""
+
+    fn: Any
+    configs: tuple[Any, ...] = ()
+    heuristics: Mapping[str, Callable[[dict], Any]] = field(default_factory=dict)
+
+    def settings(self, constexprs: Mapping[str, Any], *, config: int | None, num_warps: int | None,
+                 num_stages: int | None) -> tuple[dict[str, Any], int | None, int | None]:
+        """(constexprs, num_warps, num_stages) to compile with: autotune config ``config`` (the only one
+        when there is one) under the values given on the command line, then the heuristics' constexprs."""
+        values = dict(constexprs)
+        if config is not None and not self.configs:
+            raise TwillError(f"--config applies to @triton.autotune kernels; {self.fn.__name__!r} has no configs")
+        if self.configs:
+            if config is None and len(self.configs) > 1:
+                raise TwillError(f"kernel {self.fn.__name__!r} is autotuned over {len(self.configs)} configs: pick "
+                                 f"one with --config N; {self.describe_configs()}")
+            index = config or 0
+            if not 0 <= index < len(self.configs):
+                raise TwillError(f"--config {index} is out of range: {self.describe_configs()}")
+            chosen = self.configs[index]
+            values = {**chosen.kwargs, **values}
+            num_warps = num_warps if num_warps is not None else chosen.num_warps
+            num_stages = num_stages if num_stages is not None else chosen.num_stages
+        for name, rule in self.heuristics.items():
+            if name in values:
+                continue
+            try:
+                values[name] = rule(dict(values))
+            except Exception:
+                raise TwillError(f"kernel {self.fn.__name__!r}: constexpr {name!r} is computed by @triton.heuristics "
+                                 f"from the launch arguments; pass --constexpr {name}=VALUE") from None
+        return values, num_warps, num_stages
+
+    def describe_configs(self) -> str:
+        """``0: BLOCK_M=128 BLOCK_N=128 num_warps=8 num_stages=3; 1: ...``."""
+        rows = []
+        for k, c in enumerate(self.configs):
+            items = [f"{n}={v}" for n, v in c.kwargs.items()] + [f"num_warps={c.num_warps}",
+                                                                   f"num_stages={c.num_stages}"]
+            rows.append(f"{k}: {' '.join(items)}")
+        return "; ".join(rows)
+
+
+def unwrap_kernel(obj: Any, triton) -> KernelSource | None:
+    """The :class:`KernelSource` under ``@triton.autotune`` / ``@triton.heuristics`` wrappers, or ``None``
+    when ``obj`` is no Triton kernel."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    configs: tuple[Any, ...] = ()
+    heuristics: dict[str, Callable[[dict], Any]] = {}
+    while isinstance(obj, (Autotuner, Heuristics)):
+        if isinstance(obj, Autotuner):
+            configs = configs or tuple(obj.configs)
+        else:
+            heuristics.update(obj.values)
+        obj = obj.fn
+    if not isinstance(obj, triton.runtime.jit.JITFunction):
+        return None
+    return KernelSource(obj, configs, heuristics)
+
+
+def load_kernel(path: str | os.PathLike, fn_name: str) -> KernelSource:
+    """Import ``path`` and return its ``@triton.jit`` function ``fn_name`` (under any autotune/heuristics)."""
     triton = require_triton()
     path = Path(path)
     if not path.is_file():
@@ -238,9 +303,11 @@ def load_kernel(path: str | os.PathLike, fn_name: str):
     fn = getattr(module, fn_name, None)
     if fn is None:
         raise TwillError(f"{str(path)!r} has no function {fn_name!r}")
-    if not isinstance(fn, triton.runtime.jit.JITFunction):
-        raise TwillError(f"{fn_name!r} in {str(path)!r} is not a @triton.jit kernel")
-    return fn
+    source = unwrap_kernel(fn, triton)
+    if source is None:
+        raise TwillError(f"{fn_name!r} in {str(path)!r} is not a Triton kernel (@triton.jit, possibly under "
+                         f"@triton.autotune / @triton.heuristics)")
+    return source
 
 
 # -- the pass pipeline, split at the pipeliner -------------------------------------------------------------

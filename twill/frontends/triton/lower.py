@@ -24,7 +24,8 @@ from typing import AbstractSet, Any, Mapping
 
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import Edge, LoopGraph, Op
-from twill.frontends.triton.mlir import ELEMENT_BYTES, ForLoop, Statement, TileType, resolve_location
+from twill.frontends.triton.mlir import (ELEMENT_BYTES, ForLoop, Statement, TileType, resolve_location,
+                                         source_positions)
 from twill.machine.costs import (OpCost, alu_cost, exp2_cost, mma_cost, reduce_cost, regs_per_thread, smem_cost,
                                  tma_load_cost, tma_store_cost, tmem_cost)
 from twill.machine.models import Machine
@@ -451,9 +452,10 @@ def lower_loop(loop: ForLoop, machine: Machine, *, num_warps: int, name: str, lo
         if node is not None:
             nodes[st.index] = node
     if unsupported:
-        listed = ", ".join(f"{st.op} (line {st.first_line + 1})" for st in unsupported)
+        listed = ", ".join(f"{st.op} ({_where(st.loc, st.first_line, loc_table)})" for st in unsupported)
         raise UnsupportedFeatureError(
-            f"loop at line {loop.header_line + 1}: the Triton frontend cannot model {listed}; supported are "
+            f"loop at {_where(loop.loc, loop.header_line, loc_table)}: the Triton frontend cannot model {listed}; "
+            f"supported are "
             f"loads, dots, exp2/special functions, reductions, elementwise float arithmetic, layout and "
             f"shared/tensor-memory copies (index arithmetic is folded); the loop body must have no control flow")
     if not nodes:
@@ -487,6 +489,12 @@ def lower_loop(loop: ForLoop, machine: Machine, *, num_warps: int, name: str, lo
     owner = {i: names[i] for i in nodes}
     folded_into = {i: tuple(sorted((names[c], d) for c, d in cs)) for i, cs in folded.items()}
     return LoweredLoop(graph=graph, loop=loop, owner=owner, folded_into=folded_into)
+
+
+def _where(loc: str | None, line: int, table: Mapping[str, str]) -> str:
+    """``"kernel.py:57, TTGIR line 93"``: the Python source line when the location table has one."""
+    positions = source_positions(loc, dict(table))
+    return f"{positions[0]}, TTGIR line {line + 1}" if positions else f"TTGIR line {line + 1}"
 
 
 def _suffix(subtile: int | None) -> str:

@@ -114,6 +114,7 @@ class ForLoop:
     body: tuple[Statement, ...]
     yields: tuple[str, ...]
     innermost: bool
+    loc: str | None = None
 
 
 # -- types -------------------------------------------------------------------------------------------------
@@ -282,8 +283,10 @@ def find_loops(text: str) -> list[ForLoop]:
                 continue
             depth += _net_braces(s)
             j += 1
+        loc = _LOC_REF.search(lines[j - 1].rstrip()) if j - 1 < len(lines) else None
         loops.append(ForLoop(header_line=i, close_line=j - 1, induction=induction, iter_args=iter_args,
-                             body=tuple(body), yields=yields, innermost=innermost))
+                             body=tuple(body), yields=yields, innermost=innermost,
+                             loc=loc.group(1) if loc else None))
     return loops
 
 
@@ -322,6 +325,22 @@ def resolve_location(alias: str | None, table: dict[str, str]) -> tuple[str | No
             continue
         return name, None
     return name, None
+
+
+def source_positions(alias: str | None, table: dict[str, str]) -> tuple[str, ...]:
+    """Python source positions (``"file.py:LINE"``) of a location alias: the position itself, then, for code
+    inlined from a ``@triton.jit`` helper, each call site outwards."""
+    body = table.get(alias or "", "")
+    m = _FILE_LOC.match(body)
+    if m:
+        return (f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)}",)
+    m = _NAMED_LOC.match(body)
+    if m and m.group(2) != alias:
+        return source_positions(m.group(2), table)
+    m = _CALLSITE.match(body)
+    if m:
+        return source_positions(m.group(1), table) + source_positions(m.group(2), table)
+    return ()
 
 
 def function_name(text: str) -> str | None:
