@@ -133,3 +133,43 @@ def test_autotuned_kernel_takes_a_config_and_heuristics():
 def _graph_tuned(config=None, constexprs=()):
     return graph_from_target(FAMILIES, "matmul_tuned", signature=F.MATMUL_SIGNATURE, constexprs=list(constexprs),
                              num_warps=None, num_stages=None, machine=get_machine("h100"), config=config)
+
+
+#: Unit strides as constexprs: what Triton's launcher specializes when a stride is 1 at run time; without it the
+#: loads are not known to be contiguous and Triton does not pipeline them.
+UNIT_STRIDES = ("stride_ak=1", "stride_bn=1", "stride_cn=1")
+PERSISTENT_SIGNATURE = ",".join(p for p in F.MATMUL_SIGNATURE.split(",")
+                                if p.split("=")[0] not in ("stride_ak", "stride_bn", "stride_cn"))
+PERSISTENT = MATMUL + UNIT_STRIDES + ("NUM_SMS=132",)
+
+
+def test_persistent_matmul_models_its_epilogue_as_one_conditional_op():
+    g = _graph("matmul_persistent", PERSISTENT_SIGNATURE, PERSISTENT)
+    cond = [op for op in g.ops if op.kind == "conditional"]
+    assert len(cond) == 1, "the tile switch (index arithmetic only) is folded, the epilogue is one op"
+    epilogue = cond[0]
+    assert epilogue.attrs["region_ops"] == ["arith.truncf", "ttg.convert_layout", "tt.store"]
+    assert epilogue.name == "if_alu_convert_store"
+    units = [{unit for unit, _ in row} for row in epilogue.rrt]
+    assert units[0] == {"alu"} and units[-1] == {"tma"} and {"smem"} in units
+    edges = {(e.src, e.dst, e.distance) for e in g.edges}
+    assert ("mma", epilogue.name, 0) in edges and (epilogue.name, "mma", 1) in edges
+    assert {"load_a", "load_b", "mma"} <= set(g.op_names)
+
+
+def test_persistent_matmul_injects():
+    pytest.importorskip("ortools")
+    from twill.codegen.triton import inject, solve_for_triton
+    from twill.frontends.triton import lower_function, spec_from_target
+
+    machine = get_machine("h100")
+    spec = spec_from_target(FAMILIES, "matmul_persistent", signature=PERSISTENT_SIGNATURE,
+                            constexprs=list(PERSISTENT), num_warps=8, num_stages=3, machine=machine)
+    lowered, _ = lower_function(spec, machine)
+    from twill.solve import SolveOptions
+
+    schedule = solve_for_triton(lowered.graph, machine, spec.capability, SolveOptions(ws=False, time_limit=60))
+    result = inject(spec, schedule, machine)
+    cond = next(op.name for op in schedule.graph.ops if op.kind == "conditional")
+    assert result.plan.op_slots[cond][0] == result.plan.op_slots["mma"][0]
+    assert "loop.stage" in result.scheduled_ttgir and result.rings and result.rings[0][0] >= 2

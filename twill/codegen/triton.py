@@ -352,6 +352,11 @@ def set_schedule_attrs(line: str, stage: int, cluster: int) -> str:
     if _STAGE.search(line) and _CLUSTER.search(line):
         line = _STAGE.sub(f"loop.stage = {stage} : i32", line, count=1)
         return _CLUSTER.sub(f"loop.cluster = {cluster} : i32", line, count=1)
+    region_end = re.match(r"^(\s*\})\s*(?:\{(.*?)\})?(\s*loc\(.*)?$", line)
+    if region_end:                         # the closing line of an scf.if: attributes follow the region
+        inner = f"{region_end.group(2)}, {attrs}" if region_end.group(2) else attrs
+        tail = f" {region_end.group(3).strip()}" if region_end.group(3) else ""
+        return f"{region_end.group(1)} {{{inner}}}{tail}"
     cut = type_colon(line)
     if cut < 0:
         raise TwillError(f"cannot place schedule attributes on {line.strip()[:80]!r}")

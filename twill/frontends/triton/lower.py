@@ -24,8 +24,8 @@ from typing import AbstractSet, Any, Mapping
 
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import Edge, LoopGraph, Op
-from twill.frontends.triton.mlir import (ELEMENT_BYTES, ForLoop, Statement, TileType, resolve_location,
-                                         source_positions)
+from twill.frontends.triton.mlir import (ELEMENT_BYTES, ForLoop, Statement, TileType, region_statements,
+                                         resolve_location, source_positions)
 from twill.machine.costs import (OpCost, alu_cost, exp2_cost, mma_cost, reduce_cost, regs_per_thread, smem_cost,
                                  tma_load_cost, tma_store_cost, tmem_cost)
 from twill.machine.models import Machine
@@ -59,12 +59,35 @@ WARPGROUP = 4
 
 
 @dataclass(frozen=True)
+class SequenceCost:
+    """The cost of a conditional region scheduled as one op: its ops one after another, each occupying its
+    own units (the reservation tables concatenated), the result ready when the last one is."""
+
+    parts: tuple[OpCost, ...]
+
+    @property
+    def cycles(self) -> int:
+        return sum(p.cycles for p in self.parts)
+
+    @property
+    def latency(self) -> int:
+        return sum(p.cycles for p in self.parts[:-1]) + self.parts[-1].latency
+
+    @property
+    def warp_busy(self) -> int | None:
+        return None
+
+    def rrt(self) -> tuple[dict[str, int], ...]:
+        return tuple(row for p in self.parts for row in p.rrt())
+
+
+@dataclass(frozen=True)
 class Node:
     """One graph op before naming: the statement it comes from and its cost-model description."""
 
     stmt: Statement
     kind: str
-    cost: OpCost
+    cost: OpCost | SequenceCost
     regs: int = 0
     smem: int = 0
     tmem: int = 0
@@ -125,6 +148,8 @@ def _reduce_kind(st: Statement) -> str:
 def classify(st: Statement, machine: Machine, num_warps: int,
              producers: Mapping[str, Statement]) -> Node | None:
     """The node of a statement, ``None`` if it is folded; raises for ops the frontend does not model."""
+    if st.op == "scf.if":
+        return _conditional(st, machine, num_warps, producers)
     if _is_fold(st, producers):
         return None
     t = st.result_type
@@ -190,6 +215,30 @@ def classify(st: Statement, machine: Machine, num_warps: int,
         return Node(st, "alu", alu_cost(machine, t.elements), regs=regs_of(t), warps=WARPGROUP,
                     spill_cost=spill(t), info={"shape": list(t.shape)})
     raise _Unsupported(st)
+
+
+def _conditional(st: Statement, machine: Machine, num_warps: int,
+                 producers: Mapping[str, Statement]) -> Node | None:
+    """An ``scf.if`` in the loop body (the tile switch and the epilogue of a persistent kernel): folded when
+    its regions hold only index arithmetic, else one ``conditional`` op that runs the modelled ops of its
+    regions in sequence. It is charged on every iteration, as a predicated op would be: the schedule must
+    leave room for it in the iterations where the condition holds."""
+    inner = region_statements(st)
+    known = {**producers, **{r: s for s in inner for r in s.results}}
+    nodes = []
+    for s in inner:
+        if s.op in CONTROL_OPS:
+            raise _Unsupported(s)
+        node = classify(s, machine, num_warps, known)
+        if node is not None:
+            nodes.append(node)
+    if not nodes:
+        return None
+    kinds = list(dict.fromkeys(n.kind for n in nodes))
+    return Node(st, "conditional", SequenceCost(tuple(n.cost for n in nodes)), regs=max(n.regs for n in nodes),
+                smem=sum(n.smem for n in nodes), tmem=sum(n.tmem for n in nodes),
+                warps=max(n.warps for n in nodes), spill_cost=max(n.spill_cost for n in nodes),
+                info={"computes": kinds, "region_ops": [n.stmt.op for n in nodes]})
 
 
 class _Unsupported(Exception):
@@ -416,6 +465,8 @@ def _names(nodes: Mapping[int, Node], roles: Mapping[int, tuple[str, int | None]
         role, sub = roles[i]
         if role in named:
             base = role + _suffix(sub)
+        elif role == "conditional":
+            base = "if_" + "_".join(nodes[i].info["computes"]) + _suffix(sub)
         else:
             var = locations[i][0] or nodes[i].stmt.short
             base = f"{var}_{nodes[i].stmt.short}".replace(".", "_") + _suffix(sub)
@@ -441,7 +492,7 @@ def lower_loop(loop: ForLoop, machine: Machine, *, num_warps: int, name: str, lo
     nodes: dict[int, Node] = {}
     unsupported: list[Statement] = []
     for st in loop.body:
-        if st.op in CONTROL_OPS:
+        if st.op in CONTROL_OPS and st.op != "scf.if":
             unsupported.append(st)
             continue
         try:
@@ -457,7 +508,7 @@ def lower_loop(loop: ForLoop, machine: Machine, *, num_warps: int, name: str, lo
             f"loop at {_where(loop.loc, loop.header_line, loc_table)}: the Triton frontend cannot model {listed}; "
             f"supported are "
             f"loads, dots, exp2/special functions, reductions, elementwise float arithmetic, layout and "
-            f"shared/tensor-memory copies (index arithmetic is folded); the loop body must have no control flow")
+            f"shared/tensor-memory copies (index arithmetic is folded), and scf.if regions of those")
     if not nodes:
         raise UnsupportedFeatureError(f"loop at line {loop.header_line + 1} has no operation to schedule")
     sources = _sources(loop, nodes)
