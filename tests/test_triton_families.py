@@ -173,3 +173,22 @@ def test_persistent_matmul_injects():
     cond = next(op.name for op in schedule.graph.ops if op.kind == "conditional")
     assert result.plan.op_slots[cond][0] == result.plan.op_slots["mma"][0]
     assert "loop.stage" in result.scheduled_ttgir and result.rings and result.rings[0][0] >= 2
+
+
+BWD = ("HEAD_DIM=128", "BLOCK_M=64", "BLOCK_N=128")
+DQ_SIGNATURE = "Q=*fp16:16,K=*fp16:16,V=*fp16:16,DO=*fp16:16,M=*fp32:16,D=*fp32:16,DQ=*fp16:16,stride_tok=i32:16,N_CTX=i32:16"
+
+
+def test_attention_backward_ops_are_named_from_what_they_compute():
+    g = _graph("attn_bwd_dkdv", F.BWD_SIGNATURE, BWD)
+    roles = {op.attrs["role"]: op for op in g.ops}
+    assert {"qk", "dp", "exp", "ds", "dv", "dk", "load_q", "load_do", "load_lse", "load_delta"} <= set(roles)
+    assert not any(name.endswith(("_a", "_b")) or name.startswith("pv") for name in g.op_names)
+    edges = {(e.src, e.dst, e.distance) for e in g.edges}
+    assert {("load_q", "qk", 0), ("load_do", "dp", 0), ("load_do", "dv", 0)} <= edges
+    assert any(("dp", x, 0) in edges and (x, "ds", 0) in edges for x in g.op_names)      # dS = P * (dP - D)
+    assert {("dv", "dv", 1), ("dk", "dk", 1), ("load_q", "dk", 0)} <= edges
+    dq = _graph("attn_bwd_dq", DQ_SIGNATURE, BWD)
+    names = set(dq.op_names)
+    assert {"qk", "dp", "exp", "ds", "dq", "load_k", "load_v"} <= names and not {"dk", "dv"} & names
+    assert ("load_k", "dq", 0) in {(e.src, e.dst, e.distance) for e in dq.edges}

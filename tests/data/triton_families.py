@@ -198,3 +198,29 @@ def attn_bwd_dkdv(Q, K, V, DO, M, D, DK, DV, stride_tok, N_CTX,
         do_ptrs += BLOCK_M * stride_tok
     tl.store(DV + offs_n[:, None] * stride_tok + offs_d[None, :], dv.to(tl.float16))
     tl.store(DK + offs_n[:, None] * stride_tok + offs_d[None, :], dk.to(tl.float16))
+
+
+@triton.jit
+def attn_bwd_dq(Q, K, V, DO, M, D, DQ, stride_tok, N_CTX,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + offs_m[:, None] * stride_tok + offs_d[None, :])
+    do = tl.load(DO + offs_m[:, None] * stride_tok + offs_d[None, :])
+    m = tl.load(M + offs_m)[:, None]
+    Di = tl.load(D + offs_m)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    kT_ptrs = K + offs_n[None, :] * stride_tok + offs_d[:, None]
+    vT_ptrs = V + offs_n[None, :] * stride_tok + offs_d[:, None]
+    for _ in range(0, N_CTX, BLOCK_N):
+        kT = tl.load(kT_ptrs)
+        vT = tl.load(vT_ptrs)
+        p = tl.math.exp2(tl.dot(q, kT) - m)
+        dp = tl.dot(do, vT).to(tl.float32)
+        ds = p * (dp - Di[:, None])
+        dq += tl.dot(ds.to(tl.float16), tl.trans(kT))
+        kT_ptrs += BLOCK_N * stride_tok
+        vT_ptrs += BLOCK_N * stride_tok
+    tl.store(DQ + offs_m[:, None] * stride_tok + offs_d[None, :], dq.to(tl.float16))

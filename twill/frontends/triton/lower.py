@@ -26,6 +26,7 @@ from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import Edge, LoopGraph, Op
 from twill.frontends.triton.mlir import (ELEMENT_BYTES, ForLoop, Statement, TileType, region_statements,
                                          resolve_location, source_positions)
+from twill.frontends.triton.roles import backward_roles
 from twill.machine.costs import (OpCost, alu_cost, exp2_cost, mma_cost, reduce_cost, regs_per_thread, smem_cost,
                                  tma_load_cost, tma_store_cost, tmem_cost)
 from twill.machine.models import Machine
@@ -378,12 +379,18 @@ def _operand_sources(node: Node, position: int, sources: Mapping[str, frozenset[
 
 def assign_roles(nodes: Mapping[int, Node], edges: AbstractSet[tuple[int, int, int]],
                  sources: Mapping[str, frozenset[tuple[str, int]]]) -> dict[int, tuple[str, int | None]]:
-    """(role, subtile) per node. Recognises GEMM loops (``load_a``, ``load_b``, ``mma``) and attention loops
-    (``load_k``, ``load_v``, ``qk``, ``rowmax``, ``exp``, ``alpha``, ``rowsum``, ``rescale``, ``pv`` and on
-    Blackwell ``s_load``, ``p_store``, ``o_load``, ``o_store``); other nodes get their kind as role."""
+    """(role, subtile) per node. Recognises GEMM loops (``load_a``, ``load_b``, ``mma``), attention-backward
+    loops (:mod:`twill.frontends.triton.roles`) and attention loops (``load_k``, ``load_v``, ``qk``,
+    ``rowmax``, ``exp``, ``alpha``, ``rowsum``, ``rescale``, ``pv`` and on Blackwell ``s_load``, ``p_store``,
+    ``o_load``, ``o_store``); other nodes get their kind as role."""
     anc = _ancestors(edges)
     roles: dict[int, tuple[str, int | None]] = {i: (n.kind, None) for i, n in nodes.items()}
     mmas = sorted(i for i, n in nodes.items() if n.kind == "mma")
+    backward = backward_roles({i: n.kind for i, n in nodes.items()},
+                              {i: len(n.info.get("shape", [])) for i, n in nodes.items()}, edges, anc)
+    if backward is not None:
+        roles.update({i: (role, None) for i, role in backward.items()})
+        return roles
     pv = [i for i in mmas if any(nodes[a].kind == "mma" for a in anc.get(i, ()))]
     qk = [i for i in mmas if i not in pv]
     if len(mmas) == 1:
@@ -458,7 +465,8 @@ def _names(nodes: Mapping[int, Node], roles: Mapping[int, tuple[str, int | None]
     """Readable unique op names: the role for recognised ops (``qk``, ``exp``; ``qk_a``/``qk_b`` per
     sub-tile), else ``<source variable>_<op>`` (``l_i_mulf``); sub-tiles add ``_a``, ``_b``."""
     named = {"load_a", "load_b", "mma", "load_k", "load_v", "qk", "rowmax", "exp", "alpha", "rowsum", "rescale",
-             "pv", "s_load", "p_store", "o_load", "o_store"}
+             "pv", "s_load", "p_store", "o_load", "o_store", "dp", "ds", "dv", "dk", "dq", "load_q", "load_do",
+             "load_lse", "load_delta"}
     out: dict[int, str] = {}
     used: set[str] = set()
     for i in sorted(nodes):
