@@ -89,10 +89,14 @@ class InjectionResult:
     def summary(self, schedule: Schedule) -> dict[str, Any]:
         """The JSON summary ``twill inject`` prints: II, stages, buffers, shared memory."""
         norm = dict(schedule.stats.get("normalization", {}))
-        per_unit = norm.get("cycles_per_unit")
+        per_unit = norm.get("cycles_per_unit") if norm.get("enabled", True) else None
+
+        def cycles(value: int) -> int:
+            return round(value * per_unit) if per_unit else value
+
         out: dict[str, Any] = {
-            "kernel": self.kernel.name, "arch": schedule.arch, "ii": schedule.ii,
-            "ii_cycles": round(schedule.ii * per_unit) if per_unit else schedule.ii,
+            "kernel": self.kernel.name, "arch": schedule.arch, "ii": schedule.ii, "ii_cycles": cycles(schedule.ii),
+            "ii_lower_bound": schedule.ii_lower_bound, "ii_lower_bound_cycles": cycles(schedule.ii_lower_bound),
             "status": schedule.status, "stages": self.plan.max_stage + 1, "load_lead": self.plan.load_lead,
             "shared_memory_bytes": self.shared_bytes, "num_warps": int(self.kernel.metadata.num_warps),
             "buffers": [{"depth": d, "shape": list(s), "dtype": t} for d, s, t in self.rings],
@@ -151,8 +155,9 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
     linear II search of the core slow (each infeasible II is a hard proof), so this searches II on the
     normalized, constrained graph with :func:`twill.solve.modulo.solve_modulo` directly: upward in steps of
     1/8 of the lower bound until a schedule is found, then bisection between the highest II not yet excluded
-    and the best found, at cost resolution ``min(U, WINDOW_RESOLUTION)``. ``status`` is ``optimal`` only when
-    II − 1 was proved infeasible and L is optimal;
+    and the best found, then every II between the bound and the best not yet decided (bisection skips those
+    below an undecided one), at cost resolution ``min(U, WINDOW_RESOLUTION)``. ``status`` is ``optimal``
+    only when every II below was proved infeasible and L is optimal;
     otherwise ``feasible`` with ``ii_lower_bound`` the smallest II not proved infeasible. The result is
     checked by :func:`twill.schedule.verify.verify`.
     """
@@ -191,7 +196,7 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
         base.report(f"II {ii}: {r.status} ({r.seconds:.1f} s)")
         return r
 
-    excluded = low - 1           # every II <= excluded is proved infeasible
+    infeasible: set[int] = set()     # IIs proved infeasible
     ii, step = low, max(1, low // 8)
     while best is None:
         r = attempt(ii)
@@ -201,10 +206,9 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
         if r.found:
             best = r
         else:
-            if r.status == "infeasible" and ii == excluded + 1:
-                excluded = ii
+            infeasible |= {ii} if r.status == "infeasible" else set()
             ii += step
-    lo, hi = excluded + 1, best.ii - 1
+    lo, hi = _bound(low, infeasible) + 1, best.ii - 1
     while lo <= hi:
         mid = (lo + hi) // 2
         r = attempt(mid)
@@ -213,9 +217,20 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
         if r.found:
             best, hi = r, mid - 1
         else:
-            if r.status == "infeasible" and mid == excluded + 1:
-                excluded = mid
+            infeasible |= {mid} if r.status == "infeasible" else set()
             lo = mid + 1
+    # bisection skips the IIs below an undecided one: try every II between the bound and the answer
+    for ii in range(_bound(low, infeasible) + 1, best.ii):
+        if any(row["ii"] == ii for row in tried):
+            continue
+        r = attempt(ii)
+        if r is None:
+            break
+        if r.found:
+            best = r
+            break
+        infeasible |= {ii} if r.status == "infeasible" else set()
+    excluded = _bound(low, infeasible)
     proved = excluded == best.ii - 1 and best.status == "optimal"
     stats = {"search": "triton-window-bisection", "res_mii": res, "rec_mii": rec, "mii": low, "tried": tried,
              "length": best.length, "normalization": norm, "triton_sm90_window": True}
@@ -225,6 +240,15 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
                       stats=stats)
     verify(result, machine, base)
     return result
+
+
+def _bound(low: int, infeasible: set[int]) -> int:
+    """The largest II such that it and every II from ``low`` up to it are proved infeasible (``low - 1`` if
+    ``low`` is not)."""
+    excluded = low - 1
+    while excluded + 1 in infeasible:
+        excluded += 1
+    return excluded
 
 
 def _descendants(graph: LoopGraph, among: set[str]) -> dict[str, set[str]]:
@@ -464,9 +488,11 @@ def make_jit_hook(kernel_name: str, schedule: Schedule, machine: Machine, *, loa
                      workdir)
 
 
-def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | Path) -> dict[str, Any]:
+def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | Path,
+                  schedule_document: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write ``<kernel>.ttgir`` (final), ``<kernel>.scheduled.ttgir`` (pre-pipeline, Twill's attributes),
-    ``<kernel>.cubin``, ``<kernel>.ptx`` and ``summary.json`` into ``directory``; returns the summary."""
+    ``<kernel>.cubin``, ``<kernel>.ptx``, ``schedule.json`` (``schedule_document``, when given) and
+    ``summary.json`` into ``directory``; returns the summary."""
     out = Path(directory)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -477,6 +503,8 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
     (out / f"{name}.scheduled.ttgir").write_text(result.scheduled_ttgir)
     (out / f"{name}.ptx").write_text(result.kernel.asm["ptx"])
     (out / f"{name}.cubin").write_bytes(result.kernel.asm["cubin"])
+    if schedule_document is not None:
+        (out / "schedule.json").write_text(json.dumps(schedule_document, indent=2) + "\n")
     summary = result.summary(schedule)
     summary["files"] = sorted(p.name for p in out.iterdir() if p.name != "summary.json") + ["summary.json"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

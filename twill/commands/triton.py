@@ -44,6 +44,7 @@ def _cmd_inject(args: argparse.Namespace) -> int:
     from twill.codegen.triton import inject, solve_for_triton, write_outputs
     from twill.frontends.triton import lower_function
 
+    _refuse_ws_options(args)
     machine = machine_of(args)
     spec = _kernel_spec(args, machine)
     if args.schedule:
@@ -52,10 +53,23 @@ def _cmd_inject(args: argparse.Namespace) -> int:
         lowered, _ = lower_function(spec, machine, loop=args.loop)
         schedule = solve_for_triton(lowered.graph, machine, spec.capability, solve_options(args))
     result = inject(spec, schedule, machine, load_lead=args.load_lead, loop=args.loop)
-    summary = write_outputs(result, schedule, args.output)
-    write_json_output(f"{args.output}/schedule.json", schedule_document(schedule))
+    summary = write_outputs(result, schedule, args.output, schedule_document(schedule))
     print(json.dumps(summary, indent=2))
     return 0
+
+
+#: Solver options of warp specialization, with their defaults: Triton injection takes a software-pipelining
+#: schedule only, so giving one of them is an error rather than silently ignored.
+WS_OPTIONS = {"backend": ("--backend", "cpsat"), "reg_limit": ("--reg-limit", None),
+              "max_warps": ("--max-warps", None), "cross_warp": ("--no-cross-warp", True)}
+
+
+def _refuse_ws_options(args: argparse.Namespace) -> None:
+    given = [flag for dest, (flag, default) in WS_OPTIONS.items() if getattr(args, dest) != default]
+    if given:
+        raise TwillError(f"{given[0]} applies to warp specialization, and twill inject compiles a "
+                         f"software-pipelining schedule only (Triton 3.6 has no warp assignment to write); use "
+                         f"'twill schedule' for warp-specialized schedules")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
