@@ -84,11 +84,13 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
                    help="buffers in flight for streaming TMA loads (default: the kernel's, else 2)")
     g.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
     g.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    g.add_argument("--progress", action="store_true",
+                   help="print progress lines on stderr even when it is not a terminal (on a terminal: always)")
 
 
-def progress_printer() -> Callable[[str], None] | None:
-    """A progress callback printing to stderr, or None when stderr is not a terminal."""
-    if not sys.stderr.isatty():
+def progress_printer(force: bool = False) -> Callable[[str], None] | None:
+    """A progress callback printing to stderr, or None when stderr is not a terminal and ``force`` is off."""
+    if not (force or sys.stderr.isatty()):
         return None
 
     def show(message: str) -> None:
@@ -105,7 +107,7 @@ def solve_options(args: argparse.Namespace) -> Any:
                         normalize=args.normalize, resolution=args.resolution, reg_limit=args.reg_limit,
                         max_warps=args.max_warps, cross_warp=args.cross_warp,
                         streaming_depth=args.streaming_depth, workers=args.workers, seed=args.seed,
-                        progress=progress_printer())
+                        progress=progress_printer(args.progress))
 
 
 def machine_of(args: argparse.Namespace) -> Machine:
