@@ -193,13 +193,3 @@ def test_attention_backward_ops_are_named_from_what_they_compute():
     assert {"qk", "dp", "exp", "ds", "dq", "load_k", "load_v"} <= names and not {"dk", "dv"} & names
     assert ("load_k", "dq", 0) in {(e.src, e.dst, e.distance) for e in dq.edges}
 
-
-def test_progress_flag_prints_progress_when_stderr_is_not_a_terminal(capsys):
-    pytest.importorskip("ortools")
-    from twill.cli import main
-
-    assert main(["schedule", "paper-example", "--no-ws"]) == 0
-    assert capsys.readouterr().err == ""
-    assert main(["schedule", "paper-example", "--no-ws", "--progress"]) == 0
-    err = capsys.readouterr().err
-    assert "twill: II 2: solving" in err and all(line.startswith("twill: ") for line in err.splitlines())

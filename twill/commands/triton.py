@@ -7,8 +7,9 @@ import argparse
 import json
 import re
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, load_schedule_document, machine_of,
-                                   resolve_target, schedule_document, solve_options, write_json_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, kernel_options_given,
+                                   load_schedule_document, machine_of, resolve_target, schedule_document,
+                                   solve_options, write_json_output)
 from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
@@ -65,6 +66,11 @@ WS_OPTIONS = {"backend": ("--backend", "cpsat"), "reg_limit": ("--reg-limit", No
 
 
 def _refuse_ws_options(args: argparse.Namespace) -> None:
+    """Options ``twill inject`` cannot honour are errors: warp specialization and built-in kernel options."""
+    static = kernel_options_given(args)
+    if static:
+        raise TwillError(f"--{sorted(static)[0].replace('_', '-')} applies to built-in kernels only; twill inject "
+                         f"compiles a Triton kernel: use --constexpr")
     given = [flag for dest, (flag, default) in WS_OPTIONS.items() if getattr(args, dest) != default]
     if given:
         raise TwillError(f"{given[0]} applies to warp specialization, and twill inject compiles a "
@@ -81,15 +87,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_graph)
 
     p = sub.add_parser("inject", help="compile a Triton kernel with Twill's software-pipelining schedule",
-                       description="Schedule the innermost loop of a Triton kernel (or take --schedule), write "
-                                   "loop.stage/loop.cluster into its TTGIR before Triton's pipeliner, and "
-                                   "compile it (Triton 3.6.0, no GPU needed). Writes the final and the "
-                                   "scheduled TTGIR, PTX, cubin and summary.json into DIR and prints the "
-                                   "summary: II, stages, buffers, shared memory.")
+                       description="Schedule a loop of a Triton kernel path.py:fn (software pipelining "
+                                   "only; or take --schedule), write loop.stage/loop.cluster into its TTGIR "
+                                   "before Triton's pipeliner, and compile it (Triton 3.6.0, no GPU needed). "
+                                   "Writes the final and the scheduled TTGIR, PTX, cubin, schedule.json and "
+                                   "summary.json into DIR and prints the summary: II (normalized and cycles), "
+                                   "its lower bound, stages, buffers, shared memory. Warp-specialization "
+                                   "options and built-in kernel options are refused.")
     add_target_arguments(p)
     add_solve_arguments(p)
     p.add_argument("--schedule", default=None, metavar="S.json",
-                   help="use this schedule (twill schedule -o, or summary of an earlier run) instead of solving")
+                   help="use this schedule (twill schedule --no-ws -o, or the schedule.json of an earlier "
+                        "inject) instead of solving")
     p.add_argument("--load-lead", type=int, default=None, metavar="N",
                    help="stages between a streaming load and its first consumer (default num_stages - 1)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
