@@ -193,3 +193,36 @@ def test_attention_backward_ops_are_named_from_what_they_compute():
     assert {"qk", "dp", "exp", "ds", "dq", "load_k", "load_v"} <= names and not {"dk", "dv"} & names
     assert ("load_k", "dq", 0) in {(e.src, e.dst, e.distance) for e in dq.edges}
 
+
+
+@pytest.mark.parametrize("arch,mlir_op", [("h100", "ttng.warp_group_dot"), ("b200", "ttng.tc_gen5_mma_scaled")])
+def test_block_scaled_matmul(arch, mlir_op):
+    g = _graph("matmul_block_scaled", F.SCALED_SIGNATURE,
+               ("BLOCK_M=128", "BLOCK_N=128", "BLOCK_K=128", "VEC_SIZE=32"), arch=arch)
+    mma = g.op("mma")
+    assert mma.attrs["mlir_op"] == mlir_op
+    # fp8 tiles by TMA; on sm_90 the scaled dot is an upcast to bf16 and a wgmma, whose operands still trace
+    # back to the fp8 tiles
+    assert g.op("load_a").smem == g.op("load_b").smem == 128 * 128
+    scales = [op for op in g.ops if op.kind == "load" and op.attrs["dtype"] == "i8"]
+    assert len(scales) == 2 and all(op.smem == 128 * 4 for op in scales)
+
+
+def test_grouped_gemm_schedules_its_k_loop():
+    g = graph_from_target(FAMILIES, "grouped_gemm", signature=F.GROUP_GEMM_SIGNATURE,
+                          constexprs=["NUM_SM=132", "BLOCK_M=128", "BLOCK_N=128", "BLOCK_K=64"], num_warps=4,
+                          num_stages=3, machine=get_machine("h100"))
+    assert {op.attrs["role"] for op in g.ops} == {"load_a", "load_b", "mma"}
+    assert g.attrs["loop_source"] == f"triton_families.py:{_line_of('            for kk in range(')}"
+
+
+@pytest.mark.slow
+def test_pointer_attention_gets_a_joint_schedule():
+    """With loads charged the bytes they load, the pointer-load attention fits in shared memory and gets an
+    optimal joint schedule (charged 4 bytes a pointer, every II was blocked by memory capacity)."""
+    pytest.importorskip("ortools")
+    from twill.solve import SolveOptions, schedule
+
+    g = _graph("attn_fwd_ptr", F.ATTN_SIGNATURE, ATTN + ("CAUSAL=False",))
+    s = schedule(g, get_machine("h100"), SolveOptions(time_limit=300))
+    assert s.status == "optimal" and s.assignment

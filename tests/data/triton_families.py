@@ -224,3 +224,72 @@ def attn_bwd_dq(Q, K, V, DO, M, D, DQ, stride_tok, N_CTX,
         kT_ptrs += BLOCK_N * stride_tok
         vT_ptrs += BLOCK_N * stride_tok
     tl.store(DQ + offs_m[:, None] * stride_tok + offs_d[None, :], dq.to(tl.float16))
+
+
+SCALED_SIGNATURE = ("a_ptr=*fp8e4nv:16,b_ptr=*fp8e4nv:16,c_ptr=*fp16:16,a_scale=*u8:16,b_scale=*u8:16,"
+                    "M=i32:16,N=i32:16,K=i32:16")
+
+
+@triton.jit
+def matmul_block_scaled(a_ptr, b_ptr, c_ptr, a_scale, b_scale, M, N, K, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC_SIZE: tl.constexpr):
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    off_m = tl.program_id(0) * BLOCK_M
+    off_n = tl.program_id(1) * BLOCK_N
+    scales_k = K // VEC_SIZE
+    offs_s = tl.arange(0, BLOCK_K // VEC_SIZE)
+    a_s_ptrs = a_scale + (off_m + tl.arange(0, BLOCK_M))[:, None] * scales_k + offs_s[None, :]
+    b_s_ptrs = b_scale + (off_n + tl.arange(0, BLOCK_N))[:, None] * scales_k + offs_s[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, k * BLOCK_K])
+        b = b_desc.load([off_n, k * BLOCK_K])
+        sa = tl.load(a_s_ptrs)
+        sb = tl.load(b_s_ptrs)
+        acc = tl.dot_scaled(a, sa, "e4m3", b.T, sb, "e4m3", acc)
+        a_s_ptrs += BLOCK_K // VEC_SIZE
+        b_s_ptrs += BLOCK_K // VEC_SIZE
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.float16))
+
+
+GROUP_GEMM_SIGNATURE = ("group_a_ptrs=*i64:16,group_b_ptrs=*i64:16,group_c_ptrs=*i64:16,group_sizes=*i32:16,"
+                        "g_lds=*i32:16,group_size=i32")
+
+
+@triton.jit
+def grouped_gemm(group_a_ptrs, group_b_ptrs, group_c_ptrs, group_sizes, g_lds, group_size,
+                 NUM_SM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    tile_idx = tl.program_id(0)
+    last_problem_end = 0
+    for g in range(group_size):
+        gm = tl.load(group_sizes + g * 3)
+        gn = tl.load(group_sizes + g * 3 + 1)
+        gk = tl.load(group_sizes + g * 3 + 2)
+        num_n_tiles = tl.cdiv(gn, BLOCK_N)
+        num_tiles = tl.cdiv(gm, BLOCK_M) * num_n_tiles
+        while tile_idx >= last_problem_end and tile_idx < last_problem_end + num_tiles:
+            lda = tl.load(g_lds + g * 3)
+            ldb = tl.load(g_lds + g * 3 + 1)
+            ldc = tl.load(g_lds + g * 3 + 2)
+            a_ptr = tl.load(group_a_ptrs + g).to(tl.pointer_type(tl.float16))
+            b_ptr = tl.load(group_b_ptrs + g).to(tl.pointer_type(tl.float16))
+            c_ptr = tl.load(group_c_ptrs + g).to(tl.pointer_type(tl.float16))
+            tile_in_group = tile_idx - last_problem_end
+            offs_m = (tile_in_group // num_n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = (tile_in_group % num_n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+            offs_k = tl.arange(0, BLOCK_K)
+            a_ptrs = a_ptr + offs_m[:, None] * lda + offs_k[None, :]
+            b_ptrs = b_ptr + offs_k[:, None] * ldb + offs_n[None, :]
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kk in range(0, tl.cdiv(gk, BLOCK_K)):
+                tl.multiple_of(a_ptrs, [16, 16])
+                tl.multiple_of(b_ptrs, [16, 16])
+                acc += tl.dot(tl.load(a_ptrs), tl.load(b_ptrs))
+                a_ptrs += BLOCK_K
+                b_ptrs += BLOCK_K * ldb
+            tl.store(c_ptr + offs_m[:, None] * ldc + offs_n[None, :], acc.to(tl.float16))
+            tile_idx += NUM_SM
+        last_problem_end = last_problem_end + num_tiles

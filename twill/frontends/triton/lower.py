@@ -45,7 +45,7 @@ FOLD_OPS = {"tt.expand_dims", "tt.broadcast", "tt.splat", "tt.reshape", "tt.tran
             "ttg.memdesc_reshape", "ttg.memdesc_reinterpret", "ttg.async_commit_group", "ttg.async_wait",
             "ttng.warp_group_dot_wait", "ttng.wait_barrier", "ttng.barrier_expect", "ttng.arrive_barrier",
             "ttng.fence_async_shared", "ttng.tc_gen5_commit", "ub.poison", "arith.constant", "gpu.barrier",
-            "ttg.local_dealloc", "ttng.tensormap_fenceproxy_acquire"}
+            "ttg.local_dealloc", "ttng.tensormap_fenceproxy_acquire", "tt.bitcast", "tt.int_to_ptr", "tt.ptr_to_int"}
 #: Ops the pipeliner inserts: their presence means the loop is already software pipelined, and its
 #: dependences run through multi-buffered memory instead of SSA values.
 PIPELINED_MARKERS = {"ttg.async_wait", "ttng.wait_barrier", "ttng.warp_group_dot_wait", "ttng.barrier_expect"}
@@ -396,9 +396,14 @@ def assign_roles(nodes: Mapping[int, Node], edges: AbstractSet[tuple[int, int, i
     if len(mmas) == 1:
         roles[mmas[0]] = ("mma", None)
         for pos, role in ((0, "load_a"), (1, "load_b")):
-            for s in _operand_sources(nodes[mmas[0]], pos, sources) | _load_ancestors(mmas[0], pos, nodes, sources):
-                if nodes[s].kind in ("tma_load", "load"):
-                    roles[s] = (role, None)
+            direct = _load_ancestors(mmas[0], pos, nodes, sources)
+            if not direct:          # an operand computed from loads (an upcast of fp8 or of a scaled operand)
+                computed = _operand_sources(nodes[mmas[0]], pos, sources)
+                below = {a for c in computed for a in anc.get(c, set()) | {c}}
+                tiles = [a for a in below if nodes[a].kind in ("tma_load", "load")]
+                direct = {max(tiles, key=lambda a: (nodes[a].smem, -a))} if tiles else set()
+            for s in direct:
+                roles[s] = (role, None)
         return roles
     if not qk or not pv:
         return roles
