@@ -4,6 +4,7 @@ kernels; and the messages around them."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -226,3 +227,22 @@ def test_pointer_attention_gets_a_joint_schedule():
     g = _graph("attn_fwd_ptr", F.ATTN_SIGNATURE, ATTN + ("CAUSAL=False",))
     s = schedule(g, get_machine("h100"), SolveOptions(time_limit=300))
     assert s.status == "optimal" and s.assignment
+
+
+def test_failing_triton_pass_reports_its_diagnostic(tmp_path, capfd):
+    """Triton 3.6's Hopper warp specialization rejects this kernel inside an MLIR pass; the exception says only
+    'PassManager::run failed', the reason is the diagnostic the pass prints, which the error must carry."""
+    src = tmp_path / "wsdesc.py"
+    src.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+                   "def wsdesc(a_desc, b_desc, c_desc, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):\n"
+                   "    acc = tl.zeros((BM, BN), dtype=tl.float32)\n"
+                   "    for k in tl.range(0, K, BK, warp_specialize=True):\n"
+                   "        acc = tl.dot(a_desc.load([0, k]), b_desc.load([k, 0]), acc)\n"
+                   "    c_desc.store([0, 0], acc.to(tl.float16))\n")
+    with pytest.raises(TwillError) as info:
+        graph_from_target(src, "wsdesc", signature="tensordesc<fp16[128, 64]>,tensordesc<fp16[64, 128]>,"
+                          "tensordesc<fp16[128, 128]>,i32", constexprs=["BM=128", "BN=128", "BK=64"], num_warps=4,
+                          num_stages=3, machine=get_machine("h100"))
+    msg = str(info.value)
+    assert re.search(r"at wsdesc\.py:10: RuntimeError: PassManager::run failed: \S", msg) and "\n" not in msg
+    assert "module {" not in capfd.readouterr().err      # the MLIR reproducer dump is not passed on

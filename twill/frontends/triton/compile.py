@@ -14,6 +14,7 @@ empty cache directory and ``always_compile``, so no cached kernel with another s
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -440,29 +441,59 @@ def compile_with_edit(spec: KernelSpec, edit: TextEdit | None, *, capture_only: 
             knobs.cache.dir = os.path.join(tmp, "cache")
             knobs.compilation.always_compile = True
             knobs.runtime.add_stages_inspection_hook = hook
-            try:
-                kernel = triton.compile(spec.source(), target=spec.target(), options=spec.options())
-            except _Captured:
-                kernel = None
-            except TwillError:
-                raise
-            except Exception as exc:
-                raise TwillError(f"Triton failed to compile kernel {spec.name!r}{compile_error_text(exc, spec)}") \
-                    from None
+            with _native_stderr(tmp) as native:
+                try:
+                    kernel = triton.compile(spec.source(), target=spec.target(), options=spec.options())
+                except _Captured:
+                    kernel = None
+                except TwillError:
+                    raise
+                except Exception as exc:
+                    raise TwillError(f"Triton failed to compile kernel {spec.name!r}"
+                                     f"{compile_error_text(exc, spec, native())}") from None
     if not seen:
         raise TwillError(f"kernel {spec.name!r}: the ttgir stage never ran (is it a Triton kernel for CUDA?)")
     return kernel, seen[0]
 
 
-def compile_error_text(exc: Exception, spec: KernelSpec) -> str:
+@contextlib.contextmanager
+def _native_stderr(workdir: str):
+    """Collect what native code (MLIR diagnostics of a failing pass) writes on file descriptor 2 while the
+    block runs; yields a function returning it. The text is passed on to stderr unless the block raises
+    (then its first ``error:`` line goes into the error message instead)."""
+    path = os.path.join(workdir, "stderr.txt")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        failed = False
+        try:
+            yield lambda: Path(path).read_text(errors="replace")
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not failed:
+                sink.seek(0)
+                sys.stderr.write(sink.read().decode(errors="replace"))
+
+
+def compile_error_text(exc: Exception, spec: KernelSpec, native: str = "") -> str:
     """``" at file.py:LINE: reason"`` for a Triton compilation error: the Python source line of the failing
     expression and the reason (Triton's message starts with a kernel-relative ``at 3:13:`` and the source
-    excerpt, and ends with the reason)."""
+    excerpt, and ends with the reason). A failing MLIR pass only says ``PassManager::run failed``; its
+    diagnostic (``file.py:11:33: error: ...``), printed by native code, is the reason then."""
     lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
     reason = getattr(exc, "error_message", None) or (lines[-1].strip() if lines else "")
     node, line = getattr(exc, "node", None), None
     if node is not None and getattr(node, "lineno", None):
         line = source_line(spec.fn, node.lineno)
+    diagnostic = re.search(r"^(?:.*/)?([^/\s:]+\.py):(\d+):\d+: error: (.*)$", native, re.M)
+    if diagnostic:
+        line = line or f"{diagnostic.group(1)}:{diagnostic.group(2)}"
+        reason = f"{reason}: {diagnostic.group(3).strip()}"
     return f"{' at ' + line if line else ''}: {type(exc).__name__}: {str(reason)[:300]}"
 
 
