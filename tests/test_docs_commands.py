@@ -198,3 +198,29 @@ def test_progress_flag_prints_progress_when_stderr_is_not_a_terminal(capsys):
     assert main(["schedule", "paper-example", "--no-ws", "--progress"]) == 0
     err = capsys.readouterr().err
     assert "twill: II 2: solving" in err and all(line.startswith("twill: ") for line in err.splitlines())
+
+
+def _subcommands(parser, prefix=()):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield prefix + (name,), sub
+                yield from _subcommands(sub, prefix + (name,))
+
+
+def test_cli_md_documents_every_command_and_option():
+    from twill.cli import build_parser
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    missing = []
+    for path, sub in _subcommands(build_parser()):
+        if f"## `twill {' '.join(path)}" not in text and not any(a.__class__.__name__ == "_SubParsersAction"
+                                                                   for a in sub._actions):
+            missing.append("twill " + " ".join(path))
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help" and f"`{flag}" not in text:
+                    missing.append(f"twill {' '.join(path)} {flag}")
+    assert not missing, f"docs/cli.md does not document: {', '.join(sorted(set(missing)))}"

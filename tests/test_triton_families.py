@@ -177,7 +177,8 @@ def test_persistent_matmul_injects():
 
 
 BWD = ("HEAD_DIM=128", "BLOCK_M=64", "BLOCK_N=128")
-DQ_SIGNATURE = "Q=*fp16:16,K=*fp16:16,V=*fp16:16,DO=*fp16:16,M=*fp32:16,D=*fp32:16,DQ=*fp16:16,stride_tok=i32:16,N_CTX=i32:16"
+DQ_SIGNATURE = ("Q=*fp16:16,K=*fp16:16,V=*fp16:16,DO=*fp16:16,M=*fp32:16,D=*fp32:16,DQ=*fp16:16,stride_tok=i32:16,"
+                "N_CTX=i32:16")
 
 
 def test_attention_backward_ops_are_named_from_what_they_compute():

@@ -53,7 +53,8 @@ def backward_roles(kinds: Mapping[int, str], shapes: Mapping[int, int],
         return None
     q, g = qk[0], dp[0]
     exps = [i for i in desc.get(q, ()) if kinds[i] == "exp2" and shapes.get(i, 2) > 1]
-    both = [i for i, k in kinds.items() if k == "alu" and g in anc.get(i, ()) and any(e in anc.get(i, ()) for e in exps)]
+    both = [i for i, k in kinds.items()
+            if k == "alu" and g in anc.get(i, ()) and any(e in anc.get(i, ()) for e in exps)]
     ds = [i for i in both if not any(b in anc.get(i, ()) for b in both)]
     if not exps or len(ds) != 1:
         return None
