@@ -247,3 +247,19 @@ def test_failing_triton_pass_reports_its_diagnostic(tmp_path, capfd):
     msg = str(info.value)
     assert re.search(r"at wsdesc\.py:10: RuntimeError: PassManager::run failed: \S", msg) and "\n" not in msg
     assert "module {" not in capfd.readouterr().err      # the MLIR reproducer dump is not passed on
+
+
+def test_scan_and_libdevice_calls_are_modelled(tmp_path):
+    src = tmp_path / "scan_k.py"
+    src.write_text("import triton\nimport triton.language as tl\nfrom triton.language.extra.cuda import libdevice\n\n\n"
+                   "@triton.jit\ndef scan_k(x_ptr, y_ptr, N, B: tl.constexpr):\n"
+                   "    acc = tl.zeros((B, B), dtype=tl.float32)\n    offs = tl.arange(0, B)\n"
+                   "    for i in range(0, N, B):\n"
+                   "        x = tl.load(x_ptr + i * B + offs[:, None] * B + offs[None, :])\n"
+                   "        acc += libdevice.exp(tl.cumsum(x, 1)) + tl.dot(x.to(tl.float16), x.to(tl.float16))\n"
+                   "    tl.store(y_ptr + offs[:, None] * B + offs[None, :], acc)\n")
+    g = graph_from_target(src, "scan_k", signature="x_ptr=*fp32:16,y_ptr=*fp32:16,N=i32:16", constexprs=["B=64"],
+                          num_warps=4, num_stages=3, machine=get_machine("h100"))
+    by_op = {op.attrs["mlir_op"]: op for op in g.ops}
+    assert by_op["tt.scan"].kind == "scan" and by_op["tt.extern_elementwise"].kind == "mufu"
+    assert {unit for row in by_op["tt.extern_elementwise"].rrt for unit, _ in row} == {"mufu"}

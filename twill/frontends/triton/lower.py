@@ -35,7 +35,7 @@ LOAD_OPS = {"tt.descriptor_load": "tma_load", "tt.descriptor_gather": "tma_load"
             "ttg.async_copy_global_to_local": "load", "ttng.async_tma_copy_global_to_local": "tma_load"}
 MMA_OPS = {"tt.dot", "tt.dot_scaled", "ttng.warp_group_dot", "ttng.tc_gen5_mma", "ttng.tc_gen5_mma_scaled"}
 MUFU_OPS = {"math.exp2", "math.exp", "math.log2", "math.log", "math.rsqrt", "math.sqrt", "math.sin", "math.cos",
-            "math.tanh", "math.erf", "arith.divf"}
+            "math.tanh", "math.erf", "arith.divf", "tt.extern_elementwise"}
 STORE_OPS = {"tt.store": "store", "tt.descriptor_store": "tma_store", "tt.descriptor_reduce": "tma_store",
              "tt.atomic_rmw": "atomic", "tt.atomic_cas": "atomic", "ttng.async_tma_copy_local_to_global": "tma_store"}
 #: Ops without cost of their own: shape and view changes, synchronisation the pipeliner inserts, constants.
@@ -132,7 +132,7 @@ def _mma_shape(st: Statement) -> tuple[int, int, int, str]:
     if len(st.types) < 2:
         raise UnsupportedFeatureError(f"{st.op} at body position {st.index}: cannot read its operand shapes")
     a, b = st.types[0], st.types[1]
-    return a.shape[-2], b.shape[-1], a.shape[-1], MMA_DTYPES.get(a.element, "fp16")
+    return a.shape[-2], b.shape[-1], a.shape[-1], MMA_DTYPES.get(a.element, a.element)
 
 
 def _reduce_kind(st: Statement) -> str:
@@ -187,13 +187,13 @@ def classify(st: Statement, machine: Machine, num_warps: int,
         nbytes = tile.nbytes if tile is not None else 0
         return Node(st, STORE_OPS[st.op], tma_store_cost(machine, nbytes), warps=1,
                     info={"shape": list(tile.shape) if tile else []})
-    if st.op == "tt.reduce":
+    if st.op in ("tt.reduce", "tt.scan"):
         src = st.types[0] if st.types else None
         if src is None or not src.shape:
-            raise UnsupportedFeatureError(f"tt.reduce at body position {st.index}: cannot read its input shape")
+            raise UnsupportedFeatureError(f"{st.op} at body position {st.index}: cannot read its input shape")
         rows = src.shape[0] if len(src.shape) > 1 else 1
         cols = src.elements // rows
-        return Node(st, "reduce", reduce_cost(machine, rows, cols), regs=regs_of(t), warps=WARPGROUP,
+        return Node(st, st.op.split(".")[1], reduce_cost(machine, rows, cols), regs=regs_of(t), warps=WARPGROUP,
                     spill_cost=spill(t), info={"shape": list(src.shape), "combiner": _reduce_kind(st)})
     if st.op in ("ttng.tmem_load", "ttng.tmem_store", "ttng.tmem_alloc"):
         tile = next((ty for ty in st.types if ty.space == "tmem"), t)
