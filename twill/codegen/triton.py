@@ -88,11 +88,13 @@ class InjectionResult:
 
     def summary(self, schedule: Schedule) -> dict[str, Any]:
         """The JSON summary ``twill inject`` prints: II, stages, buffers, shared memory."""
-        norm = dict(schedule.stats.get("normalization", {}))
-        per_unit = norm.get("cycles_per_unit") if norm.get("enabled", True) else None
+        from twill.schedule.report import raw_cycles
+
+        norm = schedule.stats.get("normalization")
 
         def cycles(value: int) -> int:
-            return round(value * per_unit) if per_unit else value
+            raw = raw_cycles(value, norm)
+            return value if raw is None else raw
 
         out: dict[str, Any] = {
             "kernel": self.kernel.name, "arch": schedule.arch, "ii": schedule.ii, "ii_cycles": cycles(schedule.ii),

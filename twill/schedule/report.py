@@ -52,28 +52,32 @@ def _tried_line(tried: list[Mapping[str, Any]]) -> str:
     return "IIs tried: " + ", ".join(parts)
 
 
-def raw_cycles(value: int, norm: Mapping[str, Any] | None) -> str:
-    """``" (~2054 cycles)"``: a normalized time in raw machine cycles, empty when times are raw already."""
+def raw_cycles(value: int, norm: Mapping[str, Any] | None) -> int | None:
+    """A normalized time in raw machine cycles; ``None`` when times are raw cycles already."""
     per_unit = (norm or {}).get("cycles_per_unit") if (norm or {}).get("enabled") else None
     if not per_unit or per_unit == 1:
-        return ""
-    return f" (~{round(value * float(per_unit))} cycles)"
+        return None
+    return round(value * float(per_unit))
+
+
+def _time(value: int, norm: Mapping[str, Any] | None) -> str:
+    """``356 (~2054 cycles)``, or ``356`` when there is no normalization."""
+    cycles = raw_cycles(value, norm)
+    return f"{value}" if cycles is None else f"{value} (~{cycles} cycles)"
 
 
 def _header(schedule: Schedule) -> list[str]:
     stats = schedule.stats
     norm = stats.get("normalization")
     res, rec = stats.get("res_mii"), stats.get("rec_mii")
-    notes = [raw_cycles(schedule.ii_lower_bound, norm).strip(" ()")]
-    if res is not None and rec is not None:
-        notes.append(f"ResMII {res}, RecMII {rec}")
-    notes = [n for n in notes if n]
+    cycles = raw_cycles(schedule.ii_lower_bound, norm)
+    notes = ([f"~{cycles} cycles"] if cycles is not None else []) + \
+        ([f"ResMII {res}, RecMII {rec}"] if res is not None and rec is not None else [])
     bound = f"II lower bound {schedule.ii_lower_bound}" + (f" ({'; '.join(notes)})" if notes else "")
     lines = [f"schedule of {schedule.graph.name!r} on {schedule.arch} (solver {schedule.solver})",
              f"status: {schedule.status}",
-             f"II: {schedule.ii}{raw_cycles(schedule.ii, norm)}    {bound}",
-             f"L: {schedule.length}{raw_cycles(schedule.length, norm)}    stages: {schedule.num_stages}    "
-             f"copies: {schedule.copies}"]
+             f"II: {_time(schedule.ii, norm)}    {bound}",
+             f"L: {_time(schedule.length, norm)}    stages: {schedule.num_stages}    copies: {schedule.copies}"]
     if "length_lower_bound" in stats:
         lines[-1] += f"    L lower bound: {stats['length_lower_bound']}"
     lines.append(f"solve time: {schedule.solve_seconds:.2f} s")
