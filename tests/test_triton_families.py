@@ -263,3 +263,43 @@ def test_scan_and_libdevice_calls_are_modelled(tmp_path):
     by_op = {op.attrs["mlir_op"]: op for op in g.ops}
     assert by_op["tt.scan"].kind == "scan" and by_op["tt.extern_elementwise"].kind == "mufu"
     assert {unit for row in by_op["tt.extern_elementwise"].rrt for unit, _ in row} == {"mufu"}
+
+
+TMA_PERSISTENT = ("BLOCK_M=128", "BLOCK_N=128", "BLOCK_K=64", "NUM_SMS=132")
+
+
+@pytest.mark.parametrize("arch", ["h100", "b200"])
+def test_tma_persistent_matmul_with_split_epilogue_injects(arch):
+    pytest.importorskip("ortools")
+    from twill.codegen.triton import inject, solve_for_triton
+    from twill.frontends.triton import lower_function, spec_from_target
+    from twill.solve import SolveOptions
+
+    machine = get_machine(arch)
+    spec = spec_from_target(FAMILIES, "matmul_tma_persistent", signature=F.TMA_PERSISTENT_SIGNATURE,
+                            constexprs=list(TMA_PERSISTENT + ("SPLIT_EPILOGUE=True",)), num_warps=8, num_stages=3,
+                            machine=machine)
+    lowered, _ = lower_function(spec, machine)
+    epilogue = next(op for op in lowered.graph.ops if op.kind == "conditional")
+    assert epilogue.attrs["region_ops"].count("tt.descriptor_store") == 2
+    schedule = solve_for_triton(lowered.graph, machine, spec.capability, SolveOptions(ws=False, time_limit=60))
+    result = inject(spec, schedule, machine)
+    assert result.plan.op_slots[epilogue.name][0] == result.plan.op_slots["mma"][0]
+    assert [depth for depth, _, _ in result.rings] == [3, 3]
+
+
+def test_nested_conditionals_are_one_op(tmp_path):
+    src = tmp_path / "nested.py"
+    src.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+                   "def nested(x_ptr, y_ptr, N, flag, B: tl.constexpr):\n    offs = tl.arange(0, B)\n"
+                   "    acc = tl.zeros((B, B), dtype=tl.float32)\n    for i in range(0, N):\n"
+                   "        acc = tl.dot(tl.load(x_ptr + i * B * B + offs[:, None] * B + offs[None, :]), "
+                   "tl.load(x_ptr + offs[:, None] * B + offs[None, :]), acc)\n"
+                   "        if i % 4 == 3:\n            if flag > 0:\n                acc = acc * 0.5\n"
+                   "            tl.store(y_ptr + offs[:, None] * B + offs[None, :], acc.to(tl.float16))\n")
+    g = graph_from_target(src, "nested", signature="x_ptr=*fp16:16,y_ptr=*fp16:16,N=i32,flag=i32",
+                          constexprs=["B=64"], num_warps=4, num_stages=3, machine=get_machine("h100"))
+    (cond,) = [op for op in g.ops if op.kind == "conditional"]
+    assert cond.attrs["region_ops"][0] == "scf.if" and "tt.store" in cond.attrs["region_ops"]
+    inner_alu = 64 * 64 // get_machine("h100").fma_per_clk          # acc * 0.5 inside the nested if
+    assert cond.cycles > inner_alu

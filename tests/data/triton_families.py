@@ -293,3 +293,30 @@ def grouped_gemm(group_a_ptrs, group_b_ptrs, group_c_ptrs, group_sizes, g_lds, g
             tl.store(c_ptr + offs_m[:, None] * ldc + offs_n[None, :], acc.to(tl.float16))
             tile_idx += NUM_SM
         last_problem_end = last_problem_end + num_tiles
+
+
+TMA_PERSISTENT_SIGNATURE = "a_ptr=*fp16:16,b_ptr=*fp16:16,c_ptr=*fp16:16,M=i32:16,N=i32:16,K=i32:16"
+
+
+@triton.jit
+def matmul_tma_persistent(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, NUM_SMS: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr):
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
+                                       block_shape=[BLOCK_M, BLOCK_N // 2 if SPLIT_EPILOGUE else BLOCK_N])
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tl.cdiv(M, BLOCK_M) * tiles_n
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_SMS, flatten=True):
+        off_m = (tile // tiles_n) * BLOCK_M
+        off_n = (tile % tiles_n) * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(tl.cdiv(K, BLOCK_K)):
+            acc = tl.dot(a_desc.load([off_m, kk * BLOCK_K]), b_desc.load([off_n, kk * BLOCK_K]).T, acc)
+        if SPLIT_EPILOGUE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([off_m, off_n], left.to(tl.float16))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(tl.float16))
+        else:
+            c_desc.store([off_m, off_n], acc.to(tl.float16))

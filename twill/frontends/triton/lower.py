@@ -64,7 +64,7 @@ class SequenceCost:
     """The cost of a conditional region scheduled as one op: its ops one after another, each occupying its
     own units (the reservation tables concatenated), the result ready when the last one is."""
 
-    parts: tuple[OpCost, ...]
+    parts: tuple[OpCost | SequenceCost, ...]
 
     @property
     def cycles(self) -> int:
@@ -222,13 +222,13 @@ def _conditional(st: Statement, machine: Machine, num_warps: int,
                  producers: Mapping[str, Statement]) -> Node | None:
     """An ``scf.if`` in the loop body (the tile switch and the epilogue of a persistent kernel): folded when
     its regions hold only index arithmetic, else one ``conditional`` op that runs the modelled ops of its
-    regions in sequence. It is charged on every iteration, as a predicated op would be: the schedule must
+    regions (nested ``scf.if`` included) in sequence. It is charged on every iteration, as a predicated op would be: the schedule must
     leave room for it in the iterations where the condition holds."""
     inner = region_statements(st)
     known = {**producers, **{r: s for s in inner for r in s.results}}
     nodes = []
     for s in inner:
-        if s.op in CONTROL_OPS:
+        if s.op in CONTROL_OPS and s.op != "scf.if":
             raise _Unsupported(s)
         node = classify(s, machine, num_warps, known)
         if node is not None:
