@@ -222,8 +222,8 @@ def _conditional(st: Statement, machine: Machine, num_warps: int,
                  producers: Mapping[str, Statement]) -> Node | None:
     """An ``scf.if`` in the loop body (the tile switch and the epilogue of a persistent kernel): folded when
     its regions hold only index arithmetic, else one ``conditional`` op that runs the modelled ops of its
-    regions (nested ``scf.if`` included) in sequence. It is charged on every iteration, as a predicated op would be: the schedule must
-    leave room for it in the iterations where the condition holds."""
+    regions (nested ``scf.if`` included) in sequence. It is charged on every iteration, as a predicated op
+    would be: the schedule must leave room for it in the iterations where the condition holds."""
     inner = region_statements(st)
     known = {**producers, **{r: s for s in inner for r in s.results}}
     nodes = []
