@@ -101,7 +101,8 @@ def test_causal_attention_lists_its_loops_and_takes_loop_by_index_or_python_line
     first = _graph("attn_fwd_ptr", F.ATTN_SIGNATURE, CAUSAL, loop=0)
     second = _graph("attn_fwd_ptr", F.ATTN_SIGNATURE, CAUSAL, loop=f"line:{calls[1]}")
     assert first.attrs["loop_line"] < second.attrs["loop_line"]
-    assert first.attrs["loop_source"] == second.attrs["loop_source"] == f"triton_families.py:{inner_for}"
+    for g, call in ((first, calls[0]), (second, calls[1])):
+        assert g.attrs["loop_source"] == f"triton_families.py:{inner_for} (called at triton_families.py:{call})"
     for g in (first, second):
         assert {"qk", "pv", "exp", "load_k", "load_v"} <= {op.attrs["role"] for op in g.ops}
         assert g.op("load_k").smem == 128 * 128 * 2
@@ -303,3 +304,25 @@ def test_nested_conditionals_are_one_op(tmp_path):
     assert cond.attrs["region_ops"][0] == "scf.if" and "tt.store" in cond.attrs["region_ops"]
     inner_alu = 64 * 64 // get_machine("h100").fma_per_clk          # acc * 0.5 inside the nested if
     assert cond.cycles > inner_alu
+
+
+@pytest.mark.slow
+def test_inject_schedules_the_loop_chosen_with_loop(tmp_path, capsys):
+    pytest.importorskip("ortools")
+    import json
+
+    from twill.cli import main
+
+    call = _line_of("                                    qk_scale, start_m * BLOCK_M")
+    args = ["inject", f"{FAMILIES}:attn_fwd_ptr", "--num-warps", "8", "--signature", F.ATTN_SIGNATURE,
+            "--constexpr", "HEAD_DIM=128", "--constexpr", "BLOCK_M=128", "--constexpr", "BLOCK_N=64",
+            "--constexpr", "CAUSAL=True", "--loop", f"line:{call}", "--time-limit", "60", "-o", str(tmp_path)]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["loop"].endswith(f"(called at triton_families.py:{call})")
+    from twill.frontends.triton.mlir import find_loops
+
+    text = (tmp_path / "attn_fwd_ptr.scheduled.ttgir").read_text()
+    first, second = [lp for lp in find_loops(text) if lp.innermost]
+    assert re.search(r"tt\.scheduled_max_stage = (\d+)", text.splitlines()[second.close_line]).group(1) == \
+        str(summary["stages"] - 1)

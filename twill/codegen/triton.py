@@ -97,7 +97,8 @@ class InjectionResult:
             return value if raw is None else raw
 
         out: dict[str, Any] = {
-            "kernel": self.kernel.name, "arch": schedule.arch, "ii": schedule.ii, "ii_cycles": cycles(schedule.ii),
+            "kernel": self.kernel.name, "arch": schedule.arch, "loop": schedule.graph.attrs.get("loop_source"),
+            "ii": schedule.ii, "ii_cycles": cycles(schedule.ii),
             "ii_lower_bound": schedule.ii_lower_bound, "ii_lower_bound_cycles": cycles(schedule.ii_lower_bound),
             "status": schedule.status, "stages": self.plan.max_stage + 1, "load_lead": self.plan.load_lead,
             "shared_memory_bytes": self.shared_bytes, "num_warps": int(self.kernel.metadata.num_warps),

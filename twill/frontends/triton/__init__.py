@@ -30,10 +30,16 @@ __all__ = ["KernelSpec", "LoweredLoop", "graph_from_function", "graph_from_targe
 def loop_label(index: int, loop: ForLoop, table: Mapping[str, str]) -> str:
     """One line naming a loop: index, Python source line (and the call sites it was inlined through), TTGIR
     line, tensor-core ops, whether it is innermost."""
-    where = source_positions(loop.loc, dict(table))
-    place = where[0] + "".join(f" (called at {p})" for p in where[1:]) if where else "unknown source line"
+    place = loop_place(loop, table) or "unknown source line"
     nest = "" if loop.innermost else ", contains another loop"
     return f"loop {index} at {place}, TTGIR line {loop.header_line + 1}: {_dots(loop)} dot(s){nest}"
+
+
+def loop_place(loop: ForLoop, table: Mapping[str, str]) -> str | None:
+    """``"kernel.py:114 (called at kernel.py:159)"``: the Python line of a loop and the call sites it was
+    inlined through, ``None`` without locations."""
+    where = source_positions(loop.loc, dict(table))
+    return where[0] + "".join(f" (called at {p})" for p in where[1:]) if where else None
 
 
 def _dots(loop: ForLoop) -> int:
@@ -89,9 +95,9 @@ def _pick(loops: Sequence[ForLoop], loop: int | str, table: Mapping[str, str]) -
 
 def _graph_attrs(text: str, loop: ForLoop, table: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str, Any]:
     attrs: dict[str, Any] = {"source": "triton", "loop_line": loop.header_line + 1}
-    where = source_positions(loop.loc, dict(table))
-    if where:
-        attrs["loop_source"] = where[0]
+    place = loop_place(loop, table)
+    if place:
+        attrs["loop_source"] = place
     arch = module_target(text)
     if arch:
         attrs["arch"] = arch
