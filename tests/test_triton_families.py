@@ -326,3 +326,20 @@ def test_inject_schedules_the_loop_chosen_with_loop(tmp_path, capsys):
     first, second = [lp for lp in find_loops(text) if lp.innermost]
     assert re.search(r"tt\.scheduled_max_stage = (\d+)", text.splitlines()[second.close_line]).group(1) == \
         str(summary["stages"] - 1)
+
+
+@pytest.mark.parametrize("arch", ["h100", "b200"])
+def test_fp4_block_scaled_matmul(arch):
+    machine = get_machine(arch)
+    g = _graph("matmul_fp4_scaled", F.SCALED_SIGNATURE.replace("fp8e4nv", "u8"),
+               ("BLOCK_M=128", "BLOCK_N=128", "BLOCK_K=256", "VEC_SIZE=32"), arch=arch)
+    mma = g.op("mma")
+    if arch == "b200":
+        # tcgen05 reads the packed operands (K = 128 bytes = 256 fp4 values); fp4 runs at twice the fp8 rate
+        assert mma.attrs["dtype"] == "fp4" and mma.attrs["k"] == 128
+        assert mma.cycles == 2 * 128 * 128 * 256 // (2 * machine.tc_flops_per_clk["fp8"])
+    else:
+        # sm_90 upcasts fp4 to bf16 (ttg.fp4_to_fp, ALU) before a bf16 wgmma over the unpacked K
+        assert mma.attrs["dtype"] == "bf16" and mma.attrs["k"] == 256
+        assert any(op.attrs["mlir_op"] == "ttg.fp4_to_fp" and op.kind == "alu" for op in g.ops)
+    assert g.op("load_a").smem == 128 * 128

@@ -320,3 +320,28 @@ def matmul_tma_persistent(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, B
             c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(tl.float16))
         else:
             c_desc.store([off_m, off_n], acc.to(tl.float16))
+
+
+@triton.jit
+def matmul_fp4_scaled(a_ptr, b_ptr, c_ptr, a_scale, b_scale, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, VEC_SIZE: tl.constexpr):
+    """Both operands e2m1 (fp4), two per byte along K: the tiles are BLOCK_K // 2 bytes wide."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K // 2], strides=[K // 2, 1],
+                                       block_shape=[BLOCK_M, BLOCK_K // 2])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K // 2], strides=[K // 2, 1],
+                                       block_shape=[BLOCK_N, BLOCK_K // 2])
+    off_m = tl.program_id(0) * BLOCK_M
+    off_n = tl.program_id(1) * BLOCK_N
+    offs_s = tl.arange(0, BLOCK_K // VEC_SIZE)
+    a_s_ptrs = a_scale + (off_m + tl.arange(0, BLOCK_M))[:, None] * (K // VEC_SIZE) + offs_s[None, :]
+    b_s_ptrs = b_scale + (off_n + tl.arange(0, BLOCK_N))[:, None] * (K // VEC_SIZE) + offs_s[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, k * BLOCK_K // 2])
+        b = b_desc.load([off_n, k * BLOCK_K // 2])
+        acc = tl.dot_scaled(a, tl.load(a_s_ptrs), "e2m1", b.T, tl.load(b_s_ptrs), "e2m1", acc)
+        a_s_ptrs += BLOCK_K // VEC_SIZE
+        b_s_ptrs += BLOCK_K // VEC_SIZE
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.float16))

@@ -19,6 +19,7 @@ Mapping (docs/triton.md has the full table):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Mapping
 
@@ -52,7 +53,7 @@ PIPELINED_MARKERS = {"ttg.async_wait", "ttng.wait_barrier", "ttng.warp_group_dot
 CONTROL_OPS = {"scf.if", "scf.for", "scf.while", "scf.execute_region", "tt.call", "ttg.warp_specialize",
                "cf.br", "cf.cond_br"}
 #: Elementwise floating-point ops whose cost is one ALU/FMA slot per element.
-ALU_PREFIXES = ("arith.", "math.", "tt.fp_to_fp", "tt.precise_", "tt.clampf", "tt.mulhiui")
+ALU_PREFIXES = ("arith.", "math.", "tt.fp_to_fp", "tt.precise_", "tt.clampf", "tt.mulhiui", "ttg.fp4_to_fp")
 
 MMA_DTYPES = {"f16": "fp16", "bf16": "bf16", "f8E4M3FN": "fp8", "f8E5M2": "fp8", "f32": "tf32"}
 #: Ops a tile op of the softmax occupies: a warp group (4 warps) runs each tile-wide instruction.
@@ -128,11 +129,18 @@ def _is_fold(st: Statement, producers: Mapping[str, Statement]) -> bool:
     return False
 
 
-def _mma_shape(st: Statement) -> tuple[int, int, int, str]:
+def _mma_shape(st: Statement) -> tuple[int, int, int, str, str]:
+    """(M, N, K, dtype, rate dtype) of a tensor-core op. A block-scaled MMA names its operand formats
+    (``lhs = e2m1``): fp4 operands are packed two per byte, so K counts bytes; their rate is twice the fp8
+    rate (Blackwell), so K bytes at the fp8 rate cost what 2K fp4 elements cost."""
     if len(st.types) < 2:
         raise UnsupportedFeatureError(f"{st.op} at body position {st.index}: cannot read its operand shapes")
     a, b = st.types[0], st.types[1]
-    return a.shape[-2], b.shape[-1], a.shape[-1], MMA_DTYPES.get(a.element, a.element)
+    dtype = MMA_DTYPES.get(a.element, a.element)
+    formats = re.search(r"lhs = (\w+) rhs = (\w+)", st.text)
+    if formats:
+        dtype = "fp4" if formats.group(1) == formats.group(2) == "e2m1" else "fp8"
+    return a.shape[-2], b.shape[-1], a.shape[-1], dtype, "fp8" if dtype == "fp4" else dtype
 
 
 def _reduce_kind(st: Statement) -> str:
@@ -174,8 +182,8 @@ def classify(st: Statement, machine: Machine, num_warps: int,
         return Node(st, LOAD_OPS[st.op], tma_load_cost(machine, nbytes), smem=nbytes, variable_latency=True,
                     info={"shape": list(tile.shape) if tile else [], "dtype": tile.dtype if tile else None})
     if st.op in MMA_OPS:
-        M, N, K, dtype = _mma_shape(st)
-        cost = mma_cost(machine, M, N, K, dtype)
+        M, N, K, dtype, rate = _mma_shape(st)
+        cost = mma_cost(machine, M, N, K, rate)
         in_tmem = st.op.startswith("ttng.tc_gen5")
         acc = TileType((M, N), "f32", "tmem" if in_tmem else "registers")
         return Node(st, "mma", cost, regs=0 if in_tmem else regs_of(acc), tmem=acc.nbytes if in_tmem else 0,
