@@ -343,3 +343,14 @@ def test_fp4_block_scaled_matmul(arch):
         assert mma.attrs["dtype"] == "bf16" and mma.attrs["k"] == 256
         assert any(op.attrs["mlir_op"] == "ttg.fp4_to_fp" and op.kind == "alu" for op in g.ops)
     assert g.op("load_a").smem == 128 * 128
+
+
+def test_runtime_masked_softmax_step_is_one_conditional_charged_for_its_costlier_branch():
+    g = _graph("attn_fwd_runtime_mask", F.ATTN_SIGNATURE, ATTN)
+    (cond,) = [op for op in g.ops if op.kind == "conditional"]
+    assert cond.attrs["regions"] == 2
+    ops = cond.attrs["region_ops"]
+    assert "arith.select" in ops and ops.count("tt.reduce") == 1      # the masked branch, not both
+    edges = {(e.src, e.dst, e.distance) for e in g.edges}
+    assert ("qk", cond.name, 0) in edges and (cond.name, "exp", 0) in edges
+    assert {"qk", "pv", "exp", "alpha", "load_k", "load_v"} <= {op.attrs["role"] for op in g.ops}

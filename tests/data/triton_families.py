@@ -345,3 +345,36 @@ def matmul_fp4_scaled(a_ptr, b_ptr, c_ptr, a_scale, b_scale, M, N, K, BLOCK_M: t
     offs_m = off_m + tl.arange(0, BLOCK_M)
     offs_n = off_n + tl.arange(0, BLOCK_N)
     tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.float16))
+
+
+@triton.jit
+def attn_fwd_runtime_mask(Q, K, V, Out, sm_scale, stride_qm, stride_kn, stride_vn, stride_om, N_CTX,
+                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Causal attention in one KV loop: the diagonal blocks take a masked softmax step, chosen at run time."""
+    start_m = tl.program_id(0)
+    base = tl.program_id(1).to(tl.int64) * N_CTX
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + (base + offs_m)[:, None] * stride_qm + offs_d[None, :])
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    qk_scale = sm_scale * 1.44269504
+    for start_n in range(0, (start_m + 1) * BLOCK_M, BLOCK_N):
+        k = tl.load(K + (base + start_n + offs_n)[:, None] * stride_kn + offs_d[None, :])
+        qk = tl.dot(q, tl.trans(k))
+        if start_n >= start_m * BLOCK_M:
+            qk = qk * qk_scale + tl.where(offs_m[:, None] >= (start_n + offs_n)[None, :], 0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk -= m_ij[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + (base + start_n + offs_n)[:, None] * stride_vn + offs_d[None, :])
+        acc = tl.dot(p.to(tl.float16), v, acc * alpha[:, None])
+        m_i = m_ij
+    tl.store(Out + (base + offs_m)[:, None] * stride_om + offs_d[None, :], (acc / l_i[:, None]).to(tl.float16))

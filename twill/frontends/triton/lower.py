@@ -228,26 +228,31 @@ def classify(st: Statement, machine: Machine, num_warps: int,
 
 def _conditional(st: Statement, machine: Machine, num_warps: int,
                  producers: Mapping[str, Statement]) -> Node | None:
-    """An ``scf.if`` in the loop body (the tile switch and the epilogue of a persistent kernel): folded when
-    its regions hold only index arithmetic, else one ``conditional`` op that runs the modelled ops of its
-    regions (nested ``scf.if`` included) in sequence. It is charged on every iteration, as a predicated op
-    would be: the schedule must leave room for it in the iterations where the condition holds."""
-    inner = region_statements(st)
-    known = {**producers, **{r: s for s in inner for r in s.results}}
-    nodes = []
-    for s in inner:
-        if s.op in CONTROL_OPS and s.op != "scf.if":
-            raise _Unsupported(s)
-        node = classify(s, machine, num_warps, known)
-        if node is not None:
-            nodes.append(node)
+    """An ``scf.if`` in the loop body (the tile switch and the epilogue of a persistent kernel, a masked
+    and an unmasked softmax step): folded when its regions hold only index arithmetic, else one
+    ``conditional`` op that runs the modelled ops of its costlier region (nested ``scf.if`` included) in
+    sequence. It is charged on every iteration, as a predicated op would be: the schedule must leave room for
+    it in the iterations where the condition holds."""
+    regions = region_statements(st)
+    known = {**producers, **{r: s for region in regions for s in region for r in s.results}}
+    branches: list[list[Node]] = []
+    for region in regions:
+        nodes = []
+        for s in region:
+            if s.op in CONTROL_OPS and s.op != "scf.if":
+                raise _Unsupported(s)
+            node = classify(s, machine, num_warps, known)
+            if node is not None:
+                nodes.append(node)
+        branches.append(nodes)
+    nodes = max(branches, key=lambda ns: sum(n.cost.cycles for n in ns))
     if not nodes:
         return None
     kinds = list(dict.fromkeys(n.kind for n in nodes))
     return Node(st, "conditional", SequenceCost(tuple(n.cost for n in nodes)), regs=max(n.regs for n in nodes),
                 smem=sum(n.smem for n in nodes), tmem=sum(n.tmem for n in nodes),
                 warps=max(n.warps for n in nodes), spill_cost=max(n.spill_cost for n in nodes),
-                info={"computes": kinds, "region_ops": [n.stmt.op for n in nodes]})
+                info={"computes": kinds, "region_ops": [n.stmt.op for n in nodes], "regions": len(regions)})
 
 
 class _Unsupported(Exception):

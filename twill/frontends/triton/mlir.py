@@ -238,32 +238,35 @@ def _statement(index: int, lines: list[str], first: int, last: int) -> Statement
                      region_ops=tuple(region_ops))
 
 
-def region_statements(st: Statement) -> tuple[Statement, ...]:
-    """The statements at the top level of the regions of ``st`` (the ``then`` and ``else`` blocks of an
+def region_statements(st: Statement) -> tuple[tuple[Statement, ...], ...]:
+    """The statements at the top level of each region of ``st`` (the ``then`` and ``else`` blocks of an
     ``scf.if``), terminators (``scf.yield``) left out, numbered from 0 in text order, with module line
     numbers."""
     lines = st.text.splitlines()
-    out: list[Statement] = []
-    depth, j = 0, 1
+    regions: list[list[Statement]] = [[]]
+    count, depth, j = 0, 0, 1
     while j < len(lines) - 1:
         stripped = lines[j].strip()
+        if depth == 0 and stripped.startswith("}") and stripped.endswith("{"):
+            regions.append([])              # "} else {": the next region starts
+            j += 1
+            continue
         if depth == 0 and stripped and not stripped.startswith(("}", "^", "scf.yield")):
             net, k = _net_braces(lines[j]), j
             while net > 0 and k + 1 < len(lines) - 1:
                 k += 1
                 net += _net_braces(lines[k])
-            inner = _statement(len(out), lines, j, k)
-            out.append(Statement(index=inner.index, op=inner.op, results=inner.results, operands=inner.operands,
-                                 types=inner.types, text=inner.text, first_line=st.first_line + j,
-                                 last_line=st.first_line + k, loc=inner.loc, region_ops=inner.region_ops))
+            inner = _statement(count, lines, j, k)
+            regions[-1].append(Statement(index=inner.index, op=inner.op, results=inner.results,
+                                         operands=inner.operands, types=inner.types, text=inner.text,
+                                         first_line=st.first_line + j, last_line=st.first_line + k,
+                                         loc=inner.loc, region_ops=inner.region_ops))
+            count += 1
             j = k + 1
-            continue
-        if depth == 0 and stripped.startswith("}") and stripped.endswith("{"):
-            j += 1                          # "} else {": the next region starts
             continue
         depth = max(0, depth + _net_braces(lines[j]))
         j += 1
-    return tuple(out)
+    return tuple(tuple(r) for r in regions)
 
 
 def _loop_header(line: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
