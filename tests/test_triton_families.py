@@ -354,3 +354,35 @@ def test_runtime_masked_softmax_step_is_one_conditional_charged_for_its_costlier
     edges = {(e.src, e.dst, e.distance) for e in g.edges}
     assert ("qk", cond.name, 0) in edges and (cond.name, "exp", 0) in edges
     assert {"qk", "pv", "exp", "alpha", "load_k", "load_v"} <= {op.attrs["role"] for op in g.ops}
+
+
+@pytest.mark.slow
+def test_inject_config_all_schedules_every_config_and_injects_the_fastest(tmp_path, capsys):
+    pytest.importorskip("ortools")
+    import json
+
+    from twill.cli import main
+
+    args = ["inject", f"{FAMILIES}:matmul_tuned", "--signature", F.MATMUL_SIGNATURE, "--constexpr", "EVEN_K=True",
+            "--config", "all", "--time-limit", "60", "-o", str(tmp_path)]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    rows = summary["configs"]
+    assert [row["config"] for row in rows] == [0, 1]
+    peak = get_machine("h100").tc_flops_per_clk["fp16"]
+    assert all(0 < row["flop_per_cycle"] <= peak for row in rows)
+    best = max(rows, key=lambda row: (row["flop_per_cycle"], -row["config"]))
+    assert summary["config"] == best["config"] and summary["ii_cycles"] == best["ii_cycles"]
+    assert summary["num_warps"] == (8 if best["config"] == 0 else 4)
+
+
+def test_config_all_is_refused_where_it_does_not_apply(tmp_path, capsys):
+    from twill.cli import main
+
+    assert main(["schedule", f"{FAMILIES}:matmul_tuned", "--signature", F.MATMUL_SIGNATURE, "--config", "all"]) == 2
+    assert "--config all applies to twill inject only" in capsys.readouterr().err
+    assert main(["inject", f"{FAMILIES}:matmul_grouped", "--signature", F.MATMUL_SIGNATURE, "--config", "all",
+                 "-o", str(tmp_path / "x")]) == 2
+    assert "applies to @triton.autotune kernels" in capsys.readouterr().err
+    assert main(["graph", f"{FAMILIES}:matmul_tuned", "--config", "x", "-o", str(tmp_path / "g.json")]) == 2
+    assert "--config takes a config index N or 'all'" in capsys.readouterr().err

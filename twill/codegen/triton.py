@@ -88,13 +88,8 @@ class InjectionResult:
 
     def summary(self, schedule: Schedule) -> dict[str, Any]:
         """The JSON summary ``twill inject`` prints: II, stages, buffers, shared memory."""
-        from twill.schedule.report import raw_cycles
-
-        norm = schedule.stats.get("normalization")
-
         def cycles(value: int) -> int:
-            raw = raw_cycles(value, norm)
-            return value if raw is None else raw
+            return ii_cycles(schedule, value)
 
         out: dict[str, Any] = {
             "kernel": self.kernel.name, "arch": schedule.arch, "loop": schedule.graph.attrs.get("loop_source"),
@@ -181,7 +176,7 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
 
     started = time.perf_counter()
     constrained = constrain_for_triton(graph, capability)
-    validate_graph(constrained, machine.units)
+    raw_units = validate_graph(constrained, machine.units)
     work, norm = normalized(constrained, replace(base, resolution=min(base.resolution, WINDOW_RESOLUTION)))
     units = validate_graph(work, machine.units)
     res, rec = res_mii(work, units), rec_mii(work)
@@ -236,6 +231,7 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
     excluded = _bound(low, infeasible)
     proved = excluded == best.ii - 1 and best.status == "optimal"
     stats = {"search": "triton-window-bisection", "res_mii": res, "rec_mii": rec, "mii": low, "tried": tried,
+             "res_mii_cycles": res_mii(constrained, raw_units),
              "length": best.length, "normalization": norm, "triton_sm90_window": True}
     result = Schedule(graph=work, arch=machine.name, solver="cpsat", status="optimal" if proved else "feasible",
                       ii=best.ii, ii_lower_bound=excluded + 1, starts=dict(best.starts),
@@ -243,6 +239,61 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
                       stats=stats)
     verify(result, machine, base)
     return result
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The outcome of :func:`tune`: the index of the chosen spec, its schedule, and one row per spec."""
+
+    best: int
+    schedule: Schedule
+    rows: tuple[Mapping[str, Any], ...]
+
+
+def ii_cycles(schedule: Schedule, value: int) -> int:
+    """A normalized II (or its bound) of ``schedule`` in machine cycles: times the cycles per unit, and never
+    below the resource bound of the raw graph (``stats['res_mii_cycles']``, which normalization can round
+    under)."""
+    from twill.schedule.report import raw_cycles
+
+    cycles = raw_cycles(value, schedule.stats.get("normalization"))
+    cycles = value if cycles is None else cycles
+    return max(cycles, int(schedule.stats.get("res_mii_cycles", 0)))
+
+
+def tensor_core_flop(graph: LoopGraph) -> int:
+    """FLOP of the tensor-core ops of one iteration: ``2·m·n·k`` per MMA."""
+    return sum(2 * int(op.attrs["m"]) * int(op.attrs["n"]) * int(op.attrs["k"])
+               for op in graph.ops if op.kind == "mma" and {"m", "n", "k"} <= set(op.attrs))
+
+
+def tune(specs: Mapping[int, KernelSpec], machine: Machine, options: SolveOptions | None = None, *,
+         loop: int | str | None = None) -> Tuning:
+    """Schedule the loop of every spec (the configs of an ``@triton.autotune`` kernel) with
+    :func:`solve_for_triton` and choose the one with the most tensor-core FLOP per cycle of II: the model's
+    throughput of one CTA. Occupancy (several CTAs per SM) and register pressure are not in the model. A
+    config that fails to compile or schedule is a row with its ``error``; all failing is an error."""
+    from twill.frontends.triton import lower_function
+
+    rows: list[dict[str, Any]] = []
+    found: dict[int, tuple[float, Schedule]] = {}
+    for index, spec in specs.items():
+        row: dict[str, Any] = {"config": index}
+        try:
+            lowered, _ = lower_function(spec, machine, loop=loop)
+            schedule = solve_for_triton(lowered.graph, machine, spec.capability, options)
+        except TwillError as exc:
+            rows.append({**row, "error": str(exc)})
+            continue
+        cycles = ii_cycles(schedule, schedule.ii)
+        flop = tensor_core_flop(schedule.graph)
+        found[index] = (flop / cycles, schedule)
+        rows.append({**row, "ii_cycles": cycles, "status": schedule.status, "flop_per_iteration": flop,
+                     "flop_per_cycle": round(flop / cycles, 1)})
+    if not found:
+        raise TwillError(f"no config could be scheduled: {rows[0]['error']}" if rows else "no config to tune")
+    best = max(found, key=lambda i: (found[i][0], -i))
+    return Tuning(best=best, schedule=found[best][1], rows=tuple(rows))
 
 
 def _bound(low: int, infeasible: set[int]) -> int:
@@ -492,10 +543,11 @@ def make_jit_hook(kernel_name: str, schedule: Schedule, machine: Machine, *, loa
 
 
 def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | Path,
-                  schedule_document: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  schedule_document: Mapping[str, Any] | None = None,
+                  tuning: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write ``<kernel>.ttgir`` (final), ``<kernel>.scheduled.ttgir`` (pre-pipeline, Twill's attributes),
     ``<kernel>.cubin``, ``<kernel>.ptx``, ``schedule.json`` (``schedule_document``, when given) and
-    ``summary.json`` into ``directory``; returns the summary."""
+    ``summary.json`` (with the ``tuning`` keys, when given) into ``directory``; returns the summary."""
     out = Path(directory)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -508,7 +560,7 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
     (out / f"{name}.cubin").write_bytes(result.kernel.asm["cubin"])
     if schedule_document is not None:
         (out / "schedule.json").write_text(json.dumps(schedule_document, indent=2) + "\n")
-    summary = result.summary(schedule)
+    summary = {**result.summary(schedule), **dict(tuning or {})}
     summary["files"] = sorted(p.name for p in out.iterdir() if p.name != "summary.json") + ["summary.json"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

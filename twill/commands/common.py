@@ -55,8 +55,16 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     tri.add_argument("--loop", default=None, metavar="N|line:L",
                      help="the loop to schedule: index N (0 = first scf.for) or line:L (its Python source line); "
                           "needed when several innermost loops have the most dots")
-    tri.add_argument("--config", type=int, default=None, metavar="N",
-                     help="which @triton.autotune config to compile (its constexprs, num_warps, num_stages)")
+    tri.add_argument("--config", type=_config_choice, default=None, metavar="N|all",
+                     help="which @triton.autotune config to compile (its constexprs, num_warps, num_stages); "
+                          "twill inject also takes 'all': schedule every config, inject the fastest in the model")
+
+
+def _config_choice(text: str) -> int | str:
+    """``--config``: a config index, or ``all``."""
+    if text == "all" or text.isdigit():
+        return text if text == "all" else int(text)
+    raise argparse.ArgumentTypeError(f"--config takes a config index N or 'all', got {text!r}")
 
 
 def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,6 +140,8 @@ def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
     kernel_opts = kernel_options_given(args)
     triton_flags = _triton_options_given(args)
     match = _TRITON_TARGET.match(target)
+    if args.config == "all":
+        raise TwillError("--config all applies to twill inject only; pick one config with --config N")
     if match:
         if kernel_opts:
             raise TwillError(f"--{sorted(kernel_opts)[0].replace('_', '-')} applies to built-in kernels only; "

@@ -30,31 +30,50 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kernel_spec(args: argparse.Namespace, machine):
+def _kernel_spec(args: argparse.Namespace, machine, config: int | None):
     from twill.frontends.triton import spec_from_target
 
     match = _TRITON_TARGET.match(args.target)
     if not match:
         raise TwillError(f"twill inject needs a Triton kernel target path.py:fn, got {args.target!r}")
     return spec_from_target(match["path"], match["fn"], signature=args.signature, constexprs=list(args.constexpr),
-                            num_warps=args.num_warps, num_stages=args.num_stages, machine=machine,
-                            config=args.config)
+                            num_warps=args.num_warps, num_stages=args.num_stages, machine=machine, config=config)
+
+
+def _config_specs(args: argparse.Namespace, machine) -> dict[int, object]:
+    """``--config all``: the spec of every autotune config of the kernel."""
+    from twill.frontends.triton.compile import load_kernel
+
+    if args.schedule:
+        raise TwillError("--config all schedules every config; it cannot take --schedule")
+    path = _TRITON_TARGET.match(args.target)
+    configs = load_kernel(path["path"], path["fn"]).configs if path else ()
+    if not configs:
+        raise TwillError(f"--config all applies to @triton.autotune kernels; {args.target!r} has no configs")
+    return {k: _kernel_spec(args, machine, k) for k in range(len(configs))}
 
 
 def _cmd_inject(args: argparse.Namespace) -> int:
-    from twill.codegen.triton import inject, solve_for_triton, write_outputs
+    from twill.codegen.triton import inject, solve_for_triton, tune, write_outputs
     from twill.frontends.triton import lower_function
 
     _refuse_ws_options(args)
     machine = machine_of(args)
-    spec = _kernel_spec(args, machine)
-    if args.schedule:
-        schedule = load_schedule_document(args.schedule)
+    tuning = None
+    if args.config == "all":
+        specs = _config_specs(args, machine)
+        tuning = tune(specs, machine, solve_options(args), loop=args.loop)
+        spec, schedule = specs[tuning.best], tuning.schedule
     else:
-        lowered, _ = lower_function(spec, machine, loop=args.loop)
-        schedule = solve_for_triton(lowered.graph, machine, spec.capability, solve_options(args))
+        spec = _kernel_spec(args, machine, args.config)
+        if args.schedule:
+            schedule = load_schedule_document(args.schedule)
+        else:
+            lowered, _ = lower_function(spec, machine, loop=args.loop)
+            schedule = solve_for_triton(lowered.graph, machine, spec.capability, solve_options(args))
     result = inject(spec, schedule, machine, load_lead=args.load_lead, loop=args.loop)
-    summary = write_outputs(result, schedule, args.output, schedule_document(schedule))
+    summary = write_outputs(result, schedule, args.output, schedule_document(schedule),
+                            tuning={"config": tuning.best, "configs": list(tuning.rows)} if tuning else None)
     print(json.dumps(summary, indent=2))
     return 0
 
