@@ -81,7 +81,7 @@ def test_emit_gluon_refuses_triton_kernels_before_solving(capsys):
 
     assert main(["emit", "gluon", f"{FAMILIES}:matmul_grouped", "-o", "unused.py"]) == 2
     err = capsys.readouterr().err
-    assert "cannot emit Triton kernel" in err and "twill inject" in err and err.count("\n") == 1
+    assert "a Triton kernel or a graph extracted from one" in err and "twill inject" in err and err.count("\n") == 1
     assert not Path("unused.py").exists()
 
 
@@ -386,3 +386,15 @@ def test_config_all_is_refused_where_it_does_not_apply(tmp_path, capsys):
     assert "applies to @triton.autotune kernels" in capsys.readouterr().err
     assert main(["graph", f"{FAMILIES}:matmul_tuned", "--config", "x", "-o", str(tmp_path / "g.json")]) == 2
     assert "--config takes a config index N or 'all'" in capsys.readouterr().err
+
+
+def test_emit_gluon_refuses_a_graph_extracted_from_triton(tmp_path, capsys):
+    from twill.cli import main
+
+    graph = tmp_path / "mm.json"
+    assert main(["graph", f"{FAMILIES}:matmul_grouped", "--signature", F.MATMUL_SIGNATURE,
+                 *[f"--constexpr={c}" for c in MATMUL + ("GROUP_M=8",)], "-o", str(graph)]) == 0
+    capsys.readouterr()
+    assert main(["emit", "gluon", str(graph), "-o", str(tmp_path / "k.py")]) == 2
+    assert "a Triton kernel or a graph extracted from one" in capsys.readouterr().err
+    assert not (tmp_path / "k.py").exists()

@@ -29,16 +29,23 @@ def _schedule_for(args: argparse.Namespace):
     if not args.target:
         raise TwillError("emit needs a target (built-in kernel, graph .json) or --schedule FILE")
     if _TRITON_SOURCE.match(args.target):
-        raise TwillError(f"twill emit gluon cannot emit Triton kernel {args.target!r}: the Gluon generator writes "
-                         f"the built-in gemm and flash-fwd kernels (and graphs with their roles), and a Triton "
-                         f"loop graph lacks the addressing, masks and epilogue of the source kernel; compile it "
-                         f"with a Twill schedule by 'twill inject {args.target} ...', or emit 'gemm' / 'flash-fwd' "
-                         f"with matching --block-m/--block-n/--block-k/--head-dim")
+        raise _not_from_triton(args.target)
     from twill.solve import schedule
 
     machine = machine_of(args)
     graph = resolve_target(args, machine)
+    if graph.attrs.get("source") == "triton":
+        raise _not_from_triton(args.target)
     return schedule(graph, machine, solve_options(args))
+
+
+def _not_from_triton(target: str) -> TwillError:
+    """Why a Triton kernel (or a graph extracted from one) cannot be emitted as Gluon, and what to do."""
+    return TwillError(f"twill emit gluon cannot emit {target!r}, a Triton kernel or a graph extracted from one: "
+                      f"the Gluon generator writes the built-in gemm and flash-fwd kernels (and graphs with their "
+                      f"roles), and a Triton loop graph lacks the addressing, masks and epilogue of the source "
+                      f"kernel; compile the kernel with a Twill schedule by 'twill inject path.py:fn ...', or emit "
+                      f"'gemm' / 'flash-fwd' with matching --block-m/--block-n/--block-k/--head-dim")
 
 
 def _cmd_emit_gluon(args: argparse.Namespace) -> int:
