@@ -27,6 +27,8 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     print(f"{graph.name}: {len(graph.ops)} ops ({summary}), {len(graph.edges)} edges "
           f"({sum(e.loop_carried for e in graph.edges)} loop-carried) -> {args.output}")
+    if graph.attrs.get("loop_source"):
+        print(f"loop: {graph.attrs['loop_source']}")
     return 0
 
 

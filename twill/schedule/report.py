@@ -80,6 +80,8 @@ def _header(schedule: Schedule) -> list[str]:
              f"L: {_time(schedule.length, norm)}    stages: {schedule.num_stages}    copies: {schedule.copies}"]
     if "length_lower_bound" in stats:
         lines[-1] += f"    L lower bound: {stats['length_lower_bound']}"
+    if schedule.graph.attrs.get("loop_source"):         # a loop extracted from a Triton kernel
+        lines.insert(1, f"loop: {schedule.graph.attrs['loop_source']}")
     lines.append(f"solve time: {schedule.solve_seconds:.2f} s")
     tried = stats.get("tried")
     if tried:
