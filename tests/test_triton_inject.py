@@ -161,6 +161,9 @@ def test_set_schedule_attrs_replaces_and_inserts():
     assert set_loop_max_stage("    } {tt.scheduled_max_stage = 2 : i32} loc(#l)", 4) == \
         "    } {tt.scheduled_max_stage = 4 : i32} loc(#l)"
     assert set_loop_max_stage("    } loc(#l)", 1) == "    } {tt.scheduled_max_stage = 1 : i32} loc(#l)"
+    # the closing line of an scf.if carries its attributes after the region
+    assert set_schedule_attrs("        } loc(#loc2)", 1, 2) == \
+        "        } {loop.cluster = 2 : i32, loop.stage = 1 : i32} loc(#loc2)"
 
 
 def test_annotate_is_identity_for_triton_own_plan(matmul):
@@ -202,6 +205,8 @@ def test_cli_graph_and_inject(tmp_path, capsys):
     names = {p.name for p in out.iterdir()}
     assert {"matmul_kernel.cubin", "matmul_kernel.ttgir", "matmul_kernel.scheduled.ttgir", "summary.json",
             "schedule.json"} <= names
+    assert set(summary["files"]) == names
+    assert summary["ii_lower_bound"] <= summary["ii"] and summary["ii_lower_bound_cycles"] <= summary["ii_cycles"]
     again = tmp_path / "again"
     assert main(["inject", *_triton_args("matmul"), "--schedule", str(out / "schedule.json"), "--load-lead", "1",
                  "-o", str(again)]) == 0
@@ -219,6 +224,40 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["inject", *args, "-o", str(tmp_path / "y")]) == 2
     err = capsys.readouterr().err.strip()
     assert re.search(r"argument 'b_ptr' is missing", err) and "\n" not in err
+
+
+@pytest.mark.parametrize("flag", [["--backend", "yices"], ["--reg-limit", "128"], ["--max-warps", "8"],
+                                  ["--no-cross-warp"]])
+def test_inject_refuses_warp_specialization_options(tmp_path, capsys, flag):
+    from twill.cli import main
+
+    assert main(["inject", *_triton_args("matmul"), *flag, "-o", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag[0]} applies to warp specialization" in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+def test_window_search_tries_every_ii_between_bound_and_answer(matmul, monkeypatch):
+    """An undecided II makes bisection skip the IIs below it; they are tried before the answer is final."""
+    import twill.solve.modulo as modulo
+
+    _, lowered, _, sched = matmul
+    real = modulo.solve_modulo
+    answer = sched.ii + 12
+
+    def scripted(graph, units, ii, **kw):
+        if ii >= answer:
+            return real(graph, units, ii, **kw)
+        status = "unknown" if ii == answer - 3 else "infeasible"
+        return modulo.ModuloResult(status=status, starts={}, length=0, proven=status == "infeasible",
+                                   length_bound=0, ii=ii, seconds=0.0)
+
+    monkeypatch.setattr(modulo, "solve_modulo", scripted)
+    result = solve_for_triton(lowered.graph, H100, 90, SolveOptions(ws=False, time_limit=60))
+    tried = {row["ii"] for row in result.stats["tried"]}
+    low = result.stats["mii"]
+    assert set(range(low, answer + 1)) <= tried
+    assert result.ii == answer and result.status == "feasible" and result.ii_lower_bound == answer - 3
 
 
 # -- GPU ----------------------------------------------------------------------------------------------------

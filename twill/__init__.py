@@ -15,9 +15,10 @@ __version__ = "0.1.0"
 
 
 def from_triton(fn, *, signature: str, constexprs=(), num_warps: int = 4, num_stages: int | None = None,
-                arch: str = "h100", loop: int | None = None) -> LoopGraph:
-    """Loop graph of a ``@triton.jit`` kernel's innermost loop, compiled on this CPU for ``arch``
-    (``h100``/``h200`` -> sm_90, ``b200`` -> sm_100). Needs ``triton==3.6.0``; see ``docs/triton.md``."""
+                arch: str = "h100", loop: int | str | None = None) -> LoopGraph:
+    """Loop graph of a ``@triton.jit`` kernel's loop (``loop``: index or ``"line:N"``, default the innermost
+    loop with the most dots), compiled on this CPU for ``arch`` (``h100``/``h200`` -> sm_90, ``b200`` ->
+    sm_100). Needs ``triton==3.6.0``; see ``docs/triton.md``."""
     from twill.frontends.triton import graph_from_function
 
     return graph_from_function(fn, signature=signature, constexprs=constexprs, num_warps=num_warps,

@@ -88,11 +88,13 @@ class InjectionResult:
 
     def summary(self, schedule: Schedule) -> dict[str, Any]:
         """The JSON summary ``twill inject`` prints: II, stages, buffers, shared memory."""
-        norm = dict(schedule.stats.get("normalization", {}))
-        per_unit = norm.get("cycles_per_unit")
+        def cycles(value: int) -> int:
+            return ii_cycles(schedule, value)
+
         out: dict[str, Any] = {
-            "kernel": self.kernel.name, "arch": schedule.arch, "ii": schedule.ii,
-            "ii_cycles": round(schedule.ii * per_unit) if per_unit else schedule.ii,
+            "kernel": self.kernel.name, "arch": schedule.arch, "loop": schedule.graph.attrs.get("loop_source"),
+            "ii": schedule.ii, "ii_cycles": cycles(schedule.ii),
+            "ii_lower_bound": schedule.ii_lower_bound, "ii_lower_bound_cycles": cycles(schedule.ii_lower_bound),
             "status": schedule.status, "stages": self.plan.max_stage + 1, "load_lead": self.plan.load_lead,
             "shared_memory_bytes": self.shared_bytes, "num_warps": int(self.kernel.metadata.num_warps),
             "buffers": [{"depth": d, "shape": list(s), "dtype": t} for d, s, t in self.rings],
@@ -151,8 +153,9 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
     linear II search of the core slow (each infeasible II is a hard proof), so this searches II on the
     normalized, constrained graph with :func:`twill.solve.modulo.solve_modulo` directly: upward in steps of
     1/8 of the lower bound until a schedule is found, then bisection between the highest II not yet excluded
-    and the best found, at cost resolution ``min(U, WINDOW_RESOLUTION)``. ``status`` is ``optimal`` only when
-    II − 1 was proved infeasible and L is optimal;
+    and the best found, then every II between the bound and the best not yet decided (bisection skips those
+    below an undecided one), at cost resolution ``min(U, WINDOW_RESOLUTION)``. ``status`` is ``optimal``
+    only when every II below was proved infeasible and L is optimal;
     otherwise ``feasible`` with ``ii_lower_bound`` the smallest II not proved infeasible. The result is
     checked by :func:`twill.schedule.verify.verify`.
     """
@@ -173,7 +176,7 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
 
     started = time.perf_counter()
     constrained = constrain_for_triton(graph, capability)
-    validate_graph(constrained, machine.units)
+    raw_units = validate_graph(constrained, machine.units)
     work, norm = normalized(constrained, replace(base, resolution=min(base.resolution, WINDOW_RESOLUTION)))
     units = validate_graph(work, machine.units)
     res, rec = res_mii(work, units), rec_mii(work)
@@ -191,7 +194,7 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
         base.report(f"II {ii}: {r.status} ({r.seconds:.1f} s)")
         return r
 
-    excluded = low - 1           # every II <= excluded is proved infeasible
+    infeasible: set[int] = set()     # IIs proved infeasible
     ii, step = low, max(1, low // 8)
     while best is None:
         r = attempt(ii)
@@ -201,10 +204,9 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
         if r.found:
             best = r
         else:
-            if r.status == "infeasible" and ii == excluded + 1:
-                excluded = ii
+            infeasible |= {ii} if r.status == "infeasible" else set()
             ii += step
-    lo, hi = excluded + 1, best.ii - 1
+    lo, hi = _bound(low, infeasible) + 1, best.ii - 1
     while lo <= hi:
         mid = (lo + hi) // 2
         r = attempt(mid)
@@ -213,11 +215,23 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
         if r.found:
             best, hi = r, mid - 1
         else:
-            if r.status == "infeasible" and mid == excluded + 1:
-                excluded = mid
+            infeasible |= {mid} if r.status == "infeasible" else set()
             lo = mid + 1
+    # bisection skips the IIs below an undecided one: try every II between the bound and the answer
+    for ii in range(_bound(low, infeasible) + 1, best.ii):
+        if any(row["ii"] == ii for row in tried):
+            continue
+        r = attempt(ii)
+        if r is None:
+            break
+        if r.found:
+            best = r
+            break
+        infeasible |= {ii} if r.status == "infeasible" else set()
+    excluded = _bound(low, infeasible)
     proved = excluded == best.ii - 1 and best.status == "optimal"
     stats = {"search": "triton-window-bisection", "res_mii": res, "rec_mii": rec, "mii": low, "tried": tried,
+             "res_mii_cycles": res_mii(constrained, raw_units),
              "length": best.length, "normalization": norm, "triton_sm90_window": True}
     result = Schedule(graph=work, arch=machine.name, solver="cpsat", status="optimal" if proved else "feasible",
                       ii=best.ii, ii_lower_bound=excluded + 1, starts=dict(best.starts),
@@ -225,6 +239,70 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
                       stats=stats)
     verify(result, machine, base)
     return result
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The outcome of :func:`tune`: the index of the chosen spec, its schedule, and one row per spec."""
+
+    best: int
+    schedule: Schedule
+    rows: tuple[Mapping[str, Any], ...]
+
+
+def ii_cycles(schedule: Schedule, value: int) -> int:
+    """A normalized II (or its bound) of ``schedule`` in machine cycles: times the cycles per unit, and never
+    below the resource bound of the raw graph (``stats['res_mii_cycles']``, which normalization can round
+    under)."""
+    from twill.schedule.report import raw_cycles
+
+    cycles = raw_cycles(value, schedule.stats.get("normalization"))
+    cycles = value if cycles is None else cycles
+    return max(cycles, int(schedule.stats.get("res_mii_cycles", 0)))
+
+
+def tensor_core_flop(graph: LoopGraph) -> int:
+    """FLOP of the tensor-core ops of one iteration: ``2·m·n·k`` per MMA."""
+    return sum(2 * int(op.attrs["m"]) * int(op.attrs["n"]) * int(op.attrs["k"])
+               for op in graph.ops if op.kind == "mma" and {"m", "n", "k"} <= set(op.attrs))
+
+
+def tune(specs: Mapping[int, KernelSpec], machine: Machine, options: SolveOptions | None = None, *,
+         loop: int | str | None = None) -> Tuning:
+    """Schedule the loop of every spec (the configs of an ``@triton.autotune`` kernel) with
+    :func:`solve_for_triton` and choose the one with the most tensor-core FLOP per cycle of II: the model's
+    throughput of one CTA. Occupancy (several CTAs per SM) and register pressure are not in the model. A
+    config that fails to compile or schedule is a row with its ``error``; all failing is an error."""
+    from twill.frontends.triton import lower_function
+
+    rows: list[dict[str, Any]] = []
+    found: dict[int, tuple[float, Schedule]] = {}
+    for index, spec in specs.items():
+        row: dict[str, Any] = {"config": index}
+        try:
+            lowered, _ = lower_function(spec, machine, loop=loop)
+            schedule = solve_for_triton(lowered.graph, machine, spec.capability, options)
+        except TwillError as exc:
+            rows.append({**row, "error": str(exc)})
+            continue
+        cycles = ii_cycles(schedule, schedule.ii)
+        flop = tensor_core_flop(schedule.graph)
+        found[index] = (flop / cycles, schedule)
+        rows.append({**row, "ii_cycles": cycles, "status": schedule.status, "flop_per_iteration": flop,
+                     "flop_per_cycle": round(flop / cycles, 1)})
+    if not found:
+        raise TwillError(f"no config could be scheduled: {rows[0]['error']}" if rows else "no config to tune")
+    best = max(found, key=lambda i: (found[i][0], -i))
+    return Tuning(best=best, schedule=found[best][1], rows=tuple(rows))
+
+
+def _bound(low: int, infeasible: set[int]) -> int:
+    """The largest II such that it and every II from ``low`` up to it are proved infeasible (``low - 1`` if
+    ``low`` is not)."""
+    excluded = low - 1
+    while excluded + 1 in infeasible:
+        excluded += 1
+    return excluded
 
 
 def _descendants(graph: LoopGraph, among: set[str]) -> dict[str, set[str]]:
@@ -352,6 +430,11 @@ def set_schedule_attrs(line: str, stage: int, cluster: int) -> str:
     if _STAGE.search(line) and _CLUSTER.search(line):
         line = _STAGE.sub(f"loop.stage = {stage} : i32", line, count=1)
         return _CLUSTER.sub(f"loop.cluster = {cluster} : i32", line, count=1)
+    region_end = re.match(r"^(\s*\})\s*(?:\{(.*?)\})?(\s*loc\(.*)?$", line)
+    if region_end:                         # the closing line of an scf.if: attributes follow the region
+        inner = f"{region_end.group(2)}, {attrs}" if region_end.group(2) else attrs
+        tail = f" {region_end.group(3).strip()}" if region_end.group(3) else ""
+        return f"{region_end.group(1)} {{{inner}}}{tail}"
     cut = type_colon(line)
     if cut < 0:
         raise TwillError(f"cannot place schedule attributes on {line.strip()[:80]!r}")
@@ -396,12 +479,13 @@ def read_schedule_attrs(text: str, loop: ForLoop) -> dict[int, tuple[int, int]]:
 
 # -- compile -----------------------------------------------------------------------------------------------
 def schedule_edit(schedule: Schedule, machine: Machine, *, load_lead: int, capability: int,
-                  plans: list[StagePlan] | None = None):
-    """The text edit that writes ``schedule`` onto the pre-pipeline TTGIR (for :func:`compile_with_edit` or a
+                  plans: list[StagePlan] | None = None, loop: int | str | None = None):
+    """The text edit that writes ``schedule`` onto loop ``loop`` (see
+    :func:`~twill.frontends.triton.select_loop`) of the pre-pipeline TTGIR (for :func:`compile_with_edit` or a
     JIT hook, :func:`make_jit_hook`). Each plan it writes is appended to ``plans``."""
 
     def edit(text: str) -> str:
-        lowered = lower_ttgir(text, machine, name=schedule.graph.name)
+        lowered = lower_ttgir(text, machine, name=schedule.graph.name, loop=loop)
         plan = plan_stages(lowered, schedule, load_lead=load_lead, capability=capability)
         if plans is not None:
             plans.append(plan)
@@ -424,8 +508,9 @@ def rings(ttgir: str) -> tuple[tuple[int, tuple[int, int], str], ...]:
 
 
 def inject(spec: KernelSpec, schedule: Schedule, machine: Machine, *, load_lead: int | None = None,
-           workdir: str | None = None) -> InjectionResult:
-    """Compile ``spec`` with ``schedule`` instead of Triton's own software-pipelining schedule."""
+           workdir: str | None = None, loop: int | str | None = None) -> InjectionResult:
+    """Compile ``spec`` with ``schedule`` on loop ``loop`` instead of Triton's own software-pipelining
+    schedule."""
     if schedule.assignment:
         raise UnsupportedFeatureError("Triton injection takes a software-pipelining schedule only; schedule "
                                       "with --no-ws (SolveOptions(ws=False)) or emit Gluon for warp "
@@ -437,7 +522,8 @@ def inject(spec: KernelSpec, schedule: Schedule, machine: Machine, *, load_lead:
     seen: list[str] = []
 
     def edit(text: str) -> str:
-        seen.append(schedule_edit(schedule, machine, load_lead=lead, capability=spec.capability, plans=plans)(text))
+        seen.append(schedule_edit(schedule, machine, load_lead=lead, capability=spec.capability, plans=plans,
+                                  loop=loop)(text))
         return seen[-1]
 
     kernel, _ = compile_with_edit(spec, edit, workdir=workdir)
@@ -456,9 +542,12 @@ def make_jit_hook(kernel_name: str, schedule: Schedule, machine: Machine, *, loa
                      workdir)
 
 
-def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | Path) -> dict[str, Any]:
+def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | Path,
+                  schedule_document: Mapping[str, Any] | None = None,
+                  tuning: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Write ``<kernel>.ttgir`` (final), ``<kernel>.scheduled.ttgir`` (pre-pipeline, Twill's attributes),
-    ``<kernel>.cubin``, ``<kernel>.ptx`` and ``summary.json`` into ``directory``; returns the summary."""
+    ``<kernel>.cubin``, ``<kernel>.ptx``, ``schedule.json`` (``schedule_document``, when given) and
+    ``summary.json`` (with the ``tuning`` keys, when given) into ``directory``; returns the summary."""
     out = Path(directory)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -469,14 +558,17 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
     (out / f"{name}.scheduled.ttgir").write_text(result.scheduled_ttgir)
     (out / f"{name}.ptx").write_text(result.kernel.asm["ptx"])
     (out / f"{name}.cubin").write_bytes(result.kernel.asm["cubin"])
-    summary = result.summary(schedule)
+    if schedule_document is not None:
+        (out / "schedule.json").write_text(json.dumps(schedule_document, indent=2) + "\n")
+    summary = {**result.summary(schedule), **dict(tuning or {})}
     summary["files"] = sorted(p.name for p in out.iterdir() if p.name != "summary.json") + ["summary.json"]
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def heuristic_plan(text: str) -> dict[int, tuple[int, int]]:
+def heuristic_plan(text: str, loop: int | str | None = None) -> dict[int, tuple[int, int]]:
     """Triton's own (stage, cluster) per statement of the chosen loop of a pre-pipeline TTGIR."""
     from twill.frontends.triton import select_loop
+    from twill.frontends.triton.mlir import location_table
 
-    return read_schedule_attrs(text, select_loop(find_loops(text)))
+    return read_schedule_attrs(text, select_loop(find_loops(text), loop, location_table(text)))

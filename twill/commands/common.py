@@ -48,11 +48,26 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, (dest, typ) in KERNEL_FLAGS.items():
         group.add_argument(flag, dest=dest, type=typ, default=None, help=f"kernel option {dest}")
     tri = parser.add_argument_group("Triton target options (path.py:fn targets only)")
-    tri.add_argument("--signature", default=None, help="argument types, e.g. '*fp16,*fp16,i32'")
+    tri.add_argument("--signature", default=None,
+                     help="types of the non-constexpr arguments, NAME=TYPE or TYPE in argument order; ':16' "
+                          "marks divisibility by 16, e.g. 'a_ptr=*fp16:16,M=i32:16' or '*fp16:16,i32:16'")
     tri.add_argument("--constexpr", action="append", default=[], metavar="NAME=VAL",
                      help="a tl.constexpr value (repeatable), read by the Triton frontend")
     tri.add_argument("--num-warps", type=int, default=None, help="Triton num_warps")
     tri.add_argument("--num-stages", type=int, default=None, help="Triton num_stages")
+    tri.add_argument("--loop", default=None, metavar="N|line:L",
+                     help="the loop to schedule: index N (0 = first scf.for) or line:L (its Python source line); "
+                          "needed when several innermost loops have the most dots")
+    tri.add_argument("--config", type=_config_choice, default=None, metavar="N|all",
+                     help="which @triton.autotune config to compile (its constexprs, num_warps, num_stages); "
+                          "twill inject also takes 'all': schedule every config, inject the fastest in the model")
+
+
+def _config_choice(text: str) -> int | str:
+    """``--config``: a config index, or ``all``."""
+    if text == "all" or text.isdigit():
+        return text if text == "all" else int(text)
+    raise argparse.ArgumentTypeError(f"--config takes a config index N or 'all', got {text!r}")
 
 
 def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,11 +95,13 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
                    help="buffers in flight for streaming TMA loads (default: the kernel's, else 2)")
     g.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
     g.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    g.add_argument("--progress", action="store_true",
+                   help="print progress lines on stderr even when it is not a terminal (on a terminal: always)")
 
 
-def progress_printer() -> Callable[[str], None] | None:
-    """A progress callback printing to stderr, or None when stderr is not a terminal."""
-    if not sys.stderr.isatty():
+def progress_printer(force: bool = False) -> Callable[[str], None] | None:
+    """A progress callback printing to stderr, or None when stderr is not a terminal and ``force`` is off."""
+    if not (force or sys.stderr.isatty()):
         return None
 
     def show(message: str) -> None:
@@ -101,7 +118,7 @@ def solve_options(args: argparse.Namespace) -> Any:
                         normalize=args.normalize, resolution=args.resolution, reg_limit=args.reg_limit,
                         max_warps=args.max_warps, cross_warp=args.cross_warp,
                         streaming_depth=args.streaming_depth, workers=args.workers, seed=args.seed,
-                        progress=progress_printer())
+                        progress=progress_printer(args.progress))
 
 
 def machine_of(args: argparse.Namespace) -> Machine:
@@ -122,7 +139,8 @@ def kernel_options_given(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _triton_options_given(args: argparse.Namespace) -> list[str]:
-    names = [("--signature", args.signature), ("--num-warps", args.num_warps), ("--num-stages", args.num_stages)]
+    names = [("--signature", args.signature), ("--num-warps", args.num_warps), ("--num-stages", args.num_stages),
+             ("--loop", args.loop), ("--config", args.config)]
     given = [flag for flag, value in names if value is not None]
     return given + (["--constexpr"] if args.constexpr else [])
 
@@ -133,6 +151,8 @@ def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
     kernel_opts = kernel_options_given(args)
     triton_flags = _triton_options_given(args)
     match = _TRITON_TARGET.match(target)
+    if args.config == "all":
+        raise TwillError("--config all applies to twill inject only; pick one config with --config N")
     if match:
         if kernel_opts:
             raise TwillError(f"--{sorted(kernel_opts)[0].replace('_', '-')} applies to built-in kernels only; "
@@ -162,7 +182,8 @@ def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine
     except ImportError as exc:
         raise TwillError(f"the Triton frontend is not available ({exc}); install twill-gpu[triton]") from None
     return graph_from_target(path, fn, signature=args.signature, constexprs=list(args.constexpr),
-                             num_warps=args.num_warps, num_stages=args.num_stages, machine=machine)
+                             num_warps=args.num_warps, num_stages=args.num_stages, machine=machine, loop=args.loop,
+                             config=args.config)
 
 
 def schedule_document(schedule: Any) -> dict[str, Any]:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 from twill.commands.common import (add_solve_arguments, add_target_arguments, load_schedule_document,
                                    machine_of, resolve_target, solve_options)
 from twill.errors import TwillError
+
+#: Targets that are Triton sources: a kernel ``path.py:fn`` or a TTGIR dump.
+_TRITON_SOURCE = re.compile(r"^(.+\.py:[A-Za-z_][A-Za-z_0-9]*|.+\.(ttgir|mlir))$")
 
 
 def _schedule_for(args: argparse.Namespace):
@@ -22,11 +26,24 @@ def _schedule_for(args: argparse.Namespace):
         return load_schedule_document(args.schedule)
     if not args.target:
         raise TwillError("emit needs a target (built-in kernel, graph .json) or --schedule FILE")
+    if _TRITON_SOURCE.match(args.target):
+        raise _not_from_triton(args.target)
     from twill.solve import schedule
 
     machine = machine_of(args)
     graph = resolve_target(args, machine)
+    if graph.attrs.get("source") == "triton":
+        raise _not_from_triton(args.target)
     return schedule(graph, machine, solve_options(args))
+
+
+def _not_from_triton(target: str) -> TwillError:
+    """Why a Triton kernel (or a graph extracted from one) cannot be emitted as Gluon, and what to do."""
+    return TwillError(f"twill emit gluon cannot emit {target!r}, a Triton kernel or a graph extracted from one: "
+                      f"the Gluon generator writes the built-in gemm and flash-fwd kernels (and graphs with their "
+                      f"roles), and a Triton loop graph lacks the addressing, masks and epilogue of the source "
+                      f"kernel; compile the kernel with a Twill schedule by 'twill inject path.py:fn ...', or emit "
+                      f"'gemm' / 'flash-fwd' with matching --block-m/--block-n/--block-k/--head-dim")
 
 
 def _cmd_emit_gluon(args: argparse.Namespace) -> int:

@@ -7,8 +7,9 @@ import argparse
 import json
 import re
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, load_schedule_document, machine_of,
-                                   resolve_target, schedule_document, solve_options, write_json_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, kernel_options_given,
+                                   load_schedule_document, machine_of, resolve_target, schedule_document,
+                                   solve_options, write_json_output)
 from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
@@ -26,40 +27,76 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     print(f"{graph.name}: {len(graph.ops)} ops ({summary}), {len(graph.edges)} edges "
           f"({sum(e.loop_carried for e in graph.edges)} loop-carried) -> {args.output}")
+    if graph.attrs.get("loop_source"):
+        print(f"loop: {graph.attrs['loop_source']}")
     return 0
 
 
-def _kernel_spec(args: argparse.Namespace, machine):
-    from twill.frontends.triton import kernel_spec
-    from twill.frontends.triton.compile import load_kernel
+def _kernel_spec(args: argparse.Namespace, machine, config: int | None):
+    from twill.frontends.triton import spec_from_target
 
     match = _TRITON_TARGET.match(args.target)
     if not match:
         raise TwillError(f"twill inject needs a Triton kernel target path.py:fn, got {args.target!r}")
-    if not args.signature:
-        raise TwillError("twill inject needs --signature listing every non-constexpr argument, "
-                         "e.g. --signature 'a_ptr=*fp16:16,M=i32:16'")
-    fn = load_kernel(match["path"], match["fn"])
-    return kernel_spec(fn, signature=args.signature, constexprs=list(args.constexpr),
-                       num_warps=args.num_warps or 4, num_stages=args.num_stages, machine=machine)
+    return spec_from_target(match["path"], match["fn"], signature=args.signature, constexprs=list(args.constexpr),
+                            num_warps=args.num_warps, num_stages=args.num_stages, machine=machine, config=config)
+
+
+def _config_specs(args: argparse.Namespace, machine) -> dict[int, object]:
+    """``--config all``: the spec of every autotune config of the kernel."""
+    from twill.frontends.triton.compile import load_kernel
+
+    if args.schedule:
+        raise TwillError("--config all schedules every config; it cannot take --schedule")
+    path = _TRITON_TARGET.match(args.target)
+    configs = load_kernel(path["path"], path["fn"]).configs if path else ()
+    if not configs:
+        raise TwillError(f"--config all applies to @triton.autotune kernels; {args.target!r} has no configs")
+    return {k: _kernel_spec(args, machine, k) for k in range(len(configs))}
 
 
 def _cmd_inject(args: argparse.Namespace) -> int:
-    from twill.codegen.triton import inject, solve_for_triton, write_outputs
+    from twill.codegen.triton import inject, solve_for_triton, tune, write_outputs
     from twill.frontends.triton import lower_function
 
+    _refuse_ws_options(args)
     machine = machine_of(args)
-    spec = _kernel_spec(args, machine)
-    if args.schedule:
-        schedule = load_schedule_document(args.schedule)
+    tuning = None
+    if args.config == "all":
+        specs = _config_specs(args, machine)
+        tuning = tune(specs, machine, solve_options(args), loop=args.loop)
+        spec, schedule = specs[tuning.best], tuning.schedule
     else:
-        lowered, _ = lower_function(spec, machine)
-        schedule = solve_for_triton(lowered.graph, machine, spec.capability, solve_options(args))
-    result = inject(spec, schedule, machine, load_lead=args.load_lead)
-    summary = write_outputs(result, schedule, args.output)
-    write_json_output(f"{args.output}/schedule.json", schedule_document(schedule))
+        spec = _kernel_spec(args, machine, args.config)
+        if args.schedule:
+            schedule = load_schedule_document(args.schedule)
+        else:
+            lowered, _ = lower_function(spec, machine, loop=args.loop)
+            schedule = solve_for_triton(lowered.graph, machine, spec.capability, solve_options(args))
+    result = inject(spec, schedule, machine, load_lead=args.load_lead, loop=args.loop)
+    summary = write_outputs(result, schedule, args.output, schedule_document(schedule),
+                            tuning={"config": tuning.best, "configs": list(tuning.rows)} if tuning else None)
     print(json.dumps(summary, indent=2))
     return 0
+
+
+#: Solver options of warp specialization, with their defaults: Triton injection takes a software-pipelining
+#: schedule only, so giving one of them is an error rather than silently ignored.
+WS_OPTIONS = {"backend": ("--backend", "cpsat"), "reg_limit": ("--reg-limit", None),
+              "max_warps": ("--max-warps", None), "cross_warp": ("--no-cross-warp", True)}
+
+
+def _refuse_ws_options(args: argparse.Namespace) -> None:
+    """Options ``twill inject`` cannot honour are errors: warp specialization and built-in kernel options."""
+    static = kernel_options_given(args)
+    if static:
+        raise TwillError(f"--{sorted(static)[0].replace('_', '-')} applies to built-in kernels only; twill inject "
+                         f"compiles a Triton kernel: use --constexpr")
+    given = [flag for dest, (flag, default) in WS_OPTIONS.items() if getattr(args, dest) != default]
+    if given:
+        raise TwillError(f"{given[0]} applies to warp specialization, and twill inject compiles a "
+                         f"software-pipelining schedule only (Triton 3.6 has no warp assignment to write); use "
+                         f"'twill schedule' for warp-specialized schedules")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,15 +108,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_graph)
 
     p = sub.add_parser("inject", help="compile a Triton kernel with Twill's software-pipelining schedule",
-                       description="Schedule the innermost loop of a Triton kernel (or take --schedule), write "
-                                   "loop.stage/loop.cluster into its TTGIR before Triton's pipeliner, and "
-                                   "compile it (Triton 3.6.0, no GPU needed). Writes the final and the "
-                                   "scheduled TTGIR, PTX, cubin and summary.json into DIR and prints the "
-                                   "summary: II, stages, buffers, shared memory.")
+                       description="Schedule a loop of a Triton kernel path.py:fn (software pipelining "
+                                   "only; or take --schedule), write loop.stage/loop.cluster into its TTGIR "
+                                   "before Triton's pipeliner, and compile it (Triton 3.6.0, no GPU needed). "
+                                   "Writes the final and the scheduled TTGIR, PTX, cubin, schedule.json and "
+                                   "summary.json into DIR and prints the summary: II (normalized and cycles), "
+                                   "its lower bound, stages, buffers, shared memory. Warp-specialization "
+                                   "options and built-in kernel options are refused.")
     add_target_arguments(p)
     add_solve_arguments(p)
     p.add_argument("--schedule", default=None, metavar="S.json",
-                   help="use this schedule (twill schedule -o, or summary of an earlier run) instead of solving")
+                   help="use this schedule (twill schedule --no-ws -o, or the schedule.json of an earlier "
+                        "inject) instead of solving")
     p.add_argument("--load-lead", type=int, default=None, metavar="N",
                    help="stages between a streaming load and its first consumer (default num_stages - 1)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")

@@ -52,18 +52,36 @@ def _tried_line(tried: list[Mapping[str, Any]]) -> str:
     return "IIs tried: " + ", ".join(parts)
 
 
+def raw_cycles(value: int, norm: Mapping[str, Any] | None) -> int | None:
+    """A normalized time in raw machine cycles; ``None`` when times are raw cycles already."""
+    per_unit = (norm or {}).get("cycles_per_unit") if (norm or {}).get("enabled") else None
+    if not per_unit or per_unit == 1:
+        return None
+    return round(value * float(per_unit))
+
+
+def _time(value: int, norm: Mapping[str, Any] | None) -> str:
+    """``356 (~2054 cycles)``, or ``356`` when there is no normalization."""
+    cycles = raw_cycles(value, norm)
+    return f"{value}" if cycles is None else f"{value} (~{cycles} cycles)"
+
+
 def _header(schedule: Schedule) -> list[str]:
     stats = schedule.stats
+    norm = stats.get("normalization")
     res, rec = stats.get("res_mii"), stats.get("rec_mii")
-    bound = f"II lower bound {schedule.ii_lower_bound}"
-    if res is not None and rec is not None:
-        bound += f" (ResMII {res}, RecMII {rec})"
+    cycles = raw_cycles(schedule.ii_lower_bound, norm)
+    notes = ([f"~{cycles} cycles"] if cycles is not None else []) + \
+        ([f"ResMII {res}, RecMII {rec}"] if res is not None and rec is not None else [])
+    bound = f"II lower bound {schedule.ii_lower_bound}" + (f" ({'; '.join(notes)})" if notes else "")
     lines = [f"schedule of {schedule.graph.name!r} on {schedule.arch} (solver {schedule.solver})",
              f"status: {schedule.status}",
-             f"II: {schedule.ii}    {bound}",
-             f"L: {schedule.length}    stages: {schedule.num_stages}    copies: {schedule.copies}"]
+             f"II: {_time(schedule.ii, norm)}    {bound}",
+             f"L: {_time(schedule.length, norm)}    stages: {schedule.num_stages}    copies: {schedule.copies}"]
     if "length_lower_bound" in stats:
         lines[-1] += f"    L lower bound: {stats['length_lower_bound']}"
+    if schedule.graph.attrs.get("loop_source"):         # a loop extracted from a Triton kernel
+        lines.insert(1, f"loop: {schedule.graph.attrs['loop_source']}")
     lines.append(f"solve time: {schedule.solve_seconds:.2f} s")
     tried = stats.get("tried")
     if tried:

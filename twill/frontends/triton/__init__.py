@@ -10,6 +10,7 @@ file. Injection of a Twill schedule back into Triton lives in :mod:`twill.codege
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -18,37 +19,85 @@ from twill.frontends.triton.compile import (KernelSpec, capability_of, capture_p
                                             parse_constexprs, parse_signature, require_triton)
 from twill.frontends.triton.lower import LoweredLoop, lower_loop
 from twill.frontends.triton.mlir import (ForLoop, find_loops, function_name, location_table, module_num_warps,
-                                         module_target)
+                                         module_target, source_positions)
 from twill.ir.graph import LoopGraph
 from twill.machine.models import Machine, get_machine
 
 __all__ = ["KernelSpec", "LoweredLoop", "graph_from_function", "graph_from_target", "graph_from_ttgir",
-           "kernel_spec", "lower_ttgir", "select_loop"]
+           "kernel_spec", "lower_ttgir", "select_loop", "spec_from_target"]
 
 
-def select_loop(loops: Sequence[ForLoop], loop: int | None = None) -> ForLoop:
-    """The loop to schedule: ``loops[loop]`` if given, else the innermost loop with the most tensor-core
-    ops (ties: the first)."""
+def loop_label(index: int, loop: ForLoop, table: Mapping[str, str]) -> str:
+    """One line naming a loop: index, Python source line (and the call sites it was inlined through), TTGIR
+    line, tensor-core ops, whether it is innermost."""
+    place = loop_place(loop, table) or "unknown source line"
+    nest = "" if loop.innermost else ", contains another loop"
+    return f"loop {index} at {place}, TTGIR line {loop.header_line + 1}: {_dots(loop)} dot(s){nest}"
+
+
+def loop_place(loop: ForLoop, table: Mapping[str, str]) -> str | None:
+    """``"kernel.py:114 (called at kernel.py:159)"``: the Python line of a loop and the call sites it was
+    inlined through, ``None`` without locations."""
+    where = source_positions(loop.loc, dict(table))
+    return where[0] + "".join(f" (called at {p})" for p in where[1:]) if where else None
+
+
+def _dots(loop: ForLoop) -> int:
+    return sum(st.op in ("tt.dot", "tt.dot_scaled", "ttng.warp_group_dot", "ttng.tc_gen5_mma") for st in loop.body)
+
+
+def _loop_lines(loops: Sequence[ForLoop], table: Mapping[str, str]) -> str:
+    return "; ".join(loop_label(k, lp, table) for k, lp in enumerate(loops))
+
+
+def select_loop(loops: Sequence[ForLoop], loop: int | str | None = None,
+                table: Mapping[str, str] | None = None) -> ForLoop:
+    """The loop to schedule. ``loop`` is an index into ``loops`` (an int or its digits), or ``"line:N"``: the
+    loop whose Python source line (or a call site it was inlined through) is N. Without it: the only
+    innermost loop with the most tensor-core ops; several such loops are ambiguous and are listed."""
+    table = table or {}
     if not loops:
         raise UnsupportedFeatureError("the TTGIR has no scf.for loop to schedule")
     if loop is not None:
-        if not 0 <= loop < len(loops):
-            raise TwillError(f"loop index {loop} out of range: the module has {len(loops)} scf.for loops")
-        if not loops[loop].innermost:
-            raise UnsupportedFeatureError(f"loop {loop} contains another loop; Twill schedules innermost loops")
-        return loops[loop]
+        chosen = _pick(loops, loop, table)
+        if not chosen.innermost:
+            raise UnsupportedFeatureError(f"{loop_label(loops.index(chosen), chosen, table)}: Twill schedules "
+                                          f"innermost loops")
+        return chosen
     inner = [lp for lp in loops if lp.innermost]
     if not inner:
         raise UnsupportedFeatureError("no innermost scf.for loop found")
+    most = max(_dots(lp) for lp in inner)
+    best = [lp for lp in inner if _dots(lp) == most]
+    if len(best) > 1:
+        raise TwillError(f"the kernel has {len(best)} innermost loops with {most} dot(s): pick one with --loop N "
+                         f"(index) or --loop line:N (Python line); {_loop_lines(loops, table)}")
+    return best[0]
 
-    def dots(lp: ForLoop) -> int:
-        return sum(st.op in ("tt.dot", "ttng.warp_group_dot", "ttng.tc_gen5_mma") for st in lp.body)
 
-    return max(inner, key=lambda lp: (dots(lp), -lp.header_line))
+def _pick(loops: Sequence[ForLoop], loop: int | str, table: Mapping[str, str]) -> ForLoop:
+    text = str(loop).strip()
+    if text.isdigit():
+        if int(text) >= len(loops):
+            raise TwillError(f"--loop {text} is out of range: {_loop_lines(loops, table)}")
+        return loops[int(text)]
+    m = re.match(r"^line:(\d+)$", text)
+    if not m:
+        raise TwillError(f"--loop takes a loop index N or line:N (a Python source line), got {text!r}")
+    line = m.group(1)
+    hits = [lp for lp in loops
+            if any(p.rsplit(":", 1)[1] == line for p in source_positions(lp.loc, dict(table)))]
+    if len(hits) != 1:
+        found = "no loop" if not hits else f"{len(hits)} loops"
+        raise TwillError(f"--loop line:{line} matches {found}: {_loop_lines(loops, table)}")
+    return hits[0]
 
 
-def _graph_attrs(text: str, loop: ForLoop, extra: Mapping[str, Any]) -> dict[str, Any]:
+def _graph_attrs(text: str, loop: ForLoop, table: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str, Any]:
     attrs: dict[str, Any] = {"source": "triton", "loop_line": loop.header_line + 1}
+    place = loop_place(loop, table)
+    if place:
+        attrs["loop_source"] = place
     arch = module_target(text)
     if arch:
         attrs["arch"] = arch
@@ -59,15 +108,17 @@ def _graph_attrs(text: str, loop: ForLoop, extra: Mapping[str, Any]) -> dict[str
     return attrs
 
 
-def lower_ttgir(text: str, machine: Machine, *, loop: int | None = None, name: str | None = None,
+def lower_ttgir(text: str, machine: Machine, *, loop: int | str | None = None, name: str | None = None,
                 attrs: Mapping[str, Any] | None = None) -> LoweredLoop:
-    """Lower the chosen loop of a TTGIR module text; returns the graph with the statement -> op map."""
+    """Lower the chosen loop (see :func:`select_loop`) of a TTGIR module text; returns the graph with the
+    statement -> op map."""
     loops = find_loops(text)
-    chosen = select_loop(loops, loop)
+    table = location_table(text)
+    chosen = select_loop(loops, loop, table)
     num_warps = module_num_warps(text) or 4
     graph_name = name or function_name(text) or "triton-loop"
-    lowered = lower_loop(chosen, machine, num_warps=num_warps, name=graph_name, loc_table=location_table(text),
-                         attrs=_graph_attrs(text, chosen, attrs or {}))
+    lowered = lower_loop(chosen, machine, num_warps=num_warps, name=graph_name, loc_table=table,
+                         attrs=_graph_attrs(text, chosen, table, attrs or {}))
     return _with_summary_attrs(lowered)
 
 
@@ -85,7 +136,7 @@ def _with_summary_attrs(lowered: LoweredLoop) -> LoweredLoop:
     return replace(lowered, graph=LoopGraph(g.name, g.ops, g.edges, g.units, attrs))
 
 
-def graph_from_ttgir(source: str | os.PathLike, machine: Machine | str, *, loop: int | None = None) -> LoopGraph:
+def graph_from_ttgir(source: str | os.PathLike, machine: Machine | str, *, loop: int | str | None = None) -> LoopGraph:
     """Loop graph from TTGIR text or a ``.ttgir`` file (best taken just before the pipeliner)."""
     machine = get_machine(machine) if isinstance(machine, str) else machine
     text = str(source)
@@ -117,7 +168,7 @@ def _spec_attrs(spec: KernelSpec) -> dict[str, Any]:
     return attrs
 
 
-def lower_function(spec: KernelSpec, machine: Machine, *, loop: int | None = None) -> tuple[LoweredLoop, str]:
+def lower_function(spec: KernelSpec, machine: Machine, *, loop: int | str | None = None) -> tuple[LoweredLoop, str]:
     """Compile ``spec`` up to the pipeliner and lower its loop; returns (lowered loop, pre-pipeline TTGIR)."""
     text = capture_prepipeline(spec)
     return lower_ttgir(text, machine, loop=loop, name=spec.name, attrs=_spec_attrs(spec)), text
@@ -125,7 +176,7 @@ def lower_function(spec: KernelSpec, machine: Machine, *, loop: int | None = Non
 
 def graph_from_function(fn, *, signature: str, constexprs: Sequence[str] | Mapping[str, Any] = (),
                         num_warps: int = 4, num_stages: int | None = None, machine: Machine | str = "h100",
-                        loop: int | None = None) -> LoopGraph:
+                        loop: int | str | None = None) -> LoopGraph:
     """Loop graph of a ``@triton.jit`` function compiled for ``machine`` (its ``arch``) on this CPU."""
     machine = get_machine(machine) if isinstance(machine, str) else machine
     spec = kernel_spec(fn, signature=signature, constexprs=constexprs, num_warps=num_warps, num_stages=num_stages,
@@ -135,17 +186,31 @@ def graph_from_function(fn, *, signature: str, constexprs: Sequence[str] | Mappi
 
 def graph_from_target(path: str | os.PathLike, fn: str, *, signature: str | None,
                       constexprs: Sequence[str] | Mapping[str, Any], num_warps: int | None,
-                      num_stages: int | None, machine: Machine | str) -> LoopGraph:
-    """Entry point of ``twill schedule/graph path.py:fn``: import ``fn`` from ``path`` and extract its loop
-    graph. ``constexprs`` are ``NAME=VALUE`` strings or a mapping; ``num_warps`` defaults to 4 and
-    ``num_stages`` to Triton's default (3). A ``.ttgir`` path is read directly (``fn`` and the compile
-    options are then ignored)."""
+                      num_stages: int | None, machine: Machine | str, loop: int | str | None = None,
+                      config: int | None = None) -> LoopGraph:
+    """Entry point of ``twill schedule/graph path.py:fn``: import ``fn`` from ``path`` and extract the loop
+    graph of ``loop`` (see :func:`select_loop`). ``constexprs`` are ``NAME=VALUE`` strings or a mapping;
+    ``config`` picks an ``@triton.autotune`` config; ``num_warps`` defaults to the config's, else 4, and
+    ``num_stages`` to the config's, else Triton's default (3). A ``.ttgir`` path is read directly (``fn`` and
+    the compile options are then ignored)."""
     if str(path).endswith((".ttgir", ".mlir")):
-        return graph_from_ttgir(Path(path), machine)
+        return graph_from_ttgir(Path(path), machine, loop=loop)
+    machine = get_machine(machine) if isinstance(machine, str) else machine
+    return lower_function(spec_from_target(path, fn, signature=signature, constexprs=constexprs,
+                                           num_warps=num_warps, num_stages=num_stages, machine=machine,
+                                           config=config), machine, loop=loop)[0].graph
+
+
+def spec_from_target(path: str | os.PathLike, fn: str, *, signature: str | None,
+                     constexprs: Sequence[str] | Mapping[str, Any], num_warps: int | None, num_stages: int | None,
+                     machine: Machine, config: int | None = None) -> KernelSpec:
+    """The :class:`KernelSpec` of kernel ``fn`` of file ``path`` with the command-line settings."""
     if not signature:
         raise TwillError(f"Triton target {str(path)}:{fn} needs --signature listing every non-constexpr "
                          f"argument, e.g. --signature 'a_ptr=*fp16:16,M=i32:16'")
     require_triton()
-    kernel = load_kernel(path, fn)
-    return graph_from_function(kernel, signature=signature, constexprs=constexprs, num_warps=num_warps or 4,
-                               num_stages=num_stages, machine=machine)
+    source = load_kernel(path, fn)
+    given = dict(constexprs) if isinstance(constexprs, Mapping) else parse_constexprs(list(constexprs))
+    values, warps, stages = source.settings(given, config=config, num_warps=num_warps, num_stages=num_stages)
+    return kernel_spec(source.fn, signature=signature, constexprs=values, num_warps=warps or 4,
+                       num_stages=stages, machine=machine)

@@ -14,12 +14,13 @@ empty cache directory and ``always_compile``, so no cached kernel with another s
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -60,6 +61,10 @@ class Argument:
     divisible: bool
 
 
+#: Triton argument types: scalars, pointers (``*fp16``, ``*kfp16`` for const) and tensor descriptors.
+_ARG_TYPE = re.compile(r"^(\*k?)?([iu](1|8|16|32|64)|fp8\w*|fp16|bf16|fp32|fp64)$|^tensordesc<.+>$")
+
+
 def _split_top(text: str) -> list[str]:
     parts, depth, cur = [], 0, ""
     for ch in text:
@@ -78,12 +83,17 @@ def _split_top(text: str) -> list[str]:
 
 
 def parse_signature(text: str) -> tuple[Argument, ...]:
-    """``"a_ptr=*fp16:16,M=i32:16,scale=fp32"`` -> arguments; ``:16`` marks ``tt.divisibility = 16``."""
+    """``"a_ptr=*fp16:16,M=i32:16,scale=fp32"`` -> arguments; ``:16`` marks ``tt.divisibility = 16``.
+
+    The names may be left out (``"*fp16:16,i32:16,fp32"``): the types then go to the kernel's non-constexpr
+    arguments in order (the argument name is empty until :meth:`KernelSpec.source` assigns it)."""
     out = []
-    for part in _split_top(text):
-        if "=" not in part:
-            raise TwillError(f"signature entry {part!r} must be NAME=TYPE (e.g. a_ptr=*fp16:16, M=i32)")
-        name, typ = (s.strip() for s in part.split("=", 1))
+    parts = _split_top(text)
+    named = ["=" in p for p in parts]
+    if any(named) and not all(named):
+        raise TwillError(f"signature {text!r} mixes NAME=TYPE and bare TYPE entries: name all or none")
+    for part in parts:
+        name, typ = (s.strip() for s in part.split("=", 1)) if "=" in part else ("", part.strip())
         divisible = False
         m = re.match(r"^(.*):(\d+)$", typ)
         if m and not typ.endswith(">"):
@@ -91,8 +101,8 @@ def parse_signature(text: str) -> tuple[Argument, ...]:
             if div != 16:
                 raise TwillError(f"signature entry {part!r}: only ':16' (tt.divisibility 16) is supported")
             divisible = True
-        if not name.isidentifier() or not typ:
-            raise TwillError(f"signature entry {part!r} must be NAME=TYPE (e.g. a_ptr=*fp16:16, M=i32)")
+        if (name and not name.isidentifier()) or not _ARG_TYPE.match(typ):
+            raise TwillError(f"signature entry {part!r} must be NAME=TYPE or TYPE (e.g. a_ptr=*fp16:16, i32)")
         out.append(Argument(name, typ, divisible))
     if not out:
         raise TwillError("empty signature: list every non-constexpr argument, e.g. a_ptr=*fp16:16,M=i32:16")
@@ -156,7 +166,7 @@ class KernelSpec:
         from triton.compiler import ASTSource
 
         arg_names = list(self.fn.arg_names)
-        given = {a.name: a for a in self.signature}
+        given = {a.name: a for a in self._named_signature(arg_names)}
         for name in list(given) + list(self.constexprs):
             if name not in arg_names:
                 raise TwillError(f"kernel {self.name!r} has no argument {name!r} "
@@ -179,8 +189,21 @@ class KernelSpec:
             else:
                 raise TwillError(f"kernel {self.name!r}: argument {name!r} is missing from the signature "
                                  f"(list every non-constexpr argument, e.g. {name}=i32:16)")
-        attrs = {(arg_names.index(a.name),): [["tt.divisibility", 16]] for a in self.signature if a.divisible}
+        attrs = {(arg_names.index(a.name),): [["tt.divisibility", 16]] for a in given.values() if a.divisible}
         return ASTSource(self.fn, sig, constexprs, attrs)
+
+    def _named_signature(self, arg_names: list[str]) -> tuple[Argument, ...]:
+        """The signature with names: a name-less signature is matched in order with the arguments that are
+        neither ``tl.constexpr`` nor given by ``--constexpr``."""
+        if all(a.name for a in self.signature):
+            return self.signature
+        params = {p.name: p for p in getattr(self.fn, "params", [])}
+        runtime = [n for n in arg_names
+                   if n not in self.constexprs and not (n in params and params[n].is_constexpr)]
+        if len(runtime) != len(self.signature):
+            raise TwillError(f"kernel {self.name!r}: the signature lists {len(self.signature)} types but the "
+                             f"kernel has {len(runtime)} non-constexpr arguments ({', '.join(runtime)})")
+        return tuple(Argument(n, a.type, a.divisible) for n, a in zip(runtime, self.signature))
 
     def target(self):
         from triton.backends.compiler import GPUTarget
@@ -197,8 +220,73 @@ def capability_of(arch: str) -> int:
 
 
 # -- loading a kernel from a file --------------------------------------------------------------------------
-def load_kernel(path: str | os.PathLike, fn_name: str):
-    """Import ``path`` and return its ``@triton.jit`` function ``fn_name``."""
+@dataclass(frozen=True)
+class KernelSource:
+    """A kernel imported from a file: the ``@triton.jit`` function under its decorators, the configs of an
+    ``@triton.autotune`` and the constexpr functions of ``@triton.heuristics`` wrapped around it."""
+
+    fn: Any
+    configs: tuple[Any, ...] = ()
+    heuristics: Mapping[str, Callable[[dict], Any]] = field(default_factory=dict)
+
+    def settings(self, constexprs: Mapping[str, Any], *, config: int | None, num_warps: int | None,
+                 num_stages: int | None) -> tuple[dict[str, Any], int | None, int | None]:
+        """(constexprs, num_warps, num_stages) to compile with: autotune config ``config`` (the only one
+        when there is one) under the values given on the command line, then the heuristics' constexprs."""
+        values = dict(constexprs)
+        if config is not None and not self.configs:
+            raise TwillError(f"--config applies to @triton.autotune kernels; {self.fn.__name__!r} has no configs")
+        if self.configs:
+            if config is None and len(self.configs) > 1:
+                raise TwillError(f"kernel {self.fn.__name__!r} is autotuned over {len(self.configs)} configs: pick "
+                                 f"one with --config N; {self.describe_configs()}")
+            index = config or 0
+            if not 0 <= index < len(self.configs):
+                raise TwillError(f"--config {index} is out of range: {self.describe_configs()}")
+            chosen = self.configs[index]
+            values = {**chosen.kwargs, **values}
+            num_warps = num_warps if num_warps is not None else chosen.num_warps
+            num_stages = num_stages if num_stages is not None else chosen.num_stages
+        for name, rule in self.heuristics.items():
+            if name in values:
+                continue
+            try:
+                values[name] = rule(dict(values))
+            except Exception:
+                raise TwillError(f"kernel {self.fn.__name__!r}: constexpr {name!r} is computed by @triton.heuristics "
+                                 f"from the launch arguments; pass --constexpr {name}=VALUE") from None
+        return values, num_warps, num_stages
+
+    def describe_configs(self) -> str:
+        """``0: BLOCK_M=128 BLOCK_N=128 num_warps=8 num_stages=3; 1: ...``."""
+        rows = []
+        for k, c in enumerate(self.configs):
+            items = [f"{n}={v}" for n, v in c.kwargs.items()] + [f"num_warps={c.num_warps}",
+                                                                   f"num_stages={c.num_stages}"]
+            rows.append(f"{k}: {' '.join(items)}")
+        return "; ".join(rows)
+
+
+def unwrap_kernel(obj: Any, triton) -> KernelSource | None:
+    """The :class:`KernelSource` under ``@triton.autotune`` / ``@triton.heuristics`` wrappers, or ``None``
+    when ``obj`` is no Triton kernel."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    configs: tuple[Any, ...] = ()
+    heuristics: dict[str, Callable[[dict], Any]] = {}
+    while isinstance(obj, (Autotuner, Heuristics)):
+        if isinstance(obj, Autotuner):
+            configs = configs or tuple(obj.configs)
+        else:
+            heuristics.update(obj.values)
+        obj = obj.fn
+    if not isinstance(obj, triton.runtime.jit.JITFunction):
+        return None
+    return KernelSource(obj, configs, heuristics)
+
+
+def load_kernel(path: str | os.PathLike, fn_name: str) -> KernelSource:
+    """Import ``path`` and return its ``@triton.jit`` function ``fn_name`` (under any autotune/heuristics)."""
     triton = require_triton()
     path = Path(path)
     if not path.is_file():
@@ -216,9 +304,11 @@ def load_kernel(path: str | os.PathLike, fn_name: str):
     fn = getattr(module, fn_name, None)
     if fn is None:
         raise TwillError(f"{str(path)!r} has no function {fn_name!r}")
-    if not isinstance(fn, triton.runtime.jit.JITFunction):
-        raise TwillError(f"{fn_name!r} in {str(path)!r} is not a @triton.jit kernel")
-    return fn
+    source = unwrap_kernel(fn, triton)
+    if source is None:
+        raise TwillError(f"{fn_name!r} in {str(path)!r} is not a Triton kernel (@triton.jit, possibly under "
+                         f"@triton.autotune / @triton.heuristics)")
+    return source
 
 
 # -- the pass pipeline, split at the pipeliner -------------------------------------------------------------
@@ -351,19 +441,74 @@ def compile_with_edit(spec: KernelSpec, edit: TextEdit | None, *, capture_only: 
             knobs.cache.dir = os.path.join(tmp, "cache")
             knobs.compilation.always_compile = True
             knobs.runtime.add_stages_inspection_hook = hook
-            try:
-                kernel = triton.compile(spec.source(), target=spec.target(), options=spec.options())
-            except _Captured:
-                kernel = None
-            except TwillError:
-                raise
-            except Exception as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                raise TwillError(f"Triton failed to compile kernel {spec.name!r}: {type(exc).__name__}: "
-                                 f"{first[:300]}") from None
+            with _native_stderr(tmp) as native:
+                try:
+                    kernel = triton.compile(spec.source(), target=spec.target(), options=spec.options())
+                except _Captured:
+                    kernel = None
+                except TwillError:
+                    raise
+                except Exception as exc:
+                    raise TwillError(f"Triton failed to compile kernel {spec.name!r}"
+                                     f"{compile_error_text(exc, spec, native())}") from None
     if not seen:
         raise TwillError(f"kernel {spec.name!r}: the ttgir stage never ran (is it a Triton kernel for CUDA?)")
     return kernel, seen[0]
+
+
+@contextlib.contextmanager
+def _native_stderr(workdir: str):
+    """Collect what native code (MLIR diagnostics of a failing pass) writes on file descriptor 2 while the
+    block runs; yields a function returning it. The text is passed on to stderr unless the block raises
+    (then its first ``error:`` line goes into the error message instead)."""
+    path = os.path.join(workdir, "stderr.txt")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        failed = False
+        try:
+            yield lambda: Path(path).read_text(errors="replace")
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not failed:
+                sink.seek(0)
+                sys.stderr.write(sink.read().decode(errors="replace"))
+
+
+def compile_error_text(exc: Exception, spec: KernelSpec, native: str = "") -> str:
+    """``" at file.py:LINE: reason"`` for a Triton compilation error: the Python source line of the failing
+    expression and the reason (Triton's message starts with a kernel-relative ``at 3:13:`` and the source
+    excerpt, and ends with the reason). A failing MLIR pass only says ``PassManager::run failed``; its
+    diagnostic (``file.py:11:33: error: ...``), printed by native code, is the reason then."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    reason = getattr(exc, "error_message", None) or (lines[-1].strip() if lines else "")
+    node, line = getattr(exc, "node", None), None
+    if node is not None and getattr(node, "lineno", None):
+        line = source_line(spec.fn, node.lineno)
+    diagnostic = re.search(r"^(?:.*/)?([^/\s:]+\.py):(\d+):\d+: error: (.*)$", native, re.M)
+    if diagnostic:
+        line = line or f"{diagnostic.group(1)}:{diagnostic.group(2)}"
+        reason = f"{reason}: {diagnostic.group(3).strip()}"
+    return f"{' at ' + line if line else ''}: {type(exc).__name__}: {str(reason)[:300]}"
+
+
+def source_line(kernel: Any, relative: int) -> str | None:
+    """``"file.py:LINE"`` of line ``relative`` (1 = the ``def`` line) of a ``@triton.jit`` function's source,
+    the numbering Triton's compilation errors and TTGIR locations of the function body use."""
+    import inspect
+
+    fn = getattr(kernel, "fn", None)
+    try:
+        lines, start = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    def_at = next((k for k, text in enumerate(lines) if text.lstrip().startswith("def ")), 0)
+    return f"{Path(fn.__code__.co_filename).name}:{start + def_at + relative - 1}"
 
 
 def capture_prepipeline(spec: KernelSpec) -> str:

@@ -19,12 +19,15 @@ Mapping (docs/triton.md has the full table):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Mapping
 
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import Edge, LoopGraph, Op
-from twill.frontends.triton.mlir import ELEMENT_BYTES, ForLoop, Statement, TileType, resolve_location
+from twill.frontends.triton.mlir import (ELEMENT_BYTES, ForLoop, Statement, TileType, region_statements,
+                                         resolve_location, source_positions)
+from twill.frontends.triton.roles import backward_roles
 from twill.machine.costs import (OpCost, alu_cost, exp2_cost, mma_cost, reduce_cost, regs_per_thread, smem_cost,
                                  tma_load_cost, tma_store_cost, tmem_cost)
 from twill.machine.models import Machine
@@ -33,7 +36,7 @@ LOAD_OPS = {"tt.descriptor_load": "tma_load", "tt.descriptor_gather": "tma_load"
             "ttg.async_copy_global_to_local": "load", "ttng.async_tma_copy_global_to_local": "tma_load"}
 MMA_OPS = {"tt.dot", "tt.dot_scaled", "ttng.warp_group_dot", "ttng.tc_gen5_mma", "ttng.tc_gen5_mma_scaled"}
 MUFU_OPS = {"math.exp2", "math.exp", "math.log2", "math.log", "math.rsqrt", "math.sqrt", "math.sin", "math.cos",
-            "math.tanh", "math.erf", "arith.divf"}
+            "math.tanh", "math.erf", "arith.divf", "tt.extern_elementwise"}
 STORE_OPS = {"tt.store": "store", "tt.descriptor_store": "tma_store", "tt.descriptor_reduce": "tma_store",
              "tt.atomic_rmw": "atomic", "tt.atomic_cas": "atomic", "ttng.async_tma_copy_local_to_global": "tma_store"}
 #: Ops without cost of their own: shape and view changes, synchronisation the pipeliner inserts, constants.
@@ -43,18 +46,41 @@ FOLD_OPS = {"tt.expand_dims", "tt.broadcast", "tt.splat", "tt.reshape", "tt.tran
             "ttg.memdesc_reshape", "ttg.memdesc_reinterpret", "ttg.async_commit_group", "ttg.async_wait",
             "ttng.warp_group_dot_wait", "ttng.wait_barrier", "ttng.barrier_expect", "ttng.arrive_barrier",
             "ttng.fence_async_shared", "ttng.tc_gen5_commit", "ub.poison", "arith.constant", "gpu.barrier",
-            "ttg.local_dealloc", "ttng.tensormap_fenceproxy_acquire"}
+            "ttg.local_dealloc", "ttng.tensormap_fenceproxy_acquire", "tt.bitcast", "tt.int_to_ptr", "tt.ptr_to_int"}
 #: Ops the pipeliner inserts: their presence means the loop is already software pipelined, and its
 #: dependences run through multi-buffered memory instead of SSA values.
 PIPELINED_MARKERS = {"ttg.async_wait", "ttng.wait_barrier", "ttng.warp_group_dot_wait", "ttng.barrier_expect"}
 CONTROL_OPS = {"scf.if", "scf.for", "scf.while", "scf.execute_region", "tt.call", "ttg.warp_specialize",
                "cf.br", "cf.cond_br"}
 #: Elementwise floating-point ops whose cost is one ALU/FMA slot per element.
-ALU_PREFIXES = ("arith.", "math.", "tt.fp_to_fp", "tt.precise_", "tt.clampf", "tt.mulhiui")
+ALU_PREFIXES = ("arith.", "math.", "tt.fp_to_fp", "tt.precise_", "tt.clampf", "tt.mulhiui", "ttg.fp4_to_fp")
 
 MMA_DTYPES = {"f16": "fp16", "bf16": "bf16", "f8E4M3FN": "fp8", "f8E5M2": "fp8", "f32": "tf32"}
 #: Ops a tile op of the softmax occupies: a warp group (4 warps) runs each tile-wide instruction.
 WARPGROUP = 4
+
+
+@dataclass(frozen=True)
+class SequenceCost:
+    """The cost of a conditional region scheduled as one op: its ops one after another, each occupying its
+    own units (the reservation tables concatenated), the result ready when the last one is."""
+
+    parts: tuple[OpCost | SequenceCost, ...]
+
+    @property
+    def cycles(self) -> int:
+        return sum(p.cycles for p in self.parts)
+
+    @property
+    def latency(self) -> int:
+        return sum(p.cycles for p in self.parts[:-1]) + self.parts[-1].latency
+
+    @property
+    def warp_busy(self) -> int | None:
+        return None
+
+    def rrt(self) -> tuple[dict[str, int], ...]:
+        return tuple(row for p in self.parts for row in p.rrt())
 
 
 @dataclass(frozen=True)
@@ -63,7 +89,7 @@ class Node:
 
     stmt: Statement
     kind: str
-    cost: OpCost
+    cost: OpCost | SequenceCost
     regs: int = 0
     smem: int = 0
     tmem: int = 0
@@ -103,11 +129,18 @@ def _is_fold(st: Statement, producers: Mapping[str, Statement]) -> bool:
     return False
 
 
-def _mma_shape(st: Statement) -> tuple[int, int, int, str]:
+def _mma_shape(st: Statement) -> tuple[int, int, int, str, str]:
+    """(M, N, K, dtype, rate dtype) of a tensor-core op. A block-scaled MMA names its operand formats
+    (``lhs = e2m1``): fp4 operands are packed two per byte, so K counts bytes; their rate is twice the fp8
+    rate (Blackwell), so K bytes at the fp8 rate cost what 2K fp4 elements cost."""
     if len(st.types) < 2:
         raise UnsupportedFeatureError(f"{st.op} at body position {st.index}: cannot read its operand shapes")
     a, b = st.types[0], st.types[1]
-    return a.shape[-2], b.shape[-1], a.shape[-1], MMA_DTYPES.get(a.element, "fp16")
+    dtype = MMA_DTYPES.get(a.element, a.element)
+    formats = re.search(r"lhs = (\w+) rhs = (\w+)", st.text)
+    if formats:
+        dtype = "fp4" if formats.group(1) == formats.group(2) == "e2m1" else "fp8"
+    return a.shape[-2], b.shape[-1], a.shape[-1], dtype, "fp8" if dtype == "fp4" else dtype
 
 
 def _reduce_kind(st: Statement) -> str:
@@ -124,6 +157,8 @@ def _reduce_kind(st: Statement) -> str:
 def classify(st: Statement, machine: Machine, num_warps: int,
              producers: Mapping[str, Statement]) -> Node | None:
     """The node of a statement, ``None`` if it is folded; raises for ops the frontend does not model."""
+    if st.op == "scf.if":
+        return _conditional(st, machine, num_warps, producers)
     if _is_fold(st, producers):
         return None
     t = st.result_type
@@ -142,12 +177,13 @@ def classify(st: Statement, machine: Machine, num_warps: int,
 
     if st.op in LOAD_OPS:
         tile = t if t is not None else (st.types[-1] if st.types else None)
+        tile = tile.pointed_to() if tile is not None else None
         nbytes = tile.nbytes if tile is not None else 0
         return Node(st, LOAD_OPS[st.op], tma_load_cost(machine, nbytes), smem=nbytes, variable_latency=True,
                     info={"shape": list(tile.shape) if tile else [], "dtype": tile.dtype if tile else None})
     if st.op in MMA_OPS:
-        M, N, K, dtype = _mma_shape(st)
-        cost = mma_cost(machine, M, N, K, dtype)
+        M, N, K, dtype, rate = _mma_shape(st)
+        cost = mma_cost(machine, M, N, K, rate)
         in_tmem = st.op.startswith("ttng.tc_gen5")
         acc = TileType((M, N), "f32", "tmem" if in_tmem else "registers")
         return Node(st, "mma", cost, regs=0 if in_tmem else regs_of(acc), tmem=acc.nbytes if in_tmem else 0,
@@ -155,16 +191,17 @@ def classify(st: Statement, machine: Machine, num_warps: int,
                     info={"m": M, "n": N, "k": K, "dtype": dtype, "shape": [M, N]})
     if st.op in STORE_OPS:
         tile = next((ty for ty in reversed(st.types) if ty.space == "registers"), None)
+        tile = tile.pointed_to() if tile is not None else None
         nbytes = tile.nbytes if tile is not None else 0
         return Node(st, STORE_OPS[st.op], tma_store_cost(machine, nbytes), warps=1,
                     info={"shape": list(tile.shape) if tile else []})
-    if st.op == "tt.reduce":
+    if st.op in ("tt.reduce", "tt.scan"):
         src = st.types[0] if st.types else None
         if src is None or not src.shape:
-            raise UnsupportedFeatureError(f"tt.reduce at body position {st.index}: cannot read its input shape")
+            raise UnsupportedFeatureError(f"{st.op} at body position {st.index}: cannot read its input shape")
         rows = src.shape[0] if len(src.shape) > 1 else 1
         cols = src.elements // rows
-        return Node(st, "reduce", reduce_cost(machine, rows, cols), regs=regs_of(t), warps=WARPGROUP,
+        return Node(st, st.op.split(".")[1], reduce_cost(machine, rows, cols), regs=regs_of(t), warps=WARPGROUP,
                     spill_cost=spill(t), info={"shape": list(src.shape), "combiner": _reduce_kind(st)})
     if st.op in ("ttng.tmem_load", "ttng.tmem_store", "ttng.tmem_alloc"):
         tile = next((ty for ty in st.types if ty.space == "tmem"), t)
@@ -187,6 +224,35 @@ def classify(st: Statement, machine: Machine, num_warps: int,
         return Node(st, "alu", alu_cost(machine, t.elements), regs=regs_of(t), warps=WARPGROUP,
                     spill_cost=spill(t), info={"shape": list(t.shape)})
     raise _Unsupported(st)
+
+
+def _conditional(st: Statement, machine: Machine, num_warps: int,
+                 producers: Mapping[str, Statement]) -> Node | None:
+    """An ``scf.if`` in the loop body (the tile switch and the epilogue of a persistent kernel, a masked
+    and an unmasked softmax step): folded when its regions hold only index arithmetic, else one
+    ``conditional`` op that runs the modelled ops of its costlier region (nested ``scf.if`` included) in
+    sequence. It is charged on every iteration, as a predicated op would be: the schedule must leave room for
+    it in the iterations where the condition holds."""
+    regions = region_statements(st)
+    known = {**producers, **{r: s for region in regions for s in region for r in s.results}}
+    branches: list[list[Node]] = []
+    for region in regions:
+        nodes = []
+        for s in region:
+            if s.op in CONTROL_OPS and s.op != "scf.if":
+                raise _Unsupported(s)
+            node = classify(s, machine, num_warps, known)
+            if node is not None:
+                nodes.append(node)
+        branches.append(nodes)
+    nodes = max(branches, key=lambda ns: sum(n.cost.cycles for n in ns))
+    if not nodes:
+        return None
+    kinds = list(dict.fromkeys(n.kind for n in nodes))
+    return Node(st, "conditional", SequenceCost(tuple(n.cost for n in nodes)), regs=max(n.regs for n in nodes),
+                smem=sum(n.smem for n in nodes), tmem=sum(n.tmem for n in nodes),
+                warps=max(n.warps for n in nodes), spill_cost=max(n.spill_cost for n in nodes),
+                info={"computes": kinds, "region_ops": [n.stmt.op for n in nodes], "regions": len(regions)})
 
 
 class _Unsupported(Exception):
@@ -326,20 +392,31 @@ def _operand_sources(node: Node, position: int, sources: Mapping[str, frozenset[
 
 def assign_roles(nodes: Mapping[int, Node], edges: AbstractSet[tuple[int, int, int]],
                  sources: Mapping[str, frozenset[tuple[str, int]]]) -> dict[int, tuple[str, int | None]]:
-    """(role, subtile) per node. Recognises GEMM loops (``load_a``, ``load_b``, ``mma``) and attention loops
-    (``load_k``, ``load_v``, ``qk``, ``rowmax``, ``exp``, ``alpha``, ``rowsum``, ``rescale``, ``pv`` and on
-    Blackwell ``s_load``, ``p_store``, ``o_load``, ``o_store``); other nodes get their kind as role."""
+    """(role, subtile) per node. Recognises GEMM loops (``load_a``, ``load_b``, ``mma``), attention-backward
+    loops (:mod:`twill.frontends.triton.roles`) and attention loops (``load_k``, ``load_v``, ``qk``,
+    ``rowmax``, ``exp``, ``alpha``, ``rowsum``, ``rescale``, ``pv`` and on Blackwell ``s_load``, ``p_store``,
+    ``o_load``, ``o_store``); other nodes get their kind as role."""
     anc = _ancestors(edges)
     roles: dict[int, tuple[str, int | None]] = {i: (n.kind, None) for i, n in nodes.items()}
     mmas = sorted(i for i, n in nodes.items() if n.kind == "mma")
+    backward = backward_roles({i: n.kind for i, n in nodes.items()},
+                              {i: len(n.info.get("shape", [])) for i, n in nodes.items()}, edges, anc)
+    if backward is not None:
+        roles.update({i: (role, None) for i, role in backward.items()})
+        return roles
     pv = [i for i in mmas if any(nodes[a].kind == "mma" for a in anc.get(i, ()))]
     qk = [i for i in mmas if i not in pv]
     if len(mmas) == 1:
         roles[mmas[0]] = ("mma", None)
         for pos, role in ((0, "load_a"), (1, "load_b")):
-            for s in _operand_sources(nodes[mmas[0]], pos, sources) | _load_ancestors(mmas[0], pos, nodes, sources):
-                if nodes[s].kind in ("tma_load", "load"):
-                    roles[s] = (role, None)
+            direct = _load_ancestors(mmas[0], pos, nodes, sources)
+            if not direct:          # an operand computed from loads (an upcast of fp8 or of a scaled operand)
+                computed = _operand_sources(nodes[mmas[0]], pos, sources)
+                below = {a for c in computed for a in anc.get(c, set()) | {c}}
+                tiles = [a for a in below if nodes[a].kind in ("tma_load", "load")]
+                direct = {max(tiles, key=lambda a: (nodes[a].smem, -a))} if tiles else set()
+            for s in direct:
+                roles[s] = (role, None)
         return roles
     if not qk or not pv:
         return roles
@@ -406,13 +483,16 @@ def _names(nodes: Mapping[int, Node], roles: Mapping[int, tuple[str, int | None]
     """Readable unique op names: the role for recognised ops (``qk``, ``exp``; ``qk_a``/``qk_b`` per
     sub-tile), else ``<source variable>_<op>`` (``l_i_mulf``); sub-tiles add ``_a``, ``_b``."""
     named = {"load_a", "load_b", "mma", "load_k", "load_v", "qk", "rowmax", "exp", "alpha", "rowsum", "rescale",
-             "pv", "s_load", "p_store", "o_load", "o_store"}
+             "pv", "s_load", "p_store", "o_load", "o_store", "dp", "ds", "dv", "dk", "dq", "load_q", "load_do",
+             "load_lse", "load_delta"}
     out: dict[int, str] = {}
     used: set[str] = set()
     for i in sorted(nodes):
         role, sub = roles[i]
         if role in named:
             base = role + _suffix(sub)
+        elif role == "conditional":
+            base = "if_" + "_".join(nodes[i].info["computes"]) + _suffix(sub)
         else:
             var = locations[i][0] or nodes[i].stmt.short
             base = f"{var}_{nodes[i].stmt.short}".replace(".", "_") + _suffix(sub)
@@ -438,7 +518,7 @@ def lower_loop(loop: ForLoop, machine: Machine, *, num_warps: int, name: str, lo
     nodes: dict[int, Node] = {}
     unsupported: list[Statement] = []
     for st in loop.body:
-        if st.op in CONTROL_OPS:
+        if st.op in CONTROL_OPS and st.op != "scf.if":
             unsupported.append(st)
             continue
         try:
@@ -449,11 +529,12 @@ def lower_loop(loop: ForLoop, machine: Machine, *, num_warps: int, name: str, lo
         if node is not None:
             nodes[st.index] = node
     if unsupported:
-        listed = ", ".join(f"{st.op} (line {st.first_line + 1})" for st in unsupported)
+        listed = ", ".join(f"{st.op} ({_where(st.loc, st.first_line, loc_table)})" for st in unsupported)
         raise UnsupportedFeatureError(
-            f"loop at line {loop.header_line + 1}: the Triton frontend cannot model {listed}; supported are "
+            f"loop at {_where(loop.loc, loop.header_line, loc_table)}: the Triton frontend cannot model {listed}; "
+            f"supported are "
             f"loads, dots, exp2/special functions, reductions, elementwise float arithmetic, layout and "
-            f"shared/tensor-memory copies (index arithmetic is folded); the loop body must have no control flow")
+            f"shared/tensor-memory copies (index arithmetic is folded), and scf.if regions of those")
     if not nodes:
         raise UnsupportedFeatureError(f"loop at line {loop.header_line + 1} has no operation to schedule")
     sources = _sources(loop, nodes)
@@ -485,6 +566,12 @@ def lower_loop(loop: ForLoop, machine: Machine, *, num_warps: int, name: str, lo
     owner = {i: names[i] for i in nodes}
     folded_into = {i: tuple(sorted((names[c], d) for c, d in cs)) for i, cs in folded.items()}
     return LoweredLoop(graph=graph, loop=loop, owner=owner, folded_into=folded_into)
+
+
+def _where(loc: str | None, line: int, table: Mapping[str, str]) -> str:
+    """``"kernel.py:57, TTGIR line 93"``: the Python source line when the location table has one."""
+    positions = source_positions(loc, dict(table))
+    return f"{positions[0]}, TTGIR line {line + 1}" if positions else f"TTGIR line {line + 1}"
 
 
 def _suffix(subtile: int | None) -> str:

@@ -39,6 +39,7 @@ class TileType:
     shape: tuple[int, ...]
     element: str
     space: str
+    pointee: str | None = None
 
     @property
     def elements(self) -> int:
@@ -47,6 +48,13 @@ class TileType:
     @property
     def nbytes(self) -> int:
         return self.elements * ELEMENT_BYTES.get(self.element, 4)
+
+    def pointed_to(self) -> TileType:
+        """The tile a load through this type reads: for a tensor of pointers (``tensor<128x64x!tt.ptr<f16>>``)
+        the same shape of the pointee element type, else the type itself."""
+        if self.element != "ptr" or not self.pointee:
+            return self
+        return TileType(self.shape, self.pointee, self.space)
 
     @property
     def is_float(self) -> bool:
@@ -106,6 +114,7 @@ class ForLoop:
     body: tuple[Statement, ...]
     yields: tuple[str, ...]
     innermost: bool
+    loc: str | None = None
 
 
 # -- types -------------------------------------------------------------------------------------------------
@@ -115,12 +124,14 @@ def parse_types(signature: str) -> tuple[TileType, ...]:
     for m in _TYPE.finditer(signature):
         kind, dims, element, rest = m.groups()
         shape = tuple(int(d) for d in dims.split("x") if d)
-        element = "ptr" if element.startswith("!tt.ptr") else element
+        pointee = None
+        if element.startswith("!tt.ptr"):
+            element, pointee = "ptr", element[len("!tt.ptr<"):-1].split(",")[0].strip()
         if kind == "tensor":
             space = "registers"
         else:
             space = "tmem" if "tensor_memory" in rest else "shared"
-        out.append(TileType(shape, element, space))
+        out.append(TileType(shape, element, space, pointee))
     return tuple(out)
 
 
@@ -227,6 +238,37 @@ def _statement(index: int, lines: list[str], first: int, last: int) -> Statement
                      region_ops=tuple(region_ops))
 
 
+def region_statements(st: Statement) -> tuple[tuple[Statement, ...], ...]:
+    """The statements at the top level of each region of ``st`` (the ``then`` and ``else`` blocks of an
+    ``scf.if``), terminators (``scf.yield``) left out, numbered from 0 in text order, with module line
+    numbers."""
+    lines = st.text.splitlines()
+    regions: list[list[Statement]] = [[]]
+    count, depth, j = 0, 0, 1
+    while j < len(lines) - 1:
+        stripped = lines[j].strip()
+        if depth == 0 and stripped.startswith("}") and stripped.endswith("{"):
+            regions.append([])              # "} else {": the next region starts
+            j += 1
+            continue
+        if depth == 0 and stripped and not stripped.startswith(("}", "^", "scf.yield")):
+            net, k = _net_braces(lines[j]), j
+            while net > 0 and k + 1 < len(lines) - 1:
+                k += 1
+                net += _net_braces(lines[k])
+            inner = _statement(count, lines, j, k)
+            regions[-1].append(Statement(index=inner.index, op=inner.op, results=inner.results,
+                                         operands=inner.operands, types=inner.types, text=inner.text,
+                                         first_line=st.first_line + j, last_line=st.first_line + k,
+                                         loc=inner.loc, region_ops=inner.region_ops))
+            count += 1
+            j = k + 1
+            continue
+        depth = max(0, depth + _net_braces(lines[j]))
+        j += 1
+    return tuple(tuple(r) for r in regions)
+
+
 def _loop_header(line: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     iv = re.search(r"scf\.for\s+(%[A-Za-z0-9_$.\-]+)\s*=", line)
     args = re.search(r"iter_args\((.*?)\)\s*->", line) or re.search(r"iter_args\((.*)\)", line)
@@ -272,8 +314,10 @@ def find_loops(text: str) -> list[ForLoop]:
                 continue
             depth += _net_braces(s)
             j += 1
+        loc = _LOC_REF.search(lines[j - 1].rstrip()) if j - 1 < len(lines) else None
         loops.append(ForLoop(header_line=i, close_line=j - 1, induction=induction, iter_args=iter_args,
-                             body=tuple(body), yields=yields, innermost=innermost))
+                             body=tuple(body), yields=yields, innermost=innermost,
+                             loc=loc.group(1) if loc else None))
     return loops
 
 
@@ -312,6 +356,22 @@ def resolve_location(alias: str | None, table: dict[str, str]) -> tuple[str | No
             continue
         return name, None
     return name, None
+
+
+def source_positions(alias: str | None, table: dict[str, str]) -> tuple[str, ...]:
+    """Python source positions (``"file.py:LINE"``) of a location alias: the position itself, then, for code
+    inlined from a ``@triton.jit`` helper, each call site outwards."""
+    body = table.get(alias or "", "")
+    m = _FILE_LOC.match(body)
+    if m:
+        return (f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)}",)
+    m = _NAMED_LOC.match(body)
+    if m and m.group(2) != alias:
+        return source_positions(m.group(2), table)
+    m = _CALLSITE.match(body)
+    if m:
+        return source_positions(m.group(1), table) + source_positions(m.group(2), table)
+    return ()
 
 
 def function_name(text: str) -> str | None:

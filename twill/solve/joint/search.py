@@ -43,6 +43,23 @@ FAMILY_TEXT = {
     "memory_capacity": "memory capacity (shared memory / TMEM buffers)",
 }
 
+#: What the user can change when a family blocks every II: a larger II does not lift these limits.
+FAMILY_REMEDY = {
+    "register_limit": "raise --reg-limit or use smaller tiles",
+    "register_file": "use smaller tiles or fewer register-holding warps",
+    "warp_count": "raise --max-warps",
+    "cross_warp_spills": "drop --no-cross-warp",
+    "concurrency": "raise --max-warps",
+    "warp_issue": "raise --max-warps or --max-ii",
+    "memory_capacity": "use smaller tiles or a lower --streaming-depth",
+}
+
+
+def remedy_for(blocked: list[str]) -> str:
+    """The advice for an exhausted II range: the remedies of the blocking families, else ``raise --max-ii``."""
+    remedies = [FAMILY_REMEDY[f] for b in blocked for f in b.split("+")]
+    return "; ".join(dict.fromkeys(remedies)) if remedies else "raise --max-ii"
+
 
 def make_problem(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *,
                  ii: int, length_min: int, relaxed: frozenset[str] = frozenset()) -> JointProblem:
@@ -312,7 +329,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             options.report(note)
     if tried and tried[-1]["ii"] == max_ii:
         raise InfeasibleScheduleError(
-            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {max_ii}; raise --max-ii"
+            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {max_ii}; {remedy_for(blocked or [])}"
             + (f" ({note})" if note else ""))
     raise InfeasibleScheduleError(
         f"no joint schedule of graph {graph.name!r} found within the time limit of {options.time_limit:g} s; "
