@@ -9,8 +9,8 @@ Conventions of the docs (so that they cannot drift from the tool):
   its output. A line ``...`` in the output stands for omitted lines; a ``solve time:`` line matches any time.
 
 The commands of one document run in order in one scratch directory (later commands read the files earlier
-ones write), with ``examples/``, ``twill/`` and ``tests/`` of the repository linked into it. Commands that need
-a GPU (``twill bench run``/``sanity``) are skipped.
+ones write), with ``examples/``, ``twill/``, ``tests/`` and ``benchmarks/`` of the repository linked into it. Commands that need
+a GPU (``twill calibrate`` measuring, ``--measure``) are skipped.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/cli.md", "docs/triton.md")
+DOCS = ("README.md", "docs/cli.md", "docs/triton.md", "docs/calibration.md")
 #: Commands that take more than a few seconds here (solves with warp specialization, pictures, compiles).
-SLOW = ("--arch b200", "flash-bwd", "--plot", "report ", "inject ", "bench generate", "--subtiles 2",
-        "triton_families.py")
-GPU_ONLY = ("bench run", "bench sanity")
+SLOW = ("--arch b200", "flash-bwd", "--plot", "report ", "inject ", "--subtiles 2", "triton_families.py",
+        "tune ")
+GPU_ONLY = ("calibrate --arch", "--measure")
 NEEDS_TRITON = (".py:", ".ttgir", "inject ")
 ANY_TIME = re.compile(r"^solve time: \d+\.\d+ s$")
 
@@ -151,7 +151,7 @@ def workdirs(tmp_path_factory):
     dirs = {}
     for doc in DOCS:
         d = tmp_path_factory.mktemp(doc.replace("/", "_").replace(".", "_"))
-        for name in ("examples", "twill", "tests"):
+        for name in ("examples", "twill", "tests", "benchmarks"):
             (d / name).symlink_to(ROOT / name)
         dirs[doc] = d
     return dirs
@@ -173,6 +173,7 @@ def test_documented_command(cmd, workdirs, monkeypatch, capsys):
     from twill.cli import main
 
     monkeypatch.chdir(workdirs[cmd.doc])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(workdirs[cmd.doc] / ".cache"))  # twill tune's cache
     code = main(list(cmd.argv))
     out, err = capsys.readouterr()
     assert code == 0, f"{cmd.doc}:{cmd.line}: twill {cmd.text} failed: {err.strip()}"
