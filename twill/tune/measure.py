@@ -6,6 +6,12 @@ check it against torch on ragged shapes with the output poisoned with NaN and fr
 (:func:`twill.codegen.gluon.bench.check_gemm` / ``check_attention``), then time it on the tuning shape,
 device-side, with ``triton.testing.do_bench`` (median). A kernel that fails the check is reported, not
 timed. The lead's scripts call :func:`measure_candidates` directly.
+
+For a Triton target (:func:`measure_triton`), every configuration is compiled with Triton's own schedule and
+the best ``k`` predicted also with Twill's schedule injected, launched through the kernel module's
+``twill_launch`` hook (:mod:`twill.kernels.triton.launch`), timed interleaved, and compared with what
+``@triton.autotune`` picks over the same configurations (:func:`compare_with_autotune`);
+``benchmarks/triton_tune.py`` runs the same functions over fixed configuration lists and several shapes.
 """
 
 from __future__ import annotations
