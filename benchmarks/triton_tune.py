@@ -62,8 +62,6 @@ CASES: dict[str, tuple[str, str, list[dict[str, int]], list[tuple[int, ...]]]] =
                                                             (8192, 8192, 1024)]),
     "flash_fwd": ("flash_fwd", "attn_fwd", _configs(_ATTN_NAMES, _ATTN_ROWS, HEAD_DIM=128),
                   [(4, 32, 4096, 128), (4, 32, 8192, 128)]),
-    "flash_fwd_d64": ("flash_fwd", "attn_fwd", _configs(_ATTN_NAMES, _ATTN_ROWS, HEAD_DIM=64),
-                      [(4, 32, 4096, 64), (4, 32, 8192, 64)]),
 }
 
 
