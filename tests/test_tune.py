@@ -402,6 +402,18 @@ def test_measure_on_a_triton_kernel_without_the_hook_is_one_line_before_any_solv
     assert not (tmp_path / "cache").exists()
 
 
+def test_measure_on_a_triton_kernel_with_the_hook_still_needs_a_gpu(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("triton", reason="Triton is needed to import the kernel")
+    from twill.kernels.triton import matmul
+
+    monkeypatch.setitem(sys.modules, "torch", None)         # import torch raises ImportError
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    rc, out, err = _run(["tune", f"{matmul.__file__}:matmul_kernel", "--signature", matmul.SIGNATURE,
+                         "--constexpr", "BLOCK_M=128", "--measure", "1"], capsys)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "--measure needs a CUDA GPU" in err
+    assert not (tmp_path / "cache").exists()
+
+
 def test_triton_meta_is_the_constexprs_warps_and_stages():
     from twill.tune.measure import triton_meta
     from twill.tune.space import candidate_of

@@ -198,26 +198,28 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     shape = shape or _shape_from_results(records)
     results = rank(space.candidates, records, shape, machine)
     measured: list[dict[str, Any]] = []
-    compared: dict[str, Any] | None = None
+    triton_measured: dict[str, Any] | None = None
     if args.measure and triton_fn is not None:
-        from twill.tune.measure import format_triton_measured, measure_triton
+        from twill.tune.measure import measure_triton
 
         triton_measured = measure_triton(triton_fn, results, shape, args.measure, machine)
-        measured, compared = triton_measured["rows"], triton_measured["comparison"]
+        measured = triton_measured["rows"]
     elif args.measure:
         from twill.tune.measure import format_measured, measure_candidates
 
         measured = measure_candidates(results, shape, args.measure)
     if args.json:
         doc = sweep_document(args.target, machine, shape, space, results, measured)
-        if compared is not None:
-            doc["autotune_comparison"] = compared
+        if triton_measured is not None:
+            doc["autotune_comparison"] = triton_measured["comparison"]
         write_json_output(args.json, doc)
     if args.output:
         _emit_winner(results, args.output)
     text = (f"tune {args.target} on {machine.name}, shape {shape.text()}: {len(jobs)} candidates "
             f"({progress.cached} cached)\n" + format_ranking(results, args.top, len(space.rejected)))
-    if compared is not None:
+    if triton_measured is not None:
+        from twill.tune.measure import format_triton_measured
+
         text += "\n\n" + format_triton_measured(triton_measured)
     elif measured:
         text += "\n\n" + format_measured(measured)
