@@ -414,6 +414,31 @@ def test_measure_on_a_triton_kernel_with_the_hook_still_needs_a_gpu(tmp_path, mo
     assert not (tmp_path / "cache").exists()
 
 
+def test_hooked_kernel_sets_the_stages_hook_only_around_its_launches():
+    pytest.importorskip("triton", reason="the hook lives in Triton's knobs")
+    from triton import knobs
+
+    from twill.tune.measure import HookedKernel
+
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def launch(*args, fail=False):
+                seen.append((grid, args, knobs.runtime.add_stages_inspection_hook))
+                if fail:
+                    raise RuntimeError("compile failed")
+            return launch
+
+    marker = object()
+    kernel = HookedKernel(Kernel(), marker)
+    kernel[(4, 2)](1, 2)
+    assert seen == [((4, 2), (1, 2), marker)] and knobs.runtime.add_stages_inspection_hook is None
+    with pytest.raises(RuntimeError):
+        kernel[(1,)](fail=True)
+    assert seen[-1][2] is marker and knobs.runtime.add_stages_inspection_hook is None
+
+
 def test_triton_meta_is_the_constexprs_warps_and_stages():
     from twill.tune.measure import triton_meta
     from twill.tune.space import candidate_of

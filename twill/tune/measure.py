@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from twill.errors import TwillError
@@ -170,17 +171,37 @@ def triton_runtime() -> Iterator[str]:
             knobs.compilation.always_compile, knobs.cache.dir = saved
 
 
-def _first_launch(launch: Any, inspection_hook: Any) -> dict[str, int]:
-    """Launch once (compiling) with ``inspection_hook`` as Triton's stages hook; the kernel's resources."""
-    import torch
-    from triton import knobs
+@dataclass(frozen=True)
+class HookedKernel:
+    """A kernel whose launches ``kernel[grid](...)`` run with ``inspection_hook`` as Triton's stages hook, so
+    that every compile they trigger (a new specialization on a later shape included) takes Twill's schedule;
+    Triton's own launches never see the hook."""
 
-    knobs.runtime.add_stages_inspection_hook = inspection_hook
-    try:
-        kernel = launch()
-        torch.cuda.synchronize()
-    finally:
-        knobs.runtime.add_stages_inspection_hook = None
+    fn: Any
+    inspection_hook: Any
+
+    def __getitem__(self, grid: Any) -> Any:
+        """``fn[grid]`` with the hook set around each call."""
+        from triton import knobs
+
+        launch = self.fn[grid]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            knobs.runtime.add_stages_inspection_hook = self.inspection_hook
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                knobs.runtime.add_stages_inspection_hook = None
+
+        return run
+
+
+def _first_launch(launch: Any) -> dict[str, int]:
+    """Launch once (compiling); the kernel's registers, spills and shared memory."""
+    import torch
+
+    kernel = launch()
+    torch.cuda.synchronize()
     return {"regs": int(getattr(kernel, "n_regs", 0) or 0), "spills": int(getattr(kernel, "n_spills", 0) or 0),
             "shared_bytes": int(kernel.metadata.shared)}
 
@@ -213,12 +234,10 @@ def measure_triton_config(base: Any, hook: Any, meta: Mapping[str, Any], schedul
     from twill.codegen.triton import default_load_lead, make_jit_hook
 
     fns: dict[str, Any] = {"triton": base}
-    hooks: dict[str, Any] = {"triton": None}
     if schedule is not None:
-        fns["twill"] = triton.jit(base.fn)
-        hooks["twill"] = make_jit_hook(base.__name__, schedule, machine, workdir=workdir,
-                                       load_lead=default_load_lead(meta.get("num_stages")),
-                                       capability=machine.capability)
+        fns["twill"] = HookedKernel(triton.jit(base.fn), make_jit_hook(
+            base.__name__, schedule, machine, workdir=workdir, load_lead=default_load_lead(meta.get("num_stages")),
+            capability=machine.capability))
     failed: dict[str, str] = {}
     built: set[str] = set()
     rows = []
@@ -232,7 +251,7 @@ def measure_triton_config(base: Any, hook: Any, meta: Mapping[str, Any], schedul
             try:
                 launch, check = hook(fn, shape.as_dict(), **meta)
                 if variant not in built:
-                    row[f"{variant}_kernel"] = _first_launch(launch, hooks[variant])
+                    row[f"{variant}_kernel"] = _first_launch(launch)
                     built.add(variant)
                 relerr = max(check(), check())
             except Exception as exc:  # noqa: BLE001 - one configuration failing must not stop the others

@@ -6,8 +6,9 @@ A kernel module that can be measured defines, next to its ``@triton.jit`` functi
     def twill_launch(fn, shape, **meta):
         '''(launch, check) of ``fn`` on ``shape`` with launch keywords ``meta``.'''
 
-* ``fn``: the kernel to launch: the module's own function, a fresh ``JITFunction`` of the same source (Twill
-  injects its schedule into that one), or an ``@triton.autotune`` wrapper of it.
+* ``fn``: the kernel to launch as ``fn[grid](...)``, its only use: the module's own function, a fresh
+  ``JITFunction`` of the same source that compiles with Twill's schedule injected
+  (:class:`twill.tune.measure.HookedKernel`), or an ``@triton.autotune`` wrapper of it.
 * ``shape``: the problem's sizes as a plain dict: ``{"M", "N", "K"}`` (GEMM) or ``{"B", "H", "S", "D"}``
   (attention).
 * ``meta``: the ``tl.constexpr`` values plus ``num_warps`` and ``num_stages``, passed through to
