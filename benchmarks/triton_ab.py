@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -132,80 +131,16 @@ def _load_schedule(doc: dict):
     return Schedule.from_dict(doc, graph_from_dict(doc["loop_graph"]))
 
 
-def _rel_err(out, ref) -> float:
-    return float((out.float() - ref).norm() / ref.norm())
+def _launcher(case: str, fn, size):
+    """(launch(), check() -> error, flops) for one kernel variant and size, from the kernel module's
+    ``twill_launch`` hook (:mod:`twill.kernels.triton.launch`); check() redraws the inputs."""
+    from twill.tune.predict import Shape
 
-
-def _gemm_inputs(torch, M, N, K):
-    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
-    b = torch.randn(K, N, device="cuda", dtype=torch.float16)
-    c = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
-    return a, b, c
-
-
-def _attn_inputs(torch, B, H, S, D):
-    q, k, v = (torch.randn(B * H * S, D, device="cuda", dtype=torch.float16) for _ in range(3))
-    o = torch.full((B * H * S, D), float("nan"), device="cuda", dtype=torch.float16)
-    return q, k, v, o
-
-
-def _attn_reference(torch, q, k, v, S, D, heads: list[int]):
-    """float32 attention of selected (batch*head) slices: list of [S, D] outputs."""
-    scale = 1.0 / math.sqrt(D)
-    outs = []
-    for h in heads:
-        rows = slice(h * S, (h + 1) * S)
-        qh, kh, vh = q[rows].float(), k[rows].float(), v[rows].float()
-        p = torch.softmax((qh @ kh.T) * scale, dim=-1)
-        outs.append(p @ vh)
-    return outs
-
-
-def _launcher(torch, case: str, fn, size):
-    """(launch(), check() -> error, flops) for one kernel variant and size; check() redraws the inputs."""
     mod = _module(CASES[case][0])
-    consts = _constexprs(case)
-    if case == "matmul":
-        M, N, K = size
-        a, b, c = _gemm_inputs(torch, M, N, K)
-        grid = (M // consts["BLOCK_M"], N // consts["BLOCK_N"])
-
-        def launch():
-            return fn[grid](a, b, c, M, N, K, **consts, num_warps=mod.NUM_WARPS, num_stages=mod.NUM_STAGES)
-
-        def check():
-            a.copy_(torch.randn_like(a))
-            b.copy_(torch.randn_like(b))
-            c.fill_(float("nan"))
-            launch()
-            torch.cuda.synchronize()
-            if torch.isnan(c).any():
-                return float("inf")
-            return _rel_err(c, a.float() @ b.float())
-
-        return launch, check, 2.0 * M * N * K
-    B, H, S, D = size
-    q, k, v, o = _attn_inputs(torch, B, H, S, D)
-    rows_per_program = consts["BLOCK_M"] * (2 if case.startswith("flash_fwd_subtiled") else 1)
-    grid = (S // rows_per_program, B * H)
-    scale = 1.0 / math.sqrt(D)
-
-    def launch():
-        return fn[grid](q, k, v, o, scale, B * H, S, **consts, num_warps=mod.NUM_WARPS, num_stages=mod.NUM_STAGES)
-
-    def check():
-        for t in (q, k, v):
-            t.copy_(torch.randn_like(t))
-        o.fill_(float("nan"))
-        launch()
-        torch.cuda.synchronize()
-        if torch.isnan(o).any():
-            return float("inf")
-        heads = [0, B * H // 2 + 1, B * H - 1]
-        refs = _attn_reference(torch, q, k, v, S, D, heads)
-        return max(_rel_err(o[h * S:(h + 1) * S], r) for h, r in zip(heads, refs))
-
-    return launch, check, 4.0 * B * H * S * S * D
+    shape = Shape("gemm" if case == "matmul" else "attention", tuple(size))
+    launch, check = mod.twill_launch(fn, shape.as_dict(), **_constexprs(case), num_warps=mod.NUM_WARPS,
+                                     num_stages=mod.NUM_STAGES)
+    return launch, check, shape.flops()
 
 
 def run(out_path: Path, reps: int) -> None:
@@ -237,7 +172,7 @@ def run(out_path: Path, reps: int) -> None:
             row = {"case": case, "size": list(size), "ii_model_cycles": docs[case]["triton_ab"]["ii_cycles"]}
             variants = {}
             for variant, fn in (("triton", base), ("twill", twill_fn)):
-                launch, check, flops = _launcher(torch, case, fn, size)
+                launch, check, flops = _launcher(case, fn, size)
                 if variant == "twill":
                     knobs.runtime.add_stages_inspection_hook = make_jit_hook(
                         base.__name__, sched, machine, load_lead=lead, workdir=workdir, capability=90)

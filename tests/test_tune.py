@@ -359,6 +359,218 @@ def test_triton_matmul_spill_check_discards_the_spilling_config(tmp_path, monkey
     assert "M=4096,N=4096,K=4096" in out
 
 
+# -- measuring Triton targets: the launch convention and the comparison with @triton.autotune ---------------
+_NO_HOOK_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale(x_ptr, n, BLOCK: tl.constexpr):
+    for i in range(0, tl.cdiv(n, BLOCK)):
+        offs = i * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) * 2.0)
+"""
+
+
+@pytest.mark.parametrize("name,fn", [("matmul", "matmul_kernel"), ("flash_fwd", "attn_fwd"),
+                                     ("flash_fwd_subtiled", "attn_fwd_subtiled")])
+def test_builtin_triton_kernels_define_the_launch_hook(name, fn):
+    pytest.importorskip("triton", reason="Triton is needed to import the kernels")
+    import importlib
+    import inspect
+
+    from twill.tune.measure import launch_hook
+
+    mod = importlib.import_module(f"twill.kernels.triton.{name}")
+    hook = launch_hook(getattr(mod, fn))
+    assert hook is mod.twill_launch
+    params = inspect.signature(hook).parameters
+    assert list(params)[:2] == ["fn", "shape"] and params["meta"].kind is inspect.Parameter.VAR_KEYWORD
+
+
+def test_measure_on_a_triton_kernel_without_the_hook_is_one_line_before_any_solve(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("triton", reason="Triton is needed to import the kernel")
+    path = tmp_path / "user_kernel.py"
+    path.write_text(_NO_HOOK_KERNEL)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    rc, out, err = _run(["tune", f"{path}:scale", "--signature", "x_ptr=*fp32:16,n=i32:16",
+                         "--constexpr", "BLOCK=128", "--measure", "1"], capsys)
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert err == (f"twill: error: cannot measure Triton kernel 'scale': {path} defines no "
+                   f"twill_launch(fn, shape, **meta) hook (see docs/tuning.md, 'Measuring Triton kernels')\n")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_measure_on_a_triton_kernel_with_the_hook_still_needs_a_gpu(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("triton", reason="Triton is needed to import the kernel")
+    from twill.kernels.triton import matmul
+
+    monkeypatch.setitem(sys.modules, "torch", None)         # import torch raises ImportError
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    rc, out, err = _run(["tune", f"{matmul.__file__}:matmul_kernel", "--signature", matmul.SIGNATURE,
+                         "--constexpr", "BLOCK_M=128", "--measure", "1"], capsys)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "--measure needs a CUDA GPU" in err
+    assert not (tmp_path / "cache").exists()
+
+
+def test_hooked_kernel_sets_the_stages_hook_only_around_its_launches():
+    pytest.importorskip("triton", reason="the hook lives in Triton's knobs")
+    from triton import knobs
+
+    from twill.tune.measure import HookedKernel
+
+    seen = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def launch(*args, fail=False):
+                seen.append((grid, args, knobs.runtime.add_stages_inspection_hook))
+                if fail:
+                    raise RuntimeError("compile failed")
+            return launch
+
+    marker = object()
+    kernel = HookedKernel(Kernel(), marker)
+    kernel[(4, 2)](1, 2)
+    assert seen == [((4, 2), (1, 2), marker)] and knobs.runtime.add_stages_inspection_hook is None
+    with pytest.raises(RuntimeError):
+        kernel[(1,)](fail=True)
+    assert seen[-1][2] is marker and knobs.runtime.add_stages_inspection_hook is None
+
+
+def test_triton_meta_is_the_constexprs_warps_and_stages():
+    from twill.tune.measure import triton_meta
+    from twill.tune.space import candidate_of
+
+    cand = candidate_of({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4})
+    assert triton_meta(cand) == {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4}
+    assert triton_meta(Candidate(options=(("BLOCK", 32),))) == {"BLOCK": 32, "num_warps": 4}
+
+
+def test_spearman_rank_correlation():
+    from twill.tune.measure import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    # ranks x = 1,2,3,4 and y = 1.5,1.5,3,4 (a tie): rho = 4.5 / sqrt(5 * 4.5)
+    assert spearman([1, 2, 3, 4], [5, 5, 7, 9]) == round(4.5 / math.sqrt(5 * 4.5), 3)
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def _row(label, rank, predicted, a, b):
+    row = {"label": label, "predicted_rank": rank, "predicted_us": predicted, "triton_us": a, "twill_us": b}
+    if a is not None and b is not None:
+        row["speedup"] = round(a / b, 3)
+    return row
+
+
+def test_comparison_with_autotune_takes_twill_tuned_from_the_top_k_predicted_only():
+    from twill.tune.measure import compare_with_autotune
+
+    rows = [_row("c0", 0, 100.0, 120.0, 110.0), _row("c1", 1, 105.0, 100.0, 104.0),
+            _row("c2", 2, 130.0, 118.0, 90.0), _row("c3", None, None, 95.0, None)]
+    comp = compare_with_autotune(rows, top=2)
+    assert comp["autotune_choice"] == {"label": "c3", "us": 95.0}            # best Triton schedule of all
+    assert comp["twill_tuned"] == {"label": "c1", "us": 104.0}               # c2 is faster but ranked 3rd
+    assert comp["twill_best"] == {"label": "c2", "us": 90.0}
+    assert comp["ratio"] == round(95.0 / 104.0, 3) and comp["ratio_best"] == round(95.0 / 90.0, 3)
+    assert comp["slower_than_triton"] == ["c1"]
+    assert comp["spearman"] == -1.0         # predicted c0 < c1 < c2, measured Twill times the other way round
+
+
+def test_triton_measurement_table_shows_both_schedules_and_the_autotune_comparison():
+    from twill.tune.measure import compare_with_autotune, format_triton_measured
+
+    rows = [{**_row("BLOCK_M=128", 0, 100.0, 120.0, 100.0), "triton_status": "ok", "twill_status": "ok"},
+            {**_row("BLOCK_M=64", None, None, 150.0, None), "triton_status": "ok"}]
+    autotune = {"status": "ok", "settings": {"BLOCK_M": 128, "num_warps": 4, "num_stages": 3}, "us": 121.0}
+    text = format_triton_measured({"rows": rows, "comparison": {**compare_with_autotune(rows, 3),
+                                                                "autotune": autotune}})
+    assert "autotune's choice (best Triton schedule of 2 configurations): BLOCK_M=128, 120.0 us" in text
+    assert "@triton.autotune picked BLOCK_M=128 num_warps=4 num_stages=3, 121.0 us" in text
+    assert "Twill-tuned (best Twill schedule of the top 3 predicted): BLOCK_M=128, 100.0 us: 1.200x" in text
+
+
+def test_measure_triton_times_every_config_with_triton_and_the_top_k_with_twill(monkeypatch, tmp_path):
+    """The orchestration of ``--measure`` on a Triton target, with the GPU parts replaced by fakes."""
+    import contextlib
+    import types
+
+    from twill.tune import measure
+    from twill.tune.predict import Prediction
+    from twill.tune.rank import Result
+    from twill.tune.space import candidate_of
+
+    module = types.ModuleType("_fake_triton_kernel")
+    module.twill_launch = lambda fn, shape, **meta: None
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    fn = types.SimpleNamespace(__name__="k", fn=types.SimpleNamespace(__module__=module.__name__))
+    calls = []
+
+    def fake_config(base, hook, meta, schedule, machine, shapes, *, reps, workdir):
+        calls.append((meta["BLOCK"], schedule))
+        a = {16: 30.0, 32: 20.0, 64: 25.0, 128: 40.0}[meta["BLOCK"]]
+        row = {"triton_us": a, "triton_status": "ok"}
+        if schedule is not None:
+            row.update(twill_us=a * 0.8, twill_status="ok", speedup=1.25)
+        return [row]
+
+    monkeypatch.setattr(measure, "require_gpu", lambda: None)
+    monkeypatch.setattr(measure, "triton_runtime", lambda: contextlib.nullcontext(str(tmp_path)))
+    monkeypatch.setattr(measure, "measure_triton_config", fake_config)
+    monkeypatch.setattr(measure, "autotune_choice", lambda base, hook, metas, shape, reps:
+                        {"status": "ok", "settings": dict(metas[0]), "us": 20.0, "configurations": len(metas)})
+
+    def result(block, us):
+        cand = candidate_of({"BLOCK": block, "num_warps": 4, "num_stages": 3})
+        if us is None:
+            return Result(cand, {"status": "spills", "reason": "spills"})
+        pred = Prediction(seconds=us * 1e-6, cycles=0.0, iterations=1, tiles=1, waves=1, breakdown={})
+        return Result(cand, {"status": "ok"}, schedule=f"schedule-{block}", prediction=pred)
+
+    ranked = [result(64, 10.0), result(16, 11.0), result(32, 12.0), result(128, None)]
+    out = measure.measure_triton(fn, ranked, Shape("gemm", (64, 64, 64)), 2, H100)
+    # Triton's schedule for all four configurations, Twill's for the two best predicted only
+    assert calls == [(64, "schedule-64"), (16, "schedule-16"), (32, None), (128, None)]
+    assert [r["predicted_rank"] for r in out["rows"]] == [0, 1, 2, None]
+    comp = out["comparison"]
+    assert comp["autotune_choice"] == {"label": "BLOCK=32 num_warps=4 num_stages=3", "us": 20.0}
+    assert comp["twill_tuned"] == {"label": "BLOCK=64 num_warps=4 num_stages=3", "us": 20.0}
+    assert comp["ratio"] == 1.0 and comp["autotune"]["configurations"] == 4
+
+
+def _benchmark(name):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_triton_tune_prepare_keeps_schedules_of_configs_that_do_not_spill(tmp_path, monkeypatch):
+    pytest.importorskip("triton", reason="Triton is needed to compile the kernels")
+    bench = _benchmark("triton_tune")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    configs = [{"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+               {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}]
+    out = tmp_path / "schedules.json"
+    bench.prepare({"matmul": ("matmul", "matmul_kernel", configs, [(4096, 4096, 4096), (8192, 8192, 1024)])},
+                  out, bench.MACHINE.relative_to(bench.ROOT), time_limit=60.0, workers=1, keep=False)
+    case = json.loads(out.read_text())["cases"]["matmul"]
+    ok, spilled = case["configs"]
+    assert ok["status"] == "ok" and ok["schedule"]["format"].startswith("twill-schedule/")
+    assert spilled["status"] == "spills" and spilled["schedule"] is None and spilled["spills"]["spill_bytes"] > 0
+    assert set(case["ranking"]) == {"M=4096,N=4096,K=4096", "M=8192,N=8192,K=1024"}
+    for ranking in case["ranking"].values():         # only the configuration with a schedule is ranked
+        assert [r["config"] for r in ranking] == [0] and ranking[0]["predicted_us"] > 0
+    schedule = bench._load_schedule(ok["schedule"])
+    assert schedule.graph.attrs["block_m"] == 128 and not schedule.assignment
+
+
 # -- Ray --------------------------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:

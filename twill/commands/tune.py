@@ -140,6 +140,20 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
     return space, jobs, shape
 
 
+def _measured_triton_kernel(target: str) -> Any:
+    """For ``--measure`` on a Triton target ``path.py:fn``: the kernel, once its module is known to define the
+    ``twill_launch`` hook (a one-line error otherwise, before any solve); ``None`` for other targets."""
+    match = _TRITON_TARGET.match(target)
+    if not match:
+        return None
+    from twill.frontends.triton.compile import load_kernel
+    from twill.tune.measure import launch_hook
+
+    fn = load_kernel(match["path"], match["fn"])
+    launch_hook(fn)
+    return fn
+
+
 def _shape_from_results(records: list[dict[str, Any]]) -> Any:
     """The default shape of a Triton kernel's problem, read from its first solved graph."""
     from twill.tune.predict import default_shape, problem_of
@@ -168,8 +182,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.output and _TRITON_TARGET.match(args.target):
         raise TwillError("-o emits a Gluon kernel from a warp-specialized schedule; for a Triton target run "
                          "'twill inject' with the winning settings")
-    if args.measure and _TRITON_TARGET.match(args.target):
-        raise TwillError("--measure times emitted Gluon kernels; Triton targets are not measured yet")
+    triton_fn = _measured_triton_kernel(args.target) if args.measure else None
     if args.measure:
         from twill.tune.measure import require_gpu
 
@@ -185,17 +198,30 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     shape = shape or _shape_from_results(records)
     results = rank(space.candidates, records, shape, machine)
     measured: list[dict[str, Any]] = []
-    if args.measure:
+    triton_measured: dict[str, Any] | None = None
+    if args.measure and triton_fn is not None:
+        from twill.tune.measure import measure_triton
+
+        triton_measured = measure_triton(triton_fn, results, shape, args.measure, machine)
+        measured = triton_measured["rows"]
+    elif args.measure:
         from twill.tune.measure import format_measured, measure_candidates
 
         measured = measure_candidates(results, shape, args.measure)
     if args.json:
-        write_json_output(args.json, sweep_document(args.target, machine, shape, space, results, measured))
+        doc = sweep_document(args.target, machine, shape, space, results, measured)
+        if triton_measured is not None:
+            doc["autotune_comparison"] = triton_measured["comparison"]
+        write_json_output(args.json, doc)
     if args.output:
         _emit_winner(results, args.output)
     text = (f"tune {args.target} on {machine.name}, shape {shape.text()}: {len(jobs)} candidates "
             f"({progress.cached} cached)\n" + format_ranking(results, args.top, len(space.rejected)))
-    if measured:
+    if triton_measured is not None:
+        from twill.tune.measure import format_triton_measured
+
+        text += "\n\n" + format_triton_measured(triton_measured)
+    elif measured:
         text += "\n\n" + format_measured(measured)
     if args.output:
         text += f"\nwinner written to {args.output}"
@@ -255,5 +281,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--json", default=None, metavar="FILE", help="write the whole sweep as twill-tune/1 JSON")
     out.add_argument("-o", "--output", default=None, metavar="FILE.py", help="emit the winner as a Gluon kernel")
     out.add_argument("--measure", type=int, default=None, metavar="K",
-                     help="compile and time the best K on the GPU (needs a CUDA GPU)")
+                     help="compile and time the best K on the GPU (needs a CUDA GPU); a Triton target also times "
+                          "every configuration with Triton's own schedule and runs @triton.autotune over them")
     p.set_defaults(func=_cmd_tune)

@@ -6,13 +6,21 @@ check it against torch on ragged shapes with the output poisoned with NaN and fr
 (:func:`twill.codegen.gluon.check.check_gemm` / ``check_attention``), then time it on the tuning shape,
 device-side, with ``triton.testing.do_bench`` (median). A kernel that fails the check is reported, not
 timed. The lead's scripts call :func:`measure_candidates` directly.
+
+For a Triton target (:func:`measure_triton`), every configuration is compiled with Triton's own schedule and
+the best ``k`` predicted also with Twill's schedule injected, launched through the kernel module's
+``twill_launch`` hook (:mod:`twill.kernels.triton.launch`), timed interleaved, and compared with what
+``@triton.autotune`` picks over the same configurations (:func:`compare_with_autotune`);
+``benchmarks/triton_tune.py`` runs the same functions over fixed configuration lists and several shapes.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
 
 from twill.errors import TwillError
 from twill.tune.predict import Shape
@@ -114,3 +122,290 @@ def format_measured(rows: Sequence[Mapping[str, Any]]) -> str:
              for i, r in enumerate(rows)]
     return "\n".join(["predicted vs measured:"] +
                      _table(["rank", "candidate", "predicted us", "measured us", "TFLOP/s", "status"], table))
+
+
+# -- Triton targets: Triton's own schedule vs Twill's injected one, and @triton.autotune ------------------
+#: The two ways a Triton configuration is compiled: Triton's own software-pipelining schedule, and Twill's
+#: schedule injected (``twill.codegen.triton``).
+VARIANTS = ("triton", "twill")
+
+
+def launch_hook(fn: Any) -> Any:
+    """The ``twill_launch(fn, shape, **meta)`` hook of the module that defines the ``@triton.jit`` ``fn``
+    (:mod:`twill.kernels.triton.launch`); a one-line :class:`TwillError` when it has none."""
+    import sys
+
+    module = sys.modules.get(getattr(getattr(fn, "fn", None), "__module__", ""))
+    hook = getattr(module, "twill_launch", None)
+    if not callable(hook):
+        where = getattr(module, "__file__", None) or "its module"
+        raise TwillError(f"cannot measure Triton kernel {fn.__name__!r}: {where} defines no "
+                         f"twill_launch(fn, shape, **meta) hook (see docs/tuning.md, 'Measuring Triton kernels')")
+    return hook
+
+
+def triton_meta(candidate: Any) -> dict[str, Any]:
+    """The launch keywords of a Triton candidate: its constexprs, ``num_warps`` and ``num_stages``."""
+    meta = {**dict(candidate.options), "num_warps": candidate.num_warps or 4}
+    if candidate.num_stages is not None:
+        meta["num_stages"] = candidate.num_stages
+    return meta
+
+
+@contextmanager
+def triton_runtime() -> Iterator[str]:
+    """Context for JIT launches of both variants; yields a scratch directory. Triton's file cache is off and
+    moved to the scratch directory (it is not keyed on the injection hook), and the device allocator that
+    on-device TMA descriptors need is set."""
+    import torch
+    import triton
+    from triton import knobs
+
+    saved = (knobs.compilation.always_compile, knobs.cache.dir)
+    with tempfile.TemporaryDirectory(prefix="twill-tune-triton-") as scratch:
+        knobs.compilation.always_compile, knobs.cache.dir = True, scratch
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        try:
+            yield scratch
+        finally:
+            knobs.compilation.always_compile, knobs.cache.dir = saved
+
+
+@dataclass(frozen=True)
+class HookedKernel:
+    """A kernel whose launches ``kernel[grid](...)`` run with ``inspection_hook`` as Triton's stages hook, so
+    that every compile they trigger (a new specialization on a later shape included) takes Twill's schedule;
+    Triton's own launches never see the hook."""
+
+    fn: Any
+    inspection_hook: Any
+
+    def __getitem__(self, grid: Any) -> Any:
+        """``fn[grid]`` with the hook set around each call."""
+        from triton import knobs
+
+        launch = self.fn[grid]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            knobs.runtime.add_stages_inspection_hook = self.inspection_hook
+            try:
+                return launch(*args, **kwargs)
+            finally:
+                knobs.runtime.add_stages_inspection_hook = None
+
+        return run
+
+
+def _first_launch(launch: Any) -> dict[str, int]:
+    """Launch once (compiling); the kernel's registers, spills and shared memory."""
+    import torch
+
+    kernel = launch()
+    torch.cuda.synchronize()
+    return {"regs": int(getattr(kernel, "n_regs", 0) or 0), "spills": int(getattr(kernel, "n_spills", 0) or 0),
+            "shared_bytes": int(kernel.metadata.shared)}
+
+
+def time_interleaved(launches: Mapping[str, Any], reps: int) -> dict[str, list[float]]:
+    """``do_bench`` medians in µs of each launch, interleaved ``reps`` times (A, B, A, B...), so that clock
+    and thermal drift hit every variant alike."""
+    from triton.testing import do_bench
+
+    times: dict[str, list[float]] = {name: [] for name in launches}
+    for _ in range(reps):
+        for name, launch in launches.items():
+            times[name].append(do_bench(launch, warmup=25, rep=100, return_mode="median") * 1e3)
+    return times
+
+
+def _failure(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}: {first}"
+
+
+def measure_triton_config(base: Any, hook: Any, meta: Mapping[str, Any], schedule: Any, machine: Any,
+                          shapes: Sequence[Shape], *, reps: int, workdir: str) -> list[dict[str, Any]]:
+    """One configuration of a Triton kernel on each of ``shapes``: Triton's own schedule (``base``) and, when
+    ``schedule`` is given, Twill's injected into a fresh ``JITFunction`` of the same source; each checked
+    (:data:`MAX_RELERR`) and timed, interleaved. One row per shape; a variant that fails to build, run or
+    check is recorded (``<variant>_status``) and not timed. Call inside :func:`triton_runtime`."""
+    import triton
+
+    from twill.codegen.triton import default_load_lead, make_jit_hook
+
+    fns: dict[str, Any] = {"triton": base}
+    if schedule is not None:
+        fns["twill"] = HookedKernel(triton.jit(base.fn), make_jit_hook(
+            base.__name__, schedule, machine, workdir=workdir, load_lead=default_load_lead(meta.get("num_stages")),
+            capability=machine.capability))
+    failed: dict[str, str] = {}
+    built: set[str] = set()
+    rows = []
+    for shape in shapes:
+        row: dict[str, Any] = {"shape": shape.as_dict()}
+        launches = {}
+        for variant, fn in fns.items():
+            if variant in failed:
+                row[f"{variant}_status"] = failed[variant]
+                continue
+            try:
+                launch, check = hook(fn, shape.as_dict(), **meta)
+                if variant not in built:
+                    row[f"{variant}_kernel"] = _first_launch(launch)
+                    built.add(variant)
+                relerr = max(check(), check())
+            except Exception as exc:  # noqa: BLE001 - one configuration failing must not stop the others
+                failed[variant] = row[f"{variant}_status"] = f"error: {_failure(exc)}"
+                continue
+            row[f"{variant}_relerr"] = relerr
+            if relerr <= MAX_RELERR:
+                row[f"{variant}_status"] = "ok"
+                launches[variant] = launch
+            else:
+                row[f"{variant}_status"] = f"wrong: relative error {relerr:.3g} over {MAX_RELERR:g}"
+        for variant, times in time_interleaved(launches, reps).items():
+            row[f"{variant}_us_runs"] = [round(t, 3) for t in times]
+            row[f"{variant}_us"] = round(min(times), 3)
+            row[f"{variant}_tflops"] = round(shape.flops() / min(times) / 1e6, 1)
+        if "triton_us" in row and "twill_us" in row:
+            row["speedup"] = round(row["triton_us"] / row["twill_us"], 3)
+        rows.append(row)
+    return rows
+
+
+def autotune_choice(base: Any, hook: Any, metas: Sequence[Mapping[str, Any]], shape: Shape,
+                    reps: int) -> dict[str, Any]:
+    """What a real ``@triton.autotune`` over ``metas`` picks on ``shape`` (it times every configuration with
+    Triton's own schedule) and the time of its choice; failures are recorded, not raised."""
+    import triton
+
+    def config(meta: Mapping[str, Any]) -> Any:
+        kwargs = {k: v for k, v in meta.items() if k not in ("num_warps", "num_stages")}
+        return triton.Config(kwargs, num_warps=meta["num_warps"], num_stages=meta.get("num_stages", 3))
+
+    try:
+        tuned = triton.autotune(configs=[config(m) for m in metas], key=[])(base)
+        launch, check = hook(tuned, shape.as_dict())
+        relerr = check()                      # the first launch runs the autotuning
+        best = tuned.best_config
+        times = time_interleaved({"autotune": launch}, reps)["autotune"]
+    except Exception as exc:  # noqa: BLE001 - the cross-check must not stop the run
+        return {"status": f"error: {_failure(exc)}"}
+    return {"status": "ok" if relerr <= MAX_RELERR else f"wrong: relative error {relerr:.3g}",
+            "settings": {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages},
+            "relerr": relerr, "us": round(min(times), 3)}
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman rank correlation of two equally long samples (average ranks for ties); ``None`` below 3
+    points or when a sample is constant."""
+    if len(xs) != len(ys) or len(xs) < 3:
+        return None
+
+    def ranks(values: Sequence[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for t in range(i, j + 1):
+                out[order[t]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return None if vx == 0 or vy == 0 else round(cov / (vx * vy) ** 0.5, 3)
+
+
+def compare_with_autotune(rows: Sequence[Mapping[str, Any]], top: int) -> dict[str, Any]:
+    """The comparison of one shape from its per-configuration rows (``label``, ``predicted_rank`` — ``None``
+    when Twill has no schedule for it —, ``predicted_us``, ``triton_us``, ``twill_us``):
+
+    * ``autotune_choice``: the configuration with the best Triton schedule (``@triton.autotune``'s pick);
+    * ``twill_tuned``: the best Twill schedule among the ``top`` best predicted configurations;
+    * ``twill_best``: the best Twill schedule of all configurations;
+    * ``ratio`` and ``ratio_best``: autotune's time over Twill-tuned's (and over the best), > 1 = Twill faster;
+    * ``slower_than_triton``: the configurations whose Twill schedule is slower than Triton's own;
+    * ``spearman``: rank correlation of predicted and measured Twill times.
+    """
+    def best(key: str, keep: Any) -> Mapping[str, Any] | None:
+        timed = [r for r in rows if r.get(key) is not None and keep(r)]
+        return min(timed, key=lambda r: r[key], default=None)
+
+    auto = best("triton_us", lambda r: True)
+    tuned = best("twill_us", lambda r: r.get("predicted_rank") is not None and r["predicted_rank"] < top)
+    overall = best("twill_us", lambda r: True)
+    paired = [r for r in rows if r.get("twill_us") is not None and r.get("predicted_us") is not None]
+    out: dict[str, Any] = {
+        "top_k": top,
+        "autotune_choice": auto and {"label": auto["label"], "us": auto["triton_us"]},
+        "twill_tuned": tuned and {"label": tuned["label"], "us": tuned["twill_us"]},
+        "twill_best": overall and {"label": overall["label"], "us": overall["twill_us"]},
+        "slower_than_triton": [r["label"] for r in rows if r.get("speedup") is not None and r["speedup"] < 1.0],
+        "spearman": spearman([r["predicted_us"] for r in paired], [r["twill_us"] for r in paired]),
+    }
+    if auto and tuned:
+        out["ratio"] = round(auto["triton_us"] / tuned["twill_us"], 3)
+    if auto and overall:
+        out["ratio_best"] = round(auto["triton_us"] / overall["twill_us"], 3)
+    return out
+
+
+def measure_triton(fn: Any, results: Sequence[Any], shape: Shape, k: int, machine: Any,
+                   reps: int = 2) -> dict[str, Any]:
+    """``twill tune path.py:fn --measure K``: every configuration of the sweep (``results``, ranked) with
+    Triton's own schedule — what ``@triton.autotune`` chooses among —, the ``k`` best predicted also with
+    Twill's schedule; then a real ``@triton.autotune`` over the same configurations as a cross-check.
+    Returns ``{"rows": [...], "comparison": ...}`` (:func:`compare_with_autotune`)."""
+    hook = launch_hook(fn)
+    require_gpu()
+    solved = [r for r in results if r.prediction is not None]
+    rows = []
+    with triton_runtime() as workdir:
+        for result in results:
+            rank = next((i for i, r in enumerate(solved) if r is result), None)
+            schedule = result.schedule if rank is not None and rank < k else None
+            row = measure_triton_config(fn, hook, triton_meta(result.candidate), schedule, machine, [shape],
+                                        reps=reps, workdir=workdir)[0]
+            row.update(label=result.candidate.label(), settings=result.candidate.settings(), predicted_rank=rank,
+                       predicted_us=round(result.prediction.microseconds, 3) if rank is not None else None)
+            rows.append(row)
+        ran = [triton_meta(r.candidate) for r, row in zip(results, rows) if row.get("triton_us") is not None]
+        autotune = autotune_choice(fn, hook, ran, shape, reps) if ran else {"status": "no configuration ran"}
+    return {"rows": rows, "comparison": {**compare_with_autotune(rows, k), "autotune": autotune}}
+
+
+def format_triton_measured(measured: Mapping[str, Any]) -> str:
+    """Predicted vs measured per configuration, then autotune's choice against Twill-tuned."""
+    from twill.schedule.report import _table
+
+    table = []
+    for row in measured["rows"]:
+        bad = [row[f"{v}_status"] for v in VARIANTS if row.get(f"{v}_status", "ok") != "ok"]
+        rank = row["predicted_rank"]
+        table.append(["-" if rank is None else rank + 1, row["label"], row["predicted_us"] or "-",
+                      row.get("triton_us", "-"), row.get("twill_us", "-"), row.get("speedup", "-"),
+                      "; ".join(bad) or "ok"])
+    comp = measured["comparison"]
+    lines = ["predicted vs measured (us, do_bench medians; Triton = Triton's own schedule, Twill = Twill's "
+             "schedule injected):"]
+    lines += _table(["rank", "configuration", "predicted us", "Triton us", "Twill us", "speedup", "status"],
+                    table)
+    auto, tuned, cross = comp["autotune_choice"], comp["twill_tuned"], comp["autotune"]
+    if auto:
+        lines.append(f"autotune's choice (best Triton schedule of {len(table)} configurations): "
+                     f"{auto['label']}, {auto['us']} us")
+    if cross.get("settings"):
+        picked = " ".join(f"{k}={v}" for k, v in cross["settings"].items())
+        lines.append(f"@triton.autotune picked {picked}, {cross['us']} us ({cross['status']})")
+    else:
+        lines.append(f"@triton.autotune: {cross['status']}")
+    if tuned and auto:
+        lines.append(f"Twill-tuned (best Twill schedule of the top {comp['top_k']} predicted): {tuned['label']}, "
+                     f"{tuned['us']} us: {comp['ratio']:.3f}x autotune's choice")
+    return "\n".join(lines)

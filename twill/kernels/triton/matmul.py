@@ -35,3 +35,11 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
 
 def grid(M: int, N: int, block_m: int = 128, block_n: int = 128) -> tuple[int, int]:
     return (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+
+
+def twill_launch(fn, shape, **meta):
+    """``twill tune --measure`` launch convention (:mod:`twill.kernels.triton.launch`): ``C = A @ B`` on
+    ``shape`` ``{"M", "N", "K"}``, one program per ``BLOCK_M x BLOCK_N`` tile."""
+    from twill.kernels.triton.launch import gemm_launch
+
+    return gemm_launch(fn, shape, lambda m: grid(shape["M"], shape["N"], m["BLOCK_M"], m["BLOCK_N"]), meta)
