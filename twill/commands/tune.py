@@ -149,7 +149,7 @@ def _measured_triton_kernel(target: str) -> Any:
     from twill.frontends.triton.compile import load_kernel
     from twill.tune.measure import launch_hook
 
-    fn = load_kernel(match["path"], match["fn"])
+    fn = load_kernel(match["path"], match["fn"]).fn
     launch_hook(fn)
     return fn
 

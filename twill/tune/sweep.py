@@ -165,7 +165,7 @@ def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[s
     from twill.frontends.triton.compile import load_kernel
 
     info, cand = job.triton or {}, job.candidate
-    fn = load_kernel(info["path"], info["fn"])
+    fn = load_kernel(info["path"], info["fn"]).fn
     spec = kernel_spec(fn, signature=info["signature"], constexprs=dict(cand.options),
                        num_warps=cand.num_warps or 4, num_stages=cand.num_stages, machine=machine)
     lowered, _ = lower_function(spec, machine)
