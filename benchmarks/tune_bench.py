@@ -2,7 +2,7 @@
 
 * ``generate`` (CPU): for every target shape, ``twill tune``'s sweep (library API, the calibrated H200 model)
   ranks the candidate tiles, sub-tiles, ring depths and register budgets; the best ``--top`` solved
-  candidates are emitted as Gluon kernels with their predictions into ``manifest.json``.
+  candidates with distinct kernels are emitted as Gluon kernels with their predictions into ``manifest.json``.
 * ``run`` (GPU): every kernel is checked against fp32 torch (ragged shapes, NaN-poisoned outputs, fresh random
   data; :mod:`twill.codegen.gluon.check`); then, per shape, the candidates and every reference are timed in
   ``ROUNDS`` interleaved rounds with ``triton.testing.do_bench`` medians, device-side: cuBLAS for GEMM; cuDNN and
@@ -33,7 +33,7 @@ ATTN_SHAPES = [(4, 32, s, d) for d in (128, 64) for s in (2048, 4096, 8192, 1638
 ROUNDS = 3
 JAX_CALLS = 20
 #: attention_mgpu tuning configurations tried (block_q, block_kv, max_concurrent_steps); the best that runs.
-PALLAS_CONFIGS = ((64, 128, 2), (64, 64, 2), (64, 64, 3), (64, 128, 3))
+PALLAS_CONFIGS = ((64, 128, 2), (64, 64, 2), (64, 128, 3))
 
 
 def _targets() -> list[dict[str, Any]]:
@@ -48,7 +48,7 @@ def _name(target: dict[str, Any]) -> str:
 
 
 def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
-    from twill.codegen.gluon import write_gluon
+    from twill.codegen.gluon import emit_gluon
     from twill.ir.io import graph_to_dict
     from twill.kernels import build_kernel
     from twill.machine.calibration import load_machine
@@ -70,13 +70,19 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
         jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(target["kernel"], machine, **dict(c.options))),
                     machine=machine, time_limit=60.0, check_spills=False) for c in space.candidates]
         results = rank(space.candidates, run_sweep(jobs, workers=workers), shape, machine)
-        solved = [r for r in results if r.prediction is not None][:top]
-        kernels = []
-        for i, result in enumerate(solved):
-            file = f"{_name(target)}_{i}.py"
-            write_gluon(result.schedule, os.path.join(outdir, file))
+        kernels, sources = [], set()
+        for result in (r for r in results if r.prediction is not None):
+            source = emit_gluon(result.schedule)
+            if source in sources:  # another candidate with the same schedule (e.g. an unused register budget)
+                continue
+            sources.add(source)
+            file = f"{_name(target)}_{len(kernels)}.py"
+            with open(os.path.join(outdir, file), "w") as fh:
+                fh.write(source)
             kernels.append({"file": file, "candidate": result.candidate.label(),
                             "predicted_us": result.prediction.microseconds})
+            if len(kernels) == top:
+                break
         entries.append({**target, "name": _name(target), "flops": shape.flops(target["kernel"]),
                         "candidates": len(jobs), "kernels": kernels})
         print(f"{_name(target):32s} {len(jobs)} candidates, top: {kernels[0]['candidate'] if kernels else '-'} "
