@@ -68,7 +68,7 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
             axes["head_dim"] = (shape["D"],)
         space = kernel_space(target["kernel"], machine, axes)
         jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(target["kernel"], machine, **dict(c.options))),
-                    machine=machine, time_limit=60.0, check_spills=False) for c in space.candidates]
+                    machine=machine, time_limit=60.0, check_spills=True) for c in space.candidates]
         results = rank(space.candidates, run_sweep(jobs, workers=workers), shape, machine)
         kernels, sources = [], set()
         for result in (r for r in results if r.prediction is not None):

@@ -136,14 +136,35 @@ def test_streaming_loads_bound_the_loop_on_a_calibrated_machine():
     shape = Shape("gemm", (128, 128, 6400))  # one tile, 100 iterations
     for depth in (2, 3):
         p = predict(_streaming_schedule(depth), shape, machine)
-        latency_ii = cal.tma_latency_cycles / (depth - 1)
+        # the slot is used and freed in the load's own stage (span 1): d iterations of lookahead; the tile
+        # lands after the L2 latency less the 16 KiB calibration tile's transfer, plus its own transfer
         bandwidth_ii = 16384 / cal.tma_l2_bytes_per_clk
+        latency_ii = (cal.tma_l2_latency_cycles - 16384 / cal.tma_l2_bytes_per_clk + bandwidth_ii) / depth
         assert p.breakdown["latency_ii"] == pytest.approx(latency_ii)
         assert p.breakdown["bandwidth_ii"] == pytest.approx(bandwidth_ii)
-        assert p.cycles == pytest.approx(99 * max(10, latency_ii, bandwidth_ii) + 10)
+        # one CTA on the SM: the tile, or its 100 iterations' bytes at the L2 rate, whichever is longer
+        assert p.cycles == pytest.approx(max(99 * max(10, latency_ii, bandwidth_ii) + 10, 100 * bandwidth_ii))
     # the datasheet machine prices the loads as the solver does: free
     plain = predict(_streaming_schedule(2), shape, replace(H100, launch_us=0.0))
     assert "latency_ii" not in plain.breakdown and plain.cycles == 99 * 10 + 10
+
+
+def test_tensor_core_turns_count_the_changes_of_warp_group_around_the_cycle():
+    from twill.tune.predict import tensor_core_turns
+
+    b = GraphBuilder("pp", attrs={"kernel": "flash-fwd", "block_m": 128, "block_n": 128, "head_dim": 128})
+    for name in ("qk_a", "pv_a", "qk_b", "pv_b"):
+        b.op(name, cycles=10, uses={"tc": 1}, kind="mma", warps=4)
+    starts = {"qk_a": 0, "qk_b": 10, "pv_a": 20, "pv_b": 30}
+    groups = [WarpGroup(0, "compute", 4, 240, ("qk_a", "pv_a")), WarpGroup(1, "compute", 4, 240, ("qk_b", "pv_b"))]
+
+    def turns(assignment):
+        return tensor_core_turns(Schedule(graph=b.build(), arch="h100", solver="manual", status="optimal", ii=40,
+                                          ii_lower_bound=40, starts=starts, assignment=assignment, warps=groups))
+
+    assert turns({"qk_a": 0, "pv_a": 0, "qk_b": 1, "pv_b": 1}) == 4      # a b a b: every op a hand-off
+    assert turns({"qk_a": 0, "qk_b": 0, "pv_a": 1, "pv_b": 1}) == 2      # a a b b: the ping-pong
+    assert turns({"qk_a": 0, "qk_b": 0, "pv_a": 0, "pv_b": 0}) == 0
 
 
 def test_prediction_without_normalization_uses_schedule_cycles():

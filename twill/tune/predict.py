@@ -39,8 +39,12 @@ from typing import Any, Mapping
 
 from twill.errors import TwillError
 from twill.ir.graph import LoopGraph
+from twill.machine.costs import handoff_cycles
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
+
+#: Bytes of the tile the calibration's TMA latency was measured with (128 x 64 fp16).
+MICROBENCH_TILE_BYTES = 128 * 64 * 2
 
 #: Problem -> the names of its sizes, in the order ``--shape`` takes them.
 PROBLEMS: dict[str, tuple[str, ...]] = {"gemm": ("M", "N", "K"), "attention": ("B", "H", "S", "D")}
@@ -206,13 +210,27 @@ def ctas_per_sm(schedule: Schedule, machine: Machine) -> int:
     return max(1, min(limits, default=1))
 
 
+def _release_stage(schedule: Schedule, consumer: str) -> int:
+    """The stage at which a consumer of a streaming load frees its ring slot: an asynchronous MMA reads the
+    slot until its result is waited for, which happens before the first op that uses the result (its
+    earliest successor: the ``mma_wait`` of a GEMM, the row max of attention); any other consumer frees it
+    in its own stage."""
+    graph = schedule.graph
+    if graph.op(consumer).kind != "mma":
+        return schedule.stage(consumer)
+    later = [schedule.stage(e.dst) + e.distance for e in graph.out_edges(consumer) if e.dst != consumer]
+    return min(later) if later else schedule.stage(consumer)
+
+
 def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     """Raw cycles per iteration below which the streaming loads cannot keep up, on a calibrated machine;
     ``{}`` on a datasheet one (whose loads are free, as in the solver's model):
 
-    * ``latency_ii``: a load feeding a ring of ``d`` slots is issued ``d − 1`` iterations before its data is
-      used, so the loop runs no faster than ``tma_latency_cycles / (d − 1)`` per iteration (``d = 1``: the
-      whole latency). The latency is the loaded DRAM one: a ring waits for its slowest tile.
+    * ``latency_ii``: a ring slot holds its tile from the load's stage until the stage that frees it, ``s``
+      stages, so with ``d`` slots a load is issued ``d − s + 1`` iterations before its data is used, and an
+      iteration's tiles take ``fill = base + bytes / tma_l2_bytes_per_clk`` cycles to land: the loaded
+      latency of the first byte (the calibrated L2 tile latency less that tile's own transfer) plus the
+      iteration's bytes at the SM's share of L2 bandwidth. The loop runs no faster than ``fill / (d − s + 1)``.
     * ``bandwidth_ii``: the bytes the loop streams per iteration over ``tma_l2_bytes_per_clk``, the rate at
       which every SM pulls the operand tiles that the CTAs of a wave share through the L2.
     """
@@ -221,8 +239,26 @@ def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     loads = [op for op in graph.ops if graph.is_streaming(op.name)]
     if cal is None or not loads:
         return {}
-    latency_ii = max(cal.tma_latency_cycles / max(1, schedule.result_depth(op.name) - 1) for op in loads)
-    return {"latency_ii": latency_ii, "bandwidth_ii": sum(op.smem for op in loads) / cal.tma_l2_bytes_per_clk}
+    nbytes = sum(op.smem for op in loads)
+    bandwidth_ii = nbytes / cal.tma_l2_bytes_per_clk
+    base = max(0.0, cal.tma_l2_latency_cycles - MICROBENCH_TILE_BYTES / cal.tma_l2_bytes_per_clk)
+    lookahead = []
+    for op in loads:
+        consumers = [e.dst for e in graph.out_edges(op.name) if e.dst != op.name]
+        span = max((_release_stage(schedule, c) - schedule.stage(op.name) + 1 for c in consumers), default=1)
+        lookahead.append(max(1, schedule.result_depth(op.name) - span + 1))
+    return {"latency_ii": (base + bandwidth_ii) / min(lookahead), "bandwidth_ii": bandwidth_ii}
+
+
+def tensor_core_turns(schedule: Schedule) -> int:
+    """How often per iteration the tensor core passes from one warp group to another: the steady-state
+    order of the ops that use it, read around the cycle, changes warp group this many times. Each change is
+    an mbarrier hand-off during which the tensor core waits (the ping-pong of two compute groups: 2)."""
+    if not schedule.warps:
+        return 0
+    groups = [schedule.assignment.get(op.name) for op in sorted(
+        (o for o in schedule.graph.ops if o.usage("tc")), key=lambda o: schedule.slot(o.name))]
+    return sum(1 for i, g in enumerate(groups) if g != groups[i - 1]) if len(groups) > 1 else 0
 
 
 def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
@@ -231,7 +267,9 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
     ii_raw, length_raw = schedule.ii * scale, schedule.length * scale
     tiles, iterations = loop_extent(schedule.graph, shape)
     memory = stream_bound(schedule, machine)
-    ii_eff = max([ii_raw, *memory.values()])
+    # the hand-offs of the tensor core between warp groups, on a calibrated machine (measured cost)
+    turns = tensor_core_turns(schedule) * handoff_cycles(machine) if machine.calibration is not None else 0
+    ii_eff = max([ii_raw + turns, *memory.values()])
     tile_cycles = (iterations - 1) * ii_eff + length_raw
     per_sm = ctas_per_sm(schedule, machine)
     # co-resident CTAs (as many as fit, and as the grid has per SM) share the units and the L2 bandwidth
@@ -241,8 +279,9 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
     waves = math.ceil(tiles / (machine.sms * per_sm))
     cycles = waves * wave_cycles
     seconds = cycles / (machine.time_clock_ghz * 1e9) + machine.launch_us * 1e-6
-    breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, **memory, "length_raw": length_raw,
-                 "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw, "ctas_per_sm": per_sm, "wave_cycles": wave_cycles,
+    breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory,
+                 "length_raw": length_raw, "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw,
+                 "ctas_per_sm": per_sm, "wave_cycles": wave_cycles,
                  "clock_ghz": machine.time_clock_ghz, "launch_us": machine.launch_us}
     return Prediction(seconds=seconds, cycles=cycles, iterations=iterations, tiles=tiles, waves=waves,
                       breakdown=breakdown)
