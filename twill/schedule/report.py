@@ -52,6 +52,28 @@ def _tried_line(tried: list[Mapping[str, Any]]) -> str:
     return "IIs tried: " + ", ".join(parts)
 
 
+def proof_text(schedule: Schedule) -> str:
+    """What the status rests on, from ``stats["proven"]``: ``II and L proven minimal; stages, warps proven;
+    not proven within the time limit: smem`` (empty when the schedule records nothing)."""
+    proven = dict(schedule.stats.get("proven") or {})
+    if not proven:
+        return ""
+    names = {"ii": "II minimal", "length": "L minimal"}
+    done = [names.get(k, k) for k, ok in proven.items() if ok]
+    open_ = [names.get(k, k) for k, ok in proven.items() if not ok]
+    parts = [f"proven: {', '.join(done)}"] if done else []
+    if open_:
+        parts.append(f"not proven within the time limit: {', '.join(open_)}")
+    return "; ".join(parts)
+
+
+def status_line(schedule: Schedule) -> str:
+    """``status: optimal`` (everything proven), or ``status: feasible (proven: II minimal, L minimal; not
+    proven within the time limit: smem)``."""
+    detail = proof_text(schedule) if schedule.status != "optimal" else ""
+    return f"status: {schedule.status}" + (f" ({detail})" if detail else "")
+
+
 def _header(schedule: Schedule) -> list[str]:
     stats = schedule.stats
     res, rec = stats.get("res_mii"), stats.get("rec_mii")
@@ -59,7 +81,7 @@ def _header(schedule: Schedule) -> list[str]:
     if res is not None and rec is not None:
         bound += f" (ResMII {res}, RecMII {rec})"
     lines = [f"schedule of {schedule.graph.name!r} on {schedule.arch} (solver {schedule.solver})",
-             f"status: {schedule.status}",
+             status_line(schedule),
              f"II: {schedule.ii}    {bound}",
              f"L: {schedule.length}    stages: {schedule.num_stages}    copies: {schedule.copies}"]
     if "length_lower_bound" in stats:

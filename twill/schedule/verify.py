@@ -92,11 +92,16 @@ def consistency_violations(schedule: Schedule) -> list[str]:
     stats = schedule.stats
     if "length" in stats and stats["length"] != schedule.length:
         out.append(f"BOUND: recorded length L={stats['length']} but the start times give L={schedule.length}")
+    if "copies" in stats and stats["copies"] != schedule.copies:
+        out.append(f"BOUND: recorded {stats['copies']} copies but the start times give {schedule.copies}")
     if "stages" in stats and stats["stages"] != schedule.num_stages:
         out.append(f"BOUND: recorded {stats['stages']} stages but the start times give {schedule.num_stages}")
     if "length_lower_bound" in stats and schedule.length < stats["length_lower_bound"]:
         out.append(f"BOUND: length L={schedule.length} is below the proven lower bound "
                    f"{stats['length_lower_bound']}")
+    unproven = [name for name, ok in dict(stats.get("proven", {})).items() if not ok]
+    if schedule.status == "optimal" and unproven:
+        out.append(f"STATUS: status 'optimal' but {unproven[0]!r} is not proven")
     unknown = sorted(set(schedule.assignment) - set(schedule.graph.op_names))
     if unknown:
         out.append(f"STATUS: warp assignment names unknown op {unknown[0]!r}")

@@ -62,7 +62,8 @@ def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions
         if remaining <= 0:
             break
         options.report(f"II {ii}: solving (lower bound {lower_bound}, elapsed {_elapsed(started):.1f} s)")
-        result = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed)
+        result = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.modulo_workers(graph),
+                              seed=options.seed)
         tried.append({"ii": ii, "status": result.status, "seconds": round(result.seconds, 3)})
         options.report(f"II {ii}: {result.status} ({result.seconds:.2f} s)")
         if result.found:
@@ -116,6 +117,19 @@ def _modulo_schedule(graph: LoopGraph, machine: Machine, units: dict[str, int], 
                     solve_seconds=_elapsed(started), streaming_depth=options.streaming_depth, stats=stats)
 
 
+def proof(result: Schedule) -> dict[str, bool]:
+    """``stats["proven"]``: ``ii`` (II proved minimal: equal to its proven lower bound), then ``length`` and
+    each secondary objective (``stats["objectives"]`` of a joint search; a modulo search proves L when its
+    gap is 0). The status is ``optimal`` exactly when every entry is True."""
+    proven = {"ii": result.ii == result.ii_lower_bound}
+    records = result.stats.get("objectives")
+    if records:
+        proven.update({str(r["name"]): bool(r["proven"]) for r in records})
+    else:
+        proven["length"] = result.stats.get("gap") == 0
+    return proven
+
+
 def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOptions()) -> Schedule:
     """Schedule ``graph`` on ``machine``: validate → normalize → bounds → search → verify.
 
@@ -146,5 +160,6 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
         result = _modulo_schedule(work, machine, units, options, res=res, rec=rec, started=started)
         result = replace(result, stats={**dict(result.stats), "normalization": norm},
                          solve_seconds=_elapsed(started))
+    result = replace(result, stats={**dict(result.stats), "proven": proof(result)})
     verify(result, machine, options)
     return result

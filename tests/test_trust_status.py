@@ -1,0 +1,104 @@
+"""Statuses say exactly what is proven: no time-out is reported as a proof of infeasibility, and a schedule
+whose secondary objective is unproven says which one (issue 17, items 1-2)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from twill.cli import main
+from twill.errors import InfeasibleScheduleError, TwillError
+from twill.ir.builder import GraphBuilder
+from twill.kernels import build_kernel
+from twill.machine import H100
+from twill.schedule.report import format_report
+from twill.solve import SolveOptions, schedule
+from twill.solve.joint import cpsat
+from twill.solve.joint.search import row_proven_infeasible
+
+
+def test_a_time_out_at_the_last_ii_is_not_a_proof(monkeypatch):
+    def time_out(self, objective, *, time_limit, workers=None):
+        return cpsat.JointOutcome("unknown", None, time_limit)
+
+    monkeypatch.setattr(cpsat.CpsatJoint, "solve", time_out)
+    with pytest.raises(InfeasibleScheduleError) as info:
+        schedule(build_kernel("paper-example", H100), H100, SolveOptions(max_ii=2, time_limit=30))
+    message = str(info.value)
+    assert "within the time limit" in message and "undecided: II 2" in message
+    assert "has no joint" not in message
+
+
+def test_only_proofs_count_as_infeasible_rows():
+    assert row_proven_infeasible({"ii": 3, "modulo": "infeasible"})
+    assert row_proven_infeasible({"ii": 3, "modulo": "optimal", "joint": "infeasible"})
+    assert row_proven_infeasible({"ii": 3, "joint": "infeasible", "by": "warp_issue_bound"})
+    assert not row_proven_infeasible({"ii": 3, "modulo": "unknown"})
+    assert not row_proven_infeasible({"ii": 3, "modulo": "optimal", "joint": "unknown"})
+    # LEN(M) not proven minimal: the joint problem's L range is not the algorithm's, no proof
+    assert not row_proven_infeasible({"ii": 3, "modulo": "feasible", "joint": "infeasible"})
+
+
+def test_a_proven_infeasible_range_still_says_so():
+    b = GraphBuilder("accs", units={f"U{k}": 1 for k in range(3)})
+    for k in range(3):      # three 150-register 4-warp accumulators: the register file holds two such groups
+        b.edge(b.op(f"acc{k}", uses={f"U{k}": 1}, cycles=1, regs=150, warps=4, attrs={"accumulator": True}),
+               f"acc{k}", distance=1)
+    with pytest.raises(InfeasibleScheduleError, match=r"has no joint SWP\+WS schedule with II <= 3 \(II 1..3 "
+                                                      r"proved infeasible\)"):
+        schedule(b.build(), H100, SolveOptions(normalize=False, max_ii=3, time_limit=30))
+
+
+@pytest.mark.parametrize("limit", [float("nan"), float("inf"), 0.0, -1.0])
+def test_time_limits_that_are_not_positive_numbers_are_refused(limit):
+    with pytest.raises(TwillError, match="time limit must be a positive number"):
+        SolveOptions(time_limit=limit)
+
+
+def test_nan_time_limit_on_the_command_line(capsys):
+    assert main(["schedule", "paper-example", "--time-limit", "nan"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("twill: error: time limit must be a positive number") and err.count("\n") == 1
+
+
+def test_a_proven_schedule_records_every_proof():
+    result = schedule(build_kernel("paper-example", H100), H100, SolveOptions(time_limit=60))
+    assert result.status == "optimal"
+    assert dict(result.stats["proven"]) == {"ii": True, "length": True, "stages": True, "warps": True,
+                                            "smem": True, "prologue": True}
+    modulo = schedule(build_kernel("paper-example", H100), H100, SolveOptions(ws=False))
+    assert dict(modulo.stats["proven"]) == {"ii": True, "length": True}
+
+
+def test_an_unproven_secondary_objective_is_named(monkeypatch):
+    solve = cpsat.CpsatJoint.solve
+
+    def unproven_smem(self, objective, *, time_limit, workers=None):
+        outcome = solve(self, objective, time_limit=time_limit, workers=workers)
+        return replace(outcome, status="feasible") if objective == "smem" else outcome
+
+    monkeypatch.setattr(cpsat.CpsatJoint, "solve", unproven_smem)
+    result = schedule(build_kernel("paper-example", H100), H100, SolveOptions(time_limit=60))
+    assert result.status == "feasible" and result.ii == result.ii_lower_bound
+    assert result.stats["proven"]["smem"] is False and result.stats["proven"]["length"] is True
+    assert ("status: feasible (proven: II minimal, L minimal, stages, warps, prologue; "
+            "not proven within the time limit: smem)") in format_report(result, H100).splitlines()
+
+
+def test_the_phase_1_starts_give_a_schedule_when_the_joint_solve_times_out(monkeypatch):
+    solve = cpsat.CpsatJoint.solve
+    calls = []
+
+    def first_solve_times_out(self, objective, *, time_limit, workers=None):
+        calls.append(objective)
+        if len(calls) == 1:
+            return cpsat.JointOutcome("unknown", None, time_limit)
+        return solve(self, objective, time_limit=time_limit, workers=workers)
+
+    monkeypatch.setattr(cpsat.CpsatJoint, "solve", first_solve_times_out)
+    result = schedule(build_kernel("paper-example", H100), H100, SolveOptions(time_limit=60))
+    row = result.stats["tried"][-1]
+    assert row["joint"] == "unknown" and row["fixed_starts"] == "optimal"
+    assert result.status == "feasible" and result.stats["proven"]["length"] is False
+    assert result.warps       # a verified joint schedule (schedule() runs the verifier)
