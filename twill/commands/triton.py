@@ -7,8 +7,8 @@ import argparse
 import json
 import re
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, load_schedule_document, machine_of,
-                                   resolve_target, schedule_document, solve_options, write_json_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, load_schedule_document,
+                                   machine_of, resolve_target, schedule_document, solve_options, write_json_output)
 from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
@@ -49,6 +49,7 @@ def _cmd_inject(args: argparse.Namespace) -> int:
     from twill.frontends.triton import lower_function
 
     machine = machine_of(args)
+    check_outputs(folders=[args.output])
     spec = _kernel_spec(args, machine)
     if args.schedule:
         schedule = load_schedule_document(args.schedule)
