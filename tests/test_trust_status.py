@@ -102,3 +102,13 @@ def test_the_phase_1_starts_give_a_schedule_when_the_joint_solve_times_out(monke
     assert row["joint"] == "unknown" and row["fixed_starts"] == "optimal"
     assert result.status == "feasible" and result.stats["proven"]["length"] is False
     assert result.warps       # a verified joint schedule (schedule() runs the verifier)
+
+
+def test_normalization_that_runs_out_of_time_falls_back_to_proportional_costs():
+    from twill.solve.normalize import distortion_of, proportional, solve_normalization
+
+    costs = [3, 7, 100, 250, 1024]
+    scaled = proportional(costs, 40)
+    assert all(c >= 1 for c in scaled) and sum(scaled) <= 40 and scaled == sorted(scaled)
+    got, distortion, proven = solve_normalization(costs, 40, time_limit=1e-9)
+    assert proven is False and got == scaled and distortion == distortion_of(costs, scaled)
