@@ -15,10 +15,10 @@ from twill.ir.graph import Edge, LoopGraph, Op
 #: (kind, unit, cycle range, warps, regs, variable latency, warp_busy); MMAs are drawn half of the time.
 KINDS = (
     ("tma_load", "tma", (20, 80), 1, 0, True, 1),
-    ("mma", "tc", (40, 160), 4, 32, False, 2),
-    ("mma", "tc", (40, 160), 4, 32, False, 2),
-    ("exp2", "mufu", (10, 40), 4, 16, False, None),
-    ("alu", "alu", (5, 20), 4, 8, False, None),
+    ("mma", "tc", (40, 160), 4, 16, False, 2),
+    ("mma", "tc", (40, 160), 4, 16, False, 2),
+    ("exp2", "mufu", (10, 40), 4, 8, False, None),
+    ("alu", "alu", (5, 20), 4, 4, False, None),
 )
 
 
@@ -40,7 +40,7 @@ def random_graph(n: int, seed: int) -> LoopGraph:
             continue
         for src_index in rng.sample(range(max(0, k - 6), k), min(k - max(0, k - 6), rng.randint(1, 2))):
             src = ops[src_index]
-            edges.append(Edge(src.name, dst.name, src.cycles, 0, src.kind == "mma"))
+            edges.append(Edge(src.name, dst.name, src.cycles, 0, src.kind == "mma" and dst.kind != "mma"))
     for op in ops:
         if op.attrs.get("accumulator"):
             edges.append(Edge(op.name, op.name, op.cycles, 1, False))

@@ -169,3 +169,37 @@ def test_the_gate_admits_what_the_solver_wrote(tmp_path, capsys, solved):
     good = write(tmp_path, "good.json", json.dumps(solved))
     assert main(["report", str(good), "-o", str(tmp_path / "r.html")]) == 0
     assert "II 2 (optimal)" in capsys.readouterr().out
+
+
+def test_the_messages_shown_in_docs_cli(tmp_path, capsys, monkeypatch, solved):
+    """The exact lines of docs/cli.md, "Statuses, limits and exit codes"."""
+    monkeypatch.chdir(tmp_path)
+    doc = corrupt(solved, starts={"P": 0})
+    Path("bad.json").write_text(json.dumps(doc))
+    assert fails(capsys, "report", "bad.json", "-o", "r.html", message="") == (
+        "twill: error: schedule rejected by the verifier: DEPENDENCE: S->P (d=1, δ=0) violated: t(P)=0 < "
+        "t(S)+1=1\n")
+    Path("bad.json").write_text(json.dumps(corrupt(solved, ii=1, ii_lower_bound=1)))
+    assert fails(capsys, "report", "bad.json", "-o", "r.html", message="") == (
+        "twill: error: schedule rejected by the verifier: BOUND: II 1 is below the lower bound 2 (ResMII 2, "
+        "RecMII 1) (and 2 more)\n")
+    assert fails(capsys, "schedule", "paper-example", "--plot", "nodir/t.svg", message="") == (
+        "twill: error: cannot write 'nodir/t.svg': no directory 'nodir'\n")
+    Path("g.json").write_bytes(b"\x89PNG")
+    assert fails(capsys, "schedule", "g.json", message="") == (
+        "twill: error: g.json: not UTF-8 text (byte 0); graph files are UTF-8 JSON\n")
+    Path("g.json").write_text("[" * 40 + "]" * 40)
+    assert fails(capsys, "schedule", "g.json", message="") == "twill: error: g.json: JSON nested deeper than 32 levels\n"
+    Path("g.json").write_text(json.dumps(chain(5000)))
+    assert fails(capsys, "schedule", "g.json", message="") == (
+        "twill: error: graph has 5000 ops and 4999 edges; Twill supports at most 1000 ops and 20000 edges\n")
+    Path("g.json").write_text(json.dumps(chain(2, cycles=10**12)))
+    assert fails(capsys, "schedule", "g.json", message="") == (
+        "twill: error: op 'o0': cycles must be in [1, 100000], got 1000000000000\n")
+    data = chain(2)
+    data["edges"][0]["blocking"] = "no"
+    Path("g.json").write_text(json.dumps(data))
+    assert fails(capsys, "schedule", "g.json", message="") == (
+        "twill: error: edges[0]: 'blocking' must be true or false, got 'no'\n")
+    assert fails(capsys, "schedule", "paper-example", "--time-limit", "nan", message="") == (
+        "twill: error: time limit must be a positive number of seconds, got nan\n")
