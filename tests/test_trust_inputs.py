@@ -203,3 +203,20 @@ def test_the_messages_shown_in_docs_cli(tmp_path, capsys, monkeypatch, solved):
         "twill: error: edges[0]: 'blocking' must be true or false, got 'no'\n")
     assert fails(capsys, "schedule", "paper-example", "--time-limit", "nan", message="") == (
         "twill: error: time limit must be a positive number of seconds, got nan\n")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"attrs": {"streaming_depth": "x"}}, "attribute 'streaming_depth' must be an integer in [1, 64], got 'x'"),
+    ({"attrs": {"smem_resident": 10**40}}, "attribute 'smem_resident' must be an integer"),
+    ({"units": {"u": 10**30}}, "unit 'u' has capacity 1000000000000000000000000000000"),
+    ({"op": {"warp_busy": 10**13}}, "op 'o0': warp_busy 10000000000000 is beyond the limit 100000"),
+    ({"op": {"footprint": {"smem": 10**20}}}, "op 'o0': smem 100000000000000000000 is beyond the limit"),
+    ({"edge": {"delay": 10**9}}, "delay 1000000000 / distance 0 beyond the limits"),
+])
+def test_values_beyond_the_model(tmp_path, capsys, change, message):
+    data = chain(2)
+    data.update({k: v for k, v in change.items() if k in ("attrs", "units")})
+    data["ops"][0].update(change.get("op", {}))
+    data["edges"][0].update(change.get("edge", {}))
+    graph = write(tmp_path, "g.json", json.dumps(data))
+    fails(capsys, "schedule", graph, "--no-ws", message=message)

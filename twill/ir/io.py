@@ -130,6 +130,7 @@ def graph_from_dict(data: Any) -> LoopGraph:
                 raise FormatError(f"{where}: 'cycles' is {od['cycles']} but 'rrt' has {len(rrt)} rows")
             if not all(isinstance(r, dict) for r in rrt):
                 raise FormatError(f"{where}: every 'rrt' row must be an object of unit counts")
+            total_cycles += len(rrt)
         else:
             uses = _need(od, "uses", dict, where)
             cycles = _need(od, "cycles", int, where)

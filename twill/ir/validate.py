@@ -15,6 +15,12 @@ MAX_EDGES = 20000
 MAX_CYCLES = 100_000
 MAX_TOTAL_CYCLES = 1_000_000
 MAX_DISTANCE = 1000
+#: Largest register count, memory footprint (bytes) and unit capacity accepted.
+MAX_REGS = 4096
+MAX_BYTES = 2**31
+MAX_CAPACITY = 1024
+#: Most buffers of one result (``streaming_depth``, ``ring_depth``).
+MAX_DEPTH = 64
 
 
 def effective_units(graph: LoopGraph, machine_units: Mapping[str, int] | None) -> dict[str, int]:
@@ -56,9 +62,22 @@ def limit_violation(graph: LoopGraph) -> str | None:
     if len(graph.ops) > MAX_OPS or len(graph.edges) > MAX_EDGES:
         return (f"graph {graph.name!r} has {len(graph.ops)} ops and {len(graph.edges)} edges; Twill supports "
                 f"at most {MAX_OPS} ops and {MAX_EDGES} edges")
+    for key, low, limit in (("streaming_depth", 1, MAX_DEPTH), ("smem_resident", 0, MAX_BYTES)):
+        value = graph.attrs.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= limit:
+            return f"graph {graph.name!r}: attribute {key!r} must be an integer in [{low}, {limit}], got {value!r}"
+    for unit, cap in (graph.units or {}).items():
+        if isinstance(cap, int) and cap > MAX_CAPACITY:
+            return f"unit {unit!r} has capacity {cap}; Twill supports at most {MAX_CAPACITY}"
     for op in graph.ops:
         if op.cycles > MAX_CYCLES:
             return f"op {op.name!r} lasts {op.cycles} cycles; Twill supports at most {MAX_CYCLES} per op"
+        for what, value, limit in (("latency", op.latency or 0, MAX_CYCLES), ("warp_busy", op.warp_busy or 0,
+                                   MAX_CYCLES), ("spill_cost", op.spill_cost, MAX_CYCLES),
+                                   ("regs", op.regs, MAX_REGS), ("smem", op.smem, MAX_BYTES),
+                                   ("tmem", op.tmem, MAX_BYTES)):
+            if value > limit:
+                return f"op {op.name!r}: {what} {value} is beyond the limit {limit}"
     total = sum(op.cycles for op in graph.ops)
     if total > MAX_TOTAL_CYCLES:
         return f"graph {graph.name!r} has {total} op cycles in all; Twill supports at most {MAX_TOTAL_CYCLES}"
@@ -98,7 +117,7 @@ def validate_graph(graph: LoopGraph, machine_units: Mapping[str, int] | None = N
                                      f"{units[unit]} exist")
         ring_depth = op.attrs.get("ring_depth")
         if ring_depth is not None and (isinstance(ring_depth, bool) or not isinstance(ring_depth, int)
-                                       or ring_depth < 1 or not graph.is_streaming(op.name)):
+                                       or not 1 <= ring_depth <= MAX_DEPTH or not graph.is_streaming(op.name)):
             raise GraphError(f"op {op.name!r}: ring_depth must be a positive integer on a streaming load, "
                              f"got {ring_depth!r}")
         if max_ii is not None:

@@ -142,8 +142,8 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
     from twill.solve.bounds import rec_mii, res_mii
 
     started = time.perf_counter()
-    options = options.for_graph(graph)
     validate_graph(graph, machine.units)
+    options = options.for_graph(graph)
     work, norm = normalized(graph, options)
     units = validate_graph(work, machine.units, max_ii=options.max_ii)
     res, rec = res_mii(work, units), rec_mii(work)
