@@ -34,6 +34,6 @@ def test_a_small_random_graph(seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_60_op_random_graph_within_120_s(seed):
-    check(60, seed, time_limit=120)
+@pytest.mark.parametrize("ops, seed", [(60, 1), (160, 1), (160, 2)])
+def test_a_random_graph_up_to_160_ops_within_120_s(ops, seed):
+    check(ops, seed, time_limit=120)

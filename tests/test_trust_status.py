@@ -85,7 +85,7 @@ def test_an_unproven_secondary_objective_is_named(monkeypatch):
             "not proven within the time limit: smem)") in format_report(result, H100).splitlines()
 
 
-def test_the_phase_1_starts_give_a_schedule_when_the_joint_solve_times_out(monkeypatch):
+def test_greedy_starts_give_a_schedule_when_the_joint_solve_times_out(monkeypatch):
     solve = cpsat.CpsatJoint.solve
     calls = []
 
@@ -96,11 +96,23 @@ def test_the_phase_1_starts_give_a_schedule_when_the_joint_solve_times_out(monke
         return solve(self, objective, time_limit=time_limit, workers=workers)
 
     monkeypatch.setattr(cpsat.CpsatJoint, "solve", first_solve_times_out)
-    result = schedule(build_kernel("paper-example", H100), H100, SolveOptions(time_limit=60))
+    b = GraphBuilder("vl", units={"tma": 1, "A": 1})
+    ld = b.op("ld", uses={"tma": 1}, cycles=1, latency=0, variable_latency=True, kind="tma_load", smem=1024)
+    b.edge(ld, b.op("x", uses={"A": 1}, cycles=2, warps=4, regs=8, kind="alu"))
+    result = schedule(b.build(), H100, SolveOptions(normalize=False, time_limit=60))
     row = result.stats["tried"][-1]
-    assert row["joint"] == "unknown" and row["fixed_starts"] == "optimal"
+    assert row["ii"] == 2 and row["joint"] == "unknown" and row["fixed_starts"] == "optimal"
     assert result.status == "feasible" and result.stats["proven"]["length"] is False
     assert result.warps       # a verified joint schedule (schedule() runs the verifier)
+
+
+def test_the_last_resort_finds_a_schedule_at_a_larger_ii(monkeypatch):
+    from twill.solve.joint import search
+
+    monkeypatch.setattr(search, "LAST_RESORT_SHARE", 1.01)     # the search starts short of time
+    result = schedule(build_kernel("paper-example", H100), H100, SolveOptions(time_limit=60))
+    assert result.stats["tried"][-1]["by"] == "last_resort" and result.warps
+    assert result.status == "feasible" and result.stats["proven"] == {**result.stats["proven"], "ii": False}
 
 
 def test_normalization_that_runs_out_of_time_falls_back_to_proportional_costs():

@@ -29,6 +29,11 @@ SMALL_MODULO_OPS = 64
 #: get whatever is left once a joint schedule is found.
 PHASE_SHARES = {"modulo": 0.25, "joint": 0.5, "explain": 0.2}
 
+#: With less than this share of the time limit left and no joint schedule yet, the joint search stops the
+#: II-by-II search and looks for any verified joint schedule at a larger II (greedy start times, the warp
+#: assignment solved alone).
+LAST_RESORT_SHARE = 0.25
+
 
 @dataclass(frozen=True, kw_only=True)
 class SolveOptions:

@@ -16,7 +16,7 @@ from twill.machine.models import Machine
 from twill.schedule.result import Schedule, WarpGroup
 from twill.solve.joint.problem import (RELAXABLE, JointOutcome, JointProblem, JointSolution, legal_budget,
                                        reg_limit_for, slot_count)
-from twill.solve.options import PHASE_SHARES, SolveOptions
+from twill.solve.options import LAST_RESORT_SHARE, PHASE_SHARES, SolveOptions
 
 #: Secondary objectives after L, in order (docs/model.md §5).
 SECONDARY = ("stages", "warps", "smem", "prologue")
@@ -265,14 +265,53 @@ def row_proven_infeasible(row: Mapping[str, Any]) -> bool:
     return row.get("joint") == "infeasible" and row.get("modulo") == "optimal"
 
 
-def fixed_start_outcome(joint: Any, starts: Mapping[str, int], seconds: float) -> JointOutcome:
-    """The warp assignment solved alone for phase 1's ``starts`` (pinned in ``joint``'s model): a small
-    problem that yields a joint schedule when the full joint solve found none within its share."""
+def new_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
+              length_min: int) -> Any:
+    """The CP-SAT joint model at ``ii`` with copies from ``length_min`` (and the hoist objective if any)."""
+    from twill.solve.joint.cpsat import CpsatJoint
+
+    joint = CpsatJoint(make_problem(graph, machine, options, units, ii=ii, length_min=length_min),
+                       workers=options.workers, seed=options.seed)
+    pairs = hoist_pairs(graph, machine)
+    if pairs:
+        add_hoist_objective(joint, pairs)
+    return joint
+
+
+def fixed_start_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int],
+                      ii: int, deadline: float) -> tuple[Any, JointOutcome] | None:
+    """The warp assignment solved alone for greedy start times (:func:`~twill.solve.greedy.greedy_modulo`)
+    whose edges leave room for every spill (each op's spill cost as padding) and whose busy windows never
+    overlap (one issue timeline for W_vl, one for the other ops: WARP ISSUE and CONCURRENCY then hold on any
+    assignment), pinned in a joint model of their own length. A small problem that yields a joint schedule
+    when the full joint solve found none within its share; None when the greedy placement fails at ``ii``."""
+    from twill.solve.greedy import greedy_modulo
+
+    issue = {op.name: ("vl" if op.variable_latency else "issue", max(1, op.busy)) for op in graph.ops}
+    starts = greedy_modulo(graph, units, ii, padding={op.name: op.spill_cost for op in graph.ops}, issue=issue)
+    if starts is None:
+        return None
+    joint = new_joint(graph, machine, options, units, ii=ii,
+                      length_min=max(starts[op.name] + op.cycles for op in graph.ops))
     b = joint.builder
     for name, value in starts.items():
         b.model.add(b.v.t[name] == value)
     joint.hint(starts)
-    return joint.solve("length", time_limit=seconds)
+    return joint, joint.solve("length", time_limit=share("joint", deadline))
+
+
+def last_resort(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *,
+                first: int, max_ii: int, deadline: float) -> tuple[int, Any, JointOutcome] | None:
+    """When the search is about to run out of time with nothing found: :func:`fixed_start_joint` at
+    II = first, first + 1, first + 3, first + 7, … ≤ max_ii (gaps doubling: the greedy placement and the
+    assignment succeed once the II leaves room), until an assignment is found or the time is spent."""
+    step, ii = 1, first
+    while ii <= max_ii and deadline - time.perf_counter() > 0:
+        attempt = fixed_start_joint(graph, machine, options, units, ii, deadline)
+        if attempt is not None and attempt[1].found:
+            return ii, *attempt
+        ii, step = ii + step, step * 2
+    return None
 
 
 def share(phase: str, deadline: float) -> float:
@@ -297,8 +336,8 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         return yices.solve_joint(graph, machine, options, lower_bound=lower_bound, res_mii=res_mii,
                                  rec_mii=rec_mii)
     from twill.solve import default_max_ii
-    from twill.solve.joint.cpsat import CpsatJoint
-    from twill.solve.modulo import solve_modulo
+    from twill.solve.greedy import greedy_modulo
+    from twill.solve.modulo import ModuloResult, solve_modulo
 
     started = time.perf_counter()
     deadline = started + options.time_limit
@@ -318,29 +357,40 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
                           "bound": {"ii": issue.ii, "warps": issue.warps, "groups": issue.groups,
                                     "busy": issue.busy}})
             continue
+        if deadline - time.perf_counter() < LAST_RESORT_SHARE * options.time_limit:
+            found = last_resort(graph, machine, options, units, first=ii, max_ii=max_ii, deadline=deadline)
+            if found is not None:
+                tried.append({"ii": found[0], "joint": "feasible", "by": "last_resort", "fixed_starts": "greedy"})
+                return _finish(graph, machine, options, found[1], found[2], started=started, deadline=deadline,
+                               lower_bound=lower_bound, proven_below=False, length_proven=False, tried=tried,
+                               modulo_ii=modulo_ii, blocked=blocked, note=note)
+            break
         options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
+        greedy = greedy_modulo(graph, units, ii)
         mod = solve_modulo(graph, units, ii, time_limit=share("modulo", deadline),
-                           workers=options.modulo_workers(graph), seed=options.seed, hint=previous)
+                           workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous)
         row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
         tried.append(row)
+        if not mod.found and greedy is not None:
+            span = max(greedy[op.name] + op.cycles for op in graph.ops)
+            mod = ModuloResult("feasible", greedy, span, False, mod.length_bound, ii, mod.seconds)
+            row.update({"modulo": "feasible", "modulo_by": "greedy"})
         if not mod.found:
             continue
         modulo_ii = modulo_ii or ii
         previous = dict(mod.starts)
-        problem = make_problem(graph, machine, options, units, ii=ii, length_min=mod.length)
-        joint = CpsatJoint(problem, workers=options.workers, seed=options.seed)
-        pairs = hoist_pairs(graph, machine)
-        if pairs:
-            add_hoist_objective(joint, pairs)
+        joint = new_joint(graph, machine, options, units, ii=ii, length_min=mod.length)
         joint.hint(mod.starts)
         outcome = joint.solve("length", time_limit=share("joint", deadline))
-        row.update({"length_min": mod.length, "copies": problem.copies, "joint": outcome.status,
+        row.update({"length_min": mod.length, "copies": joint.problem.copies, "joint": outcome.status,
                     "seconds": round(outcome.seconds, 3)})
         options.report(f"II {ii}: joint {outcome.status} ({outcome.seconds:.2f} s)")
         if outcome.status == "unknown":
-            outcome = fixed_start_outcome(joint, mod.starts, share("joint", deadline))
-            row["fixed_starts"] = outcome.status
-            options.report(f"II {ii}: warp assignment for the phase-1 starts {outcome.status}")
+            attempt = fixed_start_joint(graph, machine, options, units, ii, deadline)
+            row["fixed_starts"] = "no greedy placement" if attempt is None else attempt[1].status
+            options.report(f"II {ii}: warp assignment for greedy starts: {row['fixed_starts']}")
+            if attempt is not None and attempt[1].found:
+                joint, outcome = attempt
         if outcome.found:
             proven_below = all(row_proven_infeasible(r) for r in tried[:-1])
             length_proven = mod.status == "optimal" and row["joint"] == "optimal"
@@ -348,7 +398,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
                            lower_bound=lower_bound, proven_below=proven_below, length_proven=length_proven,
                            tried=tried, modulo_ii=modulo_ii, blocked=blocked, note=note)
         if ii == modulo_ii and row_proven_infeasible(row):
-            blocked, note = explain_infeasible(problem, options, share("explain", deadline))
+            blocked, note = explain_infeasible(joint.problem, options, share("explain", deadline))
             options.report(note)
     if tried and tried[-1]["ii"] == max_ii and all(row_proven_infeasible(r) for r in tried):
         raise InfeasibleScheduleError(
