@@ -123,3 +123,32 @@ def test_normalization_that_runs_out_of_time_falls_back_to_proportional_costs():
     assert all(c >= 1 for c in scaled) and sum(scaled) <= 40 and scaled == sorted(scaled)
     got, distortion, proven = solve_normalization(costs, 40, time_limit=1e-9)
     assert proven is False and got == scaled and distortion == distortion_of(costs, scaled)
+
+
+def test_a_modulo_search_that_times_out_keeps_the_greedy_schedule(monkeypatch):
+    import twill.solve.modulo as modulo
+
+    def time_out(graph, units, ii, **kw):
+        return modulo.ModuloResult("unknown", {}, 0, False, 0, ii, 0.0)
+
+    monkeypatch.setattr(modulo, "solve_modulo", time_out)
+    result = schedule(build_kernel("paper-example", H100), H100, SolveOptions(ws=False, max_ii=3))
+    assert result.stats["tried"] == [{"ii": 2, "status": "feasible", "seconds": 0.0}]
+    # the greedy schedule sits at the lower bound, so the II is proven; L is not
+    assert result.status == "feasible" and dict(result.stats["proven"]) == {"ii": True, "length": False}
+
+
+def test_the_greedy_schedule_is_a_modulo_schedule():
+    from twill.schedule.result import Schedule
+    from twill.schedule.verify import violations
+    from twill.solve.greedy import greedy_modulo
+    from randgraphs import random_graph
+
+    graph = random_graph(40, 3)
+    placed = [ii for ii in range(1, 6000, 250) if greedy_modulo(graph, dict(H100.units), ii) is not None]
+    assert placed
+    for ii in placed:
+        starts = greedy_modulo(graph, dict(H100.units), ii)
+        sched = Schedule(graph=graph, arch="h100", solver="manual", status="feasible", ii=ii, ii_lower_bound=1,
+                         starts=starts)
+        assert violations(sched, H100) == []
