@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from twill.errors import FormatError
 from twill.ir.graph import Edge, LoopGraph, frozen_attrs
+from twill.ir.validate import MAX_DEPTH
 
 SCHEDULE_FORMAT = "twill-schedule/1"
 STATUSES = ("optimal", "feasible", "infeasible")
@@ -83,8 +84,8 @@ class Schedule:
             raise FormatError(f"unknown schedule status {self.status!r}")
         if self.ii < 1:
             raise FormatError(f"initiation interval must be >= 1, got {self.ii}")
-        if not isinstance(self.streaming_depth, int) or self.streaming_depth < 1:
-            raise FormatError(f"streaming depth must be a positive integer, got {self.streaming_depth!r}")
+        if not isinstance(self.streaming_depth, int) or not 1 <= self.streaming_depth <= MAX_DEPTH:
+            raise FormatError(f"streaming depth must be an integer in [1, {MAX_DEPTH}], got {self.streaming_depth!r}")
         missing = set(self.graph.op_names) - set(self.starts)
         if missing:
             raise FormatError(f"schedule has no start time for op {sorted(missing)[0]!r}")

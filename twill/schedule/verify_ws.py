@@ -47,10 +47,11 @@ def q_shape(schedule: Schedule) -> tuple[int, int, int]:
 
 
 def uniqueness_violations(schedule: Schedule) -> list[str]:
-    """WARP UNIQUENESS: every op on exactly one group whose width equals the op's warps; group op lists
-    match the assignment; an ``mma_wait`` sits with the MMA it waits for."""
+    """WARP UNIQUENESS: group ids are their positions; every op on exactly one group whose width equals the
+    op's warps; group op lists match the assignment; an ``mma_wait`` sits with the MMA it waits for."""
     out = []
     graph, groups = schedule.graph, schedule.warps
+    out += [f"WARP UNIQUENESS: warp group {g.id} is listed at position {k}" for k, g in enumerate(groups) if g.id != k]
     for op in graph.ops:
         gid = schedule.assignment.get(op.name)
         if gid is None or not 0 <= gid < len(groups):
