@@ -2,8 +2,9 @@
 
 A graph of ``n`` ops is a chain of stages: TMA loads (variable latency, own warp) feed tensor-core MMAs
 (4 warps, register results), whose results feed register ops on the MUFU / ALU units; every edge goes
-forward (distance 0) except a few loop-carried accumulator edges back to earlier ops (distance 1), so no
-zero-distance cycle exists. At most :data:`MAX_ACCUMULATORS` MMAs accumulate in place (self-edge). Costs are in raw cycles, like the built-in kernels.
+forward (distance 0) except accumulator self-edges and a few edges back to earlier ops (distance 1), so no
+zero-distance cycle exists. At most :data:`MAX_ACCUMULATORS` MMAs accumulate in place (self-edge). Costs are in
+raw cycles, like the built-in kernels.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ KINDS = (
 MAX_ACCUMULATORS = 3
 
 
-def random_graph(n: int, seed: int, *, regs_scale: float = 1.0) -> LoopGraph:
-    """A random ``n``-op loop graph (deterministic in ``seed``); ``regs_scale`` scales the registers of
-    every register result (register pressure)."""
+def random_graph(n: int, seed: int) -> LoopGraph:
+    """A random ``n``-op loop graph (deterministic in ``seed``)."""
     rng = random.Random(seed)
     ops: list[Op] = []
     for k in range(n):
@@ -37,8 +37,7 @@ def random_graph(n: int, seed: int, *, regs_scale: float = 1.0) -> LoopGraph:
         accumulate = kind == "mma" and rng.random() < 0.3 and sum(op.attrs.get("accumulator", False)
                                                                     for op in ops) < MAX_ACCUMULATORS
         attrs = {"accumulator": True} if accumulate else {}
-        ops.append(Op(name=f"{kind}{k}", rrt=({unit: 1},) * cycles, kind=kind, warps=warps,
-                      regs=max(1, round(regs * regs_scale)) if regs else 0,
+        ops.append(Op(name=f"{kind}{k}", rrt=({unit: 1},) * cycles, kind=kind, warps=warps, regs=regs,
                       variable_latency=vl, spill_cost=rng.randint(5, 20) if regs else 0,
                       smem=2048 if vl else 0, warp_busy=busy, attrs=attrs))
     edges: list[Edge] = []

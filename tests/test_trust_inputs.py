@@ -189,7 +189,8 @@ def test_the_messages_shown_in_docs_cli(tmp_path, capsys, monkeypatch, solved):
     assert fails(capsys, "schedule", "g.json", message="") == (
         "twill: error: g.json: not UTF-8 text (byte 0); graph files are UTF-8 JSON\n")
     Path("g.json").write_text("[" * 40 + "]" * 40)
-    assert fails(capsys, "schedule", "g.json", message="") == "twill: error: g.json: JSON nested deeper than 32 levels\n"
+    assert fails(capsys, "schedule", "g.json", message="") == (
+        "twill: error: g.json: JSON nested deeper than 32 levels\n")
     Path("g.json").write_text(json.dumps(chain(5000)))
     assert fails(capsys, "schedule", "g.json", message="") == (
         "twill: error: graph has 5000 ops and 4999 edges; Twill supports at most 1000 ops and 20000 edges\n")

@@ -92,8 +92,8 @@ def validate_graph(graph: LoopGraph, machine_units: Mapping[str, int] | None = N
                    max_ii: int | None = None) -> dict[str, int]:
     """Raise :class:`GraphError` naming the first problem; return the unit capacities in force.
 
-    Checks: the size and value limits (:func:`limit_violation`); every RRT unit exists with capacity >= 1; no RRT row needs more instances of a unit than exist
-    (impossible at any II); no op occupies a unit for more cycles than ``max_ii`` allows; no dependence
+    Checks: the size and value limits (:func:`limit_violation`); every RRT unit exists with capacity >= 1;
+    no RRT row needs more instances of a unit than exist (impossible at any II); no op occupies a unit for more cycles than ``max_ii`` allows; no dependence
     cycle has total distance 0. Duplicate names, unknown edge ends and negative delays are rejected when
     the graph is constructed.
     """
