@@ -166,7 +166,7 @@ def test_cli_fits_from_raw_and_schedules_with_the_model(tmp_path, capsys):
 
 def test_cli_calibrate_errors(tmp_path, capsys):
     assert main(["calibrate", "-o", str(tmp_path / "no" / "x.json")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "no directory" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
     assert main(["calibrate", "--from-raw", str(bad), "-o", str(tmp_path / "m.json")]) == 2

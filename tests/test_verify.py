@@ -44,7 +44,8 @@ def test_loop_carried_dependence_violation_is_named():
     b.op("a", uses={"u": 1}, cycles=1)
     b.edge("a", "a", delay=5, distance=1)
     s = sched({"a": 0}, ii=3, graph=b.build())
-    assert violations(s, H100) == ["DEPENDENCE: a->a (d=5, δ=1) violated: t(a)+1·3=3 < t(a)+5=5"]
+    assert violations(s, H100) == ["BOUND: II 3 is below the lower bound 5 (ResMII 1, RecMII 5)",
+                                   "DEPENDENCE: a->a (d=5, δ=1) violated: t(a)+1·3=3 < t(a)+5=5"]
 
 
 def test_modulo_capacity_violation_names_unit_residue_and_ops():
@@ -56,7 +57,7 @@ def test_graph_units_override_machine_units():
     s = sched({"S": 0, "P": 1, "O": 3})
     assert "TC" not in H100.units and violations(s, H100) == []
     usage = modulo_usage(s)
-    assert usage["TC"] == [{"S": 1}, {"O": 1}]
+    assert usage["TC"] == {0: {"S": 1}, 1: {"O": 1}}
 
 
 def test_unknown_unit_is_reported():

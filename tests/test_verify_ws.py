@@ -97,7 +97,7 @@ def test_register_limit_counts_live_values_per_group():
 
 
 def test_liveness_of_an_in_place_accumulator_is_one_ii_per_copy():
-    two_copies = replace(valid(), stats={"copies": 2, "length": 5})
+    two_copies = replace(valid(), starts={"ld": 0, "p": 0, "c": 4})   # L = 5 at II 4: two copies
     intervals = {(n, i): (a, b) for n, i, a, b in live_intervals(two_copies)}
     assert intervals[("p", 0)] == (0, 4)            # until copy 1 issues at 0 + II
     assert intervals[("p", 1)] == (4, 9)            # the last copy: live to T = (n-1)·II + L

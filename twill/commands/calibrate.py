@@ -9,20 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-from twill.commands.common import write_json_output
+from twill.commands.common import check_outputs, write_json_output
 from twill.errors import FormatError, TwillError
-
-
-def _check_writable(path: str) -> None:
-    """Refuse an output path whose folder is missing or unwritable, before any measurement runs."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise TwillError(f"cannot write {path!r}: folder {folder!r} does not exist")
-    if not os.access(folder, os.W_OK) or os.path.isdir(path):
-        raise TwillError(f"cannot write {path!r}: not writable")
 
 
 def _read_raw(path: str) -> dict:
@@ -44,9 +34,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from twill.machine.calibration import format_calibration, machine_to_dict
     from twill.machine.models import get_machine
 
-    for path in (args.output, args.raw):
-        if path:
-            _check_writable(path)
+    check_outputs(files=[args.output, args.raw])
     if args.from_raw:
         if args.raw:
             raise TwillError("--raw writes new measurements; it cannot be combined with --from-raw")

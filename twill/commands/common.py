@@ -12,11 +12,13 @@ A *target* is one of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import sys
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 from twill.errors import FormatError, TwillError
 from twill.ir.graph import LoopGraph
@@ -181,9 +183,13 @@ def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine
         from twill.frontends.triton import graph_from_target
     except ImportError as exc:
         raise TwillError(f"the Triton frontend is not available ({exc}); install twill-gpu[triton]") from None
-    return graph_from_target(path, fn, signature=args.signature, constexprs=list(args.constexpr),
-                             num_warps=args.num_warps, num_stages=args.num_stages, machine=machine, loop=args.loop,
-                             config=args.config)
+    try:
+        return graph_from_target(path, fn, signature=args.signature, constexprs=list(args.constexpr),
+                                 num_warps=args.num_warps, num_stages=args.num_stages, machine=machine,
+                                 loop=args.loop, config=args.config)
+    except SystemExit as exc:
+        raise TwillError(f"Triton source {path!r} exited while it was loaded (exit status {exc.code!r}); "
+                         f"a kernel module must not call sys.exit at import") from None
 
 
 def schedule_document(schedule: Any) -> dict[str, Any]:
@@ -197,30 +203,75 @@ def schedule_document(schedule: Any) -> dict[str, Any]:
 
 
 def load_schedule_document(path: str) -> Any:
-    """Read a schedule file written by ``twill schedule -o`` (with its ``loop_graph``)."""
-    from twill.ir.io import graph_from_dict
+    """Read a schedule file written by ``twill schedule -o`` (with its ``loop_graph``) through the
+    verification gate (:func:`twill.schedule.verify.admit` on the machine the schedule is for): a schedule
+    that violates any constraint of the model is refused with the first violation named."""
+    from twill.ir.io import graph_from_dict, read_json_file
     from twill.schedule.result import Schedule
+    from twill.schedule.verify import admit
 
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise FormatError(f"cannot read schedule file {path!r}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    data = read_json_file(path, "schedule")
     if not isinstance(data, dict) or "loop_graph" not in data:
         raise FormatError(f"{path}: not a schedule file written by 'twill schedule -o' (no 'loop_graph')")
-    return Schedule.from_dict(data, graph_from_dict(data["loop_graph"]))
+    schedule = Schedule.from_dict(data, graph_from_dict(data["loop_graph"]))
+    return admit(schedule, get_machine(schedule.arch))
 
 
-def write_json_output(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically; an unwritable path is a one-line :class:`TwillError`."""
-    from twill.ir.io import write_json_atomic
+def check_outputs(files: Iterable[str | None] = (), folders: Iterable[str | None] = ()) -> None:
+    """Before any work: every output file (``None`` and ``-`` skipped) can be written (its folder exists and
+    is writable, it is not a folder) and every output folder exists as a writable folder or can be created
+    in a writable one. Raises a one-line :class:`TwillError` naming the first that cannot."""
+    for name in files:
+        if name in (None, "-"):
+            continue
+        path = Path(name)
+        if path.is_dir():
+            raise TwillError(f"cannot write {name!r}: it is a directory")
+        if not path.parent.is_dir():
+            raise TwillError(f"cannot write {name!r}: no directory {str(path.parent)!r}")
+        if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise TwillError(f"cannot write {name!r}: permission denied")
+    for name in folders:
+        if name is None:
+            continue
+        path = Path(name)
+        if path.exists() and not path.is_dir():
+            raise TwillError(f"cannot write into {name!r}: it is not a directory")
+        existing = next(p for p in (path, *path.parents) if p.exists())     # "." or "/" at the latest
+        if not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise TwillError(f"cannot write into {name!r}: {str(existing)!r} is not a writable directory")
+
+
+def write_all(writers: Iterable[Callable[[], Iterable[Path]]]) -> None:
+    """Run ``writers`` in order (each writes its files atomically and returns their paths); when one fails,
+    remove the files the earlier ones wrote, so a command leaves all of its output files or none."""
+    written: list[Path] = []
+    try:
+        for writer in writers:
+            written.extend(writer())
+    except BaseException:
+        for path in written:
+            with contextlib.suppress(OSError):
+                Path(path).unlink()
+        raise
+
+
+def write_json_output(path: str, data: Any) -> list[Path]:
+    """Write ``data`` as JSON to ``path`` atomically; an unwritable path is a one-line :class:`TwillError`.
+    Returns ``[path]`` (for :func:`write_all`)."""
+    return write_text_output(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text_output(path: str, text: str) -> list[Path]:
+    """Write ``text`` to ``path`` atomically (no partial file, no temporary file left); an unwritable path
+    is a one-line :class:`TwillError`. Returns ``[path]``."""
+    from twill.ir.io import write_text_atomic
 
     try:
-        write_json_atomic(path, data)
+        write_text_atomic(path, text)
     except OSError as exc:
         raise TwillError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    return [Path(path)]
 
 
 def print_output(text: str) -> None:

@@ -11,8 +11,9 @@ import argparse
 import os
 import re
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, load_schedule_document,
-                                   machine_of, resolve_target, solve_options)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs,
+                                   load_schedule_document, machine_of, resolve_target, solve_options,
+                                   write_text_output)
 from twill.errors import TwillError
 
 #: Targets that are Triton sources: a kernel ``path.py:fn`` or a TTGIR dump.
@@ -49,17 +50,12 @@ def _not_from_triton(target: str) -> TwillError:
 def _cmd_emit_gluon(args: argparse.Namespace) -> int:
     from twill.codegen.gluon import emit_gluon
 
+    check_outputs(files=[args.output])
     source = emit_gluon(_schedule_for(args))
     if args.output == "-":
         print(source, end="")
         return 0
-    tmp = f"{args.output}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(source)
-        os.replace(tmp, args.output)
-    except OSError as exc:
-        raise TwillError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    write_text_output(args.output, source)
     print(f"wrote {args.output}")
     return 0
 

@@ -8,24 +8,23 @@ The target is what ``twill schedule`` takes (a built-in kernel, a ``twill-graph/
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, load_schedule_document,
-                                   machine_of, resolve_target, solve_options)
-from twill.errors import TwillError
+from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs,
+                                   load_schedule_document, machine_of, resolve_target, solve_options)
+from twill.errors import FormatError, TwillError
 
 
 def _is_schedule_file(target: str) -> bool:
     """Whether ``target`` is a JSON file holding a ``twill-schedule/1`` object (not a graph)."""
+    from twill.ir.io import read_json_file
     from twill.schedule.result import SCHEDULE_FORMAT
 
     if not target.endswith(".json"):
         return False
     try:
-        with open(target) as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError):
+        data = read_json_file(target, "schedule")
+    except FormatError:
         return False          # resolve_target reports unreadable or invalid files
     return isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT
 
@@ -43,6 +42,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from twill.schedule.report import format_report
 
     machine = machine_of(args)
+    check_outputs(files=[args.output])
     result = _schedule(args, machine)
     try:
         from twill import viz

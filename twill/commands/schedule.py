@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, machine_of, print_output,
-                                   resolve_target, schedule_document, solve_options, write_json_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, machine_of,
+                                   print_output, resolve_target, schedule_document, solve_options, write_all,
+                                   write_json_output)
 from twill.errors import TwillError
 
 
@@ -17,20 +18,27 @@ def _cmd_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plots(args: argparse.Namespace, schedule, machine) -> None:
+def _plot_writers(args: argparse.Namespace, schedule, machine) -> list:
+    """One writer per picture option given (for :func:`write_all`); each returns the paths it wrote."""
     if not (args.plot or args.plot_all):
-        return
+        return []
     try:
         from twill import viz
     except ImportError as exc:
         raise TwillError(f"plotting is not available ({exc})") from None
     jobs = [(save, target) for save, target in ((viz.save_timeline, args.plot), (viz.save_all, args.plot_all))
             if target]
+    writers = []
     for save, target in jobs:
-        try:
-            save(schedule, machine, target)
-        except OSError as exc:
-            raise TwillError(f"cannot write picture {target!r}: {exc.strerror or exc}") from None
+        def write(save=save, target=target) -> list:
+            try:
+                written = save(schedule, machine, target)
+            except OSError as exc:
+                raise TwillError(f"cannot write picture {target!r}: {exc.strerror or exc}") from None
+            return written if isinstance(written, list) else [written]
+
+        writers.append(write)
+    return writers
 
 
 def _cmd_schedule(args: argparse.Namespace) -> int:
@@ -39,6 +47,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
     machine = machine_of(args)
     options = solve_options(args)
+    check_outputs(files=[args.output, args.plot], folders=[args.plot_all])
     graph = resolve_target(args, machine)
     result = solve(graph, machine, options)
     program = None
@@ -51,9 +60,10 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         from twill.schedule.pipelined import program_to_dict
 
         doc["pipelined"] = program_to_dict(program)
+    writers = _plot_writers(args, result, machine)
     if args.output:
-        write_json_output(args.output, doc)
-    _plots(args, result, machine)
+        writers.append(lambda: write_json_output(args.output, doc))
+    write_all(writers)
     if args.json:
         print_output(json.dumps(doc, indent=2))
         return 0

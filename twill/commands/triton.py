@@ -7,7 +7,7 @@ import argparse
 import json
 import re
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, kernel_options_given,
+from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, kernel_options_given,
                                    load_schedule_document, machine_of, resolve_target, schedule_document,
                                    solve_options, write_json_output)
 from twill.errors import TwillError
@@ -61,6 +61,7 @@ def _cmd_inject(args: argparse.Namespace) -> int:
 
     _refuse_ws_options(args)
     machine = machine_of(args)
+    check_outputs(folders=[args.output])
     tuning = None
     if args.config == "all":
         specs = _config_specs(args, machine)

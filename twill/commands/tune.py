@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any
 
-from twill.commands.common import machine_of, print_output, write_json_output
+from twill.commands.common import check_outputs, machine_of, print_output, write_json_output
 from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
@@ -47,16 +47,6 @@ def _values(typ: type):
 def _axes(args: argparse.Namespace, names: Any) -> dict[str, tuple[Any, ...]]:
     """The axes among ``names`` that were given on the command line."""
     return {axis: getattr(args, axis) for axis in names if getattr(args, axis, None) is not None}
-
-
-def _check_writable(path: str | None, what: str) -> None:
-    """A clear error now, before the sweep, when ``path`` cannot be written."""
-    if not path:
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(directory) or not os.access(directory, os.W_OK):
-        raise TwillError(f"cannot write {what} {path!r}: "
-                         f"{'is a directory' if os.path.isdir(path) else 'directory missing or not writable'}")
 
 
 def _triton_constexprs(items: list[str]) -> dict[str, tuple[Any, ...]]:
@@ -177,8 +167,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise TwillError(f"--time-limit must be positive, got {args.time_limit}")
     if args.top < 1 or (args.measure is not None and args.measure < 1):
         raise TwillError("--top and --measure take a positive count")
-    _check_writable(args.json, "sweep JSON")
-    _check_writable(args.output, "kernel")
+    check_outputs(files=[args.json, args.output])
     if args.output and _TRITON_TARGET.match(args.target):
         raise TwillError("-o emits a Gluon kernel from a warp-specialized schedule; for a Triton target run "
                          "'twill inject' with the winning settings")

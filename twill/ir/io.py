@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from twill.errors import FormatError, GraphError
 from twill.ir.graph import Edge, LoopGraph, Op
+from twill.ir.validate import MAX_CYCLES, MAX_EDGES, MAX_OPS, MAX_TOTAL_CYCLES
+
+#: Largest JSON file Twill reads (graph or schedule).
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+#: Deepest nesting of JSON arrays/objects accepted (a graph file needs 4; ``attrs`` may nest a little).
+MAX_NESTING = 32
 
 GRAPH_FORMAT = "twill-graph/1"
 
@@ -73,6 +82,14 @@ def _need(obj: dict, key: str, typ: type | tuple[type, ...], where: str) -> Any:
     return value
 
 
+def _flag(obj: dict, key: str, where: str) -> bool:
+    """A JSON boolean (``true``/``false``); a missing key is False; anything else is an error."""
+    value = obj.get(key, False)
+    if not isinstance(value, bool):
+        raise FormatError(f"{where}: {key!r} must be true or false, got {value!r}")
+    return value
+
+
 def _unknown(obj: dict, allowed: set[str], where: str) -> None:
     extra = sorted(set(obj) - allowed)
     if extra:
@@ -93,8 +110,13 @@ def graph_from_dict(data: Any) -> LoopGraph:
         if not isinstance(units, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
                                                   for v in units.values()):
             raise FormatError("graph: 'units' must map unit names to integer capacities")
+    op_list, edge_list = _need(data, "ops", list, "graph"), _need(data, "edges", list, "graph")
+    if len(op_list) > MAX_OPS or len(edge_list) > MAX_EDGES:
+        raise GraphError(f"graph has {len(op_list)} ops and {len(edge_list)} edges; Twill supports at most "
+                         f"{MAX_OPS} ops and {MAX_EDGES} edges")
     ops = []
-    for k, od in enumerate(_need(data, "ops", list, "graph")):
+    total_cycles = 0
+    for k, od in enumerate(op_list):
         if not isinstance(od, dict):
             raise FormatError(f"ops[{k}] must be an object")
         where = f"op {od.get('name', k)!r}"
@@ -108,11 +130,16 @@ def graph_from_dict(data: Any) -> LoopGraph:
                 raise FormatError(f"{where}: 'cycles' is {od['cycles']} but 'rrt' has {len(rrt)} rows")
             if not all(isinstance(r, dict) for r in rrt):
                 raise FormatError(f"{where}: every 'rrt' row must be an object of unit counts")
+            total_cycles += len(rrt)
         else:
             uses = _need(od, "uses", dict, where)
             cycles = _need(od, "cycles", int, where)
-            if cycles < 1:
-                raise GraphError(f"{where}: cycles must be >= 1, got {cycles}")
+            if not 1 <= cycles <= MAX_CYCLES:
+                raise GraphError(f"{where}: cycles must be in [1, {MAX_CYCLES}], got {cycles}")
+            total_cycles += cycles
+            if total_cycles > MAX_TOTAL_CYCLES:
+                raise GraphError(f"graph has more than {MAX_TOTAL_CYCLES} op cycles in all; Twill supports at "
+                                 f"most {MAX_TOTAL_CYCLES}")
             rrt = [dict(uses) for _ in range(cycles)]
         footprint = od.get("footprint", {})
         if not isinstance(footprint, dict) or set(footprint) - {"smem", "tmem"}:
@@ -120,40 +147,89 @@ def graph_from_dict(data: Any) -> LoopGraph:
         ops.append(Op(
             name=oname, rrt=tuple(rrt), latency=od.get("latency"), kind=od.get("kind", "op"),
             regs=od.get("regs", 0), warps=od.get("warps", 1),
-            variable_latency=bool(od.get("variable_latency", False)), spill_cost=od.get("spill_cost", 0),
+            variable_latency=_flag(od, "variable_latency", where), spill_cost=od.get("spill_cost", 0),
             smem=footprint.get("smem", 0), tmem=footprint.get("tmem", 0), warp_busy=od.get("warp_busy"),
             attrs=od.get("attrs", {})))
     edges = []
-    for k, ed in enumerate(_need(data, "edges", list, "graph")):
+    for k, ed in enumerate(edge_list):
         if not isinstance(ed, dict):
             raise FormatError(f"edges[{k}] must be an object")
         where = f"edges[{k}]"
         _unknown(ed, _EDGE_KEYS, where)
         edges.append(Edge(_need(ed, "src", str, where), _need(ed, "dst", str, where),
-                          _need(ed, "delay", int, where), ed.get("distance", 0), bool(ed.get("blocking", False))))
+                          _need(ed, "delay", int, where), ed.get("distance", 0), _flag(ed, "blocking", where)))
     return LoopGraph(name, tuple(ops), tuple(edges), units, data.get("attrs", {}))
+
+
+def nesting_depth(text: str) -> int:
+    """Deepest nesting of ``[``/``{`` in JSON ``text`` (brackets inside strings skipped), without recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def read_json_file(path: str | os.PathLike, what: str) -> Any:
+    """The JSON value in ``path`` (a ``what`` file): at most :data:`MAX_FILE_BYTES`, UTF-8, nested at most
+    :data:`MAX_NESTING` deep; every failure is one :class:`FormatError` line."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise FormatError(f"{what} file {str(path)!r} is larger than {MAX_FILE_BYTES // 2**20} MiB")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise FormatError(f"cannot read {what} file {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{path}: not UTF-8 text (byte {exc.start}); {what} files are UTF-8 JSON") from None
+    if nesting_depth(text) > MAX_NESTING:
+        raise FormatError(f"{path}: JSON nested deeper than {MAX_NESTING} levels")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except ValueError as exc:       # e.g. an integer of more digits than Python converts
+        raise FormatError(f"{path}: invalid JSON: {exc}") from None
 
 
 def load_graph(path: str | os.PathLike) -> LoopGraph:
     """Read a ``twill-graph/1`` file."""
+    return graph_from_dict(read_json_file(path, "graph"))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, renamed over ``path`` only
+    when complete: a failure leaves neither a half-written file nor the temporary file."""
     path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise FormatError(f"cannot read graph file {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    return graph_from_dict(data)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write JSON to ``path`` through a temporary file, so a failure never leaves a half-written file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write JSON to ``path`` atomically (:func:`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def save_graph(graph: LoopGraph, path: str | os.PathLike) -> None:

@@ -66,6 +66,28 @@ def _time(value: int, norm: Mapping[str, Any] | None) -> str:
     return f"{value}" if cycles is None else f"{value} (~{cycles} cycles)"
 
 
+def proof_text(schedule: Schedule) -> str:
+    """What the status rests on, from ``stats["proven"]``: ``II and L proven minimal; stages, warps proven;
+    not proven within the time limit: smem`` (empty when the schedule records nothing)."""
+    proven = dict(schedule.stats.get("proven") or {})
+    if not proven:
+        return ""
+    names = {"ii": "II minimal", "length": "L minimal"}
+    done = [names.get(k, k) for k, ok in proven.items() if ok]
+    open_ = [names.get(k, k) for k, ok in proven.items() if not ok]
+    parts = [f"proven: {', '.join(done)}"] if done else []
+    if open_:
+        parts.append(f"not proven within the time limit: {', '.join(open_)}")
+    return "; ".join(parts)
+
+
+def status_line(schedule: Schedule) -> str:
+    """``status: optimal`` (everything proven), or ``status: feasible (proven: II minimal, L minimal; not
+    proven within the time limit: smem)``."""
+    detail = proof_text(schedule) if schedule.status != "optimal" else ""
+    return f"status: {schedule.status}" + (f" ({detail})" if detail else "")
+
+
 def _header(schedule: Schedule) -> list[str]:
     stats = schedule.stats
     norm = stats.get("normalization")
@@ -75,7 +97,7 @@ def _header(schedule: Schedule) -> list[str]:
         ([f"ResMII {res}, RecMII {rec}"] if res is not None and rec is not None else [])
     bound = f"II lower bound {schedule.ii_lower_bound}" + (f" ({'; '.join(notes)})" if notes else "")
     lines = [f"schedule of {schedule.graph.name!r} on {schedule.arch} (solver {schedule.solver})",
-             f"status: {schedule.status}",
+             status_line(schedule),
              f"II: {_time(schedule.ii, norm)}    {bound}",
              f"L: {_time(schedule.length, norm)}    stages: {schedule.num_stages}    copies: {schedule.copies}"]
     if "length_lower_bound" in stats:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from twill.errors import FormatError
 from twill.ir.graph import Edge, LoopGraph, frozen_attrs
+from twill.ir.validate import MAX_DEPTH
 
 SCHEDULE_FORMAT = "twill-schedule/1"
 STATUSES = ("optimal", "feasible", "infeasible")
@@ -82,8 +84,8 @@ class Schedule:
             raise FormatError(f"unknown schedule status {self.status!r}")
         if self.ii < 1:
             raise FormatError(f"initiation interval must be >= 1, got {self.ii}")
-        if not isinstance(self.streaming_depth, int) or self.streaming_depth < 1:
-            raise FormatError(f"streaming depth must be a positive integer, got {self.streaming_depth!r}")
+        if not isinstance(self.streaming_depth, int) or not 1 <= self.streaming_depth <= MAX_DEPTH:
+            raise FormatError(f"streaming depth must be an integer in [1, {MAX_DEPTH}], got {self.streaming_depth!r}")
         missing = set(self.graph.op_names) - set(self.starts)
         if missing:
             raise FormatError(f"schedule has no start time for op {sorted(missing)[0]!r}")
@@ -116,10 +118,18 @@ class Schedule:
 
     def steady_state_order(self) -> list[str]:
         """Ops in steady-state emission order: by t mod II, then older iterations (higher stage) first."""
-        return sorted(self.graph.op_names, key=lambda n: (self.slot(n), -self.stage(n), self.graph.op_names.index(n)))
+        return list(self._positions)
+
+    @cached_property
+    def _positions(self) -> dict[str, int]:
+        """Op -> position in the steady-state order (computed once: O(n log n))."""
+        names = self.graph.op_names
+        ranked = sorted(range(len(names)), key=lambda k: (self.slot(names[k]), -self.stage(names[k]), k))
+        return {names[k]: pos for pos, k in enumerate(ranked)}
 
     def order(self, name: str) -> int:
-        return self.steady_state_order().index(name)
+        """Position of ``name`` in :meth:`steady_state_order`."""
+        return self._positions[name]
 
     def warp_of(self, name: str) -> WarpGroup | None:
         if name not in self.assignment:
@@ -179,14 +189,26 @@ class Schedule:
         try:
             if data["graph"] != graph.name:
                 raise FormatError(f"schedule is for graph {data['graph']!r}, not {graph.name!r}")
-            starts = {o["name"]: int(o["start"]) for o in data["ops"]}
-            assignment = {o["name"]: int(o["warp"]) for o in data["ops"] if "warp" in o}
-            warps = tuple(WarpGroup(int(w["id"]), str(w["role"]), int(w["num_warps"]), int(w["regs"]),
-                                    tuple(w["ops"])) for w in data.get("warps", []))
-            sched = cls(graph=graph, arch=data["arch"], solver=data["solver"], status=data["status"],
-                        ii=int(data["ii"]), ii_lower_bound=int(data["ii_lower_bound"]), starts=starts,
-                        assignment=assignment, warps=warps, solve_seconds=float(data.get("solve_seconds", 0)),
-                        streaming_depth=int(data.get("streaming_depth", 2)), stats=data.get("stats", {}))
+            ops = data["ops"]
+            names = [_text(o["name"], "op name") for o in ops]
+            if sorted(names) != sorted(graph.op_names):
+                raise FormatError(f"schedule ops {_diff(names, graph.op_names)} do not match the graph's ops")
+            starts = {o["name"]: _integer(o["start"], f"start of op {o['name']!r}") for o in ops}
+            assignment = {o["name"]: _integer(o["warp"], f"warp of op {o['name']!r}") for o in ops if "warp" in o}
+            warps = tuple(WarpGroup(_integer(w["id"], "warp group id"), _text(w["role"], "role"),
+                                    _integer(w["num_warps"], "num_warps"), _integer(w["regs"], "regs"),
+                                    tuple(_text(n, "op name") for n in w["ops"])) for w in data.get("warps", []))
+            stats = data.get("stats", {})
+            if not isinstance(stats, dict):
+                raise FormatError("'stats' must be an object")
+            seconds = data.get("solve_seconds", 0)
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+                raise FormatError(f"'solve_seconds' must be a number, got {seconds!r}")
+            sched = cls(graph=graph, arch=_text(data["arch"], "arch"), solver=_text(data["solver"], "solver"),
+                        status=data["status"], ii=_integer(data["ii"], "ii"),
+                        ii_lower_bound=_integer(data["ii_lower_bound"], "ii_lower_bound"), starts=starts,
+                        assignment=assignment, warps=warps, solve_seconds=float(seconds),
+                        streaming_depth=_integer(data.get("streaming_depth", 2), "streaming_depth"), stats=stats)
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"malformed {SCHEDULE_FORMAT} object: {exc!r}") from None
         for o in data["ops"]:
@@ -194,6 +216,30 @@ class Schedule:
                 raise FormatError(f"op {o['name']!r}: stage {o['stage']} does not match start {o['start']} "
                                   f"at II {sched.ii}")
         return sched
+
+
+def _integer(value: Any, what: str) -> int:
+    """``value`` when it is a JSON integer (not a boolean, float or string), else a :class:`FormatError`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FormatError(f"{what} must be an integer, got {value!r}")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise FormatError(f"{what} must be a string, got {value!r}")
+    return value
+
+
+def _diff(names: list[str], expected: tuple[str, ...]) -> str:
+    """The first difference between the schedule's op names and the graph's, for an error message."""
+    extra = sorted(set(names) - set(expected))
+    missing = sorted(set(expected) - set(names))
+    if extra:
+        return f"(unknown op {extra[0]!r})"
+    if missing:
+        return f"(no start for op {missing[0]!r})"
+    return "(an op is listed twice)"
 
 
 def _jsonable(value: Any) -> Any:

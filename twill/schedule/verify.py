@@ -7,8 +7,9 @@ Families (each violation message starts with its name and names the ops involved
 * ``CAPACITY`` — for every unit ``f`` and residue ``r ∈ [0, II)``:
   ``Σ_v Σ_{c : (t_v + c) mod II = r} RRT[v][c][f] ≤ cap(f)`` (graph units override the machine's);
 * ``UNIT`` — every unit an op uses exists;
-* ``BOUND`` / ``STATUS`` — ``II ≥ ii_lower_bound``; ``optimal`` implies ``II = ii_lower_bound``; recorded
-  length / stage statistics match the start times;
+* ``BOUND`` / ``STATUS`` — ``II ≥ max(ResMII, RecMII)`` recomputed from the graph and ``II ≥
+  ii_lower_bound``; at most ``MAX_COPIES`` overlapped copies; ``optimal`` implies ``II = ii_lower_bound``
+  and every entry of ``stats["proven"]``; recorded length / copies / stage statistics match the start times;
 * warp-specialization families, through ``twill.schedule.verify_ws.ws_violations`` when the schedule has a
   warp assignment.
 """
@@ -18,9 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 from twill.errors import VerificationError
-from twill.ir.validate import effective_units
+from twill.ir.validate import effective_units, validate_graph
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
+
+#: Most copies of an iteration (⌈L/II⌉) a schedule may overlap; the built-in kernels need at most 4.
+MAX_COPIES = 256
 
 
 def start_violations(schedule: Schedule) -> list[str]:
@@ -49,16 +53,16 @@ def dependence_violations(schedule: Schedule) -> list[str]:
     return out
 
 
-def modulo_usage(schedule: Schedule) -> dict[str, list[dict[str, int]]]:
-    """Per unit, per residue ``r``: op name -> instances of the unit it holds at residue ``r``."""
+def modulo_usage(schedule: Schedule) -> dict[str, dict[int, dict[str, int]]]:
+    """Per unit, per residue ``r`` that some op uses: op name -> instances of the unit it holds at ``r``
+    (sparse: linear in the ops' cycles whatever the II)."""
     ii = schedule.ii
-    usage: dict[str, list[dict[str, int]]] = {}
+    usage: dict[str, dict[int, dict[str, int]]] = {}
     for op in schedule.graph.ops:
         start = schedule.starts[op.name]
         for c, row in enumerate(op.rrt):
             for unit, count in row:
-                slots = usage.setdefault(unit, [{} for _ in range(ii)])
-                cell = slots[(start + c) % ii]
+                cell = usage.setdefault(unit, {}).setdefault((start + c) % ii, {})
                 cell[op.name] = cell.get(op.name, 0) + count
     return usage
 
@@ -69,11 +73,11 @@ def capacity_violations(schedule: Schedule, machine: Machine) -> list[str]:
     out = []
     for unit, slots in sorted(modulo_usage(schedule).items()):
         if unit not in units:
-            users = sorted({name for cell in slots for name in cell})
+            users = sorted({name for cell in slots.values() for name in cell})
             out.append(f"UNIT: unit {unit!r} used by {', '.join(users)} does not exist "
                        f"(known: {', '.join(sorted(units)) or 'none'})")
             continue
-        for r, cell in enumerate(slots):
+        for r, cell in sorted(slots.items()):
             total = sum(cell.values())
             if total > units[unit]:
                 holders = ", ".join(f"{n}×{c}" if c > 1 else n for n, c in cell.items())
@@ -82,8 +86,20 @@ def capacity_violations(schedule: Schedule, machine: Machine) -> list[str]:
     return out
 
 
+def bound_violations(schedule: Schedule, machine: Machine) -> list[str]:
+    """BOUND: ``II ≥ max(ResMII, RecMII)``, both recomputed from the graph (nothing read from the schedule)."""
+    from twill.solve.bounds import rec_mii, res_mii
+
+    units = effective_units(schedule.graph, machine.units)
+    res, rec = res_mii(schedule.graph, units), rec_mii(schedule.graph)
+    if schedule.ii < max(res, rec):
+        return [f"BOUND: II {schedule.ii} is below the lower bound {max(res, rec)} (ResMII {res}, RecMII {rec})"]
+    return []
+
+
 def consistency_violations(schedule: Schedule) -> list[str]:
-    """BOUND and STATUS: II against its lower bound; recorded length/stages against the start times."""
+    """BOUND and STATUS: II against its recorded lower bound; recorded length/copies/stages against the start
+    times; ``optimal`` only with every entry of ``stats["proven"]`` True."""
     out = []
     if schedule.ii < schedule.ii_lower_bound:
         out.append(f"BOUND: II {schedule.ii} is below the proven lower bound {schedule.ii_lower_bound}")
@@ -92,11 +108,16 @@ def consistency_violations(schedule: Schedule) -> list[str]:
     stats = schedule.stats
     if "length" in stats and stats["length"] != schedule.length:
         out.append(f"BOUND: recorded length L={stats['length']} but the start times give L={schedule.length}")
+    if "copies" in stats and stats["copies"] != schedule.copies:
+        out.append(f"BOUND: recorded {stats['copies']} copies but the start times give {schedule.copies}")
     if "stages" in stats and stats["stages"] != schedule.num_stages:
         out.append(f"BOUND: recorded {stats['stages']} stages but the start times give {schedule.num_stages}")
     if "length_lower_bound" in stats and schedule.length < stats["length_lower_bound"]:
         out.append(f"BOUND: length L={schedule.length} is below the proven lower bound "
                    f"{stats['length_lower_bound']}")
+    unproven = [name for name, ok in dict(stats.get("proven", {})).items() if not ok]
+    if schedule.status == "optimal" and unproven:
+        out.append(f"STATUS: status 'optimal' but {unproven[0]!r} is not proven")
     unknown = sorted(set(schedule.assignment) - set(schedule.graph.op_names))
     if unknown:
         out.append(f"STATUS: warp assignment names unknown op {unknown[0]!r}")
@@ -119,6 +140,10 @@ def violations(schedule: Schedule, machine: Machine, options: Any = None) -> lis
     out = start_violations(schedule)
     if out:
         return out
+    if schedule.copies > MAX_COPIES:
+        return [f"BOUND: L={schedule.length} at II {schedule.ii} overlaps {schedule.copies} copies of the "
+                f"iteration; Twill supports at most {MAX_COPIES}"]
+    out += bound_violations(schedule, machine)
     out += dependence_violations(schedule)
     out += capacity_violations(schedule, machine)
     out += consistency_violations(schedule)
@@ -132,3 +157,13 @@ def verify(schedule: Schedule, machine: Machine, options: Any = None) -> None:
     found = violations(schedule, machine, options)
     if found:
         raise VerificationError(found)
+
+
+def admit(schedule: Schedule, machine: Machine) -> Schedule:
+    """The gate of every schedule that enters Twill from a file: its graph must pass
+    :func:`~twill.ir.validate.validate_graph` on ``machine`` and the schedule :func:`verify` (which
+    recomputes II bounds, length and copies itself). Returns ``schedule``; raises
+    :class:`~twill.errors.GraphError` or :class:`VerificationError` naming the first problem."""
+    validate_graph(schedule.graph, machine.units)
+    verify(schedule, machine)
+    return schedule

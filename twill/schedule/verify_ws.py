@@ -3,8 +3,8 @@
 ``ws_violations(schedule, machine, options)`` returns one message per violated constraint, each starting
 with the family name: WARP UNIQUENESS, VARIABLE LATENCY, WARP COUNT, REGISTER FILE, REGISTER LIMIT,
 CROSS-WARP SPILLS, CONCURRENCY, WARP ISSUE, MEMORY CAPACITY. Formulas are re-derived here from the
-schedule's start times and warp groups; nothing is read back from the solver except the number of copies
-``n`` and the length ``L`` of Q (``stats["copies"]``/``stats["length"]``, else ``⌈L/I⌉`` and the span).
+schedule's start times and warp groups; nothing is read back from the solver: the length ``L`` of Q is the
+span of the start times and the number of copies ``n = ⌈L/I⌉``.
 """
 
 from __future__ import annotations
@@ -41,16 +41,17 @@ def _crosses(schedule: Schedule, src: str, dst: str) -> bool:
 
 def q_shape(schedule: Schedule) -> tuple[int, int, int]:
     """(n copies, L, T = (n−1)·I + L) of the straight-line program Q."""
-    length = int(schedule.stats.get("length", schedule.length))
-    copies = int(schedule.stats.get("copies", math.ceil(length / schedule.ii)))
+    length = schedule.length
+    copies = math.ceil(length / schedule.ii)
     return copies, length, (copies - 1) * schedule.ii + length
 
 
 def uniqueness_violations(schedule: Schedule) -> list[str]:
-    """WARP UNIQUENESS: every op on exactly one group whose width equals the op's warps; group op lists
-    match the assignment; an ``mma_wait`` sits with the MMA it waits for."""
+    """WARP UNIQUENESS: group ids are their positions; every op on exactly one group whose width equals the
+    op's warps; group op lists match the assignment; an ``mma_wait`` sits with the MMA it waits for."""
     out = []
     graph, groups = schedule.graph, schedule.warps
+    out += [f"WARP UNIQUENESS: warp group {g.id} is listed at position {k}" for k, g in enumerate(groups) if g.id != k]
     for op in graph.ops:
         gid = schedule.assignment.get(op.name)
         if gid is None or not 0 <= gid < len(groups):

@@ -48,12 +48,14 @@ def _elapsed(start: float) -> float:
 def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions, *,
                   lower_bound: int, started: float) -> tuple[Any, list[dict[str, Any]]]:
     """Phase 1: try II = lower_bound, lower_bound + 1, ... up to max II; at the first II with a schedule,
-    minimise L. Returns the :class:`~twill.solve.modulo.ModuloResult` and the list of IIs tried.
+    minimise L (from a greedy schedule when one exists, which is kept when CP-SAT finds nothing in time).
+    Returns the :class:`~twill.solve.modulo.ModuloResult` and the list of IIs tried.
 
     Raises :class:`InfeasibleScheduleError` when every II up to max II is infeasible or the time limit runs
     out before any schedule is found.
     """
-    from twill.solve.modulo import solve_modulo
+    from twill.solve.greedy import greedy_modulo
+    from twill.solve.modulo import ModuloResult, solve_modulo
 
     max_ii = options.max_ii if options.max_ii is not None else max(lower_bound, default_max_ii(graph))
     tried: list[dict[str, Any]] = []
@@ -62,7 +64,13 @@ def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions
         if remaining <= 0:
             break
         options.report(f"II {ii}: solving (lower bound {lower_bound}, elapsed {_elapsed(started):.1f} s)")
-        result = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed)
+        greedy = greedy_modulo(graph, units, ii)
+        result = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.modulo_workers(graph),
+                              seed=options.seed, hint=greedy)
+        if not result.found and greedy is not None:     # CP-SAT ran out of time: the greedy schedule, unproven L
+            span = max(greedy[op.name] + op.cycles for op in graph.ops)
+            result = ModuloResult("feasible", greedy, span, False, result.length_bound, ii, result.seconds,
+                                  {"by": "greedy"})
         tried.append({"ii": ii, "status": result.status, "seconds": round(result.seconds, 3)})
         options.report(f"II {ii}: {result.status} ({result.seconds:.2f} s)")
         if result.found:
@@ -116,6 +124,19 @@ def _modulo_schedule(graph: LoopGraph, machine: Machine, units: dict[str, int], 
                     solve_seconds=_elapsed(started), streaming_depth=options.streaming_depth, stats=stats)
 
 
+def proof(result: Schedule) -> dict[str, bool]:
+    """``stats["proven"]``: ``ii`` (II proved minimal: equal to its proven lower bound), then ``length`` and
+    each secondary objective (``stats["objectives"]`` of a joint search; a modulo search proves L when its
+    gap is 0). The status is ``optimal`` exactly when every entry is True."""
+    proven = {"ii": result.ii == result.ii_lower_bound}
+    records = result.stats.get("objectives")
+    if records:
+        proven.update({str(r["name"]): bool(r["proven"]) for r in records})
+    else:
+        proven["length"] = result.stats.get("gap") == 0
+    return proven
+
+
 def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOptions()) -> Schedule:
     """Schedule ``graph`` on ``machine``: validate → normalize → bounds → search → verify.
 
@@ -128,8 +149,8 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
     from twill.solve.bounds import rec_mii, res_mii
 
     started = time.perf_counter()
-    options = options.for_graph(graph)
     validate_graph(graph, machine.units)
+    options = options.for_graph(graph)
     work, norm = normalized(graph, options)
     units = validate_graph(work, machine.units, max_ii=options.max_ii)
     res, rec = res_mii(work, units), rec_mii(work)
@@ -146,5 +167,6 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
         result = _modulo_schedule(work, machine, units, options, res=res, rec=rec, started=started)
         result = replace(result, stats={**dict(result.stats), "normalization": norm},
                          solve_seconds=_elapsed(started))
+    result = replace(result, stats={**dict(result.stats), "proven": proof(result)})
     verify(result, machine, options)
     return result

@@ -119,14 +119,14 @@ def solve_normalization(costs: list[int], resolution: int, *, time_limit: float 
         solver.parameters.max_time_in_seconds = time_limit
         solver.parameters.num_workers = workers
         status = solver.solve(model)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            raise TwillError(f"cost normalization found no solution within {time_limit:g} s "
-                             f"(U={resolution}); use --no-normalize or a smaller --resolution")
-        return solver, status == cp_model.OPTIMAL
+        return solver, status in (cp_model.OPTIMAL, cp_model.FEASIBLE), status == cp_model.OPTIMAL
 
     model, scaled, distortion = build()
     model.minimize(distortion)
-    solver, proven = run(model)
+    solver, found, proven = run(model)
+    if not found:               # the time ran out before any solution: a proportional one, unproven
+        fallback = proportional(costs, resolution)
+        return fallback, distortion_of(costs, fallback), False
     best_f = solver.value(distortion)
     first = [solver.value(x) for x in scaled]
 
@@ -135,8 +135,22 @@ def solve_normalization(costs: list[int], resolution: int, *, time_limit: float 
     model.minimize(sum(scaled))
     for var, value in zip(scaled, first):
         model.add_hint(var, value)
-    solver, _ = run(model)
-    return [solver.value(x) for x in scaled], best_f, proven
+    solver, found, _ = run(model)
+    return ([solver.value(x) for x in scaled] if found else first), best_f, proven
+
+
+def proportional(costs: list[int], resolution: int) -> list[int]:
+    """A feasible point of the ZLP, the answer when its first solve finds none in time:
+    ``C′[i] = 1 + ⌊C[i]·(U − n) / Σ C⌋``, so every ``C′ ≥ 1`` and ``Σ C′ ≤ U``."""
+    spare, total = resolution - len(costs), sum(costs)
+    return [1 + c * spare // total for c in costs]
+
+
+def distortion_of(costs: list[int], scaled: list[int]) -> int:
+    """F of the module docstring for the normalized counts ``scaled``."""
+    n = len(costs)
+    return max((abs(costs[i] * scaled[j] - costs[j] * scaled[i]) for i in range(n) for j in range(i + 1, n)),
+               default=0)
 
 
 def normalization_of(costs: list[int], scaled: list[int], distortion: int, resolution: int,

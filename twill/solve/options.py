@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -16,6 +17,22 @@ DEFAULT_TIME_LIMIT = 600.0
 
 #: Ring depth of streaming loads when neither the options nor the graph give one.
 DEFAULT_STREAMING_DEPTH = 2
+
+#: Graphs up to this many ops get one CP-SAT worker for every phase-1 (modulo) solve: those models are tiny
+#: (one start per op) and the portfolio start-up of a second worker dominates them (b200 flash-fwd
+#: --subtiles 1, 87 IIs: 3.8 s -> 2.6 s; a random 60-op graph --no-ws: 120 s with two workers, 4.2 s with
+#: one).
+SMALL_MODULO_OPS = 64
+
+#: Shares of the time left that one phase may use (docs/cli.md, "Statuses, limits and exit codes"): the
+#: phase-1 solve at one II, the joint solve at one II and the UNSAT explanation. The secondary objectives
+#: get whatever is left once a joint schedule is found.
+PHASE_SHARES = {"modulo": 0.25, "joint": 0.5, "explain": 0.2}
+
+#: With less than this share of the time limit left and no joint schedule yet, the joint search stops the
+#: II-by-II search and looks for any verified joint schedule at a larger II (greedy start times, the warp
+#: assignment solved alone).
+LAST_RESORT_SHARE = 0.25
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +80,8 @@ class SolveOptions:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise TwillError(f"unknown solver backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
-        if self.time_limit <= 0:
-            raise TwillError(f"time limit must be positive, got {self.time_limit}")
+        if not math.isfinite(self.time_limit) or self.time_limit <= 0:
+            raise TwillError(f"time limit must be a positive number of seconds, got {self.time_limit}")
         if self.max_ii is not None and self.max_ii < 1:
             raise TwillError(f"max II must be >= 1, got {self.max_ii}")
         if self.resolution < 1:
@@ -84,6 +101,11 @@ class SolveOptions:
             return self
         depth = int(graph.attrs.get("streaming_depth", DEFAULT_STREAMING_DEPTH))
         return replace(self, streaming_depth=depth)
+
+    def modulo_workers(self, graph: LoopGraph) -> int:
+        """CP-SAT workers of a phase-1 solve: 1 for graphs up to :data:`SMALL_MODULO_OPS` ops, else
+        ``workers``."""
+        return 1 if len(graph.ops) <= SMALL_MODULO_OPS else self.workers
 
     def report(self, message: str) -> None:
         if self.progress is not None:

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Sequence
 
 import twill
 from twill.machine.models import Machine
+from twill.schedule.report import proof_text
 from twill.schedule.result import Schedule
 from twill.viz import PICTURES, _mpl, figure
 from twill.viz.palette import op_colors, primary_unit, warp_group_colors, warp_group_label
@@ -95,7 +96,7 @@ def _summary(schedule: Schedule, machine: Machine) -> str:
     status = f'<span class="status-{_e(schedule.status)}">{_e(schedule.status)}</span>'
     rows: list[Sequence[Any]] = [
         ("graph", schedule.graph.name), ("machine", f"{machine.full_name} ({machine.arch})"),
-        ("solver", schedule.solver), ("status", ("raw", status)),
+        ("solver", schedule.solver), ("status", ("raw", status)), ("proof", proof_text(schedule) or "not recorded"),
         ("initiation interval II", schedule.ii), ("schedule length L", schedule.length),
         ("stages", schedule.num_stages), ("overlapped copies ⌈L/II⌉", schedule.copies),
         ("warp groups", len(schedule.warps) or "none (no warp specialization)"),

@@ -173,7 +173,7 @@ def draw_timeline(schedule: Schedule, machine: Machine, iterations: int | None =
     ax.tick_params(axis="x", labelsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.set_title(f"{schedule.graph.name} on {machine.name.upper()}: II = {schedule.ii} "
+    ax.set_title(f"{schedule.graph.name} on {machine.name.upper()} ({schedule.status}): II = {schedule.ii} "
                  f"(lower bound {schedule.ii_lower_bound}), L = {schedule.length}, {schedule.copies} overlapped "
                  f"copies, iterations 0..{tl.phases.iterations - 1}", fontsize=10, loc="left")
     _legend(ax, schedule, tl.run_ahead)

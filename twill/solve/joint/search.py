@@ -16,18 +16,13 @@ from twill.machine.models import Machine
 from twill.schedule.result import Schedule, WarpGroup
 from twill.solve.joint.problem import (RELAXABLE, JointOutcome, JointProblem, JointSolution, legal_budget,
                                        reg_limit_for, slot_count)
-from twill.solve.options import SolveOptions
+from twill.solve.options import LAST_RESORT_SHARE, PHASE_SHARES, SolveOptions
 
 #: Secondary objectives after L, in order (docs/model.md §5).
 SECONDARY = ("stages", "warps", "smem", "prologue")
 
 #: Objective minimised before L when the graph has hoistable tensor-core pairs (:func:`hoist_pairs`).
 HOIST = "unhoisted"
-
-#: Graphs up to this many ops get one CP-SAT worker for the phase-1 solve at each II: those models are tiny
-#: (one start per op) and the portfolio start-up of a second worker dominates them (measured on b200
-#: flash-fwd --subtiles 1, which visits 87 IIs: 3.8 s -> 2.6 s).
-SMALL_PHASE1_OPS = 64
 
 #: Seconds each relaxed re-solve of the UNSAT explanation may take at most.
 EXPLAIN_TIME_LIMIT = 20.0
@@ -222,11 +217,12 @@ def objective_order(joint: Any) -> tuple[str, ...]:
     return (*lead, "length", *SECONDARY)
 
 
-def _secondary(joint: Any, first: JointOutcome, options: SolveOptions,
-               deadline: float) -> tuple[JointSolution, list[dict[str, Any]], bool]:
+def _secondary(joint: Any, first: JointOutcome, options: SolveOptions, deadline: float,
+               length_proven: bool) -> tuple[JointSolution, list[dict[str, Any]], bool]:
     """Minimise the objectives of :func:`objective_order` in turn, each fixed before the next (the first
-    solve already minimised L; with ``unhoisted`` first, L is minimised again once it is fixed). Returns the
-    final solution, the objective records and whether every objective was proved optimal."""
+    solve already minimised L, proved minimal iff ``length_proven``; with ``unhoisted`` first, L is minimised
+    again once it is fixed). Returns the final solution, the objective records and whether every objective
+    was proved optimal."""
     solution = first.solution
     assert solution is not None
     order = objective_order(joint)
@@ -235,7 +231,7 @@ def _secondary(joint: Any, first: JointOutcome, options: SolveOptions,
         if k:
             joint.fix(order[k - 1], solution.objectives[order[k - 1]])
         if k == 0 and name == "length":
-            records.append({"name": name, "value": solution.length, "proven": first.status == "optimal"})
+            records.append({"name": name, "value": solution.length, "proven": length_proven})
             continue
         last = k == len(order) - 1
         # The last solve decides the remaining ties: one worker and no hint (earlier solves may return
@@ -246,7 +242,8 @@ def _secondary(joint: Any, first: JointOutcome, options: SolveOptions,
                               workers=1 if last else None)
         if outcome.found:
             solution = outcome.solution
-        records.append({"name": name, "value": solution.objectives[name], "proven": outcome.status == "optimal"})
+        proven = outcome.status == "optimal" and (name != "length" or length_proven)
+        records.append({"name": name, "value": solution.objectives[name], "proven": proven})
     return solution, records, all(r["proven"] for r in records)
 
 
@@ -262,11 +259,93 @@ def issue_bound(graph: LoopGraph, machine: Machine, options: SolveOptions) -> An
                             max_warps=options.max_warps or machine.max_warps_per_cta, slots=slot_count(graph))
 
 
+def undecided_message(graph: LoopGraph, options: SolveOptions, tried: list[dict[str, Any]], note: str) -> str:
+    """The error of a search that ran out of time: the IIs proved infeasible and those left undecided."""
+    proved = [row["ii"] for row in tried if row_proven_infeasible(row)]
+    open_iis = [row["ii"] for row in tried if not row_proven_infeasible(row)]
+    parts = []
+    if proved:
+        parts.append(f"{len(proved)} II(s) proved infeasible ({proved[0]}..{proved[-1]})")
+    if open_iis:
+        parts.append(f"undecided: II {', '.join(str(ii) for ii in open_iis[:5])}"
+                     + (f" and {len(open_iis) - 5} more" if len(open_iis) > 5 else ""))
+    detail = f" ({'; '.join(parts)})" if parts else ""
+    return (f"no joint schedule of graph {graph.name!r} found within the time limit of {options.time_limit:g} s"
+            f"{detail}; raise --time-limit" + (f" ({note})" if note else ""))
+
+
+def row_proven_infeasible(row: Mapping[str, Any]) -> bool:
+    """Whether a ``tried`` row of the joint search proves its II infeasible: phase 1 infeasible, or the
+    joint problem infeasible at the proven LEN(M) (phase 1 ``optimal``), or the warp-issue bound."""
+    if row.get("modulo") == "infeasible" or row.get("by") == "warp_issue_bound":
+        return True
+    return row.get("joint") == "infeasible" and row.get("modulo") == "optimal"
+
+
+def new_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
+              length_min: int) -> Any:
+    """The CP-SAT joint model at ``ii`` with copies from ``length_min`` (and the hoist objective if any)."""
+    from twill.solve.joint.cpsat import CpsatJoint
+
+    joint = CpsatJoint(make_problem(graph, machine, options, units, ii=ii, length_min=length_min),
+                       workers=options.workers, seed=options.seed)
+    pairs = hoist_pairs(graph, machine)
+    if pairs:
+        add_hoist_objective(joint, pairs)
+    return joint
+
+
+def fixed_start_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int],
+                      ii: int, deadline: float) -> tuple[Any, JointOutcome] | None:
+    """The warp assignment solved alone for greedy start times (:func:`~twill.solve.greedy.greedy_modulo`)
+    whose edges leave room for every spill (each op's spill cost as padding) and whose busy windows never
+    overlap (one issue timeline for W_vl, one for the other ops: WARP ISSUE and CONCURRENCY then hold on any
+    assignment), pinned in a joint model of their own length. A small problem that yields a joint schedule
+    when the full joint solve found none within its share; None when the greedy placement fails at ``ii``."""
+    from twill.solve.greedy import greedy_modulo
+
+    issue = {op.name: ("vl" if op.variable_latency else "issue", max(1, op.busy)) for op in graph.ops}
+    starts = greedy_modulo(graph, units, ii, padding={op.name: op.spill_cost for op in graph.ops}, issue=issue)
+    if starts is None:
+        return None
+    joint = new_joint(graph, machine, options, units, ii=ii,
+                      length_min=max(starts[op.name] + op.cycles for op in graph.ops))
+    b = joint.builder
+    for name, value in starts.items():
+        b.model.add(b.v.t[name] == value)
+    joint.hint(starts)
+    return joint, joint.solve("length", time_limit=share("joint", deadline))
+
+
+def last_resort(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *,
+                first: int, max_ii: int, deadline: float) -> tuple[int, Any, JointOutcome] | None:
+    """When the search is about to run out of time with nothing found: :func:`fixed_start_joint` at
+    II = first, first + 1, first + 3, first + 7, … ≤ max_ii (gaps doubling: the greedy placement and the
+    assignment succeed once the II leaves room), until an assignment is found or the time is spent."""
+    step, ii = 1, first
+    while ii <= max_ii and deadline - time.perf_counter() > 0:
+        attempt = fixed_start_joint(graph, machine, options, units, ii, deadline)
+        if attempt is not None and attempt[1].found:
+            return ii, *attempt
+        ii, step = ii + step, step * 2
+    return None
+
+
+def share(phase: str, deadline: float) -> float:
+    """Seconds ``phase`` may use now: its share (``PHASE_SHARES``) of the time left, at least 0.5 s, at most
+    the time left."""
+    left = deadline - time.perf_counter()
+    return min(left, max(0.5, PHASE_SHARES[phase] * left))
+
+
 def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lower_bound: int,
                 res_mii: int | None = None, rec_mii: int | None = None) -> Schedule:
     """Algorithm 1: for II = lower_bound, …: phase 1 gives LEN(M); the joint problem at (II, ⌈LEN/II⌉)
-    minimises L; the first feasible II wins, then the secondary objectives. Raises
-    :class:`InfeasibleScheduleError` past ``max_ii`` or the time limit."""
+    minimises L; the first feasible II wins, then the secondary objectives. Each phase runs within its
+    share of the time left (``PHASE_SHARES``); when the joint solve finds nothing within its share, the
+    warp assignment is solved alone for phase 1's starts. Raises :class:`InfeasibleScheduleError` when
+    every II up to ``max_ii`` is proved infeasible, or when the time limit runs out first (naming the IIs
+    left undecided)."""
     options = options.for_graph(graph)
     if options.backend == "yices":
         from twill.solve.joint import yices
@@ -274,78 +353,90 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         return yices.solve_joint(graph, machine, options, lower_bound=lower_bound, res_mii=res_mii,
                                  rec_mii=rec_mii)
     from twill.solve import default_max_ii
-    from twill.solve.joint.cpsat import CpsatJoint
-    from twill.solve.modulo import solve_modulo
+    from twill.solve.greedy import greedy_modulo
+    from twill.solve.modulo import ModuloResult, solve_modulo
 
     started = time.perf_counter()
     deadline = started + options.time_limit
     units = effective_units(graph, machine.units)
     max_ii = options.max_ii if options.max_ii is not None else max(lower_bound, default_max_ii(graph))
     tried: list[dict[str, Any]] = []
-    proven_below = True
     modulo_ii: int | None = None
     blocked: list[str] | None = None
     note = ""
     previous: dict[str, int] | None = None
     issue = issue_bound(graph, machine, options)
     for ii in range(lower_bound, max_ii + 1):
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
+        if deadline - time.perf_counter() <= 0:
             break
         if modulo_ii is not None and issue is not None and ii < issue.ii:
             tried.append({"ii": ii, "joint": "infeasible", "by": "warp_issue_bound",
                           "bound": {"ii": issue.ii, "warps": issue.warps, "groups": issue.groups,
                                     "busy": issue.busy}})
             continue
+        if deadline - time.perf_counter() < LAST_RESORT_SHARE * options.time_limit:
+            found = last_resort(graph, machine, options, units, first=ii, max_ii=max_ii, deadline=deadline)
+            if found is not None:
+                tried.append({"ii": found[0], "joint": "feasible", "by": "last_resort", "fixed_starts": "greedy"})
+                return _finish(graph, machine, options, found[1], found[2], started=started, deadline=deadline,
+                               lower_bound=lower_bound, proven_below=False, length_proven=False, tried=tried,
+                               modulo_ii=modulo_ii, blocked=blocked, note=note)
+            break
         options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
-        phase1_workers = 1 if len(graph.ops) <= SMALL_PHASE1_OPS else options.workers
-        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=phase1_workers, seed=options.seed,
-                           hint=previous)
+        greedy = greedy_modulo(graph, units, ii)
+        mod = solve_modulo(graph, units, ii, time_limit=share("modulo", deadline),
+                           workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous)
         row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
+        tried.append(row)
+        if not mod.found and greedy is not None:
+            span = max(greedy[op.name] + op.cycles for op in graph.ops)
+            mod = ModuloResult("feasible", greedy, span, False, mod.length_bound, ii, mod.seconds)
+            row.update({"modulo": "feasible", "modulo_by": "greedy"})
         if not mod.found:
-            tried.append(row)
-            proven_below = proven_below and mod.status == "infeasible"
             continue
         modulo_ii = modulo_ii or ii
         previous = dict(mod.starts)
-        problem = make_problem(graph, machine, options, units, ii=ii, length_min=mod.length)
-        joint = CpsatJoint(problem, workers=options.workers, seed=options.seed)
-        pairs = hoist_pairs(graph, machine)
-        if pairs:
-            add_hoist_objective(joint, pairs)
+        joint = new_joint(graph, machine, options, units, ii=ii, length_min=mod.length)
         joint.hint(mod.starts)
-        outcome = joint.solve("length", time_limit=deadline - time.perf_counter())
-        row.update({"length_min": mod.length, "copies": problem.copies, "joint": outcome.status,
+        outcome = joint.solve("length", time_limit=share("joint", deadline))
+        row.update({"length_min": mod.length, "copies": joint.problem.copies, "joint": outcome.status,
                     "seconds": round(outcome.seconds, 3)})
-        tried.append(row)
         options.report(f"II {ii}: joint {outcome.status} ({outcome.seconds:.2f} s)")
+        if outcome.status == "unknown":
+            attempt = fixed_start_joint(graph, machine, options, units, ii, deadline)
+            row["fixed_starts"] = "no greedy placement" if attempt is None else attempt[1].status
+            options.report(f"II {ii}: warp assignment for greedy starts: {row['fixed_starts']}")
+            if attempt is not None and attempt[1].found:
+                joint, outcome = attempt
         if outcome.found:
+            proven_below = all(row_proven_infeasible(r) for r in tried[:-1])
+            length_proven = mod.status == "optimal" and row["joint"] == "optimal"
             return _finish(graph, machine, options, joint, outcome, started=started, deadline=deadline,
-                           lower_bound=lower_bound, proven_below=proven_below, tried=tried, modulo_ii=modulo_ii,
-                           blocked=blocked, note=note)
-        proven_below = proven_below and outcome.status == "infeasible"
-        if ii == modulo_ii and outcome.status == "infeasible":
-            blocked, note = explain_infeasible(problem, options, deadline - time.perf_counter())
+                           lower_bound=lower_bound, proven_below=proven_below, length_proven=length_proven,
+                           tried=tried, modulo_ii=modulo_ii, blocked=blocked, note=note)
+        if ii == modulo_ii and row_proven_infeasible(row):
+            blocked, note = explain_infeasible(joint.problem, options, share("explain", deadline))
             options.report(note)
-    if tried and tried[-1]["ii"] == max_ii:
+    if tried and tried[-1]["ii"] == max_ii and all(row_proven_infeasible(r) for r in tried):
         raise InfeasibleScheduleError(
-            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {max_ii}; {remedy_for(blocked or [])}"
-            + (f" ({note})" if note else ""))
-    raise InfeasibleScheduleError(
-        f"no joint schedule of graph {graph.name!r} found within the time limit of {options.time_limit:g} s; "
-        f"raise --time-limit" + (f" ({note})" if note else ""))
+            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {max_ii} (II {lower_bound}..{max_ii} "
+            f"proved infeasible); {remedy_for(blocked or [])}" + (f" ({note})" if note else ""))
+    raise InfeasibleScheduleError(undecided_message(graph, options, tried, note))
 
 
 def _finish(graph: LoopGraph, machine: Machine, options: SolveOptions, joint: Any, outcome: JointOutcome, *,
-            started: float, deadline: float, lower_bound: int, proven_below: bool,
+            started: float, deadline: float, lower_bound: int, proven_below: bool, length_proven: bool,
             tried: list[dict[str, Any]], modulo_ii: int | None, blocked: list[str] | None, note: str) -> Schedule:
+    """The :class:`Schedule` of the joint solution ``outcome`` after the secondary objectives; ``stats``
+    records the length and copies of its start times (the verifier recomputes both)."""
     problem: JointProblem = joint.problem
-    solution, records, proven = _secondary(joint, outcome, options, deadline)
+    solution, records, proven = _secondary(joint, outcome, options, deadline, length_proven)
+    length = max(solution.starts[op.name] + op.cycles for op in graph.ops)
     groups, assignment = warp_groups(graph, problem.ii, solution)
     variables, constraints = joint.size
     stats: dict[str, Any] = {
         "search": "joint", "backend": "cpsat", "tried": tried, "modulo_ii": modulo_ii,
-        "length": solution.length, "copies": problem.copies, "objectives": records,
+        "length": length, "copies": math.ceil(length / problem.ii), "objectives": records,
         "tie_break": "first optimal solution of the last objective, 1 CP-SAT worker, seed "
                      f"{options.seed}", "variables": variables, "constraints": constraints,
         "families": dict(joint.builder.counts), "reg_limit": problem.reg_limit, "max_warps": problem.max_warps,

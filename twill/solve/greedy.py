@@ -1,0 +1,78 @@
+"""A greedy modulo list scheduler: a valid modulo schedule at a given II in O(ops · II · cycles), no solver.
+
+It seeds phase 1 (a CP-SAT hint) and stands in for it when CP-SAT finds no schedule within its share of the
+time (docs/cli.md, "Time budget per phase"): ops are placed in topological order of the distance-0 edges,
+each at the earliest start that its placed predecessors allow and whose reservations fit the modulo
+reservation table; the result is checked against every edge (loop-carried edges to ops placed earlier may
+fail, then there is no greedy schedule at this II).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from twill.ir.graph import LoopGraph
+
+
+def topological_order(graph: LoopGraph) -> list[str]:
+    """Ops in an order where every distance-0 edge goes forward (Kahn's algorithm, ties by graph order)."""
+    names = graph.op_names
+    indegree = {name: 0 for name in names}
+    succ: dict[str, list[str]] = {name: [] for name in names}
+    for e in graph.edges:
+        if e.distance == 0 and e.src != e.dst:
+            indegree[e.dst] += 1
+            succ[e.src].append(e.dst)
+    ready = [name for name in names if indegree[name] == 0]
+    order: list[str] = []
+    while ready:
+        name = ready.pop(0)
+        order.append(name)
+        for nxt in succ[name]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    return order
+
+
+def greedy_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *,
+                  padding: Mapping[str, int] | None = None,
+                  issue: Mapping[str, tuple[str, int]] | None = None) -> dict[str, int] | None:
+    """Start times of a modulo schedule at ``ii``, or None when the greedy placement finds none.
+    ``padding`` (op -> cycles) lengthens every out-edge of an op, e.g. by its spill cost so that any
+    consumer may run on another warp group. ``issue`` (op -> (timeline, cycles)) reserves the first cycles
+    of an op on an extra capacity-1 resource per timeline: ops of one timeline never overlap there."""
+    pad = padding or {}
+    timelines = {name: 1 for name, _ in (issue or {}).values()}
+    units = {**units, **timelines}
+    ops = {op.name: op for op in graph.ops}
+    ins: dict[str, list] = {name: [] for name in ops}
+    for e in graph.edges:
+        ins[e.dst].append(e)
+    used: dict[tuple[str, int], int] = {}
+    starts: dict[str, int] = {}
+    order = topological_order(graph)
+    if len(order) != len(ops):
+        return None
+    for name in order:
+        op = ops[name]
+        earliest = max([0] + [starts[e.src] + e.delay + pad.get(e.src, 0) - ii * e.distance
+                              for e in ins[name] if e.src in starts])
+        for t in range(earliest, earliest + ii):
+            cells = [((unit, (t + c) % ii), count) for c, row in enumerate(op.rrt) for unit, count in row]
+            if issue and name in issue:
+                line, busy = issue[name]
+                cells += [((line, (t + c) % ii), 1) for c in range(busy)]
+            load: dict[tuple[str, int], int] = {}
+            for key, count in cells:
+                load[key] = load.get(key, 0) + count
+            if all(used.get(key, 0) + count <= units[key[0]] for key, count in load.items()):
+                for key, count in load.items():
+                    used[key] = used.get(key, 0) + count
+                starts[name] = t
+                break
+        else:
+            return None
+    if any(starts[e.dst] + e.distance * ii < starts[e.src] + e.delay + pad.get(e.src, 0) for e in graph.edges):
+        return None
+    return starts
