@@ -37,13 +37,14 @@ def valid_document(kernel: str) -> str:
 
 
 @st.composite
-def corruption(draw, doc: dict) -> dict:
+def corruption(draw, doc: dict, last: bool = True) -> dict:
     """One random change of ``doc`` (in place): a start, the II and its bound, the status, a warp
     assignment, a warp group, a graph edge or unit, an entry removed or duplicated, a value of the wrong
     type."""
-    ops, graph, ii = doc["ops"], doc["loop_graph"], doc["ii"]
-    kind = draw(st.sampled_from(["start", "ii", "bound", "status", "warp", "group", "edge", "unit", "drop",
-                                 "duplicate", "type", "proven"]))
+    ops, graph = doc["ops"], doc["loop_graph"]
+    ii = doc["ii"]
+    kinds = ["start", "ii", "bound", "status", "warp", "group", "edge", "unit", "drop", "duplicate", "proven"]
+    kind = draw(st.sampled_from(kinds + ["type"] if last else kinds))  # a wrong type only as the last change
     op = draw(st.sampled_from(ops))
     if kind == "start":
         op["start"] = draw(st.integers(-2, 3 * ii + 2))
@@ -81,8 +82,9 @@ def corruption(draw, doc: dict) -> dict:
 @st.composite
 def corrupted(draw, kernel: str) -> dict:
     doc = json.loads(valid_document(kernel))
-    for _ in range(draw(st.integers(1, 3))):
-        doc = draw(corruption(doc))
+    changes = draw(st.integers(1, 3))
+    for i in range(changes):
+        doc = draw(corruption(doc, last=i == changes - 1))
     return doc
 
 
