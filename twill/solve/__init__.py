@@ -62,7 +62,8 @@ def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions
         if remaining <= 0:
             break
         options.report(f"II {ii}: solving (lower bound {lower_bound}, elapsed {_elapsed(started):.1f} s)")
-        result = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed)
+        result = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed,
+                              prove=True)
         tried.append({"ii": ii, "status": result.status, "seconds": round(result.seconds, 3)})
         options.report(f"II {ii}: {result.status} ({result.seconds:.2f} s)")
         if result.found:

@@ -283,8 +283,10 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
         phase1_workers = 1 if len(graph.ops) <= SMALL_PHASE1_OPS else options.workers
         mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=phase1_workers, seed=options.seed,
-                           hint=previous)
+                           hint=previous, prove=modulo_ii is None)
         row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
+        if "projection" in mod.stats:
+            row.update({"by": "projection", "units": list(mod.stats["projection"])})
         if not mod.found:
             tried.append(row)
             proven_below = proven_below and mod.status == "infeasible"
