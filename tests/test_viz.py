@@ -81,17 +81,11 @@ def builtin_cases() -> list:
     return cases
 
 
-#: Kernels drawn from a coarser cost normalization (U = 40): at the default U = 300 their modulo search proves
-#: several IIs infeasible first (minutes; docs/performance.md). The pictures only need some schedule.
-COARSE = {("flash-bwd", "b200")}
-
-
 @functools.lru_cache(maxsize=None)
 def _solved(name: str, arch: str, options: tuple, ws: bool) -> Schedule:
     machine = get_machine(arch)
     graph = build_kernel(name, machine, **dict(options))
-    resolution = {"resolution": 40} if (name, arch) in COARSE else {}
-    return solve(graph, machine, SolveOptions(ws=ws, time_limit=60, **resolution))
+    return solve(graph, machine, SolveOptions(ws=ws, time_limit=60))
 
 
 def solved(name: str, machine: Machine, options: dict, *, ws: bool = False) -> Schedule:
