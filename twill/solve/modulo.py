@@ -201,6 +201,9 @@ def projection_feasible(graph: LoopGraph, units: Mapping[str, int], ii: int, kep
     solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
+    # No LP relaxation: the refutations are found by propagation and search, and the LP only slows them
+    # (B200 flash-bwd, II 195-202: 4.2 s -> 1.0 s of CPU).
+    solver.parameters.linearization_level = 0
     code = solver.solve(model)
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return "sat"
