@@ -6,7 +6,8 @@ from twill.ir import GraphBuilder
 from twill.kernels import build_kernel
 from twill.machine import B200, H100
 from twill.solve import schedule
-from twill.solve.bounds import asap_starts, length_lower_bound, rec_mii, res_mii, warp_issue_bound
+from twill.solve.bounds import (asap_starts, dependence_closure, length_lower_bound, rec_mii, res_mii,
+                                 warp_issue_bound)
 from twill.solve.options import SolveOptions
 
 
@@ -90,3 +91,19 @@ def test_joint_search_skips_iis_below_the_warp_issue_bound_after_the_modulo_ii()
     assert bound["groups"] == 1 and bound["warps"] == 8
     assert [row["ii"] for row in skipped] == list(range(tried[0]["ii"] + 1, bound["ii"]))
     assert bound["ii"] <= result.ii and result.status == "optimal"
+
+
+def test_dependence_closure_is_the_longest_path_at_the_ii():
+    b = GraphBuilder("paths", units={"alu": 1})
+    for name in "abc":
+        b.op(name, uses={"alu": 1}, cycles=1)
+    b.edge("a", "b", delay=3)
+    b.edge("b", "c", delay=4)
+    b.edge("a", "c", delay=5)
+    b.edge("c", "a", delay=2, distance=1)
+    g = b.build()
+    closure = dependence_closure(g, 10)
+    assert closure[("a", "c")] == 7                # through b (3 + 4) beats the direct edge (5)
+    assert closure[("c", "b")] == 2 - 10 + 3       # around the back edge
+    assert closure[("a", "a")] == 9 - 10           # the recurrence's weight, not positive at II 10
+    assert dependence_closure(g, rec_mii(g) - 1) is None

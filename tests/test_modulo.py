@@ -7,10 +7,12 @@ import pytest
 from twill.errors import InfeasibleScheduleError
 from twill.ir import GraphBuilder
 from twill.kernels import build_kernel
-from twill.machine import H100
+from twill.machine import B200, H100
 from twill.schedule.verify import violations
 from twill.solve import SolveOptions, schedule
-from twill.solve.modulo import modulo_schedule, solve_modulo, stage_limit, unit_chunks
+from twill.solve.bounds import rec_mii, res_mii
+from twill.solve.modulo import (modulo_schedule, projection_infeasible, projections, solve_modulo, stage_limit,
+                                unit_chunks)
 
 SOLO = dict(time_limit=10, workers=1, seed=0)
 
@@ -126,3 +128,66 @@ def test_infeasible_up_to_max_ii_names_the_range():
         schedule(g, H100, SolveOptions(ws=False, normalize=False, max_ii=2))
     s = schedule(g, H100, SolveOptions(ws=False, normalize=False))
     assert s.ii == 3 and [row["status"] for row in s.stats["tried"]] == ["infeasible", "optimal"]
+
+
+def chained_pair():
+    """a -> b (delay 2) and b -> a (delay 0, next iteration) pin t_b = t_a + 2 at II 2: both on the tensor
+    core at the same residue, although ResMII = RecMII = 2. At II 3 they fit."""
+    b = GraphBuilder("pair", units={"tc": 1, "alu": 1})
+    b.op("a", uses={"tc": 1}, cycles=1)
+    b.op("x", uses={"alu": 1}, cycles=1)
+    b.op("b", uses={"tc": 1}, cycles=1)
+    b.edge("a", "x", delay=1)
+    b.edge("x", "b", delay=1)
+    b.edge("b", "a", delay=0, distance=1)
+    return b.build()
+
+
+def test_projection_proves_the_ii_infeasible_and_agrees_with_the_full_model():
+    g = chained_pair()
+    units = dict(g.units)
+    assert projections(g, units) == [("tc", "alu")]
+    assert projection_infeasible(g, units, 2, time_limit=10) == ("tc", "alu")
+    assert projection_infeasible(g, units, 3, time_limit=10) is None
+    proved = solve_modulo(g, units, 2, prove=True, **SOLO)
+    assert (proved.status, proved.stats["projection"]) == ("infeasible", ("tc", "alu"))
+    assert solve_modulo(g, units, 2, **SOLO).status == "infeasible"
+    plain, checked = solve_modulo(g, units, 3, **SOLO), solve_modulo(g, units, 3, prove=True, **SOLO)
+    assert (plain.status, plain.length) == (checked.status, checked.length) == ("optimal", 3)
+
+
+def normalized_kernel(kernel, machine, **options):
+    from twill.ir.validate import validate_graph
+    from twill.solve import normalized
+
+    graph, _ = normalized(build_kernel(kernel, machine, **options), SolveOptions())
+    return graph, validate_graph(graph, machine.units)
+
+
+@pytest.mark.parametrize("machine", [H100, B200], ids=["h100", "b200"])
+@pytest.mark.parametrize("kernel,options", [("paper-example", {}), ("gemm", {}), ("flash-fwd", {"subtiles": 1}),
+                                            ("flash-fwd", {"subtiles": 2}), ("flash-bwd", {})])
+def test_projections_never_cut_a_schedule_of_a_built_in_kernel(machine, kernel, options):
+    """Differential: at the first IIs from ResMII up, a projection proves infeasible only IIs that the full
+    model proves infeasible too (B200 flash-bwd, whose full proofs take minutes, is the slow test below)."""
+    if machine is B200 and kernel == "flash-bwd":
+        pytest.skip("the full model's proofs take minutes: test_b200_flash_bwd_projection_rules_out_the_iis_"
+                    "the_full_model_did")
+    graph, units = normalized_kernel(kernel, machine, **options)
+    start = max(res_mii(graph, units), rec_mii(graph))
+    for ii in range(start, start + 3):
+        full = solve_modulo(graph, units, ii, **SOLO)
+        assert full.status in ("optimal", "infeasible")
+        if projection_infeasible(graph, units, ii, time_limit=10) is not None:
+            assert full.status == "infeasible"
+
+
+def test_b200_flash_bwd_projection_rules_out_the_iis_the_full_model_did():
+    """The tensor core and the MUFU alone rule out II 195 (ResMII) to 201, which the full model proved
+    infeasible before the projections existed (tens of seconds per II; the modulo II 202 of
+    tests/data/solve_baseline.json), and at 202 no projection objects."""
+    graph, units = normalized_kernel("flash-bwd", B200)
+    for ii in (195, 201):
+        assert projection_infeasible(graph, units, ii, time_limit=60) == ("tc", "mufu")
+    assert projection_infeasible(graph, units, 202, time_limit=60) is None
+    assert solve_modulo(graph, units, 202, time_limit=300, workers=2, prove=True).status == "optimal"

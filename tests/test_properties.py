@@ -1,4 +1,5 @@
-"""Property tests: CP-SAT's minimal II and L equal a brute-force enumerator's; twill-graph/1 round trips.
+"""Property tests: CP-SAT's minimal II and L equal a brute-force enumerator's (and the phase-1 projections
+never rule out an II the enumerator schedules); twill-graph/1 round trips.
 
 The enumerator is independent of the solver: for every assignment of residues ``r_v ∈ [0, II)`` that
 respects the modulo capacities, the least stages ``k_v`` satisfying the dependences
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from twill.ir import Edge, LoopGraph, Op, graph_from_dict, graph_to_dict
 from twill.machine import H100
 from twill.solve import SolveOptions, schedule
+from twill.solve.modulo import projection_infeasible
 
 UNITS = ("u", "v")
 
@@ -87,6 +89,16 @@ def test_cpsat_matches_brute_force(graph):
     result = schedule(graph, H100, SolveOptions(ws=False, normalize=False, workers=1, time_limit=30))
     assert result.status == "optimal"
     assert (result.ii, result.length) == brute_force(graph)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs())
+def test_projections_prove_only_iis_the_enumerator_finds_infeasible(graph):
+    min_ii, _ = brute_force(graph)
+    units = dict(graph.units)
+    for ii in range(max(1, min_ii - 3), min_ii + 1):
+        if projection_infeasible(graph, units, ii, time_limit=10) is not None:
+            assert ii < min_ii
 
 
 JSON_SCALARS = st.one_of(st.integers(-5, 5), st.booleans(), st.text(max_size=4), st.none())

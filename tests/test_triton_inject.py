@@ -47,6 +47,8 @@ def matmul():
 
 @pytest.fixture(scope="module")
 def flash():
+    """The sub-tiled attention kernel's Triton-compatible schedule (about 25 s on a 2-core machine: the tests
+    that use it are ``slow``)."""
     pytest.importorskip("ortools")
     spec = _spec("flash_fwd", "attn_fwd", constexprs=("HEAD_DIM=64", "BLOCK_M=128", "BLOCK_N=64"))
     lowered, text = lower_function(spec, H100)
@@ -80,6 +82,7 @@ def test_buffers_follow_the_injected_stages(matmul):
     assert 0 <= extra - 2 * tile_bytes <= 64
 
 
+@pytest.mark.slow
 def test_every_body_statement_gets_stage_and_cluster(flash):
     spec, lowered, text, sched = flash
     result = inject(spec, sched, H100)
@@ -95,6 +98,7 @@ def test_every_body_statement_gets_stage_and_cluster(flash):
             assert written[idx] in {result.plan.op_slots[n] for n, _ in consumers}
 
 
+@pytest.mark.slow
 def test_flash_injection_compiles_with_wgmma_in_the_last_stage(flash):
     spec, _, _, sched = flash
     assert sched.stats["triton_sm90_window"]
@@ -113,6 +117,7 @@ def test_flash_injection_compiles_with_wgmma_in_the_last_stage(flash):
     assert [d for d, _, _ in smaller.rings] == [2, 2] and smaller.shared_bytes < result.shared_bytes
 
 
+@pytest.mark.slow
 def test_unconstrained_schedule_with_early_wgmma_is_refused(flash):
     spec, lowered, _, _ = flash
     free = schedule(lowered.graph, H100, SolveOptions(ws=False, time_limit=30))
@@ -122,6 +127,7 @@ def test_unconstrained_schedule_with_early_wgmma_is_refused(flash):
         inject(spec, free, H100)
 
 
+@pytest.mark.slow
 def test_window_constraint_keeps_compute_in_one_stage(flash):
     _, lowered, _, sched = flash
     g = constrain_for_triton(lowered.graph, 90)

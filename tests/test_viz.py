@@ -65,26 +65,27 @@ QUICK_JOINT = {("paper-example", "h100"), ("paper-example", "b200"), ("gemm", "h
                ("flash-fwd", "h100"), ("flash-fwd", "b200"), ("flash-bwd", "h100")}
 
 
-def builtin_cases() -> list[tuple[str, Machine, dict]]:
+#: Drawings that take more than a few seconds on a 2-core machine (solve and draw 16-24 ops over several
+#: copies); the quick subset keeps the other kernels, which exercise the same pictures.
+SLOW_DRAWINGS = {("flash-fwd", "b200"), ("flash-bwd", "h100"), ("flash-bwd", "b200")}
+
+
+def builtin_cases() -> list:
     cases = []
     for entry in list_kernels():
         options = {"subtiles": 2} if entry.name == "flash-fwd" else {}
         for machine in (H100, B200):
-            cases.append((entry.name, machine, options))
+            slow = (entry.name, machine.name) in SLOW_DRAWINGS
+            cases.append(pytest.param(entry.name, machine, options, id=f"{entry.name}-{machine.name}",
+                                      marks=[pytest.mark.slow] if slow else []))
     return cases
-
-
-#: Kernels drawn from a coarser cost normalization (U = 40): at the default U = 300 their modulo search proves
-#: several IIs infeasible first (minutes; docs/performance.md). The pictures only need some schedule.
-COARSE = {("flash-bwd", "b200")}
 
 
 @functools.lru_cache(maxsize=None)
 def _solved(name: str, arch: str, options: tuple, ws: bool) -> Schedule:
     machine = get_machine(arch)
     graph = build_kernel(name, machine, **dict(options))
-    resolution = {"resolution": 40} if (name, arch) in COARSE else {}
-    return solve(graph, machine, SolveOptions(ws=ws, time_limit=60, **resolution))
+    return solve(graph, machine, SolveOptions(ws=ws, time_limit=60))
 
 
 def solved(name: str, machine: Machine, options: dict, *, ws: bool = False) -> Schedule:
@@ -260,8 +261,7 @@ def test_dot_layout_when_graphviz_is_installed():
 
 
 # -- files ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,machine,options", builtin_cases(),
-                         ids=[f"{n}-{m.name}" for n, m, _ in builtin_cases()])
+@pytest.mark.parametrize("name,machine,options", builtin_cases())
 def test_every_builtin_kernel_draws(tmp_path, name, machine, options):
     plain = solved(name, machine, options)
     quick = (name, machine.name) in QUICK_JOINT

@@ -252,9 +252,22 @@ def test_paper_example_matches_figure_1():
     assert s.stats["backend"] == "yices" and s.stats["booleans"] > 0
 
 
-@pytest.mark.parametrize("arch", ["h100", "b200"])
-@pytest.mark.parametrize("kernel,options", KERNELS, ids=lambda x: x if isinstance(x, str) else
-                         "-".join(f"{k}{v}" for k, v in x.items()) or "default")
+#: Agreement cases that take more than a few seconds on a 2-core machine (the quick subset keeps the rest).
+SLOW_AGREEMENT = {("flash-fwd", 2, "h100"), ("flash-fwd", 2, "b200")}
+
+
+def agreement_cases() -> list:
+    cases = []
+    for kernel, options in KERNELS:
+        for arch in ("h100", "b200"):
+            slow = (kernel, options.get("subtiles"), arch) in SLOW_AGREEMENT
+            name = "-".join(f"{k}{v}" for k, v in options.items()) or "default"
+            cases.append(pytest.param(kernel, options, arch, id=f"{kernel}-{name}-{arch}",
+                                      marks=[pytest.mark.slow] if slow else []))
+    return cases
+
+
+@pytest.mark.parametrize("kernel,options,arch", agreement_cases())
 def test_backends_agree_on_builtin_kernels(kernel, options, arch):
     from twill.kernels import build_kernel
     from twill.machine.models import get_machine
@@ -283,6 +296,23 @@ def test_backends_agree_on_builtin_kernels(kernel, options, arch):
     for name in proven.keys() & mine.keys():
         assert mine[name] == proven[name], name
     assert violations(yices_schedule, machine, SolveOptions(backend="yices", resolution=RESOLUTION)) == []
+
+
+@pytest.mark.parametrize("kernel,options", KERNELS)
+def test_issue_windows_contain_the_cpsat_schedules(kernel, options):
+    """The windows that bound the grid (docs/model.md, Yices backend) hold every start of CP-SAT's optimal
+    schedule at its (II, n): they cut no schedule off."""
+    from twill.kernels import build_kernel
+    from twill.machine.models import B200, H100
+    from twill.solve import SolveOptions, schedule
+    from twill.solve.joint.yices import issue_windows
+
+    for machine in (H100, B200):
+        s = schedule(build_kernel(kernel, machine, **options), machine, SolveOptions(resolution=RESOLUTION))
+        problem = joint_problem(s.graph, ii=s.ii, length=s.length)
+        windows = issue_windows(problem)
+        assert all(windows[v][0] <= t <= windows[v][1] for v, t in s.starts.items())
+        assert any(windows[v][1] - windows[v][0] < problem.horizon(problem.length_max) - 1 for v in windows)
 
 
 def test_unsat_explanation_agrees():

@@ -66,8 +66,9 @@ def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions
         options.report(f"II {ii}: solving (lower bound {lower_bound}, elapsed {_elapsed(started):.1f} s)")
         greedy = greedy_modulo(graph, units, ii)
         result = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.modulo_workers(graph),
-                              seed=options.seed, hint=greedy)
-        if not result.found and greedy is not None:     # CP-SAT ran out of time: the greedy schedule, unproven L
+                              seed=options.seed, hint=greedy, prove=True)
+        if not result.found and result.status != "infeasible" and greedy is not None:
+            # CP-SAT ran out of time: the greedy schedule, L unproven
             span = max(greedy[op.name] + op.cycles for op in graph.ops)
             result = ModuloResult("feasible", greedy, span, False, result.length_bound, ii, result.seconds,
                                   {"by": "greedy"})

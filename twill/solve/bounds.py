@@ -6,6 +6,8 @@
   graph with edge weights ``d − II·δ`` has no positive cycle (binary search, Bellman-Ford).
 * ``asap_starts(graph, ii)``: earliest starts under the dependences alone, so
   ``L ≥ max_v asap(v) + cycles(v)`` at that II.
+* ``dependence_closure(graph, ii)``: the longest-path weight ``W(u, v)`` of every dependence path, so
+  ``t_v − t_u ≥ W(u, v)`` in every schedule at that II (used by the projections of docs/model.md §5).
 * ``warp_issue_bound``: a lower bound on the II of the *joint* problem (docs/model.md §5, "Warp-issue
   bound") from REGISTER FILE, WARP COUNT, the slot count and WARP ISSUE: ops with registers of one width
   can only spread over as many register-holding groups of that width as the register file admits, and each
@@ -67,6 +69,27 @@ def rec_mii(graph: LoopGraph) -> int:
 def asap_starts(graph: LoopGraph, ii: int) -> dict[str, int] | None:
     """Earliest start of every op under the dependences at ``ii`` (starts ≥ 0); ``None`` if ``ii`` < RecMII."""
     return longest_paths(graph, ii)
+
+
+def dependence_closure(graph: LoopGraph, ii: int) -> dict[tuple[str, str], int] | None:
+    """``W(u, v)`` = the largest ``Σ (d − ii·δ)`` over dependence paths from ``u`` to ``v`` (pairs without a
+    path are absent): every schedule at ``ii`` has ``t_v − t_u ≥ W(u, v)``. ``None`` when a cycle has
+    positive weight (``ii`` is below RecMII). Floyd-Warshall, O(|V|³)."""
+    names = graph.op_names
+    weight: dict[tuple[str, str], int] = {}
+    for e in graph.edges:
+        w = e.delay - ii * e.distance
+        weight[(e.src, e.dst)] = max(w, weight.get((e.src, e.dst), w))
+    for k in names:
+        into = [(u, weight[(u, k)]) for u in names if (u, k) in weight]
+        out = [(v, weight[(k, v)]) for v in names if (k, v) in weight]
+        for u, a in into:
+            for v, b in out:
+                if (u, v) not in weight or a + b > weight[(u, v)]:
+                    weight[(u, v)] = a + b
+    if any(weight.get((v, v), 0) > 0 for v in names):
+        return None
+    return weight
 
 
 def length_lower_bound(graph: LoopGraph, ii: int) -> int:

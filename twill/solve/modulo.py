@@ -1,6 +1,9 @@
 """Optimal modulo scheduling at a fixed II (paper §5, phase 1) with a compact CP-SAT encoding.
 
-Variables: an integer start ``t_v`` per op (iteration 0) and the length ``L``. Constraints:
+Variables: an integer start ``t_v = k_v·II + s_v`` per op (iteration 0) with its stage ``k_v`` and residue
+``s_v ∈ [0, II)`` as variables of their own (CP-SAT propagates this linear split much better than
+``s_v = t_v mod II``: B200 flash-bwd's phase 1 at II 202-221 takes 2.5x less CPU time), and the length
+``L``. Constraints:
 
 * DEPENDENCE — ``t_dst − t_src ≥ d − II·δ`` for every edge ``(src, dst, d, δ)``;
 * COMPLETION — ``L ≥ t_v + cycles(v)``;
@@ -12,6 +15,13 @@ II cycles; a chunk at offset ``o`` of op ``v`` is the interval ``[s, s + len)`` 
 plus its copy ``[s + II, s + II + len)``. Two chunks overlap modulo II exactly when one of these four
 intervals meets another, so ``NoOverlap`` (capacity 1, unit demands) or ``Cumulative`` (otherwise) over
 originals and copies is exact.
+
+Infeasibility proofs (``prove=True``): before the full model, the *projection* of the problem onto a few
+units is tried (:func:`projection_infeasible`): only the ops that use those units, their capacities, and
+``t_v − t_u ≥ W(u, v)`` for the longest dependence path between every pair (through any op). Every schedule
+of the full problem projects onto a schedule of this relaxation, so a projection without one proves the II
+infeasible — in a model of a handful of ops instead of all of them (B200 flash-bwd: the tensor core and the
+MUFU alone rule out II 195-201).
 
 Objective: minimise ``L``. The start domain is safe: with the residues of any feasible schedule fixed, the
 stages ``k_v`` satisfy difference constraints whose least solution has ``k_v ≤ Σ_e max(0, ⌈(d_e + II − 1)/II⌉
@@ -25,10 +35,14 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from twill.ir.graph import LoopGraph
-from twill.solve.bounds import asap_starts, length_lower_bound
+from twill.solve.bounds import asap_starts, dependence_closure, length_lower_bound
 from twill.solve.normalize import rrt_runs
 
 STATUSES = ("optimal", "feasible", "infeasible", "unknown")
+
+#: Seconds one projection solve (:func:`projection_infeasible`) may take at most; past it the projection
+#: proves nothing and the full model decides.
+PROJECTION_TIME_LIMIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -115,12 +129,16 @@ def add_completion(model: Any, graph: LoopGraph, t: Mapping[str, Any], length: A
 
 
 def add_modulo_capacity(model: Any, graph: LoopGraph, units: Mapping[str, int], ii: int,
-                        t: Mapping[str, Any]) -> int:
+                        t: Mapping[str, Any], slots: Mapping[str, Any] | None = None) -> int:
     """MODULO CAPACITY: per unit, NoOverlap/Cumulative over chunk intervals and their II-shifted copies.
-    Returns the number of chunk intervals added."""
-    residues: dict[tuple[str, int], Any] = {}
+    Units absent from ``units`` and ops absent from ``t`` are left out (a projection); ``slots`` gives
+    variables already equal to ``t_v mod II``. Returns the number of chunk intervals added."""
+    residues: dict[tuple[str, int], Any] = {(name, 0): s for name, s in (slots or {}).items()}
     added = 0
-    for unit, chunks in sorted(unit_chunks(graph, ii).items()):
+    for unit, every in sorted(unit_chunks(graph, ii).items()):
+        chunks = [ch for ch in every if ch.op in t]
+        if unit not in units or not chunks:
+            continue
         starts, sizes, demands = [], [], []
         for ch in chunks:
             key = (ch.op, ch.offset % ii)
@@ -144,13 +162,81 @@ def add_modulo_capacity(model: Any, graph: LoopGraph, units: Mapping[str, int], 
     return added
 
 
+def unit_load(graph: LoopGraph, units: Mapping[str, int]) -> list[tuple[str, float]]:
+    """Units with work, most loaded first: ``(unit, Σ_v usage(v) / cap)``."""
+    load = [(unit, sum(op.usage(unit) for op in graph.ops) / cap) for unit, cap in units.items()]
+    return sorted([(unit, x) for unit, x in load if x > 0], key=lambda item: (-item[1], item[0]))
+
+
+def projections(graph: LoopGraph, units: Mapping[str, int]) -> list[tuple[str, ...]]:
+    """The unit sets :func:`projection_infeasible` tries: the most loaded unit together with each other
+    loaded unit, in decreasing load (the most loaded unit alone when it is the only one)."""
+    loaded = [unit for unit, _ in unit_load(graph, units)]
+    if len(loaded) <= 1:
+        return [tuple(loaded)] if loaded else []
+    return [(loaded[0], other) for other in loaded[1:]]
+
+
+def projection_feasible(graph: LoopGraph, units: Mapping[str, int], ii: int, kept: tuple[str, ...],
+                        closure: Mapping[tuple[str, str], int], *, time_limit: float, seed: int = 0) -> str:
+    """Solve the projection onto the units ``kept`` (module docstring): ``"sat"``, ``"unsat"`` or
+    ``"unknown"``. Starts are ``t_v = k_v·II + s_v`` with ``s_v ∈ [0, II)`` and ``k_v ∈ [0, k_max]``, a
+    superset of the full model's start domain (:func:`start_horizon`), so the relaxation loses no schedule."""
+    from ortools.sat.python import cp_model
+
+    ops = [op.name for op in graph.ops if any(op.usage(unit) for unit in kept)]
+    model = cp_model.CpModel()
+    top = stage_limit(graph, ii)
+    t, slots = {}, {}
+    for name in ops:
+        k = model.new_int_var(0, top, f"k[{name}]")
+        slots[name] = model.new_int_var(0, ii - 1, f"s[{name}]")
+        t[name] = k * ii + slots[name]
+    for u in ops:
+        for v in ops:
+            if u != v and (u, v) in closure:
+                model.add(t[v] - t[u] >= closure[(u, v)])
+    add_modulo_capacity(model, graph, {unit: units[unit] for unit in kept}, ii, t, slots)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = seed
+    # No LP relaxation: the refutations are found by propagation and search, and the LP only slows them
+    # (B200 flash-bwd, II 195-202: 4.2 s -> 1.0 s of CPU).
+    solver.parameters.linearization_level = 0
+    code = solver.solve(model)
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return "sat"
+    return "unsat" if code == cp_model.INFEASIBLE else "unknown"
+
+
+def projection_infeasible(graph: LoopGraph, units: Mapping[str, int], ii: int, *,
+                          time_limit: float, seed: int = 0) -> tuple[str, ...] | None:
+    """The first unit set of :func:`projections` whose projection has no schedule at ``ii`` (a proof that
+    ``ii`` is infeasible), or ``None``. Each projection gets at most :data:`PROJECTION_TIME_LIMIT` seconds."""
+    import time
+
+    closure = dependence_closure(graph, ii)
+    if closure is None:
+        return None
+    deadline = time.perf_counter() + time_limit
+    for kept in projections(graph, units):
+        left = min(PROJECTION_TIME_LIMIT, deadline - time.perf_counter())
+        if left <= 0:
+            return None
+        if projection_feasible(graph, units, ii, kept, closure, time_limit=left, seed=seed) == "unsat":
+            return kept
+    return None
+
+
 def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_limit: float, workers: int = 2,
                  seed: int = 0, length_bounds: tuple[int | None, int | None] | None = None,
-                 hint: Mapping[str, int] | None = None) -> ModuloResult:
+                 hint: Mapping[str, int] | None = None, prove: bool = False) -> ModuloResult:
     """Minimise L at initiation interval ``ii``; always returns a :class:`ModuloResult` (see its statuses).
 
     ``length_bounds = (lo, hi)`` restricts L (either end may be None); ``hint`` seeds the search with start
-    times (for instance a schedule found at another II).
+    times (for instance a schedule found at another II); ``prove`` first tries the projections of
+    :func:`projection_infeasible` (worth it where the II is likely infeasible: below the first feasible II).
     """
     import time
 
@@ -168,13 +254,23 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
         hi = min(hi, max_len if length_bounds[1] is None else length_bounds[1])
     if lo > hi:
         return ModuloResult("infeasible", {}, 0, True, lo, ii, 0.0, {"reason": "length bounds exclude every L"})
+    if prove:
+        kept = projection_infeasible(graph, units, ii, time_limit=time_limit / 2, seed=seed)
+        if kept is not None:
+            return ModuloResult("infeasible", {}, 0, True, lo, ii, time.perf_counter() - began,
+                                {"reason": f"projection onto {', '.join(kept)}", "projection": kept})
+        time_limit = max(0.01, time_limit - (time.perf_counter() - began))
 
     model = cp_model.CpModel()
-    t = {op.name: model.new_int_var(asap[op.name], horizon, f"t[{op.name}]") for op in graph.ops}
+    t, slots = {}, {}
+    for op in graph.ops:
+        t[op.name] = model.new_int_var(asap[op.name], horizon, f"t[{op.name}]")
+        slots[op.name] = model.new_int_var(0, ii - 1, f"s[{op.name}]")
+        model.add(t[op.name] == model.new_int_var(0, horizon // ii, f"k[{op.name}]") * ii + slots[op.name])
     length = model.new_int_var(lo, hi, "L")
     add_dependence(model, graph, ii, t)
     add_completion(model, graph, t, length)
-    intervals = add_modulo_capacity(model, graph, units, ii, t)
+    intervals = add_modulo_capacity(model, graph, units, ii, t, slots)
     model.minimize(length)
     for name, value in (hint or {}).items():
         if name in t:

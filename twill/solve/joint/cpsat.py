@@ -137,7 +137,7 @@ def add_capacity(b: _Builder) -> None:
     from twill.solve.modulo import add_modulo_capacity
 
     before = len(b.model.proto.constraints)
-    add_modulo_capacity(b.model, b.g, b.p.units, b.p.ii, b.v.t)
+    add_modulo_capacity(b.model, b.g, b.p.units, b.p.ii, b.v.t, b.v.slot)
     b.count("capacity", before)
 
 

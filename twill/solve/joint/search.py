@@ -385,10 +385,13 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
         greedy = greedy_modulo(graph, units, ii)
         mod = solve_modulo(graph, units, ii, time_limit=share("modulo", deadline),
-                           workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous)
+                           workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous,
+                           prove=modulo_ii is None)
         row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
+        if "projection" in mod.stats:
+            row.update({"by": "projection", "units": list(mod.stats["projection"])})
         tried.append(row)
-        if not mod.found and greedy is not None:
+        if not mod.found and mod.status != "infeasible" and greedy is not None:
             span = max(greedy[op.name] + op.cycles for op in graph.ops)
             mod = ModuloResult("feasible", greedy, span, False, mod.length_bound, ii, mod.seconds)
             row.update({"modulo": "feasible", "modulo_by": "greedy"})

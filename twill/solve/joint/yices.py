@@ -48,6 +48,9 @@ FAMILIES = (
     "cross_warp_spills", "concurrency", "warp_issue",
 )
 
+#: The families that imply the issue windows of :func:`issue_windows`; without one of them the full grid.
+WINDOW_FAMILIES = frozenset({"consistency", "completion", "dependence"})
+
 #: Secondary objectives after L, in order (docs/model.md §5; the CP-SAT search adds ``prologue``).
 SECONDARY = ("stages", "warps", "smem", "prologue")
 
@@ -61,13 +64,16 @@ class YicesModel:
     ``objective[name]``.
     """
 
-    def __init__(self, yices: Any, problem: JointProblem, *, switched: bool = False):
+    def __init__(self, yices: Any, problem: JointProblem, *, switched: bool = False, windowed: bool = False):
         self.y = yices
         self.problem = problem
         self.graph = problem.graph
         self.ii = problem.ii
         self.copies = problem.copies
         self.span = problem.horizon(problem.length_max)
+        self.windows_on = windowed
+        self.windows = issue_windows(problem) if windowed else {
+            v: (0, self.span - 1) for v in self.graph.op_names}
         config = yices.Config()
         config.default_config_for_logic("QF_LIA")
         self.context = yices.Context(config)
@@ -238,18 +244,42 @@ class YicesModel:
 
 
 # -- variables -------------------------------------------------------------------------------------------
+def issue_windows(problem: JointProblem) -> dict[str, tuple[int, int]]:
+    """Copy 0 of ``v`` issues in ``[asap(v), L_max − tail(v)]``: ``asap`` is the longest dependence path
+    from a source at 0 and ``tail(v) = max_u W(v, u) + cycles(u)`` over ``u = v`` and every op a path from
+    ``v`` reaches (``twill.solve.bounds.dependence_closure``), since ``u`` must complete by ``L ≤ L_max``.
+    CONSISTENCY, COMPLETION and DEPENDENCE imply both ends (copy ``i`` is copy 0 shifted by ``i·I``, and
+    every edge constrains some pair of copies: ``t_v − t_u ≥ d − δ·I`` on copy 0), so the grid outside the
+    windows holds no schedule (docs/model.md, Yices backend, "Windows")."""
+    from twill.solve.bounds import asap_starts, dependence_closure
+
+    graph, ii = problem.graph, problem.ii
+    asap = asap_starts(graph, ii) or {}
+    closure = dependence_closure(graph, ii) or {}
+    windows = {}
+    for op in graph.ops:
+        tail = max([op.cycles] + [w + graph.op(u).cycles for (src, u), w in closure.items() if src == op.name])
+        windows[op.name] = (asap.get(op.name, 0), problem.length_max - tail)
+    return windows
+
+
 def add_variables(m: YicesModel) -> None:
-    """``op[v,i,t]`` and ``issued[v,i,t] ⇔ issued[v,i,t−1] ∨ op[v,i,t]`` (issued[v,i,−1] = false) for every
-    op; ``live[v,i,t]`` for ops with a register result; ``opw[v,g]`` over every slot; the stage
-    ``k_v = Σ_t ⌊t/I⌋·op[v,0,t]``; per slot an integer width ``w_g ∈ [0, 8]`` and the term
-    ``heavy_g = ∨_{v: regs(v) > 0} opw[v,g]``."""
+    """``op[v,i,t]`` for ``t`` in copy i's issue window (:func:`issue_windows` shifted by ``i·I``; false
+    elsewhere) and ``issued[v,i,t] ⇔ issued[v,i,t−1] ∨ op[v,i,t]`` (issued[v,i,−1] = false; outside the
+    window ``issued`` is the previous term) for every op; ``live[v,i,t]`` for ops with a register result;
+    ``opw[v,g]`` over every slot; the stage ``k_v = Σ_t ⌊t/I⌋·op[v,0,t]``; per slot an integer width
+    ``w_g ∈ [0, 8]`` and the term ``heavy_g = ∨_{v: regs(v) > 0} opw[v,g]``."""
     T = m.y.Terms
     definitions = []
     for op in m.graph.ops:
         v = op.name
+        first, last = m.windows[v]
         for i in range(m.copies):
             previous = m.false
             for t in range(m.span):
+                if not first + i * m.ii <= t <= last + i * m.ii:
+                    m.issued_by[(v, i, t)] = previous
+                    continue
                 lit = m.new_bool(f"op[{v},i={i},t={t}]")
                 m.op_at[(v, i, t)] = lit
                 issued = m.new_bool(f"issued[{v},i={i},t={t}]")
@@ -303,8 +333,15 @@ def dependence_pairs(m: YicesModel, edge: Edge) -> list[tuple[int, int, int]]:
 
 def add_dependence(m: YicesModel) -> None:
     """DEPENDENCE (Fig. 4): ∀ (u,v,d,δ), i, t, t′ ∈ [0, t + d): op[u,i,t] ⇒ ¬op[v,i+δ,t′],
-    emitted as ``op[u,i,t] ⇒ ¬issued[v,i+δ,t+d−1]``."""
+    emitted as ``op[u,i,t] ⇒ ¬issued[v,i+δ,t+d−1]``; with CONSISTENCY also in the model, the same
+    statement on copy 0's integer start ``s_v = Σ_t t·op[v,0,t]`` (``s_v − s_u ≥ d − δ·I``, one linear
+    atom per edge that the arithmetic solver propagates across the whole grid)."""
+    T = m.y.Terms
     out = []
+    if m.windows_on:
+        start = {v: m.linear([(m.op(v, 0, t), t) for t in range(m.span)]) for v in m.graph.op_names}
+        out += [T.arith_geq_atom(T.sub(start[e.dst], start[e.src]), m.integer(e.delay - e.distance * m.ii))
+                for e in m.graph.edges if e.src != e.dst]
     for e in m.graph.edges:
         for i, j, shift in dependence_pairs(m, e):
             for t in range(m.span):
@@ -653,7 +690,7 @@ def build_model(yices: Any, problem: JointProblem, families: Iterable[str] = FAM
     unknown = chosen - set(FAMILIES)
     if unknown:
         raise ValueError(f"unknown constraint families {sorted(unknown)}")
-    m = YicesModel(yices, problem, switched=switched)
+    m = YicesModel(yices, problem, switched=switched, windowed=WINDOW_FAMILIES <= chosen)
     add_variables(m)
     for name in FAMILIES:
         if name in chosen:
@@ -840,7 +877,8 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         if remaining <= 0:
             break
         options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
-        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed)
+        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed,
+                           prove=modulo_ii is None)
         row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
         tried.append(row)
         if not mod.found:
