@@ -45,7 +45,8 @@ def test_a_proven_infeasible_range_still_says_so():
         b.edge(b.op(f"acc{k}", uses={f"U{k}": 1}, cycles=1, regs=150, warps=4, attrs={"accumulator": True}),
                f"acc{k}", distance=1)
     with pytest.raises(InfeasibleScheduleError, match=r"^graph 'accs' has no joint SWP\+WS schedule with II <= 3 "
-                                                      r"\(II 1..3 proved infeasible\); raise --max-ii \("):
+                                                      r"\(II 1..3 proved infeasible\); use smaller tiles or fewer "
+                                                      r"register-holding warps \("):
         schedule(b.build(), H100, SolveOptions(normalize=False, max_ii=3, time_limit=30))
 
 
