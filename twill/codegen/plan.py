@@ -43,6 +43,8 @@ FLASH_ROLES = ("load_k", "load_v", "qk", "rowmax", "exp", "rowsum", "alpha", "re
 #: Order in which an attention compute partition issues its tensor-core ops within one loop body.
 FLASH_PROGRAM_ORDER = ("qk", "pv")
 DTYPES = ("fp16", "bf16")
+#: Attention head dimensions the renderers support (the O accumulator is one wgmma of N = head dim <= 256).
+FLASH_HEAD_DIMS = (64, 128, 256)
 ARCHS = ("h100", "h200")
 #: Register budget of the TMA producer partition when the schedule gives none below it (setmaxnreg minimum).
 LOAD_REGS_MIN = 24
@@ -191,6 +193,9 @@ class KernelPlan:
         waits: every wait of the kernel with the dependence that forces it.
         mma_lag: GEMM MMA wait lag (``stage(mma_wait) - stage(mma)``).
         turns: tensor-core turns between compute partitions (empty with one compute partition).
+        causal: attention: the causal mask (the K/V loop of a query block stops at its diagonal, where the
+            scores are masked; see docs/codegen.md, "Causal attention").
+        kv_heads: attention: K/V heads (0: as many as the query heads; N: grouped-query attention).
     """
 
     kernel: str
@@ -211,6 +216,8 @@ class KernelPlan:
     waits: tuple[Wait, ...]
     mma_lag: int = 0
     turns: tuple[Turn, ...] = ()
+    causal: bool = False
+    kv_heads: int = 0
 
     @property
     def compute(self) -> tuple[Partition, ...]:
@@ -494,8 +501,6 @@ def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
     if missing:
         raise _unsupported(backend, f"graph {graph.name!r} without a {missing[0]} op",
                            "attention needs TMA loads of K and V")
-    if graph.attrs.get("causal"):
-        raise _unsupported(backend, "causal masking")
     qks, pvs = ops_with_role(graph, "qk"), ops_with_role(graph, "pv")
     if not qks or len(qks) != len(pvs) or len(qks) > 2:
         raise UnsupportedFeatureError(f"cannot generate: attention graph needs one qk and one pv per sub-tile "
@@ -519,16 +524,38 @@ def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
         rings.append(Ring(name, load, tuple(readers), release, depth, why, name))
     barriers = tuple(Barrier(r.name, (r.name,), r.depth, len(compute)) for r in rings)
     head_dim = int(graph.attrs.get("head_dim", 128))
-    if head_dim not in (64, 128):
-        raise _unsupported(backend, f"head dim {head_dim}", "64, 128")
+    if head_dim not in FLASH_HEAD_DIMS:
+        raise _unsupported(backend, f"head dim {head_dim}", ", ".join(map(str, FLASH_HEAD_DIMS)))
     qk_attrs = graph.op(qks[0]).attrs
     sub_m = int(qk_attrs.get("m", 16 * compute[0].num_warps))
     tile = {"block_m": sub_m * len(compute), "sub_m": sub_m,
             "block_n": int(graph.attrs.get("block_n", qk_attrs.get("n", 128))), "head_dim": head_dim}
+    _check_flash_smem(schedule, tile, rings, backend)
+    kv_heads = int(graph.attrs.get("kv_heads", 0))
+    if kv_heads < 0:
+        raise UnsupportedFeatureError(f"cannot generate: kv_heads {kv_heads} (0 or a positive head count)")
     waits = _ring_waits(graph, rings) + [_retire_wait(graph, p.roles[r]) for p in compute for r in ("qk", "pv")]
     waits += _turn_waits(graph, turns)
     return _plan(schedule, "flash-fwd", backend, tile=tile, partitions=compute + (parts[-1],), rings=tuple(rings),
-                 barriers=barriers, waits=tuple(waits), turns=turns)
+                 barriers=barriers, waits=tuple(waits), turns=turns, causal=bool(graph.attrs.get("causal", False)),
+                 kv_heads=kv_heads)
+
+
+def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> None:
+    """The Q tile and the K/V rings must fit the machine's shared memory per block (head dim 256 needs
+    ``--block-n 64``)."""
+    from twill.machine.models import get_machine
+
+    capacity = get_machine(schedule.arch).smem_per_block
+    esize = 2  # fp16 / bf16 bytes
+    need = tile["block_m"] * tile["head_dim"] * esize + sum(
+        r.depth * tile["block_n"] * tile["head_dim"] * esize for r in rings)
+    if need > capacity:
+        raise UnsupportedFeatureError(
+            f"cannot generate: the Q tile and K/V rings need {need} bytes of shared memory, more than the "
+            f"{capacity} of {schedule.arch} (block_m {tile['block_m']}, block_n {tile['block_n']}, head dim "
+            f"{tile['head_dim']}, ring depths {'/'.join(str(r.depth) for r in rings)}; try a smaller --block-n "
+            f"or --streaming-depth) for the {backend} backend")
 
 
 def kernel_plan(schedule: Schedule, backend: str) -> KernelPlan:
