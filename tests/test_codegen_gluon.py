@@ -174,6 +174,7 @@ def test_flash_without_lse_drops_the_store(tmp_path):
     assert "__nv_log2f" not in without and "wgmma.mma_async" in without
 
 
+@pytest.mark.slow
 def test_flash_causal_and_grouped_kernels_differ_as_their_schedules():
     """Causal and grouped-query kernels of different schedules are different kernels; each keeps the mask
     and the K/V head mapping, and only causal kernels stop at the diagonal."""
@@ -181,10 +182,10 @@ def test_flash_causal_and_grouped_kernels_differ_as_their_schedules():
     for causal in (False, True):
         for kv_heads in (0, 4):
             graph = build_kernel("flash-fwd", H100, subtiles=2, causal=causal, kv_heads=kv_heads)
-            for ahead, depth in ((1, 2), (0, 2), (1, 3)):
+            for ahead, depth in ((1, 2), (0, 3)):
                 sources[(causal, kv_heads, ahead, depth)] = emit_gluon(flash_schedule(graph, H100, ahead=ahead,
                                                                                       depth=depth))
-    assert len(set(sources.values())) == len(sources) == 12
+    assert len(set(sources.values())) == len(sources) == 8
     for (causal, kv_heads, _, _), source in sources.items():
         assert ("gl.minimum(q_start + BLOCK_M, seq_len)" in source) == causal
         assert ("cols[None, :] <= rows[:, None]" in source) == causal

@@ -100,3 +100,16 @@ def test_attention_causal_gqa_lse_match_torch(tmp_path, options, ahead, sm_scale
     assert torch.isfinite(lse).all() and float((lse.double() - ref_lse).abs().max()) < 1e-3
     plain = mod.launch(q, k, v, sm_scale=sm_scale)           # no LSE: lse_ptr None, the store compiled out
     assert _relerr(plain, ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+def test_attention_launcher_rejects_wrong_kv_heads(tmp_path):
+    graph = build_kernel("flash-fwd", H100, subtiles=2, kv_heads=2)
+    path = tmp_path / "fa_kv2.py"
+    path.write_text(emit_gluon(flash_schedule(graph, H100, ahead=1, depth=2)))
+    mod = load_emitted(str(path), "gpu_fa_kv2_errors")
+    q = torch.randn(1, 3, 64, 128, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="not a multiple of KV_HEADS=2"):
+        mod.launch(q, k, k)
+    with pytest.raises(ValueError, match="expected k, v of shape"):
+        mod.launch(q[:, :2], q[:, :1], q[:, :1])

@@ -27,6 +27,10 @@ Policy (documented in ``docs/codegen.md``):
   (by ``t mod II``) is cut into *turns*: maximal runs of one partition's ops (cyclically merged). A
   partition waits for its turn before the first op of each of its turns and passes the tensor core on
   after the last; within a turn it issues its ops in program order (``qk`` before ``pv``).
+* **Attention variants.** ``causal`` and ``kv_heads`` (graph attributes) do not change the loop body or the
+  schedule; they are carried to the renderer, which bounds each query block's trip count at its diagonal
+  and masks the diagonal iterations, and maps query heads onto K/V heads. The Q tile and the K/V rings must
+  fit the machine's shared memory per block.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ registers as the A operand of the second wgmma. When the schedule puts ``pv`` on
 steady state issues ``S(j+1)`` together with ``O += P(j) V(j)`` and runs the softmax of ``j+1`` while that
 PV runs; with two compute partitions each wgmma turn is guarded by a ``turn`` mbarrier (ping-pong).
 
+Causal kernels (``plan.causal``) stop each query block's loop at its diagonal, mask the scores of the
+diagonal iterations per sub-tile inside ``online_softmax`` and take query blocks heaviest first; grouped-query
+kernels (``plan.kv_heads``) read K/V head ``h // group``; every kernel stores the natural-log LSE when
+``lse_ptr`` is not ``None`` (docs/codegen.md, "Causal attention, grouped K/V heads, LSE").
+
 Decisions that differ between the partitions become constexpr parameters of ``compute_partition`` (and
 static ``if``\\ s); decisions they share are rendered directly.
 
@@ -323,7 +328,8 @@ class _Compute:
             "    if lse_ptr is not None:  # log-sum-exp for the backward: ln(sum exp(s*scale)) = (m + log2 l) ln 2",
             "        rows_s = gl.arange(0, SUB_M, gl.SliceLayout(1, s_layout))",
             "        lse = (m_i + gl.log2(l_i)) * LN2",
-            "        gl.store(lse_ptr + (row0 + rows_s).to(gl.int64), lse, mask=q_start + SUB * SUB_M + rows_s < seq_len)",
+            "        lse_mask = q_start + SUB * SUB_M + rows_s < seq_len",
+            "        gl.store(lse_ptr + (row0 + rows_s).to(gl.int64), lse, mask=lse_mask)",
         ]
         return softmax_source(plan).strip("\n") + "\n\n" + "\n".join(lines) + "\n"
 
