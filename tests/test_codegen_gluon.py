@@ -141,7 +141,9 @@ ATTENTION_MODEL_CASES = [  # (kernel options, ahead): causal, grouped-query bf16
 def test_flash_causal_gqa_head_dims_compile(tmp_path, options, ahead):
     """Causal, grouped-query, head dim 256 and bf16 kernels compile to sm_90 with what they ask for: wgmma of
     the head dim and key block in the operand dtype, the causal CTA order (reads %nctaid.x) and trip count
-    (min), the LSE store (log2), and the Q tile plus K/V rings in shared memory."""
+    (min), the LSE store (log2), the Q tile plus K/V rings in shared memory, and no register spills (ptxas)."""
+    from twill.tune.spills import ptxas_report
+
     graph = build_kernel("flash-fwd", H100, **options)
     sched = flash_schedule(graph, H100, ahead=ahead, depth=2)
     verify(sched, H100)
@@ -161,6 +163,7 @@ def test_flash_causal_gqa_head_dims_compile(tmp_path, options, ahead):
     assert ("group" in module.compile_signature()[0]) == bool(kv_heads)
     ring_bytes = 2 * 2 * bn * d * 2 + 128 * d * 2
     assert ring_bytes <= facts.shared < ring_bytes + 4096
+    assert ptxas_report(ptx, 90)["spill_bytes"] == 0          # O of head dim 256 fits the 240-register budget
 
 
 def test_flash_without_lse_drops_the_store(tmp_path):
