@@ -40,6 +40,7 @@ from typing import Any
 
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import LoopGraph
+from twill.machine.models import get_machine
 from twill.schedule.result import Schedule, WarpGroup
 
 GEMM_ROLES = ("load_a", "load_b", "mma", "mma_wait")
@@ -548,8 +549,6 @@ def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
 def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> None:
     """The Q tile and the K/V rings must fit the machine's shared memory per block (head dim 256 needs
     ``--block-n 64``)."""
-    from twill.machine.models import get_machine
-
     capacity = get_machine(schedule.arch).smem_per_block
     esize = 2  # fp16 / bf16 bytes
     need = tile["block_m"] * tile["head_dim"] * esize + sum(
@@ -558,8 +557,8 @@ def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring
         raise UnsupportedFeatureError(
             f"cannot generate: the Q tile and K/V rings need {need} bytes of shared memory, more than the "
             f"{capacity} of {schedule.arch} (block_m {tile['block_m']}, block_n {tile['block_n']}, head dim "
-            f"{tile['head_dim']}, ring depths {'/'.join(str(r.depth) for r in rings)}; try a smaller --block-n "
-            f"or --streaming-depth) for the {backend} backend")
+            f"{tile['head_dim']}, ring depths {'/'.join(str(r.depth) for r in rings)}; {backend} backend); use a "
+            f"smaller --block-n or --streaming-depth")
 
 
 def kernel_plan(schedule: Schedule, backend: str) -> KernelPlan:

@@ -411,10 +411,11 @@ def _mask_decisions(plan: KernelPlan) -> tuple[str, ...]:
 
 
 def _kernel_doc(plan: KernelPlan) -> str:
+    """The kernel's docstring: what it computes and the shapes of its operands."""
     mask = " with the causal mask" if plan.causal else ""
-    kv = "B*KV_HEADS*S" if plan.kv_heads else "B*H*S"
-    return (f"O = softmax(Q K^T * scale) V{mask} for one (query block, batch*head); Q, O are [B*H*S, D], K, V "
-            f"[{kv}, D]; LSE [B*H*S] fp32 when lse_ptr is given.")
+    shapes = "Q, O are [B*H*S, D], K, V [B*KV_HEADS*S, D]" if plan.kv_heads else "Q, K, V, O are [B*H*S, D]"
+    return (f"O = softmax(Q K^T * scale) V{mask} for one (query block, batch*head); {shapes}; LSE [B*H*S] fp32 "
+            f"when lse_ptr is given.")
 
 
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
