@@ -37,6 +37,8 @@ GEMM_RAGGED = ((300, 520, 200), (257, 333, 129), (1000, 72, 4104), (128, 256, 64
 ATTN_SEQS = (2048, 4096, 8192, 16384)
 ATTN_RAGGED = ((1, 3, 77), (2, 2, 1000), (1, 2, 4096), (2, 1, 200))
 ATTN_BATCH, ATTN_HEADS = 4, 32
+#: K/V heads of the grouped-query variants (ATTN_HEADS / ATTN_KV_HEADS = 4 query heads per K/V head).
+ATTN_KV_HEADS = 8
 #: JAX calls per do_bench sample: one host synchronisation (``block_until_ready``) per this many calls.
 JAX_CALLS = 20
 
@@ -67,6 +69,25 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
      {"solver": True, "depth": 2}),
     ("fa_bf16_d128_sub2_ahead1_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128, "dtype": "bf16"},
      {"ahead": 1, "depth": 2}),
+    # causal (the loop stops at the diagonal), grouped-query K/V heads, head dim 256 (64-key tiles: 227 KB)
+    ("fa_causal_d128_sub2_ahead1_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128, "causal": True},
+     {"ahead": 1, "depth": 2}),
+    ("fa_causal_d128_sub2_solver_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128, "causal": True},
+     {"solver": True, "depth": 2}),
+    ("fa_causal_d64_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64, "causal": True},
+     {"ahead": 1, "depth": 3}),
+    ("fa_causal_d64_sub2_solver_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64, "causal": True},
+     {"solver": True, "depth": 3}),
+    ("fa_causal_d256_bn64_sub2_ahead1_d2", "flash-fwd",
+     {"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True}, {"ahead": 1, "depth": 2}),
+    ("fa_causal_d256_bn64_sub2_solver_d2", "flash-fwd",
+     {"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True}, {"solver": True, "depth": 2}),
+    ("fa_d256_bn64_sub2_ahead1_d2", "flash-fwd", {"subtiles": 2, "head_dim": 256, "block_n": 64},
+     {"ahead": 1, "depth": 2}),
+    ("fa_causal_gqa8_d128_sub2_ahead1_d2", "flash-fwd",
+     {"subtiles": 2, "head_dim": 128, "causal": True, "kv_heads": ATTN_KV_HEADS}, {"ahead": 1, "depth": 2}),
+    ("fa_causal_bf16_d128_sub2_ahead1_d2", "flash-fwd",
+     {"subtiles": 2, "head_dim": 128, "causal": True, "dtype": "bf16"}, {"ahead": 1, "depth": 2}),
 )
 
 
@@ -165,68 +186,109 @@ def time_gemm(mod: Any, dtype: str, sizes: tuple[int, ...]) -> list[dict[str, An
     return rows
 
 
-def _sdpa_ref(q: Any, k: Any, v: Any) -> Any:
+def attention_case(options: dict[str, Any]) -> tuple[str, int, bool, int]:
+    """(dtype, head dim, causal, K/V heads or 0) of an attention suite entry's kernel options."""
+    return (options.get("dtype", "fp16"), options.get("head_dim", 128), bool(options.get("causal", False)),
+            int(options.get("kv_heads", 0)))
+
+
+def reference_key(case: tuple[str, int, bool, int]) -> str:
+    """``fp16_d128``, ``fp16_d128_causal``, ``fp16_d128_causal_kv8``: the references one timing compares to."""
+    dtype, hd, causal, kv = case
+    return f"{dtype}_d{hd}{'_causal' if causal else ''}{f'_kv{kv}' if kv else ''}"
+
+
+def attention_flops(B: int, H: int, S: int, D: int, causal: bool) -> float:
+    """Two GEMMs of 2*S*S*D per head; causal attention computes half the scores (FlashAttention's count)."""
+    return 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+
+
+def _attention_inputs(B: int, H: int, S: int, case: tuple[str, int, bool, int]) -> tuple[Any, Any, Any]:
+    """Fresh random q [B, H, S, D] and k, v [B, H_kv, S, D]."""
     import torch
 
-    s = (q.float() @ k.float().transpose(-1, -2)) / q.shape[-1] ** 0.5
-    return torch.softmax(s, dim=-1) @ v.float()
+    dtype, hd, _, kv = case
+    q = torch.randn(B, H, S, hd, device="cuda", dtype=_dtype(dtype))
+    k, v = (torch.randn(B, kv or H, S, hd, device="cuda", dtype=_dtype(dtype)) for _ in range(2))
+    return q, k, v
 
 
-def check_attention(mod: Any, dtype: str, head_dim: int) -> list[dict[str, Any]]:
+def _sdpa_ref(q: Any, k: Any, v: Any, causal: bool = False) -> tuple[Any, Any]:
+    """fp32 softmax(q k^T / sqrt(D) [causal]) v and the natural-log LSE; K/V heads repeated for GQA."""
+    import torch
+
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    s = (q.float() @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    if causal:
+        S = q.shape[2]
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+
+
+def check_attention(mod: Any, case: tuple[str, int, bool, int]) -> list[dict[str, Any]]:
+    """Output and LSE against fp32 torch on ragged shapes, both poisoned with NaN."""
     import torch
 
     rows = []
     for B, H, S in ATTN_RAGGED:
-        q, k, v = (torch.randn(B, H, S, head_dim, device="cuda", dtype=_dtype(dtype)) for _ in range(3))
+        H = H * (case[3] or 1)
+        q, k, v = _attention_inputs(B, H, S, case)
         out = torch.full_like(q, float("nan"))
-        mod.launch(q, k, v, out=out)
+        lse = torch.full((B, H, S), float("nan"), device="cuda", dtype=torch.float32)
+        mod.launch(q, k, v, out=out, lse=lse)
         torch.cuda.synchronize()
-        rows.append({"B": B, "H": H, "S": S, "D": head_dim, "relerr": _relerr(out, _sdpa_ref(q, k, v))})
+        ref, ref_lse = _sdpa_ref(q, k, v, case[2])
+        lse_err = float((lse - ref_lse).abs().max()) if torch.isfinite(lse).all() else float("nan")
+        rows.append({"B": B, "H": H, "S": S, "D": case[1], "relerr": _relerr(out, ref), "lse_maxerr": lse_err})
     return rows
 
 
-def time_attention(mod: Any, dtype: str, head_dim: int, seqs: tuple[int, ...]) -> list[dict[str, Any]]:
+def time_attention(mod: Any, case: tuple[str, int, bool, int], seqs: tuple[int, ...]) -> list[dict[str, Any]]:
     import torch
     from triton.testing import do_bench
 
     rows = []
     for S in seqs:
-        q, k, v = (torch.randn(ATTN_BATCH, ATTN_HEADS, S, head_dim, device="cuda", dtype=_dtype(dtype))
-                   for _ in range(3))
+        q, k, v = _attention_inputs(ATTN_BATCH, ATTN_HEADS, S, case)
         out = torch.full_like(q, float("nan"))
         mod.launch(q, k, v, out=out)
         ms = do_bench(lambda: mod.launch(q, k, v, out=out), warmup=50, rep=200, return_mode="median")
-        flops = 4 * ATTN_BATCH * ATTN_HEADS * S * S * head_dim
-        rows.append({"B": ATTN_BATCH, "H": ATTN_HEADS, "S": S, "D": head_dim, "finite": bool(torch.isfinite(out).all()),
+        flops = attention_flops(ATTN_BATCH, ATTN_HEADS, S, case[1], case[2])
+        rows.append({"B": ATTN_BATCH, "H": ATTN_HEADS, "S": S, "D": case[1], "finite": bool(torch.isfinite(out).all()),
                      "tflops": flops / ms / 1e9})
     return rows
 
 
-def attention_references(dtype: str, head_dim: int, seqs: tuple[int, ...]) -> dict[int, dict[str, Any]]:
-    """cuDNN SDPA and PyTorch flash (FA2) with do_bench medians; Pallas attention_mgpu where it runs."""
+def attention_references(case: tuple[str, int, bool, int], seqs: tuple[int, ...]) -> dict[int, dict[str, Any]]:
+    """cuDNN SDPA and PyTorch flash (FA2) with do_bench medians (``is_causal`` for causal cases; grouped K/V
+    heads expanded to the query heads before timing); Pallas attention_mgpu (non-causal, MHA) where it runs."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
+    dtype, head_dim, causal, kv = case
     refs: dict[int, dict[str, Any]] = {}
     for S in seqs:
-        q, k, v = (torch.randn(ATTN_BATCH, ATTN_HEADS, S, head_dim, device="cuda", dtype=_dtype(dtype))
-                   for _ in range(3))
-        flops = 4 * ATTN_BATCH * ATTN_HEADS * S * S * head_dim
+        q, k, v = _attention_inputs(ATTN_BATCH, ATTN_HEADS, S, case)
+        if kv:
+            k, v = (t.repeat_interleave(ATTN_HEADS // kv, dim=1) for t in (k, v))
+        flops = attention_flops(ATTN_BATCH, ATTN_HEADS, S, head_dim, causal)
         row: dict[str, Any] = {}
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             try:
                 with sdpa_kernel([backend]):
-                    ms = do_bench(lambda: F.scaled_dot_product_attention(q, k, v), warmup=50, rep=200,
-                                  return_mode="median")
+                    ms = do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), warmup=50,
+                                  rep=200, return_mode="median")
                 row[name] = flops / ms / 1e9
             except Exception as exc:  # a backend missing on this stack is recorded, not fatal
                 row[name] = f"ERR {type(exc).__name__}: {str(exc)[:100]}"
         refs[S] = row
         del q, k, v
         torch.cuda.empty_cache()
-    _pallas_references(refs, dtype, head_dim, seqs)
+    if not causal and not kv:
+        _pallas_references(refs, dtype, head_dim, seqs)
     return refs
 
 
@@ -301,17 +363,16 @@ def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool
                 row["checks"] = check_gemm(mod, dtype)
                 row["timings"] = time_gemm(mod, dtype, GEMM_SIZES[:1] if quick else GEMM_SIZES)
             else:
-                hd = entry["options"].get("head_dim", 128)
-                row["checks"] = check_attention(mod, dtype, hd)
-                row["timings"] = time_attention(mod, dtype, hd, seqs)
+                case = attention_case(entry["options"])
+                row["checks"] = check_attention(mod, case)
+                row["timings"] = time_attention(mod, case, seqs)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
         row["seconds"] = round(time.time() - t0, 1)
         result["kernels"].append(row)
         print(json.dumps({k: row.get(k) for k in ("name", "checks", "timings", "error")}), flush=True)
-    for dtype, hd in sorted({(e["options"].get("dtype", "fp16"), e["options"].get("head_dim", 128))
-                             for e in manifest if e["kernel"] == "flash-fwd"}):
-        result["attention_references"][f"{dtype}_d{hd}"] = attention_references(dtype, hd, seqs)
+    for case in sorted({attention_case(e["options"]) for e in manifest if e["kernel"] == "flash-fwd"}):
+        result["attention_references"][reference_key(case)] = attention_references(case, seqs)
     _attach_ratios(result)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "gluon_bench.json"), "w") as fh:
@@ -324,8 +385,7 @@ def _attach_ratios(result: dict[str, Any]) -> None:
     for row in result["kernels"]:
         if row["kernel"] != "flash-fwd" or "timings" not in row:
             continue
-        refs = result["attention_references"].get(f"{row['options'].get('dtype', 'fp16')}_d"
-                                                   f"{row['options'].get('head_dim', 128)}", {})
+        refs = result["attention_references"].get(reference_key(attention_case(row["options"])), {})
         for t in row["timings"]:
             ref = refs.get(t["S"], {})
             for name in ("cudnn", "fa2", "pallas_mgpu"):
@@ -372,9 +432,9 @@ def sanity(kernel_dir: str, only: list[str] | None = None, *, inner: int = 200, 
             b = torch.randn(inner, 520, device="cuda", dtype=_dtype(dtype))
             err = _relerr(mod.launch(a, b), a.float() @ b.float())
         else:
-            q, k, v = (torch.randn(1, 2, seq_len, entry["options"].get("head_dim", 128), device="cuda",
-                                   dtype=_dtype(dtype)) for _ in range(3))
-            err = _relerr(mod.launch(q, k, v), _sdpa_ref(q, k, v))
+            case = attention_case(entry["options"])
+            q, k, v = _attention_inputs(1, 2 * (case[3] or 1), seq_len, case)
+            err = _relerr(mod.launch(q, k, v), _sdpa_ref(q, k, v, case[2])[0])
         torch.cuda.synchronize()
         ok = err < 2e-2
         failures += not ok

@@ -129,6 +129,84 @@ def test_flash_variant_compiles(tmp_path, subtiles, head_dim, ahead, depth):
     assert ring_bytes <= facts.shared < ring_bytes + 4096
 
 
+ATTENTION_MODEL_CASES = [  # (kernel options, ahead): causal, grouped-query bf16, head dim 256, one partition
+    ({"subtiles": 2, "head_dim": 128, "causal": True}, 1),
+    ({"subtiles": 2, "head_dim": 128, "kv_heads": 2, "dtype": "bf16"}, 1),
+    ({"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True}, 1),
+    ({"subtiles": 1, "head_dim": 64, "causal": True, "kv_heads": 1}, 0),
+]
+
+
+@pytest.mark.parametrize("options,ahead", ATTENTION_MODEL_CASES)
+def test_flash_causal_gqa_head_dims_compile(tmp_path, options, ahead):
+    """Causal, grouped-query, head dim 256 and bf16 kernels compile to sm_90 with what they ask for: wgmma of
+    the head dim and key block in the operand dtype, the causal CTA order (reads %nctaid.x) and trip count
+    (min), the LSE store (log2), the Q tile plus K/V rings in shared memory, and no register spills (ptxas)."""
+    from twill.tune.spills import ptxas_report
+
+    graph = build_kernel("flash-fwd", H100, **options)
+    sched = flash_schedule(graph, H100, ahead=ahead, depth=2)
+    verify(sched, H100)
+    plan = gluon_plan(sched)
+    causal, kv_heads = options.get("causal", False), options.get("kv_heads", 0)
+    assert (plan.causal, plan.kv_heads) == (causal, kv_heads)
+    name = "fa_model_" + "_".join(f"{k}{v}" for k, v in options.items())
+    module, facts = _compile(tmp_path, sched, name)
+    ptx = aot.compile_sm90(module).asm["ptx"]
+    d, bn = options["head_dim"], options.get("block_n", 128)
+    assert set(facts.wgmma_shapes) == {f"m64n{bn}k16", f"m64n{d}k16"}
+    ab = "bf16" if options.get("dtype") == "bf16" else "f16"
+    assert f".f32.{ab}.{ab}" in ptx
+    assert set(facts.wait_depths) == ({0, 1} if ahead else {0})
+    assert ("%nctaid.x" in ptx) == causal and ("min.s32" in ptx) == causal
+    assert "__nv_log2f" in ptx                               # the LSE: (m + log2 l) ln 2
+    assert ("group" in module.compile_signature()[0]) == bool(kv_heads)
+    ring_bytes = 2 * 2 * bn * d * 2 + 128 * d * 2
+    assert ring_bytes <= facts.shared < ring_bytes + 4096
+    assert ptxas_report(ptx, 90)["spill_bytes"] == 0          # O of head dim 256 fits the 240-register budget
+
+
+def test_flash_without_lse_drops_the_store(tmp_path):
+    """``launch`` passes ``lse_ptr=None`` without an LSE output; Triton makes it a constexpr and the LSE
+    store (its libdevice log2) disappears from the kernel."""
+    sched = flash_schedule(build_kernel("flash-fwd", H100, subtiles=2, causal=True), H100, ahead=1, depth=2)
+    path = tmp_path / "fa_no_lse.py"
+    path.write_text(emit_gluon(sched))
+    module = load_emitted(str(path), "twill_test_fa_no_lse")
+    without = aot.compile_sm90(module, {"lse_ptr": None}).asm["ptx"]
+    assert "__nv_log2f" not in without and "wgmma.mma_async" in without
+
+
+@pytest.mark.slow
+def test_flash_causal_and_grouped_kernels_differ_as_their_schedules():
+    """Causal and grouped-query kernels of different schedules are different kernels; each keeps the mask
+    and the K/V head mapping, and only causal kernels stop at the diagonal."""
+    sources = {}
+    for causal in (False, True):
+        for kv_heads in (0, 4):
+            graph = build_kernel("flash-fwd", H100, subtiles=2, causal=causal, kv_heads=kv_heads)
+            for ahead, depth in ((1, 2), (0, 3)):
+                sources[(causal, kv_heads, ahead, depth)] = emit_gluon(flash_schedule(graph, H100, ahead=ahead,
+                                                                                      depth=depth))
+    assert len(set(sources.values())) == len(sources) == 8
+    for (causal, kv_heads, _, _), source in sources.items():
+        assert ("gl.minimum(q_start + BLOCK_M, seq_len)" in source) == causal
+        assert ("cols[None, :] <= rows[:, None]" in source) == causal
+        assert ("kv_row = (bh // group) * seq_len" in source) == bool(kv_heads)
+        assert ("KV_HEADS      = gl.constexpr(4)" in source) == bool(kv_heads)
+
+
+def test_flash_shared_memory_overflow_cannot_be_emitted():
+    """A schedule (say, read from a file) whose rings do not fit 227 KB with the Q tile: a clear error, no
+    kernel (the solver and the verifier keep their schedules within shared memory)."""
+    graph = build_kernel("flash-fwd", H100, subtiles=2, head_dim=128)
+    sched = flash_schedule(graph, H100, ahead=1, depth=2)
+    sched = Schedule(**{**sched.__dict__, "streaming_depth": 4})
+    with pytest.raises(UnsupportedFeatureError, match="cannot generate: the Q tile and K/V rings need 294912 "
+                                                      "bytes of shared memory"):
+        emit_gluon(sched)
+
+
 def test_flash_ping_pong_barriers_follow_the_schedule():
     graph = build_kernel("flash-fwd", H100, subtiles=2, head_dim=128)
     source = emit_gluon(flash_schedule(graph, H100, ahead=1, depth=2))
@@ -258,3 +336,26 @@ def test_cli_emit_from_schedule_file(tmp_path):
     assert main(["emit", "gluon", "--schedule", str(tmp_path / "s.json"), "-o", str(out)]) == 0
     assert out.read_text() == emit_gluon(sched)
     assert main(["emit", "gluon", "paper-example", "--schedule", str(tmp_path / "s.json"), "-o", str(out)]) == 2
+
+
+def test_cli_kernel_options_causal_and_kv_heads(tmp_path, capsys):
+    """``--causal`` and ``--kv-heads`` are flash-fwd kernel options: other kernels reject them with one line."""
+    from twill.cli import main
+
+    assert main(["emit", "gluon", "gemm", "--causal", "-o", str(tmp_path / "g.py")]) == 2
+    assert "twill: error: kernel 'gemm' has no option 'causal'" in capsys.readouterr().err
+    assert main(["emit", "gluon", "flash-fwd", "--kv-heads", "-2", "-o", str(tmp_path / "f.py")]) == 2
+    assert "kv_heads must be 0" in capsys.readouterr().err
+    assert not (tmp_path / "g.py").exists() and not (tmp_path / "f.py").exists()
+
+
+@pytest.mark.skipif(not HAS_ORTOOLS, reason="the joint solver needs OR-Tools")
+def test_cli_emits_a_causal_grouped_kernel(tmp_path):
+    from twill.cli import main
+
+    out = tmp_path / "fa_causal.py"
+    assert main(["emit", "gluon", "flash-fwd", "--subtiles", "2", "--causal", "--kv-heads", "8", "--dtype", "bf16",
+                 "-o", str(out)]) == 0
+    module = load_emitted(str(out), "twill_test_cli_causal")
+    assert module.KV_HEADS.value == 8 and module.DTYPE.value == triton.language.bfloat16
+    assert "online_softmax(s_cur, m_i, l_i, 0, q_first, qk_scale, s_layout)" in out.read_text()

@@ -30,18 +30,19 @@ def _gemm(block_n: int, lag: int, depth: int):
                          depth=depth, warps=8)
 
 
-def _flash(subtiles: int, head_dim: int, ahead: int, depth: int):
-    return flash_schedule(build_kernel("flash-fwd", H100, subtiles=subtiles, head_dim=head_dim), H100,
+def _flash(subtiles: int, head_dim: int, ahead: int, depth: int, **options):
+    return flash_schedule(build_kernel("flash-fwd", H100, subtiles=subtiles, head_dim=head_dim, **options), H100,
                           ahead=ahead, depth=depth)
 
 
 #: name -> schedule builder: GEMM with and without a deferred wgmma wait; attention with two ping-pong
-#: compute partitions and S one stage ahead, and with one partition and no overlap.
+#: compute partitions and S one stage ahead (also causal), and with one partition and no overlap.
 CASES = {
     "gemm_128x256x64_lag1_d4": lambda: _gemm(256, 1, 4),
     "gemm_128x256x64_lag0_d3": lambda: _gemm(256, 0, 3),
     "fa_d128_sub2_ahead1_d2": lambda: _flash(2, 128, 1, 2),
     "fa_d64_sub1_ahead0_d3": lambda: _flash(1, 64, 0, 3),
+    "fa_d128_sub2_ahead1_d2_causal": lambda: _flash(2, 128, 1, 2, causal=True),
 }
 
 

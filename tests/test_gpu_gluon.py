@@ -50,3 +50,66 @@ def test_attention_matches_torch(tmp_path, subtiles, head_dim, ahead, B, H, S):
     mod.launch(q, k, v, out=out)
     ref = torch.softmax(q.float() @ k.float().transpose(-1, -2) / head_dim ** 0.5, dim=-1) @ v.float()
     assert _relerr(out, ref) < 2e-3
+
+
+def _attention_reference(q, k, v, sm_scale, causal):
+    """fp64 softmax(q k^T * sm_scale [causal]) v and the natural-log LSE of the scaled scores; k, v may have
+    fewer heads (grouped-query: query head h reads K/V head h // (H // H_kv))."""
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q.double() @ k.transpose(-1, -2) * sm_scale
+    if causal:
+        S = q.shape[2]
+        scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
+
+
+MODEL_CASES = [  # (kernel options, ahead, sm_scale)
+    ({"subtiles": 2, "head_dim": 128, "causal": True}, 1, None),
+    ({"subtiles": 2, "head_dim": 64, "causal": True}, 0, 0.3),
+    ({"subtiles": 1, "head_dim": 128, "causal": True}, 1, None),
+    ({"subtiles": 2, "head_dim": 128, "causal": True, "kv_heads": 2, "dtype": "bf16"}, 1, None),
+    ({"subtiles": 2, "head_dim": 128, "kv_heads": 1}, 1, 0.05),
+    ({"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True}, 1, None),
+    ({"subtiles": 2, "head_dim": 256, "block_n": 64, "dtype": "bf16"}, 1, None),
+    ({"subtiles": 2, "head_dim": 128}, 1, None),
+]
+
+
+@pytest.mark.parametrize("options,ahead,sm_scale", MODEL_CASES)
+@pytest.mark.parametrize("B,H,S", [(1, 4, 77), (2, 4, 1000), (1, 2, 1537)])
+def test_attention_causal_gqa_lse_match_torch(tmp_path, options, ahead, sm_scale, B, H, S):
+    """Outputs and LSE against fp64 torch: causal and not, grouped-query and multi-query K/V heads, head dims
+    64/128/256, fp16/bf16, ragged S, a given softmax scale; outputs and LSE poisoned with NaN, fresh data."""
+    graph = build_kernel("flash-fwd", H100, **options)
+    name = "_".join(f"{k}{v}" for k, v in options.items()) + f"_a{ahead}"
+    path = tmp_path / f"fa_{name}.py"
+    path.write_text(emit_gluon(flash_schedule(graph, H100, ahead=ahead, depth=2)))
+    mod = load_emitted(str(path), f"gpu_fa_{name}_{S}")
+    dtype = torch.bfloat16 if options.get("dtype") == "bf16" else torch.float16
+    d, kv_heads = options["head_dim"], options.get("kv_heads", 0) or H
+    q = torch.randn(B, H, S, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(B, kv_heads, S, d, device="cuda", dtype=dtype) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, S), float("nan"), device="cuda", dtype=torch.float32)
+    scale = d ** -0.5 if sm_scale is None else sm_scale
+    got, got_lse = mod.launch(q, k, v, sm_scale=sm_scale, out=out, lse=lse, return_lse=True)
+    assert got is out and got_lse is lse
+    ref, ref_lse = _attention_reference(q, k, v, scale, options.get("causal", False))
+    assert _relerr(out, ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+    assert torch.isfinite(lse).all() and float((lse.double() - ref_lse).abs().max()) < 1e-3
+    plain = mod.launch(q, k, v, sm_scale=sm_scale)           # no LSE: lse_ptr None, the store compiled out
+    assert _relerr(plain, ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+def test_attention_launcher_rejects_wrong_kv_heads(tmp_path):
+    graph = build_kernel("flash-fwd", H100, subtiles=2, kv_heads=2)
+    path = tmp_path / "fa_kv2.py"
+    path.write_text(emit_gluon(flash_schedule(graph, H100, ahead=1, depth=2)))
+    mod = load_emitted(str(path), "gpu_fa_kv2_errors")
+    q = torch.randn(1, 3, 64, 128, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 2, 64, 128, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="not a multiple of KV_HEADS=2"):
+        mod.launch(q, k, k)
+    with pytest.raises(ValueError, match="expected k, v of shape"):
+        mod.launch(q[:, :2], q[:, :1], q[:, :1])

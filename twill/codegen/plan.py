@@ -27,6 +27,10 @@ Policy (documented in ``docs/codegen.md``):
   (by ``t mod II``) is cut into *turns*: maximal runs of one partition's ops (cyclically merged). A
   partition waits for its turn before the first op of each of its turns and passes the tensor core on
   after the last; within a turn it issues its ops in program order (``qk`` before ``pv``).
+* **Attention variants.** ``causal`` and ``kv_heads`` (graph attributes) do not change the loop body or the
+  schedule; they are carried to the renderer, which bounds each query block's trip count at its diagonal
+  and masks the diagonal iterations, and maps query heads onto K/V heads. The Q tile and the K/V rings must
+  fit the machine's shared memory per block.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import LoopGraph
+from twill.machine.models import get_machine
 from twill.schedule.result import Schedule, WarpGroup
 
 GEMM_ROLES = ("load_a", "load_b", "mma", "mma_wait")
@@ -43,6 +48,8 @@ FLASH_ROLES = ("load_k", "load_v", "qk", "rowmax", "exp", "rowsum", "alpha", "re
 #: Order in which an attention compute partition issues its tensor-core ops within one loop body.
 FLASH_PROGRAM_ORDER = ("qk", "pv")
 DTYPES = ("fp16", "bf16")
+#: Attention head dimensions the renderers support (the O accumulator is one wgmma of N = head dim <= 256).
+FLASH_HEAD_DIMS = (64, 128, 256)
 ARCHS = ("h100", "h200")
 #: Register budget of the TMA producer partition when the schedule gives none below it (setmaxnreg minimum).
 LOAD_REGS_MIN = 24
@@ -191,6 +198,9 @@ class KernelPlan:
         waits: every wait of the kernel with the dependence that forces it.
         mma_lag: GEMM MMA wait lag (``stage(mma_wait) - stage(mma)``).
         turns: tensor-core turns between compute partitions (empty with one compute partition).
+        causal: attention: the causal mask (the K/V loop of a query block stops at its diagonal, where the
+            scores are masked; see docs/codegen.md, "Causal attention").
+        kv_heads: attention: K/V heads (0: as many as the query heads; N: grouped-query attention).
     """
 
     kernel: str
@@ -211,6 +221,8 @@ class KernelPlan:
     waits: tuple[Wait, ...]
     mma_lag: int = 0
     turns: tuple[Turn, ...] = ()
+    causal: bool = False
+    kv_heads: int = 0
 
     @property
     def compute(self) -> tuple[Partition, ...]:
@@ -494,8 +506,6 @@ def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
     if missing:
         raise _unsupported(backend, f"graph {graph.name!r} without a {missing[0]} op",
                            "attention needs TMA loads of K and V")
-    if graph.attrs.get("causal"):
-        raise _unsupported(backend, "causal masking")
     qks, pvs = ops_with_role(graph, "qk"), ops_with_role(graph, "pv")
     if not qks or len(qks) != len(pvs) or len(qks) > 2:
         raise UnsupportedFeatureError(f"cannot generate: attention graph needs one qk and one pv per sub-tile "
@@ -519,16 +529,36 @@ def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
         rings.append(Ring(name, load, tuple(readers), release, depth, why, name))
     barriers = tuple(Barrier(r.name, (r.name,), r.depth, len(compute)) for r in rings)
     head_dim = int(graph.attrs.get("head_dim", 128))
-    if head_dim not in (64, 128):
-        raise _unsupported(backend, f"head dim {head_dim}", "64, 128")
+    if head_dim not in FLASH_HEAD_DIMS:
+        raise _unsupported(backend, f"head dim {head_dim}", ", ".join(map(str, FLASH_HEAD_DIMS)))
     qk_attrs = graph.op(qks[0]).attrs
     sub_m = int(qk_attrs.get("m", 16 * compute[0].num_warps))
     tile = {"block_m": sub_m * len(compute), "sub_m": sub_m,
             "block_n": int(graph.attrs.get("block_n", qk_attrs.get("n", 128))), "head_dim": head_dim}
+    _check_flash_smem(schedule, tile, rings, backend)
+    kv_heads = int(graph.attrs.get("kv_heads", 0))
+    if kv_heads < 0:
+        raise UnsupportedFeatureError(f"cannot generate: kv_heads {kv_heads} (0 or a positive head count)")
     waits = _ring_waits(graph, rings) + [_retire_wait(graph, p.roles[r]) for p in compute for r in ("qk", "pv")]
     waits += _turn_waits(graph, turns)
     return _plan(schedule, "flash-fwd", backend, tile=tile, partitions=compute + (parts[-1],), rings=tuple(rings),
-                 barriers=barriers, waits=tuple(waits), turns=turns)
+                 barriers=barriers, waits=tuple(waits), turns=turns, causal=bool(graph.attrs.get("causal", False)),
+                 kv_heads=kv_heads)
+
+
+def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> None:
+    """The Q tile and the K/V rings must fit the machine's shared memory per block (head dim 256 needs
+    ``--block-n 64``)."""
+    capacity = get_machine(schedule.arch).smem_per_block
+    esize = 2  # fp16 / bf16 bytes
+    need = tile["block_m"] * tile["head_dim"] * esize + sum(
+        r.depth * tile["block_n"] * tile["head_dim"] * esize for r in rings)
+    if need > capacity:
+        raise UnsupportedFeatureError(
+            f"cannot generate: the Q tile and K/V rings need {need} bytes of shared memory, more than the "
+            f"{capacity} of {schedule.arch} (block_m {tile['block_m']}, block_n {tile['block_n']}, head dim "
+            f"{tile['head_dim']}, ring depths {'/'.join(str(r.depth) for r in rings)}; {backend} backend); use a "
+            f"smaller --block-n or --streaming-depth")
 
 
 def kernel_plan(schedule: Schedule, backend: str) -> KernelPlan:

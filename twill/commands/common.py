@@ -3,7 +3,8 @@
 A *target* is one of
 
 * a built-in kernel name (``twill kernels`` lists them), built with the static kernel options given
-  (``--subtiles``, ``--head-dim``, ``--block-m``, ``--block-n``, ``--block-k``, ``--dtype``);
+  (``--subtiles``, ``--head-dim``, ``--block-m``, ``--block-n``, ``--block-k``, ``--dtype``, ``--causal``,
+  ``--kv-heads``);
 * a ``twill-graph/1`` file (``*.json``);
 * a Triton kernel ``path.py:fn``, traced with ``--signature``, ``--constexpr NAME=VAL``, ``--num-warps``,
   ``--num-stages``; or a Triton ``.ttgir`` / ``.mlir`` dump, read directly.
@@ -32,6 +33,8 @@ KERNEL_FLAGS: dict[str, tuple[str, type]] = {
     "--block-n": ("block_n", int),
     "--block-k": ("block_k", int),
     "--dtype": ("dtype", str),
+    "--causal": ("causal", bool),
+    "--kv-heads": ("kv_heads", int),
 }
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
@@ -48,7 +51,11 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
                              "measured rates replace the datasheet costs")
     group = parser.add_argument_group("static kernel options (built-in kernels only)")
     for flag, (dest, typ) in KERNEL_FLAGS.items():
-        group.add_argument(flag, dest=dest, type=typ, default=None, help=f"kernel option {dest}")
+        if typ is bool:
+            group.add_argument(flag, dest=dest, action="store_const", const=True, default=None,
+                               help=f"kernel option {dest}")
+        else:
+            group.add_argument(flag, dest=dest, type=typ, default=None, help=f"kernel option {dest}")
     tri = parser.add_argument_group("Triton target options (path.py:fn targets only)")
     tri.add_argument("--signature", default=None,
                      help="types of the non-constexpr arguments, NAME=TYPE or TYPE in argument order; ':16' "

@@ -30,6 +30,7 @@ file: (65536/32 - 2*24) / 12 = 166 -> 160; FA4 itself gives 192 to softmax and 8
 
 from __future__ import annotations
 
+from twill.errors import TwillError
 from twill.ir.builder import GraphBuilder
 from twill.ir.graph import LoopGraph
 from twill.kernels import KernelOption
@@ -38,10 +39,14 @@ from twill.machine.models import Machine
 
 OPTIONS = {
     "subtiles": KernelOption(int, 1, "split the Q block into this many sub-tiles sharing K/V", (1, 2)),
-    "head_dim": KernelOption(int, 128, "head dimension", (64, 128)),
+    "head_dim": KernelOption(int, 128, "head dimension", (64, 128, 256)),
     "block_m": KernelOption(int, 0, "query rows per CTA (0 = 128 on Hopper, 256 on Blackwell)", (0, 64, 128, 256)),
     "block_n": KernelOption(int, 128, "keys per iteration", (64, 128)),
     "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
+    "causal": KernelOption(bool, False, "causal mask: each query attends to keys at or before its position "
+                                        "(the loop stops at the diagonal)", (False, True)),
+    "kv_heads": KernelOption(int, 0, "K/V heads (0: as many as the query heads; N: grouped-query attention, "
+                                     "N divides the query heads, 1 = multi-query)"),
 }
 
 #: Per-thread register budget for register-holding warp groups, by accumulator location (see module doc).
@@ -58,15 +63,21 @@ def default_block_m(machine: Machine) -> int:
 
 
 def build(machine: Machine, *, subtiles: int = 1, head_dim: int = 128, block_m: int = 0, block_n: int = 128,
-          dtype: str = "fp16") -> LoopGraph:
-    """The forward KV-loop body for ``machine`` (see the module docstring)."""
+          dtype: str = "fp16", causal: bool = False, kv_heads: int = 0) -> LoopGraph:
+    """The forward KV-loop body for ``machine`` (see the module docstring). ``causal`` and ``kv_heads`` do
+    not change the loop body (the unmasked steady state is the scheduled loop; grouped K/V heads only move
+    the K/V rows a CTA reads); they are graph attributes for the code generators."""
+    if kv_heads < 0:
+        raise TwillError(f"kernel 'flash-fwd': kv_heads must be 0 (as many as the query heads) or positive, "
+                         f"got {kv_heads}")
     block_m = block_m or default_block_m(machine)
     smem_resident = block_m * head_dim * 2          # the Q tile, loaded once before the loop
     tmem = machine.mma_accumulates_in == "tmem"
     b = GraphBuilder("flash-fwd", attrs={
         "kernel": "flash-fwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
         "head_dim": head_dim, "dtype": dtype, "subtiles": subtiles,
-        "reg_limit": DEFAULT_REG_LIMIT[machine.mma_accumulates_in], "smem_resident": smem_resident})
+        "reg_limit": DEFAULT_REG_LIMIT[machine.mma_accumulates_in], "smem_resident": smem_resident,
+        **({"causal": True} if causal else {}), **({"kv_heads": kv_heads} if kv_heads else {})})
     load_k = k.tma_load(b, machine, "load_k", "load_k", block_n, head_dim, dtype)
     load_v = k.tma_load(b, machine, "load_v", "load_v", block_n, head_dim, dtype)
     rows = block_m // subtiles

@@ -43,18 +43,22 @@ class PtxFacts:
     mbarrier_waits: int
 
 
-def compile_sm90(module: ModuleType) -> Any:
-    """Compile the emitted module's kernel for sm_90; returns Triton's ``CompiledKernel``."""
+def compile_sm90(module: ModuleType, constexprs: dict[str, Any] | None = None) -> Any:
+    """Compile the emitted module's kernel for sm_90; returns Triton's ``CompiledKernel``. ``constexprs``
+    fixes kernel parameters at compile time, as Triton's launcher does for ``None`` arguments (an attention
+    kernel launched without an LSE output gets ``{"lse_ptr": None}``)."""
     try:
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.experimental.gluon._runtime import GluonASTSource
     except ImportError as exc:
         raise UnsupportedFeatureError(f"cannot compile: Triton 3.6 with Gluon is needed ({exc})") from None
-    signature, constexprs = module.compile_signature()
+    signature, fixed = module.compile_signature()
+    fixed = {**fixed, **(constexprs or {})}
+    signature = {name: "constexpr" if name in fixed else ty for name, ty in signature.items()}
     pointer_args = [i for i, ty in enumerate(signature.values()) if ty.startswith("*")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in pointer_args}
-    src = GluonASTSource(module.KERNEL_FN, signature, constexprs=constexprs, attrs=attrs)
+    src = GluonASTSource(module.KERNEL_FN, signature, constexprs=fixed, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": module.NUM_WARPS})
 
 

@@ -8,6 +8,11 @@ registers as the A operand of the second wgmma. When the schedule puts ``pv`` on
 steady state issues ``S(j+1)`` together with ``O += P(j) V(j)`` and runs the softmax of ``j+1`` while that
 PV runs; with two compute partitions each wgmma turn is guarded by a ``turn`` mbarrier (ping-pong).
 
+Causal kernels (``plan.causal``) stop each query block's loop at its diagonal, mask the scores of the
+diagonal iterations per sub-tile inside ``online_softmax`` and take query blocks heaviest first; grouped-query
+kernels (``plan.kv_heads``) read K/V head ``h // group``; every kernel stores the natural-log LSE when
+``lse_ptr`` is not ``None`` (docs/codegen.md, "Causal attention, grouped K/V heads, LSE").
+
 Decisions that differ between the partitions become constexpr parameters of ``compute_partition`` (and
 static ``if``\\ s); decisions they share are rendered directly.
 
@@ -24,47 +29,101 @@ from twill.codegen.gluon.render import KernelBody, compute_def
 from twill.codegen.plan import FLASH_PROGRAM_ORDER, KernelPlan
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
-COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_ptr", "q_row", "q_start", "seq_len", "n_tiles", "qk_scale")
+COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_ptr", "lse_ptr", "q_row", "q_start", "seq_len", "n_tiles",
+                  "qk_scale")
 
-SOFTMAX = '''
+SOFTMAX = """
 @gluon.jit
 def online_softmax(s, m_i, l_i, kv_start, seq_len, qk_scale, col_layout: gl.constexpr):
-    """One online-softmax step on S (fp32, wgmma layout): returns P = exp2(S*scale - m_new), alpha =
-    exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Keys past seq_len are masked to -inf."""
+    \"\"\"One online-softmax step on S (fp32, wgmma layout): returns P = exp2(S*scale - m_new), alpha =
+    exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Keys past seq_len are masked to -inf.\"\"\"
     if kv_start + BLOCK_N > seq_len:
         cols = gl.arange(0, BLOCK_N, col_layout)
         s = gl.where((kv_start + cols < seq_len)[None, :], s, float("-inf"))
+{STEP}
+"""
+
+CAUSAL_SOFTMAX = """
+@gluon.jit
+def online_softmax(s, m_i, l_i, kv_start, q_first, qk_scale, s_layout: gl.constexpr):
+    \"\"\"One online-softmax step on S (fp32, wgmma layout): returns P = exp2(S*scale - m_new), alpha =
+    exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Causal: on a diagonal tile (one holding a key
+    after the sub-tile's first query q_first) keys after each row's query are masked to -inf; the tiles
+    before the diagonal take no mask. No key past seq_len is unmasked for a row below seq_len (key <= query),
+    and rows past seq_len are never stored.\"\"\"
+    if kv_start + BLOCK_N > q_first + 1:
+        cols = kv_start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+        rows = q_first + gl.arange(0, SUB_M, gl.SliceLayout(1, s_layout))
+        s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+{STEP}
+"""
+
+STEP = """\
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # rowmax (m kept in scaled log2 units)
     alpha = gl.exp2(m_i - m_new)                      # alpha
     p = gl.exp2(s * qk_scale - m_new[:, None])        # exp: one FMA + ex2 per element
     l_new = l_i * alpha + gl.sum(p, 1)                # rowsum
-    return p, alpha, m_new, l_new
-'''
+    return p, alpha, m_new, l_new"""
 
-LAUNCH = '''
+LAUNCH = """
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
 
 
-def launch(q, k, v, sm_scale=None, out=None):
-    """softmax(q k^T * sm_scale) v for q, k, v [B, H, S, D] (fp16/bf16, CUDA, non-causal); returns out."""
+def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
+    \"\"\"softmax(q k^T * sm_scale{mask}) v for q [B, H, S, D] and k, v [B, {kv}, S, D] ({dtype}, CUDA);
+    sm_scale defaults to 1/sqrt(D). Returns out, or (out, lse) with return_lse: lse [B, H, S] fp32 is the
+    natural-log log-sum-exp of each row's scaled scores (what the backward reads); a given lse is written.\"\"\"
     import math
 
     import torch
 
     B, H, S, D = q.shape
-    if D != HEAD_DIM.value or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"expected q, k, v of shape [B, H, S, {HEAD_DIM.value}], got {tuple(q.shape)}")
-    q2, k2, v2 = (t.contiguous().view(B * H * S, D) for t in (q, k, v))
+    if D != HEAD_DIM.value or q.dtype != torch.{torch_dtype}:
+        raise ValueError(f"expected q of shape [B, H, S, {{HEAD_DIM.value}}] and dtype {torch_dtype}, got "
+                         f"{{tuple(q.shape)}} {{q.dtype}}")
+{kv_check}
+    if k.shape != kv_shape or v.shape != kv_shape or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"expected k, v of shape {{kv_shape}} and dtype {{q.dtype}}, got {{tuple(k.shape)}} "
+                         f"{{tuple(v.shape)}}")
+    q2 = q.contiguous().view(B * H * S, D)
+    k2, v2 = (t.contiguous().view(-1, D) for t in (k, v))
     if out is None:
         out = torch.empty_like(q)
+    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {{q.dtype}} tensor of shape {{tuple(q.shape)}}")
+    if lse is None and return_lse:
+        lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
+    if lse is not None and (lse.shape != (B, H, S) or lse.dtype != torch.float32 or not lse.is_contiguous()):
+        raise ValueError(f"lse must be a contiguous float32 tensor of shape {{(B, H, S)}}")
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     q_desc = _descriptor(q2, [SUB_M.value, D])
     k_desc = _descriptor(k2, [BLOCK_N.value, D])
     v_desc = _descriptor(v2, [BLOCK_N.value, D])
     grid = (triton.cdiv(S, BLOCK_M.value), B * H)
-    attention_kernel[grid](q_desc, k_desc, v_desc, out, S, sm_scale * LOG2E, num_warps=NUM_WARPS)
-    return out
-'''
+    attention_kernel[grid](q_desc, k_desc, v_desc, out, lse, S, sm_scale * LOG2E{group_arg}, num_warps=NUM_WARPS)
+    return (out, lse) if return_lse else out
+"""
+
+#: torch dtype of each plan dtype (the launcher checks its inputs against it).
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def softmax_source(plan: KernelPlan) -> str:
+    """The ``online_softmax`` helper: key-tail mask, or (causal) the diagonal mask."""
+    return (CAUSAL_SOFTMAX if plan.causal else SOFTMAX).replace("{STEP}", STEP)
+
+
+def launch_source(plan: KernelPlan) -> str:
+    """The host launcher: shape and dtype checks, the optional LSE output, the K/V head grouping."""
+    if plan.kv_heads:
+        kv_check = ("    if H % KV_HEADS.value:\n"
+                    "        raise ValueError(f\"{H} query heads are not a multiple of KV_HEADS={KV_HEADS.value}\")\n"
+                    "    kv_shape = (B, KV_HEADS.value, S, D)")
+        kv, group_arg = "KV_HEADS", ", H // KV_HEADS.value"
+    else:
+        kv_check, kv, group_arg = "    kv_shape = tuple(q.shape)", "H", ""
+    return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
+                         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, group_arg=group_arg)
 
 
 class _Knobs:
@@ -158,9 +217,15 @@ class _Compute:
         stages = "/".join(str(self.plan.placement(p.roles["exp"]).stage) for p in self.plan.compute)
         return [
             f"{ind}# rowmax/alpha/exp/rowsum of iteration {j} (stage {stages})",
-            f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, seq_len, qk_scale,",
-            f"{ind}                                    gl.SliceLayout(0, s_layout))",
+            *self._softmax_call(kv_start, ind),
         ]
+
+    def _softmax_call(self, kv_start: str, ind: str) -> list[str]:
+        if self.plan.causal:
+            return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, q_first, qk_scale, "
+                    f"s_layout)"]
+        return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, seq_len, qk_scale,",
+                f"{ind}                                    gl.SliceLayout(0, s_layout))"]
 
     def issue_pv(self, j: str, ind: str, counter: str | None) -> list[str]:
         """``counter`` None: outside the steady state, where tensor-core turns are not taken."""
@@ -249,6 +314,8 @@ class _Compute:
             "    o = gl.zeros([SUB_M, HEAD_DIM], gl.float32, o_layout)",
             "    s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)",
             "    q = q_smem.index(SUB)",
+            *(["    q_first = q_start + SUB * SUB_M  # position of the sub-tile's first query (its diagonal)"]
+              if plan.causal else []),
             "    mbarrier.wait(q_bar, 0)  # Q sub-tile loaded by load_partition",
             *self.body(),
             "    # normalise and store (rows past seq_len masked)",
@@ -258,8 +325,13 @@ class _Compute:
             "    row0 = q_row + SUB * SUB_M",
             "    ptrs = o_ptr + (row0 + rows).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]",
             "    gl.store(ptrs, o.to(DTYPE), mask=(q_start + SUB * SUB_M + rows < seq_len)[:, None])",
+            "    if lse_ptr is not None:  # log-sum-exp for the backward: ln(sum exp(s*scale)) = (m + log2 l) ln 2",
+            "        rows_s = gl.arange(0, SUB_M, gl.SliceLayout(1, s_layout))",
+            "        lse = (m_i + gl.log2(l_i)) * LN2",
+            "        lse_mask = q_start + SUB * SUB_M + rows_s < seq_len",
+            "        gl.store(lse_ptr + (row0 + rows_s).to(gl.int64), lse, mask=lse_mask)",
         ]
-        return SOFTMAX.strip("\n") + "\n\n" + "\n".join(lines) + "\n"
+        return softmax_source(plan).strip("\n") + "\n\n" + "\n".join(lines) + "\n"
 
 
 def flash_body(plan: KernelPlan) -> KernelBody:
@@ -274,7 +346,11 @@ def flash_body(plan: KernelPlan) -> KernelBody:
         first = plan.turns[0]
         before.append(f"    mbarrier.arrive(turn_bars.index({first.partition}))  # compute{first.partition} takes the "
                       f"first tensor-core turn ({'/'.join(first.ops)})")
-    extra = [("NUM_COMPUTE", len(comp), "compute partitions = sub-tiles")]
+    extra = [("NUM_COMPUTE", len(comp), "compute partitions = sub-tiles"),
+             ("LN2", 0.6931471805599453, "ln(2): the softmax runs in base 2, the LSE output is a natural log")]
+    if plan.kv_heads:
+        extra.append(("KV_HEADS", plan.kv_heads, "K/V heads (grouped-query: query head h reads K/V head "
+                                                  "h // (H // KV_HEADS))"))
     if plan.turns:
         extra.append(("TURNS", plan.turns_per_iteration, "tensor-core turns per partition per iteration"))
     return KernelBody(
@@ -284,7 +360,7 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                    f"issued with PV(j), softmax overlaps PV); tensor-core turns (ping-pong): {turns}; "
                    f"compute_partition constexprs {', '.join(compute.knobs.params)}",
                    "layouts: S, O in the wgmma accumulator layout; row max/sum in SliceLayout(1, S); P in registers "
-                   "as the A operand (DotOperandLayout) of O += P V"),
+                   "as the A operand (DotOperandLayout) of O += P V", *_mask_decisions(plan)),
         tile_constants=(("BLOCK_M", t["block_m"], f"query rows per CTA = {len(comp)} sub-tile(s) x SUB_M"),
                         ("SUB_M", t["sub_m"], "query rows per compute partition (16 per warp: one wgmma row block)"),
                         ("BLOCK_N", t["block_n"], "keys per loop iteration"),
@@ -292,14 +368,10 @@ def flash_body(plan: KernelPlan) -> KernelBody:
         extra_constants=tuple(extra),
         functions=compute.render(),
         kernel="attention_kernel",
-        kernel_params="q_desc, k_desc, v_desc, o_ptr, seq_len, qk_scale",
-        kernel_doc="O = softmax(Q K^T * scale) V for one (query block, batch*head); Q, K, V, O are [B*H*S, D].",
-        setup=("    pid_m = gl.program_id(0)",
-               "    bh = gl.program_id(1)",
-               "    kv_row = bh * seq_len",
-               "    q_start = pid_m * BLOCK_M",
-               "    q_row = kv_row + q_start",
-               "    n_tiles = gl.cdiv(seq_len, BLOCK_N)",
+        kernel_params="q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq_len, qk_scale" + (", group" if plan.kv_heads
+                                                                                      else ""),
+        kernel_doc=_kernel_doc(plan),
+        setup=(*_setup(plan),
                "    q_smem = gl.allocate_shared_memory(DTYPE, [NUM_COMPUTE, SUB_M, HEAD_DIM], q_desc.layout)",
                "    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
                "    mbarrier.init(q_bar, count=1)"),
@@ -320,6 +392,51 @@ def flash_body(plan: KernelPlan) -> KernelBody:
         signature=(("q_desc", "_desc_type([SUB_M.value, HEAD_DIM.value])"),
                    ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
                    ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
-                   ("o_ptr", '"*" + str(DTYPE.value)'), ("seq_len", '"i32"'), ("qk_scale", '"fp32"')),
-        launch=LAUNCH,
+                   ("o_ptr", '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'), ("seq_len", '"i32"'),
+                   ("qk_scale", '"fp32"'), *((("group", '"i32"'),) if plan.kv_heads else ())),
+        launch=launch_source(plan),
     )
+
+
+def _mask_decisions(plan: KernelPlan) -> tuple[str, ...]:
+    """Header lines for the causal mask and grouped K/V heads (none for plain attention)."""
+    lines = []
+    if plan.causal:
+        lines.append("causal: the loop of a query block stops at its diagonal (key tiles after it are never loaded); "
+                     "the steady state is the scheduled loop, the diagonal tiles are its last iterations with the "
+                     "scores masked per sub-tile (key <= query); query blocks run heaviest first")
+    if plan.kv_heads:
+        lines.append(f"grouped-query: {plan.kv_heads} K/V heads; query head h reads K/V head h // (H // KV_HEADS)")
+    return tuple(lines)
+
+
+def _kernel_doc(plan: KernelPlan) -> str:
+    """The kernel's docstring: what it computes and the shapes of its operands."""
+    mask = " with the causal mask" if plan.causal else ""
+    shapes = "Q, O are [B*H*S, D], K, V [B*KV_HEADS*S, D]" if plan.kv_heads else "Q, K, V, O are [B*H*S, D]"
+    return (f"O = softmax(Q K^T * scale) V{mask} for one (query block, batch*head); {shapes}; LSE [B*H*S] fp32 "
+            f"when lse_ptr is given.")
+
+
+def _setup(plan: KernelPlan) -> tuple[str, ...]:
+    """Program ids, the Q and K/V rows of the CTA and its trip count (see docs/codegen.md for causal and GQA)."""
+    if plan.causal:
+        pid = ["    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # causal: the heaviest query blocks "
+               "(most key tiles) first"]
+    else:
+        pid = ["    pid_m = gl.program_id(0)"]
+    pid.append("    bh = gl.program_id(1)")
+    if plan.kv_heads:
+        rows = ["    kv_row = (bh // group) * seq_len  # grouped-query: query head h reads K/V head h // group",
+                "    q_start = pid_m * BLOCK_M",
+                "    q_row = bh * seq_len + q_start"]
+    else:
+        rows = ["    kv_row = bh * seq_len",
+                "    q_start = pid_m * BLOCK_M",
+                "    q_row = kv_row + q_start"]
+    if plan.causal:
+        trip = ["    # causal: key tiles up to the CTA's diagonal; the fully masked tiles after it are never loaded",
+                "    n_tiles = gl.cdiv(gl.minimum(q_start + BLOCK_M, seq_len), BLOCK_N)"]
+    else:
+        trip = ["    n_tiles = gl.cdiv(seq_len, BLOCK_N)"]
+    return tuple(pid + rows + trip)
