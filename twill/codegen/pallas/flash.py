@@ -52,7 +52,7 @@ def _kernel(q_ref, k_ref, v_ref, out_ref, qo_smem2, q_barriers, turn, *, seq_len
             return s_ref[...]
 
         s = pl.run_scoped(compute_qk, plgpu.ACC((WG_ROWS, BLOCK_N), jnp.float32))
-        plgpu.barrier_arrive(k_consumed)  # empty: K slot released after {k_release}
+        plgpu.barrier_arrive(k_consumed)  # empty: K slot released, its wgmma retired ({k_release})
         if seq_len % BLOCK_N:  # keys past seq_len (padding) are masked to -inf
             cols = plgpu.broadcasted_iota(jnp.int32, (WG_ROWS, BLOCK_N), 1, layout=plgpu.Layout.WGMMA)
             s = jnp.where(idx[0] * BLOCK_N + cols < seq_len, s, -jnp.inf)
@@ -68,7 +68,7 @@ def _kernel(q_ref, k_ref, v_ref, out_ref, qo_smem2, q_barriers, turn, *, seq_len
 {pv_turn_pass}
         # run_state reads O back: the wgmma retired ({retire_pv})
         acc = pl.run_state(compute_pv)(plgpu.ACC.init(acc))
-        plgpu.barrier_arrive(v_consumed)  # empty: V slot released after {v_release}
+        plgpu.barrier_arrive(v_consumed)  # empty: V slot released, its wgmma retired ({v_release})
         return acc, m_new, l_i
 
     pipeline = plgpu.emit_pipeline_warp_specialized(
@@ -197,7 +197,7 @@ def emit_flash(plan: KernelPlan) -> str:
         ready=" | ".join(w.why for w in plan.waits if w.kind == "ready"),
         retire_qk=" | ".join(plan.retire(p.roles["qk"]).why for p in comp),
         retire_pv=" | ".join(plan.retire(p.roles["pv"]).why for p in comp),
-        k_release=rings["k"].release, v_release=rings["v"].release,
+        k_release=" | ".join(rings["k"].consumers), v_release=" | ".join(rings["v"].consumers),
         load_k=rings["k"].producer, load_v=rings["v"].producer)
     turns = (f"{len(plan.turns)} tensor-core turns per iteration ("
              + "; ".join(f"compute{t.partition}: {', '.join(t.ops)}" for t in plan.turns)
