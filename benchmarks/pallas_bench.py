@@ -59,7 +59,14 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
     ("fa_d64_sub2_ahead0_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"ahead": 0, "depth": 3}),
     ("fa_d64_sub2_grouped_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64},
      {"ahead": 0, "depth": 3, "grouped": True}),
+    ("fa_d128_sub2_ahead1_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 1, "depth": 2}),
+    ("fa_d128_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 1, "depth": 3}),
+    ("fa_d64_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"ahead": 1, "depth": 3}),
+    ("fa_d64_sub2_grouped_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64},
+     {"ahead": 1, "depth": 3, "grouped": True}),
     ("fa_d128_sub2_solver_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"solver": True, "depth": 2}),
+    ("fa_d128_sub2_solver_d3", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"solver": True, "depth": 3}),
+    ("fa_d64_sub2_solver_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"solver": True, "depth": 3}),
 )
 
 

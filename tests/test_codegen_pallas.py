@@ -29,11 +29,14 @@ GEMM_CASES = [  # (block_m, block_n, lag, depth, warps)
     (128, 128, 1, 2, 8),
     (64, 128, 1, 4, 4),
 ]
-FLASH_CASES = [  # (subtiles, head_dim, depth, grouped)
-    (2, 128, 2, False),
-    (2, 128, 2, True),
-    (1, 128, 2, False),
-    (2, 64, 3, False),
+FLASH_CASES = [  # (subtiles, head_dim, depth, grouped, ahead)
+    (2, 128, 2, False, 0),
+    (2, 128, 2, True, 0),
+    (1, 128, 2, False, 0),
+    (2, 64, 3, False, 0),
+    (2, 128, 2, False, 1),
+    (2, 64, 3, True, 1),
+    (1, 64, 3, False, 1),
 ]
 
 
@@ -46,7 +49,7 @@ def _gemm(bm, bn, lag, depth, warps):
 
 
 @lru_cache(maxsize=None)
-def _flash(subtiles, head_dim, depth, grouped, ahead=0):
+def _flash(subtiles, head_dim, depth, grouped, ahead):
     sched = flash_schedule(build_kernel("flash-fwd", H100, subtiles=subtiles, head_dim=head_dim), H100,
                            ahead=ahead, depth=depth, grouped=grouped)
     verify(sched, H100)
@@ -84,9 +87,9 @@ def test_gemm_knobs_follow_the_schedule(bm, bn, lag, depth, warps):
     assert f"MEMORY_REGISTERS     = {plan.load.regs}  #" in source
 
 
-@pytest.mark.parametrize("subtiles,head_dim,depth,grouped", FLASH_CASES)
-def test_flash_turns_become_barrier_hand_offs(subtiles, head_dim, depth, grouped):
-    plan = pallas_plan(_flash(subtiles, head_dim, depth, grouped))
+@pytest.mark.parametrize("subtiles,head_dim,depth,grouped,ahead", FLASH_CASES)
+def test_flash_turns_become_barrier_hand_offs(subtiles, head_dim, depth, grouped, ahead):
+    plan = pallas_plan(_flash(subtiles, head_dim, depth, grouped, ahead))
     source = render_plan(plan)
     compile(source, "fa.py", "exec")
     lines = [line.strip() for line in source.splitlines()]
@@ -100,15 +103,15 @@ def test_flash_turns_become_barrier_hand_offs(subtiles, head_dim, depth, grouped
 
 
 def test_turn_order_of_the_schedule_changes_the_module():
-    one = emit_pallas(_flash(2, 128, 2, True))
-    two = emit_pallas(_flash(2, 128, 2, False))
+    one = emit_pallas(_flash(2, 128, 2, True, 0))
+    two = emit_pallas(_flash(2, 128, 2, False, 0))
     assert one != two
     assert [line.strip() for line in one.splitlines()].count("_take_turn()") == 1
     assert [line.strip() for line in two.splitlines()].count("_take_turn()") == 2
 
 
 def test_partitions_that_differ_take_their_turn_under_pl_when():
-    plan = pallas_plan(_flash(2, 128, 2, False))
+    plan = pallas_plan(_flash(2, 128, 2, False, 0))
     first, second = plan.compute
     edited = replace(plan, partitions=(replace(first, turn_waits={first.roles["qk"]: 0}),
                                        replace(second, turn_waits={second.roles["pv"]: 0}), plan.load))
@@ -116,9 +119,22 @@ def test_partitions_that_differ_take_their_turn_under_pl_when():
     assert "pl.when(wg == 0)(_take_turn)" in source and "pl.when(wg == 1)(_take_turn)" in source
 
 
-def test_qk_ahead_of_pv_cannot_be_emitted():
-    with pytest.raises(UnsupportedFeatureError, match=r"^cannot emit: qk one stage ahead of pv"):
-        emit_pallas(_flash(2, 128, 2, False, ahead=1))
+def test_qk_a_stage_ahead_keeps_pv_in_flight_into_the_next_step():
+    """stage(pv) - stage(qk) = 1: S(j) is read with one wgmma group (PV(j-1)) left in flight and V(j-1)'s slot
+    is released one step after it was read; with 0 the body runs in series and releases V in its step."""
+    ahead = emit_pallas(_flash(2, 128, 2, False, 1))
+    serial = emit_pallas(_flash(2, 128, 2, False, 0))
+    assert "plgpu.wgmma_accumulator_load(s_ref, wait_n=1)" in ahead and "wait_n=1" not in serial
+    assert "pl.when(idx[0] > 0)(lambda: plgpu.barrier_arrive(v_consumed_ring.at[prev]))" in ahead
+    assert "plgpu.barrier_arrive(v_consumed)  # empty" in serial and "v_consumed_ring" not in serial
+
+
+def test_partitions_with_different_stage_offsets_cannot_be_emitted():
+    plan = pallas_plan(_flash(2, 128, 2, False, 1))
+    first, second = plan.compute
+    edited = replace(plan, partitions=(first, replace(second, qk_ahead=0), plan.load))
+    with pytest.raises(UnsupportedFeatureError, match=r"^cannot emit: compute partitions with different"):
+        render_plan(edited)
 
 
 def test_rings_of_different_depths_cannot_be_emitted():
@@ -136,19 +152,19 @@ def test_compute_budget_above_what_pallas_gives_cannot_be_emitted():
 
 
 def test_cli_emit_pallas_error_is_one_line(tmp_path):
-    """A valid schedule whose qk runs a stage ahead of its pv (the Gluon backend emits it): one error line,
-    exit 2, no file."""
+    """A valid schedule whose K and V rings differ in depth (streaming depth 1, V held a stage longer): one
+    error line, exit 2, no file."""
     import json
 
     from twill.ir.io import graph_to_dict
 
-    sched = _flash(2, 128, 2, False, ahead=1)
+    sched = _flash(2, 128, 1, False, 1)
     doc = tmp_path / "fa.json"
     doc.write_text(json.dumps({**sched.to_dict(), "loop_graph": graph_to_dict(sched.graph)}))
     out = tmp_path / "fa.py"
     proc = subprocess.run([sys.executable, "-m", "twill.cli", "emit", "pallas", "--schedule", str(doc), "-o",
                            str(out)], capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.startswith("twill: error: cannot emit: qk one stage ahead")
+    assert proc.returncode == 2 and proc.stderr.startswith("twill: error: cannot emit: rings of different depths (k 1, v 2)")
     assert proc.stderr.count("\n") == 1
     assert not out.exists()
 
@@ -219,17 +235,17 @@ def test_gemm_lowers_with_the_scheduled_lag_ring_and_budgets(tmp_path, bm, bn, l
     assert ring_bytes <= facts["smem"] < ring_bytes + 2 * 2 * 64 * 64 * 2 + 4096
 
 
-@pytest.mark.parametrize("subtiles,head_dim,depth,grouped", FLASH_CASES)
-def test_flash_lowers_with_the_scheduled_ring_and_turns(tmp_path, subtiles, head_dim, depth, grouped):
+@pytest.mark.parametrize("subtiles,head_dim,depth,grouped,ahead", FLASH_CASES)
+def test_flash_lowers_with_the_scheduled_ring_and_turns(tmp_path, subtiles, head_dim, depth, grouped, ahead):
     jax = pytest.importorskip("jax", reason="needs the jax extra (pip install twill-gpu[jax])")
     import jax.numpy as jnp
 
-    plan = pallas_plan(_flash(subtiles, head_dim, depth, grouped))
-    module = _load(tmp_path, render_plan(plan), f"fa_{subtiles}_{head_dim}_{depth}_{int(grouped)}")
+    plan = pallas_plan(_flash(subtiles, head_dim, depth, grouped, ahead))
+    module = _load(tmp_path, render_plan(plan), f"fa_{subtiles}_{head_dim}_{depth}_{int(grouped)}_{ahead}")
     q = jax.ShapeDtypeStruct((2, 1000, 4, head_dim), jnp.float16)   # ragged S: padded and masked
     text = _mosaic_mlir(module.attention.trace(q, q, q).lower(lowering_platforms=("cuda",)))
     facts = _facts(text)
-    assert facts["waits"] == {0} and facts["shapes"] == {"m64n128k16", f"m64n{head_dim}k16"}
+    assert facts["waits"] == ({0, 1} if ahead else {0}) and facts["shapes"] == {"m64n128k16", f"m64n{head_dim}k16"}
     assert ("decrease", "24") in facts["regs"] and ("increase", "240") in facts["regs"]
     ring_bytes = 2 * depth * 128 * head_dim * 2 + 2 * 64 * head_dim * 2
     assert ring_bytes <= facts["smem"] < ring_bytes + 4096

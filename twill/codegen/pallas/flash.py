@@ -33,45 +33,13 @@ def _kernel(q_ref, k_ref, v_ref, out_ref, qo_smem2, q_barriers, turn, *, seq_len
         plgpu.copy_gmem_to_smem(q_ref.at[batch, pl.ds(q_base, WG_ROWS), head], qo_smem, q_barriers.at[wg])
         plgpu.barrier_wait(q_barriers.at[wg])
 {first_turn}
-        acc, m_i, l_i = run_pipeline((acc, m_i, l_i))
-        acc /= lax.broadcast_in_dim(l_i, (WG_ROWS, HEAD_DIM), [0])
+{run_pipeline}        acc /= lax.broadcast_in_dim(l_i, (WG_ROWS, HEAD_DIM), [0])
         qo_smem[...] = acc.astype(DTYPE)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(qo_smem, out_ref.at[batch, pl.ds(q_base, WG_ROWS), head])
         plgpu.wait_smem_to_gmem(0)
 
-    def kv_step(idx, k_smem, v_smem, k_consumed, v_consumed, carry):
-        """One key block: {qk} -> softmax -> {pv} (stage(pv) - stage(qk) = 0: in series)."""
-        acc, m_i, l_i = carry
-        qo_smem = qo_smem2.at[wg]
-        # ready: the pipeline waited for this step's K and V slots ({ready})
-
-        def compute_qk(s_ref):
-{qk_turn_wait}            plgpu.wgmma(s_ref, qo_smem, plgpu.transpose_ref(k_smem, (1, 0)))
-{qk_turn_pass}            # reading S retires the wgmma ({retire_qk})
-            return s_ref[...]
-
-        s = pl.run_scoped(compute_qk, plgpu.ACC((WG_ROWS, BLOCK_N), jnp.float32))
-        plgpu.barrier_arrive(k_consumed)  # empty: K slot released, its wgmma retired ({k_release})
-        if seq_len % BLOCK_N:  # keys past seq_len (padding) are masked to -inf
-            cols = plgpu.broadcasted_iota(jnp.int32, (WG_ROWS, BLOCK_N), 1, layout=plgpu.Layout.WGMMA)
-            s = jnp.where(idx[0] * BLOCK_N + cols < seq_len, s, -jnp.inf)
-        m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)  # rowmax (m kept in scaled log2 units)
-        alpha = jnp.exp2(m_i - m_new)  # alpha
-        p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))  # exp
-        acc *= lax.broadcast_in_dim(alpha, acc.shape, [0])  # rescale
-        l_i = l_i * alpha + p.sum(axis=1)  # rowsum
-        p16 = p.astype(DTYPE)
-
-        def compute_pv(o_ref):
-{pv_turn_wait}            plgpu.wgmma(o_ref, p16, v_smem)
-{pv_turn_pass}
-        # run_state reads O back: the wgmma retired ({retire_pv})
-        acc = pl.run_state(compute_pv)(plgpu.ACC.init(acc))
-        plgpu.barrier_arrive(v_consumed)  # empty: V slot released, its wgmma retired ({v_release})
-        return acc, m_new, l_i
-
-    pipeline = plgpu.emit_pipeline_warp_specialized(
+{kv_step}    pipeline = plgpu.emit_pipeline_warp_specialized(
         kv_step,
         grid=(k_ref.shape[1] // BLOCK_N,),
         max_concurrent_steps=MAX_CONCURRENT_STEPS,
@@ -87,8 +55,7 @@ def _kernel(q_ref, k_ref, v_ref, out_ref, qo_smem2, q_barriers, turn, *, seq_len
                             delay_release=DELAY_RELEASE),  # ring v: {load_v} -> {pv}
         ],
     )
-    pipeline(k_ref.at[batch, :, head, :], v_ref.at[batch, :, head, :])
-
+{pipeline_call}
 
 def _round_up(x, to):
     return -(-x // to) * to
@@ -127,6 +94,107 @@ def attention(q, k, v, sm_scale=None):
 launch = attention
 '''
 
+KV_STEP_SERIAL = '''
+    def kv_step(idx, k_smem, v_smem, k_consumed, v_consumed, carry):
+        """One key block: {qk} -> softmax -> {pv} (stage(pv) - stage(qk) = 0: in series)."""
+        acc, m_i, l_i = carry
+        qo_smem = qo_smem2.at[wg]
+        # ready: the pipeline waited for this step's K and V slots ({ready})
+
+        def compute_qk(s_ref):
+{qk_wait}            plgpu.wgmma(s_ref, qo_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+{qk_pass}            # reading S retires the wgmma ({retire_qk})
+            return s_ref[...]
+
+        s = pl.run_scoped(compute_qk, plgpu.ACC((WG_ROWS, BLOCK_N), jnp.float32))
+        plgpu.barrier_arrive(k_consumed)  # empty: K slot released, its wgmma retired ({k_release})
+{mask}        m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)  # rowmax (m kept in scaled log2 units)
+        alpha = jnp.exp2(m_i - m_new)  # alpha
+        p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))  # exp
+        acc *= lax.broadcast_in_dim(alpha, acc.shape, [0])  # rescale
+        l_i = l_i * alpha + p.sum(axis=1)  # rowsum
+        p16 = p.astype(DTYPE)
+
+        def compute_pv(o_ref):
+{pv_wait}            plgpu.wgmma(o_ref, p16, v_smem)
+{pv_pass}
+        # run_state reads O back: the wgmma retired ({retire_pv})
+        acc = pl.run_state(compute_pv)(plgpu.ACC.init(acc))
+        plgpu.barrier_arrive(v_consumed)  # empty: V slot released, its wgmma retired ({v_release})
+        return acc, m_new, l_i
+
+'''
+
+MASK = """\
+{ind}if seq_len % BLOCK_N:  # keys past seq_len (padding) are masked to -inf
+{ind}    cols = plgpu.broadcasted_iota(jnp.int32, (WG_ROWS, BLOCK_N), 1, layout=plgpu.Layout.WGMMA)
+{ind}    s = jnp.where(idx[0] * BLOCK_N + cols < seq_len, s, -jnp.inf)
+"""
+
+KV_STEP_AHEAD = '''
+    def kv_step(idx, k_smem, v_smem, k_consumed, v_consumed, carry):
+        """One key block j: S(j) = {qk} issued with O += P(j-1) V(j-1) ({pv}); the softmax of j runs while that
+        PV is on the tensor core (stage(pv) - stage(qk) = 1)."""
+        acc, m_i, l_i, p_prev = carry
+        qo_smem = qo_smem2.at[wg]
+        # ready: the pipeline waited for this step's K and V slots ({ready})
+        # V(j-1) stays in its slot for this step (its release is below); step 0 adds P = 0 times V(0)
+        prev = lax.rem(lax.max(idx[0] - 1, 0), v_ring.shape[0])
+
+        def issue(s_ref, o_ref):
+            o_ref[...] = acc
+{qk_wait}            plgpu.wgmma(s_ref, qo_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+{qk_pass}{pv_wait}            plgpu.wgmma(o_ref, p_prev, v_ring.at[prev])
+{pv_pass}            # S(j) retired, O += P(j-1) V(j-1) may still run ({retire_qk})
+            s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
+            plgpu.barrier_arrive(k_consumed)  # empty: K slot released, its wgmma retired ({k_release})
+{mask}            m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)  # rowmax (m kept in scaled log2 units)
+            alpha = jnp.exp2(m_i - m_new)  # alpha
+            p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))  # exp
+            l_new = l_i * alpha + p.sum(axis=1)  # rowsum
+            # reading O waits for O += P(j-1) V(j-1) ({retire_pv})
+            return o_ref[...], p.astype(DTYPE), m_new, l_new, alpha
+
+        o, p16, m_new, l_new, alpha = pl.run_scoped(issue, plgpu.ACC((WG_ROWS, BLOCK_N), jnp.float32),
+                                                    plgpu.ACC((WG_ROWS, HEAD_DIM), jnp.float32))
+        # empty: V(j-1)'s slot released, its wgmma retired ({v_release}, one step after it was read)
+        pl.when(idx[0] > 0)(lambda: plgpu.barrier_arrive(v_consumed_ring.at[prev]))
+        o *= lax.broadcast_in_dim(alpha, o.shape, [0])  # rescale
+        return o, m_new, l_new, p16
+
+'''
+
+RUN_SERIAL = '''        acc, m_i, l_i = run_pipeline((acc, m_i, l_i))
+'''
+
+RUN_AHEAD = '''        p_prev = jnp.full((WG_ROWS, BLOCK_N), 0, dtype=DTYPE)
+        acc, m_i, l_i, p_last = run_pipeline((acc, m_i, l_i, p_prev))
+        # the last key block's O += P V, issued after the loop, and the release of its V slot
+        last = lax.rem(k_ref.shape[1] // BLOCK_N - 1, v_ring.shape[0])
+
+        def final_pv(o_ref):
+            plgpu.wgmma(o_ref, p_last, v_ring.at[last])
+
+        acc = pl.run_state(final_pv)(plgpu.ACC.init(acc))
+        plgpu.barrier_arrive(v_consumed_ring.at[last])
+'''
+
+CALL_SERIAL = '''    pipeline(k_ref.at[batch, :, head, :], v_ref.at[batch, :, head, :])
+'''
+
+CALL_AHEAD = '''    k_in, v_in = k_ref.at[batch, :, head, :], v_ref.at[batch, :, head, :]
+
+    def with_rings(allocations):
+        """The V ring and its consumed barriers by name: step j reads and releases V(j-1)'s slot."""
+        nonlocal v_ring, v_consumed_ring
+        v_ring = allocations["flat_in_smem_refs"][1]
+        v_consumed_ring = allocations["flat_consumed_barrier_refs"][1]
+        pipeline(k_in, v_in, allocations=allocations)
+
+    v_ring = v_consumed_ring = None
+    pl.run_scoped(with_rings, pipeline.get_allocations(k_in, v_in), collective_axes="wg")
+'''
+
 TURN_FNS = '''
     def _take_turn():
         """turn: wait until the other compute warpgroup hands over the tensor core."""
@@ -161,19 +229,39 @@ def _turn_lines(plan: KernelPlan, role: str, indent: str) -> tuple[str, str]:
     return out[0], out[1]
 
 
+def _kv_step(plan: KernelPlan, ahead: int) -> str:
+    """The pipeline body: in series (``ahead`` 0) or S(j) issued with P(j-1) V(j-1) (``ahead`` 1)."""
+    comp = plan.compute
+    rings = {r.name: r for r in plan.rings}
+    ind = " " * 12
+    qk_wait, qk_pass = _turn_lines(plan, "qk", ind)
+    pv_wait, pv_pass = _turn_lines(plan, "pv", ind)
+    ops = {role: " | ".join(p.roles[role] for p in comp) for role in FLASH_PROGRAM_ORDER}
+    template = KV_STEP_AHEAD if ahead else KV_STEP_SERIAL
+    return template.format(
+        qk_wait=qk_wait, qk_pass=qk_pass, pv_wait=pv_wait, pv_pass=pv_pass, qk=ops["qk"], pv=ops["pv"],
+        mask=MASK.format(ind=ind if ahead else " " * 8),
+        ready=" | ".join(w.why for w in plan.waits if w.kind == "ready"),
+        retire_qk=" | ".join(plan.retire(p.roles["qk"]).why for p in comp),
+        retire_pv=" | ".join(plan.retire(p.roles["pv"]).why for p in comp),
+        k_release=" | ".join(rings["k"].consumers), v_release=" | ".join(rings["v"].consumers))
+
+
 def emit_flash(plan: KernelPlan) -> str:
     """The Pallas attention-forward module for ``plan``."""
     comp = plan.compute
-    ahead = [p.qk_ahead for p in comp]
-    if any(ahead):
-        raise cannot_emit(f"qk one stage ahead of pv (stage(pv) - stage(qk) = {ahead})",
-                          "backend: the pipeline body sees only its own step's K/V slots, so O += P(j) V(j) "
-                          "cannot stay in flight into step j + 1 (emit a schedule with pv in qk's stage)")
+    aheads = {p.qk_ahead for p in comp}
+    if len(aheads) > 1:
+        raise cannot_emit("compute partitions with different stage(pv) - stage(qk)",
+                          "backend: every compute warpgroup runs one pipeline body")
+    ahead = aheads.pop()
     if plan.turns and any(p.num_warps != 4 for p in comp):
         raise cannot_emit("ping-pong between compute partitions of more than one warpgroup",
                           "turn barriers are per warpgroup")
-    knobs = pipeline_knobs(plan, 0, "K and V slots are released by hand (manual consumed barriers) right "
-                                    "after the wgmma reading them retires, in the step that read them")
+    release = ("K and V slots are released by hand (manual consumed barriers) once the wgmma reading them "
+               "retired: K in its step" + (", V one step later (stage(pv) - stage(qk) = 1)" if ahead else
+                                           ", V in its step"))
+    knobs = pipeline_knobs(plan, 0, release)
     t = plan.tile
     items = [("BLOCK_M", t["block_m"], "query rows per CTA (all compute warpgroups)"),
              ("BLOCK_N", t["block_n"], "keys per pipeline step"),
@@ -181,29 +269,24 @@ def emit_flash(plan: KernelPlan) -> str:
              ("WG_ROWS", WG_ROWS, "query rows per compute warpgroup (one m64 wgmma row block)"),
              *knob_constants(plan, knobs)]
     constants = f"DTYPE = jnp.{JNP_DTYPES[plan.dtype]}  # operand dtype\n" + constant_lines(items)
-    ind = " " * 12
-    qk_wait, qk_pass = _turn_lines(plan, "qk", ind)
-    pv_wait, pv_pass = _turn_lines(plan, "pv", ind)
     first = ""
     if plan.turns:
         first = (f"        # turn: the first turn of the steady state is compute partition {plan.turns[0].partition}'s"
                  f" ({', '.join(plan.turns[0].ops)})\n"
                  f"        pl.when(wg == {plan.turns[0].partition})(_first_turn)")
-    rings = {r.name: r for r in plan.rings}
-    ops = {role: " | ".join(p.roles[role] for p in comp) for role in FLASH_PROGRAM_ORDER}
-    body = BODY.format(
-        first_turn=first, turn_fns=TURN_FNS if plan.turns else "", qk_turn_wait=qk_wait, qk_turn_pass=qk_pass, pv_turn_wait=pv_wait, pv_turn_pass=pv_pass,
-        qk=ops["qk"], pv=ops["pv"], dtype=plan.dtype,
-        ready=" | ".join(w.why for w in plan.waits if w.kind == "ready"),
-        retire_qk=" | ".join(plan.retire(p.roles["qk"]).why for p in comp),
-        retire_pv=" | ".join(plan.retire(p.roles["pv"]).why for p in comp),
-        k_release=" | ".join(rings["k"].consumers), v_release=" | ".join(rings["v"].consumers),
-        load_k=rings["k"].producer, load_v=rings["v"].producer)
+    body = BODY.format(first_turn=first, turn_fns=TURN_FNS if plan.turns else "", dtype=plan.dtype,
+                       run_pipeline=RUN_AHEAD if ahead else RUN_SERIAL, kv_step=_kv_step(plan, ahead),
+                       pipeline_call=CALL_AHEAD if ahead else CALL_SERIAL,
+                       load_k=plan.rings[0].producer, load_v=plan.rings[1].producer,
+                       qk=" | ".join(p.roles["qk"] for p in comp), pv=" | ".join(p.roles["pv"] for p in comp))
     turns = (f"{len(plan.turns)} tensor-core turns per iteration ("
              + "; ".join(f"compute{t.partition}: {', '.join(t.ops)}" for t in plan.turns)
              + ") -> plgpu.Barrier hand-offs") if plan.turns else "one compute partition: no turns"
-    decisions = [f"decisions: stage(pv) - stage(qk) = 0 -> S, softmax, PV in series in the pipeline body; ring "
-                 f"depth {knobs.max_concurrent_steps} -> max_concurrent_steps; {turns}",
+    overlap = ("stage(pv) - stage(qk) = 1 -> S(j) issued with O += P(j-1) V(j-1), S read with "
+               "wgmma_accumulator_load(wait_n=1), the softmax of j overlaps that PV, V(j-1) released in step j"
+               if ahead else "stage(pv) - stage(qk) = 0 -> S, softmax, PV in series in the pipeline body")
+    decisions = [f"decisions: {overlap}",
+                 f"           ring depth {knobs.max_concurrent_steps} -> max_concurrent_steps; {turns}",
                  f"           {len(comp)} compute partition(s) of {comp[0].num_warps} warps -> "
                  f"{knobs.compute_wgs} compute warpgroups of {WG_ROWS} rows"]
     header = render_header(plan, "Warp-specialized attention forward for Hopper, JAX Pallas Mosaic GPU.",
