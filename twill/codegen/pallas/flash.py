@@ -2,11 +2,14 @@
 blocks, one compute warpgroup per 64 query rows, K and V rings released by hand.
 
 Shape of the emitted kernel: each compute warpgroup loads its Q rows once, then runs the pipeline body per
-key block: ``S = Q K^T`` (``wgmma``, read back = retired), release the K slot, online softmax, ``O += P V``
-(``wgmma``, retired), release the V slot. With two compute partitions every tensor-core turn of the plan is
-a ``plgpu.Barrier`` hand-off: a warpgroup waits on its own turn barrier before the first wgmma of its turn
-and arrives on the other's after the last (ping-pong). ``attention(q, k, v)`` takes ``(B, S, H, D)`` as the
-Pallas ops do, pads S to whole blocks and masks the padded keys.
+key block. With ``pv`` in ``qk``'s stage: ``S = Q K^T`` (``wgmma``, read back = retired), release the K slot,
+online softmax, ``O += P V`` (``wgmma``, retired), release the V slot. With ``pv`` one stage later (FA3's
+intra-warpgroup overlap): ``S(j)`` and ``O += P(j-1) V(j-1)`` are issued back to back, S is read with the PV
+still in flight (``wgmma_accumulator_load(wait_n=1)``), the softmax of ``j`` runs under it, then O is read
+and V(j-1)'s slot released; the last PV follows the loop. With two compute partitions every tensor-core
+turn of the plan is a ``plgpu.Barrier`` hand-off: a warpgroup waits on its own turn barrier before the
+first wgmma of its turn and arrives on the other's after the last (ping-pong). ``attention(q, k, v)`` takes
+``(B, S, H, D)`` as the Pallas ops do, pads S to whole blocks and masks the padded keys.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ BODY = '''
 LOG2E = math.log2(math.e)  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
 
 
-def _kernel(q_ref, k_ref, v_ref, out_ref, qo_smem2, q_barriers, turn, *, seq_len, qk_scale):
+def _kernel(q_ref, k_ref, v_ref, out_ref, qo_smem2, q_barriers, {turn_param}*, seq_len, qk_scale):
     """One CTA: BLOCK_M query rows of one (batch, head), COMPUTE_WGS warpgroups of WG_ROWS rows each."""
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
     wg = lax.axis_index("wg")
@@ -82,8 +85,7 @@ def attention(q, k, v, sm_scale=None):
         scratch_types=(
             plgpu.SMEM((COMPUTE_WGS, WG_ROWS, HEAD_DIM), DTYPE),  # Q in, O out, per compute warpgroup
             plgpu.Barrier(num_barriers=COMPUTE_WGS),  # Q loaded, per compute warpgroup
-            plgpu.Barrier(num_arrivals=1, num_barriers=COMPUTE_WGS),  # tensor-core turn, per warpgroup
-        ),
+{turn_scratch}        ),
         compiler_params=plgpu.CompilerParams(approx_math=True,
                                              lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
     )
@@ -274,7 +276,10 @@ def emit_flash(plan: KernelPlan) -> str:
         first = (f"        # turn: the first turn of the steady state is compute partition {plan.turns[0].partition}'s"
                  f" ({', '.join(plan.turns[0].ops)})\n"
                  f"        pl.when(wg == {plan.turns[0].partition})(_first_turn)")
+    turn_scratch = ("            plgpu.Barrier(num_arrivals=1, num_barriers=COMPUTE_WGS),  # tensor-core turn, "
+                    "per warpgroup\n")
     body = BODY.format(first_turn=first, turn_fns=TURN_FNS if plan.turns else "", dtype=plan.dtype,
+                       turn_param="turn, " if plan.turns else "", turn_scratch=turn_scratch if plan.turns else "",
                        run_pipeline=RUN_AHEAD if ahead else RUN_SERIAL, kv_step=_kv_step(plan, ahead),
                        pipeline_call=CALL_AHEAD if ahead else CALL_SERIAL,
                        load_k=plan.rings[0].producer, load_v=plan.rings[1].producer,
