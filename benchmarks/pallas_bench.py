@@ -189,17 +189,29 @@ def interleaved(contenders: dict[str, Callable[[], Any]]) -> dict[str, Any]:
     return {name: failed.get(name) or statistics.median(samples[name]) for name in contenders}
 
 
-def _best(configs: list[tuple[str, Callable[[], Any]]]) -> tuple[str | None, Callable[[], Any] | None]:
-    """The fastest of a library kernel's tuning configs that compile and run (one sample each)."""
-    best, best_ms = (None, None), float("inf")
+def _best(configs: list[tuple[str, Callable[[], Any]]]) -> tuple[str, Callable[[], Any] | None]:
+    """The fastest of a library kernel's tuning configs that compile and run (one sample each), or the last
+    error when none does."""
+    best: tuple[str, Callable[[], Any] | None] = ("no config ran", None)
+    best_ms = float("inf")
     for label, fn in configs:
         try:
             ms = device_ms(fn)
-        except Exception:  # a config that does not fit (e.g. shared memory) is skipped, as JAX's own tuner does
+        except Exception as exc:  # a config that does not fit (shared memory) is skipped, as JAX's tuner does
+            if best[1] is None:
+                best = (f"ERR {label}: {type(exc).__name__}: {str(exc)[:120]}", None)
             continue
         if ms < best_ms:
             best, best_ms = (label, fn), ms
     return best
+
+
+def _failed(label: str) -> Callable[[], Any]:
+    """A contender standing for a reference none of whose configs ran: raises, so ``interleaved`` records it."""
+    def fail() -> Any:
+        raise RuntimeError(label)
+
+    return fail
 
 
 def attention_contenders(q: Any, k: Any, v: Any) -> dict[str, tuple[str, Callable[[], Any]]]:
@@ -214,10 +226,7 @@ def attention_contenders(q: Any, k: Any, v: Any) -> dict[str, tuple[str, Callabl
         configs.append((f"block_kv={block_kv} steps={steps}", lambda f=f: f(q, k, v)))
     label, fn = _best(configs)
     cudnn = jax.jit(lambda a, b, c: jax.nn.dot_product_attention(a, b, c, implementation="cudnn"))
-    out = {"cudnn": ("cudnn", lambda: cudnn(q, k, v))}
-    if fn is not None:
-        out["attention_mgpu"] = (label, fn)
-    return out
+    return {"attention_mgpu": (label, fn or _failed(label)), "cudnn": ("cudnn", lambda: cudnn(q, k, v))}
 
 
 def gemm_contenders(a: Any, b: Any) -> dict[str, tuple[str, Callable[[], Any]]]:
@@ -234,10 +243,7 @@ def gemm_contenders(a: Any, b: Any) -> dict[str, tuple[str, Callable[[], Any]]]:
         configs.append((f"tile={tile_m}x{tile_n} wg={wg_dim} width={width}", lambda f=f: f(a, b)))
     label, fn = _best(configs)
     dot = jax.jit(lambda x, y: x @ y)
-    out = {"cublas": ("XLA dot", lambda: dot(a, b))}
-    if fn is not None:
-        out["hopper_matmul_mgpu"] = (label, fn)
-    return out
+    return {"hopper_matmul_mgpu": (label, fn or _failed(label)), "cublas": ("XLA dot", lambda: dot(a, b))}
 
 
 #: (kernel, dtype, size) -> (inputs, reference contenders): shared by every emitted kernel of that shape.

@@ -104,7 +104,7 @@ KV_STEP_SERIAL = '''
         # ready: the pipeline waited for this step's K and V slots ({ready})
 
         def compute_qk(s_ref):
-{qk_wait}            plgpu.wgmma(s_ref, qo_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+{qk_wait}            plgpu.wgmma(s_ref, qo_smem, k_smem.transpose((1, 0)))
 {qk_pass}            # reading S retires the wgmma ({retire_qk})
             return s_ref[...]
 
@@ -145,7 +145,7 @@ KV_STEP_AHEAD = '''
 
         def issue(s_ref, o_ref):
             o_ref[...] = acc
-{qk_wait}            plgpu.wgmma(s_ref, qo_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+{qk_wait}            plgpu.wgmma(s_ref, qo_smem, k_smem.transpose((1, 0)))
 {qk_pass}{pv_wait}            plgpu.wgmma(o_ref, p_prev, v_ring.at[prev])
 {pv_pass}            # S(j) retired, O += P(j-1) V(j-1) may still run ({retire_qk})
             s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
