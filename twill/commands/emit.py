@@ -1,8 +1,9 @@
-"""``twill emit gluon``: schedule -> warp-specialized Gluon kernel source.
+"""``twill emit gluon|pallas``: schedule -> warp-specialized Gluon kernel or Pallas Mosaic GPU module source.
 
     twill emit gluon gemm --block-n 128 -o gemm_ws.py
     twill emit gluon flash-fwd --subtiles 2 --head-dim 128 --streaming-depth 3 -o fa_ws.py
     twill emit gluon --schedule fa.schedule.json -o fa_ws.py       # a schedule written by 'twill schedule -o'
+    twill emit pallas gemm --streaming-depth 4 -o gemm_pallas.py
 """
 
 from __future__ import annotations
@@ -39,19 +40,28 @@ def _schedule_for(args: argparse.Namespace):
 
 
 def _not_from_triton(target: str) -> TwillError:
-    """Why a Triton kernel (or a graph extracted from one) cannot be emitted as Gluon, and what to do."""
-    return TwillError(f"twill emit gluon cannot emit {target!r}, a Triton kernel or a graph extracted from one: "
-                      f"the Gluon generator writes the built-in gemm and flash-fwd kernels (and graphs with their "
+    """Why a Triton kernel (or a graph extracted from one) cannot be emitted, and what to do."""
+    return TwillError(f"twill emit cannot emit {target!r}, a Triton kernel or a graph extracted from one: "
+                      f"the generators write the built-in gemm and flash-fwd kernels (and graphs with their "
                       f"roles), and a Triton loop graph lacks the addressing, masks and epilogue of the source "
                       f"kernel; compile the kernel with a Twill schedule by 'twill inject path.py:fn ...', or emit "
                       f"'gemm' / 'flash-fwd' with matching --block-m/--block-n/--block-k/--head-dim")
 
 
-def _cmd_emit_gluon(args: argparse.Namespace) -> int:
+def _emitter(backend: str):
+    """The ``schedule -> source`` function of ``backend`` (imported on use)."""
+    if backend == "pallas":
+        from twill.codegen.pallas import emit_pallas
+
+        return emit_pallas
     from twill.codegen.gluon import emit_gluon
 
+    return emit_gluon
+
+
+def _cmd_emit(args: argparse.Namespace) -> int:
     check_outputs(files=[args.output])
-    source = emit_gluon(_schedule_for(args))
+    source = _emitter(args.emit_to)(_schedule_for(args))
     if args.output == "-":
         print(source, end="")
         return 0
@@ -62,18 +72,20 @@ def _cmd_emit_gluon(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("emit", help="emit kernel source from a schedule")
-    backends = p.add_subparsers(dest="backend", metavar="BACKEND")
+    backends = p.add_subparsers(dest="emit_to", metavar="BACKEND")
     backends.required = True
-    g = backends.add_parser("gluon", help="warp-specialized Gluon kernel for Hopper (sm_90)")
-    # the target is optional here (--schedule replaces it): re-declare it after the shared arguments
-    add_target_arguments(g)
-    for action in g._actions:
-        if action.dest == "target":
-            action.nargs = "?"
-            action.default = None
-    add_solve_arguments(g)
-    g.add_argument("--schedule", default=None, metavar="FILE",
-                   help="emit from a schedule file written by 'twill schedule -o' instead of solving")
-    g.add_argument("-o", "--output", required=True, metavar="FILE.py", help="output file ('-' for stdout)")
-    g.set_defaults(func=_cmd_emit_gluon)
+    for name, help_text in (("gluon", "warp-specialized Gluon kernel for Hopper (sm_90)"),
+                            ("pallas", "JAX Pallas Mosaic GPU module for Hopper (emit_pipeline_warp_specialized)")):
+        g = backends.add_parser(name, help=help_text)
+        # the target is optional here (--schedule replaces it): re-declare it after the shared arguments
+        add_target_arguments(g)
+        for action in g._actions:
+            if action.dest == "target":
+                action.nargs = "?"
+                action.default = None
+        add_solve_arguments(g)
+        g.add_argument("--schedule", default=None, metavar="FILE",
+                       help="emit from a schedule file written by 'twill schedule -o' instead of solving")
+        g.add_argument("-o", "--output", required=True, metavar="FILE.py", help="output file ('-' for stdout)")
+        g.set_defaults(func=_cmd_emit)
 

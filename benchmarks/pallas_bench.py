@@ -1,0 +1,364 @@
+"""Generate, check and time the emitted Pallas Mosaic GPU kernels (a benchmark script, not the library).
+
+Two steps, so that the GPU machine needs neither ortools nor the solver:
+
+* ``generate(outdir)`` (CPU): builds every variant's schedule (the joint solver's for ``*_solver_*``
+  variants, else the hand-built one of ``benchmarks/variants.py``), verifies it, emits the Pallas module into
+  ``outdir/<variant>.py`` and writes ``outdir/manifest.json``. A schedule the Pallas backend cannot emit is
+  recorded in the manifest with its ``cannot emit`` reason.
+* ``run(kernel_dir, out)`` (GPU, JAX only): for each emitted module, checks correctness against an fp32 JAX
+  reference on fresh random inputs of ragged shapes (random data, so an output tile never written cannot
+  pass as zeros; JAX gives every call a fresh output buffer), then times it beside the references of the
+  same run: ``attention_mgpu`` (best of its valid tuning configs) and cuDNN
+  (``jax.nn.dot_product_attention(implementation="cudnn")``) for attention; ``hopper_matmul_mgpu`` (best of
+  its valid tuning configs) and XLA's dot (cuBLAS) for GEMM. Timing is device-side: ``CALLS`` calls between
+  two synchronisations, rounds interleaved over the contenders, median over ``ROUNDS``. One failing kernel
+  or reference is recorded, never fatal. Writes ``out/pallas_bench.json`` and prints a table last.
+
+    python benchmarks/pallas_bench.py generate benchmarks/pallas_kernels          # CPU
+    python benchmarks/pallas_bench.py run benchmarks/pallas_kernels --out $OUT    # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+GEMM_SIZES = (4096, 8192)
+GEMM_RAGGED = ((300, 520, 200), (257, 333, 129), (1000, 72, 4104), (128, 256, 64))
+ATTN_SEQS = (2048, 4096, 8192, 16384)
+ATTN_RAGGED = ((1, 77, 3), (2, 1000, 2), (1, 4096, 2), (2, 200, 1))  # (B, S, H)
+ATTN_BATCH, ATTN_HEADS = 4, 32
+#: Calls between two synchronisations per timed sample, and interleaved samples per contender.
+CALLS, ROUNDS = 20, 7
+
+#: (variant name, kernel, kernel options, hand-built schedule shape)
+SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
+    ("gemm_128x256x64_lag1_d4", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64}, {"lag": 1, "depth": 4}),
+    ("gemm_128x256x64_lag1_d3", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64}, {"lag": 1, "depth": 3}),
+    ("gemm_128x256x64_lag0_d3", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64}, {"lag": 0, "depth": 3}),
+    ("gemm_128x128x64_lag1_d4", "gemm", {"block_m": 128, "block_n": 128, "block_k": 64}, {"lag": 1, "depth": 4}),
+    ("gemm_bf16_128x256x64_lag1_d4", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64, "dtype": "bf16"},
+     {"lag": 1, "depth": 4}),
+    ("gemm_solver_128x256x64_d4", "gemm", {}, {"solver": True, "depth": 4}),
+    ("fa_d128_sub2_ahead0_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 0, "depth": 2}),
+    ("fa_d128_sub2_grouped_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128},
+     {"ahead": 0, "depth": 2, "grouped": True}),
+    ("fa_d128_sub1_ahead0_d2", "flash-fwd", {"subtiles": 1, "head_dim": 128}, {"ahead": 0, "depth": 2}),
+    ("fa_d128_sub2_ahead0_d3", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 0, "depth": 3}),
+    ("fa_d64_sub2_ahead0_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"ahead": 0, "depth": 3}),
+    ("fa_d64_sub2_grouped_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64},
+     {"ahead": 0, "depth": 3, "grouped": True}),
+    ("fa_d128_sub2_ahead1_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 1, "depth": 2}),
+    ("fa_d128_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 1, "depth": 3}),
+    ("fa_d64_sub2_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"ahead": 1, "depth": 3}),
+    ("fa_d64_sub2_grouped_ahead1_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64},
+     {"ahead": 1, "depth": 3, "grouped": True}),
+    ("fa_d128_sub2_solver_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"solver": True, "depth": 2}),
+    ("fa_d128_sub2_solver_d3", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"solver": True, "depth": 3}),
+    ("fa_d64_sub2_solver_d3", "flash-fwd", {"subtiles": 2, "head_dim": 64}, {"solver": True, "depth": 3}),
+)
+
+
+# -- generation (CPU) ------------------------------------------------------------------------------------
+def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
+    """Emit every suite variant into ``outdir`` and write ``manifest.json``; returns the manifest rows."""
+    from benchmarks.gluon_bench import variant_schedule
+    from twill.codegen.pallas import pallas_plan, render_plan
+    from twill.errors import UnsupportedFeatureError
+    from twill.machine.models import get_machine
+
+    machine = get_machine(arch)
+    os.makedirs(outdir, exist_ok=True)
+    rows = []
+    for name, kernel, options, shape in SUITE:
+        sched = variant_schedule(kernel, options, shape, machine)
+        row: dict[str, Any] = {"name": name, "kernel": kernel, "options": options, "solver": sched.solver,
+                               "ii": sched.ii, "stages": sched.num_stages}
+        try:
+            plan = pallas_plan(sched)
+            source = render_plan(plan)
+        except UnsupportedFeatureError as exc:
+            rows.append({**row, "file": None, "cannot_emit": str(exc)})
+            continue
+        with open(os.path.join(outdir, f"{name}.py"), "w") as fh:
+            fh.write(source)
+        rows.append({**row, "file": f"{name}.py", "rings": {r.name: r.depth for r in plan.rings},
+                     "mma_lag": plan.mma_lag, "compute_partitions": len(plan.compute),
+                     "turns": [list(t.ops) for t in plan.turns]})
+    with open(os.path.join(outdir, "manifest.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    return rows
+
+
+# -- checks and timing (GPU) -----------------------------------------------------------------------------
+def _load(path: str) -> Any:
+    name = "twill_pallas_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dtype(name: str) -> Any:
+    import jax.numpy as jnp
+
+    return {"fp16": jnp.float16, "bf16": jnp.bfloat16}[name]
+
+
+def _relerr(out: Any, ref: Any) -> float:
+    import jax.numpy as jnp
+
+    out = out.astype(jnp.float32)
+    return float(jnp.max(jnp.abs(out - ref)) / (jnp.max(jnp.abs(ref)) + 1e-6))
+
+
+def _random(key: int, shape: tuple[int, ...], dtype: str) -> Any:
+    import jax
+
+    return jax.random.normal(jax.random.key(key), shape, _dtype(dtype))
+
+
+def check_gemm(mod: Any, dtype: str) -> list[dict[str, Any]]:
+    """Ragged shapes against an fp32 reference."""
+    import jax.numpy as jnp
+
+    rows = []
+    for i, (m, n, k) in enumerate(GEMM_RAGGED):
+        a, b = _random(2 * i, (m, k), dtype), _random(2 * i + 1, (k, n), dtype)
+        out = mod.gemm(a, b)
+        ref = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
+        rows.append({"shape": [m, n, k], "finite": bool(jnp.isfinite(out).all()), "relerr": _relerr(out, ref)})
+    return rows
+
+
+def _attention_ref(q: Any, k: Any, v: Any) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
+    s = jnp.einsum("bshd,bthd->bhst", q, k) / jnp.sqrt(q.shape[-1])
+    return jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(s, axis=-1), v)
+
+
+def check_attention(mod: Any, dtype: str, head_dim: int) -> list[dict[str, Any]]:
+    """Ragged (B, S, H) against an fp32 reference."""
+    import jax.numpy as jnp
+
+    rows = []
+    for i, (b, s, h) in enumerate(ATTN_RAGGED):
+        q, k, v = (_random(3 * i + j, (b, s, h, head_dim), dtype) for j in range(3))
+        out = mod.attention(q, k, v)
+        rows.append({"shape": [b, s, h, head_dim], "finite": bool(jnp.isfinite(out).all()),
+                     "relerr": _relerr(out, _attention_ref(q, k, v))})
+    return rows
+
+
+def device_ms(fn: Callable[[], Any]) -> float:
+    """Milliseconds per call of one sample: ``CALLS`` calls between two synchronisations."""
+    fn().block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(CALLS - 1):
+        fn()
+    fn().block_until_ready()
+    return (time.perf_counter() - t0) * 1e3 / CALLS
+
+
+def interleaved(contenders: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Median ms per contender over ``ROUNDS`` interleaved rounds; a contender that fails is recorded."""
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    failed: dict[str, str] = {}
+    for _ in range(ROUNDS):
+        for name, fn in contenders.items():
+            if name in failed:
+                continue
+            try:
+                samples[name].append(device_ms(fn))
+            except Exception as exc:  # recorded, not fatal
+                failed[name] = f"ERR {type(exc).__name__}: {str(exc)[:160]}"
+    return {name: failed.get(name) or statistics.median(samples[name]) for name in contenders}
+
+
+def _best(configs: list[tuple[str, Callable[[], Any]]]) -> tuple[str, Callable[[], Any] | None]:
+    """The fastest of a library kernel's tuning configs that compile and run (one sample each), or the last
+    error when none does."""
+    best: tuple[str, Callable[[], Any] | None] = ("no config ran", None)
+    best_ms = float("inf")
+    for label, fn in configs:
+        try:
+            ms = device_ms(fn)
+        except Exception as exc:  # a config that does not fit (shared memory) is skipped, as JAX's tuner does
+            if best[1] is None:
+                best = (f"ERR {label}: {type(exc).__name__}: {str(exc)[:120]}", None)
+            continue
+        if ms < best_ms:
+            best, best_ms = (label, fn), ms
+    return best
+
+
+def _failed(label: str) -> Callable[[], Any]:
+    """A contender standing for a reference none of whose configs ran: raises, so ``interleaved`` records it."""
+    def fail() -> Any:
+        raise RuntimeError(label)
+
+    return fail
+
+
+def attention_contenders(q: Any, k: Any, v: Any) -> dict[str, tuple[str, Callable[[], Any]]]:
+    """attention_mgpu at its best valid config and cuDNN through jax.nn.dot_product_attention."""
+    import jax
+    from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+
+    configs = []
+    for block_kv, steps in itertools.product((64, 128, 256), (2, 3, 4)):
+        cfg = am.TuningConfig(block_q=64, block_kv=block_kv, max_concurrent_steps=steps)
+        f = jax.jit(lambda a, b, c, cfg=cfg: am.attention(a, b, c, cfg))
+        configs.append((f"block_kv={block_kv} steps={steps}", lambda f=f: f(q, k, v)))
+    label, fn = _best(configs)
+    cudnn = jax.jit(lambda a, b, c: jax.nn.dot_product_attention(a, b, c, implementation="cudnn"))
+    return {"attention_mgpu": (label, fn or _failed(label)), "cudnn": ("cudnn", lambda: cudnn(q, k, v))}
+
+
+def gemm_contenders(a: Any, b: Any) -> dict[str, tuple[str, Callable[[], Any]]]:
+    """hopper_matmul_mgpu at its best valid config and XLA's dot (cuBLAS)."""
+    import jax
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
+
+    configs = []
+    for tile_m, tile_n, wg_dim, width in itertools.product((64, 128), (128, 256), tuple(hm.MatmulDimension),
+                                                          (1, 4, 8)):
+        cfg = hm.TuningConfig(tile_m=tile_m, tile_n=tile_n, tile_k=64, max_concurrent_steps=4,
+                              wg_dimension=wg_dim, grid_tile_width=width)
+        f = jax.jit(lambda x, y, cfg=cfg: hm.matmul(x, y, None, cfg))
+        configs.append((f"tile={tile_m}x{tile_n} wg={wg_dim} width={width}", lambda f=f: f(a, b)))
+    label, fn = _best(configs)
+    dot = jax.jit(lambda x, y: x @ y)
+    return {"hopper_matmul_mgpu": (label, fn or _failed(label)), "cublas": ("XLA dot", lambda: dot(a, b))}
+
+
+#: (kernel, dtype, size) -> (inputs, reference contenders): shared by every emitted kernel of that shape.
+_SHARED: dict[tuple[str, str, int, int], tuple[tuple[Any, ...], dict[str, tuple[str, Callable[[], Any]]]]] = {}
+
+
+def _shared(kernel: str, dtype: str, size: int, head_dim: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Random inputs of one benchmark size and the references tuned on them (once per run)."""
+    key = (kernel, dtype, size, head_dim)
+    if key not in _SHARED:
+        if kernel == "gemm":
+            args = (_random(1, (size, size), dtype), _random(2, (size, size), dtype))
+            _SHARED[key] = args, gemm_contenders(*args)
+        else:
+            args = tuple(_random(j, (ATTN_BATCH, size, ATTN_HEADS, head_dim), dtype) for j in range(3))
+            _SHARED[key] = args, attention_contenders(*args)
+    return _SHARED[key]
+
+
+def _time_kernel(entry: dict[str, Any], mod: Any, quick: bool) -> list[dict[str, Any]]:
+    """Time one emitted kernel beside its references at every benchmark size."""
+    dtype = entry["options"].get("dtype", "fp16")
+    gemm = entry["kernel"] == "gemm"
+    head_dim = 0 if gemm else entry["options"].get("head_dim", 128)
+    sizes = GEMM_SIZES if gemm else ATTN_SEQS
+    rows = []
+    for size in sizes[:1] if quick else sizes:
+        args, refs = _shared(entry["kernel"], dtype, size, head_dim)
+        fn = mod.gemm if gemm else mod.attention
+        ms = interleaved({"twill": lambda: fn(*args), **{n: f for n, (_, f) in refs.items()}})
+        if gemm:
+            rows.append(_row({"M": size, "N": size, "K": size}, 2 * size ** 3, ms, refs))
+        else:
+            rows.append(_row({"B": ATTN_BATCH, "S": size, "H": ATTN_HEADS, "D": head_dim},
+                             4 * ATTN_BATCH * ATTN_HEADS * size * size * head_dim, ms, refs))
+    return rows
+
+
+def _row(shape: dict[str, int], flops: int, ms: dict[str, Any], refs: dict[str, tuple[str, Any]]) -> dict[str, Any]:
+    tflops = {n: (flops / t / 1e9 if isinstance(t, float) else t) for n, t in ms.items()}
+    ratios = {f"vs_{n}": tflops["twill"] / t for n, t in tflops.items()
+              if n != "twill" and isinstance(t, float) and isinstance(tflops["twill"], float)}
+    return {**shape, "tflops": tflops, **ratios, "configs": {n: label for n, (label, _) in refs.items()}}
+
+
+def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool = False) -> dict[str, Any]:
+    """Check and time every kernel of ``kernel_dir/manifest.json``; write ``out/pallas_bench.json``."""
+    import jax
+
+    with open(os.path.join(kernel_dir, "manifest.json")) as fh:
+        manifest = json.load(fh)
+    if only:
+        manifest = [m for m in manifest if any(o in m["name"] for o in only)]
+    result: dict[str, Any] = {"versions": {"jax": jax.__version__, "device": str(jax.devices()[0])},
+                              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "kernels": []}
+    for entry in manifest:
+        row = dict(entry)
+        if not entry.get("file"):
+            result["kernels"].append(row)
+            continue
+        t0 = time.time()
+        try:
+            mod = _load(os.path.join(kernel_dir, entry["file"]))
+            dtype = entry["options"].get("dtype", "fp16")
+            row["checks"] = (check_gemm(mod, dtype) if entry["kernel"] == "gemm"
+                             else check_attention(mod, dtype, entry["options"].get("head_dim", 128)))
+            row["correct"] = all(c["finite"] and c["relerr"] < 2e-2 for c in row["checks"])
+            if row["correct"]:
+                row["timing"] = _time_kernel(entry, mod, quick)
+        except Exception as exc:  # one failing kernel is recorded, not fatal
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        row["seconds"] = round(time.time() - t0, 1)
+        result["kernels"].append(row)
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "pallas_bench.json"), "w") as fh:
+            json.dump(result, fh, indent=1)
+    print(table(result))
+    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    """One line per kernel and size: TFLOP/s of Twill's kernel and the ratios to each reference."""
+    lines = [f"{'kernel':32s} {'size':>16s} {'twill':>8s}  ratios"]
+    for k in result["kernels"]:
+        if not k.get("file"):
+            lines.append(f"{k['name']:32s} {k['cannot_emit'][:90]}")
+        elif "error" in k or not k.get("correct"):
+            lines.append(f"{k['name']:32s} {'FAILED':>16s} {k.get('error', 'wrong result')[:80]}")
+        for t in k.get("timing", []):
+            size = f"S={t['S']} D={t['D']}" if "S" in t else f"{t['M']}^3"
+            tw = t["tflops"]["twill"]
+            ratios = " ".join(f"{n[3:]}={v:.2f}" for n, v in t.items() if n.startswith("vs_"))
+            lines.append(f"{k['name']:32s} {size:>16s} {tw if isinstance(tw, str) else f'{tw:8.1f}'}  {ratios}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/pallas_bench.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    g = sub.add_parser("generate", help="emit the suite's Pallas modules (CPU)")
+    g.add_argument("outdir")
+    g.add_argument("--arch", default="h100", type=str.lower, help="target GPU (default h100)")
+    r = sub.add_parser("run", help="check and time emitted modules (GPU)")
+    r.add_argument("kernel_dir")
+    r.add_argument("--out", default=os.environ.get("OUT") or "out")
+    r.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
+    r.add_argument("--quick", action="store_true", help="fewer sizes")
+    args = parser.parse_args(argv)
+    if args.step == "generate":
+        rows = generate(args.outdir, args.arch)
+        print(f"wrote {sum(1 for r in rows if r['file'])} modules and manifest.json to {args.outdir}")
+        return 0
+    run(args.kernel_dir, args.out, only=args.only, quick=args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
