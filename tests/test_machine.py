@@ -44,3 +44,11 @@ def test_other_costs():
 
 def test_setmaxnreg_rounding():
     assert H100.round_regs(1) == 24 and H100.round_regs(233) == 240 and H100.round_regs(300) == 256
+
+
+def test_int8_tensor_core_rate_is_the_fp8_rate():
+    from twill.machine.costs import mma_cost
+
+    for m in (H100, B200):
+        assert m.tc_flops_per_clk["i8"] == m.tc_flops_per_clk["fp8"]
+        assert mma_cost(m, 128, 128, 128, "i8").cycles == 2 * 128 ** 3 // m.tc_flops_per_clk["i8"]

@@ -100,6 +100,9 @@ def test_triton_source_that_exits_at_import(tmp_path, capsys):
     pytest.importorskip("triton", reason="the Triton frontend needs triton")
     source = write(tmp_path, "k.py", "import sys\nsys.exit(0)\n")
     fails(capsys, "schedule", f"{source}:kernel", "--signature", "x=i32", message="exited while it was loaded")
+    fails(capsys, "inject", f"{source}:kernel", "--signature", "x=i32", "-o", str(tmp_path / "out"),
+          message="exited while it was loaded")
+    assert not (tmp_path / "out").exists()
 
 
 # -- outputs -------------------------------------------------------------------------------------------------

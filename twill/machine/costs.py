@@ -21,7 +21,7 @@ from twill.errors import UnsupportedFeatureError
 from twill.machine.calibration import lookup_n
 from twill.machine.models import Machine
 
-DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "i32": 4}
+DTYPE_BYTES = {"fp8": 1, "i8": 1, "fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "i32": 4}
 
 #: Cycles an asynchronous op (wgmma, tcgen05, TMA) keeps its issuing warp busy: one instruction stream.
 ASYNC_ISSUE_CYCLES = 32

@@ -135,7 +135,8 @@ H100 = Machine(
     sms=132,                       # [H100-WP] table 1: 132 SMs on SXM5
     clock_ghz=1.83,                # [ANCHOR] clock implied by the 989.4 TFLOP/s dense FP16 figure
     units={"tc": 1, "tma": 1, "mufu": 1, "alu": 1, "smem": 1},
-    tc_flops_per_clk={"fp16": 4096, "bf16": 4096, "fp8": 8192, "tf32": 2048},   # [H100-DS] / [ANCHOR]
+    # [H100-DS] / [ANCHOR]; dense INT8 1979 TOPS = the fp8 rate
+    tc_flops_per_clk={"fp16": 4096, "bf16": 4096, "fp8": 8192, "i8": 8192, "tf32": 2048},
     mufu_ex2_per_clk=16,           # [CUDA-PG] cc 9.0: 16 ex2 per clk per SM
     fma_per_clk=128,               # [CUDA-PG] cc 9.0: 128 FP32 FMA per clk per SM
     smem_bytes_per_clk=128,        # [H100-WP] 32 banks x 4 B per clk per SM
@@ -149,7 +150,7 @@ H200 = Machine(
     name="h200", full_name="NVIDIA H200 SXM 141GB", arch="sm_90", capability=90,
     sms=132, clock_ghz=1.83,       # [H200-DS] same GH100 die and SM configuration as H100 SXM
     units={"tc": 1, "tma": 1, "mufu": 1, "alu": 1, "smem": 1},
-    tc_flops_per_clk={"fp16": 4096, "bf16": 4096, "fp8": 8192, "tf32": 2048},
+    tc_flops_per_clk={"fp16": 4096, "bf16": 4096, "fp8": 8192, "i8": 8192, "tf32": 2048},
     mufu_ex2_per_clk=16, fma_per_clk=128, smem_bytes_per_clk=128, tmem_bytes_per_clk=0,
     dram_bytes_per_s=4.8e12,       # [H200-DS]
 )
@@ -159,7 +160,8 @@ B200 = Machine(
     sms=148,                       # [B200-DS] 148 SMs
     clock_ghz=1.86,                # [B200-DS] 2.25 PFLOP/s / (148 SMs x 8192 FLOP/clk)
     units={"tc": 1, "tma": 1, "mufu": 1, "alu": 1, "smem": 1, "tmem": 1},
-    tc_flops_per_clk={"fp16": 8192, "bf16": 8192, "fp8": 16384, "tf32": 4096},  # [B200-DS] 2x H100 per SM
+    # [B200-DS] 2x H100 per SM; dense INT8 4.5 POPS = the fp8 rate
+    tc_flops_per_clk={"fp16": 8192, "bf16": 8192, "fp8": 16384, "i8": 16384, "tf32": 4096},
     mufu_ex2_per_clk=16,           # [CUDA-PG] cc 10.0: 16 ex2 per clk per SM (unchanged from Hopper)
     fma_per_clk=128,               # [CUDA-PG] cc 10.0
     smem_bytes_per_clk=128,

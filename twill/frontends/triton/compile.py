@@ -299,6 +299,9 @@ def load_kernel(path: str | os.PathLike, fn_name: str) -> KernelSource:
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:
+        raise TwillError(f"Triton source {str(path)!r} exited while it was loaded (exit status {exc.code!r}); "
+                         f"a kernel module must not call sys.exit at import") from None
     except Exception as exc:
         raise TwillError(f"importing {str(path)!r} failed: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, fn_name, None)
