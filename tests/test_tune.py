@@ -328,8 +328,8 @@ def test_tune_end_to_end_with_two_workers(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["tune", "gemm", "--shape", "1,2"], "shape"),
-    (["tune", "gemm", "--shape", "1,2,3", "-o", "/nonexistent-dir/k.py"], "cannot write kernel"),
-    (["tune", "gemm", "--json", "/nonexistent-dir/s.json"], "cannot write sweep JSON"),
+    (["tune", "gemm", "--shape", "1,2,3", "-o", "/nonexistent-dir/k.py"], "cannot write '/nonexistent-dir/k.py'"),
+    (["tune", "gemm", "--json", "/nonexistent-dir/s.json"], "cannot write '/nonexistent-dir/s.json'"),
     (["tune", "paper-example"], "no problem shape"),
     (["tune", "nope"], "unknown kernel"),
     (["tune", "flash-fwd", "--head-dim", "64", "--shape", "1,1,128,128"], "does not match"),
