@@ -53,3 +53,23 @@ def test_tried_iis_with_the_same_outcome_are_merged_into_ranges():
     assert ("IIs tried: 7 (modulo optimal, joint infeasible), 8-10 (joint infeasible, by warp_issue_bound), "
             "11 (modulo optimal, joint infeasible), 13 (modulo optimal, joint infeasible), "
             "14 (modulo optimal, joint optimal)") in format_report(s, H100).splitlines()
+
+
+def test_raw_cycles_beside_every_normalized_time():
+    from twill.kernels import build_kernel
+    from twill.machine.models import H100
+    from twill.schedule.report import format_report
+    from twill.solve import SolveOptions, schedule
+
+    messages: list[str] = []
+    result = schedule(build_kernel("gemm", H100), H100, SolveOptions(progress=messages.append))
+    scale = result.stats["normalization"]["cycles_per_unit"]
+    text = format_report(result, H100)
+    raw_ii = round(result.ii * scale)
+    assert f"II: {result.ii} (~{raw_ii} cycles)" in text
+    assert f"IIs tried: {result.ii} = ~{raw_ii} cycles (" in text
+    header = next(line for line in text.splitlines() if line.strip().startswith("op "))
+    assert "~raw start" in header
+    mma_row = next(line.split() for line in text.splitlines() if line.strip().startswith("mma "))
+    assert int(mma_row[3]) == round(result.start("mma") * scale)
+    assert any(m.startswith(f"II {result.ii} (~{raw_ii} cycles):") for m in messages)

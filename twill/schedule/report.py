@@ -38,9 +38,9 @@ def _tried_outcome(row: Mapping[str, Any]) -> str:
     return f"({', '.join(phases)})" if phases else ""
 
 
-def _tried_line(tried: list[Mapping[str, Any]]) -> str:
-    """The IIs tried, consecutive IIs with the same outcome merged: ``272-298 (modulo optimal, joint
-    infeasible), 299 (modulo optimal, joint optimal)``."""
+def _tried_line(tried: list[Mapping[str, Any]], norm: Mapping[str, Any] | None = None) -> str:
+    """The IIs tried, consecutive IIs with the same outcome merged, raw cycles beside them when normalized:
+    ``272-298 = ~1570-1720 cycles (modulo optimal, joint infeasible), 299 = ~1726 cycles (...)``."""
     runs: list[list[Any]] = []                       # [first ii, last ii, outcome]
     for row in tried:
         ii, outcome = row.get("ii"), _tried_outcome(row)
@@ -48,7 +48,14 @@ def _tried_line(tried: list[Mapping[str, Any]]) -> str:
             runs[-1][1] = ii
         else:
             runs.append([ii, ii, outcome])
-    parts = [(f"{a}" if a == b else f"{a}-{b}") + (f" {outcome}" if outcome else "") for a, b, outcome in runs]
+    def span(a: Any, b: Any) -> str:
+        text = f"{a}" if a == b else f"{a}-{b}"
+        if not isinstance(a, int) or not isinstance(b, int) or raw_cycles(a, norm) is None:
+            return text
+        ra, rb = raw_cycles(a, norm), raw_cycles(b, norm)
+        return text + (f" = ~{ra} cycles" if a == b else f" = ~{ra}-{rb} cycles")
+
+    parts = [span(a, b) + (f" {outcome}" if outcome else "") for a, b, outcome in runs]
     return "IIs tried: " + ", ".join(parts)
 
 
@@ -107,7 +114,7 @@ def _header(schedule: Schedule) -> list[str]:
     lines.append(f"solve time: {schedule.solve_seconds:.2f} s")
     tried = stats.get("tried")
     if tried:
-        lines.append(_tried_line(tried))
+        lines.append(_tried_line(tried, norm))
     lines.append(_normalization_line(stats.get("normalization")))
     return lines
 
@@ -124,13 +131,20 @@ def _utilization_line(schedule: Schedule, machine: Machine) -> str:
 
 
 def _op_rows(schedule: Schedule) -> list[str]:
+    """The op table; with normalized costs, the start time also in raw machine cycles (``~``; an op's raw
+    cost is in the ``raw->normalized`` line)."""
     has_warps = bool(schedule.assignment)
-    header = ["op", "kind", "start", "stage", "slot", "order", "cycles"] + (["warp"] if has_warps else [])
+    norm = schedule.stats.get("normalization")
+    raw = raw_cycles(1, norm) is not None or raw_cycles(schedule.ii, norm) is not None
+    header = (["op", "kind", "start"] + (["~raw start"] if raw else []) + ["stage", "slot", "order", "cycles"]
+              + (["warp"] if has_warps else []))
     rows = []
     for name in schedule.steady_state_order():
         op = schedule.graph.op(name)
-        row: list[Any] = [name, op.kind, schedule.start(name), schedule.stage(name), schedule.slot(name),
-                          schedule.order(name), op.cycles]
+        row: list[Any] = [name, op.kind, schedule.start(name)]
+        if raw:
+            row.append(raw_cycles(schedule.start(name), norm))
+        row += [schedule.stage(name), schedule.slot(name), schedule.order(name), op.cycles]
         if has_warps:
             row.append(schedule.assignment.get(name, "-"))
         rows.append(row)

@@ -63,7 +63,8 @@ def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions
         remaining = options.time_limit - _elapsed(started)
         if remaining <= 0:
             break
-        options.report(f"II {ii}: solving (lower bound {lower_bound}, elapsed {_elapsed(started):.1f} s)")
+        options.report(f"II {options.ii_text(ii)}: solving (lower bound {lower_bound}, elapsed "
+                       f"{_elapsed(started):.1f} s)")
         greedy = greedy_modulo(graph, units, ii)
         result = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.modulo_workers(graph),
                               seed=options.seed, hint=greedy, prove=True)
@@ -73,7 +74,7 @@ def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions
             result = ModuloResult("feasible", greedy, span, False, result.length_bound, ii, result.seconds,
                                   {"by": "greedy"})
         tried.append({"ii": ii, "status": result.status, "seconds": round(result.seconds, 3)})
-        options.report(f"II {ii}: {result.status} ({result.seconds:.2f} s)")
+        options.report(f"II {options.ii_text(ii)}: {result.status} ({result.seconds:.2f} s)")
         if result.found:
             return result, tried
         if result.status == "unknown":
@@ -81,7 +82,7 @@ def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions
     proved = [row["ii"] for row in tried if row["status"] == "infeasible"]
     if len(tried) and tried[-1]["status"] == "infeasible" and tried[-1]["ii"] == max_ii:
         raise InfeasibleScheduleError(
-            f"graph {graph.name!r} has no modulo schedule with II <= {max_ii} (II {lower_bound}..{max_ii} "
+            f"graph {graph.name!r} has no modulo schedule with II <= {options.ii_text(max_ii)} (II {lower_bound}..{max_ii} "
             f"proved infeasible); raise --max-ii")
     upto = f"; II {proved[0]}..{proved[-1]} proved infeasible" if proved else ""
     raise InfeasibleScheduleError(
@@ -153,6 +154,8 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
     validate_graph(graph, machine.units)
     options = options.for_graph(graph)
     work, norm = normalized(graph, options)
+    if norm.get("enabled"):
+        options = replace(options, cycles_per_unit=norm.get("cycles_per_unit"))
     units = validate_graph(work, machine.units, max_ii=options.max_ii)
     res, rec = res_mii(work, units), rec_mii(work)
     options.report(f"bounds: ResMII {res}, RecMII {rec} (elapsed {_elapsed(started):.1f} s)")

@@ -60,6 +60,8 @@ class SolveOptions:
             ``DEFAULT_STREAMING_DEPTH``; :meth:`for_graph` resolves it.
         workers: CP-SAT search workers. Default 2 (the CI machine's cores).
         seed: CP-SAT random seed, for reproducible tie-breaking.
+        cycles_per_unit: raw machine cycles per schedule time unit, set by ``schedule`` once the costs are
+            normalized, so that progress lines and messages show raw cycles beside an II; ``None`` = raw.
         progress: called with a one-line status string while searching (current II, bound, elapsed).
     """
 
@@ -76,6 +78,7 @@ class SolveOptions:
     workers: int = 2
     seed: int = 0
     progress: Callable[[str], None] | None = field(default=None, compare=False)
+    cycles_per_unit: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -106,6 +109,12 @@ class SolveOptions:
         """CP-SAT workers of a phase-1 solve: 1 for graphs up to :data:`SMALL_MODULO_OPS` ops, else
         ``workers``."""
         return 1 if len(graph.ops) <= SMALL_MODULO_OPS else self.workers
+
+    def ii_text(self, ii: int) -> str:
+        """``356 (~2054 cycles)`` when times are normalized, else ``356``."""
+        if not self.cycles_per_unit or self.cycles_per_unit == 1:
+            return f"{ii}"
+        return f"{ii} (~{round(ii * self.cycles_per_unit)} cycles)"
 
     def report(self, message: str) -> None:
         if self.progress is not None:

@@ -382,7 +382,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
                                lower_bound=lower_bound, proven_below=False, length_proven=False, tried=tried,
                                modulo_ii=modulo_ii, blocked=blocked, note=note)
             break
-        options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
+        options.report(f"II {options.ii_text(ii)}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
         greedy = greedy_modulo(graph, units, ii)
         mod = solve_modulo(graph, units, ii, time_limit=share("modulo", deadline),
                            workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous,
@@ -404,11 +404,12 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         outcome = joint.solve("length", time_limit=share("joint", deadline))
         row.update({"length_min": mod.length, "copies": joint.problem.copies, "joint": outcome.status,
                     "seconds": round(outcome.seconds, 3)})
-        options.report(f"II {ii}: joint {outcome.status} ({outcome.seconds:.2f} s)")
+        options.report(f"II {options.ii_text(ii)}: joint {outcome.status} ({outcome.seconds:.2f} s)")
         if outcome.status == "unknown":
             attempt = fixed_start_joint(graph, machine, options, units, ii, deadline)
             row["fixed_starts"] = "no greedy placement" if attempt is None else attempt[1].status
-            options.report(f"II {ii}: warp assignment for greedy starts: {row['fixed_starts']}")
+            options.report(f"II {options.ii_text(ii)}: warp assignment for greedy starts: "
+                           f"{row['fixed_starts']}")
             if attempt is not None and attempt[1].found:
                 joint, outcome = attempt
         if outcome.found:
@@ -422,7 +423,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             options.report(note)
     if tried and tried[-1]["ii"] == max_ii and all(row_proven_infeasible(r) for r in tried):
         raise InfeasibleScheduleError(
-            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {max_ii} (II {lower_bound}..{max_ii} "
+            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {options.ii_text(max_ii)} (II {lower_bound}..{max_ii} "
             f"proved infeasible); {remedy_for(blocked or [])}" + (f" ({note})" if note else ""))
     raise InfeasibleScheduleError(undecided_message(graph, options, tried, note))
 

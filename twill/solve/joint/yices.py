@@ -876,7 +876,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             break
-        options.report(f"II {ii}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
+        options.report(f"II {options.ii_text(ii)}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
         mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed,
                            prove=modulo_ii is None)
         row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
@@ -918,7 +918,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             break
     if tried and tried[-1]["ii"] == max_ii and tried[-1].get("joint", "infeasible") == "infeasible":
         raise InfeasibleScheduleError(
-            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {max_ii} (yices backend); raise "
+            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {options.ii_text(max_ii)} (yices backend); raise "
             f"--max-ii" + (f" ({note})" if note else ""))
     raise InfeasibleScheduleError(
         f"no joint schedule of graph {graph.name!r} found by the yices backend within the time limit of "
