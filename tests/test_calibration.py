@@ -109,7 +109,7 @@ def test_machine_file_errors(mutate, message):
 def test_unreadable_machine_files(tmp_path):
     binary = tmp_path / "b.json"
     binary.write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(FormatError, match="not a UTF-8 text file|invalid JSON"):
+    with pytest.raises(FormatError, match="not UTF-8 text"):
         load_machine(str(binary))
     with pytest.raises(FormatError, match="cannot read machine file"):
         load_machine(str(tmp_path / "missing.json"))

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from twill.commands.common import check_outputs, write_json_output
@@ -16,13 +15,9 @@ from twill.errors import FormatError, TwillError
 
 
 def _read_raw(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except OSError as exc:
-        raise FormatError(f"cannot read raw calibration {path!r}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise FormatError(f"{path}: not a JSON raw calibration ({exc.__class__.__name__})") from None
+    from twill.ir.io import read_json_file
+
+    raw = read_json_file(path, "raw calibration")
     if not isinstance(raw, dict) or raw.get("format") != "twill-calibration-raw/1" \
             or not isinstance(raw.get("measurements"), list):
         raise FormatError(f"{path}: not a 'twill-calibration-raw/1' file written by 'twill calibrate --raw'")

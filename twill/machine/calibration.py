@@ -20,7 +20,6 @@ present and the datasheet rates otherwise. Format (every rate per SM; see docs/m
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
@@ -173,17 +172,11 @@ def machine_from_dict(data: Any, where: str = "machine file") -> Any:
 
 
 def load_machine(path: str) -> Any:
-    """Read a ``twill-machine/1`` file; any problem is one :class:`FormatError` line."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise FormatError(f"cannot read machine file {path!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise FormatError(f"{path}: not a UTF-8 text file") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise FormatError(f"{path}: invalid JSON ({exc.__class__.__name__})") from None
-    return machine_from_dict(data, path)
+    """Read a ``twill-machine/1`` file (the project's JSON reader: size, UTF-8 and nesting limits); any
+    problem is one :class:`FormatError` line."""
+    from twill.ir.io import read_json_file
+
+    return machine_from_dict(read_json_file(path, "machine"), path)
 
 
 def format_calibration(machine: Any) -> str:
