@@ -39,8 +39,12 @@ GEMM_RAGGED = ((300, 520, 200), (257, 333, 129), (1000, 72, 4104), (128, 256, 64
 ATTN_SEQS = (2048, 4096, 8192, 16384)
 ATTN_RAGGED = ((1, 77, 3), (2, 1000, 2), (1, 4096, 2), (2, 200, 1))  # (B, S, H)
 ATTN_BATCH, ATTN_HEADS = 4, 32
-#: Calls between two synchronisations per timed sample, and interleaved samples per contender.
+#: Calls between two synchronisations per timed sample (at most; fewer for large problems, see
+#: :func:`calls_for`), and interleaved samples per contender.
 CALLS, ROUNDS = 20, 7
+#: Floating-point operations one timed sample should cover at least (about 30 ms on an H200), so that a
+#: sample of a large problem needs only a few calls and a small problem still amortises the two syncs.
+SAMPLE_FLOPS = 2e13
 
 #: (variant name, kernel, kernel options, hand-built schedule shape)
 SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
@@ -164,18 +168,24 @@ def check_attention(mod: Any, dtype: str, head_dim: int) -> list[dict[str, Any]]
     return rows
 
 
-def device_ms(fn: Callable[[], Any]) -> float:
-    """Milliseconds per call of one sample: ``CALLS`` calls between two synchronisations."""
+def calls_for(flops: float) -> int:
+    """Calls per timed sample for a problem of ``flops``: enough to cover ``SAMPLE_FLOPS``, 2 to ``CALLS``."""
+    return max(2, min(CALLS, int(SAMPLE_FLOPS // max(flops, 1.0))))
+
+
+def device_ms(fn: Callable[[], Any], calls: int = CALLS) -> float:
+    """Milliseconds per call of one sample: ``calls`` calls between two synchronisations."""
     fn().block_until_ready()
     t0 = time.perf_counter()
-    for _ in range(CALLS - 1):
+    for _ in range(calls - 1):
         fn()
     fn().block_until_ready()
-    return (time.perf_counter() - t0) * 1e3 / CALLS
+    return (time.perf_counter() - t0) * 1e3 / calls
 
 
-def interleaved(contenders: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    """Median ms per contender over ``ROUNDS`` interleaved rounds; a contender that fails is recorded."""
+def interleaved(contenders: dict[str, Callable[[], Any]], calls: int = CALLS) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Median ms per contender over ``ROUNDS`` interleaved rounds (a contender that fails is recorded as its
+    error), and each contender's ``[min, max]`` ms over the rounds."""
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     failed: dict[str, str] = {}
     for _ in range(ROUNDS):
@@ -183,20 +193,22 @@ def interleaved(contenders: dict[str, Callable[[], Any]]) -> dict[str, Any]:
             if name in failed:
                 continue
             try:
-                samples[name].append(device_ms(fn))
+                samples[name].append(device_ms(fn, calls))
             except Exception as exc:  # recorded, not fatal
                 failed[name] = f"ERR {type(exc).__name__}: {str(exc)[:160]}"
-    return {name: failed.get(name) or statistics.median(samples[name]) for name in contenders}
+    medians = {name: failed.get(name) or statistics.median(samples[name]) for name in contenders}
+    spread = {name: [min(v), max(v)] for name, v in samples.items() if v and name not in failed}
+    return medians, spread
 
 
-def _best(configs: list[tuple[str, Callable[[], Any]]]) -> tuple[str, Callable[[], Any] | None]:
+def _best(configs: list[tuple[str, Callable[[], Any]]], calls: int) -> tuple[str, Callable[[], Any] | None]:
     """The fastest of a library kernel's tuning configs that compile and run (one sample each), or the last
     error when none does."""
     best: tuple[str, Callable[[], Any] | None] = ("no config ran", None)
     best_ms = float("inf")
     for label, fn in configs:
         try:
-            ms = device_ms(fn)
+            ms = device_ms(fn, calls)
         except Exception as exc:  # a config that does not fit (shared memory) is skipped, as JAX's tuner does
             if best[1] is None:
                 best = (f"ERR {label}: {type(exc).__name__}: {str(exc)[:120]}", None)
@@ -214,7 +226,7 @@ def _failed(label: str) -> Callable[[], Any]:
     return fail
 
 
-def attention_contenders(q: Any, k: Any, v: Any) -> dict[str, tuple[str, Callable[[], Any]]]:
+def attention_contenders(q: Any, k: Any, v: Any, calls: int) -> dict[str, tuple[str, Callable[[], Any]]]:
     """attention_mgpu at its best valid config and cuDNN through jax.nn.dot_product_attention."""
     import jax
     from jax.experimental.pallas.ops.gpu import attention_mgpu as am
@@ -224,12 +236,12 @@ def attention_contenders(q: Any, k: Any, v: Any) -> dict[str, tuple[str, Callabl
         cfg = am.TuningConfig(block_q=64, block_kv=block_kv, max_concurrent_steps=steps)
         f = jax.jit(lambda a, b, c, cfg=cfg: am.attention(a, b, c, cfg))
         configs.append((f"block_kv={block_kv} steps={steps}", lambda f=f: f(q, k, v)))
-    label, fn = _best(configs)
+    label, fn = _best(configs, calls)
     cudnn = jax.jit(lambda a, b, c: jax.nn.dot_product_attention(a, b, c, implementation="cudnn"))
     return {"attention_mgpu": (label, fn or _failed(label)), "cudnn": ("cudnn", lambda: cudnn(q, k, v))}
 
 
-def gemm_contenders(a: Any, b: Any) -> dict[str, tuple[str, Callable[[], Any]]]:
+def gemm_contenders(a: Any, b: Any, calls: int) -> dict[str, tuple[str, Callable[[], Any]]]:
     """hopper_matmul_mgpu at its best valid config and XLA's dot (cuBLAS)."""
     import jax
     from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
@@ -241,7 +253,7 @@ def gemm_contenders(a: Any, b: Any) -> dict[str, tuple[str, Callable[[], Any]]]:
                               wg_dimension=wg_dim, grid_tile_width=width)
         f = jax.jit(lambda x, y, cfg=cfg: hm.matmul(x, y, None, cfg))
         configs.append((f"tile={tile_m}x{tile_n} wg={wg_dim} width={width}", lambda f=f: f(a, b)))
-    label, fn = _best(configs)
+    label, fn = _best(configs, calls)
     dot = jax.jit(lambda x, y: x @ y)
     return {"hopper_matmul_mgpu": (label, fn or _failed(label)), "cublas": ("XLA dot", lambda: dot(a, b))}
 
@@ -254,31 +266,42 @@ def _shared(kernel: str, dtype: str, size: int, head_dim: int) -> tuple[tuple[An
     """Random inputs of one benchmark size and the references tuned on them (once per run)."""
     key = (kernel, dtype, size, head_dim)
     if key not in _SHARED:
+        calls = calls_for(_flops(kernel, size, head_dim))
         if kernel == "gemm":
             args = (_random(1, (size, size), dtype), _random(2, (size, size), dtype))
-            _SHARED[key] = args, gemm_contenders(*args)
+            _SHARED[key] = args, gemm_contenders(*args, calls)
         else:
             args = tuple(_random(j, (ATTN_BATCH, size, ATTN_HEADS, head_dim), dtype) for j in range(3))
-            _SHARED[key] = args, attention_contenders(*args)
+            _SHARED[key] = args, attention_contenders(*args, calls)
     return _SHARED[key]
 
 
-def _time_kernel(entry: dict[str, Any], mod: Any, quick: bool) -> list[dict[str, Any]]:
+def _flops(kernel: str, size: int, head_dim: int) -> int:
+    """Floating-point operations of one call at a benchmark size (GEMM size^3, attention B, H fixed)."""
+    if kernel == "gemm":
+        return 2 * size ** 3
+    return 4 * ATTN_BATCH * ATTN_HEADS * size * size * head_dim
+
+
+def _time_kernel(entry: dict[str, Any], mod: Any, quick: bool, only_sizes: list[int] | None) -> list[dict[str, Any]]:
     """Time one emitted kernel beside its references at every benchmark size."""
     dtype = entry["options"].get("dtype", "fp16")
     gemm = entry["kernel"] == "gemm"
     head_dim = 0 if gemm else entry["options"].get("head_dim", 128)
     sizes = GEMM_SIZES if gemm else ATTN_SEQS
     rows = []
-    for size in sizes[:1] if quick else sizes:
+    for size in sizes[:1] if quick else [s for s in sizes if not only_sizes or s in only_sizes]:
         args, refs = _shared(entry["kernel"], dtype, size, head_dim)
         fn = mod.gemm if gemm else mod.attention
-        ms = interleaved({"twill": lambda: fn(*args), **{n: f for n, (_, f) in refs.items()}})
-        if gemm:
-            rows.append(_row({"M": size, "N": size, "K": size}, 2 * size ** 3, ms, refs))
-        else:
-            rows.append(_row({"B": ATTN_BATCH, "S": size, "H": ATTN_HEADS, "D": head_dim},
-                             4 * ATTN_BATCH * ATTN_HEADS * size * size * head_dim, ms, refs))
+        flops = _flops(entry["kernel"], size, head_dim)
+        start = time.time()
+        ms, spread = interleaved({"twill": lambda: fn(*args), **{n: f for n, (_, f) in refs.items()}},
+                                 calls_for(flops))
+        shape = ({"M": size, "N": size, "K": size} if gemm else
+                 {"B": ATTN_BATCH, "S": size, "H": ATTN_HEADS, "D": head_dim})
+        row = _row(shape, flops, ms, refs)
+        row.update(ms_spread=spread, calls=calls_for(flops), window=[start, time.time()])
+        rows.append(row)
     return rows
 
 
@@ -289,15 +312,44 @@ def _row(shape: dict[str, int], flops: int, ms: dict[str, Any], refs: dict[str, 
     return {**shape, "tflops": tflops, **ratios, "configs": {n: label for n, (label, _) in refs.items()}}
 
 
-def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool = False) -> dict[str, Any]:
-    """Check and time every kernel of ``kernel_dir/manifest.json``; write ``out/pallas_bench.json``."""
+def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool = False,
+        sizes: list[int] | None = None) -> dict[str, Any]:
+    """Check and time every kernel of ``kernel_dir/manifest.json`` with the SM clock sampled throughout;
+    write ``out/pallas_bench.json`` (after each kernel, and with the clocks at the end)."""
+    from twill.machine.microbench import ClockSampler
+
+    with ClockSampler() as sampler:
+        result = _run(kernel_dir, out, only=only, quick=quick, sizes=sizes)
+    for k in result["kernels"]:
+        for t in k.get("timing", []):
+            t["clock_ghz"] = sampler.median_ghz(*t.pop("window"))
+    _write(result, out)
+    print(table(result))
+    return result
+
+
+def _jaxlib_version() -> str:
+    import jaxlib
+
+    return jaxlib.__version__
+
+
+def _write(result: dict[str, Any], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "pallas_bench.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+
+
+def _run(kernel_dir: str, out: str, *, only: list[str] | None, quick: bool,
+         sizes: list[int] | None) -> dict[str, Any]:
     import jax
 
     with open(os.path.join(kernel_dir, "manifest.json")) as fh:
         manifest = json.load(fh)
     if only:
         manifest = [m for m in manifest if any(o in m["name"] for o in only)]
-    result: dict[str, Any] = {"versions": {"jax": jax.__version__, "device": str(jax.devices()[0])},
+    result: dict[str, Any] = {"versions": {"jax": jax.__version__, "jaxlib": _jaxlib_version(),
+                                                           "device": jax.devices()[0].device_kind},
                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "kernels": []}
     for entry in manifest:
         row = dict(entry)
@@ -312,15 +364,12 @@ def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool
                              else check_attention(mod, dtype, entry["options"].get("head_dim", 128)))
             row["correct"] = all(c["finite"] and c["relerr"] < 2e-2 for c in row["checks"])
             if row["correct"]:
-                row["timing"] = _time_kernel(entry, mod, quick)
+                row["timing"] = _time_kernel(entry, mod, quick, sizes)
         except Exception as exc:  # one failing kernel is recorded, not fatal
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         row["seconds"] = round(time.time() - t0, 1)
         result["kernels"].append(row)
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "pallas_bench.json"), "w") as fh:
-            json.dump(result, fh, indent=1)
-    print(table(result))
+        _write(result, out)
     return result
 
 
@@ -350,13 +399,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("kernel_dir")
     r.add_argument("--out", default=os.environ.get("OUT") or "out")
     r.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
-    r.add_argument("--quick", action="store_true", help="fewer sizes")
+    r.add_argument("--quick", action="store_true", help="only the first size of each kernel")
+    r.add_argument("--sizes", nargs="*", type=int, default=None, help="only these sizes (S or GEMM edge)")
     args = parser.parse_args(argv)
     if args.step == "generate":
         rows = generate(args.outdir, args.arch)
         print(f"wrote {sum(1 for r in rows if r['file'])} modules and manifest.json to {args.outdir}")
         return 0
-    run(args.kernel_dir, args.out, only=args.only, quick=args.quick)
+    run(args.kernel_dir, args.out, only=args.only, quick=args.quick, sizes=args.sizes)
     return 0
 
 

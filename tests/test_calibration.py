@@ -208,3 +208,17 @@ def test_performance_doc_shows_the_committed_fidelity_summary():
     shown = doc.split("<!-- fidelity-summary:begin -->\n")[1].split("<!-- fidelity-summary:end -->")[0]
     with open(FIDELITY) as fh:
         assert shown.strip() == markdown_summary(json.load(fh)).strip()
+
+
+PALLAS = os.path.join(RESULTS, "pallas_bench_h200.json")
+
+
+@pytest.mark.skipif(not os.path.exists(PALLAS), reason="no committed Pallas results")
+def test_performance_doc_shows_the_committed_pallas_table():
+    from benchmarks.pallas_bench import table
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as fh:
+        doc = fh.read()
+    shown = doc.split("<!-- pallas-table:begin -->\n```text\n")[1].split("```\n<!-- pallas-table:end -->")[0]
+    with open(PALLAS) as fh:
+        assert shown.strip() == table(json.load(fh)).strip()

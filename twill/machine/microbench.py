@@ -473,10 +473,14 @@ class ClockSampler:
     def __enter__(self) -> "ClockSampler":
         import subprocess
 
+        import shutil
+
+        # Line-buffered: nvidia-smi's block-buffered pipe loses its last readings when it is stopped.
+        line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
         try:
             self._proc = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=timestamp,clocks.sm", "--format=csv,noheader,nounits", "-i", "0",
-                 f"-lms={self.interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                [*line_buffered, "nvidia-smi", "--query-gpu=timestamp,clocks.sm", "--format=csv,noheader,nounits",
+                 "-i", "0", f"-lms={self.interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:
             self._proc = None
         return self
@@ -486,8 +490,15 @@ class ClockSampler:
 
         if self._proc is None:
             return
-        self._proc.terminate()
-        out, _ = self._proc.communicate()
+        import signal
+        import subprocess
+
+        self._proc.send_signal(signal.SIGINT)  # lets nvidia-smi flush what it has read
+        try:
+            out, _ = self._proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            out, _ = self._proc.communicate()
         for line in out.splitlines():
             stamp, _, mhz = line.partition(",")
             try:
