@@ -1,0 +1,69 @@
+"""``twill.ops.attention`` on the CPU: the kernels it generates compile for sm_90, its cache is keyed and
+written whole, and unsupported inputs are refused with the reason (the GPU half is tests/test_gpu_ops.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from twill.codegen.gluon import aot, load_emitted
+from twill.ops import flash
+from twill.ops.flash import KernelSpec
+
+
+def _fake_version(monkeypatch, version: str = "test+0") -> None:
+    from twill.tune import sweep
+
+    monkeypatch.setattr(sweep, "twill_version", lambda: version)
+
+
+@pytest.mark.parametrize("spec", [KernelSpec("flash-fwd", 128, "fp16", False, 0),
+                                  KernelSpec("flash-fwd", 64, "bf16", True, 2),
+                                  KernelSpec("flash-fwd", 256, "fp16", True, 0)],
+                         ids=["d128", "d64_bf16_causal_gqa", "d256_causal"])
+def test_forward_kernels_of_the_op_compile_for_sm90(tmp_path, monkeypatch, spec):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _fake_version(monkeypatch)
+    flash.kernel_module.cache_clear()
+    module = flash.kernel_module(spec)
+    path = tmp_path / "twill" / "ops" / spec.file_name("test+0")
+    assert path.exists() and not list(path.parent.glob("*.tmp"))
+    assert module.KERNEL == "flash-fwd" and module.HEAD_DIM.value == spec.head_dim
+    assert ("causal" in path.read_text()) == spec.causal
+    assert (module.KV_HEADS.value if hasattr(module, "KV_HEADS") else 0) == spec.kv_heads
+    facts = aot.ptx_facts(aot.compile_sm90(load_emitted(str(path), f"twill_test_ops_{spec.head_dim}")))
+    assert facts.wgmma > 0 and facts.tma_loads > 0
+
+
+def test_cached_module_is_imported_without_solving(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _fake_version(monkeypatch)
+    spec = KernelSpec("flash-fwd", 64, "fp16", False, 0)
+    path = flash.cache_dir() / spec.file_name("test+0")
+    path.parent.mkdir(parents=True)
+    path.write_text("import triton\nMARK = 'cached'\n")
+    flash.kernel_module.cache_clear()
+    monkeypatch.setattr(flash, "_generate", lambda spec: pytest.fail("solved although the module is cached"))
+    assert flash.kernel_module(spec).MARK == "cached"
+
+
+def test_cache_key_follows_every_option_and_the_sources():
+    base = KernelSpec("flash-fwd", 128, "fp16", False, 0)
+    variants = [base, KernelSpec("flash-bwd", 128, "fp16", False, 0), KernelSpec("flash-fwd", 64, "fp16", False, 0),
+                KernelSpec("flash-fwd", 128, "bf16", False, 0), KernelSpec("flash-fwd", 128, "fp16", True, 0),
+                KernelSpec("flash-fwd", 128, "fp16", False, 4)]
+    names = {v.file_name("v1") for v in variants} | {base.file_name("v2")}
+    assert len(names) == len(variants) + 1
+
+
+def test_forward_spec_options():
+    assert KernelSpec("flash-fwd", 256, "fp16", True, 0).kernel_options()["block_n"] == 64
+    assert KernelSpec("flash-fwd", 128, "fp16", False, 0).streaming_depth() == 3
+    assert KernelSpec("flash-bwd", 128, "fp16", False, 0).streaming_depth() is None
+
+
+@pytest.mark.parametrize("shape,match", [((1, 2, 16, 64), "CUDA"), ((2, 16, 64), "4-D")])
+def test_unsupported_inputs_are_refused_with_the_reason(shape, match):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    q = torch.zeros(*shape, dtype=torch.float16)
+    with pytest.raises(flash.UnsupportedFeatureError, match=match):
+        flash.attention(q, q, q)
