@@ -103,7 +103,8 @@ def _rows(t, name, shape, dtype):
     import torch
 
     if tuple(t.shape) != shape or t.dtype != dtype:
-        raise ValueError(f"expected {{name}} of shape {{shape}} and dtype {{dtype}}, got {{tuple(t.shape)}} {{t.dtype}}")
+        raise ValueError(f"expected {{name}} of shape {{shape}} and dtype {{dtype}}, got {{tuple(t.shape)}} "
+                         f"{{t.dtype}}")
     return t.contiguous().view(-1, HEAD_DIM.value) if t.dim() == 4 else t.contiguous().view(-1)
 
 
@@ -229,13 +230,14 @@ class _Compute:
             return self.ready("dp") + self.issue("dp", "v_smem", f"{do}.permute((1, 0))", "st_zero", False)
         if role == "exp":
             return [*self.ready("exp"), *self.retire("qk"),
-                    f"        lse = gl.sum({stats}.slice(0, 1).load(st_layout), 0) * LOG2E  # stats row 0: LSE (natural log)",
+                    "        # stats row 0: LSE (natural log), one per query: a [1, BLOCK_M] row in the S^T layout",
+                    f"        lse = gl.max({stats}.slice(0, 1).load(st_layout), 0) * LOG2E",
                     f"        if {self.mask_condition()}:",
                     "            st = mask_scores(st, n_start, m_start, seq_len, st_layout)",
                     "        p = gl.exp2(st * qk_scale - lse[None, :])  # P^T = exp(S^T * sm_scale - LSE)"]
         if role == "ds":
             return [*self.ready("ds"), *self.retire("dp"),
-                    f"        delta = gl.sum({stats}.slice(1, 1).load(st_layout), 0)  # stats row 1: D = rowsum(dO * O)",
+                    f"        delta = gl.max({stats}.slice(1, 1).load(st_layout), 0)  # stats row 1: D = rowsum(dO O)",
                     "        ds = p * (dpt - delta[None, :])  # dS^T = P^T * (dP^T - D); sm_scale folded in later"]
         if role == "p_cvt":
             return ["        p16 = gl.convert_layout(p.to(DTYPE), op_layout)  # P^T: register A operand of dV"]
@@ -285,9 +287,8 @@ class _Compute:
             "                                                        instr_shape=[16, BLOCK_M, 16])",
             "    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
             "                                                        instr_shape=[16, HEAD_DIM, 16])",
-            "    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0],",
-            "                                                        warps_per_cta=[4, COMPUTE_WARPS // 4],",
-            "                                                        instr_shape=[16, HEAD_DIM // (COMPUTE_WARPS // 4), 16])",
+            "    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],",
+            "                                                        instr_shape=[16, HEAD_DIM // 2, 16])",
             "    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)",
             "    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
             "    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
