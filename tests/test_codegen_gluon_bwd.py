@@ -28,8 +28,9 @@ aot = pytest.importorskip("twill.codegen.gluon.aot")
 HAS_ORTOOLS = importlib.util.find_spec("ortools") is not None
 
 
-def _schedule(depth: int = 2, dq_lag: int = 1, **options):
-    sched = flash_bwd_schedule(build_kernel("flash-bwd", H100, **options), H100, depth=depth, dq_lag=dq_lag)
+def _schedule(depth: int = 2, dq_lag: int = 1, late: tuple[str, ...] = (), **options):
+    sched = flash_bwd_schedule(build_kernel("flash-bwd", H100, **options), H100, depth=depth, dq_lag=dq_lag,
+                               late=late)
     verify(sched, H100)
     return sched
 
@@ -136,12 +137,50 @@ def test_backward_helper_kernels_compile():
             assert "st.global" in compiled.asm["ptx"]
 
 
-def test_backward_compute_ops_in_two_stages_cannot_be_emitted():
-    sched = _schedule()
+def _two_stage(sched, ops):
+    """``sched`` with ``ops`` (and the producer's dq_atomic) one II later: the next stage."""
+    starts = dict(sched.starts)
+    for op in (*ops, "dq_atomic"):
+        starts[op] += sched.ii
+    return replace(sched, starts=starts)
+
+
+def test_backward_two_stage_schedule_compiles_with_prologue_and_epilogue(tmp_path):
+    """P's conversion, dV and the dQ store one stage later (as the joint solver places them at head dim
+    64): the loop runs stage 0 of iteration j with stage 1 of j - 1, after a prologue and before an epilogue."""
+    sched = _schedule(late=("p_cvt", "dv", "dq_store"), head_dim=64)
+    plan = gluon_plan(sched)
+    assert plan.dq_depth == 2 and plan.dq_lag == 2
+    assert sched.steady_state_order().index("p_cvt") < sched.steady_state_order().index("exp")
+    module, source, facts, _ = _compile(tmp_path, sched, "two_stage")
+    assert "for j in range(1, n_iters):" in source and "il = n_iters - 1" in source
+    assert "dv_tok = warpgroup_mma(p16, do_ring.index(jp % DO_DEPTH), dv, is_async=True)" in source
+    assert "mbarrier.arrive(do_empty.index(jp % DO_DEPTH))" in source    # dO released after dV of j - 1
+    single = aot.ptx_facts(aot.compile_sm90(load_emitted(str(_write(tmp_path, _schedule(head_dim=64))),
+                                                         "twill_test_bwd_one_stage")))
+    assert facts.wgmma > single.wgmma                      # the prologue and epilogue copies of the ops
+
+
+def _write(tmp_path, sched):
+    path = tmp_path / "one_stage.py"
+    path.write_text(emit_gluon(sched))
+    return path
+
+
+def test_backward_value_needing_two_register_copies_cannot_be_emitted():
+    """exp one stage before p_cvt, but p_cvt after exp in the loop body: P of j - 1 would be overwritten."""
+    sched = _schedule(head_dim=64)
+    assert sched.starts["p_cvt"] > sched.starts["exp"]
+    with pytest.raises(UnsupportedFeatureError, match="two register copies"):
+        gluon_plan(_two_stage(sched, ("p_cvt", "dv", "dq_store", "dq", "ds_store")))
+
+
+def test_backward_compute_ops_in_three_stages_cannot_be_emitted():
+    sched = _two_stage(_schedule(), ("dq_store",))
     starts = dict(sched.starts)
     starts["dq_store"] += sched.ii
     starts["dq_atomic"] += sched.ii
-    with pytest.raises(UnsupportedFeatureError, match="several stages"):
+    with pytest.raises(UnsupportedFeatureError, match="over 3 stages"):
         gluon_plan(replace(sched, starts=starts))
 
 

@@ -209,6 +209,9 @@ class KernelPlan:
         kv_heads: attention: K/V heads (0: as many as the query heads; N: grouped-query attention).
         dq_depth: attention backward: slots of the fp32 dQ staging buffer between ``dq_store`` (compute) and
             ``dq_atomic`` (producer): ``stage(dq_atomic) - stage(dq_store) + 1``.
+        dq_lag: attention backward: iterations between the producer's loads and its ``dq_atomic`` of the
+            same iteration, ``stage(dq_atomic) - stage(load_q)`` (in iteration j it reduces iteration
+            ``j - dq_lag``).
     """
 
     kernel: str
@@ -232,6 +235,7 @@ class KernelPlan:
     causal: bool = False
     kv_heads: int = 0
     dq_depth: int = 0
+    dq_lag: int = 0
 
     @property
     def compute(self) -> tuple[Partition, ...]:
@@ -573,9 +577,8 @@ def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring
 def flash_bwd_plan(schedule: Schedule, backend: str) -> KernelPlan:
     """Plan of the attention backward (Hopper, one compute warp group, FA3's algorithm): the rings of Q, dO
     and the row statistics (LSE, D) with their depths from the schedule, the dQ staging depth between the
-    compute group's ``dq_store`` and the producer's ``dq_atomic``, and the waits. The compute ops of one
-    iteration must share a stage (they are issued in the schedule's steady-state order); see
-    docs/codegen.md, "Backward"."""
+    compute group's ``dq_store`` and the producer's ``dq_atomic``, and the waits. The compute ops are issued in
+    the schedule's steady-state order over at most two stages; see docs/codegen.md, "Attention backward"."""
     _check_schedule(schedule, backend)
     graph = schedule.graph
     _check_roles(graph, FLASH_BWD_ROLES, backend)
@@ -589,10 +592,7 @@ def flash_bwd_plan(schedule: Schedule, backend: str) -> KernelPlan:
     if len(parts) != 2 or compute.num_warps != 8:
         raise _unsupported(backend, "an attention backward not on one 8-warp compute group is",
                            "FA3's two MMA warp groups cooperate on every tile")
-    stages = {schedule.stage(n) for n in compute.ops}
-    if len(stages) != 1:
-        raise _unsupported(backend, "attention backward compute ops in several stages are",
-                           "the register accumulators keep one iteration in flight")
+    _check_bwd_stages(schedule, compute, backend)
     rings = []
     for load_role, name in (("load_q", "q"), ("load_do", "do"), ("load_stats", "stats")):
         load = op[load_role]
@@ -602,6 +602,9 @@ def flash_bwd_plan(schedule: Schedule, backend: str) -> KernelPlan:
         rings.append(Ring(name, load, readers, release, depth, why, name))
     rings, barriers = _barriers(rings, 1)
     dq_depth = schedule.stage(op["dq_atomic"]) - schedule.stage(op["dq_store"]) + 1
+    dq_lag = schedule.stage(op["dq_atomic"]) - schedule.stage(op["load_q"])
+    if dq_lag < 0:
+        raise _unsupported(backend, "dq_atomic scheduled a stage before the loads is")
     head_dim = int(graph.attrs.get("head_dim", 128))
     if head_dim not in FLASH_BWD_HEAD_DIMS:
         raise _unsupported(backend, f"head dim {head_dim}", ", ".join(map(str, FLASH_BWD_HEAD_DIMS)))
@@ -616,7 +619,24 @@ def flash_bwd_plan(schedule: Schedule, backend: str) -> KernelPlan:
               Wait("empty", op["dq_store"], op["dq_atomic"], 0, dq_depth)]
     return _plan(schedule, "flash-bwd", backend, tile=tile, partitions=parts, rings=tuple(rings),
                  barriers=barriers, waits=tuple(waits), causal=bool(graph.attrs.get("causal", False)),
-                 kv_heads=kv_heads, dq_depth=dq_depth)
+                 kv_heads=kv_heads, dq_depth=dq_depth, dq_lag=dq_lag)
+
+
+def _check_bwd_stages(schedule: Schedule, compute: Partition, backend: str) -> None:
+    """The compute ops span at most two stages, and a value carried from stage s to stage s + 1 is read (for
+    iteration j - 1) before it is produced again (for iteration j) in the steady-state order, so one register
+    copy holds it."""
+    graph = schedule.graph
+    stages = sorted({schedule.stage(n) for n in compute.ops})
+    if stages[-1] - stages[0] > 1:
+        raise _unsupported(backend, f"attention backward compute ops over {stages[-1] - stages[0] + 1} stages are",
+                           "one or two")
+    for e in graph.edges:
+        if e.src in compute.ops and e.dst in compute.ops and e.distance == 0 and \
+                schedule.stage(e.dst) > schedule.stage(e.src) and \
+                compute.ops.index(e.dst) > compute.ops.index(e.src):
+            raise _unsupported(backend, f"{e.src!r} of iteration j + 1 before {e.dst!r} of iteration j is",
+                               "the value would need two register copies")
 
 
 def _check_bwd_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], dq_depth: int,

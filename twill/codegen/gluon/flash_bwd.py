@@ -175,32 +175,43 @@ MMA_OPERANDS = {"dk": "ds16", "dv": "p16"}
 
 class _Compute:
     """Renders the compute partition: the schedule's ops in steady-state order, each wgmma retired by the
-    first op that reads it (``warpgroup_mma_wait`` with the wgmmas issued after it still in flight)."""
+    first op that reads it (``warpgroup_mma_wait`` with the wgmmas issued after it still in flight). With
+    ops in two stages the loop runs the stage-0 ops of iteration ``j`` and the stage-1 ops of ``jp = j - 1``,
+    after a prologue (stage 0 of iteration 0) and before an epilogue (stage 1 of the last iteration)."""
 
     def __init__(self, plan: KernelPlan):
         self.plan = plan
         self.part = plan.compute[0]
         self.role_of = {op: role for role, op in self.part.roles.items()}
+        base = min(plan.placement(op).stage for op in self.part.ops)
+        self.offset = {op: plan.placement(op).stage - base for op in self.part.ops}
+        self.names: dict[int, str] = {}
         self.inflight: list[str] = []
-        self.waited: set[str] = set()
+        self.waiter = {}
+        for r in plan.rings:
+            first = min(r.consumers, key=lambda op: (self.offset[op], self.part.ops.index(op)))
+            self.waiter.setdefault(r.barrier, first)
+
+    def it(self, role: str) -> str:
+        """The iteration variable of ``role``'s op in the section being rendered."""
+        return self.names[self.offset[self.part.roles[role]]]
 
     def ring_of(self, role: str) -> str:
         op = self.part.roles[role]
         return next(r.name for r in self.plan.rings if op in r.consumers)
 
-    def slot(self, ring: str) -> str:
-        return f"{ring}_ring.index(j % {ring.upper()}_DEPTH)"
+    def slot(self, ring: str, role: str) -> str:
+        return f"{ring}_ring.index({self.it(role)} % {ring.upper()}_DEPTH)"
 
     def ready(self, role: str) -> list[str]:
-        """Wait for the ring slot ``role`` reads (once per barrier and iteration)."""
-        ring = self.ring_of(role)
-        bar = next(r.barrier for r in self.plan.rings if r.name == ring)
-        if bar in self.waited:
+        """Wait for the ring slot ``role`` reads (its barrier's first reader in the schedule waits)."""
+        op = self.part.roles[role]
+        ring = next(r for r in self.plan.rings if op in r.consumers)
+        if self.waiter[ring.barrier] != op:
             return []
-        self.waited.add(bar)
-        depth = f"{ring.upper()}_DEPTH"
-        return [f"        mbarrier.wait({bar}_ready.index(j % {depth}), (j // {depth}) & 1)  # ready: "
-                f"{self.plan.wait('ready', self.part.roles[role]).why}"]
+        i, depth = self.it(role), f"{ring.name.upper()}_DEPTH"
+        return [f"mbarrier.wait({ring.barrier}_ready.index({i} % {depth}), ({i} // {depth}) & 1)  # ready: "
+                f"{self.plan.wait('ready', op).why}"]
 
     def retire(self, role: str) -> list[str]:
         """``warpgroup_mma_wait`` until ``role``'s wgmma (and every earlier one) retired."""
@@ -211,71 +222,92 @@ class _Compute:
         values = [MMA_VALUES[r] for r in done] + [MMA_OPERANDS[r] for r in done if r in MMA_OPERANDS]
         deps = [f"{MMA_VALUES[r]}_tok" for r in done] + [MMA_OPERANDS[r] for r in done if r in MMA_OPERANDS]
         why = self.plan.retire(self.part.roles[role]).why
-        return [f"        {', '.join(values)} = warpgroup_mma_wait("
-                f"{len(self.inflight)}, deps=[{', '.join(deps)}])  # {role} retired ({why})"]
+        return [f"{', '.join(values)} = warpgroup_mma_wait({len(self.inflight)}, deps=[{', '.join(deps)}])  # "
+                f"{role} retired ({why})"]
 
     def issue(self, role: str, a: str, b: str, acc: str, use_acc: bool) -> list[str]:
         self.inflight.append(role)
         at = self.plan.placement(self.part.roles[role])
         flag = "" if use_acc else ", use_acc=False"
-        return [f"        # {at.name}: start {at.start}, stage {at.stage}",
-                f"        {MMA_VALUES[role]}_tok = warpgroup_mma({a}, {b}, {acc}{flag}, is_async=True)"]
+        return [f"# {at.name}: start {at.start}, stage {at.stage}",
+                f"{MMA_VALUES[role]}_tok = warpgroup_mma({a}, {b}, {acc}{flag}, is_async=True)"]
 
     def op_lines(self, role: str) -> list[str]:
-        """The lines of one op of the loop body."""
-        q, do, stats = self.slot("q"), self.slot("do"), self.slot("stats")
+        """The lines of one op (unindented)."""
         if role == "qk":
-            return self.ready("qk") + self.issue("qk", "k_smem", f"{q}.permute((1, 0))", "st_zero", False)
+            q = self.slot("q", role)
+            return self.ready(role) + self.issue(role, "k_smem", f"{q}.permute((1, 0))", "st_zero", False)
         if role == "dp":
-            return self.ready("dp") + self.issue("dp", "v_smem", f"{do}.permute((1, 0))", "st_zero", False)
+            do = self.slot("do", role)
+            return self.ready(role) + self.issue(role, "v_smem", f"{do}.permute((1, 0))", "st_zero", False)
         if role == "exp":
-            return [*self.ready("exp"), *self.retire("qk"),
-                    "        # stats row 0: LSE (natural log), one per query: a [1, BLOCK_M] row in the S^T layout",
-                    f"        lse = gl.max({stats}.slice(0, 1).load(st_layout), 0) * LOG2E",
-                    f"        if {self.mask_condition()}:",
-                    "            st = mask_scores(st, n_start, m_start, seq_len, st_layout)",
-                    "        p = gl.exp2(st * qk_scale - lse[None, :])  # P^T = exp(S^T * sm_scale - LSE)"]
+            return [*self.ready(role), *self.retire("qk"),
+                    "# stats row 0: LSE (natural log), one per query: a [1, BLOCK_M] row in the S^T layout",
+                    f"lse = gl.max({self.slot('stats', role)}.slice(0, 1).load(st_layout), 0) * LOG2E",
+                    f"m_start = (m_first + {self.it(role)} % n_m) * BLOCK_M",
+                    f"if {self.mask_condition()}:",
+                    "    st = mask_scores(st, n_start, m_start, seq_len, st_layout)",
+                    "p = gl.exp2(st * qk_scale - lse[None, :])  # P^T = exp(S^T * sm_scale - LSE)"]
         if role == "ds":
-            return [*self.ready("ds"), *self.retire("dp"),
-                    f"        delta = gl.max({stats}.slice(1, 1).load(st_layout), 0)  # stats row 1: D = rowsum(dO O)",
-                    "        ds = p * (dpt - delta[None, :])  # dS^T = P^T * (dP^T - D); sm_scale folded in later"]
+            return [*self.ready(role), *self.retire("dp"),
+                    f"delta = gl.max({self.slot('stats', role)}.slice(1, 1).load(st_layout), 0)  # stats row 1: "
+                    f"D = rowsum(dO O)",
+                    "ds = p * (dpt - delta[None, :])  # dS^T = P^T * (dP^T - D); sm_scale folded in later"]
         if role == "p_cvt":
-            return ["        p16 = gl.convert_layout(p.to(DTYPE), op_layout)  # P^T: register A operand of dV"]
+            return ["p16 = gl.convert_layout(p.to(DTYPE), op_layout)  # P^T: register A operand of dV"]
         if role == "ds_store":
-            return ["        ds_smem.store(ds.to(DTYPE))  # dS^T for dQ = dS K",
-                    "        fence_async_shared()",
-                    "        gl.thread_barrier()  # both warp groups stored their dS rows before either reads them"]
+            return ["ds_smem.store(ds.to(DTYPE))  # dS^T for dQ = dS K",
+                    "fence_async_shared()",
+                    "gl.thread_barrier()  # both warp groups stored their dS rows before either reads them"]
         if role == "dv":
-            return self.issue("dv", "p16", do, "dv", True)
+            return self.ready(role) + self.issue(role, "p16", self.slot("do", role), "dv", True)
         if role == "dk":
-            return ["        ds16 = gl.convert_layout(ds.to(DTYPE), op_layout)  # dS^T: register A operand of dK",
-                    *self.issue("dk", "ds16", q, "dk", True)]
+            return ["ds16 = gl.convert_layout(ds.to(DTYPE), op_layout)  # dS^T: register A operand of dK",
+                    *self.ready(role), *self.issue(role, "ds16", self.slot("q", role), "dk", True)]
         if role == "dq":
-            return self.issue("dq", "ds_smem.permute((1, 0))", "k_smem", "dq_zero", False)
+            return self.issue(role, "ds_smem.permute((1, 0))", "k_smem", "dq_zero", False)
+        i = self.it(role)
         return [*self.retire("dq"),
-                f"        mbarrier.wait(dq_empty.index(j % DQ_DEPTH), ((j // DQ_DEPTH) & 1) ^ 1)  # empty: "
+                f"mbarrier.wait(dq_empty.index({i} % DQ_DEPTH), (({i} // DQ_DEPTH) & 1) ^ 1)  # empty: "
                 f"{self.plan.wait('empty', self.part.roles['dq_store']).why}",
-                "        dq_stage.index(j % DQ_DEPTH).store(dqv)  # fp32 dQ for the producer's dq_atomic"]
+                f"dq_stage.index({i} % DQ_DEPTH).store(dqv)  # fp32 dQ for the producer's dq_atomic"]
 
     def mask_condition(self) -> str:
         """When a tile needs the mask: a ragged tail, or (causal) a query block reaching into the key block."""
         cond = "(n_start + BLOCK_N > seq_len) | (m_start + BLOCK_M > seq_len)"
         return cond + (" | (m_start < n_start + BLOCK_N)" if self.plan.causal else "")
 
-    def loop(self) -> list[str]:
-        lines = ["    for j in range(0, n_iters):",
-                 "        m_start = (m_first + j % n_m) * BLOCK_M"]
+    def section(self, names: dict[int, str], ind: str) -> list[str]:
+        """The ops of the stages in ``names`` (stage offset -> iteration variable), then the retirement of
+        every wgmma and the releases of the slots whose last reader ran."""
+        self.names, self.inflight = names, []
+        lines = []
         for op in self.part.ops:
-            lines += self.op_lines(self.role_of[op])
-        done = list(self.inflight)
-        if done:
-            lines += self.retire(done[-1])
-        releases = ", ".join(f"{r.name} after {r.release}" for r in self.plan.rings)
-        lines += [f"        gl.thread_barrier()  # every warp retired its wgmmas and stored its dQ rows ({releases})"]
-        lines += [f"        mbarrier.arrive({b.name}_empty.index(j % {b.rings[0].upper()}_DEPTH))  # empty: ring "
-                  f"{'/'.join(b.rings)} slot consumed" for b in self.plan.barriers]
-        lines.append("        mbarrier.arrive(dq_ready.index(j % DQ_DEPTH))  # ready: dQ staged for dq_atomic")
-        return lines
+            if self.offset[op] in names:
+                lines += self.op_lines(self.role_of[op])
+        if self.inflight:
+            lines += self.retire(self.inflight[-1])
+        lines.append("gl.thread_barrier()  # every warp retired its wgmmas (and stored its dQ rows)")
+        for b in self.plan.barriers:
+            release = next(r.release for r in self.plan.rings if r.name == b.rings[0])
+            if self.offset[release] in names:
+                i = names[self.offset[release]]
+                lines.append(f"mbarrier.arrive({b.name}_empty.index({i} % {b.rings[0].upper()}_DEPTH))  # empty: "
+                             f"ring {'/'.join(b.rings)} slot read by its last reader, {release}")
+        store = self.part.roles["dq_store"]
+        if self.offset[store] in names:
+            i = names[self.offset[store]]
+            lines.append(f"mbarrier.arrive(dq_ready.index({i} % DQ_DEPTH))  # ready: dQ staged for dq_atomic")
+        return [ind + line for line in lines]
+
+    def loop(self) -> list[str]:
+        if max(self.offset.values()) == 0:
+            return ["    for j in range(0, n_iters):", *self.section({0: "j"}, " " * 8)]
+        return ["    # prologue: the stage-0 ops of iteration 0", "    i0 = 0", *self.section({0: "i0"}, " " * 4),
+                "    # steady state: stage 0 of iteration j, stage 1 of iteration jp = j - 1",
+                "    for j in range(1, n_iters):", "        jp = j - 1", *self.section({0: "j", 1: "jp"}, " " * 8),
+                "    # epilogue: the stage-1 ops of the last iteration", "    il = n_iters - 1",
+                *self.section({1: "il"}, " " * 4)]
 
     def render(self) -> str:
         part = self.part
@@ -360,7 +392,7 @@ def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, 
     at = plan.placement(atomic)
     why = plan.wait("ready", atomic).why
     call = "dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len)"
-    lag = plan.dq_depth - 1
+    lag = plan.dq_lag
     lines = [f"        # {atomic}: start {at.start}, stage {at.stage} -> dQ of iteration j - DQ_LAG ({why})"]
     if lag:
         lines += ["        if j >= DQ_LAG:", "            i = j - DQ_LAG",
@@ -378,7 +410,8 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
     t, part = plan.tile, plan.compute[0]
     load_ops, load_after = _producer(plan)
     extra = [("DQ_DEPTH", plan.dq_depth, "dQ staging slots: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
-             ("DQ_LAG", plan.dq_depth - 1, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j"),
+             ("DQ_LAG", plan.dq_lag, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j: "
+                                     "stage(dq_atomic) - stage(load_q) (schedule)"),
              ("DQ_ROWS", DQ_ROWS, "rows of dQ the producer warp adds per step"),
              ("PRE_ROWS", PRE_ROWS, "rows per program of the dO.O pre-pass and the dQ conversion"),
              ("LOG2E", 1.4426950408889634, "the kernel runs in base 2; LSE is a natural log")]
@@ -388,7 +421,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
     order = ", ".join(part.ops)
     decisions = [f"decisions: compute ops in the schedule's steady-state order ({order}), each wgmma retired by "
                  f"its first reader; dQ staged in {plan.dq_depth} fp32 slot(s), reduced by the producer warp with "
-                 f"gl.atomic_add {plan.dq_depth - 1} iteration(s) later",
+                 f"gl.atomic_add {plan.dq_lag} producer iteration(s) after its loads",
                  "layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
                  "register A operands of dV, dK; dS^T in shared memory for dQ = dS K (warps [4, 2])"]
     if plan.causal:
