@@ -102,7 +102,7 @@ def generate(outdir: str) -> list[dict[str, Any]]:
                 fh.write(render_plan(gluon_plan(sched)))
         rows.append({"name": name, "bwd": f"{name}_bwd.py", "fwd": f"{name}_fwd.py", "options": options,
                      "solver": bwd.solver, "ii": bwd.ii, "rings": {r.name: r.depth for r in plan.rings},
-                     "dq_depth": plan.dq_depth, "order": list(plan.compute[0].ops)})
+                     "dq_depth": plan.dq_depth, "dq_lag": plan.dq_lag, "order": list(plan.compute[0].ops)})
         print(f"{name}: {bwd.solver} II {bwd.ii}, rings {rows[-1]['rings']}, dQ staging {plan.dq_depth}")
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
@@ -212,7 +212,7 @@ def _sdpa(backend: Any, q: Any, k: Any, v: Any, do: Any, causal: bool) -> tuple[
     try:
         out = forward()
         torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
-    except RuntimeError:
+    except (RuntimeError, TypeError):  # the backend refuses the shape (or torch predates enable_gqa)
         return None
 
     def fwd_bwd() -> Any:
@@ -254,14 +254,15 @@ def bench(fwd: Any, bwd: Any, options: dict[str, Any], S: int) -> dict[str, Any]
     return row
 
 
-def run(moddir: str, out: str) -> dict[str, Any]:
-    """Check and time every variant in ``moddir``; writes ``out/flash_bwd_h200.json``."""
+def run(moddir: str, out: str, only: str = "") -> dict[str, Any]:
+    """Check and time every variant in ``moddir`` (those whose name contains ``only``); writes
+    ``out/flash_bwd_h200.json``."""
     import torch
 
     with open(os.path.join(moddir, "manifest.json")) as fh:
         manifest = json.load(fh)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "variants": []}
-    for row in manifest:
+    for row in (r for r in manifest if only in r["name"]):
         fwd, bwd = _load(os.path.join(moddir, row["fwd"])), _load(os.path.join(moddir, row["bwd"]))
         entry = {**row, "checks": [], "timings": []}
         result["variants"].append(entry)
@@ -297,11 +298,12 @@ def main() -> None:
     r = sub.add_parser("run", help="check and time the emitted modules (GPU)")
     r.add_argument("--modules", required=True)
     r.add_argument("--out", default=os.environ.get("OUT", "."))
+    r.add_argument("--only", default="", help="run the variants whose name contains this")
     args = ap.parse_args()
     if args.cmd == "generate":
         generate(args.out)
     else:
-        run(args.modules, args.out)
+        run(args.modules, args.out, args.only)
 
 
 if __name__ == "__main__":
