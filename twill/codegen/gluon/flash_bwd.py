@@ -67,10 +67,11 @@ def dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len):
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [LOAD_WARPS, 1], [1, 0])
     rows = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+    base = dq_ptr + row.to(gl.int64) * HEAD_DIM  # 64-bit once; 32-bit offsets within the tile
     for r in gl.static_range(0, BLOCK_M, DQ_ROWS):
         x = dq_stage.index(slot).slice(r, DQ_ROWS).load(layout)
-        offs = (row + r + rows).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
-        gl.atomic_add(dq_ptr + offs, x, mask=(m_start + r + rows < seq_len)[:, None], sem="relaxed")
+        gl.atomic_add(base + (r + rows)[:, None] * HEAD_DIM + cols[None, :], x,
+                      mask=(m_start + r + rows < seq_len)[:, None], sem="relaxed")
     mbarrier.arrive(dq_empty.index(slot))
 
 
