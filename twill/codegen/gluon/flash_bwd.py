@@ -188,10 +188,9 @@ class _Compute:
         self.offset = {op: plan.placement(op).stage - base for op in self.part.ops}
         self.names: dict[int, str] = {}
         self.inflight: list[str] = []
-        self.waiter = {}
-        for r in plan.rings:
-            first = min(r.consumers, key=lambda op: (self.offset[op], self.part.ops.index(op)))
-            self.waiter.setdefault(r.barrier, first)
+        order = {op: (self.offset[op], self.part.ops.index(op)) for op in self.part.ops}
+        self.waiter = {b.name: min((op for r in plan.rings if r.barrier == b.name for op in r.consumers),
+                                   key=order.__getitem__) for b in plan.barriers}
 
     def it(self, role: str) -> str:
         """The iteration variable of ``role``'s op in the section being rendered."""
