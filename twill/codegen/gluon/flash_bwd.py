@@ -101,8 +101,7 @@ def dq_convert_kernel(acc_ptr, dq_ptr, n_rows, sm_scale):
 
 LAUNCH = """
 def _rows(t, name, shape, dtype):
-    import torch
-
+    \"\"\"``t`` flattened to rows of HEAD_DIM (4-d) or to one row (3-d), after checking its shape and dtype.\"\"\"
     if tuple(t.shape) != shape or t.dtype != dtype:
         raise ValueError(f"expected {{name}} of shape {{shape}} and dtype {{dtype}}, got {{tuple(t.shape)}} "
                          f"{{t.dtype}}")
