@@ -56,6 +56,12 @@ def _check_host_globals(module) -> None:
         assert not missing, f"{fn.__name__} reads undefined globals {missing}"
 
 
+def _write(tmp_path, sched, name: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(emit_gluon(sched))
+    return path
+
+
 def _smem_need(head_dim: int, depth: int, dq_depth: int) -> int:
     """K, V resident; Q, dO rings; the stats ring ([2, 64] fp32); dS; the fp32 dQ staging slots."""
     return (2 * 128 * head_dim * 2 + depth * (2 * 64 * head_dim * 2 + 2 * 64 * 4) + 128 * 64 * 2
@@ -117,26 +123,19 @@ def test_backward_causal_gqa_bf16_compile(tmp_path, options):
                                   else triton.language.float16)
 
 
-def test_backward_helper_kernels_compile():
+def test_backward_helper_kernels_compile(tmp_path):
     """The dO.O pre-pass and the dQ conversion compile for sm_90 too (they run on every launch)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    import tempfile
-    import os
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "helpers.py")
-        with open(path, "w") as fh:
-            fh.write(emit_gluon(_schedule(head_dim=64)))
-        module = load_emitted(path, "twill_test_bwd_helpers")
-        for fn, sig in ((module.preprocess_kernel, {"o_ptr": "*fp16", "do_ptr": "*fp16", "delta_ptr": "*fp32",
-                                                    "n_rows": "i32"}),
-                        (module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", "n_rows": "i32",
-                                                    "sm_scale": "fp32"})):
-            src = GluonASTSource(fn, sig, constexprs={})
-            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-            assert "st.global" in compiled.asm["ptx"]
+    module = load_emitted(str(_write(tmp_path, _schedule(head_dim=64), "helpers")), "twill_test_bwd_helpers")
+    for fn, sig in ((module.preprocess_kernel, {"o_ptr": "*fp16", "do_ptr": "*fp16", "delta_ptr": "*fp32",
+                                                "n_rows": "i32"}),
+                    (module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", "n_rows": "i32",
+                                                "sm_scale": "fp32"})):
+        compiled = triton.compile(GluonASTSource(fn, sig, constexprs={}), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4})
+        assert "st.global" in compiled.asm["ptx"]
 
 
 def _two_stage(sched, ops):
@@ -158,15 +157,9 @@ def test_backward_two_stage_schedule_compiles_with_prologue_and_epilogue(tmp_pat
     assert "for j in range(1, n_iters):" in source and "il = n_iters - 1" in source
     assert "dv_tok = warpgroup_mma(p16, do_ring.index(jp % DO_DEPTH), dv, is_async=True)" in source
     assert "mbarrier.arrive(do_empty.index(jp % DO_DEPTH))" in source    # dO released after dV of j - 1
-    single = aot.ptx_facts(aot.compile_sm90(load_emitted(str(_write(tmp_path, _schedule(head_dim=64))),
+    single = aot.ptx_facts(aot.compile_sm90(load_emitted(str(_write(tmp_path, _schedule(head_dim=64), "one")),
                                                          "twill_test_bwd_one_stage")))
     assert facts.wgmma == 2 * single.wgmma                 # loop body + prologue (stage 0) + epilogue (stage 1)
-
-
-def _write(tmp_path, sched):
-    path = tmp_path / "one_stage.py"
-    path.write_text(emit_gluon(sched))
-    return path
 
 
 def test_backward_value_needing_two_register_copies_cannot_be_emitted():
