@@ -202,12 +202,12 @@ def _sdpa(backend: Any, q: Any, k: Any, v: Any, do: Any, causal: bool) -> tuple[
     import torch
     from torch.nn.attention import sdpa_kernel
 
-    gqa = q.shape[1] != k.shape[1]
+    gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
 
     def forward() -> Any:
         with sdpa_kernel(backend):
-            return torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=gqa)
+            return torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, **gqa)
 
     try:
         out = forward()
