@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.variants import flash_schedule, gemm_schedule
+from benchmarks.variants import flash_bwd_schedule, flash_schedule, gemm_schedule
 from twill.codegen.gluon import emit_gluon
 from twill.kernels import build_kernel
 from twill.machine.models import H100
@@ -36,13 +36,15 @@ def _flash(subtiles: int, head_dim: int, ahead: int, depth: int, **options):
 
 
 #: name -> schedule builder: GEMM with and without a deferred wgmma wait; attention with two ping-pong
-#: compute partitions and S one stage ahead (also causal), and with one partition and no overlap.
+#: compute partitions and S one stage ahead (also causal), and with one partition and no overlap; the
+#: attention backward.
 CASES = {
     "gemm_128x256x64_lag1_d4": lambda: _gemm(256, 1, 4),
     "gemm_128x256x64_lag0_d3": lambda: _gemm(256, 0, 3),
     "fa_d128_sub2_ahead1_d2": lambda: _flash(2, 128, 1, 2),
     "fa_d64_sub1_ahead0_d3": lambda: _flash(1, 64, 0, 3),
     "fa_d128_sub2_ahead1_d2_causal": lambda: _flash(2, 128, 1, 2, causal=True),
+    "fa_bwd_d128_d2_lag1": lambda: flash_bwd_schedule(build_kernel("flash-bwd", H100), H100, depth=2, dq_lag=1),
 }
 
 

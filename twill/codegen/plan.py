@@ -47,6 +47,12 @@ GEMM_ROLES = ("load_a", "load_b", "mma", "mma_wait")
 FLASH_ROLES = ("load_k", "load_v", "qk", "rowmax", "exp", "rowsum", "alpha", "rescale", "pv")
 #: Order in which an attention compute partition issues its tensor-core ops within one loop body.
 FLASH_PROGRAM_ORDER = ("qk", "pv")
+FLASH_BWD_ROLES = ("load_q", "load_do", "load_stats", "qk", "dp", "exp", "p_cvt", "ds", "ds_store", "dv", "dk",
+                   "dq", "dq_store", "dq_atomic")
+#: Tensor-core ops of the attention backward and the ring each reads (``None``: only resident K/V).
+FLASH_BWD_MMAS = {"qk": "q", "dp": "do", "dv": "do", "dk": "q", "dq": None}
+#: Head dimensions of the attention backward (dK and dV are register accumulators of N = head dim).
+FLASH_BWD_HEAD_DIMS = (64, 128)
 DTYPES = ("fp16", "bf16")
 #: Attention head dimensions the renderers support (the O accumulator is one wgmma of N = head dim <= 256).
 FLASH_HEAD_DIMS = (64, 128, 256)
@@ -201,6 +207,11 @@ class KernelPlan:
         causal: attention: the causal mask (the K/V loop of a query block stops at its diagonal, where the
             scores are masked; see docs/codegen.md, "Causal attention").
         kv_heads: attention: K/V heads (0: as many as the query heads; N: grouped-query attention).
+        dq_depth: attention backward: slots of the fp32 dQ staging buffer between ``dq_store`` (compute) and
+            ``dq_atomic`` (producer): ``stage(dq_atomic) - stage(dq_store) + 1``.
+        dq_lag: attention backward: iterations between the producer's loads and its ``dq_atomic`` of the
+            same iteration, ``stage(dq_atomic) - stage(load_q)`` (in iteration j it reduces iteration
+            ``j - dq_lag``).
     """
 
     kernel: str
@@ -223,6 +234,8 @@ class KernelPlan:
     turns: tuple[Turn, ...] = ()
     causal: bool = False
     kv_heads: int = 0
+    dq_depth: int = 0
+    dq_lag: int = 0
 
     @property
     def compute(self) -> tuple[Partition, ...]:
@@ -561,14 +574,95 @@ def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring
             f"smaller --block-n or --streaming-depth")
 
 
+def flash_bwd_plan(schedule: Schedule, backend: str) -> KernelPlan:
+    """Plan of the attention backward (Hopper, one compute warp group, FA3's algorithm): the rings of Q, dO
+    and the row statistics (LSE, D) with their depths from the schedule, the dQ staging depth between the
+    compute group's ``dq_store`` and the producer's ``dq_atomic``, and the waits. The compute ops are issued in
+    the schedule's steady-state order over at most two stages; see docs/codegen.md, "Attention backward"."""
+    _check_schedule(schedule, backend)
+    graph = schedule.graph
+    _check_roles(graph, FLASH_BWD_ROLES, backend)
+    missing = [r for r in FLASH_BWD_ROLES if len(ops_with_role(graph, r)) != 1]
+    if missing:
+        raise _unsupported(backend, f"an attention backward graph without exactly one {missing[0]} op is")
+    op = {r: ops_with_role(graph, r)[0] for r in FLASH_BWD_ROLES}
+    mmas = [op[r] for r in FLASH_BWD_MMAS]
+    parts = _partitions(schedule, mmas, {n: 0 for n in graph.op_names}, backend)
+    compute = parts[0]
+    if len(parts) != 2 or compute.num_warps != 8:
+        raise _unsupported(backend, "an attention backward not on one 8-warp compute group is",
+                           "FA3's two MMA warp groups cooperate on every tile")
+    _check_bwd_stages(schedule, compute, backend)
+    rings = []
+    for load_role, name in (("load_q", "q"), ("load_do", "do"), ("load_stats", "stats")):
+        load = op[load_role]
+        readers = tuple(e.dst for e in graph.out_edges(load))
+        release = max(readers, key=lambda n: (schedule.stage(n), compute.ops.index(n)))
+        depth, why = ring_depth(schedule, load, release)
+        rings.append(Ring(name, load, readers, release, depth, why, name))
+    rings, barriers = _barriers(rings, 1)
+    dq_depth = schedule.stage(op["dq_atomic"]) - schedule.stage(op["dq_store"]) + 1
+    dq_lag = schedule.stage(op["dq_atomic"]) - schedule.stage(op["load_q"])
+    if dq_lag < 0:
+        raise _unsupported(backend, "dq_atomic scheduled a stage before the loads is")
+    head_dim = int(graph.attrs.get("head_dim", 128))
+    if head_dim not in FLASH_BWD_HEAD_DIMS:
+        raise _unsupported(backend, f"head dim {head_dim}", ", ".join(map(str, FLASH_BWD_HEAD_DIMS)))
+    tile = {"block_m": int(graph.attrs.get("block_m", 64)), "block_n": int(graph.attrs.get("block_n", 128)),
+            "head_dim": head_dim}
+    if tile["block_m"] != 64 or tile["block_n"] != 128:
+        raise _unsupported(backend, f"block_m {tile['block_m']}, block_n {tile['block_n']}", "64 and 128")
+    _check_bwd_smem(schedule, tile, rings, dq_depth, backend)
+    kv_heads = int(graph.attrs.get("kv_heads", 0))
+    waits = _ring_waits(graph, rings) + [_retire_wait(graph, op[r]) for r in FLASH_BWD_MMAS]
+    waits += [_edge_wait(graph, "ready", op["dq_store"], op["dq_atomic"]),
+              Wait("empty", op["dq_store"], op["dq_atomic"], 0, dq_depth)]
+    return _plan(schedule, "flash-bwd", backend, tile=tile, partitions=parts, rings=tuple(rings),
+                 barriers=barriers, waits=tuple(waits), causal=bool(graph.attrs.get("causal", False)),
+                 kv_heads=kv_heads, dq_depth=dq_depth, dq_lag=dq_lag)
+
+
+def _check_bwd_stages(schedule: Schedule, compute: Partition, backend: str) -> None:
+    """The compute ops span at most two stages, and a value carried from stage s to stage s + 1 is read (for
+    iteration j - 1) before it is produced again (for iteration j) in the steady-state order, so one register
+    copy holds it."""
+    graph = schedule.graph
+    stages = sorted({schedule.stage(n) for n in compute.ops})
+    if stages[-1] - stages[0] > 1:
+        raise _unsupported(backend, f"attention backward compute ops over {stages[-1] - stages[0] + 1} stages are",
+                           "one or two")
+    for e in graph.edges:
+        if e.src in compute.ops and e.dst in compute.ops and e.distance == 0 and \
+                schedule.stage(e.dst) > schedule.stage(e.src) and \
+                compute.ops.index(e.dst) > compute.ops.index(e.src):
+            raise _unsupported(backend, f"{e.src!r} of iteration j + 1 before {e.dst!r} of iteration j is",
+                               "the value would need two register copies")
+
+
+def _check_bwd_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], dq_depth: int,
+                    backend: str) -> None:
+    """Resident K and V, the Q/dO/stats rings, the dS tile and the dQ staging slots must fit shared memory."""
+    capacity = get_machine(schedule.arch).smem_per_block
+    bm, bn, d = tile["block_m"], tile["block_n"], tile["head_dim"]
+    slot = {"q": bm * d * 2, "do": bm * d * 2, "stats": 2 * bm * 4}
+    need = 2 * bn * d * 2 + sum(r.depth * slot[r.name] for r in rings) + bn * bm * 2 + dq_depth * bm * d * 4
+    if need > capacity:
+        raise UnsupportedFeatureError(
+            f"cannot generate: the attention backward needs {need} bytes of shared memory, more than the "
+            f"{capacity} of {schedule.arch} (head dim {d}, ring depths {'/'.join(str(r.depth) for r in rings)}, "
+            f"dQ staging {dq_depth}; {backend} backend); use a smaller --streaming-depth")
+
+
 def kernel_plan(schedule: Schedule, backend: str) -> KernelPlan:
     """The plan of ``schedule`` for ``backend`` (named in errors), by the graph's ``kernel`` attribute (or,
     failing that, its roles)."""
     graph = schedule.graph
     kind = graph.attrs.get("kernel") or graph.name
     roles = {str(graph.op(n).attrs.get("role", "")) for n in graph.op_names}
+    if kind == "flash-bwd":
+        return flash_bwd_plan(schedule, backend)
     if kind == "gemm" or roles <= set(GEMM_ROLES) and "mma" in roles:
         return gemm_plan(schedule, backend)
     if kind in ("flash-fwd", "flash_fwd") or "qk" in roles and "pv" in roles:
         return flash_plan(schedule, backend)
-    raise _unsupported(backend, f"kernel {kind!r}", "gemm, flash-fwd")
+    raise _unsupported(backend, f"kernel {kind!r}", "gemm, flash-fwd, flash-bwd")

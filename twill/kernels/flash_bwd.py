@@ -39,6 +39,7 @@ MMA warp groups; the paper's "Twill-LR" experiment passes a reduced ``--reg-limi
 
 from __future__ import annotations
 
+from twill.errors import TwillError
 from twill.ir.builder import GraphBuilder
 from twill.ir.graph import LoopGraph
 from twill.kernels import KernelOption
@@ -50,6 +51,10 @@ OPTIONS = {
     "block_m": KernelOption(int, 0, "query rows per iteration (0 = 64 on Hopper, 128 on Blackwell)", (0, 64, 128)),
     "block_n": KernelOption(int, 128, "keys of the resident K/V block", (64, 128)),
     "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
+    "causal": KernelOption(bool, False, "causal mask: a key block meets the query blocks from its diagonal on",
+                           (False, True)),
+    "kv_heads": KernelOption(int, 0, "K/V heads (0: as many as the query heads; N: grouped-query attention, "
+                                     "dK/dV summed over each group's query heads)"),
 }
 
 #: Per-thread budget of register-holding groups when none is given.
@@ -70,15 +75,21 @@ HOPPER_WARPS = 8
 
 
 def build(machine: Machine, *, head_dim: int = 128, block_m: int = 0, block_n: int = 128,
-          dtype: str = "fp16") -> LoopGraph:
-    """The backward loop body for ``machine`` (see the module docstring)."""
+          dtype: str = "fp16", causal: bool = False, kv_heads: int = 0) -> LoopGraph:
+    """The backward loop body for ``machine`` (see the module docstring). ``causal`` and ``kv_heads`` do
+    not change the loop body (the unmasked steady state is the scheduled loop; grouped K/V heads make a CTA
+    loop over its group's query heads too); they are graph attributes for the code generators."""
+    if kv_heads < 0:
+        raise TwillError(f"kernel 'flash-bwd': kv_heads must be 0 (as many as the query heads) or positive, "
+                         f"got {kv_heads}")
     tmem = machine.mma_accumulates_in == "tmem"
     block_m = block_m or (128 if tmem else 64)
     resident = 2 * block_n * head_dim * 2                 # K and V tiles, loaded once
     b = GraphBuilder("flash-bwd", attrs={
         "kernel": "flash-bwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
         "head_dim": head_dim, "dtype": dtype, "subtiles": 2 if tmem else 1, "reg_limit": DEFAULT_REG_LIMIT,
-        "smem_resident": resident})
+        "smem_resident": resident, **({"causal": True} if causal else {}),
+        **({"kv_heads": kv_heads} if kv_heads else {})})
     # Blackwell: FA4's stage counts (Q_stage 2, dO_stage 1; LSE follows Q).
     q_depth, do_depth = (Q_STAGES, DO_STAGES) if tmem else (None, None)
     load_q = k.tma_load(b, machine, "load_q", "load_q", block_m, head_dim, dtype, ring_depth=q_depth)

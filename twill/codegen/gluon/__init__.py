@@ -7,7 +7,7 @@ Stages: :func:`~twill.codegen.plan.kernel_plan` turns the schedule into a frozen
 :class:`~twill.codegen.plan.KernelPlan` (partitions, rings and barriers, waits with their reasons, stages,
 tensor-core turns); :func:`render_plan` renders it with the shared module renderer
 (:mod:`~twill.codegen.gluon.render`) and the kernel's compute body (:mod:`~twill.codegen.gluon.gemm`,
-:mod:`~twill.codegen.gluon.flash`). Unsupported graphs raise :class:`~twill.errors.UnsupportedFeatureError`
+:mod:`~twill.codegen.gluon.flash`, :mod:`~twill.codegen.gluon.flash_bwd`). Unsupported graphs raise :class:`~twill.errors.UnsupportedFeatureError`
 ("cannot generate: <op> not supported by the Gluon backend"). Importing this package does not import Triton;
 :mod:`~twill.codegen.gluon.aot` and the emitted modules do.
 """
@@ -41,6 +41,10 @@ def render_plan(plan: KernelPlan) -> str:
         from twill.codegen.gluon.gemm import gemm_body
 
         return render_module(plan, gemm_body(plan))
+    if plan.kernel == "flash-bwd":
+        from twill.codegen.gluon.flash_bwd import flash_bwd_body
+
+        return render_module(plan, flash_bwd_body(plan))
     from twill.codegen.gluon.flash import flash_body
 
     return render_module(plan, flash_body(plan))

@@ -7,7 +7,7 @@ Every function returns strings and iterates in a fixed order, so emitted files d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from twill.codegen.plan import Barrier, KernelPlan, Partition
 
@@ -37,16 +37,19 @@ NUM_WARPS = COMPUTE_WARPS.value
 KERNEL_FN = {kernel}
 
 
-def _desc_type(shape):
-    layout = gl.NVMMASharedLayout.get_default_for(shape, DTYPE.value)
-    return f"tensordesc<{{DTYPE.value}}[{{shape[0]}}, {{shape[1]}}],{{layout!r}}>"
+def _desc_type(shape, dtype=None, layout=None):
+    dtype = dtype or DTYPE.value
+    layout = layout or gl.NVMMASharedLayout.get_default_for(shape, dtype)
+    return f"tensordesc<{{dtype}}[{{shape[0]}}, {{shape[1]}}],{{layout!r}}>"
 
 
-def _descriptor(t, shape):
-    """A TMA descriptor of ``t`` with block ``shape`` in the default NVMMA shared layout."""
+def _descriptor(t, shape, dtype=None, layout=None):
+    """A TMA descriptor of ``t`` with block ``shape`` (elements of ``dtype``, default the operand dtype) in
+    ``layout`` (default: the NVMMA shared layout for the block)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return TensorDescriptor.from_tensor(t, shape, gl.NVMMASharedLayout.get_default_for(shape, DTYPE.value))
+    dtype = dtype or DTYPE.value
+    return TensorDescriptor.from_tensor(t, shape, layout or gl.NVMMASharedLayout.get_default_for(shape, dtype))
 
 
 def compile_signature():
@@ -78,6 +81,10 @@ class KernelBody:
         results: what the default partition returns (``acc, = `` or empty); ``epilogue`` the lines after.
         signature: ``(parameter, type expression)`` of the kernel for ``compile_signature``.
         launch: source of the host launcher (after the shared host helpers).
+        slot_dtypes: ring -> Gluon dtype of its slots when not the operand dtype (``gl.float32``).
+        load_iteration: producer lines at the top of each loop iteration (before the loads).
+        load_ops: producer op -> its lines, for the producer's ops that fill no ring (``dq_atomic``).
+        load_after: producer lines after the loop.
     """
 
     title: str
@@ -103,6 +110,10 @@ class KernelBody:
     epilogue: tuple[str, ...]
     signature: tuple[tuple[str, str], ...]
     launch: str
+    slot_dtypes: dict[str, str] = field(default_factory=dict)
+    load_iteration: tuple[str, ...] = ()
+    load_ops: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    load_after: tuple[str, ...] = ()
 
 
 def render_module(plan: KernelPlan, body: KernelBody) -> str:
@@ -227,9 +238,12 @@ def render_load_partition(plan: KernelPlan, body: KernelBody) -> str:
              f'    """Warp group {load.group} (TMA producer, {load.num_warps} warp): fills the rings '
              f'{", ".join(r.name for r in plan.rings)}."""',
              *body.load_setup,
-             f"    for {body.iv} in range({body.trip}):"]
+             f"    for {body.iv} in range({body.trip}):", *body.load_iteration]
     iv = body.iv
     for name in load.ops:
+        if name in body.load_ops:
+            lines += body.load_ops[name]
+            continue
         r = next(r for r in plan.rings if r.producer == name)
         bar = plan.barrier(r.barrier)
         depth = f"{r.name.upper()}_DEPTH"
@@ -244,7 +258,7 @@ def render_load_partition(plan: KernelPlan, body: KernelBody) -> str:
                       f"        mbarrier.expect({bar.name}_ready.index(slot), {nbytes})"]
         lines.append(f"        tma.async_copy_global_to_shared({r.name}_desc, {body.coords[r.name]}, "
                      f"{bar.name}_ready.index(slot), {r.name}_ring.index(slot))")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + list(body.load_after)) + "\n"
 
 
 def render_kernel(plan: KernelPlan, body: KernelBody) -> str:
@@ -252,7 +266,8 @@ def render_kernel(plan: KernelPlan, body: KernelBody) -> str:
     lines = ["@gluon.jit", f"def {body.kernel}({body.kernel_params}):", f'    """{body.kernel_doc}"""',
              *body.setup]
     for r in plan.rings:
-        lines.append(f"    {r.name}_ring = gl.allocate_shared_memory(DTYPE, [{r.name.upper()}_DEPTH, "
+        dtype = body.slot_dtypes.get(r.name, "DTYPE")
+        lines.append(f"    {r.name}_ring = gl.allocate_shared_memory({dtype}, [{r.name.upper()}_DEPTH, "
                      f"{body.slot_shapes[r.name]}], {r.name}_desc.layout)")
     for b in plan.barriers:
         depth = depth_name(b)

@@ -1,0 +1,310 @@
+"""Check and time the generated attention backward on a GPU (a benchmark script, not part of the library).
+
+Two steps, so that the GPU machine needs neither ortools nor the solver:
+
+* ``generate --out DIR`` (CPU): solves (or hand-builds) the ``flash-bwd`` schedule of every variant, emits
+  the backward module and the matching forward (with LSE) into ``DIR`` and writes ``DIR/manifest.json``.
+* ``run --modules DIR`` (GPU; imports only the emitted modules, torch and triton): for every variant and
+  ``S`` in :data:`CHECK_SEQS` (1000 is ragged), runs the generated forward (``return_lse=True``) and
+  backward on fresh random data (dq, dk, dv poisoned with NaN first) and compares them with torch autograd
+  of an fp32 reference attention (max relative error per tensor, PASS/FAIL); then, at
+  :data:`TIME_SEQS`, times the backward and forward + backward against torch SDPA's cuDNN and flash
+  backends (CUDA events around ``CALLS`` calls, ``ROUNDS`` interleaved rounds, medians) and prints TFLOP/s
+  (backward = 2.5 x forward flops, forward = 4 B H S^2 D, halved when causal) and ratios. Writes
+  ``$OUT/flash_bwd_h200.json`` (or ``--out``).
+
+    python benchmarks/flash_bwd_check.py generate --out /tmp/bwd_modules
+    python benchmarks/flash_bwd_check.py run --modules /tmp/bwd_modules --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: (name, flash-bwd options, schedule: "solver" or the hand-built shape of benchmarks/variants.py)
+VARIANTS: tuple[tuple[str, dict[str, Any], Any], ...] = (
+    ("bwd_d128_solver", {"head_dim": 128}, "solver"),
+    ("bwd_d128_hand_d2_lag1", {"head_dim": 128}, {"depth": 2, "dq_lag": 1}),
+    ("bwd_d128_causal_solver", {"head_dim": 128, "causal": True}, "solver"),
+    ("bwd_d128_gqa4_solver", {"head_dim": 128, "kv_heads": 4}, "solver"),
+    ("bwd_d128_causal_gqa4_solver", {"head_dim": 128, "kv_heads": 4, "causal": True}, "solver"),
+    ("bwd_bf16_d128_solver", {"head_dim": 128, "dtype": "bf16"}, "solver"),
+    ("bwd_d64_solver", {"head_dim": 64}, "solver"),
+    ("bwd_d64_hand_d3_lag2", {"head_dim": 64}, {"depth": 3, "dq_lag": 2}),
+    ("bwd_d64_causal_solver", {"head_dim": 64, "causal": True}, "solver"),
+    ("bwd_d64_causal_hand_d2_lag1", {"head_dim": 64, "causal": True}, {"depth": 2, "dq_lag": 1}),
+    ("bwd_bf16_d64_causal_gqa4_hand_d2_lag1", {"head_dim": 64, "dtype": "bf16", "causal": True, "kv_heads": 4},
+     {"depth": 2, "dq_lag": 1}),
+)
+ARCH = "h200"
+CHECK_SEQS = (1000, 2048, 4096)
+TIME_SEQS = (2048, 4096, 8192)
+#: Total tokens per timed problem (B = TOKENS // S) and head count H = HEAD_TOKENS // D (FA3's benchmark).
+TOKENS, HEAD_TOKENS = 16384, 2048
+#: Query heads of the correctness checks (a multiple of every variant's K/V heads).
+CHECK_HEADS = 8
+TOLERANCE = {"fp16": 1e-2, "bf16": 3e-2}
+CALLS, ROUNDS = 10, 7
+
+
+# -- generation (CPU) ------------------------------------------------------------------------------------
+def _schedules(options: dict[str, Any], shape: Any) -> tuple[Any, Any]:
+    """The backward schedule of one variant and the forward schedule matching its attention options."""
+    sys.path.insert(0, ROOT)
+    from benchmarks import variants
+    from twill.kernels import build_kernel
+    from twill.machine.models import get_machine
+    from twill.schedule.verify import verify
+
+    machine = get_machine(ARCH)
+    graph = build_kernel("flash-bwd", machine, **options)
+    if shape == "solver":
+        from twill.solve import schedule
+        from twill.solve.options import SolveOptions
+
+        bwd = schedule(graph, machine, SolveOptions(time_limit=300))
+    else:
+        bwd = variants.flash_bwd_schedule(graph, machine, **shape)
+    verify(bwd, machine)
+    fwd_options = {k: v for k, v in options.items() if k in ("head_dim", "dtype", "causal", "kv_heads")}
+    fwd_graph = build_kernel("flash-fwd", machine, subtiles=2, **fwd_options)
+    fwd = variants.flash_schedule(fwd_graph, machine, ahead=1, depth=2 if options["head_dim"] == 128 else 3)
+    verify(fwd, machine)
+    return bwd, fwd
+
+
+def generate(outdir: str) -> list[dict[str, Any]]:
+    """Emit every variant's backward and forward into ``outdir`` and write ``manifest.json``; a variant whose
+    schedule the generator cannot render is reported and left out."""
+    sys.path.insert(0, ROOT)
+    from twill.codegen.gluon import gluon_plan, render_plan
+    from twill.errors import UnsupportedFeatureError
+
+    os.makedirs(outdir, exist_ok=True)
+    rows = []
+    for name, options, shape in VARIANTS:
+        bwd, fwd = _schedules(options, shape)
+        try:
+            plan = gluon_plan(bwd)
+        except UnsupportedFeatureError as exc:
+            print(f"{name}: skipped: {exc}")
+            continue
+        for kind, sched in (("bwd", bwd), ("fwd", fwd)):
+            with open(os.path.join(outdir, f"{name}_{kind}.py"), "w") as fh:
+                fh.write(render_plan(gluon_plan(sched)))
+        rows.append({"name": name, "bwd": f"{name}_bwd.py", "fwd": f"{name}_fwd.py", "options": options,
+                     "solver": bwd.solver, "ii": bwd.ii, "rings": {r.name: r.depth for r in plan.rings},
+                     "dq_depth": plan.dq_depth, "dq_lag": plan.dq_lag, "order": list(plan.compute[0].ops)})
+        print(f"{name}: {bwd.solver} II {bwd.ii}, rings {rows[-1]['rings']}, dQ staging {plan.dq_depth}")
+    with open(os.path.join(outdir, "manifest.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    return rows
+
+
+# -- checks and timing (GPU) -----------------------------------------------------------------------------
+def _load(path: str) -> Any:
+    name = "flash_bwd_check_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def _inputs(B: int, H: int, S: int, options: dict[str, Any]) -> tuple[Any, ...]:
+    """Fresh random q, do [B, H, S, D] and k, v [B, H_kv, S, D]."""
+    import torch
+
+    dtype, D, kv = _torch_dtype(options.get("dtype", "fp16")), options["head_dim"], options.get("kv_heads", 0)
+    q, do = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(B, kv or H, S, D, device="cuda", dtype=dtype) for _ in range(2))
+    return q, k, v, do
+
+
+def _reference(q: Any, k: Any, v: Any, do: Any, causal: bool) -> tuple[Any, Any, Any]:
+    """dq, dk, dv of fp32 attention by torch autograd (K/V heads repeated for GQA, so dk, dv sum the group)."""
+    import torch
+
+    q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    s = (q @ kr.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    if causal:
+        S = q.shape[2]
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    out = torch.softmax(s, dim=-1) @ vr
+    return torch.autograd.grad(out, (q, k, v), do.float())
+
+
+def _relerr(out: Any, ref: Any) -> float:
+    """max |out - ref| / max |ref| (NaN anywhere in out -> inf)."""
+    import torch
+
+    out = out.float()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def check(fwd: Any, bwd: Any, options: dict[str, Any], S: int) -> dict[str, Any]:
+    """One correctness check of the generated backward at sequence length ``S``."""
+    import torch
+
+    B, H = (1 if S > 2048 else 2), CHECK_HEADS
+    q, k, v, do = _inputs(B, H, S, options)
+    o, lse = fwd.launch(q, k, v, return_lse=True)
+    dq = torch.full_like(q, float("nan"))
+    dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+    bwd.launch(q, k, v, o, do, lse, dq=dq, dk=dk, dv=dv)
+    torch.cuda.synchronize()
+    ref = _reference(q, k, v, do, bool(options.get("causal", False)))
+    errs = {n: _relerr(t, r) for n, t, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref)}
+    ok = all(e <= TOLERANCE[options.get("dtype", "fp16")] for e in errs.values())
+    return {"B": B, "H": H, "S": S, **errs, "pass": ok}
+
+
+def _time(fns: dict[str, Any]) -> dict[str, float]:
+    """Median ms per call of each function: CALLS calls between CUDA events, ROUNDS interleaved rounds."""
+    import torch
+
+    samples: dict[str, list[float]] = {n: [] for n in fns}
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(CALLS):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples[name].append(start.elapsed_time(end) / CALLS)
+    return {n: statistics.median(s) for n, s in samples.items()}
+
+
+def _sdpa(backend: Any, q: Any, k: Any, v: Any, do: Any, causal: bool) -> tuple[Any, Any] | None:
+    """(backward, forward + backward) closures of torch SDPA on ``backend``, or None when it refuses."""
+    import torch
+    from torch.nn.attention import sdpa_kernel
+
+    gqa = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def forward() -> Any:
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, **gqa)
+
+    try:
+        out = forward()
+        torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)
+    except (RuntimeError, TypeError):  # the backend refuses the shape (or torch predates enable_gqa)
+        return None
+
+    def fwd_bwd() -> Any:
+        return torch.autograd.grad(forward(), (qg, kg, vg), do)
+
+    return (lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True)), fwd_bwd
+
+
+def bench(fwd: Any, bwd: Any, options: dict[str, Any], S: int) -> dict[str, Any]:
+    """Backward and forward + backward times of the generated kernels and of SDPA cuDNN / flash."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    D, causal = options["head_dim"], bool(options.get("causal", False))
+    B, H = TOKENS // S, HEAD_TOKENS // D
+    q, k, v, do = _inputs(B, H, S, options)
+    o, lse = fwd.launch(q, k, v, return_lse=True)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def twill_fwd_bwd() -> Any:
+        out, l = fwd.launch(q, k, v, return_lse=True)
+        return bwd.launch(q, k, v, out, do, l, dq=dq, dk=dk, dv=dv)
+
+    fns = {"twill_bwd": lambda: bwd.launch(q, k, v, o, do, lse, dq=dq, dk=dk, dv=dv),
+           "twill_fwd_bwd": twill_fwd_bwd}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        pair = _sdpa(backend, q, k, v, do, causal)
+        if pair:
+            fns[f"{name}_bwd"], fns[f"{name}_fwd_bwd"] = pair
+    ms = _time(fns)
+    fwd_flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
+    row: dict[str, Any] = {"B": B, "H": H, "S": S, "ms": ms}
+    for name, t in ms.items():
+        row[f"{name}_tflops"] = (2.5 if name.endswith("_bwd") and "fwd" not in name else 3.5) * fwd_flops / t / 1e9
+    for ref in ("cudnn", "flash"):
+        for part in ("bwd", "fwd_bwd"):
+            if f"{ref}_{part}" in ms:
+                row[f"ratio_{part}_vs_{ref}"] = ms[f"{ref}_{part}"] / ms[f"twill_{part}"]
+    return row
+
+
+def run(moddir: str, out: str, only: str = "") -> dict[str, Any]:
+    """Check and time every variant in ``moddir`` (those whose name contains ``only``); writes
+    ``out/flash_bwd_h200.json``."""
+    import torch
+
+    with open(os.path.join(moddir, "manifest.json")) as fh:
+        manifest = json.load(fh)
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "variants": []}
+    for row in (r for r in manifest if only in r["name"]):
+        fwd, bwd = _load(os.path.join(moddir, row["fwd"])), _load(os.path.join(moddir, row["bwd"]))
+        entry = {**row, "checks": [], "timings": []}
+        result["variants"].append(entry)
+        for S in CHECK_SEQS:
+            torch.manual_seed(S)
+            try:
+                c = check(fwd, bwd, row["options"], S)
+            except Exception as exc:  # a failing variant is reported, the others still run
+                c = {"S": S, "pass": False, "error": f"{type(exc).__name__}: {exc}"}
+            entry["checks"].append(c)
+            errs = " ".join(f"{n} {c[n]:.2e}" for n in ("dq", "dk", "dv") if n in c)
+            print(f"{row['name']:30s} S={S:5d} {errs or c.get('error')} {'PASS' if c['pass'] else 'FAIL'}",
+                  flush=True)
+        if not all(c["pass"] for c in entry["checks"]):
+            continue
+        for S in TIME_SEQS:
+            t = bench(fwd, bwd, row["options"], S)
+            entry["timings"].append(t)
+            ratios = " ".join(f"{k[6:]} {v:.2f}" for k, v in t.items() if k.startswith("ratio_"))
+            tf = " ".join(f"{k[:-7]} {v:.0f}" for k, v in t.items() if k.endswith("_tflops"))
+            print(f"{row['name']:30s} S={S:5d} TFLOP/s: {tf} | ratios: {ratios}", flush=True)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "flash_bwd_h200.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="solve and emit every variant (CPU)")
+    g.add_argument("--out", required=True)
+    r = sub.add_parser("run", help="check and time the emitted modules (GPU)")
+    r.add_argument("--modules", required=True)
+    r.add_argument("--out", default=os.environ.get("OUT", "."))
+    r.add_argument("--only", default="", help="run the variants whose name contains this")
+    args = ap.parse_args()
+    if args.cmd == "generate":
+        generate(args.out)
+    else:
+        run(args.modules, args.out, args.only)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Gluon attention backward on the CPU: flash-bwd schedules -> emitted kernels -> sm_90 cubins (Triton 3.6).
+
+Each variant is a different valid schedule of the ``flash-bwd`` loop graph (verified with
+twill.schedule.verify): ring depths and the dQ staging depth come from the schedule and must show up in the
+emitted constants, the shared memory the kernel reserves and its PTX (wgmma shapes, wait depths,
+setmaxnreg budgets, TMA copies, the producer's dQ atomics).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.variants import flash_bwd_schedule
+from twill.codegen.gluon import emit_gluon, gluon_plan, load_emitted
+from twill.errors import UnsupportedFeatureError
+from twill.kernels import build_kernel
+from twill.machine.models import H100
+from twill.schedule.verify import verify
+
+triton = pytest.importorskip("triton")
+aot = pytest.importorskip("twill.codegen.gluon.aot")
+HAS_ORTOOLS = importlib.util.find_spec("ortools") is not None
+
+
+def _schedule(depth: int = 2, dq_lag: int = 1, late: tuple[str, ...] = (), **options):
+    sched = flash_bwd_schedule(build_kernel("flash-bwd", H100, **options), H100, depth=depth, dq_lag=dq_lag,
+                               late=late)
+    verify(sched, H100)
+    return sched
+
+
+def _compile(tmp_path, sched, name: str):
+    path = tmp_path / f"{name}.py"
+    source = emit_gluon(sched)
+    path.write_text(source)
+    module = load_emitted(str(path), f"twill_test_bwd_{name}")
+    _check_host_globals(module)
+    compiled = aot.compile_sm90(module)
+    return module, source, aot.ptx_facts(compiled), compiled.asm["ptx"]
+
+
+def _check_host_globals(module) -> None:
+    """Every global the host functions read exists (they only run on a GPU)."""
+    import builtins
+    import dis
+
+    for fn in (module.launch, module.preprocess, module.compile_signature):
+        names = {i.argval for i in dis.get_instructions(fn) if i.opname == "LOAD_GLOBAL"}
+        missing = [n for n in names if n not in vars(module) and not hasattr(builtins, n)]
+        assert not missing, f"{fn.__name__} reads undefined globals {missing}"
+
+
+def _write(tmp_path, sched, name: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(emit_gluon(sched))
+    return path
+
+
+def _smem_need(head_dim: int, depth: int, dq_depth: int) -> int:
+    """K, V resident; Q, dO rings; the stats ring ([2, 64] fp32); dS; the fp32 dQ staging slots."""
+    return (2 * 128 * head_dim * 2 + depth * (2 * 64 * head_dim * 2 + 2 * 64 * 4) + 128 * 64 * 2
+            + dq_depth * 64 * head_dim * 4)
+
+
+CASES = [  # (head_dim, ring depth, dq lag)
+    (128, 2, 1),
+    (64, 3, 2),
+    (64, 2, 0),
+]
+
+
+@pytest.mark.parametrize("head_dim,depth,lag", CASES)
+def test_backward_variant_compiles_with_the_scheduled_rings(tmp_path, head_dim, depth, lag):
+    sched = _schedule(depth, lag, head_dim=head_dim)
+    plan = gluon_plan(sched)
+    assert [r.depth for r in plan.rings] == [depth] * 3
+    assert plan.dq_depth == lag + 1 == sched.stage("dq_atomic") - sched.stage("dq_store") + 1
+    module, source, facts, ptx = _compile(tmp_path, sched, f"d{head_dim}_{depth}_{lag}")
+    assert module.Q_DEPTH.value == module.DO_DEPTH.value == module.STATS_DEPTH.value == depth
+    assert module.DQ_DEPTH.value == lag + 1
+    # S^T, dP^T (and dQ's two N halves at D=128): N = 64 per warp group; dV, dK: N = head dim
+    assert set(facts.wgmma_shapes) == {"m64n64k16", f"m64n{head_dim}k16", f"m64n{head_dim // 2}k16"}
+    # per iteration: S^T and dP^T (K = head dim), dV and dK (K = 64 queries), dQ (K = 128 keys), k16 each
+    assert facts.wgmma == 2 * head_dim // 16 + 2 * 64 // 16 + 128 // 16
+    waits = {int(n) for n in re.findall(r"warpgroup_mma_wait\((\d+)", source)}
+    assert set(facts.wait_depths) == waits                 # the retire depths the schedule's order asks for
+    assert ("dec", 24) in facts.setmaxnreg and ("inc", 240) in facts.setmaxnreg
+    assert facts.tma_loads >= 5                            # K, V once; Q, dO, stats per iteration
+    assert re.search(r"atom\.global\.[a-z.]*add(\.v\d)?\.f32", ptx)  # dQ reduced by the producer's atomics
+    need = _smem_need(head_dim, depth, lag + 1)
+    assert need <= facts.shared < need + 4096
+
+
+def test_backward_variants_emit_different_kernels():
+    sources = {(d, lag): emit_gluon(_schedule(d, lag, head_dim=64)) for d, lag in ((2, 1), (3, 1), (3, 2))}
+    assert len(set(sources.values())) == 3
+    assert "if j >= DQ_LAG:" in sources[(3, 2)]
+    assert re.search(r"^DQ_DEPTH\s*= gl.constexpr\(3\)", sources[(3, 2)], re.M)
+    assert re.search(r"^Q_DEPTH\s*= gl.constexpr\(3\)", sources[(3, 1)], re.M)
+
+
+@pytest.mark.parametrize("options", [{"causal": True}, {"kv_heads": 4}, {"dtype": "bf16"},
+                                     {"head_dim": 64, "causal": True, "kv_heads": 2, "dtype": "bf16"}],
+                         ids=["causal", "gqa", "bf16", "d64_causal_gqa_bf16"])
+def test_backward_causal_gqa_bf16_compile(tmp_path, options):
+    sched = _schedule(**options)
+    plan = gluon_plan(sched)
+    assert plan.causal == bool(options.get("causal")) and plan.kv_heads == options.get("kv_heads", 0)
+    name = "_".join(f"{k}{v}" for k, v in options.items())
+    module, source, facts, _ = _compile(tmp_path, sched, name)
+    assert facts.wgmma_shapes and facts.tma_loads >= 5
+    if options.get("causal"):
+        assert "m_first = n_start // BLOCK_M" in source and "keys[:, None] <= queries[None, :]" in source
+    if options.get("kv_heads"):
+        assert module.KV_HEADS.value == options["kv_heads"]
+    assert module.DTYPE.value == (triton.language.bfloat16 if options.get("dtype") == "bf16"
+                                  else triton.language.float16)
+
+
+def test_backward_helper_kernels_compile(tmp_path):
+    """The dO.O pre-pass and the dQ conversion compile for sm_90 too (they run on every launch)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    module = load_emitted(str(_write(tmp_path, _schedule(head_dim=64), "helpers")), "twill_test_bwd_helpers")
+    for fn, sig in ((module.preprocess_kernel, {"o_ptr": "*fp16", "do_ptr": "*fp16", "delta_ptr": "*fp32",
+                                                "n_rows": "i32"}),
+                    (module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", "n_rows": "i32",
+                                                "sm_scale": "fp32"})):
+        compiled = triton.compile(GluonASTSource(fn, sig, constexprs={}), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4})
+        assert "st.global" in compiled.asm["ptx"]
+
+
+def _two_stage(sched, ops):
+    """``sched`` with ``ops`` (and the producer's dq_atomic) one II later: the next stage."""
+    starts = dict(sched.starts)
+    for op in (*ops, "dq_atomic"):
+        starts[op] += sched.ii
+    return replace(sched, starts=starts)
+
+
+def test_backward_two_stage_schedule_compiles_with_prologue_and_epilogue(tmp_path):
+    """P's conversion, dV and the dQ store one stage later (as the joint solver places them at head dim
+    64): the loop runs stage 0 of iteration j with stage 1 of j - 1, after a prologue and before an epilogue."""
+    sched = _schedule(late=("p_cvt", "dv", "dq_store"), head_dim=64)
+    plan = gluon_plan(sched)
+    assert plan.dq_depth == 2 and plan.dq_lag == 2
+    assert sched.steady_state_order().index("p_cvt") < sched.steady_state_order().index("exp")
+    module, source, facts, _ = _compile(tmp_path, sched, "two_stage")
+    assert "for j in range(1, n_iters):" in source and "il = n_iters - 1" in source
+    assert "dv_tok = warpgroup_mma(p16, do_ring.index(jp % DO_DEPTH), dv, is_async=True)" in source
+    assert "mbarrier.arrive(do_empty.index(jp % DO_DEPTH))" in source    # dO released after dV of j - 1
+    single = aot.ptx_facts(aot.compile_sm90(load_emitted(str(_write(tmp_path, _schedule(head_dim=64), "one")),
+                                                         "twill_test_bwd_one_stage")))
+    assert facts.wgmma == 2 * single.wgmma                 # loop body + prologue (stage 0) + epilogue (stage 1)
+
+
+def test_backward_value_needing_two_register_copies_cannot_be_emitted():
+    """exp one stage before p_cvt, but p_cvt after exp in the loop body: P of j - 1 would be overwritten."""
+    sched = _schedule(head_dim=64)
+    assert sched.starts["p_cvt"] > sched.starts["exp"]
+    with pytest.raises(UnsupportedFeatureError, match="two register copies"):
+        gluon_plan(_two_stage(sched, ("p_cvt", "dv", "dq_store", "dq", "ds_store")))
+
+
+def test_backward_compute_ops_in_three_stages_cannot_be_emitted():
+    sched = _two_stage(_schedule(), ("dq_store",))
+    starts = dict(sched.starts)
+    starts["dq_store"] += sched.ii
+    starts["dq_atomic"] += sched.ii
+    with pytest.raises(UnsupportedFeatureError, match="over 3 stages"):
+        gluon_plan(replace(sched, starts=starts))
+
+
+def test_backward_shared_memory_overflow_cannot_be_emitted():
+    """Three ring slots at D=128 exceed shared memory (the verifier rejects the schedule too; the plan
+    checks the renderer's own buffers)."""
+    sched = flash_bwd_schedule(build_kernel("flash-bwd", H100), H100, depth=3, dq_lag=1)
+    with pytest.raises(UnsupportedFeatureError, match="shared memory"):
+        gluon_plan(sched)
+
+
+def test_emit_backward_for_blackwell_is_refused():
+    out = subprocess.run([sys.executable, "-m", "twill.cli", "emit", "gluon", "flash-bwd", "--arch", "b200",
+                          "-o", "-"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.startswith("twill: error: cannot generate: arch 'b200'") and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_ORTOOLS, reason="the joint solver needs ortools")
+def test_emit_backward_from_the_solver(tmp_path):
+    path = tmp_path / "bwd.py"
+    out = subprocess.run([sys.executable, "-m", "twill.cli", "emit", "gluon", "flash-bwd", "--arch", "h200",
+                          "--causal", "--kv-heads", "4", "-o", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    module = load_emitted(str(path), "twill_test_bwd_cli")
+    facts = aot.ptx_facts(aot.compile_sm90(module))
+    assert module.KV_HEADS.value == 4 and "cpsat" in path.read_text().splitlines()[3]
+    assert "m64n128k16" in facts.wgmma_shapes

@@ -1,0 +1,473 @@
+"""The attention-backward body of the shared Gluon module (:mod:`~twill.codegen.gluon.render`): FA3's
+algorithm on one 8-warp compute partition, the dQ reduce in the producer, the dO·O pre-pass and dQ
+conversion kernels, and the launcher.
+
+One CTA owns a ``BLOCK_N``-key block of one K/V head (K and V loaded once, resident in shared memory) and
+loops over the ``BLOCK_M``-row query blocks (of every query head of its group, for grouped-query attention)
+that can see it. Per iteration, in the schedule's steady-state order of the compute ops:
+
+====================  ============================  =============================================  ===========
+tile                  shape                         layout (8 warps)                               lives in
+====================  ============================  =============================================  ===========
+S^T = K Q^T, dP^T     [BLOCK_N, BLOCK_M] fp32       wgmma accumulator, warps [8, 1] (16 keys each)  registers
+P^T, dS^T (fp16)      [BLOCK_N, BLOCK_M]            DotOperandLayout(0, dK/dV layout): wgmma A      registers
+dS^T                  [BLOCK_N, BLOCK_M] fp16       NVMMA shared (A of dQ, transposed view)         smem
+dK, dV                [BLOCK_N, HEAD_DIM] fp32      wgmma accumulator, warps [8, 1]                 registers
+dQ                    [BLOCK_M, HEAD_DIM] fp32      wgmma accumulator, warps [4, 2] (N split)       registers
+dQ staging            [DQ_DEPTH, BLOCK_M, HEAD_DIM] plain fp32 (read back by the producer)          smem
+LSE, D rows           [2, BLOCK_M] fp32 per slot    SliceLayout(0, S^T) (one value per query)       smem ring
+====================  ============================  =============================================  ===========
+
+Keys and queries past ``seq_len`` (ragged tails) and, causal, keys after the query are masked to -inf in
+S^T, so their P and dS are exactly 0: they add nothing to dK, dV or dQ. dQ is reduced into an fp32 buffer
+by the producer warp with ``gl.atomic_add`` (Triton 3.6's Gluon has no TMA reduce-add), then one pass scales
+it by ``sm_scale`` and converts it to the input dtype. See docs/codegen.md, "Backward".
+"""
+
+from __future__ import annotations
+
+from twill.codegen.gluon.flash import TORCH_DTYPES
+from twill.codegen.gluon.render import KernelBody, compute_def
+from twill.codegen.plan import KernelPlan
+
+#: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
+COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "ds_smem", "dq_stage", "dq_ready", "dq_empty", "dk_ptr", "dv_ptr",
+                  "kv_row", "n_start", "m_first", "n_m", "n_iters", "seq_len", "qk_scale", "sm_scale")
+#: Query-block parameters the producer and the compute partition derive each iteration's rows from.
+BLOCK_ARGS = "bh_kv, group, m_first, n_m, seq_len"
+#: Rows of the fp32 dQ tile the producer warp reduces per step (its register footprint: DQ_ROWS x HEAD_DIM / 32).
+DQ_ROWS = 4
+#: Rows per program of the dO·O pre-pass and of the dQ conversion.
+PRE_ROWS = 64
+
+HELPERS = """
+@gluon.jit
+def query_block(i, {block_args}):
+    \"\"\"Iteration i's query block: its first row in the flattened [B*H*S, D] tensors and its first position.
+    The iterations run over the group's query heads (outer) and the query blocks from m_first (inner).\"\"\"
+    m_start = (m_first + i % n_m) * BLOCK_M
+    return (bh_kv * group + i // n_m) * seq_len + m_start, m_start
+
+
+@gluon.jit
+def mask_scores(s, n_start, m_start, seq_len, s_layout: gl.constexpr):
+    \"\"\"S^T [keys, queries] with -inf where the key or the query is past seq_len{causal_doc}.\"\"\"
+    keys = n_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
+    queries = m_start + gl.arange(0, BLOCK_M, gl.SliceLayout(0, s_layout))
+    keep = (keys < seq_len)[:, None] & (queries < seq_len)[None, :]
+{causal_keep}    return gl.where(keep, s, float("-inf"))
+
+
+@gluon.jit
+def dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len):
+    \"\"\"dq_atomic of iteration i: wait for its staged fp32 dQ, add it to dq_ptr row by row chunk (rows past
+    seq_len skipped; gl.atomic_add, relaxed), release the staging slot.\"\"\"
+    slot = i % DQ_DEPTH
+    mbarrier.wait(dq_ready.index(slot), (i // DQ_DEPTH) & 1)
+    layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [LOAD_WARPS, 1], [1, 0])
+    rows = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+    base = dq_ptr + row.to(gl.int64) * HEAD_DIM  # 64-bit once; 32-bit offsets within the tile
+    for r in gl.static_range(0, BLOCK_M, DQ_ROWS):
+        x = dq_stage.index(slot).slice(r, DQ_ROWS).load(layout)
+        gl.atomic_add(base + (r + rows)[:, None] * HEAD_DIM + cols[None, :], x,
+                      mask=(m_start + r + rows < seq_len)[:, None], sem="relaxed")
+    mbarrier.arrive(dq_empty.index(slot))
+
+
+@gluon.jit
+def preprocess_kernel(o_ptr, do_ptr, delta_ptr, n_rows):
+    \"\"\"delta[row] = sum_d dO[row, d] * O[row, d] in fp32 (the backward's D statistic).\"\"\"
+    layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
+    rows = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+    offs = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+    mask = (rows < n_rows)[:, None]
+    o = gl.load(o_ptr + offs, mask=mask, other=0.0).to(gl.float32)
+    do = gl.load(do_ptr + offs, mask=mask, other=0.0).to(gl.float32)
+    gl.store(delta_ptr + rows, gl.sum(o * do, 1), mask=rows < n_rows)
+
+
+@gluon.jit
+def dq_convert_kernel(acc_ptr, dq_ptr, n_rows, sm_scale):
+    \"\"\"dq = sm_scale * acc in the operand dtype (the fp32 dQ the producers reduced).\"\"\"
+    layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
+    rows = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+    offs = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
+    mask = (rows < n_rows)[:, None]
+    gl.store(dq_ptr + offs, (gl.load(acc_ptr + offs, mask=mask) * sm_scale).to(DTYPE), mask=mask)
+"""
+
+LAUNCH = """
+def _rows(t, name, shape, dtype):
+    \"\"\"``t`` flattened to rows of HEAD_DIM (4-d) or to one row (3-d), after checking its shape and dtype.\"\"\"
+    if tuple(t.shape) != shape or t.dtype != dtype:
+        raise ValueError(f"expected {{name}} of shape {{shape}} and dtype {{dtype}}, got {{tuple(t.shape)}} "
+                         f"{{t.dtype}}")
+    return t.contiguous().view(-1, HEAD_DIM.value) if t.dim() == 4 else t.contiguous().view(-1)
+
+
+def preprocess(o, do):
+    \"\"\"delta [B, H, S] fp32: the row sums of dO * O (the dO·O pre-pass of the backward).\"\"\"
+    import torch
+
+    B, H, S, D = o.shape
+    o2 = _rows(o, "o", (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
+    do2 = _rows(do, "do", (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
+    delta = torch.empty((B, H, S), device=o.device, dtype=torch.float32)
+    n = B * H * S
+    preprocess_kernel[(triton.cdiv(n, PRE_ROWS.value),)](o2, do2, delta, n, num_warps=4)
+    return delta
+
+
+def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=None):
+    \"\"\"Gradients (dq, dk, dv) of softmax(q k^T * sm_scale{mask}) v for q, o, do [B, H, S, D] and k, v
+    [B, {kv}, S, D] ({dtype}, CUDA), given lse [B, H, S] fp32 (natural log, as the forward's
+    launch(..., return_lse=True) returns it). sm_scale defaults to 1/sqrt(D); delta (from preprocess) is
+    computed when not given; given dq, dk, dv are written.{gqa_doc}\"\"\"
+    import math
+
+    import torch
+
+    B, H, S, D = q.shape
+    dtype = torch.{torch_dtype}
+{kv_check}
+    q2 = _rows(q, "q", (B, H, S, HEAD_DIM.value), dtype)
+    do2 = _rows(do, "do", (B, H, S, HEAD_DIM.value), dtype)
+    k2, v2 = _rows(k, "k", kv_shape, dtype), _rows(v, "v", kv_shape, dtype)
+    lse = _rows(lse, "lse", (B, H, S), torch.float32)
+    delta = preprocess(o, do) if delta is None else delta
+    delta = _rows(delta, "delta", (B, H, S), torch.float32)
+    dq = torch.empty_like(q) if dq is None else dq
+    dk = torch.empty(kv_shape, device=q.device, dtype=dtype) if dk is None else dk
+    dv = torch.empty(kv_shape, device=q.device, dtype=dtype) if dv is None else dv
+    for t, name, shape in ((dq, "dq", q.shape), (dk, "dk", kv_shape), (dv, "dv", kv_shape)):
+        if tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(f"{{name}} must be a contiguous {{dtype}} tensor of shape {{tuple(shape)}}")
+    n = B * H * S
+    stats = torch.zeros((2, (n + 3) // 4 * 4), device=q.device, dtype=torch.float32)  # 16-byte TMA row stride
+    stats[0, :n] = lse
+    stats[1, :n] = delta
+    dq_acc = torch.zeros((n, D), device=q.device, dtype=torch.float32)
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    q_desc = _descriptor(q2, [BLOCK_M.value, D])
+    k_desc = _descriptor(k2, [BLOCK_N.value, D])
+    v_desc = _descriptor(v2, [BLOCK_N.value, D])
+    do_desc = _descriptor(do2, [BLOCK_M.value, D])
+    stats_desc = _descriptor(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
+    grid = (triton.cdiv(S, BLOCK_N.value), B * kv_shape[1])
+    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc, dk, dv, S, sm_scale * LOG2E.value,
+                          sm_scale, H // kv_shape[1], num_warps=NUM_WARPS)
+    dq_convert_kernel[(triton.cdiv(n, PRE_ROWS.value),)](dq_acc, dq, n, sm_scale, num_warps=4)
+    return dq, dk, dv
+
+
+#: The stats ring's shared layout: unswizzled, so that one row (LSE or D) reads back as a plain vector.
+STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+"""
+
+#: Value and token names of each tensor-core op (``None``: an accumulator carried in place).
+MMA_VALUES = {"qk": "st", "dp": "dpt", "dk": "dk", "dv": "dv", "dq": "dqv"}
+#: Register A operands kept alive until their wgmma retires.
+MMA_OPERANDS = {"dk": "ds16", "dv": "p16"}
+
+
+class _Compute:
+    """Renders the compute partition: the schedule's ops in steady-state order, each wgmma retired by the
+    first op that reads it (``warpgroup_mma_wait`` with the wgmmas issued after it still in flight). With
+    ops in two stages the loop runs the stage-0 ops of iteration ``j`` and the stage-1 ops of ``jp = j - 1``,
+    after a prologue (stage 0 of iteration 0) and before an epilogue (stage 1 of the last iteration)."""
+
+    def __init__(self, plan: KernelPlan):
+        self.plan = plan
+        self.part = plan.compute[0]
+        self.role_of = {op: role for role, op in self.part.roles.items()}
+        base = min(plan.placement(op).stage for op in self.part.ops)
+        self.offset = {op: plan.placement(op).stage - base for op in self.part.ops}
+        self.names: dict[int, str] = {}
+        self.inflight: list[str] = []
+        order = {op: (self.offset[op], self.part.ops.index(op)) for op in self.part.ops}
+        self.waiter = {b.name: min((op for r in plan.rings if r.barrier == b.name for op in r.consumers),
+                                   key=order.__getitem__) for b in plan.barriers}
+
+    def it(self, role: str) -> str:
+        """The iteration variable of ``role``'s op in the section being rendered."""
+        return self.names[self.offset[self.part.roles[role]]]
+
+    def ring_of(self, role: str) -> str:
+        op = self.part.roles[role]
+        return next(r.name for r in self.plan.rings if op in r.consumers)
+
+    def slot(self, ring: str, role: str) -> str:
+        return f"{ring}_ring.index({self.it(role)} % {ring.upper()}_DEPTH)"
+
+    def ready(self, role: str) -> list[str]:
+        """Wait for the ring slot ``role`` reads (its barrier's first reader in the schedule waits)."""
+        op = self.part.roles[role]
+        ring = next(r for r in self.plan.rings if op in r.consumers)
+        if self.waiter[ring.barrier] != op:
+            return []
+        i, depth = self.it(role), f"{ring.name.upper()}_DEPTH"
+        return [f"mbarrier.wait({ring.barrier}_ready.index({i} % {depth}), ({i} // {depth}) & 1)  # ready: "
+                f"{self.plan.wait('ready', op).why}"]
+
+    def retire(self, role: str) -> list[str]:
+        """``warpgroup_mma_wait`` until ``role``'s wgmma (and every earlier one) retired."""
+        if role not in self.inflight:
+            return []
+        k = self.inflight.index(role)
+        done, self.inflight = self.inflight[: k + 1], self.inflight[k + 1:]
+        values = [MMA_VALUES[r] for r in done] + [MMA_OPERANDS[r] for r in done if r in MMA_OPERANDS]
+        deps = [f"{MMA_VALUES[r]}_tok" for r in done] + [MMA_OPERANDS[r] for r in done if r in MMA_OPERANDS]
+        why = self.plan.retire(self.part.roles[role]).why
+        return [f"{', '.join(values)} = warpgroup_mma_wait({len(self.inflight)}, deps=[{', '.join(deps)}])  # "
+                f"{role} retired ({why})"]
+
+    def issue(self, role: str, a: str, b: str, acc: str, use_acc: bool) -> list[str]:
+        self.inflight.append(role)
+        at = self.plan.placement(self.part.roles[role])
+        flag = "" if use_acc else ", use_acc=False"
+        return [f"# {at.name}: start {at.start}, stage {at.stage}",
+                f"{MMA_VALUES[role]}_tok = warpgroup_mma({a}, {b}, {acc}{flag}, is_async=True)"]
+
+    def op_lines(self, role: str) -> list[str]:
+        """The lines of one op (unindented)."""
+        if role == "qk":
+            q = self.slot("q", role)
+            return self.ready(role) + self.issue(role, "k_smem", f"{q}.permute((1, 0))", "st_zero", False)
+        if role == "dp":
+            do = self.slot("do", role)
+            return self.ready(role) + self.issue(role, "v_smem", f"{do}.permute((1, 0))", "st_zero", False)
+        if role == "exp":
+            return [*self.ready(role), *self.retire("qk"),
+                    "# stats row 0: LSE (natural log), one per query: a [1, BLOCK_M] row in the S^T layout",
+                    f"lse = gl.max({self.slot('stats', role)}.slice(0, 1).load(st_layout), 0) * LOG2E",
+                    f"m_start = (m_first + {self.it(role)} % n_m) * BLOCK_M",
+                    f"if {self.mask_condition()}:",
+                    "    st = mask_scores(st, n_start, m_start, seq_len, st_layout)",
+                    "p = gl.exp2(st * qk_scale - lse[None, :])  # P^T = exp(S^T * sm_scale - LSE)"]
+        if role == "ds":
+            return [*self.ready(role), *self.retire("dp"),
+                    f"delta = gl.max({self.slot('stats', role)}.slice(1, 1).load(st_layout), 0)  # stats row 1: "
+                    f"D = rowsum(dO O)",
+                    "ds = p * (dpt - delta[None, :])  # dS^T = P^T * (dP^T - D); sm_scale folded in later"]
+        if role == "p_cvt":
+            return ["p16 = gl.convert_layout(p.to(DTYPE), op_layout)  # P^T: register A operand of dV"]
+        if role == "ds_store":
+            return ["ds_smem.store(ds.to(DTYPE))  # dS^T for dQ = dS K",
+                    "fence_async_shared()",
+                    "gl.thread_barrier()  # both warp groups stored their dS rows before either reads them"]
+        if role == "dv":
+            return self.ready(role) + self.issue(role, "p16", self.slot("do", role), "dv", True)
+        if role == "dk":
+            return ["ds16 = gl.convert_layout(ds.to(DTYPE), op_layout)  # dS^T: register A operand of dK",
+                    *self.ready(role), *self.issue(role, "ds16", self.slot("q", role), "dk", True)]
+        if role == "dq":
+            return self.issue(role, "ds_smem.permute((1, 0))", "k_smem", "dq_zero", False)
+        i = self.it(role)
+        return [*self.retire("dq"),
+                f"mbarrier.wait(dq_empty.index({i} % DQ_DEPTH), (({i} // DQ_DEPTH) & 1) ^ 1)  # empty: "
+                f"{self.plan.wait('empty', self.part.roles['dq_store']).why}",
+                f"dq_stage.index({i} % DQ_DEPTH).store(dqv)  # fp32 dQ for the producer's dq_atomic"]
+
+    def mask_condition(self) -> str:
+        """When a tile needs the mask: a ragged tail, or (causal) a query block reaching into the key block."""
+        cond = "(n_start + BLOCK_N > seq_len) | (m_start + BLOCK_M > seq_len)"
+        return cond + (" | (m_start < n_start + BLOCK_N)" if self.plan.causal else "")
+
+    def section(self, names: dict[int, str], ind: str) -> list[str]:
+        """The ops of the stages in ``names`` (stage offset -> iteration variable), then the retirement of
+        every wgmma and the releases of the slots whose last reader ran."""
+        self.names, self.inflight = names, []
+        lines = []
+        for op in self.part.ops:
+            if self.offset[op] in names:
+                lines += self.op_lines(self.role_of[op])
+        if self.inflight:
+            lines += self.retire(self.inflight[-1])
+        lines.append("gl.thread_barrier()  # every warp retired its wgmmas (and stored its dQ rows)")
+        for b in self.plan.barriers:
+            release = next(r.release for r in self.plan.rings if r.name == b.rings[0])
+            if self.offset[release] in names:
+                i = names[self.offset[release]]
+                lines.append(f"mbarrier.arrive({b.name}_empty.index({i} % {b.rings[0].upper()}_DEPTH))  # empty: "
+                             f"ring {'/'.join(b.rings)} slot read by its last reader, {release}")
+        store = self.part.roles["dq_store"]
+        if self.offset[store] in names:
+            i = names[self.offset[store]]
+            lines.append(f"mbarrier.arrive(dq_ready.index({i} % DQ_DEPTH))  # ready: dQ staged for dq_atomic")
+        return [ind + line for line in lines]
+
+    def loop(self) -> list[str]:
+        if max(self.offset.values()) == 0:
+            return ["    for j in range(0, n_iters):", *self.section({0: "j"}, " " * 8)]
+        return ["    # prologue: the stage-0 ops of iteration 0", "    i0 = 0", *self.section({0: "i0"}, " " * 4),
+                "    # steady state: stage 0 of iteration j, stage 1 of iteration jp = j - 1",
+                "    for j in range(1, n_iters):", "        jp = j - 1", *self.section({0: "j", 1: "jp"}, " " * 8),
+                "    # epilogue: the stage-1 ops of the last iteration", "    il = n_iters - 1",
+                *self.section({1: "il"}, " " * 4)]
+
+    def render(self) -> str:
+        part = self.part
+        head = compute_def(self.plan, COMPUTE_PARAMS, (),
+                           f"Warp group {part.group} ({part.num_warps} warps, two wgmma warp groups cooperating on "
+                           f"every tile): dK and dV of the key block over its query blocks.")
+        lines = head + [
+            "    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
+            "                                                        instr_shape=[16, BLOCK_M, 16])",
+            "    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
+            "                                                        instr_shape=[16, HEAD_DIM, 16])",
+            "    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],",
+            "                                                        instr_shape=[16, HEAD_DIM // 2, 16])",
+            "    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)",
+            "    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
+            "    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
+            "    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)",
+            "    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)",
+            "    mbarrier.wait(kv_bar, 0)  # K and V of the key block loaded by load_partition",
+            *self.loop(),
+            "    # dK = sm_scale * sum dS^T Q, dV = sum P^T dO; keys past seq_len are not stored",
+            "    rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, kv_layout))",
+            "    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))",
+            "    offs = (kv_row + rows).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]",
+            "    mask = (n_start + rows < seq_len)[:, None]",
+            "    gl.store(dk_ptr + offs, (dk * sm_scale).to(DTYPE), mask=mask)",
+            "    gl.store(dv_ptr + offs, dv.to(DTYPE), mask=mask)",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def helpers_source(plan: KernelPlan) -> str:
+    """The helper kernels and functions: query blocks, the mask, the dQ reduce, the pre-pass, the conversion."""
+    causal_doc = ", or (causal) the key is after the query" if plan.causal else ""
+    causal_keep = "    keep = keep & (keys[:, None] <= queries[None, :])\n" if plan.causal else ""
+    return HELPERS.format(block_args=BLOCK_ARGS, causal_doc=causal_doc, causal_keep=causal_keep)
+
+
+def launch_source(plan: KernelPlan) -> str:
+    """The host launcher: pre-pass, shape and dtype checks, the stats rows, the kernel and the dQ conversion."""
+    if plan.kv_heads:
+        kv_check = ("    if H % KV_HEADS.value:\n"
+                    "        raise ValueError(f\"{H} query heads are not a multiple of KV_HEADS={KV_HEADS.value}\")\n"
+                    "    kv_shape = (B, KV_HEADS.value, S, HEAD_DIM.value)")
+        kv, gqa_doc = "KV_HEADS", " dk, dv are summed over the query heads of each K/V head's group."
+    else:
+        kv_check, kv, gqa_doc = "    kv_shape = (B, H, S, HEAD_DIM.value)", "H", ""
+    return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
+                         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc)
+
+
+def _setup(plan: KernelPlan) -> tuple[str, ...]:
+    """Program ids, the key block, the query blocks it meets, the resident and staging buffers."""
+    first = ("    m_first = n_start // BLOCK_M  # causal: query blocks before the key block see none of its keys"
+             if plan.causal else "    m_first = 0")
+    return (
+        "    n_start = gl.program_id(0) * BLOCK_N",
+        "    bh_kv = gl.program_id(1)  # batch * K/V heads",
+        "    kv_row = bh_kv * seq_len + n_start",
+        first,
+        "    n_m = gl.cdiv(seq_len, BLOCK_M) - m_first",
+        "    n_iters = group * n_m  # query heads of the group x query blocks",
+        "    k_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], k_desc.layout)",
+        "    v_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], v_desc.layout)",
+        "    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
+        "    mbarrier.init(kv_bar, count=1)",
+        "    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], DTYPE)",
+        "    ds_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, BLOCK_M], ds_layout)",
+        "    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_DEPTH, BLOCK_M, HEAD_DIM],",
+        "                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))",
+        "    dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
+        "    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
+        "    for s in gl.static_range(DQ_DEPTH):",
+        "        mbarrier.init(dq_ready.index(s), count=1)  # the compute partition staged dQ",
+        "        mbarrier.init(dq_empty.index(s), count=1)  # the producer reduced it",
+    )
+
+
+def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """The producer's ``dq_atomic`` lines (iteration ``j - DQ_LAG``) and the drain after its loop."""
+    (atomic,) = [n for n in plan.load.ops if plan.placement(n).role == "dq_atomic"]
+    at = plan.placement(atomic)
+    why = plan.wait("ready", atomic).why
+    call = "dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len)"
+    lag = plan.dq_lag
+    lines = [f"        # {atomic}: start {at.start}, stage {at.stage} -> dQ of iteration j - DQ_LAG ({why})"]
+    if lag:
+        lines += ["        if j >= DQ_LAG:", "            i = j - DQ_LAG",
+                  f"            row, m_start = query_block(i, {BLOCK_ARGS})", f"            {call}"]
+        after = ("    for i in range(gl.maximum(n_iters - DQ_LAG, 0), n_iters):  # drain: the last DQ_LAG dQ tiles",
+                 f"        row, m_start = query_block(i, {BLOCK_ARGS})", f"        {call}")
+    else:
+        lines += ["        i = j", f"        {call}"]
+        after = ()
+    return {atomic: tuple(lines)}, after
+
+
+def flash_bwd_body(plan: KernelPlan) -> KernelBody:
+    """The attention backward's part of the emitted module."""
+    t, part = plan.tile, plan.compute[0]
+    load_ops, load_after = _producer(plan)
+    extra = [("DQ_DEPTH", plan.dq_depth, "dQ staging slots: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
+             ("DQ_LAG", plan.dq_lag, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j: "
+                                     "stage(dq_atomic) - stage(load_q) (schedule)"),
+             ("DQ_ROWS", DQ_ROWS, "rows of dQ the producer warp adds per step"),
+             ("PRE_ROWS", PRE_ROWS, "rows per program of the dO.O pre-pass and the dQ conversion"),
+             ("LOG2E", 1.4426950408889634, "the kernel runs in base 2; LSE is a natural log")]
+    if plan.kv_heads:
+        extra.append(("KV_HEADS", plan.kv_heads, "K/V heads (grouped-query: a CTA sums dK/dV over the query heads "
+                                                  "h of its K/V head, h // (H // KV_HEADS))"))
+    order = ", ".join(part.ops)
+    decisions = [f"decisions: compute ops in the schedule's steady-state order ({order}), each wgmma retired by "
+                 f"its first reader; dQ staged in {plan.dq_depth} fp32 slot(s), reduced by the producer warp with "
+                 f"gl.atomic_add {plan.dq_lag} producer iteration(s) after its loads",
+                 "layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
+                 "register A operands of dV, dK; dS^T in shared memory for dQ = dS K (warps [4, 2])"]
+    if plan.causal:
+        decisions.append("causal: a key block meets the query blocks from its diagonal on (m_first); tiles "
+                         "reaching into the key block are masked (key <= query)")
+    if plan.kv_heads:
+        decisions.append(f"grouped-query: {plan.kv_heads} K/V heads; a CTA loops over the query heads of its group")
+    return KernelBody(
+        title="Warp-specialized attention backward for Hopper (sm_90), Gluon / Triton 3.6.",
+        summary="Generated warp-specialized Gluon attention backward; see the header comment.",
+        decisions=tuple(decisions),
+        tile_constants=(("BLOCK_M", t["block_m"], "query rows per iteration"),
+                        ("BLOCK_N", t["block_n"], "keys of the CTA's resident K/V block"),
+                        ("HEAD_DIM", t["head_dim"], "head dimension")),
+        extra_constants=tuple(extra),
+        functions=helpers_source(plan).strip("\n") + "\n\n\n" + _Compute(plan).render(),
+        kernel="backward_kernel",
+        kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_ptr, dk_ptr, dv_ptr, seq_len, qk_scale, "
+                      "sm_scale, group",
+        kernel_doc=("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to "
+                    "dq_ptr); Q, dO, dQ are [B*H*S, D], K, V, dK, dV [B*KV_HEADS*S, D]; stats [2, >= B*H*S] "
+                    "holds LSE and D."),
+        setup=_setup(plan),
+        iv="j",
+        trip="n_iters",
+        slot_shapes={"q": "BLOCK_M, HEAD_DIM", "do": "BLOCK_M, HEAD_DIM", "stats": "2, BLOCK_M"},
+        coords={"q": "[row, 0]", "do": "[row, 0]", "stats": "[0, row]"},
+        load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar", "dq_stage", "dq_ready", "dq_empty",
+                     "dq_ptr", "kv_row", "bh_kv", "group", "m_first", "n_m", "seq_len"),
+        load_setup=("    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
+                    "    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)",
+                    "    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)"),
+        compute_params=COMPUTE_PARAMS,
+        constexprs=(),
+        before_specialize=(),
+        results="",
+        epilogue=(),
+        signature=(("q_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value])"),
+                   ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
+                   ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
+                   ("do_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value])"),
+                   ("stats_desc", "_desc_type([2, BLOCK_M.value], gl.float32, STATS_LAYOUT)"),
+                   ("dq_ptr", '"*fp32"'), ("dk_ptr", '"*" + str(DTYPE.value)'), ("dv_ptr", '"*" + str(DTYPE.value)'),
+                   ("seq_len", '"i32"'), ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"')),
+        launch=launch_source(plan),
+        slot_dtypes={"stats": "gl.float32"},
+        load_iteration=(f"        row, m_start = query_block(j, {BLOCK_ARGS})",),
+        load_ops=load_ops,
+        load_after=load_after,
+    )
