@@ -8,20 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from twill.errors import TwillError
+from twill.frontends.tilelang import import_tilelang
 
 #: CUDA architecture of the Hopper targets.
 CUDA_ARCH = {"h100": "sm_90a", "h200": "sm_90a"}
-
-
-def import_tilelang() -> Any:
-    """``tilelang``, or a one-line error naming the extra to install."""
-    try:
-        import tilelang
-    except ImportError as exc:
-        raise TwillError(f"TileLang is not available ({exc}); install twill-gpu[tilelang] (docs: README, "
-                         f"'TileLang')") from None
-    return tilelang
 
 
 def lower_cuda(prim_func: Any, pass_configs: dict[str, Any] | None = None, arch: str = "h100") -> str:
