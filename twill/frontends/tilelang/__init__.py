@@ -121,16 +121,17 @@ def _pipelined_call(tree: ast.AST, fn: str) -> ast.Call:
     return calls[0]
 
 
-def rewrite_source(path: str, fn: str, stage: list[int], order: list[int], num_stages: int, note: str) -> str:
-    """The source of ``path`` with the ``T.Pipelined`` call of ``fn`` given ``num_stages``, ``stage`` and
-    ``order`` (keywords of those names replaced), and a comment ``note`` above its line."""
+def rewrite_source(path: str, fn: str, stage: list[int], order: list[int], note: str) -> str:
+    """The source of ``path`` with the ``T.Pipelined`` call of ``fn`` given ``stage`` and ``order`` (keywords
+    ``stage``, ``order`` and ``num_stages`` replaced: with ``num_stages``, TileLang 0.1.15's automatic warp
+    specialization takes the loop on Hopper and ignores stage and order), and a comment ``note`` above its
+    line."""
     source = _read(path)
     call = _pipelined_call(ast.parse(source), fn)
     keep = [ast.get_source_segment(source, a) for a in call.args]
     keep += [ast.get_source_segment(source, k) for k in call.keywords if k.arg not in ("num_stages", "stage",
                                                                                            "order")]
-    text = (f"{ast.get_source_segment(source, call.func)}({', '.join(keep)}, num_stages={num_stages}, "
-            f"stage={stage}, order={order})")
+    text = f"{ast.get_source_segment(source, call.func)}({', '.join(keep)}, stage={stage}, order={order})"
     lines = source.splitlines(keepends=True)
     start = sum(len(x) for x in lines[:call.lineno - 1]) + call.col_offset
     end = sum(len(x) for x in lines[:call.end_lineno - 1]) + call.end_col_offset
