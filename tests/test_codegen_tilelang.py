@@ -169,7 +169,7 @@ def test_ws_gemm_cuda_has_the_ring_and_roles(tmp_path, depth, warps):
 
 
 @needs_tilelang
-@pytest.mark.parametrize("depth", [2, 4])
+@pytest.mark.parametrize("depth", [3])
 def test_pipelined_gemm_cuda_has_the_stages(tmp_path, depth):
     cuda = _cuda(tmp_path, emit_tilelang(_gemm(depth, 4, False)), f"gemm_pipe_{depth}", 1024, 1024, 1024)
     assert _versions(cuda) == {depth}
@@ -177,7 +177,7 @@ def test_pipelined_gemm_cuda_has_the_stages(tmp_path, depth):
 
 
 @needs_tilelang
-@pytest.mark.parametrize("depth,ws", [(2, True), (3, True), (3, False)])
+@pytest.mark.parametrize("depth,ws", [(2, True), (3, False)])
 def test_flash_cuda_has_the_rings(tmp_path, depth, ws):
     sched = _flash(depth, ws)
     cuda = _cuda(tmp_path, emit_tilelang(sched), f"fa_{depth}_{ws}", 2, 4, 1024, 0.125)

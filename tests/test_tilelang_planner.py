@@ -126,7 +126,8 @@ def test_loop_without_gemm_is_refused(capsys, tmp_path):
 @needs_tilelang
 @pytest.mark.slow
 def test_flash_inject_round_trip(capsys, tmp_path):
-    rc, out, err = run(capsys, "inject", FLASH + ":flashattn", *FLASH_ARGS, "-o", str(tmp_path / "o"))
+    rc, out, err = run(capsys, "inject", FLASH + ":flashattn", *FLASH_ARGS, "--resolution", "60", "-o",
+                       str(tmp_path / "o"))
     assert rc == 0, err
     plan = json.loads(out)["tilelang"]
     assert len(plan["ops"]) == 13 and sum(op.startswith("mma_") for op in plan["ops"]) == 2
