@@ -12,7 +12,7 @@ multi-versions the K/V buffers, not the S/P/m/l fragments. ``launch(q, k, v, sm_
 from __future__ import annotations
 
 from twill.codegen.plan import KernelPlan, ops_with_role
-from twill.codegen.tilelang.render import (TL_DTYPES, TORCH_DTYPES, Statement, cannot_emit, check_one_stage,
+from twill.codegen.tilelang.render import (TL_DTYPES, Statement, cannot_emit, check_one_stage,
                                            constant_lines, indent, pipelined_annotation, render_header,
                                            render_module, ring_lead, schedule_lines)
 from twill.codegen.tilelang.ws import LOOP_ID, ws_design, ws_schedule_source
@@ -146,7 +146,7 @@ def emit_flash_ws(plan: KernelPlan, schedule: Schedule) -> str:
 
 
 def _module(header: str, constants: str, body: list[str], dtype: str) -> str:
-    factory = FACTORY.format(body=indent(body, 12), dtype=dtype, torch_dtype=TORCH_DTYPES[dtype])
+    factory = FACTORY.format(body=indent(body, 12), dtype=dtype, torch_dtype=TL_DTYPES[dtype])
     return render_module(header, "Generated TileLang attention forward; see the header comment. "
                                  "launch(q, k, v) -> softmax(q k^T / sqrt(D)) v.", constants, factory)
 

@@ -11,7 +11,7 @@ zero-pads ragged M, N, K to whole tiles, as the Gluon and Pallas modules take th
 from __future__ import annotations
 
 from twill.codegen.plan import KernelPlan, ops_with_role
-from twill.codegen.tilelang.render import (TL_DTYPES, TORCH_DTYPES, Statement, check_one_stage,
+from twill.codegen.tilelang.render import (TL_DTYPES, Statement, check_one_stage,
                                            constant_lines, indent, pipelined_annotation, ring_lead,
                                            render_header, render_module, schedule_lines)
 from twill.codegen.tilelang.ws import LOOP_ID, ws_design, ws_schedule_source
@@ -111,7 +111,7 @@ def emit_gemm_ws(plan: KernelPlan, schedule: Schedule) -> str:
                  f"  {wait} in the stage of {mma} -> synchronous T.gemm; the slot is released after it"]
     header = render_header("Warp-specialized GEMM for Hopper, TileLang 0.1.15 (T.WSSchedule).",
                            schedule_lines(schedule, plan.tile, plan.dtype) + [""] + decisions, plan)
-    factory = FACTORY.format(body=indent(body, 12), dtype=plan.dtype, torch_dtype=TORCH_DTYPES[plan.dtype])
+    factory = FACTORY.format(body=indent(body, 12), dtype=plan.dtype, torch_dtype=TL_DTYPES[plan.dtype])
     return render_module(header, "Generated TileLang GEMM; see the header comment. launch(a, b) -> a @ b.",
                          constants, factory)
 
@@ -141,6 +141,6 @@ def emit_gemm_pipelined(schedule: Schedule, dtype: str) -> str:
                  "T.Pipelined(num_stages, stage, order), warp specialization off; synchronous T.gemm (wait lag 0)"]
     header = render_header("Software-pipelined GEMM for Hopper, TileLang 0.1.15 (T.Pipelined).",
                            schedule_lines(schedule, tile, dtype) + [""] + decisions, None)
-    factory = FACTORY.format(body=indent(body, 12), dtype=dtype, torch_dtype=TORCH_DTYPES[dtype])
+    factory = FACTORY.format(body=indent(body, 12), dtype=dtype, torch_dtype=TL_DTYPES[dtype])
     return render_module(header, "Generated TileLang GEMM; see the header comment. launch(a, b) -> a @ b.",
                          constants, factory)

@@ -20,13 +20,10 @@ from dataclasses import dataclass
 from twill.codegen.gluon.render import render_chart
 from twill.codegen.plan import KernelPlan, ring_depth
 from twill.errors import UnsupportedFeatureError
-from twill.ir.graph import LoopGraph
 from twill.schedule.result import Schedule
 
-#: TileLang dtype of each plan dtype.
+#: TileLang dtype of each plan dtype (torch names them alike: ``torch.float16``, ``torch.bfloat16``).
 TL_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-#: torch dtype of each plan dtype.
-TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 #: Warps of the producer warpgroup: the TMA role runs on its first warp; ``setmaxnreg`` acts on whole
 #: warpgroups, so the compute roles start at warp 4.
 PRODUCER_WARPGROUP = 4

@@ -133,7 +133,7 @@ def _classify(stmt: Any, index: int) -> tuple[str, dict[str, Any], set[str], set
     call = stmt.value if isinstance(stmt, tirx.Evaluate) else None
     name = getattr(getattr(call, "op", None), "name", "")
     if name == "tl.tileop.copy":
-        (src, src_ext, _), (dst, dst_ext, _) = _region(call.args[0]), _region(call.args[1])
+        (src, _, _), (dst, dst_ext, _) = _region(call.args[0]), _region(call.args[1])
         if src.scope() == "global" and dst.scope().startswith("shared"):
             return "tma_load", {"nbytes": prod(dst_ext) * src.dtype.bits // 8}, set(), {dst.name}
         return "alu", {"elements": prod(dst_ext)}, {src.name}, {dst.name}
