@@ -6,13 +6,15 @@ Two steps, so that the GPU machine needs neither ortools nor the solver:
 * ``generate(outdir)`` (CPU, the TileLang environment): ``twill emit tilelang`` modules (the joint solver's
   warp-specialized schedule, as ``T.WSSchedule``) for the GEMM at its default 128x256x64 tile and at the
   examples' 128x128x64 tile, and for attention; ``twill inject`` of ``examples/tilelang/gemm.py`` and
-  ``flash_fwd.py`` (Twill's stage/order in their ``T.Pipelined`` loop); ``outdir/manifest.json``.
+  ``flash_fwd.py`` (Twill's stage/order in their ``T.Pipelined`` loop); the GEMM example in TileLang's manual
+  form (``stage=[0, 0, 2], order=[0, 1, 2]``, the hand-written plan of TileLang's own docs and tests) as
+  ``manual_gemm.py``; ``outdir/manifest.json``.
 * ``run(kernel_dir, out)`` (GPU, TileLang + torch): every contender of one problem compiled by TileLang for the
   GPU, checked against an fp32 torch reference on fresh random data (outputs poisoned with NaN first), then
   timed device-side: CUDA events around ``CALLS`` calls, ``ROUNDS`` rounds interleaved over the contenders,
   median and spread (min, max) in ms and TFLOP/s. Contenders: GEMM ``M = N = K`` in ``GEMM_SIZES`` (fp16):
   ``tilelang_auto`` (the example, ``num_stages=3``: TileLang's PipelinePlanning and automatic warp
-  specialization), ``tilelang_plain`` (``num_stages=0``), ``twill_planned`` (the injected example),
+  specialization), ``tilelang_manual`` (the manual form), ``tilelang_plain`` (``num_stages=0``), ``twill_planned`` (the injected example),
   ``twill_emitted_128x256`` / ``twill_emitted_128x128`` and cuBLAS (``torch.matmul``). Attention
   ``B, H, S, D = ATTN_SHAPE`` (non-causal, fp16; TileLang's layout [B, S, H, D], the emitted module's
   [B, H, S, D]): ``tilelang_auto`` (``num_stages=2``), ``tilelang_plain``, ``twill_planned``,
@@ -43,6 +45,8 @@ CALLS, ROUNDS = 20, 7
 TWILL = [sys.executable, "-m", "twill.cli"]
 EMIT = {"gemm_128x256.py": ["gemm"], "gemm_128x128.py": ["gemm", "--block-n", "128"],
         "flash_fwd.py": ["flash-fwd"]}
+#: TileLang's manual T.Pipelined form of the GEMM (stage, order).
+MANUAL = ([0, 0, 2], [0, 1, 2])
 INJECT = {"gemm": ("examples/tilelang/gemm.py:matmul", ["M=4096", "N=4096", "K=4096"]),
           "flash_fwd": ("examples/tilelang/flash_fwd.py:flashattn", ["batch=4", "heads=32", "seq_len=4096",
                                                                       "dim=128"])}
@@ -67,6 +71,14 @@ def generate(outdir: str, arch: str = "h200") -> dict[str, Any]:
         summary = json.loads(_twill("inject", target, *(x for a in args for x in ("--arg", a)), "--arch", arch,
                                     "-o", os.path.join(outdir, f"inject_{name}")))
         manifest["planned"][name] = summary
+    sys.path.insert(0, ROOT)
+    from twill.frontends.tilelang import rewrite_source
+
+    manual = rewrite_source(os.path.join(ROOT, "examples", "tilelang", "gemm.py"), "matmul", *MANUAL,
+                            "TileLang's manual form: stage/order written by hand")
+    with open(os.path.join(outdir, "manual_gemm.py"), "w") as f:
+        f.write(manual)
+    manifest["manual"] = {"stage": MANUAL[0], "order": MANUAL[1]}
     with open(os.path.join(outdir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
     return manifest
@@ -120,9 +132,11 @@ def _gemm_contenders(kernel_dir: str, n: int) -> dict[str, tuple[Callable[[Any, 
 
     example = _load(os.path.join(ROOT, "examples", "tilelang", "gemm.py"))
     planned = _load(os.path.join(kernel_dir, "inject_gemm", "gemm_twill.py"))
+    manual = _load(os.path.join(kernel_dir, "manual_gemm.py"))
     out: dict[str, Any] = {}
     builders = {
         "tilelang_auto": lambda: _compile(example.matmul.get_tir(n, n, n)),
+        "tilelang_manual": lambda: _compile(manual.matmul.get_tir(n, n, n)),
         "tilelang_plain": lambda: _compile(example.matmul.get_tir(n, n, n, num_stages=0)),
         "twill_planned": lambda: _compile(planned.matmul.get_tir(n, n, n)),
     }
