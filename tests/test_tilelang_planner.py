@@ -99,6 +99,17 @@ def test_gemm_plan_obeys_tilelang_rules(capsys):
     assert doc["tilelang"]["ops"] == ["tma_load_A_s", "tma_load_B_s", "mma_C_l"]
     assert doc["tilelang"]["num_stages"] == 3      # the example's num_stages: the ring the schedule keeps
     _check_tilelang_rules(doc)
+    own = doc["loop_graph"]["attrs"]["tilelang_plan"]       # TileLang's PipelinePlanning, for comparison
+    _check_tilelang_rules({"tilelang": {"ops": doc["tilelang"]["ops"], **own}, "loop_graph": doc["loop_graph"]})
+    assert "TileLang's own plan (PipelinePlanning; " in run(
+        capsys, "schedule", GEMM + ":matmul", *GEMM_ARGS, "--no-ws")[1]
+
+
+@needs_tilelang
+def test_unpipelined_loop_is_refused(capsys):
+    rc, out, err = run(capsys, "schedule", GEMM + ":matmul", *GEMM_ARGS, "--arg", "num_stages=0", "--no-ws")
+    assert rc == 2 and out == "" and err == ("twill: error: the kernel has 0 T.Pipelined loops; twill plans exactly "
+                                             "one (a T.Pipelined loop with num_stages=0 is a plain loop)\n")
 
 
 @needs_tilelang

@@ -68,12 +68,18 @@ def pipeline_plan(schedule: Schedule) -> PipelinePlan:
 
 def format_plan(plan: PipelinePlan, schedule: Schedule) -> str:
     """The report section: the annotation, then one row per statement (op, kind, stage, order, warp group)."""
+    own = schedule.graph.attrs.get("tilelang_plan")
     lines = ["TileLang T.Pipelined (Twill's plan):", f"  T.Pipelined(..., {plan.annotation})",
-             f"  num_stages: {plan.depth_why}", "", "  #   op                      kind      stage  order  warp"]
+             f"  num_stages: {plan.depth_why}"]
+    if own:
+        lines.append(f"  TileLang's own plan (PipelinePlanning; on Hopper its automatic warp specialization takes "
+                     f"TMA loops instead): stage={list(own['stage'])}, order={list(own['order'])}")
+    lines += ["", "  #   op                      kind      stage  order  warp" + ("  TileLang stage  order" if own else "")]
     for i, op in enumerate(plan.ops):
         group = schedule.assignment.get(op, "-")
+        tail = f"  {own['stage'][i]:<15d} {own['order'][i]}" if own else ""
         lines.append(f"  {i:<3d} {op:23s} {schedule.graph.op(op).kind:9s} {plan.stage[i]:<6d} {plan.order[i]:<6d} "
-                     f"{group}")
+                     f"{group!s:4s}{tail}".rstrip())
     if plan.roles:
         lines += ["", "  warp roles (a T.WSSchedule would take them; T.Pipelined keeps TileLang's own):"]
         lines += [f"  {g} {role:8s} {w} warps, {regs} regs: {', '.join(ops)}" for g, role, w, regs, ops in plan.roles]

@@ -86,7 +86,8 @@ def find_pipelined(func: Any) -> tuple[Any, int, dict[str, int]]:
 
     tirx.stmt_functor.post_order_visit(func.body, visit)
     if len(loops) != 1:
-        raise UnsupportedFeatureError(f"the kernel has {len(loops)} T.Pipelined loops; twill plans exactly one")
+        raise UnsupportedFeatureError(f"the kernel has {len(loops)} T.Pipelined loops; twill plans exactly one (a "
+                                      f"T.Pipelined loop with num_stages=0 is a plain loop)")
     return loops[0], (threads[0] if threads else 128), fragments
 
 
@@ -199,6 +200,28 @@ def _edges(b: GraphBuilder, stmts: list[TileStatement], latency: dict[str, int],
                 add(i, j, 0)
 
 
+def own_plan(func: Any) -> dict[str, list[int]] | None:
+    """TileLang's own plan of the loop: the ``stage``/``order`` its PipelinePlanning pass assigns (with warp
+    specialization off, so that the loop reaches it; a manual ``stage``/``order`` is kept as given), run up to
+    that pass on an ``sm_90a`` target without a GPU. None when the loop is not pipelined (``num_stages=0``)."""
+    import tilelang
+    from tvm import IRModule, tirx
+    from tvm.target import Target
+
+    target = Target({"kind": "cuda", "arch": "sm_90a"})
+    with tilelang.transform.PassContext(config={"tl.disable_warp_specialized": True}), target:
+        mod = tirx.transform.BindTarget(target)(IRModule({"main": func}))
+        mod = tilelang.transform.MaterializeKernelLaunch(lower_thread_binding=True, default_threads=128)(mod)
+        mod = tilelang.transform.PipelinePlanning()(tilelang.transform.Simplify()(mod))
+    found: list[Any] = []
+    tirx.stmt_functor.post_order_visit(mod["main"].body, lambda n: found.append(n.annotations) if isinstance(
+        n, tirx.For) and "software_pipeline_stage" in n.annotations else None)
+    if not found:
+        return None
+    return {"stage": [int(x) for x in found[0]["software_pipeline_stage"]],
+            "order": [int(x) for x in found[0]["software_pipeline_order"]]}
+
+
 def lower_pipelined(func: Any, machine: Machine, name: str) -> PipelinedLoop:
     """The :class:`PipelinedLoop` of prim_func ``func`` (graph named ``name``)."""
     from tvm import tirx
@@ -226,7 +249,8 @@ def lower_pipelined(func: Any, machine: Machine, name: str) -> PipelinedLoop:
     dtype = next((kinds[s.op][1]["dtype"] for s in stmts if s.kind == "mma"), "fp16")
     b = GraphBuilder(name, attrs={"kernel": "tilelang", "source": "tilelang", "arch": machine.name,
                                   "dtype": dtype, "warps": warps, "streaming_depth": max(2, depth),
-                                  "statements": [s.op for s in stmts]})
+                                  "statements": [s.op for s in stmts],
+                                  **({"tilelang_plan": plan} if (plan := own_plan(func)) else {})})
     written: set[str] = set()
     for s in stmts:     # a fragment's registers belong to its first writer in the body (later ones: in place)
         new = [w for w in s.writes if w in fragments and w not in written]
