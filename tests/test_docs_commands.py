@@ -29,6 +29,7 @@ SLOW = ("--arch b200", "flash-bwd", "--plot", "report ", "inject ", "--subtiles 
         "tune ")
 GPU_ONLY = ("calibrate --arch", "--measure")
 NEEDS_TRITON = (".py:", ".ttgir", "inject ")
+NEEDS_TILELANG = ("examples/tilelang/",)
 ANY_TIME = re.compile(r"^solve time: \d+\.\d+ s$")
 
 
@@ -170,6 +171,8 @@ def test_documented_command(cmd, workdirs, monkeypatch, capsys):
     pytest.importorskip("ortools")
     if any(s in cmd.text for s in NEEDS_TRITON):
         pytest.importorskip("triton")
+    if any(s in cmd.text for s in NEEDS_TILELANG):
+        pytest.importorskip("tilelang")
     from twill.cli import main
 
     monkeypatch.chdir(workdirs[cmd.doc])

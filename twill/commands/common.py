@@ -7,7 +7,9 @@ A *target* is one of
   ``--kv-heads``);
 * a ``twill-graph/1`` file (``*.json``);
 * a Triton kernel ``path.py:fn``, traced with ``--signature``, ``--constexpr NAME=VAL``, ``--num-warps``,
-  ``--num-stages``; or a Triton ``.ttgir`` / ``.mlir`` dump, read directly.
+  ``--num-stages``; or a Triton ``.ttgir`` / ``.mlir`` dump, read directly;
+* a TileLang kernel ``path.py:fn`` (its file imports ``tilelang``): a ``T.prim_func``, or a factory called
+  with ``--arg NAME=VALUE``; its ``T.Pipelined`` loop is the graph.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$"
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     """The positional target, ``--arch``, the static kernel options and the Triton target options."""
     parser.add_argument("target", help="built-in kernel name (see 'twill kernels'), a twill-graph/1 .json "
-                                       "file, or a Triton kernel path.py:fn")
+                                       "file, or a Triton or TileLang kernel path.py:fn")
     parser.add_argument("--arch", default=None, type=str.lower,
                         help=f"target GPU: {', '.join(MACHINES)} (default h100, or the --machine file's)")
     parser.add_argument("--machine", default=None, metavar="FILE",
@@ -70,6 +72,9 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     tri.add_argument("--config", type=_config_choice, default=None, metavar="N|all",
                      help="which @triton.autotune config to compile (its constexprs, num_warps, num_stages); "
                           "twill inject also takes 'all': schedule every config, inject the fastest in the model")
+    tl = parser.add_argument_group("TileLang target options (path.py:fn whose file imports tilelang)")
+    tl.add_argument("--arg", dest="tl_args", action="append", default=[], metavar="NAME=VALUE",
+                    help="an argument of the kernel factory (repeatable; a Python literal, else text)")
 
 
 def _config_choice(text: str) -> int | str:
@@ -162,6 +167,13 @@ def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
     match = _TRITON_TARGET.match(target)
     if args.config == "all":
         raise TwillError("--config all applies to twill inject only; pick one config with --config N")
+    tilelang = tilelang_target(args)
+    if tilelang:
+        from twill.frontends.tilelang import load_loop
+
+        return load_loop(*tilelang, args.tl_args, machine)[1].graph
+    if args.tl_args:
+        raise TwillError("--arg applies to TileLang kernels (path.py:fn whose file imports tilelang) only")
     if match:
         if kernel_opts:
             raise TwillError(f"--{sorted(kernel_opts)[0].replace('_', '-')} applies to built-in kernels only; "
@@ -181,6 +193,21 @@ def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
     from twill.kernels import build_kernel
 
     return build_kernel(target, machine, **kernel_opts)
+
+
+def tilelang_target(args: argparse.Namespace) -> tuple[str, str] | None:
+    """``(path, fn)`` when the target is a TileLang kernel ``path.py:fn`` (its file imports ``tilelang``), else
+    None. Triton and built-in kernel options are refused for it."""
+    from twill.frontends.tilelang import is_tilelang_source
+
+    match = _TRITON_TARGET.match(args.target)
+    if not match or not is_tilelang_source(match["path"]):
+        return None
+    given = _triton_options_given(args) + [f"--{d.replace('_', '-')}" for d in sorted(kernel_options_given(args))]
+    if given:
+        raise TwillError(f"{given[0]} does not apply to TileLang kernel {args.target!r}; give its factory's "
+                         f"arguments with --arg NAME=VALUE")
+    return match["path"], match["fn"]
 
 
 def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine) -> LoopGraph:

@@ -1,9 +1,11 @@
-"""``twill emit gluon|pallas``: schedule -> warp-specialized Gluon kernel or Pallas Mosaic GPU module source.
+"""``twill emit gluon|pallas|tilelang``: schedule -> warp-specialized Gluon kernel, Pallas Mosaic GPU module or
+TileLang module source.
 
     twill emit gluon gemm --block-n 128 -o gemm_ws.py
     twill emit gluon flash-fwd --subtiles 2 --head-dim 128 --streaming-depth 3 -o fa_ws.py
     twill emit gluon --schedule fa.schedule.json -o fa_ws.py       # a schedule written by 'twill schedule -o'
     twill emit pallas gemm --streaming-depth 4 -o gemm_pallas.py
+    twill emit tilelang flash-fwd --schedule fa.schedule.json -o fa_tilelang.py
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ def _schedule_for(args: argparse.Namespace):
     graph = resolve_target(args, machine)
     if graph.attrs.get("source") == "triton":
         raise _not_from_triton(args.target)
+    if args.emit_to == "tilelang":
+        from twill.codegen.tilelang import solve_for_tilelang
+
+        return solve_for_tilelang(graph, machine, solve_options(args))
     return schedule(graph, machine, solve_options(args))
 
 
@@ -54,6 +60,10 @@ def _emitter(backend: str):
         from twill.codegen.pallas import emit_pallas
 
         return emit_pallas
+    if backend == "tilelang":
+        from twill.codegen.tilelang import emit_tilelang
+
+        return emit_tilelang
     from twill.codegen.gluon import emit_gluon
 
     return emit_gluon
@@ -75,7 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     backends = p.add_subparsers(dest="emit_to", metavar="BACKEND")
     backends.required = True
     for name, help_text in (("gluon", "warp-specialized Gluon kernel for Hopper (sm_90)"),
-                            ("pallas", "JAX Pallas Mosaic GPU module for Hopper (emit_pipeline_warp_specialized)")):
+                            ("pallas", "JAX Pallas Mosaic GPU module for Hopper (emit_pipeline_warp_specialized)"),
+                            ("tilelang", "TileLang 0.1.15 module for Hopper (T.WSSchedule, or T.Pipelined "
+                                         "without warp specialization)")):
         g = backends.add_parser(name, help=help_text)
         # the target is optional here (--schedule replaces it): re-declare it after the shared arguments
         add_target_arguments(g)

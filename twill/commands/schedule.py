@@ -49,13 +49,23 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     options = solve_options(args)
     check_outputs(files=[args.output, args.plot], folders=[args.plot_all])
     graph = resolve_target(args, machine)
-    result = solve(graph, machine, options)
+    tilelang = graph.attrs.get("source") == "tilelang"
+    if tilelang:
+        from twill.codegen.tilelang import solve_for_tilelang
+        from twill.codegen.tilelang.planner import format_plan, pipeline_plan
+
+        result = solve_for_tilelang(graph, machine, options)
+        plan = pipeline_plan(result)
+    else:
+        result = solve(graph, machine, options)
     program = None
     if args.pipelined:
         from twill.schedule.pipelined import pipelined_program
 
         program = pipelined_program(result)
     doc = schedule_document(result)
+    if tilelang:
+        doc["tilelang"] = plan.to_dict()
     if program is not None:
         from twill.schedule.pipelined import program_to_dict
 
@@ -68,6 +78,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         print_output(json.dumps(doc, indent=2))
         return 0
     text = format_report(result, machine)
+    if tilelang:
+        text += "\n\n" + format_plan(plan, result)
     if program is not None:
         from twill.schedule.pipelined import format_pipelined
 

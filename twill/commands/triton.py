@@ -9,7 +9,7 @@ import re
 
 from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, kernel_options_given,
                                    load_schedule_document, machine_of, resolve_target, schedule_document,
-                                   solve_options, write_json_output)
+                                   solve_options, tilelang_target, write_json_output)
 from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
@@ -55,6 +55,25 @@ def _config_specs(args: argparse.Namespace, machine) -> dict[int, object]:
     return {k: _kernel_spec(args, machine, k) for k in range(len(configs))}
 
 
+def _inject_tilelang(args: argparse.Namespace, machine, path: str, fn: str) -> int:
+    """``twill inject`` of a TileLang kernel: its ``T.Pipelined`` loop rewritten with Twill's stage/order."""
+    from twill.codegen.tilelang import solve_for_tilelang
+    from twill.codegen.tilelang.planner import inject_tilelang
+    from twill.frontends.tilelang import load_loop
+
+    if args.load_lead is not None:
+        raise TwillError("--load-lead applies to Triton kernels; a TileLang loop's loads run num_stages ahead")
+    if args.schedule:
+        schedule = load_schedule_document(args.schedule)
+    else:
+        graph = load_loop(path, fn, args.tl_args, machine)[1].graph
+        schedule = solve_for_tilelang(graph, machine, solve_options(args))
+    summary = inject_tilelang(path, fn, list(args.tl_args), schedule, machine, args.output,
+                              schedule_document(schedule))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def _cmd_inject(args: argparse.Namespace) -> int:
     from twill.codegen.triton import inject, solve_for_triton, tune, write_outputs
     from twill.frontends.triton import lower_function
@@ -62,6 +81,9 @@ def _cmd_inject(args: argparse.Namespace) -> int:
     _refuse_ws_options(args)
     machine = machine_of(args)
     check_outputs(folders=[args.output])
+    tilelang = tilelang_target(args)
+    if tilelang:
+        return _inject_tilelang(args, machine, *tilelang)
     tuning = None
     if args.config == "all":
         specs = _config_specs(args, machine)
@@ -108,14 +130,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, metavar="G.json", help="where to write the graph")
     p.set_defaults(func=_cmd_graph)
 
-    p = sub.add_parser("inject", help="compile a Triton kernel with Twill's software-pipelining schedule",
+    p = sub.add_parser("inject", help="compile a Triton or TileLang kernel with Twill's software-pipelining "
+                                      "schedule",
                        description="Schedule a loop of a Triton kernel path.py:fn (software pipelining "
                                    "only; or take --schedule), write loop.stage/loop.cluster into its TTGIR "
                                    "before Triton's pipeliner, and compile it (Triton 3.6.0, no GPU needed). "
                                    "Writes the final and the scheduled TTGIR, PTX, cubin, schedule.json and "
                                    "summary.json into DIR and prints the summary: II (normalized and cycles), "
-                                   "its lower bound, stages, buffers, shared memory. Warp-specialization "
-                                   "options and built-in kernel options are refused.")
+                                   "its lower bound, stages, buffers, shared memory. A TileLang kernel "
+                                   "(its file imports tilelang; factory arguments with --arg) gets its "
+                                   "T.Pipelined loop rewritten with Twill's num_stages/stage/order: "
+                                   "<file>_twill.py, its CUDA <file>_twill.cu (lowered without a GPU), "
+                                   "schedule.json and summary.json. Warp-specialization options and built-in "
+                                   "kernel options are refused.")
     add_target_arguments(p)
     add_solve_arguments(p)
     p.add_argument("--schedule", default=None, metavar="S.json",
