@@ -35,6 +35,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,6 +106,7 @@ def _time(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, float]]:
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
+    window = [time.time()]
     for _ in range(ROUNDS):
         for name, fn in fns.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -114,7 +116,9 @@ def _time(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, float]]:
             end.record()
             end.synchronize()
             samples[name].append(start.elapsed_time(end) / CALLS)
-    return {k: {"ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)} for k, v in samples.items()}
+    window.append(time.time())
+    return {k: {"ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "window": window}
+            for k, v in samples.items()}
 
 
 def _relerr(out: Any, ref: Any) -> float:
@@ -240,15 +244,6 @@ def _device() -> dict[str, Any]:
 
     info: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                             "tilelang": tilelang.__version__, "calls": CALLS, "rounds": ROUNDS}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-        info["sm_clock_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
-        info["sm_clock_max_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
-    except Exception:  # noqa: BLE001 - optional
-        info["sm_clock_mhz"] = getattr(torch.cuda, "clock_rate", lambda: None)()
     return info
 
 
@@ -268,14 +263,39 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: (contender, reference) pairs whose speed ratio the summary states, where both were timed.
+RATIOS = (("twill_planned", "tilelang_auto"), ("twill_emitted", "tilelang_auto"),
+          ("twill_emitted_128x256", "tilelang_auto"), ("twill_emitted_128x256", "cublas"),
+          ("twill_emitted", "cudnn"), ("tilelang_auto", "cublas"), ("tilelang_auto", "cudnn"))
+
+
+def ratios(result: dict[str, Any]) -> str:
+    """One line per problem: the speed ratios of :data:`RATIOS` (reference time / contender time)."""
+    lines = []
+    for row in [*result["gemm"], result["attention"]]:
+        res = row["results"]
+        parts = [f"{a} / {b} = {res[b]['ms'] / res[a]['ms']:.2f}x" for a, b in RATIOS
+                 if "ms" in res.get(a, {}) and "ms" in res.get(b, {})]
+        lines.append(f"{row['problem']}: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
 def run(kernel_dir: str, out: str) -> dict[str, Any]:
     """The GPU step (see the module docstring)."""
-    result = {"device": _device(), "manifest": json.load(open(os.path.join(kernel_dir, "manifest.json"))),
-              "gemm": bench_gemm(kernel_dir), "attention": bench_attention(kernel_dir)}
+    from twill.machine.microbench import ClockSampler
+
+    with ClockSampler() as sampler:
+        result = {"device": _device(), "manifest": json.load(open(os.path.join(kernel_dir, "manifest.json"))),
+                  "gemm": bench_gemm(kernel_dir), "attention": bench_attention(kernel_dir)}
+    for row in [*result["gemm"], result["attention"]]:
+        for r in row["results"].values():
+            if "window" in r:  # the median SM clock while this problem's contenders ran
+                r["clock_ghz"] = sampler.median_ghz(*r.pop("window"))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "tilelang_bench_h200.json"), "w") as f:
         json.dump(result, f, indent=2)
     print(table(result))
+    print(ratios(result))
     return result
 
 

@@ -222,3 +222,18 @@ def test_performance_doc_shows_the_committed_pallas_table():
     shown = doc.split("<!-- pallas-table:begin -->\n```text\n")[1].split("```\n<!-- pallas-table:end -->")[0]
     with open(PALLAS) as fh:
         assert shown.strip() == table(json.load(fh)).strip()
+
+
+TILELANG = os.path.join(RESULTS, "tilelang_bench_h200.json")
+
+
+@pytest.mark.skipif(not os.path.exists(TILELANG), reason="no committed TileLang results")
+def test_performance_doc_shows_the_committed_tilelang_table():
+    from benchmarks.tilelang_bench import ratios, table
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as fh:
+        doc = fh.read()
+    shown = doc.split("<!-- tilelang-table:begin -->\n```text\n")[1].split("```\n<!-- tilelang-table:end -->")[0]
+    with open(TILELANG) as fh:
+        result = json.load(fh)
+    assert shown.strip() == f"{table(result)}\n{ratios(result)}".strip()
