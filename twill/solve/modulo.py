@@ -35,10 +35,10 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from twill.ir.graph import LoopGraph
+from twill.schedule.vocab import Status
 from twill.solve.bounds import asap_starts, dependence_closure, length_lower_bound
 from twill.solve.normalize import rrt_runs
 
-STATUSES = ("optimal", "feasible", "infeasible", "unknown")
 
 #: Seconds one projection solve (:func:`projection_infeasible`) may take at most; past it the projection
 #: proves nothing and the full model decides.
@@ -70,7 +70,7 @@ class ModuloResult:
     stats: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
+        if self.status not in tuple(Status):
             raise ValueError(f"unknown modulo status {self.status!r}")
         object.__setattr__(self, "starts", MappingProxyType(dict(self.starts)))
         object.__setattr__(self, "stats", MappingProxyType(dict(self.stats)))

@@ -19,9 +19,6 @@ from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, Joint
                                        buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
                                        most_least_depth, read_cycles, value_bytes, waited_groups)
 
-#: Objectives in the order Algorithm 1 and the secondary criteria apply them (docs/model.md §5).
-OBJECTIVES = ("length", "stages", "warps", "smem", "prologue")
-
 
 @dataclass
 class ModelVars:

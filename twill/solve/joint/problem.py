@@ -16,10 +16,6 @@ from typing import Mapping
 from twill.ir.graph import Edge, LoopGraph, Op
 from twill.machine.models import Machine
 
-#: Families that the UNSAT explanation relaxes one at a time (docs/model.md §5).
-RELAXABLE = ("register_limit", "register_file", "warp_count", "cross_warp_spills", "concurrency",
-             "warp_issue", "memory_capacity")
-
 #: Non-W_vl slots offered to the solver at most (docs/model.md §3).
 MAX_COMPUTE_SLOTS = 7
 

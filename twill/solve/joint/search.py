@@ -14,45 +14,21 @@ from twill.ir.graph import LoopGraph
 from twill.ir.validate import effective_units
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule, WarpGroup
-from twill.solve.joint.problem import (RELAXABLE, JointOutcome, JointProblem, JointSolution, legal_budget,
-                                       reg_limit_for, slot_count)
+from twill.schedule.vocab import RELAXABLE, SECONDARY, Family, Objective
+from twill.solve.joint.problem import (JointOutcome, JointProblem, JointSolution, legal_budget, reg_limit_for,
+                                       slot_count)
 from twill.solve.options import LAST_RESORT_SHARE, PHASE_SHARES, SolveOptions
 
-#: Secondary objectives after L, in order (docs/model.md §5).
-SECONDARY = ("stages", "warps", "smem", "prologue")
-
 #: Objective minimised before L when the graph has hoistable tensor-core pairs (:func:`hoist_pairs`).
-HOIST = "unhoisted"
+HOIST = Objective.UNHOISTED
 
 #: Seconds each relaxed re-solve of the UNSAT explanation may take at most.
 EXPLAIN_TIME_LIMIT = 20.0
 
-#: Readable names of the relaxable families for the one-line explanation.
-FAMILY_TEXT = {
-    "register_limit": "register limit (live values exceed a group's per-thread budget)",
-    "register_file": "register file (too few register-holding warps fit in 64K registers)",
-    "warp_count": "warp count (not enough warps for the groups the schedule needs)",
-    "cross_warp_spills": "cross-warp transfers (a value must cross warp groups)",
-    "concurrency": "concurrency (a blocking wait would stall work in flight on its warp)",
-    "warp_issue": "warp issue (a warp group's tile ops, run one at a time, exceed the II)",
-    "memory_capacity": "memory capacity (shared memory / TMEM buffers)",
-}
-
-#: What the user can change when a family blocks every II: a larger II does not lift these limits.
-FAMILY_REMEDY = {
-    "register_limit": "raise --reg-limit or use smaller tiles",
-    "register_file": "use smaller tiles or fewer register-holding warps",
-    "warp_count": "raise --max-warps",
-    "cross_warp_spills": "drop --no-cross-warp",
-    "concurrency": "raise --max-warps",
-    "warp_issue": "raise --max-warps or --max-ii",
-    "memory_capacity": "use smaller tiles or a lower --streaming-depth",
-}
-
 
 def remedy_for(blocked: list[str]) -> str:
     """The advice for an exhausted II range: the remedies of the blocking families, else ``raise --max-ii``."""
-    remedies = [FAMILY_REMEDY[f] for b in blocked for f in b.split("+")]
+    remedies = [Family(f).remedy for b in blocked for f in b.split("+")]
     return "; ".join(dict.fromkeys(remedies)) if remedies else "raise --max-ii"
 
 
@@ -152,7 +128,7 @@ def explain_with(problem: JointProblem, feasible_without: Callable[[tuple[str, .
                 blocked.append("+".join(pair))
     where = f"at the modulo-only II {problem.ii} (L {problem.length_min}..{problem.length_max})"
     if blocked:
-        reasons = "; ".join(" together with ".join(FAMILY_TEXT[f] for f in b.split("+")) for b in blocked)
+        reasons = "; ".join(" together with ".join(Family(f).text for f in b.split("+")) for b in blocked)
         note = f"no warp specialization exists {where}: blocked by {reasons}"
     else:
         note = f"no warp specialization exists {where}: no single family or pair of families is responsible"
@@ -214,7 +190,7 @@ def objective_order(joint: Any) -> tuple[str, ...]:
     """Lexicographic objectives after II: ``unhoisted`` (when the model has it), ``length``, then
     :data:`SECONDARY`."""
     lead = (HOIST,) if HOIST in joint.builder.v.objective else ()
-    return (*lead, "length", *SECONDARY)
+    return (*lead, Objective.LENGTH, *SECONDARY)
 
 
 def _secondary(joint: Any, first: JointOutcome, options: SolveOptions, deadline: float,

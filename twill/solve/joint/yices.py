@@ -35,24 +35,17 @@ from twill.errors import InfeasibleScheduleError
 from twill.ir.graph import Edge, LoopGraph
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
-from twill.solve.joint.problem import (RELAXABLE, WIDTHS, JointProblem, JointSolution, blocking_in,
+from twill.schedule.vocab import RELAXABLE, SECONDARY, Family
+from twill.solve.joint.problem import (WIDTHS, JointProblem, JointSolution, blocking_in,
                                        buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
                                        most_least_depth, read_cycles, value_bytes, waited_groups)
 from twill.solve.options import SolveOptions
 
 #: Constraint families in paper order (Figures 4, 5, 6), as :func:`build_model` adds them.
-FAMILIES = (
-    "uniqueness", "consistency", "completion", "dependence", "capacity",
-    "liveness", "memory_capacity",
-    "warp_uniqueness", "variable_latency", "warp_count", "register_file", "register_limit",
-    "cross_warp_spills", "concurrency", "warp_issue",
-)
+FAMILIES = tuple(Family)
 
 #: The families that imply the issue windows of :func:`issue_windows`; without one of them the full grid.
-WINDOW_FAMILIES = frozenset({"consistency", "completion", "dependence"})
-
-#: Secondary objectives after L, in order (docs/model.md §5; the CP-SAT search adds ``prologue``).
-SECONDARY = ("stages", "warps", "smem", "prologue")
+WINDOW_FAMILIES = frozenset({Family.CONSISTENCY, Family.COMPLETION, Family.DEPENDENCE})
 
 
 class YicesModel:
