@@ -10,12 +10,11 @@ Importing this package does not import OR-Tools; the solvers load it when they r
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import replace
 from typing import Any
 
-from twill.errors import InfeasibleScheduleError, TwillError
+from twill.errors import InfeasibleScheduleError
 from twill.ir.graph import LoopGraph
 from twill.ir.validate import validate_graph
 from twill.machine.models import Machine
@@ -90,21 +89,6 @@ def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions
         f"{upto}; raise --time-limit")
 
 
-def _joint_solver() -> Any:
-    """``twill.solve.joint.solve_joint``, or a clear error when it is not part of this installation."""
-    try:
-        module = importlib.import_module("twill.solve.joint")
-    except ModuleNotFoundError as exc:
-        if exc.name != "twill.solve.joint":
-            raise
-        module = None
-    solver = getattr(module, "solve_joint", None)
-    if solver is None:
-        raise TwillError("the joint warp-specialization solver (twill.solve.joint) is not available; "
-                         "schedule without warp specialization (--no-ws, SolveOptions(ws=False))")
-    return solver
-
-
 def _modulo_schedule(graph: LoopGraph, machine: Machine, units: dict[str, int], options: SolveOptions, *,
                      res: int, rec: int, started: float) -> Schedule:
     """The phase-1 schedule (no warp specialization) with its statistics."""
@@ -164,7 +148,9 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
             f"graph {graph.name!r} needs II >= {max(res, rec)} (ResMII {res}, RecMII {rec}) but max II is "
             f"{options.max_ii}; raise --max-ii")
     if options.ws:
-        result = _joint_solver()(work, machine, options, lower_bound=max(res, rec), res_mii=res, rec_mii=rec)
+        from twill.solve.joint.search import solve_joint
+
+        result = solve_joint(work, machine, options, lower_bound=max(res, rec))
         stats = {"res_mii": res, "rec_mii": rec, **dict(result.stats), "normalization": norm}
         result = replace(result, stats=stats, solve_seconds=_elapsed(started))
     else:

@@ -8,13 +8,13 @@ UNSAT explanation. A :class:`JointSolution` is a backend's answer. No solver is 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 from twill.ir.graph import Edge, LoopGraph, Op
 from twill.machine.models import Machine
+from twill.schedule.vocab import Objective, Status
 
 #: Non-W_vl slots offered to the solver at most (docs/model.md §3).
 MAX_COMPUTE_SLOTS = 7
@@ -98,22 +98,32 @@ class JointSolution:
 
 
 @dataclass(frozen=True)
-class JointOutcome:
-    """What a backend reports: ``status`` in ``optimal``/``feasible``/``infeasible``/``unknown``."""
+class ObjectiveRecord:
+    """One ``stats["objectives"]`` entry: an objective, its value in the schedule and whether it is proved
+    minimal (given the objectives before it)."""
 
-    status: str
+    name: Objective
+    value: int
+    proven: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": str(self.name), "value": self.value, "proven": self.proven}
+
+
+@dataclass(frozen=True)
+class JointOutcome:
+    """What a backend reports for one solve: ``status`` (:class:`~twill.schedule.vocab.Status`), the solution
+    when one was found, the seconds it took, and ``settled``: objectives before L that this solve already
+    minimised and fixed (the Yices backend minimises ``unhoisted`` before it walks L)."""
+
+    status: Status
     solution: JointSolution | None
     seconds: float
-    variables: int = 0
-    constraints: int = 0
+    settled: tuple[ObjectiveRecord, ...] = ()
 
     @property
     def found(self) -> bool:
         return self.solution is not None
-
-    @property
-    def proven(self) -> bool:
-        return self.status in ("optimal", "infeasible")
 
 
 # -- graph-derived quantities (shared by backends and the verifier) ------------------------------------------
@@ -194,6 +204,3 @@ def slot_count(graph: LoopGraph) -> int:
     """G = 1 + min(#non-variable-latency ops, MAX_COMPUTE_SLOTS)."""
     return 1 + min(sum(1 for op in graph.ops if not op.variable_latency), MAX_COMPUTE_SLOTS)
 
-
-def copies_for(length: int, ii: int) -> int:
-    return math.ceil(length / ii)
