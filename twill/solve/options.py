@@ -11,6 +11,12 @@ from twill.ir.graph import LoopGraph
 
 BACKENDS = ("cpsat", "yices")
 
+#: How a search without warp specialization walks the IIs (:mod:`twill.solve.strategies`).
+STRATEGIES = ("linear", "window")
+
+#: Seconds the ``window`` strategy gives one II at most.
+WINDOW_II_LIMIT = 20.0
+
 #: Wall-clock seconds for a whole search: the Blackwell flash-bwd, the slowest built-in, takes 200-240 s on a
 #: 2-core host (docs/performance.md).
 DEFAULT_TIME_LIMIT = 600.0
@@ -60,6 +66,10 @@ class SolveOptions:
             ``DEFAULT_STREAMING_DEPTH``; :meth:`for_graph` resolves it.
         workers: CP-SAT search workers. Default 2 (the CI machine's cores).
         seed: CP-SAT random seed, for reproducible tie-breaking.
+        strategy: how a search without warp specialization walks the IIs: ``linear`` (upward from the lower
+            bound; the default) or ``window`` (steps of 1/8 of the bound, then bisection; Triton's sm_90
+            window, :func:`twill.codegen.triton.solve_for_triton`). See :mod:`twill.solve.strategies`.
+        window_ii_limit: seconds the ``window`` strategy gives one II at most. Default 20.
         cycles_per_unit: raw machine cycles per schedule time unit, set by ``schedule`` once the costs are
             normalized, so that progress lines and messages show raw cycles beside an II; ``None`` = raw.
         progress: called with a one-line status string while searching (current II, bound, elapsed).
@@ -77,12 +87,18 @@ class SolveOptions:
     streaming_depth: int | None = None
     workers: int = 2
     seed: int = 0
+    strategy: str = "linear"
+    window_ii_limit: float = WINDOW_II_LIMIT
     progress: Callable[[str], None] | None = field(default=None, compare=False)
     cycles_per_unit: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise TwillError(f"unknown solver backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+        if self.strategy not in STRATEGIES:
+            raise TwillError(f"unknown search strategy {self.strategy!r} (choose from {', '.join(STRATEGIES)})")
+        if self.strategy != "linear" and self.ws:
+            raise TwillError(f"the {self.strategy} strategy searches without warp specialization (ws=False)")
         if not math.isfinite(self.time_limit) or self.time_limit <= 0:
             raise TwillError(f"time limit must be a positive number of seconds, got {self.time_limit}")
         if self.max_ii is not None and self.max_ii < 1:

@@ -306,13 +306,13 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     (:meth:`SolveOptions.for_graph`). Raises :class:`InfeasibleScheduleError` when every II up to ``max_ii``
     is proved infeasible, or when the time limit runs out first (naming the IIs left undecided), and
     :class:`~twill.errors.SolverUnavailableError` when the solver is not installed."""
-    from twill.solve import default_max_ii
+    from twill.solve.strategies import max_ii_of
 
     require(options.backend)
     started = time.perf_counter()
     deadline = started + options.time_limit
     units = effective_units(graph, machine.units)
-    max_ii = options.max_ii if options.max_ii is not None else max(lower_bound, default_max_ii(graph))
+    max_ii = max_ii_of(graph, options, lower_bound)
     search = Search(graph, machine, options, started=started, deadline=deadline, lower_bound=lower_bound)
     previous: dict[str, int] | None = None
     issue = issue_bound(graph, machine, options)
