@@ -55,6 +55,14 @@ def test_schedule_paper_example_default_uses_joint_solver(capsys):
     assert (doc["ii"], doc["status"]) == (2, "optimal")
 
 
+def test_backend_is_a_deprecated_spelling_of_solver(capsys):
+    rc, out, err = run(capsys, "schedule", "paper-example", "--no-ws", "--backend", "cpsat", "--json")
+    assert rc == 0 and err == "twill: warning: --backend is deprecated; use --solver\n"
+    assert json.loads(out)["solver"] == "cpsat"
+    rc, out, err = run(capsys, "schedule", "paper-example", "--no-ws", "--solver", "cpsat", "--json")
+    assert rc == 0 and err == "" and "backend" not in json.loads(out)["stats"]
+
+
 def test_schedule_text_report_pipelined_and_output_file(capsys, tmp_path):
     target = tmp_path / "s.json"
     rc, out, err = run(capsys, "schedule", str(EXAMPLES / "dual-issue.json"), "--no-ws", "--no-normalize",

@@ -9,7 +9,8 @@ from typing import Callable
 from twill.errors import TwillError
 from twill.ir.graph import LoopGraph
 
-BACKENDS = ("cpsat", "yices")
+#: The solvers of the joint search (``--solver``); the modulo phase always uses CP-SAT.
+SOLVERS = ("cpsat", "yices")
 
 #: How a search without warp specialization walks the IIs (:mod:`twill.solve.strategies`).
 STRATEGIES = ("linear", "window")
@@ -48,7 +49,7 @@ class SolveOptions:
     Attributes:
         ws: solve jointly for software pipelining *and* warp specialization (paper Algorithm 1). False gives
             the phase-1 modulo schedule only. Default True.
-        backend: ``cpsat`` (OR-Tools CP-SAT, compact encoding; default) or ``yices`` (the paper's
+        solver: ``cpsat`` (OR-Tools CP-SAT, compact encoding; default) or ``yices`` (the paper's
             time-indexed QF_LIA formulation; needs ``pip install twill-gpu[yices]``).
         time_limit: wall-clock seconds for the whole search. When it runs out the best schedule found so
             far is returned with status ``feasible`` and the remaining gap. Default 600.
@@ -76,7 +77,7 @@ class SolveOptions:
     """
 
     ws: bool = True
-    backend: str = "cpsat"
+    solver: str = "cpsat"
     time_limit: float = DEFAULT_TIME_LIMIT
     max_ii: int | None = None
     normalize: bool = True
@@ -93,8 +94,8 @@ class SolveOptions:
     cycles_per_unit: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise TwillError(f"unknown solver backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+        if self.solver not in SOLVERS:
+            raise TwillError(f"unknown solver {self.solver!r} (choose from {', '.join(SOLVERS)})")
         if self.strategy not in STRATEGIES:
             raise TwillError(f"unknown search strategy {self.strategy!r} (choose from {', '.join(STRATEGIES)})")
         if self.strategy != "linear" and self.ws:

@@ -17,10 +17,6 @@ from typing import Callable, Mapping, Protocol
 from twill.schedule.vocab import Family, Objective, Status
 from twill.solve.joint.problem import JointOutcome, JointProblem
 
-#: The solvers ``--solver`` chooses from.
-SOLVERS = ("cpsat", "yices")
-
-
 @dataclass(frozen=True)
 class ModelSize:
     """Variables and constraints of a model (``Schedule.stats``), per family, and backend-specific counts

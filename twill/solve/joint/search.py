@@ -209,7 +209,7 @@ def issue_bound(graph: LoopGraph, machine: Machine, options: SolveOptions) -> An
 
 def _by(options: SolveOptions) -> str:
     """`` by the yices backend`` in messages of a search that did not run the default solver, else empty."""
-    return "" if options.backend == "cpsat" else f" by the {options.backend} backend"
+    return "" if options.solver == "cpsat" else f" by the {options.solver} backend"
 
 
 def undecided_message(graph: LoopGraph, options: SolveOptions, tried: list[Attempt], note: str) -> str:
@@ -231,7 +231,7 @@ def new_model(graph: LoopGraph, machine: Machine, options: SolveOptions, units: 
               length_min: int, explain: bool = False) -> JointModel:
     """The solver's joint model at ``ii`` with copies from ``length_min`` (and the hoist objective if any)."""
     return open_model(make_problem(graph, machine, options, units, ii=ii, length_min=length_min),
-                      solver=options.backend, hoist=hoist_pairs(graph, machine), explain=explain,
+                      solver=options.solver, hoist=hoist_pairs(graph, machine), explain=explain,
                       workers=options.workers, seed=options.seed, report=options.report)
 
 
@@ -308,7 +308,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     :class:`~twill.errors.SolverUnavailableError` when the solver is not installed."""
     from twill.solve.strategies import max_ii_of
 
-    require(options.backend)
+    require(options.solver)
     started = time.perf_counter()
     deadline = started + options.time_limit
     units = effective_units(graph, machine.units)
@@ -401,7 +401,7 @@ class Search:
         length = max(solution.starts[op.name] + op.cycles for op in graph.ops)
         groups, assignment = warp_groups(graph, problem.ii, solution)
         stats: dict[str, Any] = {
-            "search": "joint", "backend": self.options.backend, "tried": [a.to_dict() for a in self.tried],
+            "search": "joint", "tried": [a.to_dict() for a in self.tried],
             "modulo_ii": self.modulo_ii,
             "length": length, "copies": math.ceil(length / problem.ii),
             "objectives": [r.to_dict() for r in records], "tie_break": model.tie_break,
@@ -413,7 +413,7 @@ class Search:
             stats["blocked_by"] = self.blocked
             stats["blocked_by_note"] = self.note
         proven = proven_below and all(r.proven for r in records)
-        return Schedule(graph=graph, arch=self.machine.name, solver=self.options.backend,
+        return Schedule(graph=graph, arch=self.machine.name, solver=self.options.solver,
                         status=Status.OPTIMAL if proven else Status.FEASIBLE, ii=problem.ii,
                         ii_lower_bound=problem.ii if proven_below else self.lower_bound,
                         starts=dict(solution.starts), assignment=assignment, warps=groups,
