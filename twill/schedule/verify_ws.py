@@ -1,4 +1,5 @@
-"""Independent re-check of the warp-specialization families of docs/model.md (no solver code).
+"""Independent re-check of the warp-specialization families of docs/model.md (no solver code; what an op means
+for liveness and staging comes from :mod:`twill.ir.semantics`).
 
 ``ws_violations(schedule, machine, options)`` returns one message per violated constraint, each starting
 with the family name: WARP UNIQUENESS, VARIABLE LATENCY, WARP COUNT, REGISTER FILE, REGISTER LIMIT,
@@ -12,26 +13,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from twill.ir.graph import LoopGraph, Op
+from twill.ir.semantics import THREADS_PER_WARP, in_place, read_cycles, value_bytes
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 from twill.schedule.vocab import Family
 
-THREADS_PER_WARP = 32
-
-
 def _option(options: Any, name: str, default: Any) -> Any:
     value = getattr(options, name, None) if options is not None else None
     return default if value is None else value
-
-
-def _overwrites(consumer: Op, value: Op) -> bool:
-    flagged = consumer.attrs.get("accumulator", False) or consumer.attrs.get("in_place", False)
-    return bool(flagged) and 0 < consumer.regs <= value.regs
-
-
-def _in_place(graph: LoopGraph, name: str) -> bool:
-    return any(e.src == e.dst == name and e.distance == 1 for e in graph.edges)
 
 
 def _crosses(schedule: Schedule, src: str, dst: str) -> bool:
@@ -126,11 +115,11 @@ def live_intervals(schedule: Schedule) -> list[tuple[str, int, int, int]]:
         if op.regs <= 0:
             continue
         t = schedule.starts[op.name]
-        carried = _in_place(graph, op.name)
+        carried = in_place(graph, op.name)
         for i in range(copies):
             start = 0 if carried and i == 0 else t + i * ii
             ends = [start + 1]
-            if _in_place(graph, op.name):
+            if carried:
                 ends.append(t + (i + 1) * ii if i + 1 <= copies - 1 else horizon)
             else:
                 for e in graph.out_edges(op.name):
@@ -138,9 +127,7 @@ def live_intervals(schedule: Schedule) -> list[tuple[str, int, int, int]]:
                     if j > copies - 1:
                         ends.append(horizon)
                         continue
-                    user = graph.op(e.dst)
-                    read = 0 if _overwrites(user, op) else user.cycles
-                    ends.append(schedule.starts[e.dst] + j * ii + read)
+                    ends.append(schedule.starts[e.dst] + j * ii + read_cycles(graph, op.name, e.dst))
             out.append((op.name, i, start, max(ends)))
     return out
 
@@ -236,9 +223,7 @@ def staging_bytes(schedule: Schedule) -> int:
     graph, total = schedule.graph, 0
     for e in graph.edges:
         if e.src in schedule.assignment and e.dst in schedule.assignment and _crosses(schedule, e.src, e.dst):
-            src = graph.op(e.src)
-            nbytes = int(src.attrs.get("out_bytes", src.regs * 4 * THREADS_PER_WARP * src.warps))
-            total += nbytes * (schedule.stage(e.dst) + e.distance - schedule.stage(e.src) + 1)
+            total += value_bytes(graph.op(e.src)) * (schedule.stage(e.dst) + e.distance - schedule.stage(e.src) + 1)
     return total
 
 

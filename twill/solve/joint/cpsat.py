@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
+from twill.ir.semantics import (blocking_in, buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
+                                read_cycles, value_bytes, waited_groups)
 from twill.schedule.vocab import SECONDARY, Family, Objective, Status
 from twill.solve.joint.backend import ModelSize
-from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, blocking_in,
-                                       buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
-                                       most_least_depth, read_cycles, value_bytes, waited_groups)
+from twill.solve.joint.problem import WIDTHS, JointOutcome, JointProblem, JointSolution, most_least_depth
 
 
 @dataclass
