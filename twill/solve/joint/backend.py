@@ -11,22 +11,10 @@ queries) implement it. Adding a backend means one class with these methods and o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
 from twill.schedule.vocab import Family, Objective, Status
-from twill.solve.joint.problem import JointOutcome, JointProblem
-
-@dataclass(frozen=True)
-class ModelSize:
-    """Variables and constraints of a model (``Schedule.stats``), per family, and backend-specific counts
-    (``extra``: the Yices model's ``booleans`` and ``horizon``)."""
-
-    variables: int
-    constraints: int
-    families: Mapping[str, int]
-    extra: Mapping[str, int] = field(default_factory=dict)
-
+from twill.solve.joint.problem import JointOutcome, JointProblem, ModelSize
 
 class JointModel(Protocol):
     """One backend's model of a :class:`JointProblem`, solved for a sequence of lexicographic objectives."""

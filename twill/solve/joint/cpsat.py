@@ -18,8 +18,8 @@ from typing import Any, Mapping
 from twill.ir.semantics import (blocking_in, buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
                                 read_cycles, value_bytes, waited_groups)
 from twill.schedule.vocab import SECONDARY, Family, Objective, Status
-from twill.solve.joint.backend import ModelSize
-from twill.solve.joint.problem import WIDTHS, JointOutcome, JointProblem, JointSolution, most_least_depth
+from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, ModelSize,
+                                       most_least_depth)
 
 
 @dataclass

@@ -97,6 +97,17 @@ class JointSolution:
 
 
 @dataclass(frozen=True)
+class ModelSize:
+    """Variables and constraints of a model (``Schedule.stats``), per family, and backend-specific counts
+    (``extra``: the Yices model's ``booleans`` and ``horizon``)."""
+
+    variables: int
+    constraints: int
+    families: Mapping[str, int]
+    extra: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ObjectiveRecord:
     """One ``stats["objectives"]`` entry: an objective, its value in the schedule and whether it is proved
     minimal (given the objectives before it)."""

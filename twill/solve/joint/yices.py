@@ -32,11 +32,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from twill.ir.graph import Edge
 from twill.schedule.vocab import RELAXABLE, SECONDARY, Family, Objective, Status
-from twill.solve.joint.backend import ModelSize
 from twill.ir.semantics import (blocking_in, buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
                                 read_cycles, value_bytes, waited_groups)
-from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, ObjectiveRecord,
-                                       most_least_depth)
+from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, ModelSize,
+                                       ObjectiveRecord, most_least_depth)
 
 #: Constraint families in paper order (Figures 4, 5, 6), as :func:`build_model` adds them.
 FAMILIES = tuple(Family)
