@@ -1,7 +1,7 @@
 """CP-SAT backend of the joint SWP + WS problem: the compact encoding of docs/model.md.
 
-Variables (typed container :class:`ModelVars`): an integer start ``t[v]`` per op with stage/slot split
-``t = k·I + s``; the length ``L``; Booleans ``a[v,g]`` (op v on slot g); per slot a width ``w[g] ∈ {0,1,2,4,8}``
+Variables (typed container :class:`ModelVars`): an integer start ``t[v]`` per op with stage/residue split
+``t = k·I + s`` (``ModelVars.slot`` holds the residue ``s``); the length ``L``; Booleans ``a[v,g]`` (op v on slot g); per slot a width ``w[g] ∈ {0,1,2,4,8}``
 and a register-holding flag; ``same[u,v]`` (same slot) for the pairs that need it; ring depths. Liveness is
 not time-indexed: copy ``i`` of a register value is an optional interval ``[t_v + i·I, E[v,i])`` per slot,
 present iff the op is on that slot, and REGISTER LIMIT is one ``Cumulative`` per slot. ``build_model`` adds
