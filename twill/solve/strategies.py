@@ -71,7 +71,7 @@ def linear(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions, *,
             span = max(greedy[op.name] + op.cycles for op in graph.ops)
             result = ModuloResult(Status.FEASIBLE, greedy, span, False, result.length_bound, ii, result.seconds,
                                   {"by": "greedy"})
-        tried.append(Attempt(ii, status=Status(result.status), seconds=result.seconds))
+        tried.append(Attempt(ii, status=result.status, seconds=result.seconds))
         options.report(f"II {options.ii_text(ii)}: {result.status} ({result.seconds:.2f} s)")
         if result.found:
             return Walk(result, tuple(tried), ii)
@@ -114,7 +114,7 @@ def window(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions, *,
             return None
         r = solve_modulo(graph, units, ii, time_limit=min(options.window_ii_limit, remaining),
                          workers=options.workers, seed=options.seed)
-        tried.append(Attempt(ii, status=Status(r.status), seconds=r.seconds))
+        tried.append(Attempt(ii, status=r.status, seconds=r.seconds))
         options.report(f"II {options.ii_text(ii)}: {r.status} ({r.seconds:.1f} s)")
         if r.status == Status.INFEASIBLE:
             infeasible.add(ii)

@@ -131,6 +131,9 @@ class JointOutcome:
     seconds: float
     settled: tuple[ObjectiveRecord, ...] = ()
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))
+
     @property
     def found(self) -> bool:
         return self.solution is not None

@@ -288,7 +288,7 @@ def phase_one(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions,
     greedy = greedy_modulo(graph, units, ii)
     mod = solve_modulo(graph, units, ii, time_limit=share("modulo", deadline),
                        workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous, prove=prove)
-    row = Attempt(ii, modulo=Status(mod.status))
+    row = Attempt(ii, modulo=mod.status)
     if "projection" in mod.stats:
         row = replace(row, by="projection", units=tuple(mod.stats["projection"]))
     if not mod.found and mod.status != Status.INFEASIBLE and greedy is not None:
@@ -344,7 +344,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         model.hint(mod.starts)
         outcome = model.solve(Objective.LENGTH, time_limit=share("joint", deadline))
         row = tried[-1] = replace(row, length_min=mod.length, copies=model.problem.copies,
-                                  joint=Status(outcome.status), seconds=outcome.seconds)
+                                  joint=outcome.status, seconds=outcome.seconds)
         options.report(f"II {options.ii_text(ii)}: joint {outcome.status} ({outcome.seconds:.2f} s)")
         length_proven = mod.status == Status.OPTIMAL and outcome.status == Status.OPTIMAL
         if outcome.status == Status.UNKNOWN:
