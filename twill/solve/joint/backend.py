@@ -4,7 +4,7 @@ Algorithm 1 (:mod:`twill.solve.joint.search`) builds one :class:`JointModel` per
 it only through this protocol: seed it with start times, pin start times, fix an objective at a value,
 minimise one objective, ask whether the problem is feasible without some constraint families (the UNSAT
 explanation) and read its size. CP-SAT (:class:`twill.solve.joint.cpsat.CpsatJoint`) and Yices
-(:class:`twill.solve.joint.yices.YicesJoint`, which minimises by its own binary search over ``objective ≤ k``
+(:class:`twill.solve.joint.yices_joint.YicesJoint`, which minimises by its own binary search over ``objective ≤ k``
 queries) implement it. Adding a backend means one class with these methods and one line in
 :func:`open_model`.
 """
@@ -54,7 +54,7 @@ def open_model(problem: JointProblem, *, solver: str, hoist: list[tuple[str, str
     ``hoist`` (none when empty); ``explain`` asks for a model that answers :meth:`JointModel.feasible_without`
     cheaply (Yices guards the relaxable families with switch literals)."""
     if solver == "yices":
-        from twill.solve.joint.yices import YicesJoint
+        from twill.solve.joint.yices_joint import YicesJoint
 
         return YicesJoint(problem, hoist=hoist, switched=explain, report=report)
     from twill.solve.joint.cpsat import CpsatJoint
