@@ -49,7 +49,7 @@ class Schedule:
     Attributes:
         graph: the loop graph the start times refer to.
         arch: machine name (``h100``).
-        solver: backend that produced it (``cpsat``, ``yices``, ``manual``).
+        solver: the solver that produced it (``cpsat``, ``yices``, ``manual``).
         status: ``optimal`` (II and L proved minimal), ``feasible`` (best found within the time limit).
         ii: initiation interval.
         ii_lower_bound: max(ResMII, RecMII), or a better proven bound.
