@@ -118,6 +118,15 @@ def variant_schedule(kernel: str, options: dict[str, Any], shape: dict[str, Any]
     return sched
 
 
+def ii_cycles(sched: Any) -> int:
+    """The II in raw machine cycles: a solved schedule's ``ii`` is in normalized units
+    (``stats["normalization"]``), a hand-built variant's in cycles already."""
+    from twill.schedule.report import raw_cycles
+
+    cycles = raw_cycles(sched.ii, sched.stats.get("normalization"))
+    return sched.ii if cycles is None else cycles
+
+
 def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
     """Emit every suite variant into ``outdir`` and write ``manifest.json``; returns the manifest rows."""
     from twill.codegen.gluon import gluon_plan, render_plan
@@ -132,7 +141,7 @@ def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
         with open(os.path.join(outdir, f"{name}.py"), "w") as fh:
             fh.write(render_plan(plan))
         rows.append({"name": name, "file": f"{name}.py", "kernel": kernel, "options": options,
-                     "solver": sched.solver, "ii": sched.ii, "stages": sched.num_stages,
+                     "solver": sched.solver, "ii": sched.ii, "ii_cycles": ii_cycles(sched), "stages": sched.num_stages,
                      "rings": {r.name: r.depth for r in plan.rings}, "mma_lag": plan.mma_lag,
                      "qk_ahead": plan.qk_ahead, "compute_partitions": len(plan.compute),
                      "turns": [list(t.ops) for t in plan.turns]})
@@ -436,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if sanity(args.kernel_dir, args.only) else 0
     if args.step == "generate":
         for row in generate(args.outdir, arch=args.arch):
-            print(f"{row['name']:32s} {row['solver']:7s} II {row['ii']:5d} rings {row['rings']}")
+            print(f"{row['name']:32s} {row['solver']:7s} II {row['ii']:5d} (~{row['ii_cycles']} cycles) "
+                  f"rings {row['rings']}")
         return 0
     run(args.kernel_dir, args.out, only=args.only, quick=args.quick)
     return 0

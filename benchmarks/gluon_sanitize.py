@@ -16,7 +16,7 @@ from our synchronization:
     Triton's concurrency sanitizer (``TRITON_INSTRUMENTATION_MODE=consan``; it models mbarriers, TMA and
     wgmma, which racecheck does not) over one checked launch of every kernel in ``KERNEL_DIR``
     (``benchmarks/gluon_bench.py sanity``), then over a *broken* copy of the first GEMM whose producer skips its
-    empty-slot waits: ConSan must report that one, or a clean pass means nothing.
+    empty-buffer waits: ConSan must report that one, or a clean pass means nothing.
 
     compute-sanitizer --tool racecheck python benchmarks/gluon_sanitize.py probe
     compute-sanitizer --tool racecheck python benchmarks/gluon_sanitize.py probe-mbarrier
@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-#: Seconds the uninstrumented broken control may run (without its empty-slot waits it can deadlock).
+#: Seconds the uninstrumented broken control may run (without its empty-buffer waits it can deadlock).
 PLAIN_TIMEOUT = 60
 
 
@@ -120,7 +120,7 @@ def probe_mbarrier() -> int:
 
 
 def broken_copy(kernel_dir: str, dest: str) -> str:
-    """A copy of the first GEMM of ``kernel_dir`` whose load partition no longer waits for empty slots."""
+    """A copy of the first GEMM of ``kernel_dir`` whose load partition no longer waits for empty buffers."""
     with open(os.path.join(kernel_dir, "manifest.json")) as fh:
         entry = next(m for m in json.load(fh) if m["kernel"] == "gemm")
     with open(os.path.join(kernel_dir, entry["file"])) as fh:
@@ -128,7 +128,7 @@ def broken_copy(kernel_dir: str, dest: str) -> str:
     broken, count = re.subn(r"^(\s*)mbarrier\.wait\((\w+)_empty\.index\(([^)]*)\), ([^\n]*)\)$",
                             r"\1pass  # broken on purpose: no wait on \2_empty", text, flags=re.M)
     if not count:
-        raise SystemExit(f"no empty-slot wait found in {entry['file']}")
+        raise SystemExit(f"no empty-buffer wait found in {entry['file']}")
     path = os.path.join(dest, "broken_" + entry["file"])
     with open(path, "w") as fh:
         fh.write(broken)
@@ -161,7 +161,7 @@ def consan(kernel_dir: str, names: list[str], *, control: bool = True) -> int:
         except subprocess.TimeoutExpired:
             plain_text, plain_rc = "", f"none: hung, killed after {PLAIN_TIMEOUT} s"
     detected = child.returncode != 0
-    print(f"control (producer skips its empty-slot waits) under ConSan: exit {child.returncode}, "
+    print(f"control (producer skips its empty-buffer waits) under ConSan: exit {child.returncode}, "
           f"{'violation reported' if detected else 'NOT DETECTED'}; last lines:", flush=True)
     for line in (child.stdout + child.stderr).strip().splitlines()[-12:]:
         print("    " + line[:240], flush=True)

@@ -75,7 +75,7 @@ def run_one(kernel: str, options: dict[str, Any], solve_options: dict[str, Any],
                            "backend": backend,
                            "ops": len(graph.ops), "edges": len(graph.edges), "date": time.strftime("%Y-%m-%d %H:%M")}
     try:
-        result = schedule(graph, machine, SolveOptions(backend=backend, time_limit=time_limit, **solve_options))
+        result = schedule(graph, machine, SolveOptions(solver=backend, time_limit=time_limit, **solve_options))
     except TwillError as exc:
         row.update({"status": "error", "error": str(exc), "seconds": round(time.perf_counter() - began, 2),
                     "cpu_seconds": round(time.process_time() - cpu, 2)})
@@ -176,8 +176,9 @@ def section(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                     f"solve_time_baseline.json`, same machine, 2026-11-29 to 2026-12-01).\n\n")
     if any(r["backend"] == "yices" for r in rows):
         compare += ("`yices` is the paper-faithful time-indexed backend (`twill/solve/joint/yices.py`, Booleans per "
-                    "op, copy and cycle inside each op's issue window) under the same time limit, with the plain "
-                    "Algorithm 1 loop (no warp-issue bound); its grid grows with T = (n−1)·II + L. Rows that were "
+                    "op, copy and cycle inside each op's issue window) under the same time limit and the same search "
+                    "(`twill/solve/joint/search.py`; rows measured before issue 14 ran a plain Algorithm 1 loop "
+                    "without the warp-issue bound); its grid grows with T = (n−1)·II + L. Rows that were "
                     "not re-run keep their last measurement (`date` per row in the JSON).\n\n")
     return (f"{SECTION}\n\n"
             f"Measured by `benchmarks/solve_time.py` on {meta['machine']} ({meta['cpus']} CPUs, Python "

@@ -48,21 +48,19 @@ def test_schedule_paper_example_no_ws_json(capsys):
     assert doc["loop_graph"]["format"] == "twill-graph/1"
 
 
-def test_schedule_paper_example_default_uses_joint_solver_when_present(capsys):
-    from twill.solve import _joint_solver
-    from twill.errors import TwillError
-
-    try:
-        _joint_solver()
-    except TwillError:
-        rc, out, err = run(capsys, "schedule", "paper-example", "--json")
-        assert rc == 2 and out == ""
-        assert err.startswith("twill: error: the joint warp-specialization solver") and err.count("\n") == 1
-        return
+def test_schedule_paper_example_default_uses_joint_solver(capsys):
     rc, out, err = run(capsys, "schedule", "paper-example", "--json")
     assert rc == 0
     doc = json.loads(out)
     assert (doc["ii"], doc["status"]) == (2, "optimal")
+
+
+def test_backend_is_a_deprecated_spelling_of_solver(capsys):
+    rc, out, err = run(capsys, "schedule", "paper-example", "--no-ws", "--backend", "cpsat", "--json")
+    assert rc == 0 and err == "twill: warning: --backend is deprecated; use --solver\n"
+    assert json.loads(out)["solver"] == "cpsat"
+    rc, out, err = run(capsys, "schedule", "paper-example", "--no-ws", "--solver", "cpsat", "--json")
+    assert rc == 0 and err == "" and "backend" not in json.loads(out)["stats"]
 
 
 def test_schedule_text_report_pipelined_and_output_file(capsys, tmp_path):

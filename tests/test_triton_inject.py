@@ -232,7 +232,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert re.search(r"argument 'b_ptr' is missing", err) and "\n" not in err
 
 
-@pytest.mark.parametrize("flag", [["--backend", "yices"], ["--reg-limit", "128"], ["--max-warps", "8"],
+@pytest.mark.parametrize("flag", [["--solver", "yices"], ["--reg-limit", "128"], ["--max-warps", "8"],
                                   ["--no-cross-warp"]])
 def test_inject_refuses_warp_specialization_options(tmp_path, capsys, flag):
     from twill.cli import main

@@ -15,7 +15,7 @@ from twill.machine import H100
 from twill.schedule.report import format_report
 from twill.solve import SolveOptions, schedule
 from twill.solve.joint import cpsat
-from twill.solve.joint.search import row_proven_infeasible
+from twill.solve.attempt import row_proven_infeasible
 
 
 def test_a_time_out_at_the_last_ii_is_not_a_proof(monkeypatch):

@@ -22,7 +22,7 @@ Stages are shifted so that the smallest is 0. The edited text is re-parsed and c
 
 On sm_90 Triton 3.6 cannot predicate ``warp_group_dot``, so every wgmma (and everything computed from it)
 must be in the last stage: :func:`constrain_for_triton` turns that into edges and :func:`solve_for_triton`
-searches II under them.
+solves the constrained graph with the ``window`` strategy of :mod:`twill.solve.strategies`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from twill.errors import InfeasibleScheduleError, TwillError, UnsupportedFeatureError
+from twill.errors import TwillError, UnsupportedFeatureError
 from twill.frontends.triton import lower_ttgir
 from twill.frontends.triton.compile import KernelSpec, compile_with_edit
 from twill.frontends.triton.lower import LoweredLoop
@@ -41,7 +41,7 @@ from twill.frontends.triton.mlir import ForLoop, find_loops, type_colon
 from twill.ir.graph import Edge, LoopGraph, frozen_attrs
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
-from twill.solve.options import SolveOptions
+from twill.solve.options import WINDOW_II_LIMIT, SolveOptions
 
 _STAGE = re.compile(r"loop\.stage = -?\d+ : i32")
 _CLUSTER = re.compile(r"loop\.cluster = -?\d+ : i32")
@@ -146,99 +146,29 @@ WINDOW_RESOLUTION = 100
 
 
 def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, options: SolveOptions | None = None,
-                     *, per_ii_limit: float = 20.0) -> Schedule:
+                     *, per_ii_limit: float = WINDOW_II_LIMIT) -> Schedule:
     """A software-pipelining schedule of ``graph`` that Triton 3.6 can take (see :func:`constrain_for_triton`).
 
-    sm_100: :func:`twill.solve.schedule` with ``ws=False``. sm_90: the window constraint makes the
-    linear II search of the core slow (each infeasible II is a hard proof), so this searches II on the
-    normalized, constrained graph with :func:`twill.solve.modulo.solve_modulo` directly: upward in steps of
-    1/8 of the lower bound until a schedule is found, then bisection between the highest II not yet excluded
-    and the best found, then every II between the bound and the best not yet decided (bisection skips those
-    below an undecided one), at cost resolution ``min(U, WINDOW_RESOLUTION)``. ``status`` is ``optimal``
-    only when every II below was proved infeasible and L is optimal;
-    otherwise ``feasible`` with ``ii_lower_bound`` the smallest II not proved infeasible. The result is
-    checked by :func:`twill.schedule.verify.verify`.
+    sm_100: :func:`twill.solve.schedule` with ``ws=False``. sm_90: the window constraint makes each
+    infeasible II a hard proof, so the constrained graph is solved with the ``window`` strategy
+    (:func:`twill.solve.strategies.window`, at most ``per_ii_limit`` seconds per II) at cost resolution
+    ``min(U, WINDOW_RESOLUTION)``. ``status`` is ``optimal`` only when every II below was proved infeasible
+    and L is optimal; otherwise ``feasible`` with ``ii_lower_bound`` the smallest II not proved infeasible.
+    ``stats["res_mii_cycles"]`` is the resource bound of the raw constrained graph in cycles
+    (:func:`ii_cycles`).
     """
+    from twill.ir.validate import validate_graph
     from twill.solve import schedule as solve
+    from twill.solve.bounds import res_mii
 
-    base = (options or SolveOptions(ws=False)).for_graph(graph)
-    if base.ws:
-        base = replace(base, ws=False)
+    base = replace(options or SolveOptions(ws=False), ws=False)
     if capability // 10 != 9:
         return solve(graph, machine, base)
-    import time
-
-    from twill.ir.validate import validate_graph
-    from twill.schedule.verify import verify
-    from twill.solve import normalized
-    from twill.solve.bounds import rec_mii, res_mii
-    from twill.solve.modulo import solve_modulo
-
-    started = time.perf_counter()
     constrained = constrain_for_triton(graph, capability)
-    raw_units = validate_graph(constrained, machine.units)
-    work, norm = normalized(constrained, replace(base, resolution=min(base.resolution, WINDOW_RESOLUTION)))
-    units = validate_graph(work, machine.units)
-    res, rec = res_mii(work, units), rec_mii(work)
-    low = max(res, rec)
-    tried: list[dict[str, Any]] = []
-    best = None
-
-    def attempt(ii: int):
-        remaining = base.time_limit - (time.perf_counter() - started)
-        if remaining <= 0.5:
-            return None
-        r = solve_modulo(work, units, ii, time_limit=min(per_ii_limit, remaining), workers=base.workers,
-                         seed=base.seed)
-        tried.append({"ii": ii, "status": r.status, "seconds": round(r.seconds, 3)})
-        base.report(f"II {ii}: {r.status} ({r.seconds:.1f} s)")
-        return r
-
-    infeasible: set[int] = set()     # IIs proved infeasible
-    ii, step = low, max(1, low // 8)
-    while best is None:
-        r = attempt(ii)
-        if r is None:
-            raise InfeasibleScheduleError(f"no Triton-compatible schedule of graph {graph.name!r} found within "
-                                          f"{base.time_limit:g} s (tried II up to {ii}); raise --time-limit")
-        if r.found:
-            best = r
-        else:
-            infeasible |= {ii} if r.status == "infeasible" else set()
-            ii += step
-    lo, hi = _bound(low, infeasible) + 1, best.ii - 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        r = attempt(mid)
-        if r is None:
-            break
-        if r.found:
-            best, hi = r, mid - 1
-        else:
-            infeasible |= {mid} if r.status == "infeasible" else set()
-            lo = mid + 1
-    # bisection skips the IIs below an undecided one: try every II between the bound and the answer
-    for ii in range(_bound(low, infeasible) + 1, best.ii):
-        if any(row["ii"] == ii for row in tried):
-            continue
-        r = attempt(ii)
-        if r is None:
-            break
-        if r.found:
-            best = r
-            break
-        infeasible |= {ii} if r.status == "infeasible" else set()
-    excluded = _bound(low, infeasible)
-    proved = excluded == best.ii - 1 and best.status == "optimal"
-    stats = {"search": "triton-window-bisection", "res_mii": res, "rec_mii": rec, "mii": low, "tried": tried,
-             "res_mii_cycles": res_mii(constrained, raw_units),
-             "length": best.length, "normalization": norm, "triton_sm90_window": True}
-    result = Schedule(graph=work, arch=machine.name, solver="cpsat", status="optimal" if proved else "feasible",
-                      ii=best.ii, ii_lower_bound=excluded + 1, starts=dict(best.starts),
-                      solve_seconds=time.perf_counter() - started, streaming_depth=base.streaming_depth,
-                      stats=stats)
-    verify(result, machine, base)
-    return result
+    result = solve(constrained, machine, replace(base, resolution=min(base.resolution, WINDOW_RESOLUTION),
+                                                 strategy="window", window_ii_limit=per_ii_limit))
+    raw = res_mii(constrained, validate_graph(constrained, machine.units))
+    return replace(result, stats={**dict(result.stats), "res_mii_cycles": raw, "triton_sm90_window": True})
 
 
 @dataclass(frozen=True)
@@ -294,15 +224,6 @@ def tune(specs: Mapping[int, KernelSpec], machine: Machine, options: SolveOption
         raise TwillError(f"no config could be scheduled: {rows[0]['error']}" if rows else "no config to tune")
     best = max(found, key=lambda i: (found[i][0], -i))
     return Tuning(best=best, schedule=found[best][1], rows=tuple(rows))
-
-
-def _bound(low: int, infeasible: set[int]) -> int:
-    """The largest II such that it and every II from ``low`` up to it are proved infeasible (``low - 1`` if
-    ``low`` is not)."""
-    excluded = low - 1
-    while excluded + 1 in infeasible:
-        excluded += 1
-    return excluded
 
 
 def _descendants(graph: LoopGraph, among: set[str]) -> dict[str, set[str]]:

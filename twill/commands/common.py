@@ -84,9 +84,23 @@ def _config_choice(text: str) -> int | str:
     raise argparse.ArgumentTypeError(f"--config takes a config index N or 'all', got {text!r}")
 
 
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of option ``new``: stores like it and prints ``twill: warning: OLD is deprecated; use
+    NEW`` on stderr."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, **kwargs: Any):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"twill: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
     """Solver options, mapped onto :class:`~twill.solve.options.SolveOptions` by :func:`solve_options`."""
-    from twill.solve.options import DEFAULT_TIME_LIMIT
+    from twill.solve.options import DEFAULT_TIME_LIMIT, SOLVERS
 
     g = parser.add_argument_group("solver options")
     g.add_argument("--no-ws", dest="ws", action="store_false",
@@ -98,8 +112,11 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
                    help="schedule raw cycle counts (no cost normalization)")
     g.add_argument("--resolution", type=int, default=300, metavar="U",
                    help="cost-normalization budget U = max sum of normalized costs (default 300)")
-    g.add_argument("--backend", choices=("cpsat", "yices"), default="cpsat",
-                   help="joint-solver backend (default cpsat)")
+    g.add_argument("--solver", choices=SOLVERS, default="cpsat",
+                   help="solver of the warp-specialization search (default cpsat; the modulo phase always "
+                        "uses CP-SAT)")
+    g.add_argument("--backend", dest="solver", choices=SOLVERS, action=DeprecatedAlias, new="--solver",
+                   help=argparse.SUPPRESS)
     g.add_argument("--reg-limit", type=int, default=None, metavar="R",
                    help="per-thread register budget of a compute warp group")
     g.add_argument("--max-warps", type=int, default=None, metavar="W", help="size of the warp pool")
@@ -128,7 +145,7 @@ def solve_options(args: argparse.Namespace) -> Any:
     """The :class:`~twill.solve.options.SolveOptions` that the parsed solver arguments ask for."""
     from twill.solve.options import SolveOptions
 
-    return SolveOptions(ws=args.ws, backend=args.backend, time_limit=args.time_limit, max_ii=args.max_ii,
+    return SolveOptions(ws=args.ws, solver=args.solver, time_limit=args.time_limit, max_ii=args.max_ii,
                         normalize=args.normalize, resolution=args.resolution, reg_limit=args.reg_limit,
                         max_warps=args.max_warps, cross_warp=args.cross_warp,
                         streaming_depth=args.streaming_depth, workers=args.workers, seed=args.seed,

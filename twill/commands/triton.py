@@ -105,7 +105,7 @@ def _cmd_inject(args: argparse.Namespace) -> int:
 
 #: Solver options of warp specialization, with their defaults: Triton injection takes a software-pipelining
 #: schedule only, so giving one of them is an error rather than silently ignored.
-WS_OPTIONS = {"backend": ("--backend", "cpsat"), "reg_limit": ("--reg-limit", None),
+WS_OPTIONS = {"solver": ("--solver", "cpsat"), "reg_limit": ("--reg-limit", None),
               "max_warps": ("--max-warps", None), "cross_warp": ("--no-cross-warp", True)}
 
 

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 from twill.ir.validate import effective_units
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
+from twill.schedule.vocab import Objective, Status
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -79,7 +80,7 @@ def proof_text(schedule: Schedule) -> str:
     proven = dict(schedule.stats.get("proven") or {})
     if not proven:
         return ""
-    names = {"ii": "II minimal", "length": "L minimal"}
+    names = {"ii": "II minimal", Objective.LENGTH: "L minimal"}
     done = [names.get(k, k) for k, ok in proven.items() if ok]
     open_ = [names.get(k, k) for k, ok in proven.items() if not ok]
     parts = [f"proven: {', '.join(done)}"] if done else []
@@ -91,7 +92,7 @@ def proof_text(schedule: Schedule) -> str:
 def status_line(schedule: Schedule) -> str:
     """``status: optimal`` (everything proven), or ``status: feasible (proven: II minimal, L minimal; not
     proven within the time limit: smem)``."""
-    detail = proof_text(schedule) if schedule.status != "optimal" else ""
+    detail = proof_text(schedule) if schedule.status != Status.OPTIMAL else ""
     return f"status: {schedule.status}" + (f" ({detail})" if detail else "")
 
 

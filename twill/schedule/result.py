@@ -15,9 +15,9 @@ from typing import Any, Mapping
 from twill.errors import FormatError
 from twill.ir.graph import Edge, LoopGraph, frozen_attrs
 from twill.ir.validate import MAX_DEPTH
+from twill.schedule.vocab import SCHEDULE_STATUSES
 
 SCHEDULE_FORMAT = "twill-schedule/1"
-STATUSES = ("optimal", "feasible", "infeasible")
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Schedule:
     Attributes:
         graph: the loop graph the start times refer to.
         arch: machine name (``h100``).
-        solver: backend that produced it (``cpsat``, ``yices``, ``manual``).
+        solver: the solver that produced it (``cpsat``, ``yices``, ``manual``).
         status: ``optimal`` (II and L proved minimal), ``feasible`` (best found within the time limit).
         ii: initiation interval.
         ii_lower_bound: max(ResMII, RecMII), or a better proven bound.
@@ -80,7 +80,7 @@ class Schedule:
         object.__setattr__(self, "assignment", MappingProxyType(dict(self.assignment)))
         object.__setattr__(self, "warps", tuple(self.warps))
         object.__setattr__(self, "stats", frozen_attrs(self.stats))
-        if self.status not in STATUSES:
+        if self.status not in SCHEDULE_STATUSES:
             raise FormatError(f"unknown schedule status {self.status!r}")
         if self.ii < 1:
             raise FormatError(f"initiation interval must be >= 1, got {self.ii}")

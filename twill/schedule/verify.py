@@ -22,6 +22,8 @@ from twill.errors import VerificationError
 from twill.ir.validate import effective_units, validate_graph
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
+from twill.schedule.verify_ws import ws_violations
+from twill.schedule.vocab import Family, Status
 
 #: Most copies of an iteration (⌈L/II⌉) a schedule may overlap; the built-in kernels need at most 4.
 MAX_COPIES = 256
@@ -48,8 +50,8 @@ def dependence_violations(schedule: Schedule) -> list[str]:
         if lhs < t[e.src] + e.delay:
             left = f"t({e.dst})={t[e.dst]}" if e.distance == 0 else \
                 f"t({e.dst})+{e.distance}·{ii}={lhs}"
-            out.append(f"DEPENDENCE: {e.src}->{e.dst} (d={e.delay}, δ={e.distance}) violated: "
-                       f"{left} < t({e.src})+{e.delay}={t[e.src] + e.delay}")
+            out.append(f"{Family.DEPENDENCE.heading}: {e.src}->{e.dst} (d={e.delay}, δ={e.distance}) "
+                       f"violated: {left} < t({e.src})+{e.delay}={t[e.src] + e.delay}")
     return out
 
 
@@ -81,8 +83,8 @@ def capacity_violations(schedule: Schedule, machine: Machine) -> list[str]:
             total = sum(cell.values())
             if total > units[unit]:
                 holders = ", ".join(f"{n}×{c}" if c > 1 else n for n, c in cell.items())
-                out.append(f"CAPACITY: unit {unit!r} at residue {r} (mod II={schedule.ii}) holds {total} > "
-                           f"capacity {units[unit]}: {holders}")
+                out.append(f"{Family.CAPACITY.heading}: unit {unit!r} at residue {r} (mod II={schedule.ii}) holds "
+                           f"{total} > capacity {units[unit]}: {holders}")
     return out
 
 
@@ -103,7 +105,7 @@ def consistency_violations(schedule: Schedule) -> list[str]:
     out = []
     if schedule.ii < schedule.ii_lower_bound:
         out.append(f"BOUND: II {schedule.ii} is below the proven lower bound {schedule.ii_lower_bound}")
-    if schedule.status == "optimal" and schedule.ii != schedule.ii_lower_bound:
+    if schedule.status == Status.OPTIMAL and schedule.ii != schedule.ii_lower_bound:
         out.append(f"STATUS: status 'optimal' but II {schedule.ii} > lower bound {schedule.ii_lower_bound}")
     stats = schedule.stats
     if "length" in stats and stats["length"] != schedule.length:
@@ -116,23 +118,12 @@ def consistency_violations(schedule: Schedule) -> list[str]:
         out.append(f"BOUND: length L={schedule.length} is below the proven lower bound "
                    f"{stats['length_lower_bound']}")
     unproven = [name for name, ok in dict(stats.get("proven", {})).items() if not ok]
-    if schedule.status == "optimal" and unproven:
+    if schedule.status == Status.OPTIMAL and unproven:
         out.append(f"STATUS: status 'optimal' but {unproven[0]!r} is not proven")
     unknown = sorted(set(schedule.assignment) - set(schedule.graph.op_names))
     if unknown:
         out.append(f"STATUS: warp assignment names unknown op {unknown[0]!r}")
     return out
-
-
-def warp_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:
-    """Warp-specialization families from ``twill.schedule.verify_ws`` (skipped when that module is absent)."""
-    try:
-        from twill.schedule.verify_ws import ws_violations
-    except ModuleNotFoundError as exc:
-        if exc.name == "twill.schedule.verify_ws":
-            return []
-        raise
-    return list(ws_violations(schedule, machine, options))
 
 
 def violations(schedule: Schedule, machine: Machine, options: Any = None) -> list[str]:
@@ -148,7 +139,7 @@ def violations(schedule: Schedule, machine: Machine, options: Any = None) -> lis
     out += capacity_violations(schedule, machine)
     out += consistency_violations(schedule)
     if schedule.assignment:
-        out += warp_violations(schedule, machine, options)
+        out += ws_violations(schedule, machine, options)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Independent re-check of the warp-specialization families of docs/model.md (no solver code).
+"""Independent re-check of the warp-specialization families of docs/model.md (no solver code; what an op means
+for liveness and staging comes from :mod:`twill.ir.semantics`).
 
 ``ws_violations(schedule, machine, options)`` returns one message per violated constraint, each starting
 with the family name: WARP UNIQUENESS, VARIABLE LATENCY, WARP COUNT, REGISTER FILE, REGISTER LIMIT,
@@ -12,25 +13,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from twill.ir.graph import LoopGraph, Op
+from twill.ir.semantics import THREADS_PER_WARP, in_place, read_cycles, value_bytes
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
-
-THREADS_PER_WARP = 32
-
+from twill.schedule.vocab import Family
 
 def _option(options: Any, name: str, default: Any) -> Any:
     value = getattr(options, name, None) if options is not None else None
     return default if value is None else value
-
-
-def _overwrites(consumer: Op, value: Op) -> bool:
-    flagged = consumer.attrs.get("accumulator", False) or consumer.attrs.get("in_place", False)
-    return bool(flagged) and 0 < consumer.regs <= value.regs
-
-
-def _in_place(graph: LoopGraph, name: str) -> bool:
-    return any(e.src == e.dst == name and e.distance == 1 for e in graph.edges)
 
 
 def _crosses(schedule: Schedule, src: str, dst: str) -> bool:
@@ -51,22 +41,25 @@ def uniqueness_violations(schedule: Schedule) -> list[str]:
     op's warps; group op lists match the assignment; an ``mma_wait`` sits with the MMA it waits for."""
     out = []
     graph, groups = schedule.graph, schedule.warps
-    out += [f"WARP UNIQUENESS: warp group {g.id} is listed at position {k}" for k, g in enumerate(groups) if g.id != k]
+    out += [f"{Family.WARP_UNIQUENESS.heading}: warp group {g.id} is listed at position {k}"
+            for k, g in enumerate(groups) if g.id != k]
     for op in graph.ops:
         gid = schedule.assignment.get(op.name)
         if gid is None or not 0 <= gid < len(groups):
-            out.append(f"WARP UNIQUENESS: op {op.name!r} has no valid warp group ({gid!r})")
+            out.append(f"{Family.WARP_UNIQUENESS.heading}: op {op.name!r} has no valid warp group ({gid!r})")
             continue
         listed = [g.id for g in groups if op.name in g.ops]
         if listed != [gid]:
-            out.append(f"WARP UNIQUENESS: op {op.name!r} is listed in groups {listed}, assigned to {gid}")
+            out.append(f"{Family.WARP_UNIQUENESS.heading}: op {op.name!r} is listed in groups {listed},"
+                       f" assigned to {gid}")
         if groups[gid].num_warps != op.warps and (op.warps < 4 or groups[gid].num_warps % op.warps):
-            out.append(f"WARP UNIQUENESS: op {op.name!r} needs {op.warps} warps but group {gid} has "
+            out.append(f"{Family.WARP_UNIQUENESS.heading}: op {op.name!r} needs {op.warps} warps but group {gid} has "
                        f"{groups[gid].num_warps}")
     for e in graph.edges:
         if e.blocking and e.src != e.dst and graph.op(e.dst).kind == "mma_wait" \
                 and schedule.assignment.get(e.src) != schedule.assignment.get(e.dst):
-            out.append(f"WARP UNIQUENESS: wait {e.dst!r} is not on the group of the MMA {e.src!r} it waits for")
+            out.append(f"{Family.WARP_UNIQUENESS.heading}: wait {e.dst!r} is not on the group of the MMA"
+                       f" {e.src!r} it waits for")
     return out
 
 
@@ -76,10 +69,11 @@ def variable_latency_violations(schedule: Schedule) -> list[str]:
     vl_groups = {schedule.assignment[op.name] for op in graph.ops if op.variable_latency}
     out = []
     if len(vl_groups) > 1:
-        out.append(f"VARIABLE LATENCY: variable-latency ops are spread over groups {sorted(vl_groups)}")
+        out.append(f"{Family.VARIABLE_LATENCY.heading}: variable-latency ops are spread over groups"
+                   f" {sorted(vl_groups)}")
     for op in graph.ops:
         if not op.variable_latency and schedule.assignment[op.name] in vl_groups:
-            out.append(f"VARIABLE LATENCY: op {op.name!r} has fixed latency but runs on W_vl "
+            out.append(f"{Family.VARIABLE_LATENCY.heading}: op {op.name!r} has fixed latency but runs on W_vl "
                        f"(group {schedule.assignment[op.name]})")
     return out
 
@@ -88,7 +82,7 @@ def warp_count_violations(schedule: Schedule, machine: Machine, options: Any) ->
     """WARP COUNT: ``Σ_g num_warps ≤ max_warps``."""
     limit = _option(options, "max_warps", machine.max_warps_per_cta)
     total = sum(g.num_warps for g in schedule.warps)
-    return [f"WARP COUNT: {total} warps exceed max warps {limit}"] if total > limit else []
+    return [f"{Family.WARP_COUNT.heading}: {total} warps exceed max warps {limit}"] if total > limit else []
 
 
 def register_file_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:
@@ -98,13 +92,14 @@ def register_file_violations(schedule: Schedule, machine: Machine, options: Any)
     limit = _option(options, "reg_limit", None)
     for g in schedule.warps:
         if g.regs % machine.setmaxnreg_step or not machine.setmaxnreg_min <= g.regs <= machine.setmaxnreg_max:
-            out.append(f"REGISTER FILE: group {g.id} budget {g.regs} is not a legal setmaxnreg value")
+            out.append(f"{Family.REGISTER_FILE.heading}: group {g.id} budget {g.regs} is not a legal setmaxnreg value")
         holds = any(schedule.graph.op(n).regs > 0 for n in g.ops)
         if holds and limit is not None and g.regs > limit:
-            out.append(f"REGISTER FILE: group {g.id} budget {g.regs} exceeds the register limit {limit}")
+            out.append(f"{Family.REGISTER_FILE.heading}: group {g.id} budget {g.regs} exceeds the register"
+                       f" limit {limit}")
     total = sum(THREADS_PER_WARP * g.num_warps * g.regs for g in schedule.warps)
     if total > machine.regs_per_sm:
-        out.append(f"REGISTER FILE: groups need {total} registers, the SM has {machine.regs_per_sm}")
+        out.append(f"{Family.REGISTER_FILE.heading}: groups need {total} registers, the SM has {machine.regs_per_sm}")
     return out
 
 
@@ -120,11 +115,11 @@ def live_intervals(schedule: Schedule) -> list[tuple[str, int, int, int]]:
         if op.regs <= 0:
             continue
         t = schedule.starts[op.name]
-        carried = _in_place(graph, op.name)
+        carried = in_place(graph, op.name)
         for i in range(copies):
             start = 0 if carried and i == 0 else t + i * ii
             ends = [start + 1]
-            if _in_place(graph, op.name):
+            if carried:
                 ends.append(t + (i + 1) * ii if i + 1 <= copies - 1 else horizon)
             else:
                 for e in graph.out_edges(op.name):
@@ -132,9 +127,7 @@ def live_intervals(schedule: Schedule) -> list[tuple[str, int, int, int]]:
                     if j > copies - 1:
                         ends.append(horizon)
                         continue
-                    user = graph.op(e.dst)
-                    read = 0 if _overwrites(user, op) else user.cycles
-                    ends.append(schedule.starts[e.dst] + j * ii + read)
+                    ends.append(schedule.starts[e.dst] + j * ii + read_cycles(graph, op.name, e.dst))
             out.append((op.name, i, start, max(ends)))
     return out
 
@@ -158,8 +151,8 @@ def register_limit_violations(schedule: Schedule, machine: Machine) -> list[str]
         for when, delta in events:
             load += delta
             if load > schedule.warps[gid].regs - reserved:
-                out.append(f"REGISTER LIMIT: group {gid} holds {load} registers per thread at t={when}, "
-                           f"budget {schedule.warps[gid].regs} minus {reserved} reserved")
+                out.append(f"{Family.REGISTER_LIMIT.heading}: group {gid} holds {load} registers per thread at"
+                           f" t={when}, budget {schedule.warps[gid].regs} minus {reserved} reserved")
                 break
     return out
 
@@ -173,12 +166,12 @@ def cross_warp_violations(schedule: Schedule, options: Any) -> list[str]:
         if not _crosses(schedule, e.src, e.dst):
             continue
         if not allowed:
-            out.append(f"CROSS-WARP SPILLS: register value {e.src!r} crosses to {e.dst!r} but cross-warp "
-                       f"transfers are forbidden")
+            out.append(f"{Family.CROSS_WARP_SPILLS.heading}: register value {e.src!r} crosses to {e.dst!r} but"
+                       f" cross-warp transfers are forbidden")
         spill = schedule.graph.op(e.src).spill_cost
         if schedule.starts[e.dst] + e.distance * schedule.ii < schedule.starts[e.src] + e.delay + spill:
-            out.append(f"CROSS-WARP SPILLS: {e.src}->{e.dst} crosses warp groups but leaves less than delay "
-                       f"{e.delay} + spill {spill}")
+            out.append(f"{Family.CROSS_WARP_SPILLS.heading}: {e.src}->{e.dst} crosses warp groups but leaves"
+                       f" less than delay {e.delay} + spill {spill}")
     return out
 
 
@@ -199,7 +192,7 @@ def concurrency_violations(schedule: Schedule) -> list[str]:
             if o.name == v or o.busy <= 0 or schedule.assignment[o.name] != schedule.assignment[v]:
                 continue
             if (schedule.starts[v] - schedule.starts[o.name]) % ii < o.busy:
-                out.append(f"CONCURRENCY: {v!r} waits while {o.name!r} is in flight on group "
+                out.append(f"{Family.CONCURRENCY.heading}: {v!r} waits while {o.name!r} is in flight on group "
                            f"{schedule.assignment[v]}")
     return out
 
@@ -211,13 +204,15 @@ def warp_issue_violations(schedule: Schedule) -> list[str]:
     ops = [op for op in graph.ops if op.busy > 0]
     for k, a in enumerate(ops):
         if a.busy > ii:
-            out.append(f"WARP ISSUE: {a.name!r} keeps its warp busy {a.busy} cycles, longer than II {ii}")
+            out.append(f"{Family.WARP_ISSUE.heading}: {a.name!r} keeps its warp busy {a.busy} cycles, longer"
+                       f" than II {ii}")
         for b in ops[k + 1:]:
             if schedule.assignment[a.name] != schedule.assignment[b.name]:
                 continue
             gap = (schedule.starts[b.name] - schedule.starts[a.name]) % ii
             if gap < a.busy or ii - gap < b.busy:
-                out.append(f"WARP ISSUE: {a.name!r} and {b.name!r} overlap on group {schedule.assignment[a.name]}")
+                out.append(f"{Family.WARP_ISSUE.heading}: {a.name!r} and {b.name!r} overlap on group"
+                           f" {schedule.assignment[a.name]}")
     return out
 
 
@@ -228,9 +223,7 @@ def staging_bytes(schedule: Schedule) -> int:
     graph, total = schedule.graph, 0
     for e in graph.edges:
         if e.src in schedule.assignment and e.dst in schedule.assignment and _crosses(schedule, e.src, e.dst):
-            src = graph.op(e.src)
-            nbytes = int(src.attrs.get("out_bytes", src.regs * 4 * THREADS_PER_WARP * src.warps))
-            total += nbytes * (schedule.stage(e.dst) + e.distance - schedule.stage(e.src) + 1)
+            total += value_bytes(graph.op(e.src)) * (schedule.stage(e.dst) + e.distance - schedule.stage(e.src) + 1)
     return total
 
 
@@ -249,9 +242,9 @@ def memory_violations(schedule: Schedule, machine: Machine, options: Any) -> lis
     smem += staging_bytes(schedule)
     out = []
     if smem > machine.smem_per_block:
-        out.append(f"MEMORY CAPACITY: {smem} bytes of shared memory exceed {machine.smem_per_block}")
+        out.append(f"{Family.MEMORY_CAPACITY.heading}: {smem} bytes of shared memory exceed {machine.smem_per_block}")
     if machine.tmem_bytes and tmem > machine.tmem_bytes:
-        out.append(f"MEMORY CAPACITY: {tmem} bytes of tensor memory exceed {machine.tmem_bytes}")
+        out.append(f"{Family.MEMORY_CAPACITY.heading}: {tmem} bytes of tensor memory exceed {machine.tmem_bytes}")
     return out
 
 

@@ -1,28 +1,28 @@
 """The solver entry point: ``schedule(graph, machine, options) -> Schedule``.
 
 Steps: validate the graph → normalize costs (paper §5.2) → lower bounds ResMII/RecMII → search → verify.
-The search is either the phase-1 modulo search of this module (``options.ws=False``: II upward from
-``max(ResMII, RecMII)``, at the first feasible II minimise L, every smaller II proved infeasible) or the joint
-SWP + WS search of :mod:`twill.solve.joint` (``options.ws=True``).
+The search is either a phase-1 modulo search (``options.ws=False``; :mod:`twill.solve.strategies`: by default
+II upward from ``max(ResMII, RecMII)``, at the first feasible II minimise L, every smaller II proved
+infeasible) or the joint SWP + WS search of :mod:`twill.solve.joint.search` (``options.ws=True``).
 
 Importing this package does not import OR-Tools; the solvers load it when they run.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import replace
 from typing import Any
 
-from twill.errors import InfeasibleScheduleError, TwillError
+from twill.errors import InfeasibleScheduleError
 from twill.ir.graph import LoopGraph
 from twill.ir.validate import validate_graph
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
+from twill.schedule.vocab import Status
 from twill.solve.options import SolveOptions
 
-__all__ = ["SolveOptions", "default_max_ii", "normalized", "schedule", "search_modulo"]
+__all__ = ["SolveOptions", "normalized", "schedule"]
 
 
 def normalized(graph: LoopGraph, options: SolveOptions) -> tuple[LoopGraph, dict[str, Any]]:
@@ -36,93 +36,32 @@ def normalized(graph: LoopGraph, options: SolveOptions) -> tuple[LoopGraph, dict
     return new, norm.to_dict()
 
 
-def default_max_ii(graph: LoopGraph) -> int:
-    """An II at which the loop surely schedules: ``Σ_v cycles(v) + Σ_e d_e`` (every iteration runs alone)."""
-    return sum(op.cycles for op in graph.ops) + sum(e.delay for e in graph.edges)
-
-
 def _elapsed(start: float) -> float:
     return time.perf_counter() - start
 
 
-def search_modulo(graph: LoopGraph, units: dict[str, int], options: SolveOptions, *,
-                  lower_bound: int, started: float) -> tuple[Any, list[dict[str, Any]]]:
-    """Phase 1: try II = lower_bound, lower_bound + 1, ... up to max II; at the first II with a schedule,
-    minimise L (from a greedy schedule when one exists, which is kept when CP-SAT finds nothing in time).
-    Returns the :class:`~twill.solve.modulo.ModuloResult` and the list of IIs tried.
-
-    Raises :class:`InfeasibleScheduleError` when every II up to max II is infeasible or the time limit runs
-    out before any schedule is found.
-    """
-    from twill.solve.greedy import greedy_modulo
-    from twill.solve.modulo import ModuloResult, solve_modulo
-
-    max_ii = options.max_ii if options.max_ii is not None else max(lower_bound, default_max_ii(graph))
-    tried: list[dict[str, Any]] = []
-    for ii in range(lower_bound, max_ii + 1):
-        remaining = options.time_limit - _elapsed(started)
-        if remaining <= 0:
-            break
-        options.report(f"II {options.ii_text(ii)}: solving (lower bound {lower_bound}, elapsed "
-                       f"{_elapsed(started):.1f} s)")
-        greedy = greedy_modulo(graph, units, ii)
-        result = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.modulo_workers(graph),
-                              seed=options.seed, hint=greedy, prove=True)
-        if not result.found and result.status != "infeasible" and greedy is not None:
-            # CP-SAT ran out of time: the greedy schedule, L unproven
-            span = max(greedy[op.name] + op.cycles for op in graph.ops)
-            result = ModuloResult("feasible", greedy, span, False, result.length_bound, ii, result.seconds,
-                                  {"by": "greedy"})
-        tried.append({"ii": ii, "status": result.status, "seconds": round(result.seconds, 3)})
-        options.report(f"II {options.ii_text(ii)}: {result.status} ({result.seconds:.2f} s)")
-        if result.found:
-            return result, tried
-        if result.status == "unknown":
-            break
-    proved = [row["ii"] for row in tried if row["status"] == "infeasible"]
-    if len(tried) and tried[-1]["status"] == "infeasible" and tried[-1]["ii"] == max_ii:
-        raise InfeasibleScheduleError(
-            f"graph {graph.name!r} has no modulo schedule with II <= {options.ii_text(max_ii)} (II {lower_bound}..{max_ii} "
-            f"proved infeasible); raise --max-ii")
-    upto = f"; II {proved[0]}..{proved[-1]} proved infeasible" if proved else ""
-    raise InfeasibleScheduleError(
-        f"no schedule of graph {graph.name!r} found within the time limit of {options.time_limit:g} s"
-        f"{upto}; raise --time-limit")
-
-
-def _joint_solver() -> Any:
-    """``twill.solve.joint.solve_joint``, or a clear error when it is not part of this installation."""
-    try:
-        module = importlib.import_module("twill.solve.joint")
-    except ModuleNotFoundError as exc:
-        if exc.name != "twill.solve.joint":
-            raise
-        module = None
-    solver = getattr(module, "solve_joint", None)
-    if solver is None:
-        raise TwillError("the joint warp-specialization solver (twill.solve.joint) is not available; "
-                         "schedule without warp specialization (--no-ws, SolveOptions(ws=False))")
-    return solver
-
-
 def _modulo_schedule(graph: LoopGraph, machine: Machine, units: dict[str, int], options: SolveOptions, *,
                      res: int, rec: int, started: float) -> Schedule:
-    """The phase-1 schedule (no warp specialization) with its statistics."""
+    """The schedule without warp specialization, found by ``options.strategy``
+    (:mod:`twill.solve.strategies`), with its statistics."""
     from twill.solve.bounds import length_lower_bound
+    from twill.solve.strategies import STRATEGIES
 
     lower = max(res, rec)
-    result, tried = search_modulo(graph, units, options, lower_bound=lower, started=started)
-    status = "optimal" if result.status == "optimal" else "feasible"
+    walk = STRATEGIES[options.strategy](graph, units, options, lower_bound=lower, started=started)
+    result = walk.result
+    proven = result.status == Status.OPTIMAL and walk.ii_lower_bound == result.ii
     stats: dict[str, Any] = {
-        "search": "modulo", "res_mii": res, "rec_mii": rec, "mii": lower, "tried": tried,
-        "length": result.length,
+        "search": "modulo" if options.strategy == "linear" else options.strategy, "res_mii": res,
+        "rec_mii": rec, "mii": lower, "tried": [a.to_dict() for a in walk.tried], "length": result.length,
         "length_lower_bound": max(result.length_bound, length_lower_bound(graph, result.ii)),
         "stages": max(t // result.ii for t in result.starts.values()) + 1,
     }
     stats["gap"] = result.length - stats["length_lower_bound"]
-    # search_modulo moves past an II only when it is proved infeasible, so result.ii is a proven bound.
-    return Schedule(graph=graph, arch=machine.name, solver="cpsat", status=status, ii=result.ii,
-                    ii_lower_bound=result.ii, starts=dict(result.starts),
+    # phase 1 is always CP-SAT (twill.solve.modulo), whichever solver the joint search would use
+    return Schedule(graph=graph, arch=machine.name, solver="cpsat",
+                    status=Status.OPTIMAL if proven else Status.FEASIBLE, ii=result.ii,
+                    ii_lower_bound=walk.ii_lower_bound, starts=dict(result.starts),
                     solve_seconds=_elapsed(started), streaming_depth=options.streaming_depth, stats=stats)
 
 
@@ -164,7 +103,9 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
             f"graph {graph.name!r} needs II >= {max(res, rec)} (ResMII {res}, RecMII {rec}) but max II is "
             f"{options.max_ii}; raise --max-ii")
     if options.ws:
-        result = _joint_solver()(work, machine, options, lower_bound=max(res, rec), res_mii=res, rec_mii=rec)
+        from twill.solve.joint.search import solve_joint
+
+        result = solve_joint(work, machine, options, lower_bound=max(res, rec))
         stats = {"res_mii": res, "rec_mii": rec, **dict(result.stats), "normalization": norm}
         result = replace(result, stats=stats, solve_seconds=_elapsed(started))
     else:

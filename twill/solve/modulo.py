@@ -35,10 +35,10 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from twill.ir.graph import LoopGraph
+from twill.schedule.vocab import Status
 from twill.solve.bounds import asap_starts, dependence_closure, length_lower_bound
 from twill.solve.normalize import rrt_runs
 
-STATUSES = ("optimal", "feasible", "infeasible", "unknown")
 
 #: Seconds one projection solve (:func:`projection_infeasible`) may take at most; past it the projection
 #: proves nothing and the full model decides.
@@ -60,7 +60,7 @@ class ModuloResult:
         seconds: solver wall time.
     """
 
-    status: str
+    status: Status
     starts: Mapping[str, int]
     length: int
     proven: bool
@@ -70,8 +70,9 @@ class ModuloResult:
     stats: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
+        if self.status not in tuple(Status):
             raise ValueError(f"unknown modulo status {self.status!r}")
+        object.__setattr__(self, "status", Status(self.status))
         object.__setattr__(self, "starts", MappingProxyType(dict(self.starts)))
         object.__setattr__(self, "stats", MappingProxyType(dict(self.stats)))
 
@@ -245,7 +246,7 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
     began = time.perf_counter()
     asap = asap_starts(graph, ii)
     if asap is None:
-        return ModuloResult("infeasible", {}, 0, True, 0, ii, 0.0, {"reason": "II below RecMII"})
+        return ModuloResult(Status.INFEASIBLE, {}, 0, True, 0, ii, 0.0, {"reason": "II below RecMII"})
     horizon = start_horizon(graph, ii)
     max_len = horizon + max(op.cycles for op in graph.ops)
     lo, hi = length_lower_bound(graph, ii), max_len
@@ -253,11 +254,11 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
         lo = max(lo, length_bounds[0] or 0)
         hi = min(hi, max_len if length_bounds[1] is None else length_bounds[1])
     if lo > hi:
-        return ModuloResult("infeasible", {}, 0, True, lo, ii, 0.0, {"reason": "length bounds exclude every L"})
+        return ModuloResult(Status.INFEASIBLE, {}, 0, True, lo, ii, 0.0, {"reason": "length bounds exclude every L"})
     if prove:
         kept = projection_infeasible(graph, units, ii, time_limit=time_limit / 2, seed=seed)
         if kept is not None:
-            return ModuloResult("infeasible", {}, 0, True, lo, ii, time.perf_counter() - began,
+            return ModuloResult(Status.INFEASIBLE, {}, 0, True, lo, ii, time.perf_counter() - began,
                                 {"reason": f"projection onto {', '.join(kept)}", "projection": kept})
         time_limit = max(0.01, time_limit - (time.perf_counter() - began))
 
@@ -288,11 +289,11 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
         value = solver.value(length)
         optimal = code == cp_model.OPTIMAL
         bound = value if optimal else max(lo, int(solver.best_objective_bound))
-        return ModuloResult("optimal" if optimal else "feasible", starts, value, optimal, bound, ii, seconds,
+        return ModuloResult(Status.OPTIMAL if optimal else Status.FEASIBLE, starts, value, optimal, bound, ii, seconds,
                             stats)
     if code == cp_model.INFEASIBLE:
-        return ModuloResult("infeasible", {}, 0, True, lo, ii, seconds, stats)
-    return ModuloResult("unknown", {}, 0, False, lo, ii, seconds, stats)
+        return ModuloResult(Status.INFEASIBLE, {}, 0, True, lo, ii, seconds, stats)
+    return ModuloResult(Status.UNKNOWN, {}, 0, False, lo, ii, seconds, stats)
 
 
 def modulo_schedule(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_limit: float,

@@ -9,7 +9,14 @@ from typing import Callable
 from twill.errors import TwillError
 from twill.ir.graph import LoopGraph
 
-BACKENDS = ("cpsat", "yices")
+#: The solvers of the joint search (``--solver``); the modulo phase always uses CP-SAT.
+SOLVERS = ("cpsat", "yices")
+
+#: How a search without warp specialization walks the IIs (:mod:`twill.solve.strategies`).
+STRATEGIES = ("linear", "window")
+
+#: Seconds the ``window`` strategy gives one II at most.
+WINDOW_II_LIMIT = 20.0
 
 #: Wall-clock seconds for a whole search: the Blackwell flash-bwd, the slowest built-in, takes 200-240 s on a
 #: 2-core host (docs/performance.md).
@@ -42,7 +49,7 @@ class SolveOptions:
     Attributes:
         ws: solve jointly for software pipelining *and* warp specialization (paper Algorithm 1). False gives
             the phase-1 modulo schedule only. Default True.
-        backend: ``cpsat`` (OR-Tools CP-SAT, compact encoding; default) or ``yices`` (the paper's
+        solver: ``cpsat`` (OR-Tools CP-SAT, compact encoding; default) or ``yices`` (the paper's
             time-indexed QF_LIA formulation; needs ``pip install twill-gpu[yices]``).
         time_limit: wall-clock seconds for the whole search. When it runs out the best schedule found so
             far is returned with status ``feasible`` and the remaining gap. Default 600.
@@ -60,13 +67,17 @@ class SolveOptions:
             ``DEFAULT_STREAMING_DEPTH``; :meth:`for_graph` resolves it.
         workers: CP-SAT search workers. Default 2 (the CI machine's cores).
         seed: CP-SAT random seed, for reproducible tie-breaking.
+        strategy: how a search without warp specialization walks the IIs: ``linear`` (upward from the lower
+            bound; the default) or ``window`` (steps of 1/8 of the bound, then bisection; Triton's sm_90
+            window, :func:`twill.codegen.triton.solve_for_triton`). See :mod:`twill.solve.strategies`.
+        window_ii_limit: seconds the ``window`` strategy gives one II at most. Default 20.
         cycles_per_unit: raw machine cycles per schedule time unit, set by ``schedule`` once the costs are
             normalized, so that progress lines and messages show raw cycles beside an II; ``None`` = raw.
         progress: called with a one-line status string while searching (current II, bound, elapsed).
     """
 
     ws: bool = True
-    backend: str = "cpsat"
+    solver: str = "cpsat"
     time_limit: float = DEFAULT_TIME_LIMIT
     max_ii: int | None = None
     normalize: bool = True
@@ -77,12 +88,18 @@ class SolveOptions:
     streaming_depth: int | None = None
     workers: int = 2
     seed: int = 0
+    strategy: str = "linear"
+    window_ii_limit: float = WINDOW_II_LIMIT
     progress: Callable[[str], None] | None = field(default=None, compare=False)
     cycles_per_unit: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise TwillError(f"unknown solver backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+        if self.solver not in SOLVERS:
+            raise TwillError(f"unknown solver {self.solver!r} (choose from {', '.join(SOLVERS)})")
+        if self.strategy not in STRATEGIES:
+            raise TwillError(f"unknown search strategy {self.strategy!r} (choose from {', '.join(STRATEGIES)})")
+        if self.strategy != "linear" and self.ws:
+            raise TwillError(f"the {self.strategy} strategy searches without warp specialization (ws=False)")
         if not math.isfinite(self.time_limit) or self.time_limit <= 0:
             raise TwillError(f"time limit must be a positive number of seconds, got {self.time_limit}")
         if self.max_ii is not None and self.max_ii < 1:

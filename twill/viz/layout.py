@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from twill.ir.graph import LoopGraph, Op
+from twill.ir.semantics import in_place, read_cycles
 from twill.ir.validate import effective_units
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 from twill.schedule.verify_ws import staging_bytes
-from twill.solve.joint.problem import in_place, read_cycles
 from twill.viz.palette import op_colors, unit_color, unit_rank, warp_group_colors, warp_group_label
 
 

@@ -1,7 +1,7 @@
 """CP-SAT backend of the joint SWP + WS problem: the compact encoding of docs/model.md.
 
-Variables (typed container :class:`ModelVars`): an integer start ``t[v]`` per op with stage/slot split
-``t = k·I + s``; the length ``L``; Booleans ``a[v,g]`` (op v on slot g); per slot a width ``w[g] ∈ {0,1,2,4,8}``
+Variables (typed container :class:`ModelVars`): an integer start ``t[v]`` per op with stage/residue split
+``t = k·I + s`` (``ModelVars.slot`` holds the residue ``s``); the length ``L``; Booleans ``a[v,g]`` (op v on slot g); per slot a width ``w[g] ∈ {0,1,2,4,8}``
 and a register-holding flag; ``same[u,v]`` (same slot) for the pairs that need it; ring depths. Liveness is
 not time-indexed: copy ``i`` of a register value is an optional interval ``[t_v + i·I, E[v,i])`` per slot,
 present iff the op is on that slot, and REGISTER LIMIT is one ``Cumulative`` per slot. ``build_model`` adds
@@ -12,15 +12,14 @@ lexicographic objectives live in :class:`CpsatJoint`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, blocking_in,
-                                       buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
-                                       most_least_depth, read_cycles, value_bytes, waited_groups)
-
-#: Objectives in the order Algorithm 1 and the secondary criteria apply them (docs/model.md §5).
-OBJECTIVES = ("length", "stages", "warps", "smem", "prologue")
+from twill.ir.semantics import (blocking_in, buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
+                                read_cycles, value_bytes, waited_groups)
+from twill.schedule.vocab import SECONDARY, Family, Objective, Status
+from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, ModelSize,
+                                       most_least_depth)
 
 
 @dataclass
@@ -442,20 +441,38 @@ def build_model(problem: JointProblem) -> _Builder:
     return b
 
 
-class CpsatJoint:
-    """One CP-SAT model of a :class:`JointProblem`, solved for a sequence of lexicographic objectives."""
+def add_hoist_objective(b: _Builder, pairs: list[tuple[str, str]]) -> None:
+    """The ``unhoisted`` objective ``Σ_(u,v) [stage(v) = stage(u)]`` over the tensor-core pairs of
+    :func:`twill.solve.joint.search.hoist_pairs`: a literal ``h_uv ⇒ k_v ≥ k_u + 1`` per pair and
+    ``unhoisted = |pairs| − Σ h_uv``."""
+    m, stage = b.model, b.v.stage
+    hoisted = []
+    for u, v in pairs:
+        h = m.new_bool_var(f"hoisted[{u},{v}]")
+        m.add(stage[v] >= stage[u] + 1).only_enforce_if(h)
+        hoisted.append(h)
+    b.v.objective[Objective.UNHOISTED] = len(pairs) - sum(hoisted)
 
-    def __init__(self, problem: JointProblem, *, workers: int = 2, seed: int = 0):
+
+class CpsatJoint:
+    """One CP-SAT model of a :class:`JointProblem`, solved for a sequence of lexicographic objectives: the
+    :class:`~twill.solve.joint.backend.JointModel` protocol."""
+
+    def __init__(self, problem: JointProblem, *, hoist: list[tuple[str, str]] = (), workers: int = 2,
+                 seed: int = 0):
         self.problem = problem
         self.builder = build_model(problem)
         self.workers = workers
         self.seed = seed
-        self.fixed: dict[str, int] = {}
+        if hoist:
+            add_hoist_objective(self.builder, list(hoist))
+        lead = (Objective.UNHOISTED,) if hoist else ()
+        self.objectives = (*lead, Objective.LENGTH, *SECONDARY)
+        self.tie_break = f"first optimal solution of the last objective, 1 CP-SAT worker, seed {seed}"
 
-    @property
-    def size(self) -> tuple[int, int]:
+    def size(self) -> ModelSize:
         proto = self.builder.model.proto
-        return len(proto.variables), len(proto.constraints)
+        return ModelSize(len(proto.variables), len(proto.constraints), dict(self.builder.counts))
 
     def hint(self, starts: Mapping[str, int]) -> None:
         m = self.builder.model
@@ -464,12 +481,28 @@ class CpsatJoint:
             if name in self.builder.v.t:
                 m.add_hint(self.builder.v.t[name], value)
 
-    def fix(self, objective: str, value: int) -> None:
+    def pin(self, starts: Mapping[str, int]) -> None:
+        """``t_v = starts[v]`` in every later solve."""
+        b = self.builder
+        for name, value in starts.items():
+            b.model.add(b.v.t[name] == value)
+
+    def fix(self, objective: Objective, value: int) -> None:
         """Keep ``objective`` at ``value`` in later solves (lexicographic order)."""
         self.builder.model.add(self.builder.v.objective[objective] == value)
-        self.fixed[objective] = value
 
-    def solve(self, objective: str | None, *, time_limit: float, workers: int | None = None) -> JointOutcome:
+    def feasible_without(self, families: tuple[Family, ...], seconds: float) -> Status:
+        """A fresh model of the problem with ``families`` relaxed, solved for feasibility."""
+        relaxed = replace(self.problem, relaxed=self.problem.relaxed | set(families))
+        outcome = CpsatJoint(relaxed, workers=self.workers, seed=self.seed).solve(None, time_limit=seconds)
+        if outcome.found:
+            return Status.FEASIBLE
+        return Status.UNKNOWN if outcome.status == Status.UNKNOWN else Status.INFEASIBLE
+
+    def close(self) -> None:
+        """Nothing to free: the model lives in Python."""
+
+    def solve(self, objective: Objective | None, *, time_limit: float, workers: int | None = None) -> JointOutcome:
         """Minimise ``objective`` (None = satisfiability only) within ``time_limit`` seconds."""
         cp_model = self.builder.cp_model
         m = self.builder.model
@@ -483,18 +516,14 @@ class CpsatJoint:
         began = time.perf_counter()
         code = solver.solve(m)
         seconds = time.perf_counter() - began
-        variables, constraints = self.size
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            status = "optimal" if code == cp_model.OPTIMAL else "feasible"
-            if objective is None:
-                status = "optimal"
-            return JointOutcome(status, self.decode(solver), seconds, variables, constraints)
+            proven = code == cp_model.OPTIMAL or objective is None
+            return JointOutcome(Status.OPTIMAL if proven else Status.FEASIBLE, self.decode(solver), seconds)
         if code == cp_model.INFEASIBLE:
-            return JointOutcome("infeasible", None, seconds, variables, constraints)
+            return JointOutcome(Status.INFEASIBLE, None, seconds)
         if code == cp_model.MODEL_INVALID:
             raise RuntimeError(f"CP-SAT rejected the joint model: {m.validate()}")
-        return JointOutcome("unknown", None, seconds, variables, constraints)
-
+        return JointOutcome(Status.UNKNOWN, None, seconds)
     def decode(self, solver: Any) -> JointSolution:
         """Read starts, L, op -> slot (exactly one true literal), widths and budgets."""
         v, p = self.builder.v, self.problem

@@ -3,22 +3,20 @@
 A :class:`JointProblem` is what a backend solves: the normalized graph, the unit capacities, ``ii``, the
 number of copies ``n`` and the window ``[length_min, length_max]`` of schedule lengths that keep ``n``
 copies, the machine limits (warps, registers, shared memory, TMEM) and the families switched off for an
-UNSAT explanation. A :class:`JointSolution` is a backend's answer. No solver is imported here.
+UNSAT explanation. A :class:`JointSolution` is a backend's answer. No solver is imported here. What an op or edge means for
+liveness, buffers and waits (``in_place``, ``read_cycles``, ``value_bytes`` ...) is in
+:mod:`twill.ir.semantics`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
-from twill.ir.graph import Edge, LoopGraph, Op
+from twill.ir.graph import LoopGraph
 from twill.machine.models import Machine
-
-#: Families that the UNSAT explanation relaxes one at a time (docs/model.md §5).
-RELAXABLE = ("register_limit", "register_file", "warp_count", "cross_warp_spills", "concurrency",
-             "warp_issue", "memory_capacity")
+from twill.schedule.vocab import Objective, Status
 
 #: Non-W_vl slots offered to the solver at most (docs/model.md §3).
 MAX_COMPUTE_SLOTS = 7
@@ -28,9 +26,6 @@ WIDTHS = (0, 1, 2, 4, 8)
 
 #: Register budget when neither the options nor the graph give one.
 DEFAULT_REG_LIMIT = 240
-
-THREADS_PER_WARP = 32
-
 
 @dataclass(frozen=True, kw_only=True)
 class JointProblem:
@@ -102,84 +97,52 @@ class JointSolution:
 
 
 @dataclass(frozen=True)
-class JointOutcome:
-    """What a backend reports: ``status`` in ``optimal``/``feasible``/``infeasible``/``unknown``."""
+class ModelSize:
+    """Variables and constraints of a model (``Schedule.stats``), per family, and backend-specific counts
+    (``extra``: the Yices model's ``booleans`` and ``horizon``)."""
 
-    status: str
+    variables: int
+    constraints: int
+    families: Mapping[str, int]
+    extra: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ObjectiveRecord:
+    """One ``stats["objectives"]`` entry: an objective, its value in the schedule and whether it is proved
+    minimal (given the objectives before it)."""
+
+    name: Objective
+    value: int
+    proven: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": str(self.name), "value": self.value, "proven": self.proven}
+
+
+@dataclass(frozen=True)
+class JointOutcome:
+    """What a backend reports for one solve: ``status`` (:class:`~twill.schedule.vocab.Status`), the solution
+    when one was found, the seconds it took, and ``settled``: objectives before L that this solve already
+    minimised and fixed (the Yices backend minimises ``unhoisted`` before it walks L)."""
+
+    status: Status
     solution: JointSolution | None
     seconds: float
-    variables: int = 0
-    constraints: int = 0
+    settled: tuple[ObjectiveRecord, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))
 
     @property
     def found(self) -> bool:
         return self.solution is not None
 
-    @property
-    def proven(self) -> bool:
-        return self.status in ("optimal", "infeasible")
 
-
-# -- graph-derived quantities (shared by backends and the verifier) ------------------------------------------
+# -- machine-derived limits -------------------------------------------------------------------------------
 def most_least_depth(p: "JointProblem") -> int:
     """The largest least ring depth of any op (``LoopGraph.least_depth``): bounds the depth variables."""
     return max(p.graph.least_depth(op.name, p.streaming_depth) for op in p.graph.ops)
-
-
-def is_accumulator(op: Op) -> bool:
-    """An op whose result buffer is updated in place across iterations (depth 1)."""
-    return bool(op.attrs.get("accumulator", False))
-
-
-def in_place(graph: LoopGraph, name: str) -> bool:
-    """An accumulator updated in place: a self-edge of distance 1. Copies share one buffer, so copy i is
-    live only until copy i+1 issues (docs/model.md, Liveness)."""
-    return any(e.src == e.dst == name and e.distance == 1 for e in graph.edges)
-
-
-def overwrites(consumer: Op, value: Op) -> bool:
-    """``consumer`` writes its result over ``value``'s registers: an accumulator update or an in-place
-    elementwise op (``attrs["accumulator"]``/``attrs["in_place"]``) whose result is no larger than the input
-    (``O *= alpha``; ``P = exp2(S)`` converted fragment by fragment into S's registers)."""
-    flagged = consumer.attrs.get("accumulator", False) or consumer.attrs.get("in_place", False)
-    return bool(flagged) and 0 < consumer.regs <= value.regs
-
-
-def read_cycles(graph: LoopGraph, value: str, consumer: str) -> int:
-    """How long after its issue ``consumer`` still reads ``value``: its whole execution (``cycles``; a wgmma
-    reads register operands asynchronously until it completes), or 0 when it overwrites ``value`` in place."""
-    u, v = graph.op(consumer), graph.op(value)
-    return 0 if overwrites(u, v) else u.cycles
-
-
-def waited_groups(graph: LoopGraph) -> list[tuple[str, str]]:
-    """(wait op, MMA) pairs: an ``mma_wait`` op must run on the group that issued the MMA it waits for."""
-    return [(e.dst, e.src) for e in graph.edges
-            if e.blocking and e.src != e.dst and graph.op(e.dst).kind == "mma_wait"]
-
-
-def value_bytes(op: Op) -> int:
-    """Bytes of a register value when staged in shared memory: ``attrs["out_bytes"]`` or regs·4·32·warps."""
-    return int(op.attrs.get("out_bytes", op.regs * 4 * THREADS_PER_WARP * op.warps))
-
-
-def can_cross(op: Op) -> bool:
-    """Results in registers pay a spill to reach another group; TMA/TMEM results (regs 0) cross free."""
-    return op.regs > 0
-
-
-def blocking_in(graph: LoopGraph, name: str) -> bool:
-    """``v`` has a blocking incoming edge (a synchronous wait for an asynchronous result)."""
-    return any(e.blocking for e in graph.in_edges(name))
-
-
-def buffer_edges(graph: LoopGraph, name: str) -> list[Edge]:
-    """Out-edges that decide the ring depth of ``name``'s result (self-edges excluded)."""
-    return [e for e in graph.out_edges(name) if e.dst != name]
-
-
-def holds_memory(op: Op) -> bool:
-    return op.smem > 0 or op.tmem > 0
 
 
 def legal_budget(machine: Machine, regs: int) -> int:
@@ -198,6 +161,3 @@ def slot_count(graph: LoopGraph) -> int:
     """G = 1 + min(#non-variable-latency ops, MAX_COMPUTE_SLOTS)."""
     return 1 + min(sum(1 for op in graph.ops if not op.variable_latency), MAX_COMPUTE_SLOTS)
 
-
-def copies_for(length: int, ii: int) -> int:
-    return math.ceil(length / ii)

@@ -8,10 +8,10 @@ docs/model.md (shared with the CP-SAT backend and the verifier), including its d
 group widths, the uniform register budget and REGISTER FILE, ``busy(o)`` in CONCURRENCY, the cross-warp
 receive rule, mma_wait sharing its MMA's group, and MEMORY CAPACITY as statically allocated ring buffers.
 
-Each query is a pure satisfiability check. :func:`solve_joint` walks Algorithm 1: I upward from the lower
-bound; at each I, LEN(M) from phase 1 (:func:`twill.solve.modulo.solve_modulo`), then one query per
-L = LEN(M), LEN(M)+1, … while ⌈L/I⌉ is unchanged. The model is built once per I on the widest grid of that
-window (T_max = (n−1)·I + n·I) and each L asserts its COMPLETION under ``push``/``pop``; nothing can issue
+Each query is a pure satisfiability check. :class:`~twill.solve.joint.yices_joint.YicesJoint` is this backend
+behind the protocol of :mod:`twill.solve.joint.backend`, driven by Algorithm 1 (:mod:`twill.solve.joint.search`): at each I, one
+query per L = LEN(M), LEN(M)+1, … while ⌈L/I⌉ is unchanged. The model is built once per I on the widest grid
+of that window (T_max = (n−1)·I + n·I) and each L asserts its COMPLETION under ``push``/``pop``; nothing can issue
 past T, so the extra tail changes no answer. Secondary objectives (stages, warps, SMEM, prologue) are
 minimised by the same kind of queries: ``push``, assert ``objective ≤ k``, ``check_context(timeout)``, ``pop``.
 
@@ -27,32 +27,19 @@ Yices is GPL-3.0 and optional (``pip install "twill-gpu[yices]"``), loaded lazil
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from twill.errors import InfeasibleScheduleError
-from twill.ir.graph import Edge, LoopGraph
-from twill.machine.models import Machine
-from twill.schedule.result import Schedule
-from twill.solve.joint.problem import (RELAXABLE, WIDTHS, JointProblem, JointSolution, blocking_in,
-                                       buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
-                                       most_least_depth, read_cycles, value_bytes, waited_groups)
-from twill.solve.options import SolveOptions
+from twill.ir.graph import Edge
+from twill.ir.semantics import (blocking_in, buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
+                                read_cycles, value_bytes, waited_groups)
+from twill.schedule.vocab import RELAXABLE, Family, Objective
+from twill.solve.joint.problem import WIDTHS, JointProblem, most_least_depth
 
 #: Constraint families in paper order (Figures 4, 5, 6), as :func:`build_model` adds them.
-FAMILIES = (
-    "uniqueness", "consistency", "completion", "dependence", "capacity",
-    "liveness", "memory_capacity",
-    "warp_uniqueness", "variable_latency", "warp_count", "register_file", "register_limit",
-    "cross_warp_spills", "concurrency", "warp_issue",
-)
+FAMILIES = tuple(Family)
 
 #: The families that imply the issue windows of :func:`issue_windows`; without one of them the full grid.
-WINDOW_FAMILIES = frozenset({"consistency", "completion", "dependence"})
-
-#: Secondary objectives after L, in order (docs/model.md §5; the CP-SAT search adds ``prologue``).
-SECONDARY = ("stages", "warps", "smem", "prologue")
+WINDOW_FAMILIES = frozenset({Family.CONSISTENCY, Family.COMPLETION, Family.DEPENDENCE})
 
 
 class YicesModel:
@@ -632,42 +619,11 @@ def add_objective_terms(m: YicesModel) -> None:
 
 
 def add_hoist_term(m: YicesModel, pairs: Sequence[tuple[str, str]]) -> None:
-    """The CP-SAT search's ``unhoisted`` term (:func:`twill.solve.joint.search.hoist_pairs`):
+    """The ``unhoisted`` term over the pairs of :func:`twill.solve.joint.search.hoist_pairs`:
     ``Σ_(u,v) ite(k_v ≥ k_u + 1, 0, 1)``."""
-    from twill.solve.joint.search import HOIST
-
     T = m.y.Terms
-    m.objective[HOIST] = T.sum([T.ite(T.arith_geq_atom(T.sub(m.stage[v], m.stage[u]), m.one), m.zero, m.one)
-                                for u, v in pairs])
-
-
-def minimize_before_length(m: YicesModel, name: str, *, deadline: float) -> tuple[int, bool] | str:
-    """Minimise ``m.objective[name]`` over every L of the window (COMPLETION at ``T(length_max)``), then assert
-    its best value: binary search over ``objective ≤ k`` queries. Returns (best, proved optimal), or
-    ``infeasible`` / ``unknown`` when the window has no schedule."""
-    p = m.problem
-    base = completion_formulas(m, p.horizon(p.length_max)) + switches(m)
-    answer = query(m, base, timeout=deadline - time.perf_counter())
-    if answer != "sat":
-        return "infeasible" if answer == "unsat" else "unknown"
-    term = m.objective[name]
-    best, lo, proven = value(m, term), 0, True
-    while lo < best:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            proven = False
-            break
-        mid = (lo + best) // 2
-        answer = query(m, base + [m.leq(term, m.integer(mid))], timeout=remaining)
-        if answer == "sat":
-            best = value(m, term)
-        elif answer == "unsat":
-            lo = mid + 1
-        else:
-            proven = False
-            break
-    m.add("objective_fixes", [m.y.Terms.arith_eq_atom(term, m.integer(best))])
-    return best, proven
+    m.objective[Objective.UNHOISTED] = T.sum([T.ite(T.arith_geq_atom(T.sub(m.stage[v], m.stage[u]), m.one),
+                                                    m.zero, m.one) for u, v in pairs])
 
 
 FAMILY_FUNCTIONS: dict[str, Callable[[YicesModel], None]] = {
@@ -727,232 +683,3 @@ def switches(m: YicesModel, off: Iterable[str] = ()) -> list[int]:
     """Assumptions that switch every relaxable family on except ``off`` (empty for an unswitched model)."""
     off = set(off)
     return [m.neg(lit) if family in off else lit for family, lit in m.switch.items()]
-
-
-def value(m: YicesModel, term: int) -> int:
-    """The integer value of ``term`` in the last satisfying model."""
-    return int(m.model.get_integer_value(term))
-
-
-def minimize(m: YicesModel, name: str, *, deadline: float, lower: int = 0) -> tuple[int, bool]:
-    """Minimise ``m.objective[name]`` below its value in the current model: one ``objective ≤ lower`` query
-    (the static bound is often the optimum), then binary search over ``objective ≤ k`` queries; finally
-    assert the best value. Returns (best, proved optimal)."""
-    term = m.objective[name]
-    best = value(m, term)
-    lo, proven, probe = lower, True, True
-    while lo < best:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            proven = False
-            break
-        mid = lo if probe else (lo + best) // 2
-        probe = False
-        kept = m.model
-        m.model = None
-        answer = query(m, [m.leq(term, m.integer(mid))], timeout=remaining)
-        if answer == "sat":
-            kept.dispose()
-            best = value(m, term)
-        else:
-            m.model = kept
-            if answer == "unsat":
-                lo = mid + 1
-            else:
-                proven = False
-                break
-    m.add("objective_fixes", [m.y.Terms.arith_eq_atom(term, m.integer(best))])
-    return best, proven
-
-
-def decode(m: YicesModel, length: int) -> JointSolution:
-    """Start times M*(v) = t iff op[v,0,t], the slot of every op (one-hot), widths and budgets, objective
-    values, from the last satisfying model."""
-    p, model = m.problem, m.model
-    starts: dict[str, int] = {}
-    group: dict[str, int] = {}
-    for v in m.graph.op_names:
-        times = [t for t in range(m.span) if model.get_bool_value(m.op(v, 0, t))]
-        assert len(times) == 1, f"op {v!r} issues at {times} in copy 0"
-        starts[v] = times[0]
-        slots = [g for g in range(p.slots) if model.get_bool_value(m.opw(v, g))]
-        assert len(slots) == 1, f"op {v!r} is on slots {slots}"
-        group[v] = slots[0]
-    widths = tuple(value(m, w) for w in m.width)
-    budgets = tuple(0 if widths[g] == 0 else (p.reg_limit if model.formula_true_in_model(m.heavy[g])
-                                              else p.light_regs) for g in range(p.slots))
-    objectives = {"length": length, **{name: value(m, term) for name, term in m.objective.items()}}
-    return JointSolution(starts, length, group, widths, budgets, objectives)
-
-
-def model_size(m: YicesModel) -> dict[str, Any]:
-    """Booleans, integers and assertions (total and per family), for ``Schedule.stats``."""
-    return {"booleans": m.booleans, "integers": m.integers, "assertions": sum(m.counts.values()),
-            "families": dict(m.counts)}
-
-
-# -- search (Algorithm 1) --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Found:
-    """A satisfiable (I, L): the model (with the COMPLETION of L asserted) and where it was found."""
-
-    model: YicesModel
-    length: int
-
-
-def search_lengths(m: YicesModel, *, deadline: float, rows: list[dict[str, Any]],
-                   report: Callable[[str], None]) -> Found | str:
-    """L = length_min, length_min + 1, … length_max at the model's I: one query each with COMPLETION at
-    T = (n−1)·I + L under push/pop. Returns the first satisfiable L (its COMPLETION then stays asserted in a
-    pushed scope), ``infeasible`` (every L unsat) or ``unknown`` (time out)."""
-    p = m.problem
-    for length in range(p.length_min, p.length_max + 1):
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            return "unknown"
-        horizon = p.horizon(length)
-        began = time.perf_counter()
-        answer = query(m, completion_formulas(m, horizon) + switches(m), timeout=remaining)
-        seconds = time.perf_counter() - began
-        rows.append({"length": length, "horizon": horizon, "status": answer, "seconds": round(seconds, 3)})
-        report(f"II {p.ii}, L {length} (T {horizon}): {answer} ({seconds:.2f} s)")
-        if answer == "sat":
-            m.context.push()
-            m.add("completion", completion_formulas(m, horizon) + switches(m))
-            return Found(m, length)
-        if answer == "unknown":
-            return "unknown"
-    return "infeasible"
-
-
-def explain_infeasible(m: YicesModel, deadline: float) -> tuple[list[str], str]:
-    """:func:`twill.solve.joint.search.explain_with` on the switched model ``m``: each relaxation is one
-    query with that family's switch off (some L in the window must be feasible)."""
-    from twill.solve.joint.search import explain_with
-
-    return explain_with(m.problem, lambda families, seconds: query(m, switches(m, off=families), timeout=seconds),
-                        deadline)
-
-
-def secondary(m: YicesModel, length: int, deadline: float,
-              lead: Sequence[dict[str, Any]] = ()) -> tuple[JointSolution, list[dict[str, Any]], bool]:
-    """With L fixed, minimise stages, warps, SMEM and prologue in turn (each fixed before the next).
-    ``lead`` holds the records of objectives minimised before L. Returns the final solution, the objective
-    records and whether every objective was proved optimal."""
-    records = [*lead, {"name": "length", "value": length, "proven": True}]
-    lower = {"stages": 1, "smem": smem_lower_bound(m.problem)}
-    for k, name in enumerate(SECONDARY):
-        share = (deadline - time.perf_counter()) / (len(SECONDARY) - k)
-        best, proven = minimize(m, name, deadline=time.perf_counter() + max(0.5, share),
-                                lower=lower.get(name, 0))
-        records.append({"name": name, "value": best, "proven": proven})
-    return decode(m, length), records, all(r["proven"] for r in records)
-
-
-def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lower_bound: int,
-                res_mii: int | None = None, rec_mii: int | None = None) -> Schedule:
-    """Algorithm 1 with the time-indexed Yices model; same signature and :class:`Schedule` shape as the
-    CP-SAT search (:func:`twill.solve.joint.search.solve_joint`, docs/model.md §7). Raises
-    :class:`~twill.errors.SolverUnavailableError` without the ``yices`` extra and
-    :class:`InfeasibleScheduleError` past ``max_ii`` or the time limit."""
-    from twill.ir.validate import effective_units
-    from twill.solve import default_max_ii
-    from twill.solve._yices_loader import load_yices
-    from twill.solve.joint.search import HOIST, hoist_pairs, make_problem
-    from twill.solve.modulo import solve_modulo
-
-    yices = load_yices()
-    options = options.for_graph(graph)
-    started = time.perf_counter()
-    deadline = started + options.time_limit
-    units = effective_units(graph, machine.units)
-    max_ii = options.max_ii if options.max_ii is not None else max(lower_bound, default_max_ii(graph))
-    tried: list[dict[str, Any]] = []
-    proven_below = True
-    modulo_ii: int | None = None
-    blocked: list[str] | None = None
-    note = ""
-    for ii in range(lower_bound, max_ii + 1):
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            break
-        options.report(f"II {options.ii_text(ii)}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
-        mod = solve_modulo(graph, units, ii, time_limit=remaining, workers=options.workers, seed=options.seed,
-                           prove=modulo_ii is None)
-        row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
-        tried.append(row)
-        if not mod.found:
-            proven_below = proven_below and mod.status == "infeasible"
-            continue
-        modulo_ii = modulo_ii or ii
-        problem = make_problem(graph, machine, options, units, ii=ii, length_min=mod.length)
-        built = time.perf_counter()
-        model = build_model(yices, problem, switched=ii == modulo_ii)
-        lengths: list[dict[str, Any]] = []
-        lead: list[dict[str, Any]] = []
-        pairs = hoist_pairs(graph, machine)
-        outcome: Found | str
-        if pairs:
-            add_hoist_term(model, pairs)
-            hoisted = minimize_before_length(model, HOIST, deadline=deadline)
-            if isinstance(hoisted, tuple):
-                lead.append({"name": HOIST, "value": hoisted[0], "proven": hoisted[1]})
-                outcome = search_lengths(model, deadline=deadline, rows=lengths, report=options.report)
-            else:
-                outcome = hoisted
-        else:
-            outcome = search_lengths(model, deadline=deadline, rows=lengths, report=options.report)
-        joint = outcome if isinstance(outcome, str) else "sat"
-        row.update({"length_min": mod.length, "copies": problem.copies, "joint": joint, "lengths": lengths,
-                    "seconds": round(time.perf_counter() - built, 3)})
-        if isinstance(outcome, Found):
-            return finish(graph, machine, options, outcome, mod.status == "optimal", started=started,
-                          deadline=deadline, lower_bound=lower_bound, proven_below=proven_below, tried=tried,
-                          modulo_ii=modulo_ii, blocked=blocked, note=note, lead=lead)
-        proven_below = proven_below and outcome == "infeasible" and mod.status == "optimal"
-        if outcome == "infeasible" and ii == modulo_ii:
-            blocked, note = explain_infeasible(model, deadline)
-            options.report(note)
-        model.close()
-        if outcome == "unknown":
-            break
-    if tried and tried[-1]["ii"] == max_ii and tried[-1].get("joint", "infeasible") == "infeasible":
-        raise InfeasibleScheduleError(
-            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {options.ii_text(max_ii)} (yices backend); raise "
-            f"--max-ii" + (f" ({note})" if note else ""))
-    raise InfeasibleScheduleError(
-        f"no joint schedule of graph {graph.name!r} found by the yices backend within the time limit of "
-        f"{options.time_limit:g} s; raise --time-limit" + (f" ({note})" if note else ""))
-
-
-def finish(graph: LoopGraph, machine: Machine, options: SolveOptions, found: Found, length_proven: bool, *,
-           started: float, deadline: float, lower_bound: int, proven_below: bool, tried: list[dict[str, Any]],
-           modulo_ii: int | None, blocked: list[str] | None, note: str,
-           lead: Sequence[dict[str, Any]] = ()) -> Schedule:
-    """Secondary objectives, warp groups (:func:`twill.solve.joint.search.warp_groups`) and the Schedule."""
-    from twill.solve.joint.search import warp_groups
-
-    m = found.model
-    problem = m.problem
-    solution, records, proven = secondary(m, found.length, deadline, lead)
-    size = model_size(m)
-    m.close()
-    records[len(lead)]["proven"] = length_proven
-    groups, assignment = warp_groups(graph, problem.ii, solution)
-    stats: dict[str, Any] = {
-        "search": "joint", "backend": "yices", "tried": tried, "modulo_ii": modulo_ii,
-        "length": solution.length, "copies": problem.copies, "objectives": records,
-        "tie_break": "first model Yices returns at the last objective's optimum",
-        "variables": size["booleans"] + size["integers"], "constraints": size["assertions"],
-        "booleans": size["booleans"], "families": size["families"], "horizon": m.span,
-        "reg_limit": problem.reg_limit, "max_warps": problem.max_warps,
-        "smem_bytes": solution.objectives.get("smem", 0), "mii": lower_bound,
-    }
-    if blocked is not None:
-        stats["blocked_by"] = blocked
-        stats["blocked_by_note"] = note
-    status = "optimal" if proven_below and proven and length_proven else "feasible"
-    return Schedule(graph=graph, arch=machine.name, solver="yices", status=status, ii=problem.ii,
-                    ii_lower_bound=problem.ii if proven_below else lower_bound, starts=dict(solution.starts),
-                    assignment=assignment, warps=groups, solve_seconds=time.perf_counter() - started,
-                    streaming_depth=options.streaming_depth, stats=stats)

@@ -1,0 +1,107 @@
+"""The words a solve is described in: solver answers (:class:`Status`), the objectives minimised after II
+(:class:`Objective`) and the constraint families of docs/model.md (:class:`Family`).
+
+One definition for the solvers (CP-SAT and Yices), the UNSAT explanation, the verifiers and the reports.
+Every member is a ``str`` whose value is the word the schedule JSON and the CLI print, so a member compares
+equal to that string and serialises as it. This module imports nothing from Twill: ``twill.solve`` and
+``twill.schedule`` both import it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """A solver's answer for one problem, and (``optimal``/``feasible``) the status of a schedule."""
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+    UNKNOWN = "unknown"
+
+    @property
+    def found(self) -> bool:
+        """A schedule was found (``optimal`` or ``feasible``)."""
+        return self in (Status.OPTIMAL, Status.FEASIBLE)
+
+
+#: Statuses a :class:`~twill.schedule.result.Schedule` document may carry.
+SCHEDULE_STATUSES = (Status.OPTIMAL, Status.FEASIBLE, Status.INFEASIBLE)
+
+
+class Objective(StrEnum):
+    """Objectives after II, in lexicographic order (docs/model.md §5)."""
+
+    UNHOISTED = "unhoisted"
+    LENGTH = "length"
+    STAGES = "stages"
+    WARPS = "warps"
+    SMEM = "smem"
+    PROLOGUE = "prologue"
+
+
+#: Objectives after L, in order.
+SECONDARY = (Objective.STAGES, Objective.WARPS, Objective.SMEM, Objective.PROLOGUE)
+
+
+class Family(StrEnum):
+    """The constraint families of docs/model.md, in paper order (Figures 4, 5, 6). The value is the name in
+    model counters and ``blocked_by``; :attr:`heading` starts the verifier's messages."""
+
+    UNIQUENESS = "uniqueness"
+    CONSISTENCY = "consistency"
+    COMPLETION = "completion"
+    DEPENDENCE = "dependence"
+    CAPACITY = "capacity"
+    LIVENESS = "liveness"
+    MEMORY_CAPACITY = "memory_capacity"
+    WARP_UNIQUENESS = "warp_uniqueness"
+    VARIABLE_LATENCY = "variable_latency"
+    WARP_COUNT = "warp_count"
+    REGISTER_FILE = "register_file"
+    REGISTER_LIMIT = "register_limit"
+    CROSS_WARP_SPILLS = "cross_warp_spills"
+    CONCURRENCY = "concurrency"
+    WARP_ISSUE = "warp_issue"
+
+    @property
+    def heading(self) -> str:
+        """``CROSS-WARP SPILLS``: the family as docs/model.md and the verifier's messages write it."""
+        return self.value.upper().replace("_", " ").replace("CROSS WARP", "CROSS-WARP")
+
+    @property
+    def text(self) -> str:
+        """What the family limits, for the UNSAT explanation (relaxable families only)."""
+        return _TEXT[self]
+
+    @property
+    def remedy(self) -> str:
+        """What the user can change when the family blocks every II (relaxable families only)."""
+        return _REMEDY[self]
+
+
+#: Families that the UNSAT explanation relaxes one at a time (docs/model.md §5).
+RELAXABLE = (Family.REGISTER_LIMIT, Family.REGISTER_FILE, Family.WARP_COUNT, Family.CROSS_WARP_SPILLS,
+             Family.CONCURRENCY, Family.WARP_ISSUE, Family.MEMORY_CAPACITY)
+
+_TEXT = {
+    Family.REGISTER_LIMIT: "register limit (live values exceed a group's per-thread budget)",
+    Family.REGISTER_FILE: "register file (too few register-holding warps fit in 64K registers)",
+    Family.WARP_COUNT: "warp count (not enough warps for the groups the schedule needs)",
+    Family.CROSS_WARP_SPILLS: "cross-warp transfers (a value must cross warp groups)",
+    Family.CONCURRENCY: "concurrency (a blocking wait would stall work in flight on its warp)",
+    Family.WARP_ISSUE: "warp issue (a warp group's tile ops, run one at a time, exceed the II)",
+    Family.MEMORY_CAPACITY: "memory capacity (shared memory / TMEM buffers)",
+}
+
+# A larger II does not lift these limits.
+_REMEDY = {
+    Family.REGISTER_LIMIT: "raise --reg-limit or use smaller tiles",
+    Family.REGISTER_FILE: "use smaller tiles or fewer register-holding warps",
+    Family.WARP_COUNT: "raise --max-warps",
+    Family.CROSS_WARP_SPILLS: "drop --no-cross-warp",
+    Family.CONCURRENCY: "raise --max-warps",
+    Family.WARP_ISSUE: "raise --max-warps or --max-ii",
+    Family.MEMORY_CAPACITY: "use smaller tiles or a lower --streaming-depth",
+}

@@ -1,0 +1,71 @@
+"""The protocol every joint solver backend implements, and the one place that picks a backend.
+
+Algorithm 1 (:mod:`twill.solve.joint.search`) builds one :class:`JointModel` per II it tries and speaks to
+it only through this protocol: seed it with start times, pin start times, fix an objective at a value,
+minimise one objective, ask whether the problem is feasible without some constraint families (the UNSAT
+explanation) and read its size. CP-SAT (:class:`twill.solve.joint.cpsat.CpsatJoint`) and Yices
+(:class:`twill.solve.joint.yices_joint.YicesJoint`, which minimises by its own binary search over ``objective ≤ k``
+queries) implement it. Adding a backend means one class with these methods and one line in
+:func:`open_model`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Protocol
+
+from twill.schedule.vocab import Family, Objective, Status
+from twill.solve.joint.problem import JointOutcome, JointProblem, ModelSize
+
+class JointModel(Protocol):
+    """One backend's model of a :class:`JointProblem`, solved for a sequence of lexicographic objectives."""
+
+    problem: JointProblem
+    #: Objectives after II in lexicographic order: ``unhoisted`` (when the model has it), ``length``, then
+    #: :data:`twill.schedule.vocab.SECONDARY`.
+    objectives: tuple[Objective, ...]
+    #: How the last objective's ties are decided (``stats["tie_break"]``).
+    tie_break: str
+
+    def hint(self, starts: Mapping[str, int]) -> None:
+        """Suggest start times to the next solve (a backend may ignore a hint)."""
+
+    def pin(self, starts: Mapping[str, int]) -> None:
+        """Force these start times in every later solve."""
+
+    def fix(self, objective: Objective, value: int) -> None:
+        """Keep ``objective`` at ``value`` in every later solve."""
+
+    def solve(self, objective: Objective, *, time_limit: float, workers: int | None = None) -> JointOutcome:
+        """Minimise ``objective`` with the objectives fixed so far, within ``time_limit`` seconds."""
+
+    def feasible_without(self, families: tuple[Family, ...], seconds: float) -> Status:
+        """``feasible``, ``infeasible`` or ``unknown``: the problem with ``families`` dropped."""
+
+    def size(self) -> ModelSize:
+        """The model's size."""
+
+    def close(self) -> None:
+        """Free what the backend holds (a Yices context); the model is not used afterwards."""
+
+
+def open_model(problem: JointProblem, *, solver: str, hoist: list[tuple[str, str]], explain: bool, workers: int,
+               seed: int, report: Callable[[str], None]) -> JointModel:
+    """The ``solver`` backend's model of ``problem`` with the ``unhoisted`` objective over the pairs
+    ``hoist`` (none when empty); ``explain`` asks for a model that answers :meth:`JointModel.feasible_without`
+    cheaply (Yices guards the relaxable families with switch literals)."""
+    if solver == "yices":
+        from twill.solve.joint.yices_joint import YicesJoint
+
+        return YicesJoint(problem, hoist=hoist, switched=explain, report=report)
+    from twill.solve.joint.cpsat import CpsatJoint
+
+    return CpsatJoint(problem, hoist=hoist, workers=workers, seed=seed)
+
+
+def require(solver: str) -> None:
+    """Raise :class:`~twill.errors.SolverUnavailableError` now when ``solver`` is not installed (Yices is
+    an optional extra; its one import point is :mod:`twill.solve._yices_loader`)."""
+    if solver == "yices":
+        from twill.solve._yices_loader import load_yices
+
+        load_yices()

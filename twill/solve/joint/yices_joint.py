@@ -1,0 +1,202 @@
+"""The Yices backend behind the :class:`~twill.solve.joint.backend.JointModel` protocol: the first feasible L of
+a window, objectives minimised by binary search over ``objective ≤ k`` queries, the UNSAT explanation's
+relaxations as switched queries, and the decoding of a model into a :class:`JointSolution`. The time-indexed
+model itself is :mod:`twill.solve.joint.yices`."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping, Sequence
+
+from twill.schedule.vocab import SECONDARY, Family, Objective, Status
+from twill.solve.joint.problem import JointOutcome, JointProblem, JointSolution, ModelSize, ObjectiveRecord
+from twill.solve.joint.yices import (YicesModel, add_hoist_term, build_model, completion_formulas, query,
+                                     smem_lower_bound, switches)
+
+
+def value(m: YicesModel, term: int) -> int:
+    """The integer value of ``term`` in the last satisfying model."""
+    return int(m.model.get_integer_value(term))
+
+
+def minimize(m: YicesModel, name: str, *, deadline: float, lower: int = 0) -> tuple[int, bool]:
+    """Minimise ``m.objective[name]`` below its value in the current model: one ``objective ≤ lower`` query
+    (the static bound is often the optimum), then binary search over ``objective ≤ k`` queries; finally
+    assert the best value. Returns (best, proved optimal)."""
+    term = m.objective[name]
+    best = value(m, term)
+    lo, proven, probe = lower, True, True
+    while lo < best:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            proven = False
+            break
+        mid = lo if probe else (lo + best) // 2
+        probe = False
+        kept = m.model
+        m.model = None
+        answer = query(m, [m.leq(term, m.integer(mid))], timeout=remaining)
+        if answer == "sat":
+            kept.dispose()
+            best = value(m, term)
+        else:
+            m.model = kept
+            if answer == "unsat":
+                lo = mid + 1
+            else:
+                proven = False
+                break
+    m.add("objective_fixes", [m.y.Terms.arith_eq_atom(term, m.integer(best))])
+    return best, proven
+
+
+def decode(m: YicesModel, length: int) -> JointSolution:
+    """Start times M*(v) = t iff op[v,0,t], the slot of every op (one-hot), widths and budgets, objective
+    values, from the last satisfying model."""
+    p, model = m.problem, m.model
+    starts: dict[str, int] = {}
+    group: dict[str, int] = {}
+    for v in m.graph.op_names:
+        times = [t for t in range(m.span) if model.get_bool_value(m.op(v, 0, t))]
+        assert len(times) == 1, f"op {v!r} issues at {times} in copy 0"
+        starts[v] = times[0]
+        slots = [g for g in range(p.slots) if model.get_bool_value(m.opw(v, g))]
+        assert len(slots) == 1, f"op {v!r} is on slots {slots}"
+        group[v] = slots[0]
+    widths = tuple(value(m, w) for w in m.width)
+    budgets = tuple(0 if widths[g] == 0 else (p.reg_limit if model.formula_true_in_model(m.heavy[g])
+                                              else p.light_regs) for g in range(p.slots))
+    objectives = {"length": length, **{name: value(m, term) for name, term in m.objective.items()}}
+    return JointSolution(starts, length, group, widths, budgets, objectives)
+
+
+def minimize_before_length(m: YicesModel, name: str, *, deadline: float) -> tuple[int, bool] | Status:
+    """Minimise ``m.objective[name]`` over every L of the window (COMPLETION at ``T(length_max)``), then assert
+    its best value: binary search over ``objective ≤ k`` queries. Returns (best, proved optimal), or
+    ``infeasible`` / ``unknown`` when the window has no schedule."""
+    p = m.problem
+    base = completion_formulas(m, p.horizon(p.length_max)) + switches(m)
+    answer = query(m, base, timeout=deadline - time.perf_counter())
+    if answer != "sat":
+        return Status.INFEASIBLE if answer == "unsat" else Status.UNKNOWN
+    term = m.objective[name]
+    best, lo, proven = value(m, term), 0, True
+    while lo < best:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            proven = False
+            break
+        mid = (lo + best) // 2
+        answer = query(m, base + [m.leq(term, m.integer(mid))], timeout=remaining)
+        if answer == "sat":
+            best = value(m, term)
+        elif answer == "unsat":
+            lo = mid + 1
+        else:
+            proven = False
+            break
+    m.add("objective_fixes", [m.y.Terms.arith_eq_atom(term, m.integer(best))])
+    return best, proven
+
+
+def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], None]) -> int | Status:
+    """L = length_min, length_min + 1, … length_max at the model's I: one query each with COMPLETION at
+    T = (n−1)·I + L under push/pop. Returns the first satisfiable L (its COMPLETION then stays asserted in a
+    pushed scope), ``infeasible`` (every L unsat) or ``unknown`` (time out)."""
+    p = m.problem
+    for length in range(p.length_min, p.length_max + 1):
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return Status.UNKNOWN
+        horizon = p.horizon(length)
+        began = time.perf_counter()
+        answer = query(m, completion_formulas(m, horizon) + switches(m), timeout=remaining)
+        report(f"II {p.ii}, L {length} (T {horizon}): {answer} ({time.perf_counter() - began:.2f} s)")
+        if answer == "sat":
+            m.context.push()
+            m.add("completion", completion_formulas(m, horizon) + switches(m))
+            return length
+        if answer == "unknown":
+            return Status.UNKNOWN
+    return Status.INFEASIBLE
+
+
+class YicesJoint:
+    """The time-indexed model of a :class:`JointProblem` behind the
+    :class:`~twill.solve.joint.backend.JointModel` protocol. The first solve (``length``) walks L upward
+    (:func:`search_lengths`; with hoistable pairs it first minimises ``unhoisted`` over the whole window), so
+    its L is minimal whenever one is found; every later objective is minimised by binary search over
+    ``objective ≤ k`` queries (:func:`minimize`) and then asserted at its best value."""
+
+    tie_break = "first model Yices returns at the last objective's optimum"
+
+    def __init__(self, problem: JointProblem, *, hoist: Sequence[tuple[str, str]] = (), switched: bool = False,
+                 report: Callable[[str], None] = lambda line: None):
+        from twill.solve._yices_loader import load_yices
+
+        self.problem = problem
+        self.model = build_model(load_yices(), problem, switched=switched)
+        if hoist:
+            add_hoist_term(self.model, hoist)
+        lead = (Objective.UNHOISTED,) if hoist else ()
+        self.objectives = (*lead, Objective.LENGTH, *SECONDARY)
+        self.report = report
+        self.fixed: dict[str, int] = {}
+        self.length: int | None = None
+
+    def hint(self, starts: Mapping[str, int]) -> None:
+        """Yices takes no hint: every query is a satisfiability check."""
+
+    def pin(self, starts: Mapping[str, int]) -> None:
+        """``op[v,0,t]`` for ``t = starts[v]``."""
+        self.model.add("pinned", [self.model.op(name, 0, t) for name, t in starts.items()])
+
+    def fix(self, objective: Objective, value: int) -> None:
+        """Assert ``objective = value`` (already in force for L and every objective minimised here)."""
+        if objective == Objective.LENGTH or self.fixed.get(objective) == value:
+            return
+        self.model.add("objective_fixes", [self.model.y.Terms.arith_eq_atom(self.model.objective[objective],
+                                                                            self.model.integer(value))])
+        self.fixed[objective] = value
+
+    def solve(self, objective: Objective, *, time_limit: float, workers: int | None = None) -> JointOutcome:
+        began = time.perf_counter()
+        deadline = began + time_limit
+        if objective == Objective.LENGTH:
+            return self._first(deadline, began)
+        lower = {Objective.STAGES: 1, Objective.SMEM: smem_lower_bound(self.problem)}.get(objective, 0)
+        best, proven = minimize(self.model, objective, deadline=deadline, lower=lower)
+        self.fixed[objective] = best
+        assert self.length is not None, "the first solve of a Yices model is its length"
+        return JointOutcome(Status.OPTIMAL if proven else Status.FEASIBLE, decode(self.model, self.length),
+                            time.perf_counter() - began)
+
+    def _first(self, deadline: float, began: float) -> JointOutcome:
+        """``unhoisted`` over the window when the model has it, then the first feasible L."""
+        settled = []
+        if Objective.UNHOISTED in self.objectives:
+            hoisted = minimize_before_length(self.model, Objective.UNHOISTED, deadline=deadline)
+            if isinstance(hoisted, Status):
+                return JointOutcome(hoisted, None, time.perf_counter() - began)
+            self.fixed[Objective.UNHOISTED] = hoisted[0]
+            settled.append(ObjectiveRecord(Objective.UNHOISTED, *hoisted))
+        found = search_lengths(self.model, deadline=deadline, report=self.report)
+        if isinstance(found, Status):
+            return JointOutcome(found, None, time.perf_counter() - began)
+        self.length = found
+        return JointOutcome(Status.OPTIMAL, decode(self.model, found), time.perf_counter() - began,
+                            tuple(settled))
+
+    def feasible_without(self, families: tuple[Family, ...], seconds: float) -> Status:
+        """One query with the switches of ``families`` off (a switched model; some L of the window)."""
+        answer = query(self.model, switches(self.model, off=families), timeout=seconds)
+        return {"sat": Status.FEASIBLE, "unsat": Status.INFEASIBLE}.get(answer, Status.UNKNOWN)
+
+    def size(self) -> ModelSize:
+        """Booleans plus integers, assertions (total and per family), the grid's horizon."""
+        m = self.model
+        return ModelSize(m.booleans + m.integers, sum(m.counts.values()), dict(m.counts),
+                         {"booleans": m.booleans, "horizon": m.span})
+
+    def close(self) -> None:
+        self.model.close()
