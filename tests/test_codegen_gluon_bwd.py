@@ -50,7 +50,8 @@ def _check_host_globals(module) -> None:
     import builtins
     import dis
 
-    for fn in (module.launch, module.preprocess, module.compile_signature):
+    for fn in (module.launch, module.preprocess, module._preprocess, module.buffer_shapes, module.padded_len,
+               module.compile_signature):
         names = {i.argval for i in dis.get_instructions(fn) if i.opname == "LOAD_GLOBAL"}
         missing = [n for n in names if n not in vars(module) and not hasattr(builtins, n)]
         assert not missing, f"{fn.__name__} reads undefined globals {missing}"
@@ -97,6 +98,25 @@ def test_backward_variant_compiles_with_the_scheduled_rings(tmp_path, head_dim, 
     assert need <= facts.shared < need + 4096
 
 
+@pytest.mark.parametrize("S", [77, 129, 513, 1537, 64, 1000])
+def test_backward_tma_coordinates_are_16_byte_aligned_for_every_length(tmp_path, S):
+    """TMA needs 16-byte global strides and a 16-byte aligned innermost coordinate. The stats rows are read
+    with the query block along the innermost dimension, so the launcher pads each head's rows to S_pad (a
+    multiple of BLOCK_M): every block the kernel addresses (head * S_pad + m_start) starts aligned, also
+    for S % 4 != 0, and stays inside its own head's rows."""
+    module = load_emitted(str(_write(tmp_path, _schedule(), f"pad{S}")), f"twill_test_bwd_pad{S}")
+    B, H, block = 2, 3, module.BLOCK_M.value
+    s_pad, shapes = module.padded_len(S), module.buffer_shapes(B, H, S)
+    assert S <= s_pad < S + block and s_pad % block == 0
+    assert shapes == {"stats": (2, B * H * s_pad), "dq_acc": (B * H * s_pad, module.HEAD_DIM.value)}
+    fp32, fp16 = 4, 2
+    assert shapes["stats"][1] * fp32 % 16 == 0 and shapes["dq_acc"][1] * fp32 % 16 == 0
+    assert module.HEAD_DIM.value * fp16 % 16 == 0                 # Q, K, V, dO rows
+    starts = [head * s_pad + m for head in range(B * H) for m in range(0, S, block)]
+    assert all(start * fp32 % 16 == 0 for start in starts)
+    assert all(start + block <= (start // s_pad + 1) * s_pad for start in starts)
+
+
 def test_backward_variants_emit_different_kernels():
     sources = {(d, lag): emit_gluon(_schedule(d, lag, head_dim=64)) for d, lag in ((2, 1), (3, 1), (3, 2))}
     assert len(set(sources.values())) == 3
@@ -130,9 +150,9 @@ def test_backward_helper_kernels_compile(tmp_path):
 
     module = load_emitted(str(_write(tmp_path, _schedule(head_dim=64), "helpers")), "twill_test_bwd_helpers")
     for fn, sig in ((module.preprocess_kernel, {"o_ptr": "*fp16", "do_ptr": "*fp16", "delta_ptr": "*fp32",
-                                                "n_rows": "i32"}),
-                    (module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", "n_rows": "i32",
-                                                "sm_scale": "fp32"})):
+                                                "seq_len": "i32", "s_pad": "i32"}),
+                    (module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", "seq_len": "i32",
+                                                "s_pad": "i32", "sm_scale": "fp32"})):
         compiled = triton.compile(GluonASTSource(fn, sig, constexprs={}), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": 4})
         assert "st.global" in compiled.asm["ptx"]

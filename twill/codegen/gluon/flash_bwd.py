@@ -43,10 +43,13 @@ PRE_ROWS = 64
 HELPERS = """
 @gluon.jit
 def query_block(i, {block_args}):
-    \"\"\"Iteration i's query block: its first row in the flattened [B*H*S, D] tensors and its first position.
-    The iterations run over the group's query heads (outer) and the query blocks from m_first (inner).\"\"\"
+    \"\"\"Iteration i's query block: its first row in the [B*H*S, D] tensors (Q, dO), its first row in the
+    padded [B*H*S_pad] ones (stats, dQ accumulator; S_pad = seq_len rounded up to BLOCK_M, so that every
+    block starts 16-byte aligned, as TMA requires of the innermost coordinate) and its first position. The
+    iterations run over the group's query heads (outer) and the query blocks from m_first (inner).\"\"\"
     m_start = (m_first + i % n_m) * BLOCK_M
-    return (bh_kv * group + i // n_m) * seq_len + m_start, m_start
+    head = bh_kv * group + i // n_m
+    return head * seq_len + m_start, head * (gl.cdiv(seq_len, BLOCK_M) * BLOCK_M) + m_start, m_start
 
 
 @gluon.jit
@@ -59,7 +62,7 @@ def mask_scores(s, n_start, m_start, seq_len, s_layout: gl.constexpr):
 
 
 @gluon.jit
-def dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len):
+def dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, prow, m_start, seq_len):
     \"\"\"dq_atomic of iteration i: wait for its staged fp32 dQ, add it to dq_ptr row by row chunk (rows past
     seq_len skipped; gl.atomic_add, relaxed), release the staging slot.\"\"\"
     slot = i % DQ_DEPTH
@@ -67,7 +70,7 @@ def dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len):
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [LOAD_WARPS, 1], [1, 0])
     rows = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    base = dq_ptr + row.to(gl.int64) * HEAD_DIM  # 64-bit once; 32-bit offsets within the tile
+    base = dq_ptr + prow.to(gl.int64) * HEAD_DIM  # 64-bit once; 32-bit offsets within the tile
     for r in gl.static_range(0, BLOCK_M, DQ_ROWS):
         x = dq_stage.index(slot).slice(r, DQ_ROWS).load(layout)
         gl.atomic_add(base + (r + rows)[:, None] * HEAD_DIM + cols[None, :], x,
@@ -76,27 +79,31 @@ def dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len):
 
 
 @gluon.jit
-def preprocess_kernel(o_ptr, do_ptr, delta_ptr, n_rows):
-    \"\"\"delta[row] = sum_d dO[row, d] * O[row, d] in fp32 (the backward's D statistic).\"\"\"
+def preprocess_kernel(o_ptr, do_ptr, delta_ptr, seq_len, s_pad):
+    \"\"\"delta[bh * s_pad + m] = sum_d dO[bh * seq_len + m, d] * O[bh * seq_len + m, d] in fp32 (the backward's
+    D statistic) for the PRE_ROWS positions m of program (m block, bh); padding positions are not written.\"\"\"
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
-    rows = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    m = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    bh = gl.program_id(1).to(gl.int64)
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    offs = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
-    mask = (rows < n_rows)[:, None]
+    offs = (bh * seq_len + m)[:, None] * HEAD_DIM + cols[None, :]
+    mask = (m < seq_len)[:, None]
     o = gl.load(o_ptr + offs, mask=mask, other=0.0).to(gl.float32)
     do = gl.load(do_ptr + offs, mask=mask, other=0.0).to(gl.float32)
-    gl.store(delta_ptr + rows, gl.sum(o * do, 1), mask=rows < n_rows)
+    gl.store(delta_ptr + bh * s_pad + m, gl.sum(o * do, 1), mask=m < seq_len)
 
 
 @gluon.jit
-def dq_convert_kernel(acc_ptr, dq_ptr, n_rows, sm_scale):
-    \"\"\"dq = sm_scale * acc in the operand dtype (the fp32 dQ the producers reduced).\"\"\"
+def dq_convert_kernel(acc_ptr, dq_ptr, seq_len, s_pad, sm_scale):
+    \"\"\"dq[bh * seq_len + m] = sm_scale * acc[bh * s_pad + m] in the operand dtype (the padded fp32 dQ the
+    producers reduced) for the PRE_ROWS positions m of program (m block, bh).\"\"\"
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
-    rows = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    m = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    bh = gl.program_id(1).to(gl.int64)
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    offs = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
-    mask = (rows < n_rows)[:, None]
-    gl.store(dq_ptr + offs, (gl.load(acc_ptr + offs, mask=mask) * sm_scale).to(DTYPE), mask=mask)
+    mask = (m < seq_len)[:, None]
+    acc = gl.load(acc_ptr + (bh * s_pad + m)[:, None] * HEAD_DIM + cols[None, :], mask=mask)
+    gl.store(dq_ptr + (bh * seq_len + m)[:, None] * HEAD_DIM + cols[None, :], (acc * sm_scale).to(DTYPE), mask=mask)
 """
 
 LAUNCH = """
@@ -108,17 +115,37 @@ def _rows(t, name, shape, dtype):
     return t.contiguous().view(-1, HEAD_DIM.value) if t.dim() == 4 else t.contiguous().view(-1)
 
 
+def padded_len(S):
+    \"\"\"S rounded up to BLOCK_M: the per-head length of the stats rows and the fp32 dQ accumulator, so that
+    every query block starts at a 16-byte aligned TMA coordinate (TMA requires it of the innermost one).\"\"\"
+    return triton.cdiv(S, BLOCK_M.value) * BLOCK_M.value
+
+
+def buffer_shapes(B, H, S):
+    \"\"\"The launcher's fp32 buffers: the stats rows (LSE, D) [2, B*H*S_pad], read by TMA with the query block
+    along the innermost dimension, and the dQ accumulator [B*H*S_pad, HEAD_DIM].\"\"\"
+    n = B * H * padded_len(S)
+    return {{"stats": (2, n), "dq_acc": (n, HEAD_DIM.value)}}
+
+
 def preprocess(o, do):
     \"\"\"delta [B, H, S] fp32: the row sums of dO * O (the dO·O pre-pass of the backward).\"\"\"
     import torch
 
     B, H, S, D = o.shape
+    delta = torch.empty((B, H, S), device=o.device, dtype=torch.float32)
+    _preprocess(o, do, delta, S)
+    return delta
+
+
+def _preprocess(o, do, out, s_pad):
+    \"\"\"The pre-pass into ``out`` with ``s_pad`` positions per (batch, head).\"\"\"
+    import torch
+
+    B, H, S, D = o.shape
     o2 = _rows(o, "o", (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
     do2 = _rows(do, "do", (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
-    delta = torch.empty((B, H, S), device=o.device, dtype=torch.float32)
-    n = B * H * S
-    preprocess_kernel[(triton.cdiv(n, PRE_ROWS.value),)](o2, do2, delta, n, num_warps=4)
-    return delta
+    preprocess_kernel[(triton.cdiv(S, PRE_ROWS.value), B * H)](o2, do2, out, S, s_pad, num_warps=4)
 
 
 def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=None):
@@ -137,19 +164,20 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     do2 = _rows(do, "do", (B, H, S, HEAD_DIM.value), dtype)
     k2, v2 = _rows(k, "k", kv_shape, dtype), _rows(v, "v", kv_shape, dtype)
     lse = _rows(lse, "lse", (B, H, S), torch.float32)
-    delta = preprocess(o, do) if delta is None else delta
-    delta = _rows(delta, "delta", (B, H, S), torch.float32)
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty(kv_shape, device=q.device, dtype=dtype) if dk is None else dk
     dv = torch.empty(kv_shape, device=q.device, dtype=dtype) if dv is None else dv
     for t, name, shape in ((dq, "dq", q.shape), (dk, "dk", kv_shape), (dv, "dv", kv_shape)):
         if tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous():
             raise ValueError(f"{{name}} must be a contiguous {{dtype}} tensor of shape {{tuple(shape)}}")
-    n = B * H * S
-    stats = torch.zeros((2, (n + 3) // 4 * 4), device=q.device, dtype=torch.float32)  # 16-byte TMA row stride
-    stats[0, :n] = lse
-    stats[1, :n] = delta
-    dq_acc = torch.zeros((n, D), device=q.device, dtype=torch.float32)
+    shapes, s_pad = buffer_shapes(B, H, S), padded_len(S)
+    stats = torch.zeros(shapes["stats"], device=q.device, dtype=torch.float32)
+    stats[0].view(B * H, s_pad)[:, :S] = lse.view(B * H, S)
+    if delta is None:
+        _preprocess(o, do, stats[1], s_pad)
+    else:
+        stats[1].view(B * H, s_pad)[:, :S] = _rows(delta, "delta", (B, H, S), torch.float32).view(B * H, S)
+    dq_acc = torch.zeros(shapes["dq_acc"], device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     q_desc = _descriptor(q2, [BLOCK_M.value, D])
     k_desc = _descriptor(k2, [BLOCK_N.value, D])
@@ -159,7 +187,7 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     grid = (triton.cdiv(S, BLOCK_N.value), B * kv_shape[1])
     backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc, dk, dv, S, sm_scale * LOG2E.value,
                           sm_scale, H // kv_shape[1], num_warps=NUM_WARPS)
-    dq_convert_kernel[(triton.cdiv(n, PRE_ROWS.value),)](dq_acc, dq, n, sm_scale, num_warps=4)
+    dq_convert_kernel[(triton.cdiv(S, PRE_ROWS.value), B * H)](dq_acc, dq, S, s_pad, sm_scale, num_warps=4)
     return dq, dk, dv
 
 
@@ -390,14 +418,14 @@ def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, 
     (atomic,) = [n for n in plan.load.ops if plan.placement(n).role == "dq_atomic"]
     at = plan.placement(atomic)
     why = plan.wait("ready", atomic).why
-    call = "dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len)"
+    call = "dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, prow, m_start, seq_len)"
     lag = plan.dq_lag
     lines = [f"        # {atomic}: start {at.start}, stage {at.stage} -> dQ of iteration j - DQ_LAG ({why})"]
     if lag:
         lines += ["        if j >= DQ_LAG:", "            i = j - DQ_LAG",
-                  f"            row, m_start = query_block(i, {BLOCK_ARGS})", f"            {call}"]
+                  f"            _, prow, m_start = query_block(i, {BLOCK_ARGS})", f"            {call}"]
         after = ("    for i in range(gl.maximum(n_iters - DQ_LAG, 0), n_iters):  # drain: the last DQ_LAG dQ tiles",
-                 f"        row, m_start = query_block(i, {BLOCK_ARGS})", f"        {call}")
+                 f"        _, prow, m_start = query_block(i, {BLOCK_ARGS})", f"        {call}")
     else:
         lines += ["        i = j", f"        {call}"]
         after = ()
@@ -441,13 +469,13 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
         kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_ptr, dk_ptr, dv_ptr, seq_len, qk_scale, "
                       "sm_scale, group",
         kernel_doc=("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to "
-                    "dq_ptr); Q, dO, dQ are [B*H*S, D], K, V, dK, dV [B*KV_HEADS*S, D]; stats [2, >= B*H*S] "
-                    "holds LSE and D."),
+                    "dq_ptr, [B*H*S_pad, D]); Q, dO, dQ are [B*H*S, D], K, V, dK, dV [B*KV_HEADS*S, D]; stats "
+                    "[2, B*H*S_pad] holds LSE and D (S_pad: seq_len rounded up to BLOCK_M)."),
         setup=_setup(plan),
         iv="j",
         trip="n_iters",
         slot_shapes={"q": "BLOCK_M, HEAD_DIM", "do": "BLOCK_M, HEAD_DIM", "stats": "2, BLOCK_M"},
-        coords={"q": "[row, 0]", "do": "[row, 0]", "stats": "[0, row]"},
+        coords={"q": "[row, 0]", "do": "[row, 0]", "stats": "[0, prow]"},
         load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar", "dq_stage", "dq_ready", "dq_empty",
                      "dq_ptr", "kv_row", "bh_kv", "group", "m_first", "n_m", "seq_len"),
         load_setup=("    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
@@ -467,7 +495,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                    ("seq_len", '"i32"'), ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"')),
         launch=launch_source(plan),
         slot_dtypes={"stats": "gl.float32"},
-        load_iteration=(f"        row, m_start = query_block(j, {BLOCK_ARGS})",),
+        load_iteration=(f"        row, prow, m_start = query_block(j, {BLOCK_ARGS})",),
         load_ops=load_ops,
         load_after=load_after,
     )
