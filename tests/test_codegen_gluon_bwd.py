@@ -3,7 +3,7 @@
 Each variant is a different valid schedule of the ``flash-bwd`` loop graph (verified with
 twill.schedule.verify): ring depths and the dQ staging depth come from the schedule and must show up in the
 emitted constants, the shared memory the kernel reserves and its PTX (wgmma shapes, wait depths,
-setmaxnreg budgets, TMA copies, the producer's dQ atomics).
+setmaxnreg budgets, TMA copies, the producer's dQ TMA reduce-add).
 """
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ def test_backward_variant_compiles_with_the_scheduled_rings(tmp_path, head_dim, 
     assert set(facts.wait_depths) == waits                 # the retire depths the schedule's order asks for
     assert ("dec", 24) in facts.setmaxnreg and ("inc", 240) in facts.setmaxnreg
     assert facts.tma_loads >= 5                            # K, V once; Q, dO, stats per iteration
-    assert re.search(r"atom\.global\.[a-z.]*add(\.v\d)?\.f32", ptx)  # dQ reduced by the producer's atomics
+    # dq_atomic: one TMA reduce-add of the staged fp32 tile (no per-element atomics), the slot released
+    # once the TMA read it; the compute group's stores fenced for the async proxy before dq_ready
+    assert re.search(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add", ptx)
+    assert not re.search(r"\b(atom|red)\.global", ptx)
+    assert "cp.async.bulk.wait_group.read" in ptx and source.count("fence_async_shared()") == 2
     need = _smem_need(head_dim, depth, lag + 1)
     assert need <= facts.shared < need + 4096
 

@@ -14,14 +14,16 @@ P^T, dS^T (fp16)      [BLOCK_N, BLOCK_M]            DotOperandLayout(0, dK/dV la
 dS^T                  [BLOCK_N, BLOCK_M] fp16       NVMMA shared (A of dQ, transposed view)         smem
 dK, dV                [BLOCK_N, HEAD_DIM] fp32      wgmma accumulator, warps [8, 1]                 registers
 dQ                    [BLOCK_M, HEAD_DIM] fp32      wgmma accumulator, warps [4, 2] (N split)       registers
-dQ staging            [DQ_DEPTH, BLOCK_M, HEAD_DIM] plain fp32 (read back by the producer)          smem
+dQ staging            [DQ_DEPTH, BLOCK_M, HEAD_DIM] NVMMA shared fp32 (the TMA reduce's source)     smem
 LSE, D rows           [2, BLOCK_M] fp32 per slot    SliceLayout(0, S^T) (one value per query)       smem ring
 ====================  ============================  =============================================  ===========
 
 Keys and queries past ``seq_len`` (ragged tails) and, causal, keys after the query are masked to -inf in
-S^T, so their P and dS are exactly 0: they add nothing to dK, dV or dQ. dQ is reduced into an fp32 buffer
-by the producer warp with ``gl.atomic_add`` (Triton 3.6's Gluon has no TMA reduce-add), then one pass scales
-it by ``sm_scale`` and converts it to the input dtype. See docs/codegen.md, "Backward".
+S^T, so their P and dS are exactly 0: they add nothing to dK, dV or dQ. The producer warp adds each staged
+dQ tile into a padded fp32 buffer with one TMA reduce-add (``tma_reduce_add``: Triton 3.6's Gluon builder
+has the operation, its language no wrapper), then one pass scales it by ``sm_scale`` and converts it to the
+input dtype. The stats rows and the dQ buffer are padded per head to a multiple of ``BLOCK_M`` rows so that
+every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/codegen.md, "Attention backward".
 """
 
 from __future__ import annotations
@@ -35,8 +37,11 @@ COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "ds_smem", "dq_stage", "dq_ready
                   "kv_row", "n_start", "m_first", "n_m", "n_iters", "seq_len", "qk_scale", "sm_scale")
 #: Query-block parameters the producer and the compute partition derive each iteration's rows from.
 BLOCK_ARGS = "bh_kv, group, m_first, n_m, seq_len"
-#: Rows of the fp32 dQ tile the producer warp reduces per step (its register footprint: DQ_ROWS x HEAD_DIM / 32).
-DQ_ROWS = 4
+#: The emitted module's own imports: what its TMA reduce-add wrapper (``tma_reduce_add``) builds on.
+IMPORTS = """\
+from triton._C.libtriton import ir
+from triton.experimental.gluon.language._core import builtin
+"""
 #: Rows per program of the dO·O pre-pass and of the dQ conversion.
 PRE_ROWS = 64
 
@@ -61,20 +66,24 @@ def mask_scores(s, n_start, m_start, seq_len, s_layout: gl.constexpr):
 {causal_keep}    return gl.where(keep, s, float("-inf"))
 
 
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    \"\"\"TMA reduce-add of the shared tile src into tensor_desc's tensor at coord (one
+    cp.reduce.async.bulk.tensor ... .add, a bulk group of its own). Triton 3.6's Gluon builder has the
+    operation but its language no wrapper; this is the wrapper, shaped like tma.async_copy_shared_to_global.\"\"\"
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
 @gluon.jit
-def dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, prow, m_start, seq_len):
-    \"\"\"dq_atomic of iteration i: wait for its staged fp32 dQ, add it to dq_ptr row by row chunk (rows past
-    seq_len skipped; gl.atomic_add, relaxed), release the staging slot.\"\"\"
+def dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow):
+    \"\"\"dq_atomic of iteration i: wait for its staged fp32 dQ, add the whole [BLOCK_M, HEAD_DIM] tile to the
+    padded accumulator at row prow with one TMA reduce-add, and release the staging slot once the TMA has
+    read it (cp.async.bulk.wait_group.read; the additions themselves complete asynchronously).\"\"\"
     slot = i % DQ_DEPTH
     mbarrier.wait(dq_ready.index(slot), (i // DQ_DEPTH) & 1)
-    layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [LOAD_WARPS, 1], [1, 0])
-    rows = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
-    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    base = dq_ptr + prow.to(gl.int64) * HEAD_DIM  # 64-bit once; 32-bit offsets within the tile
-    for r in gl.static_range(0, BLOCK_M, DQ_ROWS):
-        x = dq_stage.index(slot).slice(r, DQ_ROWS).load(layout)
-        gl.atomic_add(base + (r + rows)[:, None] * HEAD_DIM + cols[None, :], x,
-                      mask=(m_start + r + rows < seq_len)[:, None], sem="relaxed")
+    tma_reduce_add(dq_desc, [prow, 0], dq_stage.index(slot))
+    tma.store_wait(0)
     mbarrier.arrive(dq_empty.index(slot))
 
 
@@ -184,8 +193,9 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     v_desc = _descriptor(v2, [BLOCK_N.value, D])
     do_desc = _descriptor(do2, [BLOCK_M.value, D])
     stats_desc = _descriptor(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
+    dq_desc = _descriptor(dq_acc, [BLOCK_M.value, D], gl.float32)
     grid = (triton.cdiv(S, BLOCK_N.value), B * kv_shape[1])
-    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc, dk, dv, S, sm_scale * LOG2E.value,
+    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk, dv, S, sm_scale * LOG2E.value,
                           sm_scale, H // kv_shape[1], num_warps=NUM_WARPS)
     dq_convert_kernel[(triton.cdiv(S, PRE_ROWS.value), B * H)](dq_acc, dq, S, s_pad, sm_scale, num_warps=4)
     return dq, dk, dv
@@ -297,7 +307,8 @@ class _Compute:
         return [*self.retire("dq"),
                 f"mbarrier.wait(dq_empty.index({i} % DQ_DEPTH), (({i} // DQ_DEPTH) & 1) ^ 1)  # empty: "
                 f"{self.plan.wait('empty', self.part.roles['dq_store']).why}",
-                f"dq_stage.index({i} % DQ_DEPTH).store(dqv)  # fp32 dQ for the producer's dq_atomic"]
+                f"dq_stage.index({i} % DQ_DEPTH).store(dqv)  # fp32 dQ for the producer's dq_atomic",
+                "fence_async_shared()  # the stores visible to the producer's TMA reduce"]
 
     def mask_condition(self) -> str:
         """When a tile needs the mask: a ragged tail, or (causal) a query block reaching into the key block."""
@@ -403,8 +414,7 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
         "    mbarrier.init(kv_bar, count=1)",
         "    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], DTYPE)",
         "    ds_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, BLOCK_M], ds_layout)",
-        "    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_DEPTH, BLOCK_M, HEAD_DIM],",
-        "                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))",
+        "    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_DEPTH, BLOCK_M, HEAD_DIM], dq_desc.layout)",
         "    dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
         "    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
         "    for s in gl.static_range(DQ_DEPTH):",
@@ -418,14 +428,14 @@ def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, 
     (atomic,) = [n for n in plan.load.ops if plan.placement(n).role == "dq_atomic"]
     at = plan.placement(atomic)
     why = plan.wait("ready", atomic).why
-    call = "dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, prow, m_start, seq_len)"
+    call = "dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow)"
     lag = plan.dq_lag
     lines = [f"        # {atomic}: start {at.start}, stage {at.stage} -> dQ of iteration j - DQ_LAG ({why})"]
     if lag:
         lines += ["        if j >= DQ_LAG:", "            i = j - DQ_LAG",
-                  f"            _, prow, m_start = query_block(i, {BLOCK_ARGS})", f"            {call}"]
+                  f"            _, prow, _ = query_block(i, {BLOCK_ARGS})", f"            {call}"]
         after = ("    for i in range(gl.maximum(n_iters - DQ_LAG, 0), n_iters):  # drain: the last DQ_LAG dQ tiles",
-                 f"        _, prow, m_start = query_block(i, {BLOCK_ARGS})", f"        {call}")
+                 f"        _, prow, _ = query_block(i, {BLOCK_ARGS})", f"        {call}")
     else:
         lines += ["        i = j", f"        {call}"]
         after = ()
@@ -439,7 +449,6 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
     extra = [("DQ_DEPTH", plan.dq_depth, "dQ staging slots: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
              ("DQ_LAG", plan.dq_lag, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j: "
                                      "stage(dq_atomic) - stage(load_q) (schedule)"),
-             ("DQ_ROWS", DQ_ROWS, "rows of dQ the producer warp adds per step"),
              ("PRE_ROWS", PRE_ROWS, "rows per program of the dO.O pre-pass and the dQ conversion"),
              ("LOG2E", 1.4426950408889634, "the kernel runs in base 2; LSE is a natural log")]
     if plan.kv_heads:
@@ -447,8 +456,8 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                                                   "h of its K/V head, h // (H // KV_HEADS))"))
     order = ", ".join(part.ops)
     decisions = [f"decisions: compute ops in the schedule's steady-state order ({order}), each wgmma retired by "
-                 f"its first reader; dQ staged in {plan.dq_depth} fp32 slot(s), reduced by the producer warp with "
-                 f"gl.atomic_add {plan.dq_lag} producer iteration(s) after its loads",
+                 f"its first reader; dQ staged in {plan.dq_depth} fp32 slot(s), added by the producer warp with one "
+                 f"TMA reduce-add per tile {plan.dq_lag} producer iteration(s) after its loads",
                  "layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
                  "register A operands of dV, dK; dS^T in shared memory for dQ = dS K (warps [4, 2])"]
     if plan.causal:
@@ -466,7 +475,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
         extra_constants=tuple(extra),
         functions=helpers_source(plan).strip("\n") + "\n\n\n" + _Compute(plan).render(),
         kernel="backward_kernel",
-        kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_ptr, dk_ptr, dv_ptr, seq_len, qk_scale, "
+        kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk_ptr, dv_ptr, seq_len, qk_scale, "
                       "sm_scale, group",
         kernel_doc=("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to "
                     "dq_ptr, [B*H*S_pad, D]); Q, dO, dQ are [B*H*S, D], K, V, dK, dV [B*KV_HEADS*S, D]; stats "
@@ -477,7 +486,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
         slot_shapes={"q": "BLOCK_M, HEAD_DIM", "do": "BLOCK_M, HEAD_DIM", "stats": "2, BLOCK_M"},
         coords={"q": "[row, 0]", "do": "[row, 0]", "stats": "[0, prow]"},
         load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar", "dq_stage", "dq_ready", "dq_empty",
-                     "dq_ptr", "kv_row", "bh_kv", "group", "m_first", "n_m", "seq_len"),
+                     "dq_desc", "kv_row", "bh_kv", "group", "m_first", "n_m", "seq_len"),
         load_setup=("    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
                     "    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)",
                     "    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)"),
@@ -491,11 +500,13 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                    ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
                    ("do_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value])"),
                    ("stats_desc", "_desc_type([2, BLOCK_M.value], gl.float32, STATS_LAYOUT)"),
-                   ("dq_ptr", '"*fp32"'), ("dk_ptr", '"*" + str(DTYPE.value)'), ("dv_ptr", '"*" + str(DTYPE.value)'),
+                   ("dq_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value], gl.float32)"),
+                   ("dk_ptr", '"*" + str(DTYPE.value)'), ("dv_ptr", '"*" + str(DTYPE.value)'),
                    ("seq_len", '"i32"'), ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"')),
         launch=launch_source(plan),
         slot_dtypes={"stats": "gl.float32"},
         load_iteration=(f"        row, prow, m_start = query_block(j, {BLOCK_ARGS})",),
         load_ops=load_ops,
         load_after=load_after,
+        imports=IMPORTS,
     )
