@@ -34,6 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS: tuple[tuple[str, dict[str, Any], Any], ...] = (
     ("bwd_d128_solver", {"head_dim": 128}, "solver"),
     ("bwd_d128_hand_d2_lag1", {"head_dim": 128}, {"depth": 2, "dq_lag": 1}),
+    # dQ reduced in the iteration it is stored (one staging slot): the model's II for it is much longer
+    ("bwd_d128_hand_d2_lag0", {"head_dim": 128}, {"depth": 2, "dq_lag": 0}),
     ("bwd_d128_causal_solver", {"head_dim": 128, "causal": True}, "solver"),
     ("bwd_d128_gqa4_solver", {"head_dim": 128, "kv_heads": 4}, "solver"),
     ("bwd_d128_causal_gqa4_solver", {"head_dim": 128, "kv_heads": 4, "causal": True}, "solver"),
