@@ -14,14 +14,16 @@ P^T, dS^T (fp16)      [BLOCK_N, BLOCK_M]            DotOperandLayout(0, dK/dV la
 dS^T                  [BLOCK_N, BLOCK_M] fp16       NVMMA shared (A of dQ, transposed view)         smem
 dK, dV                [BLOCK_N, HEAD_DIM] fp32      wgmma accumulator, warps [8, 1]                 registers
 dQ                    [BLOCK_M, HEAD_DIM] fp32      wgmma accumulator, warps [4, 2] (N split)       registers
-dQ staging            [DQ_DEPTH, BLOCK_M, HEAD_DIM] plain fp32 (read back by the producer)          smem
+dQ staging            [DQ_DEPTH, BLOCK_M, HEAD_DIM] NVMMA shared fp32 (the TMA reduce's source)     smem
 LSE, D rows           [2, BLOCK_M] fp32 per slot    SliceLayout(0, S^T) (one value per query)       smem ring
 ====================  ============================  =============================================  ===========
 
 Keys and queries past ``seq_len`` (ragged tails) and, causal, keys after the query are masked to -inf in
-S^T, so their P and dS are exactly 0: they add nothing to dK, dV or dQ. dQ is reduced into an fp32 buffer
-by the producer warp with ``gl.atomic_add`` (Triton 3.6's Gluon has no TMA reduce-add), then one pass scales
-it by ``sm_scale`` and converts it to the input dtype. See docs/codegen.md, "Backward".
+S^T, so their P and dS are exactly 0: they add nothing to dK, dV or dQ. The producer warp adds each staged
+dQ tile into a padded fp32 buffer with one TMA reduce-add (``tma_reduce_add``: Triton 3.6's Gluon builder
+has the operation, its language no wrapper), then one pass scales it by ``sm_scale`` and converts it to the
+input dtype. The stats rows and the dQ buffer are padded per head to a multiple of ``BLOCK_M`` rows so that
+every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/codegen.md, "Attention backward".
 """
 
 from __future__ import annotations
@@ -35,18 +37,24 @@ COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "ds_smem", "dq_stage", "dq_ready
                   "kv_row", "n_start", "m_first", "n_m", "n_iters", "seq_len", "qk_scale", "sm_scale")
 #: Query-block parameters the producer and the compute partition derive each iteration's rows from.
 BLOCK_ARGS = "bh_kv, group, m_first, n_m, seq_len"
-#: Rows of the fp32 dQ tile the producer warp reduces per step (its register footprint: DQ_ROWS x HEAD_DIM / 32).
-DQ_ROWS = 4
+#: The emitted module's own imports: what its TMA reduce-add wrapper (``tma_reduce_add``) builds on.
+IMPORTS = """\
+from triton._C.libtriton import ir
+from triton.experimental.gluon.language._core import builtin
+"""
 #: Rows per program of the dO·O pre-pass and of the dQ conversion.
 PRE_ROWS = 64
 
 HELPERS = """
 @gluon.jit
 def query_block(i, {block_args}):
-    \"\"\"Iteration i's query block: its first row in the flattened [B*H*S, D] tensors and its first position.
-    The iterations run over the group's query heads (outer) and the query blocks from m_first (inner).\"\"\"
+    \"\"\"Iteration i's query block: its first row in the [B*H*S, D] tensors (Q, dO), its first row in the
+    padded [B*H*S_pad] ones (stats, dQ accumulator; S_pad = seq_len rounded up to BLOCK_M, so that every
+    block starts 16-byte aligned, as TMA requires of the innermost coordinate) and its first position. The
+    iterations run over the group's query heads (outer) and the query blocks from m_first (inner).\"\"\"
     m_start = (m_first + i % n_m) * BLOCK_M
-    return (bh_kv * group + i // n_m) * seq_len + m_start, m_start
+    head = bh_kv * group + i // n_m
+    return head * seq_len + m_start, head * (gl.cdiv(seq_len, BLOCK_M) * BLOCK_M) + m_start, m_start
 
 
 @gluon.jit
@@ -58,45 +66,53 @@ def mask_scores(s, n_start, m_start, seq_len, s_layout: gl.constexpr):
 {causal_keep}    return gl.where(keep, s, float("-inf"))
 
 
+@builtin
+def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    \"\"\"TMA reduce-add of the shared tile src into tensor_desc's tensor at coord (one
+    cp.reduce.async.bulk.tensor ... .add, a bulk group of its own). Triton 3.6's Gluon builder has the
+    operation but its language no wrapper; this is the wrapper, shaped like tma.async_copy_shared_to_global.\"\"\"
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
 @gluon.jit
-def dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len):
-    \"\"\"dq_atomic of iteration i: wait for its staged fp32 dQ, add it to dq_ptr row by row chunk (rows past
-    seq_len skipped; gl.atomic_add, relaxed), release the staging slot.\"\"\"
+def dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow):
+    \"\"\"dq_atomic of iteration i: wait for its staged fp32 dQ, add the whole [BLOCK_M, HEAD_DIM] tile to the
+    padded accumulator at row prow with one TMA reduce-add, and release the staging slot once the TMA has
+    read it (cp.async.bulk.wait_group.read; the additions themselves complete asynchronously).\"\"\"
     slot = i % DQ_DEPTH
     mbarrier.wait(dq_ready.index(slot), (i // DQ_DEPTH) & 1)
-    layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [LOAD_WARPS, 1], [1, 0])
-    rows = gl.arange(0, DQ_ROWS, gl.SliceLayout(1, layout))
-    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    base = dq_ptr + row.to(gl.int64) * HEAD_DIM  # 64-bit once; 32-bit offsets within the tile
-    for r in gl.static_range(0, BLOCK_M, DQ_ROWS):
-        x = dq_stage.index(slot).slice(r, DQ_ROWS).load(layout)
-        gl.atomic_add(base + (r + rows)[:, None] * HEAD_DIM + cols[None, :], x,
-                      mask=(m_start + r + rows < seq_len)[:, None], sem="relaxed")
+    tma_reduce_add(dq_desc, [prow, 0], dq_stage.index(slot))
+    tma.store_wait(0)
     mbarrier.arrive(dq_empty.index(slot))
 
 
 @gluon.jit
-def preprocess_kernel(o_ptr, do_ptr, delta_ptr, n_rows):
-    \"\"\"delta[row] = sum_d dO[row, d] * O[row, d] in fp32 (the backward's D statistic).\"\"\"
+def preprocess_kernel(o_ptr, do_ptr, delta_ptr, seq_len, s_pad):
+    \"\"\"delta[bh * s_pad + m] = sum_d dO[bh * seq_len + m, d] * O[bh * seq_len + m, d] in fp32 (the backward's
+    D statistic) for the PRE_ROWS positions m of program (m block, bh); padding positions are not written.\"\"\"
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
-    rows = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    m = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    bh = gl.program_id(1).to(gl.int64)
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    offs = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
-    mask = (rows < n_rows)[:, None]
+    offs = (bh * seq_len + m)[:, None] * HEAD_DIM + cols[None, :]
+    mask = (m < seq_len)[:, None]
     o = gl.load(o_ptr + offs, mask=mask, other=0.0).to(gl.float32)
     do = gl.load(do_ptr + offs, mask=mask, other=0.0).to(gl.float32)
-    gl.store(delta_ptr + rows, gl.sum(o * do, 1), mask=rows < n_rows)
+    gl.store(delta_ptr + bh * s_pad + m, gl.sum(o * do, 1), mask=m < seq_len)
 
 
 @gluon.jit
-def dq_convert_kernel(acc_ptr, dq_ptr, n_rows, sm_scale):
-    \"\"\"dq = sm_scale * acc in the operand dtype (the fp32 dQ the producers reduced).\"\"\"
+def dq_convert_kernel(acc_ptr, dq_ptr, seq_len, s_pad, sm_scale):
+    \"\"\"dq[bh * seq_len + m] = sm_scale * acc[bh * s_pad + m] in the operand dtype (the padded fp32 dQ the
+    producers reduced) for the PRE_ROWS positions m of program (m block, bh).\"\"\"
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
-    rows = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    m = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    bh = gl.program_id(1).to(gl.int64)
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    offs = rows.to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]
-    mask = (rows < n_rows)[:, None]
-    gl.store(dq_ptr + offs, (gl.load(acc_ptr + offs, mask=mask) * sm_scale).to(DTYPE), mask=mask)
+    mask = (m < seq_len)[:, None]
+    acc = gl.load(acc_ptr + (bh * s_pad + m)[:, None] * HEAD_DIM + cols[None, :], mask=mask)
+    gl.store(dq_ptr + (bh * seq_len + m)[:, None] * HEAD_DIM + cols[None, :], (acc * sm_scale).to(DTYPE), mask=mask)
 """
 
 LAUNCH = """
@@ -108,17 +124,37 @@ def _rows(t, name, shape, dtype):
     return t.contiguous().view(-1, HEAD_DIM.value) if t.dim() == 4 else t.contiguous().view(-1)
 
 
+def padded_len(S):
+    \"\"\"S rounded up to BLOCK_M: the per-head length of the stats rows and the fp32 dQ accumulator, so that
+    every query block starts at a 16-byte aligned TMA coordinate (TMA requires it of the innermost one).\"\"\"
+    return triton.cdiv(S, BLOCK_M.value) * BLOCK_M.value
+
+
+def buffer_shapes(B, H, S):
+    \"\"\"The launcher's fp32 buffers: the stats rows (LSE, D) [2, B*H*S_pad], read by TMA with the query block
+    along the innermost dimension, and the dQ accumulator [B*H*S_pad, HEAD_DIM].\"\"\"
+    n = B * H * padded_len(S)
+    return {{"stats": (2, n), "dq_acc": (n, HEAD_DIM.value)}}
+
+
 def preprocess(o, do):
     \"\"\"delta [B, H, S] fp32: the row sums of dO * O (the dO·O pre-pass of the backward).\"\"\"
     import torch
 
     B, H, S, D = o.shape
+    delta = torch.empty((B, H, S), device=o.device, dtype=torch.float32)
+    _preprocess(o, do, delta, S)
+    return delta
+
+
+def _preprocess(o, do, out, s_pad):
+    \"\"\"The pre-pass into ``out`` with ``s_pad`` positions per (batch, head).\"\"\"
+    import torch
+
+    B, H, S, D = o.shape
     o2 = _rows(o, "o", (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
     do2 = _rows(do, "do", (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
-    delta = torch.empty((B, H, S), device=o.device, dtype=torch.float32)
-    n = B * H * S
-    preprocess_kernel[(triton.cdiv(n, PRE_ROWS.value),)](o2, do2, delta, n, num_warps=4)
-    return delta
+    preprocess_kernel[(triton.cdiv(S, PRE_ROWS.value), B * H)](o2, do2, out, S, s_pad, num_warps=4)
 
 
 def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=None):
@@ -137,29 +173,31 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     do2 = _rows(do, "do", (B, H, S, HEAD_DIM.value), dtype)
     k2, v2 = _rows(k, "k", kv_shape, dtype), _rows(v, "v", kv_shape, dtype)
     lse = _rows(lse, "lse", (B, H, S), torch.float32)
-    delta = preprocess(o, do) if delta is None else delta
-    delta = _rows(delta, "delta", (B, H, S), torch.float32)
     dq = torch.empty_like(q) if dq is None else dq
     dk = torch.empty(kv_shape, device=q.device, dtype=dtype) if dk is None else dk
     dv = torch.empty(kv_shape, device=q.device, dtype=dtype) if dv is None else dv
     for t, name, shape in ((dq, "dq", q.shape), (dk, "dk", kv_shape), (dv, "dv", kv_shape)):
         if tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous():
             raise ValueError(f"{{name}} must be a contiguous {{dtype}} tensor of shape {{tuple(shape)}}")
-    n = B * H * S
-    stats = torch.zeros((2, (n + 3) // 4 * 4), device=q.device, dtype=torch.float32)  # 16-byte TMA row stride
-    stats[0, :n] = lse
-    stats[1, :n] = delta
-    dq_acc = torch.zeros((n, D), device=q.device, dtype=torch.float32)
+    shapes, s_pad = buffer_shapes(B, H, S), padded_len(S)
+    stats = torch.zeros(shapes["stats"], device=q.device, dtype=torch.float32)
+    stats[0].view(B * H, s_pad)[:, :S] = lse.view(B * H, S)
+    if delta is None:
+        _preprocess(o, do, stats[1], s_pad)
+    else:
+        stats[1].view(B * H, s_pad)[:, :S] = _rows(delta, "delta", (B, H, S), torch.float32).view(B * H, S)
+    dq_acc = torch.zeros(shapes["dq_acc"], device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     q_desc = _descriptor(q2, [BLOCK_M.value, D])
     k_desc = _descriptor(k2, [BLOCK_N.value, D])
     v_desc = _descriptor(v2, [BLOCK_N.value, D])
     do_desc = _descriptor(do2, [BLOCK_M.value, D])
     stats_desc = _descriptor(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
+    dq_desc = _descriptor(dq_acc, [BLOCK_M.value, D], gl.float32)
     grid = (triton.cdiv(S, BLOCK_N.value), B * kv_shape[1])
-    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc, dk, dv, S, sm_scale * LOG2E.value,
+    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk, dv, S, sm_scale * LOG2E.value,
                           sm_scale, H // kv_shape[1], num_warps=NUM_WARPS)
-    dq_convert_kernel[(triton.cdiv(n, PRE_ROWS.value),)](dq_acc, dq, n, sm_scale, num_warps=4)
+    dq_convert_kernel[(triton.cdiv(S, PRE_ROWS.value), B * H)](dq_acc, dq, S, s_pad, sm_scale, num_warps=4)
     return dq, dk, dv
 
 
@@ -269,7 +307,8 @@ class _Compute:
         return [*self.retire("dq"),
                 f"mbarrier.wait(dq_empty.index({i} % DQ_DEPTH), (({i} // DQ_DEPTH) & 1) ^ 1)  # empty: "
                 f"{self.plan.wait('empty', self.part.roles['dq_store']).why}",
-                f"dq_stage.index({i} % DQ_DEPTH).store(dqv)  # fp32 dQ for the producer's dq_atomic"]
+                f"dq_stage.index({i} % DQ_DEPTH).store(dqv)  # fp32 dQ for the producer's dq_atomic",
+                "fence_async_shared()  # the stores visible to the producer's TMA reduce"]
 
     def mask_condition(self) -> str:
         """When a tile needs the mask: a ragged tail, or (causal) a query block reaching into the key block."""
@@ -375,8 +414,7 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
         "    mbarrier.init(kv_bar, count=1)",
         "    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], DTYPE)",
         "    ds_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, BLOCK_M], ds_layout)",
-        "    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_DEPTH, BLOCK_M, HEAD_DIM],",
-        "                                         gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))",
+        "    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_DEPTH, BLOCK_M, HEAD_DIM], dq_desc.layout)",
         "    dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
         "    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
         "    for s in gl.static_range(DQ_DEPTH):",
@@ -390,14 +428,14 @@ def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, 
     (atomic,) = [n for n in plan.load.ops if plan.placement(n).role == "dq_atomic"]
     at = plan.placement(atomic)
     why = plan.wait("ready", atomic).why
-    call = "dq_reduce(dq_stage, dq_ready, dq_empty, dq_ptr, i, row, m_start, seq_len)"
+    call = "dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow)"
     lag = plan.dq_lag
     lines = [f"        # {atomic}: start {at.start}, stage {at.stage} -> dQ of iteration j - DQ_LAG ({why})"]
     if lag:
         lines += ["        if j >= DQ_LAG:", "            i = j - DQ_LAG",
-                  f"            row, m_start = query_block(i, {BLOCK_ARGS})", f"            {call}"]
+                  f"            _, prow, _ = query_block(i, {BLOCK_ARGS})", f"            {call}"]
         after = ("    for i in range(gl.maximum(n_iters - DQ_LAG, 0), n_iters):  # drain: the last DQ_LAG dQ tiles",
-                 f"        row, m_start = query_block(i, {BLOCK_ARGS})", f"        {call}")
+                 f"        _, prow, _ = query_block(i, {BLOCK_ARGS})", f"        {call}")
     else:
         lines += ["        i = j", f"        {call}"]
         after = ()
@@ -411,7 +449,6 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
     extra = [("DQ_DEPTH", plan.dq_depth, "dQ staging slots: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
              ("DQ_LAG", plan.dq_lag, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j: "
                                      "stage(dq_atomic) - stage(load_q) (schedule)"),
-             ("DQ_ROWS", DQ_ROWS, "rows of dQ the producer warp adds per step"),
              ("PRE_ROWS", PRE_ROWS, "rows per program of the dO.O pre-pass and the dQ conversion"),
              ("LOG2E", 1.4426950408889634, "the kernel runs in base 2; LSE is a natural log")]
     if plan.kv_heads:
@@ -419,8 +456,8 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                                                   "h of its K/V head, h // (H // KV_HEADS))"))
     order = ", ".join(part.ops)
     decisions = [f"decisions: compute ops in the schedule's steady-state order ({order}), each wgmma retired by "
-                 f"its first reader; dQ staged in {plan.dq_depth} fp32 slot(s), reduced by the producer warp with "
-                 f"gl.atomic_add {plan.dq_lag} producer iteration(s) after its loads",
+                 f"its first reader; dQ staged in {plan.dq_depth} fp32 slot(s), added by the producer warp with one "
+                 f"TMA reduce-add per tile {plan.dq_lag} producer iteration(s) after its loads",
                  "layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
                  "register A operands of dV, dK; dS^T in shared memory for dQ = dS K (warps [4, 2])"]
     if plan.causal:
@@ -438,18 +475,18 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
         extra_constants=tuple(extra),
         functions=helpers_source(plan).strip("\n") + "\n\n\n" + _Compute(plan).render(),
         kernel="backward_kernel",
-        kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_ptr, dk_ptr, dv_ptr, seq_len, qk_scale, "
+        kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk_ptr, dv_ptr, seq_len, qk_scale, "
                       "sm_scale, group",
         kernel_doc=("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to "
-                    "dq_ptr); Q, dO, dQ are [B*H*S, D], K, V, dK, dV [B*KV_HEADS*S, D]; stats [2, >= B*H*S] "
-                    "holds LSE and D."),
+                    "dq_ptr, [B*H*S_pad, D]); Q, dO, dQ are [B*H*S, D], K, V, dK, dV [B*KV_HEADS*S, D]; stats "
+                    "[2, B*H*S_pad] holds LSE and D (S_pad: seq_len rounded up to BLOCK_M)."),
         setup=_setup(plan),
         iv="j",
         trip="n_iters",
         slot_shapes={"q": "BLOCK_M, HEAD_DIM", "do": "BLOCK_M, HEAD_DIM", "stats": "2, BLOCK_M"},
-        coords={"q": "[row, 0]", "do": "[row, 0]", "stats": "[0, row]"},
+        coords={"q": "[row, 0]", "do": "[row, 0]", "stats": "[0, prow]"},
         load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar", "dq_stage", "dq_ready", "dq_empty",
-                     "dq_ptr", "kv_row", "bh_kv", "group", "m_first", "n_m", "seq_len"),
+                     "dq_desc", "kv_row", "bh_kv", "group", "m_first", "n_m", "seq_len"),
         load_setup=("    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
                     "    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)",
                     "    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)"),
@@ -463,11 +500,13 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                    ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
                    ("do_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value])"),
                    ("stats_desc", "_desc_type([2, BLOCK_M.value], gl.float32, STATS_LAYOUT)"),
-                   ("dq_ptr", '"*fp32"'), ("dk_ptr", '"*" + str(DTYPE.value)'), ("dv_ptr", '"*" + str(DTYPE.value)'),
+                   ("dq_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value], gl.float32)"),
+                   ("dk_ptr", '"*" + str(DTYPE.value)'), ("dv_ptr", '"*" + str(DTYPE.value)'),
                    ("seq_len", '"i32"'), ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"')),
         launch=launch_source(plan),
         slot_dtypes={"stats": "gl.float32"},
-        load_iteration=(f"        row, m_start = query_block(j, {BLOCK_ARGS})",),
+        load_iteration=(f"        row, prow, m_start = query_block(j, {BLOCK_ARGS})",),
         load_ops=load_ops,
         load_after=load_after,
+        imports=IMPORTS,
     )

@@ -85,6 +85,7 @@ class KernelBody:
         load_iteration: producer lines at the top of each loop iteration (before the loads).
         load_ops: producer op -> its lines, for the producer's ops that fill no ring (``dq_atomic``).
         load_after: producer lines after the loop.
+        imports: import lines of the kernel's own, after the shared ones.
     """
 
     title: str
@@ -114,11 +115,13 @@ class KernelBody:
     load_iteration: tuple[str, ...] = ()
     load_ops: dict[str, tuple[str, ...]] = field(default_factory=dict)
     load_after: tuple[str, ...] = ()
+    imports: str = ""
 
 
 def render_module(plan: KernelPlan, body: KernelBody) -> str:
     """The complete emitted module for ``plan``."""
-    parts = [render_header(plan, body), f'"""{body.summary}"""\n', IMPORTS, f'KERNEL = "{plan.kernel}"\n',
+    parts = [render_header(plan, body), f'"""{body.summary}"""\n', IMPORTS + body.imports,
+             f'KERNEL = "{plan.kernel}"\n',
              render_constants(plan, body), render_load_partition(plan, body), body.functions,
              render_kernel(plan, body), render_host(plan, body)]
     return "\n\n".join(p.strip("\n") for p in parts) + "\n"
