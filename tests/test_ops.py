@@ -34,6 +34,15 @@ def test_forward_kernels_of_the_op_compile_for_sm90(tmp_path, monkeypatch, spec)
     assert facts.wgmma > 0 and facts.tma_loads > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_kernels_of_the_op_are_emitted(head_dim, causal):
+    """Every backward the op can ask for is a schedule the Gluon generator emits (solved, verified, planned)."""
+    source = flash._generate(KernelSpec("flash-bwd", head_dim, "fp16", causal, 0))
+    assert "def launch(" in source and "def preprocess(" in source
+
+
 def test_cached_module_is_imported_without_solving(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     _fake_version(monkeypatch)
