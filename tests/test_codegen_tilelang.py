@@ -129,6 +129,18 @@ def test_lagged_wgmma_wait_cannot_be_emitted():
         emit_tilelang(_gemm(3, 8, False, lag=1))
 
 
+def test_wait_lag_counts_stages_from_the_first_compute_op():
+    """A lag-0 schedule translated so that ``mma_wait`` crosses a multiple of II has stage(mma_wait) -
+    stage(mma) = 1 in absolute time, but still waits within II of the wgmma: it is emitted (synchronous
+    ``T.gemm``)."""
+    sched = _gemm(3, 8, True)
+    shift = sched.ii - sched.start("mma_wait") + sched.start("mma") + 1
+    moved = replace(sched, starts={n: t + shift for n, t in sched.starts.items()})
+    verify(moved, H100)
+    assert moved.stage("mma_wait") - moved.stage("mma") == 1
+    assert "T.gemm(A_s, B_s, C_l" in emit_tilelang(moved)
+
+
 def test_two_subtiles_cannot_be_emitted():
     with pytest.raises(UnsupportedFeatureError, match="cannot emit tilelang: attention graph with 2 qk ops"):
         emit_tilelang(_flash(2, True, subtiles=2))
