@@ -150,7 +150,8 @@ def format_plan(plan: PipelinePlan, schedule: Schedule) -> str:
         lines.append(f"  {i:<3d} {op:23s} {schedule.graph.op(op).kind:9s} {plan.stage[i]:<6d} {plan.order[i]:<6d} "
                      f"{group!s:4s}{tail}".rstrip())
     if plan.roles:
-        lines += ["", "  warp roles (a T.WSSchedule would take them; T.Pipelined keeps TileLang's own):"]
+        lines += ["", "  warp roles (twill inject --ws writes them as a T.WSSchedule; T.Pipelined keeps "
+                      "TileLang's own):"]
         lines += [f"  {g} {role:8s} {w} warps, {regs} regs: {', '.join(ops)}" for g, role, w, regs, ops in plan.roles]
     return "\n".join(lines)
 
