@@ -181,6 +181,15 @@ def test_gemm_inject_ws_keeps_the_warp_assignment(capsys, tmp_path):
     assert summary["ws_schedule"]["pipelines"] == [{"name": "A_s_B_s", "depth": summary["tilelang"]["num_stages"]}]
     assert {"gemm_twill_ws.py", "gemm_twill_ws.cu", "gemm_twill.py"} <= set(summary["files"])
     _check_ws_kernel(tmp_path / "o", "gemm", {**summary, "compute_role": "mma"})
+    doc = json.loads((tmp_path / "o" / "schedule.json").read_text())
+    for w in doc["warps"]:
+        w["num_warps"] = 8 if w["role"] == "mma" else w["num_warps"]
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    rc, out, err = run(capsys, "inject", GEMM + ":matmul", *GEMM_ARGS, "--schedule", str(tmp_path / "bad.json"),
+                       "-o", str(tmp_path / "bad"))
+    assert rc == 2 and out == "" and err == ("twill: error: cannot emit tilelang: a 8-warp compute group (the kernel "
+                                             "launches 128 threads for its tile statements)\n")
+    assert not (tmp_path / "bad").exists()
 
 
 @needs_tilelang
