@@ -180,6 +180,7 @@ def test_ws_gemm_cuda_has_the_ring_and_roles(tmp_path, depth, warps):
     assert f"warpgroup_reg_dealloc<{plan.load.regs}>" in cuda
     assert f"warpgroup_reg_alloc<{plan.compute[0].regs}>" in cuda
     assert f"__launch_bounds__({32 * (4 + warps)}" in cuda and "tma_load" in cuda and "cp_async" not in cuda
+    assert "tl::warpgroup_wait<0>();" in cuda and "wait_wgmma<1>" not in cuda    # lag 0: T.gemm waits
 
 
 @needs_tilelang

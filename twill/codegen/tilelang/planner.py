@@ -12,7 +12,7 @@ and order ignored (verified: identical CUDA), while without it TileLang runs the
 
 A warp-specialized schedule also gives a second rewrite that keeps Twill's warp assignment
 (:func:`ws_loop_design`): the loop becomes a ``T.serial`` loop under a ``T.WSSchedule`` whose ``load`` role
-issues the TMA copies, whose ``compute0`` role runs the other statements in the schedule's steady-state order,
+issues the TMA copies, whose ``compute0`` role runs the other statements in order of start time,
 one ``WSPipeline`` per ring (loads of equal depth and readers share one) of the ring's depth, and whose roles
 carry the warp groups' register budgets.
 """
@@ -82,10 +82,11 @@ def _sync(kind: str, pipeline: str) -> str:
 def ws_loop_design(schedule: Schedule, buffers: dict[str, str], threads: int) -> WSDesign:
     """The ``T.WSSchedule`` of a warp-specialized schedule of a TileLang loop: role ``load`` (the warp group of
     the TMA loads) on warps ``[0, warps)``, role ``compute0`` (the other group, the kernel's ``threads``) from
-    warp 4, each with the group's register budget; one ``WSPipeline`` per load over its shared buffer
-    (``buffers``: load -> buffer), depth = its ring depth; the consumer waits before a buffer's first reader and
-    releases after its last, all at stage 0 (every op but the loads shares one stage). Loads of equal depth,
-    first reader and last reader share one pipeline (one full/empty barrier pair), as in the emitted kernels."""
+    warp 4, each with the group's register budget, running its statements in order of start time (one
+    iteration's order: TileLang runs a role's list per iteration, every sync at stage 0 as every op but the
+    loads shares one stage); one ``WSPipeline`` per ring over its shared buffers (``buffers``: load -> buffer),
+    depth = the ring depth, loads of equal depth and readers sharing one (one full/empty barrier pair, as in
+    the emitted kernels); the consumer waits before a ring's first reader and releases after its last."""
     graph = schedule.graph
     loads = [w for w in schedule.warps if w.ops and all(graph.op(n).variable_latency for n in w.ops)]
     compute = [w for w in schedule.warps if w.ops and w not in loads]
@@ -102,7 +103,9 @@ def ws_loop_design(schedule: Schedule, buffers: dict[str, str], threads: int) ->
               f"warp group {load.id} ({load.role}, {load.num_warps} warp): TMA producer, budget {load.regs}"),
              ("compute0", PRODUCER_WARPGROUP, PRODUCER_WARPGROUP + comp.num_warps, comp.regs,
               f"warp group {comp.id} ({comp.role}, {comp.num_warps} warps), budget {comp.regs}"))
-    order = {n: i for i, n in enumerate(comp.ops)}
+    index = {n: i for i, n in enumerate(graph.attrs["statements"])}
+    body = sorted(comp.ops, key=lambda n: (schedule.start(n), index[n]))    # iteration order, not t mod II
+    order = {n: i for i, n in enumerate(body)}
     rings: dict[tuple[int, str, str], list[str]] = {}     # (depth, first reader, release) -> loads
     whys = {}
     for n in load.ops:
@@ -117,7 +120,7 @@ def ws_loop_design(schedule: Schedule, buffers: dict[str, str], threads: int) ->
         producer += [_sync("producer_acquire", name), *group, _sync("producer_commit", name)]
         waits.setdefault(first, []).append(_sync("consumer_wait", name))
         releases.setdefault(release, []).append(_sync("consumer_release", name))
-    consumer = [e for n in comp.ops for e in (*waits.get(n, []), n, *releases.get(n, []))]
+    consumer = [e for n in body for e in (*waits.get(n, []), n, *releases.get(n, []))]
     return WSDesign(PRODUCER_WARPGROUP + comp.num_warps, roles, tuple(pipelines),
                     {"load": tuple(producer), "compute0": tuple(consumer)})
 
