@@ -6,20 +6,23 @@ Two steps, so that the GPU machine needs neither ortools nor the solver:
 * ``generate(outdir)`` (CPU, the TileLang environment): ``twill emit tilelang`` modules (the joint solver's
   warp-specialized schedule, as ``T.WSSchedule``) for the GEMM at its default 128x256x64 tile and at the
   examples' 128x128x64 tile, and for attention; ``twill inject`` of ``examples/tilelang/gemm.py`` and
-  ``flash_fwd.py`` (Twill's stage/order in their ``T.Pipelined`` loop); the GEMM example in TileLang's manual
-  form (``stage=[0, 0, 2], order=[0, 1, 2]``, the hand-written plan of TileLang's own docs and tests) as
-  ``manual_gemm.py``; ``outdir/manifest.json``.
+  ``flash_fwd.py`` (Twill's stage/order in their ``T.Pipelined`` loop) and ``twill inject --ws`` of both (their
+  loop under a ``T.WSSchedule`` of Twill's warp assignment, ``inject_ws_<name>/<name>_twill_ws.py``); the GEMM
+  example in TileLang's manual form (``stage=[0, 0, 2], order=[0, 1, 2]``, the hand-written plan of TileLang's
+  own docs and tests) as ``manual_gemm.py``; ``outdir/manifest.json``.
 * ``run(kernel_dir, out)`` (GPU, TileLang + torch): every contender of one problem compiled by TileLang for the
   GPU, checked against an fp32 torch reference on fresh random data (outputs poisoned with NaN first), then
   timed device-side: CUDA events around ``CALLS`` calls, ``ROUNDS`` rounds interleaved over the contenders,
   median and spread (min, max) in ms and TFLOP/s. Contenders: GEMM ``M = N = K`` in ``GEMM_SIZES`` (fp16):
   ``tilelang_auto`` (the example, ``num_stages=3``: TileLang's PipelinePlanning and automatic warp
-  specialization), ``tilelang_manual`` (the manual form), ``tilelang_plain`` (``num_stages=0``), ``twill_planned`` (the injected example),
-  ``twill_emitted_128x256`` / ``twill_emitted_128x128`` and cuBLAS (``torch.matmul``). Attention
-  ``B, H, S, D = ATTN_SHAPE`` (non-causal, fp16; TileLang's layout [B, S, H, D], the emitted module's
-  [B, H, S, D]): ``tilelang_auto`` (``num_stages=2``), ``tilelang_plain``, ``twill_planned``,
-  ``twill_emitted`` and cuDNN (SDPA). A contender that fails is recorded, never fatal. Writes
-  ``out/tilelang_bench_h200.json`` and prints a table.
+  specialization), ``tilelang_manual`` (the manual form), ``tilelang_plain`` (``num_stages=0``),
+  ``twill_planned`` (the injected example), ``twill_planned_ws`` (its ``--ws`` rewrite),
+  ``twill_emitted_128x256`` / ``twill_emitted_128x128`` and cuBLAS (``torch.matmul``); no emitted GEMM with
+  the wgmma in flight (lag 1): TileLang 0.1.15 cannot express it (docs/codegen.md, "What TileLang cannot
+  express"). Attention ``B, H, S, D = ATTN_SHAPE`` (non-causal, fp16; TileLang's layout [B, S, H, D], the
+  emitted module's [B, H, S, D]): ``tilelang_auto`` (``num_stages=2``), ``tilelang_plain``, ``twill_planned``,
+  ``twill_planned_ws``, ``twill_emitted`` and cuDNN (SDPA). A contender that fails is recorded, never fatal.
+  Writes ``out/tilelang_bench_h200.json`` and prints a table.
 
     python benchmarks/tilelang_bench.py generate benchmarks/tilelang_kernels       # CPU, TileLang venv
     python benchmarks/tilelang_bench.py run benchmarks/tilelang_kernels --out $OUT  # GPU
@@ -64,14 +67,15 @@ def _twill(*argv: str) -> str:
 def generate(outdir: str, arch: str = "h200") -> dict[str, Any]:
     """Emit and inject every Twill contender into ``outdir`` (see the module docstring)."""
     os.makedirs(outdir, exist_ok=True)
-    manifest: dict[str, Any] = {"arch": arch, "emitted": {}, "planned": {}}
+    manifest: dict[str, Any] = {"arch": arch, "emitted": {}, "planned": {}, "planned_ws": {}}
     for name, argv in EMIT.items():
         _twill("emit", "tilelang", *argv, "--arch", arch, "-o", os.path.join(outdir, name))
         manifest["emitted"][name] = argv
     for name, (target, args) in INJECT.items():
-        summary = json.loads(_twill("inject", target, *(x for a in args for x in ("--arg", a)), "--arch", arch,
-                                    "-o", os.path.join(outdir, f"inject_{name}")))
-        manifest["planned"][name] = summary
+        for prefix, ws in (("inject", []), ("inject_ws", ["--ws"])):
+            summary = json.loads(_twill("inject", target, *(x for a in args for x in ("--arg", a)), "--arch", arch,
+                                        *ws, "-o", os.path.join(outdir, f"{prefix}_{name}")))
+            manifest["planned_ws" if ws else "planned"][name] = summary
     sys.path.insert(0, ROOT)
     from twill.frontends.tilelang import rewrite_source
 
@@ -136,6 +140,7 @@ def _gemm_contenders(kernel_dir: str, n: int) -> dict[str, tuple[Callable[[Any, 
 
     example = _load(os.path.join(ROOT, "examples", "tilelang", "gemm.py"))
     planned = _load(os.path.join(kernel_dir, "inject_gemm", "gemm_twill.py"))
+    planned_ws = _load(os.path.join(kernel_dir, "inject_ws_gemm", "gemm_twill_ws.py"))
     manual = _load(os.path.join(kernel_dir, "manual_gemm.py"))
     out: dict[str, Any] = {}
     builders = {
@@ -143,6 +148,7 @@ def _gemm_contenders(kernel_dir: str, n: int) -> dict[str, tuple[Callable[[Any, 
         "tilelang_manual": lambda: _compile(manual.matmul.get_tir(n, n, n)),
         "tilelang_plain": lambda: _compile(example.matmul.get_tir(n, n, n, num_stages=0)),
         "twill_planned": lambda: _compile(planned.matmul.get_tir(n, n, n)),
+        "twill_planned_ws": lambda: _compile(planned_ws.matmul.get_tir(n, n, n)),
     }
     for name in ("gemm_128x256.py", "gemm_128x128.py"):
         mod = _load(os.path.join(kernel_dir, name))
@@ -197,10 +203,12 @@ def bench_attention(kernel_dir: str) -> dict[str, Any]:
     ref = torch.softmax((qh.float() @ kh.float().transpose(-1, -2)) * scale, dim=-1) @ vh.float()
     example = _load(os.path.join(ROOT, "examples", "tilelang", "flash_fwd.py"))
     planned = _load(os.path.join(kernel_dir, "inject_flash_fwd", "flash_fwd_twill.py"))
+    planned_ws = _load(os.path.join(kernel_dir, "inject_ws_flash_fwd", "flash_fwd_twill_ws.py"))
     emitted = _load(os.path.join(kernel_dir, "flash_fwd.py"))
     bshd = {"tilelang_auto": lambda: _compile(example.flashattn.get_tir(B, H, S, D)),
             "tilelang_plain": lambda: _compile(example.flashattn.get_tir(B, H, S, D, num_stages=0)),
-            "twill_planned": lambda: _compile(planned.flashattn.get_tir(B, H, S, D))}
+            "twill_planned": lambda: _compile(planned.flashattn.get_tir(B, H, S, D)),
+            "twill_planned_ws": lambda: _compile(planned_ws.flashattn.get_tir(B, H, S, D))}
     row: dict[str, Any] = {"problem": f"attention B={B} H={H} S={S} D={D} fp16", "flops": 4.0 * B * H * S * S * D,
                            "results": {}}
     calls = {}
@@ -264,7 +272,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 #: (contender, reference) pairs whose speed ratio the summary states, where both were timed.
-RATIOS = (("twill_planned", "tilelang_auto"), ("twill_emitted", "tilelang_auto"),
+RATIOS = (("twill_planned", "tilelang_auto"), ("twill_planned_ws", "tilelang_auto"), ("twill_emitted", "tilelang_auto"),
           ("twill_emitted_128x256", "tilelang_auto"), ("twill_emitted_128x256", "cublas"),
           ("twill_emitted", "cudnn"), ("tilelang_auto", "cublas"), ("tilelang_auto", "cudnn"))
 

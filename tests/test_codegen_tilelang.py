@@ -121,9 +121,24 @@ def test_plan_roles_become_ws_roles_with_budgets():
 
 
 def test_lagged_wgmma_wait_cannot_be_emitted():
+    with pytest.raises(UnsupportedFeatureError, match=r"^cannot emit tilelang: wgmma wait lag 1 \(stage\(mma_wait\) "
+                                                      r"- stage\(mma\)\) \(T.wgmma_gemm \+ T.wait_wgmma would keep"):
+        emit_tilelang(_gemm(3, 8, True, lag=1))
     with pytest.raises(UnsupportedFeatureError, match=r"^cannot emit tilelang: 'mma_wait' in stage 1 and 'mma' "
                                                       r"in stage 0 \(TileLang's T.gemm waits"):
-        emit_tilelang(_gemm(3, 8, True, lag=1))
+        emit_tilelang(_gemm(3, 8, False, lag=1))
+
+
+def test_wait_lag_counts_stages_from_the_first_compute_op():
+    """A lag-0 schedule translated so that ``mma_wait`` crosses a multiple of II has stage(mma_wait) -
+    stage(mma) = 1 in absolute time, but still waits within II of the wgmma: it is emitted (synchronous
+    ``T.gemm``)."""
+    sched = _gemm(3, 8, True)
+    shift = sched.ii - sched.start("mma_wait") + sched.start("mma") + 1
+    moved = replace(sched, starts={n: t + shift for n, t in sched.starts.items()})
+    verify(moved, H100)
+    assert moved.stage("mma_wait") - moved.stage("mma") == 1
+    assert "T.gemm(A_s, B_s, C_l" in emit_tilelang(moved)
 
 
 def test_two_subtiles_cannot_be_emitted():
@@ -165,6 +180,7 @@ def test_ws_gemm_cuda_has_the_ring_and_roles(tmp_path, depth, warps):
     assert f"warpgroup_reg_dealloc<{plan.load.regs}>" in cuda
     assert f"warpgroup_reg_alloc<{plan.compute[0].regs}>" in cuda
     assert f"__launch_bounds__({32 * (4 + warps)}" in cuda and "tma_load" in cuda and "cp_async" not in cuda
+    assert "tl::warpgroup_wait<0>();" in cuda and "wait_wgmma<1>" not in cuda    # lag 0: T.gemm waits
 
 
 @needs_tilelang
@@ -188,3 +204,35 @@ def test_flash_cuda_has_the_rings(tmp_path, depth, ws):
         assert f"warpgroup_reg_dealloc<{plan.load.regs}>" in cuda
     else:
         assert "warpgroup_reg" not in cuda and "cp_async" in cuda
+
+
+def _async_gemm(source: str, release_stage: int) -> str:
+    """The emitted lag-0 GEMM with its wgmma left in flight: ``T.wgmma_gemm`` + ``T.wait_wgmma(1)`` (op
+    ``retire``) and the A/B slot released at ``release_stage``, ``T.wait_wgmma(0)`` after the loop."""
+    swaps = {'T.gemm(A_s, B_s, C_l, annotations={T.WSID: "mma"})':
+             'T.wgmma_gemm(A_s, B_s, C_l, annotations={T.WSID: "mma"})\n'
+             '                with T.ws_op("retire"):\n                    T.wait_wgmma(1)',
+             '"mma", T.WSSync.consumer_release("ab", stage=0)':
+             f'"mma", "retire", T.WSSync.consumer_release("ab", stage={release_stage})',
+             "'k_loop', 'store'": "'k_loop', 'drain', 'store'",
+             'with T.ws_op("store"):': 'with T.ws_op("drain"):\n                T.wait_wgmma(0)\n'
+                                       '            with T.ws_op("store"):'}
+    for old, new in swaps.items():
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    return source
+
+
+@needs_tilelang
+def test_wgmma_in_flight_is_refused_for_tilelangs_reason(tmp_path):
+    """Why a lag-1 schedule is refused, against the installed TileLang: releasing the slot a stage after its
+    wait (where the schedule releases it) is rejected; releasing it in the wait's stage lowers, but the CUDA
+    hands slot ``k`` back right after ``wait_wgmma<1>``, which retires wgmma ``k - 1`` while wgmma ``k`` still
+    reads the slot."""
+    source = emit_tilelang(_gemm(3, 8, True))
+    with pytest.raises(Exception, match="acquire/wait of pipeline 'ab' in role compute0 is at stage 0 but its "
+                                        "commit/release is at stage 1; pairs must share one stage"):
+        _cuda(tmp_path, _async_gemm(source, 1), "gemm_lag_1", 1024, 1024, 1024)
+    cuda = _cuda(tmp_path, _async_gemm(source, 0), "gemm_lag_0", 1024, 1024, 1024)
+    assert re.search(r"tl::wait_wgmma<1>\(\);\s*ab_empty\[\(k_1 % 3\)\]\.arrive\(\);", cuda)
+    assert "wgmma_ss<" in cuda and "tl::wait_wgmma<0>();" in cuda

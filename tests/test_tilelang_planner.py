@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from twill.cli import main
-from twill.frontends.tilelang import rewrite_source
+from twill.frontends.tilelang import rewrite_source, rewrite_ws_source, ws_root_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMM = str(ROOT / "examples" / "tilelang" / "gemm.py")
@@ -90,6 +90,26 @@ def test_rewrite_refuses_two_pipelined_loops(tmp_path):
         rewrite_source(str(src), "f", [0], [0], "x")
 
 
+def test_ws_rewrite_tags_every_statement():
+    """The warp-specialized rewrite: the schedule after the allocations, one ``T.ws_op`` per statement of the
+    prologue, the loop (now ``T.serial`` with the loop id) and the epilogue, the loop's in the given ops."""
+    ops = ["tma_load_A_s", "tma_load_B_s", "mma_C_l"]
+    text = rewrite_ws_source(GEMM, "matmul", ops, ["T.annotate_ws_schedule(SCHEDULE)"], "k_loop", "note")
+    tree = ast.parse(text)
+    withs = sorted((n for n in ast.walk(tree) if isinstance(n, ast.With)), key=lambda n: n.lineno)
+    tags = [ast.literal_eval(n.items[0].context_expr.args[0]) for n in withs
+            if getattr(n.items[0].context_expr.func, "attr", "") == "ws_op"]
+    assert tags == ["prologue0", *ops, "epilogue0"]
+    assert ws_root_ops(GEMM, "matmul", "k_loop") == ["prologue0", "k_loop", "epilogue0"]
+    loop = next(n for n in ast.walk(tree) if isinstance(n, ast.For))
+    assert ast.unparse(loop.iter) == "T.serial(T.ceildiv(K, block_K), annotations={T.WSID: 'k_loop'})"
+    assert [ast.unparse(w.items[0].context_expr) for w in loop.body] == [f"T.ws_op('{op}')" for op in ops]
+    assert "Pipelined(" not in text.split("def matmul")[1] and text.index("# note") < text.index("SCHEDULE") \
+        < text.index('T.ws_op("prologue0")')
+    with pytest.raises(Exception, match="has 3 statements in its source and 2 tile statements"):
+        rewrite_ws_source(GEMM, "matmul", ops[:2], [], "k_loop", "note")
+
+
 # -- with TileLang -------------------------------------------------------------------------------------
 @needs_tilelang
 def test_gemm_plan_obeys_tilelang_rules(capsys):
@@ -134,14 +154,55 @@ def test_loop_without_gemm_is_refused(capsys, tmp_path):
                               "loops\n"
 
 
+def _check_ws_kernel(out: Path, stem: str, summary: dict) -> None:
+    """The warp-specialized rewrite: its T.WSSchedule takes the schedule's warp groups (load group on warp 0,
+    compute group from warp 4, their budgets) and ring depths, and its CUDA shows them."""
+    doc = json.loads((out / "schedule.json").read_text())
+    load, comp = (next(w for w in doc["warps"] if w["role"] == role) for role in ("load", summary["compute_role"]))
+    kernel = (out / f"{stem}_twill_ws.py").read_text()
+    assert f'T.WSRole("load", warps_lo=0, warps_hi={load["num_warps"]}, max_nreg={load["regs"]})' in kernel
+    assert (f'T.WSRole("compute0", warps_lo=4, warps_hi={4 + comp["num_warps"]}, max_nreg={comp["regs"]})'
+            in kernel)
+    cuda = (out / f"{stem}_twill_ws.cu").read_text()
+    assert f"warpgroup_reg_dealloc<{load['regs']}>" in cuda and f"warpgroup_reg_alloc<{comp['regs']}>" in cuda
+    assert f"__launch_bounds__({32 * (4 + comp['num_warps'])}, 1)" in cuda and "cp_async" not in cuda
+    for p in summary["ws_schedule"]["pipelines"]:
+        assert re.search(rf'T\.WSPipeline\("{p["name"]}", \[[\w, ]+\], depth={p["depth"]}\)', kernel)
+        assert f"{p['name']}_full_mem[{p['depth']}]" in cuda and f"{p['name']}_empty_mem[{p['depth']}]" in cuda
+    assert _versions(cuda) == {p["depth"] for p in summary["ws_schedule"]["pipelines"]}
+
+
+@needs_tilelang
+@pytest.mark.slow
+def test_gemm_inject_ws_keeps_the_warp_assignment(capsys, tmp_path):
+    rc, out, err = run(capsys, "inject", GEMM + ":matmul", *GEMM_ARGS, "--ws", "-o", str(tmp_path / "o"))
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert summary["ws_schedule"]["pipelines"] == [{"name": "A_s_B_s", "depth": summary["tilelang"]["num_stages"]}]
+    assert {"gemm_twill_ws.py", "gemm_twill_ws.cu", "gemm_twill.py"} <= set(summary["files"])
+    _check_ws_kernel(tmp_path / "o", "gemm", {**summary, "compute_role": "mma"})
+    doc = json.loads((tmp_path / "o" / "schedule.json").read_text())
+    for w in doc["warps"]:
+        w["num_warps"] = 8 if w["role"] == "mma" else w["num_warps"]
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    rc, out, err = run(capsys, "inject", GEMM + ":matmul", *GEMM_ARGS, "--schedule", str(tmp_path / "bad.json"),
+                       "-o", str(tmp_path / "bad"))
+    assert rc == 2 and out == "" and err == ("twill: error: cannot emit tilelang: a 8-warp compute group (the kernel "
+                                             "launches 128 threads for its tile statements)\n")
+    assert not (tmp_path / "bad").exists()
+
+
 @needs_tilelang
 @pytest.mark.slow
 def test_flash_inject_round_trip(capsys, tmp_path):
-    rc, out, err = run(capsys, "inject", FLASH + ":flashattn", *FLASH_ARGS, "--resolution", "60", "-o",
+    rc, out, err = run(capsys, "inject", FLASH + ":flashattn", *FLASH_ARGS, "--resolution", "60", "--ws", "-o",
                        str(tmp_path / "o"))
     assert rc == 0, err
-    plan = json.loads(out)["tilelang"]
+    summary = json.loads(out)
+    plan = summary["tilelang"]
     assert len(plan["ops"]) == 13 and sum(op.startswith("mma_") for op in plan["ops"]) == 2
     cuda = (tmp_path / "o" / "flash_fwd_twill.cu").read_text()
     assert _versions(cuda) == {plan["num_stages"]}
     _check_tilelang_rules({"tilelang": plan, **json.loads((tmp_path / "o" / "schedule.json").read_text())})
+    assert [p["name"] for p in summary["ws_schedule"]["pipelines"]] == ["K_shared", "V_shared"]
+    _check_ws_kernel(tmp_path / "o", "flash_fwd", {**summary, "compute_role": "compute"})

@@ -232,14 +232,19 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert re.search(r"argument 'b_ptr' is missing", err) and "\n" not in err
 
 
-@pytest.mark.parametrize("flag", [["--solver", "yices"], ["--reg-limit", "128"], ["--max-warps", "8"],
-                                  ["--no-cross-warp"]])
-def test_inject_refuses_warp_specialization_options(tmp_path, capsys, flag):
+@pytest.mark.parametrize("flag,message", [
+    (["--solver", "yices"], "--solver applies to warp specialization"),
+    (["--reg-limit", "128"], "--reg-limit applies to warp specialization"),
+    (["--max-warps", "8"], "--max-warps applies to warp specialization"),
+    (["--no-cross-warp"], "--no-cross-warp applies to warp specialization"),
+    (["--ws"], "--ws applies to TileLang kernels"),
+])
+def test_inject_refuses_warp_specialization_options(tmp_path, capsys, flag, message):
     from twill.cli import main
 
     assert main(["inject", *_triton_args("matmul"), *flag, "-o", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert f"{flag[0]} applies to warp specialization" in err and err.count("\n") == 1
+    assert message in err and err.count("\n") == 1
     assert not (tmp_path / "x").exists()
 
 

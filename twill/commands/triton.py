@@ -78,10 +78,10 @@ def _cmd_inject(args: argparse.Namespace) -> int:
     from twill.codegen.triton import inject, solve_for_triton, tune, write_outputs
     from twill.frontends.triton import lower_function
 
-    _refuse_ws_options(args)
+    tilelang = tilelang_target(args)
+    _refuse_ws_options(args, bool(tilelang))
     machine = machine_of(args)
     check_outputs(folders=[args.output])
-    tilelang = tilelang_target(args)
     if tilelang:
         return _inject_tilelang(args, machine, *tilelang)
     tuning = None
@@ -109,14 +109,18 @@ WS_OPTIONS = {"solver": ("--solver", "cpsat"), "reg_limit": ("--reg-limit", None
               "max_warps": ("--max-warps", None), "cross_warp": ("--no-cross-warp", True)}
 
 
-def _refuse_ws_options(args: argparse.Namespace) -> None:
-    """Options ``twill inject`` cannot honour are errors: warp specialization and built-in kernel options."""
+def _refuse_ws_options(args: argparse.Namespace, tilelang: bool) -> None:
+    """Options ``twill inject`` cannot honour are errors: built-in kernel options, and warp specialization
+    except ``--ws`` (and its options) for a TileLang kernel."""
     static = kernel_options_given(args)
     if static:
         raise TwillError(f"--{sorted(static)[0].replace('_', '-')} applies to built-in kernels only; twill inject "
                          f"compiles a Triton kernel: use --constexpr")
+    if args.ws and not tilelang:
+        raise TwillError("--ws applies to TileLang kernels (path.py:fn whose file imports tilelang); Triton 3.6 "
+                         "has no warp assignment to write")
     given = [flag for dest, (flag, default) in WS_OPTIONS.items() if getattr(args, dest) != default]
-    if given:
+    if given and not (tilelang and args.ws):
         raise TwillError(f"{given[0]} applies to warp specialization, and twill inject compiles a "
                          f"software-pipelining schedule only (Triton 3.6 has no warp assignment to write); use "
                          f"'twill schedule' for warp-specialized schedules")
@@ -141,8 +145,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(its file imports tilelang; factory arguments with --arg) gets its "
                                    "T.Pipelined loop rewritten with Twill's num_stages/stage/order: "
                                    "<file>_twill.py, its CUDA <file>_twill.cu (lowered without a GPU), "
-                                   "schedule.json and summary.json. Warp-specialization options and built-in "
-                                   "kernel options are refused.")
+                                   "schedule.json and summary.json; with --ws also <file>_twill_ws.py (its "
+                                   "loop under a T.WSSchedule of Twill's warp assignment) and its CUDA. "
+                                   "Warp-specialization options without --ws and built-in kernel options "
+                                   "are refused.")
     add_target_arguments(p)
     add_solve_arguments(p)
     p.add_argument("--schedule", default=None, metavar="S.json",
@@ -150,5 +156,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "inject) instead of solving")
     p.add_argument("--load-lead", type=int, default=None, metavar="N",
                    help="stages between a streaming load and its first consumer (default num_stages - 1)")
+    p.add_argument("--ws", action="store_true",
+                   help="TileLang kernels: solve with warp specialization and also write <file>_twill_ws.py, the "
+                        "loop under a T.WSSchedule of Twill's warp assignment, and its CUDA <file>_twill_ws.cu")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.set_defaults(func=_cmd_inject, ws=False)

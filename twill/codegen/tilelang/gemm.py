@@ -11,7 +11,7 @@ zero-pads ragged M, N, K to whole tiles, as the Gluon and Pallas modules take th
 from __future__ import annotations
 
 from twill.codegen.plan import KernelPlan, ops_with_role
-from twill.codegen.tilelang.render import (TL_DTYPES, Statement, check_one_stage,
+from twill.codegen.tilelang.render import (TL_DTYPES, Statement, cannot_emit, check_one_stage, compute_stages,
                                            constant_lines, indent, pipelined_annotation, ring_lead,
                                            render_header, render_module, schedule_lines)
 from twill.codegen.tilelang.ws import LOOP_ID, ws_design, ws_schedule_source
@@ -75,6 +75,23 @@ def _statements(schedule: Schedule, ws: bool) -> list[Statement]:
             Statement(mma, (f"T.gemm(A_s, B_s, C_l{ann(mma)})",), 1)]
 
 
+def check_wait_lag(schedule: Schedule) -> None:
+    """A wgmma left in flight (``mma_wait`` a stage after ``mma``, stages counted from the earliest non-load
+    start as in :func:`~twill.codegen.tilelang.render.compute_stages`) is refused with TileLang's reason:
+    ``T.wgmma_gemm`` + ``T.wait_wgmma(lag)`` keep it in flight, but its A/B slot may only be released after the
+    wait that retires it, ``lag`` iterations after the slot's ``consumer_wait``, and a ``WSPipeline``'s wait and
+    release must share one stage (MaterializeWSSchedule: "pairs must share one stage"); a release in the wait's
+    stage would hand the slot back to the TMA producer while the wgmma still reads it."""
+    (mma,), (wait,) = (ops_with_role(schedule.graph, r) for r in ("mma", "mma_wait"))
+    stages = compute_stages(schedule)
+    lag = stages[wait] - stages[mma]
+    if lag > 0:
+        raise cannot_emit(f"wgmma wait lag {lag} (stage(mma_wait) - stage(mma))",
+                          "T.wgmma_gemm + T.wait_wgmma would keep the wgmma in flight, but its ring slot must be "
+                          "released after the wait that retires it, a stage after the slot's consumer_wait, and "
+                          "TileLang's WSPipeline wait and release must share one stage")
+
+
 def _tile(schedule: Schedule) -> dict[str, int]:
     attrs = schedule.graph.attrs
     return {"block_m": int(attrs.get("block_m", 128)), "block_n": int(attrs.get("block_n", 256)),
@@ -89,6 +106,7 @@ def _tile_constants(tile: dict[str, int], dtype: str) -> list[tuple[str, object,
 
 def emit_gemm_ws(plan: KernelPlan, schedule: Schedule) -> str:
     """The warp-specialized GEMM module for ``plan`` (of ``schedule``)."""
+    check_wait_lag(schedule)
     check_one_stage(schedule)
     statements = _statements(schedule, ws=True)
     comp = plan.compute[0]

@@ -9,6 +9,12 @@ ahead of its reader and after it in the body, so TileLang keeps ``num_stages`` v
 loop gives ``stage`` and ``order`` without ``num_stages``: given ``num_stages``, TileLang 0.1.15's automatic
 producer/consumer warp specialization takes the loop on Hopper and lowers it exactly as its own plan, stage
 and order ignored (verified: identical CUDA), while without it TileLang runs the planned software pipeline.
+
+A warp-specialized schedule also gives a second rewrite that keeps Twill's warp assignment
+(:func:`ws_loop_design`): the loop becomes a ``T.serial`` loop under a ``T.WSSchedule`` whose ``load`` role
+issues the TMA copies, whose ``compute0`` role runs the other statements in order of start time,
+one ``WSPipeline`` per ring (loads of equal depth and readers share one) of the ring's depth, and whose roles
+carry the warp groups' register budgets.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from twill.codegen.tilelang.render import Statement, check_one_stage, pipelined_annotation, ring_lead
+from twill.codegen.plan import ring_depth
+from twill.codegen.tilelang.render import (PRODUCER_WARPGROUP, Statement, cannot_emit, check_one_stage,
+                                           pipelined_annotation, ring_lead)
+from twill.codegen.tilelang.ws import LOOP_ID, WSDesign, ws_schedule_source
 from twill.schedule.result import Schedule
 
 
@@ -66,6 +75,69 @@ def pipeline_plan(schedule: Schedule) -> PipelinePlan:
     return PipelinePlan(tuple(ops), lead, tuple(stage), tuple(order), why, roles)
 
 
+def _sync(kind: str, pipeline: str) -> str:
+    return f'T.WSSync.{kind}("{pipeline}", stage=0)'
+
+
+def ws_loop_design(schedule: Schedule, buffers: dict[str, str], threads: int) -> WSDesign:
+    """The ``T.WSSchedule`` of a warp-specialized schedule of a TileLang loop: role ``load`` (the warp group of
+    the TMA loads) on warps ``[0, warps)``, role ``compute0`` (the other group, the kernel's ``threads``) from
+    warp 4, each with the group's register budget, running its statements in order of start time (one
+    iteration's order: TileLang runs a role's list per iteration, every sync at stage 0 as every op but the
+    loads shares one stage); one ``WSPipeline`` per ring over its shared buffers (``buffers``: load -> buffer),
+    depth = the ring depth, loads of equal depth and readers sharing one (one full/empty barrier pair, as in
+    the emitted kernels); the consumer waits before a ring's first reader and releases after its last."""
+    graph = schedule.graph
+    loads = [w for w in schedule.warps if w.ops and all(graph.op(n).variable_latency for n in w.ops)]
+    compute = [w for w in schedule.warps if w.ops and w not in loads]
+    if len(loads) != 1 or len(compute) != 1:
+        raise cannot_emit(f"warp groups {', '.join(f'{w.role} ({len(w.ops)} ops)' for w in schedule.warps)}",
+                          "the warp-specialized rewrite takes one TMA group and one compute group")
+    load, comp = loads[0], compute[0]
+    if load.num_warps > PRODUCER_WARPGROUP:
+        raise cannot_emit(f"a {load.num_warps}-warp load group", "the producer role lives in warpgroup 0")
+    if comp.num_warps * 32 != threads:
+        raise cannot_emit(f"a {comp.num_warps}-warp compute group", f"the kernel launches {threads} threads for "
+                                                                    f"its tile statements")
+    roles = (("load", 0, load.num_warps, load.regs,
+              f"warp group {load.id} ({load.role}, {load.num_warps} warp): TMA producer, budget {load.regs}"),
+             ("compute0", PRODUCER_WARPGROUP, PRODUCER_WARPGROUP + comp.num_warps, comp.regs,
+              f"warp group {comp.id} ({comp.role}, {comp.num_warps} warps), budget {comp.regs}"))
+    index = {n: i for i, n in enumerate(graph.attrs["statements"])}
+    body = sorted(comp.ops, key=lambda n: (schedule.start(n), index[n]))    # iteration order, not t mod II
+    order = {n: i for i, n in enumerate(body)}
+    rings: dict[tuple[int, str, str], list[str]] = {}     # (depth, first reader, release) -> loads
+    whys = {}
+    for n in load.ops:
+        readers = sorted({e.dst for e in graph.out_edges(n) if e.distance == 0}, key=order.__getitem__)
+        depth, whys[n] = ring_depth(schedule, n, readers[-1])
+        rings.setdefault((depth, readers[0], readers[-1]), []).append(n)
+    pipelines, producer, waits, releases = [], [], {}, {}
+    for (depth, first, release), group in rings.items():
+        name = "_".join(buffers[n] for n in group)
+        pipelines.append((name, tuple(buffers[n] for n in group), depth,
+                          "; ".join(f"ring of {n}: depth = {whys[n]}" for n in group)))
+        producer += [_sync("producer_acquire", name), *group, _sync("producer_commit", name)]
+        waits.setdefault(first, []).append(_sync("consumer_wait", name))
+        releases.setdefault(release, []).append(_sync("consumer_release", name))
+    consumer = [e for n in body for e in (*waits.get(n, []), n, *releases.get(n, []))]
+    return WSDesign(PRODUCER_WARPGROUP + comp.num_warps, roles, tuple(pipelines),
+                    {"load": tuple(producer), "compute0": tuple(consumer)})
+
+
+def ws_rewritten_kernel(path: str, fn: str, plan: PipelinePlan, design: WSDesign,
+                        schedule: Schedule) -> str:
+    """The source of ``path`` with ``fn``'s loop under the ``T.WSSchedule`` of ``design``."""
+    from twill.frontends.tilelang import rewrite_ws_source, ws_root_ops
+
+    note = (f"T.WSSchedule: Twill schedule ({schedule.solver}, {schedule.status}, II {schedule.ii}) with its warp "
+            f"assignment:\n" + "\n".join(f"role {name}: warps [{lo}, {hi}), max_nreg {regs} <- {why}"
+                                          for name, lo, hi, regs, why in design.roles) + "\n" +
+            "\n".join(f"WSPipeline {name}: depth {depth} <- {why}" for name, _, depth, why in design.pipelines))
+    root = {"load": [LOOP_ID], "compute0": ws_root_ops(path, fn, LOOP_ID)}
+    return rewrite_ws_source(path, fn, plan.ops, ws_schedule_source(design, root), LOOP_ID, note)
+
+
 def format_plan(plan: PipelinePlan, schedule: Schedule) -> str:
     """The report section: the annotation, then one row per statement (op, kind, stage, order, warp group)."""
     own = schedule.graph.attrs.get("tilelang_plan")
@@ -81,7 +153,8 @@ def format_plan(plan: PipelinePlan, schedule: Schedule) -> str:
         lines.append(f"  {i:<3d} {op:23s} {schedule.graph.op(op).kind:9s} {plan.stage[i]:<6d} {plan.order[i]:<6d} "
                      f"{group!s:4s}{tail}".rstrip())
     if plan.roles:
-        lines += ["", "  warp roles (a T.WSSchedule would take them; T.Pipelined keeps TileLang's own):"]
+        lines += ["", "  warp roles (twill inject --ws writes them as a T.WSSchedule; T.Pipelined keeps "
+                      "TileLang's own):"]
         lines += [f"  {g} {role:8s} {w} warps, {regs} regs: {', '.join(ops)}" for g, role, w, regs, ops in plan.roles]
     return "\n".join(lines)
 
@@ -97,11 +170,44 @@ def rewritten_kernel(path: str, fn: str, plan: PipelinePlan, schedule: Schedule)
     return rewrite_source(path, fn, list(plan.stage), list(plan.order), note)
 
 
+def _ws_kernel(path: str, fn: str, args: list[str], plan: PipelinePlan, schedule: Schedule, machine: Any,
+               tmp: str) -> tuple[str, str, WSDesign]:
+    """The warp-specialized rewrite of ``path:fn``, its CUDA (lowered from a copy staged in ``tmp``, checked for
+    every pipeline's ``depth`` full barriers and the roles' register budgets) and its design."""
+    from pathlib import Path
+
+    from twill.codegen.tilelang.lower import lower_cuda
+    from twill.errors import TwillError
+    from twill.frontends.tilelang import load_loop, load_prim_func
+
+    loop = load_loop(path, fn, args, machine)[1]
+    buffers = {s.op: s.writes[0] for s in loop.statements if s.kind == "tma_load"}
+    design = ws_loop_design(schedule, buffers, loop.threads)
+    source = ws_rewritten_kernel(path, fn, plan, design, schedule)
+    staged = str(Path(tmp) / "ws_kernel.py")
+    Path(staged).write_text(source, encoding="utf-8")
+    func = load_prim_func(staged, fn, args)
+    try:
+        cuda = lower_cuda(func, {}, machine.name)
+    except Exception as exc:  # noqa: BLE001 - TileLang's verdict on the schedule, as one line
+        reason = next((x for x in str(exc).splitlines() if "ws_schedule:" in x), str(exc).splitlines()[-1])
+        raise TwillError(f"TileLang rejects the warp-specialized kernel: {reason.split('ws_schedule: ')[-1]}") \
+            from None
+    want = [f"{name}_full_mem[{depth}]" for name, _, depth, _ in design.pipelines]
+    want += [f"warpgroup_reg_dealloc<{design.roles[0][3]}>", f"warpgroup_reg_alloc<{design.roles[1][3]}>"]
+    missing = [w for w in want if w not in cuda]
+    if missing:
+        raise TwillError(f"the warp-specialized kernel's CUDA lacks {', '.join(missing)}")
+    return source, cuda, design
+
+
 def inject_tilelang(path: str, fn: str, args: list[str], schedule: Schedule, machine: Any,
                     directory: str, schedule_doc: dict[str, Any]) -> dict[str, Any]:
     """Rewrite kernel ``path:fn`` with the plan of ``schedule``, lower the rewritten kernel to CUDA (no GPU),
     check that its loop carries the plan, and write ``<file>_twill.py``, ``<file>_twill.cu``,
-    ``schedule.json`` and ``summary.json`` into ``directory`` (all or none). Returns the summary."""
+    ``schedule.json`` and ``summary.json`` into ``directory`` (all or none); a schedule with a warp assignment
+    adds ``<file>_twill_ws.py`` and ``<file>_twill_ws.cu`` (the loop under Twill's ``T.WSSchedule``).
+    Returns the summary."""
     import json
     import tempfile
     from pathlib import Path
@@ -114,22 +220,30 @@ def inject_tilelang(path: str, fn: str, args: list[str], schedule: Schedule, mac
     plan = pipeline_plan(schedule)
     source = rewritten_kernel(path, fn, plan, schedule)
     stem = Path(path).stem + "_twill"
+    texts = {}
     with tempfile.TemporaryDirectory() as tmp:
         staged = str(Path(tmp) / f"{stem}.py")
         Path(staged).write_text(source, encoding="utf-8")
         func, loop = load_loop(staged, fn, args, machine)
         cuda = lower_cuda(func, {}, machine.name)
+        if schedule.warps and schedule.assignment:
+            ws_source, ws_cuda, design = _ws_kernel(path, fn, args, plan, schedule, machine, tmp)
+            texts = {f"{stem}_ws.py": ws_source, f"{stem}_ws.cu": ws_cuda}
     if (loop.stage, loop.order) != (plan.stage, plan.order):
         raise TwillError(f"the rewritten kernel's loop carries stage {loop.stage}, order {loop.order}, not the plan")
+    texts.update({f"{stem}.py": source, f"{stem}.cu": cuda})
     summary = {"kernel": f"{path}:{fn}", "args": args, "ii": schedule.ii, "status": schedule.status,
-               "tilelang": plan.to_dict(), "files": sorted([f"{stem}.py", f"{stem}.cu", "schedule.json",
-                                                            "summary.json"])}
+               "tilelang": plan.to_dict(), "files": sorted([*texts, "schedule.json", "summary.json"])}
+    if f"{stem}_ws.py" in texts:
+        summary["ws_schedule"] = {"roles": [{"name": n, "warps": [lo, hi], "max_nreg": r}
+                                            for n, lo, hi, r, _ in design.roles],
+                                  "pipelines": [{"name": n, "depth": d} for n, _, d, _ in design.pipelines]}
     out = Path(directory)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TwillError(f"cannot create output directory {str(out)!r}: {exc.strerror}") from None
-    texts = {f"{stem}.py": source, f"{stem}.cu": cuda, "schedule.json": json.dumps(schedule_doc, indent=2) + "\n",
-             "summary.json": json.dumps(summary, indent=2) + "\n"}
+    texts.update({"schedule.json": json.dumps(schedule_doc, indent=2) + "\n",
+                  "summary.json": json.dumps(summary, indent=2) + "\n"})
     write_all([lambda name=name, text=text: write_text_output(str(out / name), text) for name, text in texts.items()])
     return summary
