@@ -180,14 +180,18 @@ def check(fwd: Any, bwd: Any, options: dict[str, Any], S: int) -> dict[str, Any]
     return {"B": B, "H": H, "S": S, **errs, "pass": ok}
 
 
-def _time(fns: dict[str, Any]) -> dict[str, float]:
-    """Median ms per call of each function: CALLS calls between CUDA events, ROUNDS interleaved rounds."""
+def _time(fns: dict[str, Any]) -> tuple[dict[str, float], dict[str, list[float]], list[float]]:
+    """Median ms per call of each function (CALLS calls between CUDA events, ROUNDS interleaved rounds), each
+    function's [min, max] over the rounds, and the unix-time window the rounds ran in (for the SM clock)."""
+    import time
+
     import torch
 
     samples: dict[str, list[float]] = {n: [] for n in fns}
     for fn in fns.values():
         fn()
     torch.cuda.synchronize()
+    window = [time.time()]
     for _ in range(ROUNDS):
         for name, fn in fns.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -197,7 +201,9 @@ def _time(fns: dict[str, Any]) -> dict[str, float]:
             end.record()
             torch.cuda.synchronize()
             samples[name].append(start.elapsed_time(end) / CALLS)
-    return {n: statistics.median(s) for n, s in samples.items()}
+    window.append(time.time())
+    return ({n: statistics.median(s) for n, s in samples.items()},
+            {n: [min(s), max(s)] for n, s in samples.items()}, window)
 
 
 def _sdpa(backend: Any, q: Any, k: Any, v: Any, do: Any, causal: bool) -> tuple[Any, Any] | None:
@@ -245,9 +251,9 @@ def bench(fwd: Any, bwd: Any, options: dict[str, Any], S: int) -> dict[str, Any]
         pair = _sdpa(backend, q, k, v, do, causal)
         if pair:
             fns[f"{name}_bwd"], fns[f"{name}_fwd_bwd"] = pair
-    ms = _time(fns)
+    ms, spread, window = _time(fns)
     fwd_flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
-    row: dict[str, Any] = {"B": B, "H": H, "S": S, "ms": ms}
+    row: dict[str, Any] = {"B": B, "H": H, "S": S, "ms": ms, "ms_spread": spread, "window": window}
     for name, t in ms.items():
         row[f"{name}_tflops"] = (2.5 if name.endswith("_bwd") and "fwd" not in name else 3.5) * fwd_flops / t / 1e9
     for ref in ("cudnn", "flash"):
@@ -262,9 +268,27 @@ def run(moddir: str, out: str, only: str = "") -> dict[str, Any]:
     ``out/flash_bwd_h200.json``."""
     import torch
 
+    from twill.machine.microbench import ClockSampler
+
     with open(os.path.join(moddir, "manifest.json")) as fh:
         manifest = json.load(fh)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "variants": []}
+    with ClockSampler() as sampler:
+        _run_variants(result, manifest, moddir, only)
+    for entry in result["variants"]:
+        for t in entry["timings"]:  # the median SM clock while each timed problem ran
+            t["clock_ghz"] = sampler.median_ghz(*t.pop("window"))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "flash_bwd_h200.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(table(result))
+    return result
+
+
+def _run_variants(result: dict[str, Any], manifest: list[dict[str, Any]], moddir: str, only: str) -> None:
+    """Check, then time, every variant of ``manifest`` whose name contains ``only``, into ``result``."""
+    import torch
+
     for row in (r for r in manifest if only in r["name"]):
         fwd, bwd = _load(os.path.join(moddir, row["fwd"])), _load(os.path.join(moddir, row["bwd"]))
         entry = {**row, "checks": [], "timings": []}
@@ -287,10 +311,24 @@ def run(moddir: str, out: str, only: str = "") -> dict[str, Any]:
             ratios = " ".join(f"{k[6:]} {v:.2f}" for k, v in t.items() if k.startswith("ratio_"))
             tf = " ".join(f"{k[:-7]} {v:.0f}" for k, v in t.items() if k.endswith("_tflops"))
             print(f"{row['name']:30s} S={S:5d} TFLOP/s: {tf} | ratios: {ratios}", flush=True)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "flash_bwd_h200.json"), "w") as fh:
-        json.dump(result, fh, indent=1)
-    return result
+
+
+def table(result: dict[str, Any]) -> str:
+    """One line per variant and timed length: the largest relative error of its checks, backward TFLOP/s of
+    the generated kernel, SDPA cuDNN and SDPA flash (FA2), and the backward ratios to both."""
+    lines = [f"{'variant':38s} {'S':>5s} {'max err':>8s} {'twill':>6s} {'cudnn':>6s} {'FA2':>6s} "
+             f"{'vs cudnn':>8s} {'vs FA2':>7s} {'GHz':>5s}"]
+    for v in result["variants"]:
+        errs = [c[n] for c in v["checks"] for n in ("dq", "dk", "dv") if n in c]
+        worst = f"{max(errs):.1e}" if errs and all(c["pass"] for c in v["checks"]) else "FAIL"
+        for t in v["timings"] or [{}]:
+            tf = {n: t.get(f"{n}_bwd_tflops") for n in ("twill", "cudnn", "flash")}
+            cells = " ".join(f"{x:6.0f}" if x else f"{'-':>6s}" for x in tf.values())
+            ratio = lambda k: f"{t[k]:.2f}" if k in t else "-"  # noqa: E731
+            clock = f"{t['clock_ghz']:.2f}" if t.get("clock_ghz") else "-"
+            lines.append(f"{v['name']:38s} {t.get('S', '-'):>5} {worst:>8s} {cells} "
+                         f"{ratio('ratio_bwd_vs_cudnn'):>8s} {ratio('ratio_bwd_vs_flash'):>7s} {clock:>5s}")
+    return "\n".join(lines)
 
 
 def main() -> None:

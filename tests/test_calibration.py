@@ -237,3 +237,17 @@ def test_performance_doc_shows_the_committed_tilelang_table():
     with open(TILELANG) as fh:
         result = json.load(fh)
     assert shown.strip() == f"{table(result)}\n{ratios(result)}".strip()
+
+
+FLASH_BWD = os.path.join(RESULTS, "flash_bwd_h200.json")
+
+
+@pytest.mark.skipif(not os.path.exists(FLASH_BWD), reason="no committed backward results")
+def test_performance_doc_shows_the_committed_backward_table():
+    from benchmarks.flash_bwd_check import table
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as fh:
+        doc = fh.read()
+    shown = doc.split("<!-- flash-bwd-table:begin -->\n```text\n")[1].split("```\n<!-- flash-bwd-table:end -->")[0]
+    with open(FLASH_BWD) as fh:
+        assert shown.strip() == table(json.load(fh)).strip()
