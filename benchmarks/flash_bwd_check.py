@@ -21,14 +21,15 @@ Two steps, so that the GPU machine needs neither ortools nor the solver:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import statistics
 import sys
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks._common import event_times, load_module  # noqa: E402
 
 #: (name, flash-bwd options, schedule: "solver" or the hand-built shape of benchmarks/variants.py)
 VARIANTS: tuple[tuple[str, dict[str, Any], Any], ...] = (
@@ -61,7 +62,6 @@ CALLS, ROUNDS = 10, 7
 # -- generation (CPU) ------------------------------------------------------------------------------------
 def _schedules(options: dict[str, Any], shape: Any) -> tuple[Any, Any]:
     """The backward schedule of one variant and the forward schedule matching its attention options."""
-    sys.path.insert(0, ROOT)
     from benchmarks import variants
     from twill.kernels import build_kernel
     from twill.machine.models import get_machine
@@ -87,7 +87,6 @@ def _schedules(options: dict[str, Any], shape: Any) -> tuple[Any, Any]:
 def generate(outdir: str) -> list[dict[str, Any]]:
     """Emit every variant's backward and forward into ``outdir`` and write ``manifest.json``; a variant whose
     schedule the generator cannot render is reported and left out."""
-    sys.path.insert(0, ROOT)
     from twill.codegen.gluon import gluon_plan, render_plan
     from twill.errors import UnsupportedFeatureError
 
@@ -113,15 +112,6 @@ def generate(outdir: str) -> list[dict[str, Any]]:
 
 
 # -- checks and timing (GPU) -----------------------------------------------------------------------------
-def _load(path: str) -> Any:
-    name = "flash_bwd_check_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _torch_dtype(name: str) -> Any:
     import torch
 
@@ -180,32 +170,6 @@ def check(fwd: Any, bwd: Any, options: dict[str, Any], S: int) -> dict[str, Any]
     return {"B": B, "H": H, "S": S, **errs, "pass": ok}
 
 
-def _time(fns: dict[str, Any]) -> tuple[dict[str, float], dict[str, list[float]], list[float]]:
-    """Median ms per call of each function (CALLS calls between CUDA events, ROUNDS interleaved rounds), each
-    function's [min, max] over the rounds, and the unix-time window the rounds ran in (for the SM clock)."""
-    import time
-
-    import torch
-
-    samples: dict[str, list[float]] = {n: [] for n in fns}
-    for fn in fns.values():
-        fn()
-    torch.cuda.synchronize()
-    window = [time.time()]
-    for _ in range(ROUNDS):
-        for name, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(CALLS):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            samples[name].append(start.elapsed_time(end) / CALLS)
-    window.append(time.time())
-    return ({n: statistics.median(s) for n, s in samples.items()},
-            {n: [min(s), max(s)] for n, s in samples.items()}, window)
-
-
 def _sdpa(backend: Any, q: Any, k: Any, v: Any, do: Any, causal: bool) -> tuple[Any, Any] | None:
     """(backward, forward + backward) closures of torch SDPA on ``backend``, or None when it refuses."""
     import torch
@@ -251,7 +215,7 @@ def bench(fwd: Any, bwd: Any, options: dict[str, Any], S: int) -> dict[str, Any]
         pair = _sdpa(backend, q, k, v, do, causal)
         if pair:
             fns[f"{name}_bwd"], fns[f"{name}_fwd_bwd"] = pair
-    ms, spread, window = _time(fns)
+    ms, spread, window = event_times(fns, CALLS, ROUNDS)
     fwd_flops = 4 * B * H * S * S * D * (0.5 if causal else 1.0)
     row: dict[str, Any] = {"B": B, "H": H, "S": S, "ms": ms, "ms_spread": spread, "window": window}
     for name, t in ms.items():
@@ -290,7 +254,7 @@ def _run_variants(result: dict[str, Any], manifest: list[dict[str, Any]], moddir
     import torch
 
     for row in (r for r in manifest if only in r["name"]):
-        fwd, bwd = _load(os.path.join(moddir, row["fwd"])), _load(os.path.join(moddir, row["bwd"]))
+        fwd, bwd = (load_module(os.path.join(moddir, row[k]), "flash_bwd_check_") for k in ("fwd", "bwd"))
         entry = {**row, "checks": [], "timings": []}
         result["variants"].append(entry)
         for S in CHECK_SEQS:

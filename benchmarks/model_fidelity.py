@@ -24,7 +24,6 @@ from a new machine model without the GPU:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -35,6 +34,8 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+
+from benchmarks._common import load_module  # noqa: E402
 
 #: GEMM candidates: (block_m, block_n, block_k, streaming depth).
 GEMM_CANDIDATES = [(128, bn, bk, d) for bn, bk in ((256, 64), (128, 64), (128, 128)) for d in (2, 3, 4)] \
@@ -97,10 +98,7 @@ def generate(outdir: str, machine_path: str) -> None:
 # ---------------------------------------------------------------------------------------------------- GPU
 
 def _load(path: str) -> Any:
-    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, "")
 
 
 def _relerr(out: Any, ref: Any) -> float:

@@ -22,7 +22,6 @@ Two steps, so that the GPU machine needs neither ortools nor the solver:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import os
@@ -33,6 +32,8 @@ from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks._common import load_module  # noqa: E402
 
 GEMM_SIZES = (4096, 8192)
 GEMM_RAGGED = ((300, 520, 200), (257, 333, 129), (1000, 72, 4104), (128, 256, 64))
@@ -107,11 +108,7 @@ def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
 
 # -- checks and timing (GPU) -----------------------------------------------------------------------------
 def _load(path: str) -> Any:
-    name = "twill_pallas_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, "twill_pallas_")
 
 
 def _dtype(name: str) -> Any:

@@ -31,17 +31,17 @@ Two steps, so that the GPU machine needs neither ortools nor the solver:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
-import time
 from typing import Any, Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks._common import event_times, load_module  # noqa: E402
 GEMM_SIZES = (4096, 8192)
 ATTN_SHAPE = (4, 32, 4096, 128)
 #: Calls between two events per timed sample, and interleaved samples per contender.
@@ -76,7 +76,6 @@ def generate(outdir: str, arch: str = "h200") -> dict[str, Any]:
             summary = json.loads(_twill("inject", target, *(x for a in args for x in ("--arg", a)), "--arch", arch,
                                         *ws, "-o", os.path.join(outdir, f"{prefix}_{name}")))
             manifest["planned_ws" if ws else "planned"][name] = summary
-    sys.path.insert(0, ROOT)
     from twill.frontends.tilelang import rewrite_source
 
     manual = rewrite_source(os.path.join(ROOT, "examples", "tilelang", "gemm.py"), "matmul", *MANUAL,
@@ -90,10 +89,7 @@ def generate(outdir: str, arch: str = "h200") -> dict[str, Any]:
 
 
 def _load(path: str) -> Any:
-    spec = importlib.util.spec_from_file_location("tl_bench_" + os.path.basename(path)[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, "tl_bench_")
 
 
 def _compile(func: Any, pass_configs: dict[str, Any] | None = None) -> Any:
@@ -102,27 +98,10 @@ def _compile(func: Any, pass_configs: dict[str, Any] | None = None) -> Any:
     return tilelang.compile(func, target="cuda", pass_configs=pass_configs or {})
 
 
-def _time(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, float]]:
+def _time(fns: dict[str, Callable[[], Any]]) -> dict[str, dict[str, Any]]:
     """Median and spread of ``CALLS`` calls per sample, ``ROUNDS`` samples interleaved over ``fns``."""
-    import torch
-
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():
-        fn()
-    torch.cuda.synchronize()
-    window = [time.time()]
-    for _ in range(ROUNDS):
-        for name, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(CALLS):
-                fn()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) / CALLS)
-    window.append(time.time())
-    return {k: {"ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "window": window}
-            for k, v in samples.items()}
+    ms, spread, window = event_times(fns, CALLS, ROUNDS)
+    return {k: {"ms": ms[k], "min_ms": spread[k][0], "max_ms": spread[k][1], "window": window} for k in fns}
 
 
 def _relerr(out: Any, ref: Any) -> float:

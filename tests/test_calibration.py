@@ -196,58 +196,44 @@ def test_docs_show_the_committed_model_table():
     assert shown.strip() == format_calibration(load_machine(H200_MODEL)).strip()
 
 
-FIDELITY = os.path.join(RESULTS, "model_fidelity_h200.json")
-
-
-@pytest.mark.skipif(not os.path.exists(FIDELITY), reason="no committed model-fidelity results")
-def test_performance_doc_shows_the_committed_fidelity_summary():
+def _fidelity_summary(result):
     from benchmarks.model_fidelity import markdown_summary
 
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as fh:
-        doc = fh.read()
-    shown = doc.split("<!-- fidelity-summary:begin -->\n")[1].split("<!-- fidelity-summary:end -->")[0]
-    with open(FIDELITY) as fh:
-        assert shown.strip() == markdown_summary(json.load(fh)).strip()
+    return markdown_summary(result)
 
 
-PALLAS = os.path.join(RESULTS, "pallas_bench_h200.json")
-
-
-@pytest.mark.skipif(not os.path.exists(PALLAS), reason="no committed Pallas results")
-def test_performance_doc_shows_the_committed_pallas_table():
+def _pallas_table(result):
     from benchmarks.pallas_bench import table
 
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as fh:
-        doc = fh.read()
-    shown = doc.split("<!-- pallas-table:begin -->\n```text\n")[1].split("```\n<!-- pallas-table:end -->")[0]
-    with open(PALLAS) as fh:
-        assert shown.strip() == table(json.load(fh)).strip()
+    return table(result)
 
 
-TILELANG = os.path.join(RESULTS, "tilelang_bench_h200.json")
-
-
-@pytest.mark.skipif(not os.path.exists(TILELANG), reason="no committed TileLang results")
-def test_performance_doc_shows_the_committed_tilelang_table():
+def _tilelang_table(result):
     from benchmarks.tilelang_bench import ratios, table
 
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as fh:
-        doc = fh.read()
-    shown = doc.split("<!-- tilelang-table:begin -->\n```text\n")[1].split("```\n<!-- tilelang-table:end -->")[0]
-    with open(TILELANG) as fh:
-        result = json.load(fh)
-    assert shown.strip() == f"{table(result)}\n{ratios(result)}".strip()
+    return f"{table(result)}\n{ratios(result)}"
 
 
-FLASH_BWD = os.path.join(RESULTS, "flash_bwd_h200.json")
-
-
-@pytest.mark.skipif(not os.path.exists(FLASH_BWD), reason="no committed backward results")
-def test_performance_doc_shows_the_committed_backward_table():
+def _backward_table(result):
     from benchmarks.flash_bwd_check import table
 
+    return table(result)
+
+
+#: (marker in docs/performance.md, committed results file, what the doc shows of it)
+PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity_summary),
+                      ("pallas-table", "pallas_bench_h200.json", _pallas_table),
+                      ("tilelang-table", "tilelang_bench_h200.json", _tilelang_table),
+                      ("flash-bwd-table", "flash_bwd_h200.json", _backward_table)]
+
+
+@pytest.mark.parametrize("marker,results,render", PERFORMANCE_TABLES, ids=[t[0] for t in PERFORMANCE_TABLES])
+def test_performance_doc_shows_the_committed_results(marker, results, render):
+    """Each measured table in docs/performance.md is what its benchmark renders from the committed JSON."""
+    path = os.path.join(RESULTS, results)
     with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as fh:
         doc = fh.read()
-    shown = doc.split("<!-- flash-bwd-table:begin -->\n```text\n")[1].split("```\n<!-- flash-bwd-table:end -->")[0]
-    with open(FLASH_BWD) as fh:
-        assert shown.strip() == table(json.load(fh)).strip()
+    shown = doc.split(f"<!-- {marker}:begin -->\n")[1].split(f"<!-- {marker}:end -->")[0]
+    shown = shown.removeprefix("```text\n").removesuffix("```\n")
+    with open(path) as fh:
+        assert shown.strip() == render(json.load(fh)).strip()

@@ -113,15 +113,20 @@ def softmax_source(plan: KernelPlan) -> str:
     return (CAUSAL_SOFTMAX if plan.causal else SOFTMAX).replace("{STEP}", STEP)
 
 
+def kv_shape_source(plan: KernelPlan, head_dim: str) -> str:
+    """Launcher lines that set ``kv_shape``, the expected K/V shape (with grouped K/V heads, after checking
+    that the query heads divide into the groups); ``head_dim`` is the launcher's expression for D."""
+    if plan.kv_heads:
+        return ("    if H % KV_HEADS.value:\n"
+                "        raise ValueError(f\"{H} query heads are not a multiple of KV_HEADS={KV_HEADS.value}\")\n"
+                f"    kv_shape = (B, KV_HEADS.value, S, {head_dim})")
+    return f"    kv_shape = (B, H, S, {head_dim})"
+
+
 def launch_source(plan: KernelPlan) -> str:
     """The host launcher: shape and dtype checks, the optional LSE output, the K/V head grouping."""
-    if plan.kv_heads:
-        kv_check = ("    if H % KV_HEADS.value:\n"
-                    "        raise ValueError(f\"{H} query heads are not a multiple of KV_HEADS={KV_HEADS.value}\")\n"
-                    "    kv_shape = (B, KV_HEADS.value, S, D)")
-        kv, group_arg = "KV_HEADS", ", H // KV_HEADS.value"
-    else:
-        kv_check, kv, group_arg = "    kv_shape = tuple(q.shape)", "H", ""
+    kv_check = kv_shape_source(plan, "D")
+    kv, group_arg = ("KV_HEADS", ", H // KV_HEADS.value") if plan.kv_heads else ("H", "")
     return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
                          torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, group_arg=group_arg)
 

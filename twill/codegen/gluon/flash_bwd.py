@@ -28,7 +28,7 @@ every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/
 
 from __future__ import annotations
 
-from twill.codegen.gluon.flash import TORCH_DTYPES
+from twill.codegen.gluon.flash import TORCH_DTYPES, kv_shape_source
 from twill.codegen.gluon.render import KernelBody, compute_def
 from twill.codegen.plan import KernelPlan
 
@@ -386,13 +386,9 @@ def helpers_source(plan: KernelPlan) -> str:
 
 def launch_source(plan: KernelPlan) -> str:
     """The host launcher: pre-pass, shape and dtype checks, the stats rows, the kernel and the dQ conversion."""
-    if plan.kv_heads:
-        kv_check = ("    if H % KV_HEADS.value:\n"
-                    "        raise ValueError(f\"{H} query heads are not a multiple of KV_HEADS={KV_HEADS.value}\")\n"
-                    "    kv_shape = (B, KV_HEADS.value, S, HEAD_DIM.value)")
-        kv, gqa_doc = "KV_HEADS", " dk, dv are summed over the query heads of each K/V head's group."
-    else:
-        kv_check, kv, gqa_doc = "    kv_shape = (B, H, S, HEAD_DIM.value)", "H", ""
+    kv_check = kv_shape_source(plan, "HEAD_DIM.value")
+    kv, gqa_doc = (("KV_HEADS", " dk, dv are summed over the query heads of each K/V head's group.")
+                   if plan.kv_heads else ("H", ""))
     return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
                          torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc)
 

@@ -1,0 +1,44 @@
+"""What the GPU benchmark scripts share: importing an emitted module from its file, and timing contenders
+with CUDA events in interleaved rounds (a benchmark helper, not part of the library)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from types import ModuleType
+from typing import Any, Callable
+
+
+def load_module(path: str, prefix: str) -> ModuleType:
+    """Import the Python file ``path`` as module ``prefix + its stem`` (registered in ``sys.modules``, which
+    Gluon's and TileLang's compilers need to find the kernel's source)."""
+    from twill.codegen.gluon import load_emitted
+
+    return load_emitted(path, prefix + os.path.splitext(os.path.basename(path))[0].replace("-", "_"))
+
+
+def event_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int
+                ) -> tuple[dict[str, float], dict[str, list[float]], list[float]]:
+    """Time each function device-side: after one warm-up call each, ``rounds`` rounds interleaved over the
+    functions, each sample ``calls`` calls between two CUDA events. Returns the median ms per call of each,
+    its ``[min, max]`` over the rounds, and the unix-time window the rounds ran in (to read the SM clock)."""
+    import torch
+
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    window = [time.time()]
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / calls)
+    window.append(time.time())
+    return ({n: statistics.median(s) for n, s in samples.items()},
+            {n: [min(s), max(s)] for n, s in samples.items()}, window)
