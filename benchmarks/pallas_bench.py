@@ -40,6 +40,8 @@ GEMM_RAGGED = ((300, 520, 200), (257, 333, 129), (1000, 72, 4104), (128, 256, 64
 ATTN_SEQS = (2048, 4096, 8192, 16384)
 ATTN_RAGGED = ((1, 77, 3), (2, 1000, 2), (1, 4096, 2), (2, 200, 1))  # (B, S, H)
 ATTN_BATCH, ATTN_HEADS = 4, 32
+#: ``run --same-tile``: also time ``attention_mgpu`` at its best 128-key-block configuration.
+SAME_TILE = False
 #: Calls between two synchronisations per timed sample (at most; fewer for large problems, see
 #: :func:`calls_for`), and interleaved samples per contender.
 CALLS, ROUNDS = 20, 7
@@ -235,7 +237,11 @@ def attention_contenders(q: Any, k: Any, v: Any, calls: int) -> dict[str, tuple[
         configs.append((f"block_kv={block_kv} steps={steps}", lambda f=f: f(q, k, v)))
     label, fn = _best(configs, calls)
     cudnn = jax.jit(lambda a, b, c: jax.nn.dot_product_attention(a, b, c, implementation="cudnn"))
-    return {"attention_mgpu": (label, fn or _failed(label)), "cudnn": ("cudnn", lambda: cudnn(q, k, v))}
+    refs = {"attention_mgpu": (label, fn or _failed(label)), "cudnn": ("cudnn", lambda: cudnn(q, k, v))}
+    if SAME_TILE:  # attention_mgpu restricted to the emitted kernels' 128-key blocks (separates tile from pipeline)
+        same, same_fn = _best([(lbl, f) for lbl, f in configs if lbl.startswith("block_kv=128 ")], calls)
+        refs["attention_mgpu_bkv128"] = (same, same_fn or _failed(same))
+    return refs
 
 
 def gemm_contenders(a: Any, b: Any, calls: int) -> dict[str, tuple[str, Callable[[], Any]]]:
@@ -398,11 +404,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
     r.add_argument("--quick", action="store_true", help="only the first size of each kernel")
     r.add_argument("--sizes", nargs="*", type=int, default=None, help="only these sizes (S or GEMM edge)")
+    r.add_argument("--same-tile", action="store_true",
+                   help="also time attention_mgpu at its best 128-key-block configuration (the emitted tile)")
     args = parser.parse_args(argv)
     if args.step == "generate":
         rows = generate(args.outdir, args.arch)
         print(f"wrote {sum(1 for r in rows if r['file'])} modules and manifest.json to {args.outdir}")
         return 0
+    global SAME_TILE
+    SAME_TILE = args.same_tile
     run(args.kernel_dir, args.out, only=args.only, quick=args.quick, sizes=args.sizes)
     return 0
 
