@@ -24,8 +24,15 @@ def minimize(m: YicesModel, name: str, *, deadline: float, lower: int = 0) -> tu
     (the static bound is often the optimum), then binary search over ``objective ≤ k`` queries; finally
     assert the best value. Returns (best, proved optimal)."""
     term = m.objective[name]
-    best = value(m, term)
-    lo, proven, probe = lower, True, True
+    return _search_below(m, term, value(m, term), lower, deadline=deadline, probe=True)
+
+
+def _search_below(m: YicesModel, term: int, best: int, lo: int, *, deadline: float, base: Sequence[int] = (),
+                  probe: bool = False) -> tuple[int, bool]:
+    """Binary search for the least ``term`` in ``[lo, best]`` with ``objective ≤ k`` queries under the
+    assumptions ``base`` (the first query at ``lo`` when ``probe``); the last satisfying model is kept, and
+    the best value asserted. Returns (best, proved optimal: no query timed out)."""
+    proven = True
     while lo < best:
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
@@ -35,9 +42,10 @@ def minimize(m: YicesModel, name: str, *, deadline: float, lower: int = 0) -> tu
         probe = False
         kept = m.model
         m.model = None
-        answer = query(m, [m.leq(term, m.integer(mid))], timeout=remaining)
+        answer = query(m, [*base, m.leq(term, m.integer(mid))], timeout=remaining)
         if answer == "sat":
-            kept.dispose()
+            if kept is not None:
+                kept.dispose()
             best = value(m, term)
         else:
             m.model = kept
@@ -80,23 +88,7 @@ def minimize_before_length(m: YicesModel, name: str, *, deadline: float) -> tupl
     if answer != "sat":
         return Status.INFEASIBLE if answer == "unsat" else Status.UNKNOWN
     term = m.objective[name]
-    best, lo, proven = value(m, term), 0, True
-    while lo < best:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            proven = False
-            break
-        mid = (lo + best) // 2
-        answer = query(m, base + [m.leq(term, m.integer(mid))], timeout=remaining)
-        if answer == "sat":
-            best = value(m, term)
-        elif answer == "unsat":
-            lo = mid + 1
-        else:
-            proven = False
-            break
-    m.add("objective_fixes", [m.y.Terms.arith_eq_atom(term, m.integer(best))])
-    return best, proven
+    return _search_below(m, term, value(m, term), 0, deadline=deadline, base=base)
 
 
 def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], None]) -> int | Status:
