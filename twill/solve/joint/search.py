@@ -366,6 +366,8 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     note = ""
     previous: dict[str, int] | None = None
     issue = issue_bound(graph, machine, options)
+    # Phase 1 and the joint solve share the time before the last resort's reserve, so that it always runs.
+    reserved = deadline - LAST_RESORT_SHARE * options.time_limit
     for ii in range(lower_bound, max_ii + 1):
         if deadline - time.perf_counter() <= 0:
             break
@@ -384,7 +386,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             break
         options.report(f"II {options.ii_text(ii)}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
         greedy = greedy_modulo(graph, units, ii)
-        mod = solve_modulo(graph, units, ii, time_limit=share("modulo", deadline),
+        mod = solve_modulo(graph, units, ii, time_limit=share("modulo", reserved),
                            workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous,
                            prove=modulo_ii is None)
         row: dict[str, Any] = {"ii": ii, "modulo": mod.status}
@@ -401,12 +403,12 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         previous = dict(mod.starts)
         joint = new_joint(graph, machine, options, units, ii=ii, length_min=mod.length)
         joint.hint(mod.starts)
-        outcome = joint.solve("length", time_limit=share("joint", deadline))
+        outcome = joint.solve("length", time_limit=share("joint", reserved))
         row.update({"length_min": mod.length, "copies": joint.problem.copies, "joint": outcome.status,
                     "seconds": round(outcome.seconds, 3)})
         options.report(f"II {options.ii_text(ii)}: joint {outcome.status} ({outcome.seconds:.2f} s)")
         if outcome.status == "unknown":
-            attempt = fixed_start_joint(graph, machine, options, units, ii, deadline)
+            attempt = fixed_start_joint(graph, machine, options, units, ii, reserved)
             row["fixed_starts"] = "no greedy placement" if attempt is None else attempt[1].status
             options.report(f"II {options.ii_text(ii)}: warp assignment for greedy starts: "
                            f"{row['fixed_starts']}")
