@@ -15,13 +15,15 @@ from twill.machine import get_machine
 from twill.schedule.result import Schedule
 from twill.solve import SolveOptions, schedule
 
+DEFAULTS = SolveOptions()
+
 
 def solved_kernel(kernel: str, arch: str, kernel_options: dict | None = None, **solve_options) -> Schedule:
     """``schedule(build_kernel(kernel, machine, **kernel_options), machine, SolveOptions(**solve_options))``,
-    cached for the session. Solve options left at their defaults (``None``) share the cache entry of the
-    call that omits them."""
+    cached for the session. Solve options given at their default value share the cache entry of the call
+    that omits them."""
     given = tuple(sorted((kernel_options or {}).items()))
-    chosen = tuple(sorted((k, v) for k, v in solve_options.items() if v is not None))
+    chosen = tuple(sorted((k, v) for k, v in solve_options.items() if v != getattr(DEFAULTS, k)))
     return _solved(kernel, arch, given, chosen)
 
 
