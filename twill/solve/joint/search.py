@@ -401,6 +401,8 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             continue
         modulo_ii = modulo_ii or ii
         previous = dict(mod.starts)
+        if time.perf_counter() >= reserved:
+            continue                     # the last resort's reserve has begun: it starts at the next II
         joint = new_joint(graph, machine, options, units, ii=ii, length_min=mod.length)
         joint.hint(mod.starts)
         outcome = joint.solve("length", time_limit=share("joint", reserved))
