@@ -2,8 +2,8 @@
 is solved once per test session, whichever test asks first (B200 flash-bwd alone takes seconds per solve).
 
 A schedule is a frozen dataclass, so sharing it between tests is safe. Every solve uses the default time
-limit, under which every built-in kernel is proved optimal (docs/performance.md), so the answer does not
-depend on which test asked first.
+limit (600 s), far above what these solves need (docs/performance.md), so the answer does not depend on which
+test asked first.
 """
 
 from __future__ import annotations
