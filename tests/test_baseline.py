@@ -8,10 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from twill.kernels import build_kernel
-from twill.machine import get_machine
-from twill.solve import SolveOptions, schedule
+from solved import solved_kernel
 
 BASELINE = json.loads((Path(__file__).parent / "data" / "solve_baseline.json").read_text())["rows"]
 
@@ -31,9 +28,7 @@ def cases() -> list:
 
 @pytest.mark.parametrize("row", cases())
 def test_same_answer_as_before_the_speed_ups(row):
-    machine = get_machine(row["arch"])
-    result = schedule(build_kernel(row["kernel"], machine, **row["options"]), machine,
-                      SolveOptions(time_limit=600, reg_limit=row["reg_limit"]))
+    result = solved_kernel(row["kernel"], row["arch"], row["options"], reg_limit=row["reg_limit"])
     assert (result.stats["modulo_ii"], result.ii, result.length, result.status) == (
         row["modulo_ii"], row["ii"], row["length"], row["status"])
     assert {o["name"]: o["value"] for o in result.stats["objectives"]} == row["objectives"]

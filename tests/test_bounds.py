@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from solved import solved_kernel
+
 from twill.ir import GraphBuilder
 from twill.kernels import build_kernel
-from twill.machine import B200, H100
-from twill.solve import schedule
+from twill.machine import H100
 from twill.solve.bounds import (asap_starts, dependence_closure, length_lower_bound, rec_mii, res_mii,
                                  warp_issue_bound)
-from twill.solve.options import SolveOptions
 
 
 def test_paper_example_bounds():
@@ -82,7 +82,7 @@ def test_warp_issue_bound_counts_the_register_groups_the_register_file_admits():
 def test_joint_search_skips_iis_below_the_warp_issue_bound_after_the_modulo_ii():
     """B200 flash-fwd without sub-tiling: at budget 160 one 8-warp register group fits, so the II is at
     least the busy sum of its register ops; the modulo-only II is still solved (and explained) first."""
-    result = schedule(build_kernel("flash-fwd", B200, subtiles=1), B200, SolveOptions(time_limit=120))
+    result = solved_kernel("flash-fwd", "b200", {"subtiles": 1})
     tried = result.stats["tried"]
     assert tried[0]["ii"] == result.stats["modulo_ii"] and "by" not in tried[0]
     skipped = [row for row in tried if row.get("by") == "warp_issue_bound"]

@@ -11,6 +11,7 @@ import importlib.util
 from dataclasses import replace
 
 import pytest
+from solved import solved_kernel
 
 from twill.codegen.gluon import emit_gluon, gluon_plan, load_emitted, render_plan
 from twill.codegen.plan import Turn
@@ -276,10 +277,7 @@ def test_renderers_read_only_the_plan():
 @pytest.mark.parametrize("kernel,options", [("gemm", {}), ("flash-fwd", {"subtiles": 2}),
                                             ("flash-fwd", {"subtiles": 1, "head_dim": 64})])
 def test_solver_schedule_compiles(tmp_path, kernel, options):
-    from twill.solve import schedule
-    from twill.solve.options import SolveOptions
-
-    sched = schedule(build_kernel(kernel, H100, **options), H100, SolveOptions(time_limit=60))
+    sched = solved_kernel(kernel, "h100", options)
     module, facts = _compile(tmp_path, sched, f"solver_{kernel.replace('-', '_')}_{len(options)}")
     assert facts.wgmma > 0 and facts.tma_loads > 0
     assert ("dec", 24) in facts.setmaxnreg
@@ -290,15 +288,12 @@ def test_solver_plans_match_the_fastest_hand_schedules():
     """The default solver path makes the decisions of the fastest hand-built variants (docs/codegen.md):
     GEMM 128x256 on one 8-warp consumer with the wait lagged one iteration; attention with two sub-tiles:
     S = Q K^T one stage ahead of O += P V in both groups, one tensor-core turn per group and iteration."""
-    from twill.solve import schedule
-    from twill.solve.options import SolveOptions
-
-    gemm = gluon_plan(schedule(build_kernel("gemm", H100), H100, SolveOptions(time_limit=60, streaming_depth=3)))
+    gemm = gluon_plan(solved_kernel("gemm", "h100", streaming_depth=3))
     hand = gluon_plan(gemm_schedule(build_kernel("gemm", H100), H100, lag=1, depth=3, warps=8))
     assert (gemm.mma_lag, gemm.tile, gemm.compute[0].num_warps) == (hand.mma_lag, hand.tile, 8)
     assert [r.depth for r in gemm.rings] == [r.depth for r in hand.rings] == [3, 3]
     graph = build_kernel("flash-fwd", H100, subtiles=2)
-    fa = gluon_plan(schedule(graph, H100, SolveOptions(time_limit=60)))
+    fa = gluon_plan(solved_kernel("flash-fwd", "h100", {"subtiles": 2}))
     hand_fa = gluon_plan(flash_schedule(graph, H100, ahead=1, depth=2))
     assert [p.qk_ahead for p in fa.compute] == [p.qk_ahead for p in hand_fa.compute] == [1, 1]
     assert sorted(sorted(t.ops) for t in fa.turns) == sorted(sorted(t.ops) for t in hand_fa.turns) == [

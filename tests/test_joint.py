@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from solved import solved_kernel
 
 from twill.errors import InfeasibleScheduleError
 from twill.ir.builder import GraphBuilder
@@ -158,10 +159,8 @@ def test_a_pinned_ring_depth_overrides_the_streaming_depth():
 @pytest.mark.parametrize("arch", ["h100", "b200"])
 def test_search_is_deterministic(arch):
     machine = get_machine(arch)
-    graph = build_kernel("flash-fwd", machine, subtiles=2)
-    opts = SolveOptions(time_limit=60)
-    first = schedule(graph, machine, opts).to_dict()
-    second = schedule(graph, machine, opts).to_dict()
+    first = solved_kernel("flash-fwd", arch, {"subtiles": 2}).to_dict()      # the session's shared solve
+    second = schedule(build_kernel("flash-fwd", machine, subtiles=2), machine, SolveOptions()).to_dict()
     first.pop("solve_seconds"), second.pop("solve_seconds")
     for d in (first, second):
         d["stats"].pop("tried")
@@ -194,7 +193,7 @@ def test_hopper_attention_hoists_s_in_every_subtile_before_minimising_length():
 
     graph = build_kernel("flash-fwd", H100, subtiles=2)
     assert hoist_pairs(graph, H100) == [("qk_a", "pv_a"), ("qk_b", "pv_b")]
-    result = schedule(graph, H100, SolveOptions(time_limit=60))
+    result = solved_kernel("flash-fwd", "h100", {"subtiles": 2})
     names = [o["name"] for o in result.stats["objectives"]]
     assert names == ["unhoisted", "length", "stages", "warps", "smem", "prologue"]
     assert result.stats["objectives"][0]["value"] == 0 and result.status == "optimal"
@@ -215,7 +214,7 @@ def test_default_gemm_tile_is_one_8_warp_consumer_with_a_lagged_wait():
     assert (graph.attrs["block_m"], graph.attrs["block_n"], graph.attrs["warps"]) == (128, 256, 8)
     assert graph.op("mma").warps == 8 and graph.op("mma").regs == 128
     assert build_kernel("gemm", H100, block_n=128).op("mma").warps == 4
-    result = schedule(graph, H100, SolveOptions(time_limit=30, streaming_depth=3))
+    result = solved_kernel("gemm", "h100", streaming_depth=3)
     mma = result.warp_of("mma")
     assert mma.num_warps == 8 and set(mma.ops) == {"mma", "mma_wait"}
     assert result.stage("mma_wait") - result.stage("mma") == 1

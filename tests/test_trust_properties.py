@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from solved import solved_kernel
 
 from twill.cli import main
 from twill.commands.common import schedule_document
-from twill.kernels import build_kernel
 from twill.machine import H100
-from twill.solve import SolveOptions, schedule
 
 WRONG_VALUES = (None, "x", 1.5, True, [], {}, -1, 10**15)
 
@@ -29,7 +28,7 @@ WRONG_VALUES = (None, "x", 1.5, True, [], {}, -1, 10**15)
 def valid_document(kernel: str) -> str:
     """A solver-written schedule document (JSON text), without the optional ``stage``/``order`` fields so that
     corrupted start times reach the verifier."""
-    doc = schedule_document(schedule(build_kernel(kernel, H100), H100, SolveOptions(time_limit=60)))
+    doc = schedule_document(solved_kernel(kernel, "h100"))
     for op in doc["ops"]:
         op.pop("stage")
         op.pop("order")

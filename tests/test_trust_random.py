@@ -35,5 +35,7 @@ def test_a_small_random_graph(seed):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ops, seed", [(60, 1), (160, 1), (160, 2)])
-def test_a_random_graph_up_to_160_ops_within_120_s(ops, seed):
-    check(ops, seed, time_limit=120)
+def test_a_random_graph_up_to_160_ops_within_60_s(ops, seed):
+    """The search's phases leave the last resort its reserve (``LAST_RESORT_SHARE`` of the limit), so a
+    graph whose joint solves time out still gets a verified schedule within the limit."""
+    check(ops, seed, time_limit=60)

@@ -116,6 +116,26 @@ def test_the_last_resort_finds_a_schedule_at_a_larger_ii(monkeypatch):
     assert result.status == "feasible" and result.stats["proven"] == {**result.stats["proven"], "ii": False}
 
 
+def test_the_ii_loop_leaves_the_last_resort_its_reserve(monkeypatch):
+    """The joint solves of the II loop (and the assignment for greedy starts after a time-out) ask for at most
+    their share of the time before the last resort's reserve, so a search whose joint solves time out still
+    reaches the last resort (docs/cli.md, "Time budget per phase")."""
+    from twill.solve.joint import search
+    from twill.solve.options import PHASE_SHARES
+
+    limits = []
+
+    def time_out(self, objective, *, time_limit, workers=None):
+        limits.append(time_limit)
+        return cpsat.JointOutcome("unknown", None, 0.0)
+
+    monkeypatch.setattr(cpsat.CpsatJoint, "solve", time_out)
+    with pytest.raises(InfeasibleScheduleError, match="undecided: II 2, 3"):
+        schedule(build_kernel("paper-example", H100), H100, SolveOptions(max_ii=3, time_limit=60))
+    assert len(limits) >= 2                                      # the joint solve at II 2 and at II 3
+    assert max(limits) <= PHASE_SHARES["joint"] * (1 - search.LAST_RESORT_SHARE) * 60
+
+
 def test_normalization_that_runs_out_of_time_falls_back_to_proportional_costs():
     from twill.solve.normalize import distortion_of, proportional, solve_normalization
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from solved import solved_kernel
 
 from twill.ir.builder import GraphBuilder
-from twill.kernels import build_kernel
 from twill.machine import get_machine
 from twill.schedule.result import Schedule, WarpGroup
 from twill.schedule.verify_ws import live_intervals, ws_violations
-from twill.solve import schedule
 from twill.solve.options import SolveOptions
 
 H100 = get_machine("h100")
@@ -54,9 +53,7 @@ def test_a_valid_hand_schedule_passes():
 
 def test_solver_output_passes_for_every_built_in_schedule_checked_here():
     for arch, kernel, opts in (("h100", "gemm", {}), ("b200", "gemm", {}), ("h100", "flash-fwd", {"subtiles": 2})):
-        machine = get_machine(arch)
-        result = schedule(build_kernel(kernel, machine, **opts), machine, SolveOptions(time_limit=60))
-        assert messages(result, machine) == []
+        assert messages(solved_kernel(kernel, arch, opts), get_machine(arch)) == []
 
 
 def test_warp_uniqueness_width_mismatch():
@@ -140,8 +137,7 @@ def test_memory_capacity_of_the_streaming_ring():
 
 
 def test_tmem_capacity_on_blackwell():
-    graph = build_kernel("flash-fwd", B200, subtiles=2)
-    result = schedule(graph, B200, SolveOptions(time_limit=60))
+    result = solved_kernel("flash-fwd", "b200", {"subtiles": 2})
     assert messages(result, B200) == []
     late = dict(result.starts)
     late["s_load_a"] += 2 * result.ii                 # S held two stages longer: a second TMEM buffer

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 import shutil
 import subprocess
@@ -12,11 +11,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from solved import solved_kernel
 
 from twill.errors import TwillError, UnsupportedFeatureError
 from twill.ir import GraphBuilder
 from twill.kernels import build_kernel, kernel_module, list_kernels
-from twill.machine import B200, H100, Machine, get_machine
+from twill.machine import B200, H100, Machine
 from twill.schedule.result import Schedule, WarpGroup
 from twill.solve import schedule as solve
 from twill.solve.options import SolveOptions
@@ -81,20 +81,14 @@ def builtin_cases() -> list:
     return cases
 
 
-@functools.lru_cache(maxsize=None)
-def _solved(name: str, arch: str, options: tuple, ws: bool) -> Schedule:
-    machine = get_machine(arch)
-    graph = build_kernel(name, machine, **dict(options))
-    return solve(graph, machine, SolveOptions(ws=ws, time_limit=60))
-
-
 def solved(name: str, machine: Machine, options: dict, *, ws: bool = False) -> Schedule:
-    """The solver's schedule (cached across tests): modulo only, or joint with ``ws``."""
+    """The solver's schedule (shared with the other test files, :mod:`solved`): modulo only, or joint with
+    ``ws``."""
     try:
         kernel_module(name)
     except ModuleNotFoundError:
         pytest.skip(f"kernel module of {name!r} is not in this checkout yet")
-    return _solved(name, machine.name, tuple(sorted(options.items())), ws)
+    return solved_kernel(name, machine.name, options, ws=ws)
 
 
 def svg_fills(path_or_text: Path | str) -> set[str]:

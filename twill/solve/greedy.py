@@ -35,6 +35,21 @@ def topological_order(graph: LoopGraph) -> list[str]:
     return order
 
 
+def reservation(rrt: tuple, issue: tuple[str, int] | None, ii: int) -> dict[tuple[str, int], int]:
+    """An op's reservations for a start at residue 0: ``(unit, (c mod ii)) -> count`` summed over its RRT
+    rows ``c`` (and the first ``busy`` cycles of its ``issue`` timeline); a start at ``t`` shifts every
+    residue by ``t``."""
+    cells: dict[tuple[str, int], int] = {}
+    for c, row in enumerate(rrt):
+        for unit, count in row:
+            cells[(unit, c % ii)] = cells.get((unit, c % ii), 0) + count
+    if issue is not None:
+        line, busy = issue
+        for c in range(busy):
+            cells[(line, c % ii)] = cells.get((line, c % ii), 0) + 1
+    return cells
+
+
 def greedy_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *,
                   padding: Mapping[str, int] | None = None,
                   issue: Mapping[str, tuple[str, int]] | None = None) -> dict[str, int] | None:
@@ -58,14 +73,9 @@ def greedy_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *,
         op = ops[name]
         earliest = max([0] + [starts[e.src] + e.delay + pad.get(e.src, 0) - ii * e.distance
                               for e in ins[name] if e.src in starts])
+        reserved = reservation(op.rrt, issue.get(name) if issue else None, ii)
         for t in range(earliest, earliest + ii):
-            cells = [((unit, (t + c) % ii), count) for c, row in enumerate(op.rrt) for unit, count in row]
-            if issue and name in issue:
-                line, busy = issue[name]
-                cells += [((line, (t + c) % ii), 1) for c in range(busy)]
-            load: dict[tuple[str, int], int] = {}
-            for key, count in cells:
-                load[key] = load.get(key, 0) + count
+            load = {(unit, (t + r) % ii): count for (unit, r), count in reserved.items()}
             if all(used.get(key, 0) + count <= units[key[0]] for key, count in load.items()):
                 for key, count in load.items():
                     used[key] = used.get(key, 0) + count

@@ -38,7 +38,7 @@ PHASE_SHARES = {"modulo": 0.25, "joint": 0.5, "explain": 0.2}
 
 #: With less than this share of the time limit left and no joint schedule yet, the joint search stops the
 #: II-by-II search and looks for any verified joint schedule at a larger II (greedy start times, the warp
-#: assignment solved alone).
+#: assignment solved alone). The II-by-II solves take their shares of the time before this reserve.
 LAST_RESORT_SHARE = 0.25
 
 

@@ -317,6 +317,8 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     previous: dict[str, int] | None = None
     issue = issue_bound(graph, machine, options)
     tried = search.tried
+    # Phase 1 and the joint solve share the time before the last resort's reserve, so that it always runs.
+    reserved = deadline - LAST_RESORT_SHARE * options.time_limit
     for ii in range(lower_bound, max_ii + 1):
         if deadline - time.perf_counter() <= 0:
             break
@@ -332,23 +334,25 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
                 return search.finish(found[1], found[2], proven_below=False, length_proven=False)
             break
         options.report(f"II {options.ii_text(ii)}: phase 1 (elapsed {time.perf_counter() - started:.1f} s)")
-        mod, row = phase_one(graph, units, options, ii, deadline=deadline, previous=previous,
+        mod, row = phase_one(graph, units, options, ii, deadline=reserved, previous=previous,
                              prove=search.modulo_ii is None)
         tried.append(row)
         if not mod.found:
             continue
         search.modulo_ii = search.modulo_ii or ii
         previous = dict(mod.starts)
+        if time.perf_counter() >= reserved:
+            continue                     # the last resort's reserve has begun: it starts at the next II
         model = new_model(graph, machine, options, units, ii=ii, length_min=mod.length,
                           explain=ii == search.modulo_ii)
         model.hint(mod.starts)
-        outcome = model.solve(Objective.LENGTH, time_limit=share("joint", deadline))
+        outcome = model.solve(Objective.LENGTH, time_limit=share("joint", reserved))
         row = tried[-1] = replace(row, length_min=mod.length, copies=model.problem.copies,
                                   joint=outcome.status, seconds=outcome.seconds)
         options.report(f"II {options.ii_text(ii)}: joint {outcome.status} ({outcome.seconds:.2f} s)")
         length_proven = mod.status == Status.OPTIMAL and outcome.status == Status.OPTIMAL
         if outcome.status == Status.UNKNOWN:
-            attempt = fixed_start_joint(graph, machine, options, units, ii, deadline)
+            attempt = fixed_start_joint(graph, machine, options, units, ii, reserved)
             row = tried[-1] = replace(row, fixed_starts="no greedy placement" if attempt is None
                                       else str(attempt[1].status))
             options.report(f"II {options.ii_text(ii)}: warp assignment for greedy starts: {row.fixed_starts}")
