@@ -90,7 +90,7 @@ def test_gemm_header_documents_the_schedule():
     header = source.split('"""')[0]
     assert f"II = {sched.ii}" in header and "stages = 2" in header
     assert "load_partition" in header and "compute_partition" in header and "24 regs" in header
-    assert "a: load_a -> mma, 4 slots, released after mma_wait" in header
+    assert "a: load_a -> mma, 4 buffers, released after mma_wait" in header
     assert "mma_wait" in header and "|" in header            # the chart
     compile(source, "gemm.py", "exec")
 

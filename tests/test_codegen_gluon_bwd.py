@@ -64,7 +64,7 @@ def _write(tmp_path, sched, name: str):
 
 
 def _smem_need(head_dim: int, depth: int, dq_depth: int) -> int:
-    """K, V resident; Q, dO rings; the stats ring ([2, 64] fp32); dS; the fp32 dQ staging slots."""
+    """K, V resident; Q, dO rings; the stats ring ([2, 64] fp32); dS; the fp32 dQ staging buffers."""
     return (2 * 128 * head_dim * 2 + depth * (2 * 64 * head_dim * 2 + 2 * 64 * 4) + 128 * 64 * 2
             + dq_depth * 64 * head_dim * 4)
 
@@ -93,7 +93,7 @@ def test_backward_variant_compiles_with_the_scheduled_rings(tmp_path, head_dim, 
     assert set(facts.wait_depths) == waits                 # the retire depths the schedule's order asks for
     assert ("dec", 24) in facts.setmaxnreg and ("inc", 240) in facts.setmaxnreg
     assert facts.tma_loads >= 5                            # K, V once; Q, dO, stats per iteration
-    # dq_atomic: one TMA reduce-add of the staged fp32 tile (no per-element atomics), the slot released
+    # dq_atomic: one TMA reduce-add of the staged fp32 tile (no per-element atomics), the buffer released
     # once the TMA read it; the compute group's stores fenced for the async proxy before dq_ready
     assert re.search(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add", ptx)
     assert not re.search(r"\b(atom|red)\.global", ptx)
@@ -222,7 +222,7 @@ def test_backward_compute_ops_in_three_stages_cannot_be_emitted():
 
 
 def test_backward_shared_memory_overflow_cannot_be_emitted():
-    """Three ring slots at D=128 exceed shared memory (the verifier rejects the schedule too; the plan
+    """Three ring buffers at D=128 exceed shared memory (the verifier rejects the schedule too; the plan
     checks the renderer's own buffers)."""
     sched = flash_bwd_schedule(build_kernel("flash-bwd", H100), H100, depth=3, dq_lag=1)
     with pytest.raises(UnsupportedFeatureError, match="shared memory"):

@@ -120,7 +120,7 @@ def test_partitions_that_differ_take_their_turn_under_pl_when():
 
 
 def test_qk_a_stage_ahead_keeps_pv_in_flight_into_the_next_step():
-    """stage(pv) - stage(qk) = 1: S(j) is read with one wgmma group (PV(j-1)) left in flight and V(j-1)'s slot
+    """stage(pv) - stage(qk) = 1: S(j) is read with one wgmma group (PV(j-1)) left in flight and V(j-1)'s buffer
     is released one step after it was read; with 0 the body runs in series and releases V in its step."""
     ahead = emit_pallas(_flash(2, 128, 2, False, 1))
     serial = emit_pallas(_flash(2, 128, 2, False, 0))

@@ -208,7 +208,7 @@ def test_flash_cuda_has_the_rings(tmp_path, depth, ws):
 
 def _async_gemm(source: str, release_stage: int) -> str:
     """The emitted lag-0 GEMM with its wgmma left in flight: ``T.wgmma_gemm`` + ``T.wait_wgmma(1)`` (op
-    ``retire``) and the A/B slot released at ``release_stage``, ``T.wait_wgmma(0)`` after the loop."""
+    ``retire``) and the A/B buffer released at ``release_stage``, ``T.wait_wgmma(0)`` after the loop."""
     swaps = {'T.gemm(A_s, B_s, C_l, annotations={T.WSID: "mma"})':
              'T.wgmma_gemm(A_s, B_s, C_l, annotations={T.WSID: "mma"})\n'
              '                with T.ws_op("retire"):\n                    T.wait_wgmma(1)',
@@ -225,10 +225,10 @@ def _async_gemm(source: str, release_stage: int) -> str:
 
 @needs_tilelang
 def test_wgmma_in_flight_is_refused_for_tilelangs_reason(tmp_path):
-    """Why a lag-1 schedule is refused, against the installed TileLang: releasing the slot a stage after its
+    """Why a lag-1 schedule is refused, against the installed TileLang: releasing the buffer a stage after its
     wait (where the schedule releases it) is rejected; releasing it in the wait's stage lowers, but the CUDA
-    hands slot ``k`` back right after ``wait_wgmma<1>``, which retires wgmma ``k - 1`` while wgmma ``k`` still
-    reads the slot."""
+    hands buffer ``k`` back right after ``wait_wgmma<1>``, which retires wgmma ``k - 1`` while wgmma ``k`` still
+    reads the buffer."""
     source = emit_tilelang(_gemm(3, 8, True))
     with pytest.raises(Exception, match="acquire/wait of pipeline 'ab' in role compute0 is at stage 0 but its "
                                         "commit/release is at stage 1; pairs must share one stage"):

@@ -68,7 +68,7 @@ def test_h100_flash_fwd_two_subtiles_is_ping_pong_at_the_tensor_core_bound():
     assert len(compute) == 2
     subtiles = [{result.graph.op(n).attrs["subtile"] for n in w.ops} for w in compute]
     assert sorted(map(sorted, subtiles)) == [[0], [1]]
-    tc_ops = sorted((n for n in result.graph.op_names if result.graph.op(n).kind == "mma"), key=result.slot)
+    tc_ops = sorted((n for n in result.graph.op_names if result.graph.op(n).kind == "mma"), key=result.residue)
     assert cyclic_runs([result.assignment[n] for n in tc_ops]) == 2          # a a b b: the groups alternate
     for w in compute:
         exp = next(n for n in w.ops if result.graph.op(n).attrs["role"] == "exp")

@@ -21,7 +21,7 @@ def test_report_of_a_solved_schedule():
     assert "IIs tried: 2 optimal" in lines
     assert "unit utilization: EXP 50%, TC 100%" in lines
     table = lines[lines.index("ops (steady-state order):") + 1]
-    assert table.split() == ["op", "kind", "start", "stage", "slot", "order", "cycles"]
+    assert table.split() == ["op", "kind", "start", "stage", "residue", "order", "cycles"]
     assert any(line.split()[:1] == ["O->O"] for line in lines)      # buffer depth table
     assert "warp groups" not in text and "blocked_by" not in text
 

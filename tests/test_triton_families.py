@@ -173,7 +173,7 @@ def test_persistent_matmul_injects():
     schedule = solve_for_triton(lowered.graph, machine, spec.capability, SolveOptions(ws=False, time_limit=60))
     result = inject(spec, schedule, machine)
     cond = next(op.name for op in schedule.graph.ops if op.kind == "conditional")
-    assert result.plan.op_slots[cond][0] == result.plan.op_slots["mma"][0]
+    assert result.plan.op_places[cond][0] == result.plan.op_places["mma"][0]
     assert "loop.stage" in result.scheduled_ttgir and result.rings and result.rings[0][0] >= 2
 
 
@@ -285,7 +285,7 @@ def test_tma_persistent_matmul_with_split_epilogue_injects(arch):
     assert epilogue.attrs["region_ops"].count("tt.descriptor_store") == 2
     schedule = solve_for_triton(lowered.graph, machine, spec.capability, SolveOptions(ws=False, time_limit=60))
     result = inject(spec, schedule, machine)
-    assert result.plan.op_slots[epilogue.name][0] == result.plan.op_slots["mma"][0]
+    assert result.plan.op_places[epilogue.name][0] == result.plan.op_places["mma"][0]
     assert [depth for depth, _, _ in result.rings] == [3, 3]
 
 

@@ -12,7 +12,7 @@ import pytest
 triton = pytest.importorskip("triton")
 
 from twill.codegen.triton import (annotate, constrain_for_triton, default_load_lead, heuristic_plan,  # noqa: E402
-                                  inject, op_slots, read_schedule_attrs, set_loop_max_stage,
+                                  inject, op_places, read_schedule_attrs, set_loop_max_stage,
                                   set_schedule_attrs, solve_for_triton)
 from twill.errors import UnsupportedFeatureError  # noqa: E402
 from twill.frontends.triton import kernel_spec, lower_function  # noqa: E402
@@ -62,7 +62,7 @@ def test_matmul_injection_reproduces_triton_ring_and_shared_memory(matmul):
     default, _ = compile_with_edit(spec, None)
     result = inject(spec, sched, H100)
     assert result.plan.load_lead == default_load_lead(3) == 2
-    assert result.plan.op_slots["mma"][0] == 2 and result.plan.op_slots["load_a"][0] == 0
+    assert result.plan.op_places["mma"][0] == 2 and result.plan.op_places["load_a"][0] == 0
     assert [d for d, _, _ in result.rings] == [3, 3]
     assert result.shared_bytes == default.metadata.shared
     assert len(result.kernel.asm["cubin"]) > 1000 and "wgmma.mma_async" in result.kernel.asm["ptx"]
@@ -77,8 +77,8 @@ def test_buffers_follow_the_injected_stages(matmul):
     one = inject(spec, sched, H100, load_lead=1)
     three = inject(spec, sched, H100, load_lead=3)
     assert [d for d, _, _ in one.rings] == [2, 2] and [d for d, _, _ in three.rings] == [4, 4]
-    tile_bytes = (128 * 64 + 64 * 128) * 2        # one A slot + one B slot
-    extra = three.shared_bytes - one.shared_bytes  # two more slots per ring, plus their 8-byte mbarriers
+    tile_bytes = (128 * 64 + 64 * 128) * 2        # one A buffer + one B buffer
+    extra = three.shared_bytes - one.shared_bytes  # two more buffers per ring, plus their 8-byte mbarriers
     assert 0 <= extra - 2 * tile_bytes <= 64
 
 
@@ -91,11 +91,11 @@ def test_every_body_statement_gets_stage_and_cluster(flash):
     assert set(written) == {st.index for st in loop.body}
     assert written == dict(result.plan.statements)
     assert f"tt.scheduled_max_stage = {result.plan.max_stage} : i32" in result.scheduled_ttgir
-    # folded index arithmetic takes its consumer's slot; the local_alloc of a load sits with its wgmma
+    # folded index arithmetic takes its consumer's place; the local_alloc of a load sits with its wgmma
     body = {st.index: st for st in loop.body}
     for idx, consumers in lowered.folded_into.items():
         if body[idx].op == "ttg.local_alloc":
-            assert written[idx] in {result.plan.op_slots[n] for n, _ in consumers}
+            assert written[idx] in {result.plan.op_places[n] for n, _ in consumers}
 
 
 @pytest.mark.slow
@@ -104,15 +104,15 @@ def test_flash_injection_compiles_with_wgmma_in_the_last_stage(flash):
     assert sched.stats["triton_sm90_window"]
     result = inject(spec, sched, H100)
     top = result.plan.max_stage
-    assert {result.plan.op_slots[n][0] for n in ("qk", "pv")} == {top}
-    compute = {n: s for n, (s, _) in result.plan.op_slots.items() if not n.startswith("load_")}
+    assert {result.plan.op_places[n][0] for n in ("qk", "pv")} == {top}
+    compute = {n: s for n, (s, _) in result.plan.op_places.items() if not n.startswith("load_")}
     assert set(compute.values()) == {top}
-    assert {result.plan.op_slots["load_k"][0], result.plan.op_slots["load_v"][0]} == {top - 2}
+    assert {result.plan.op_places["load_k"][0], result.plan.op_places["load_v"][0]} == {top - 2}
     assert [d for d, _, _ in result.rings] == [3, 3]
     assert result.kernel.asm["ptx"].count("wgmma.mma_async") >= 2 and result.kernel.asm["cubin"]
     # clusters follow start times modulo II: qk is emitted before the softmax, which precedes pv
-    slots = result.plan.op_slots
-    assert slots["qk"][1] < slots["exp"][1] < slots["pv"][1]
+    places = result.plan.op_places
+    assert places["qk"][1] < places["exp"][1] < places["pv"][1]
     smaller = inject(spec, sched, H100, load_lead=1)
     assert [d for d, _, _ in smaller.rings] == [2, 2] and smaller.shared_bytes < result.shared_bytes
 
@@ -132,8 +132,8 @@ def test_window_constraint_keeps_compute_in_one_stage(flash):
     _, lowered, _, sched = flash
     g = constrain_for_triton(lowered.graph, 90)
     assert len(g.edges) > len(lowered.graph.edges) and constrain_for_triton(lowered.graph, 100) is lowered.graph
-    slots = op_slots(sched, 2)
-    assert len({s for n, (s, _) in slots.items() if not n.startswith("load_")}) == 1
+    places = op_places(sched, 2)
+    assert len({s for n, (s, _) in places.items() if not n.startswith("load_")}) == 1
 
 
 def test_blackwell_injection_compiles():
@@ -177,7 +177,7 @@ def test_annotate_is_identity_for_triton_own_plan(matmul):
     from twill.codegen.triton import StagePlan
 
     own = heuristic_plan(text)
-    plan = StagePlan(ii=1, op_slots={}, statements=own, max_stage=max(s for s, _ in own.values()), load_lead=2)
+    plan = StagePlan(ii=1, op_places={}, statements=own, max_stage=max(s for s, _ in own.values()), load_lead=2)
     assert annotate(text, lowered.loop, plan).splitlines() == text.splitlines()
 
 

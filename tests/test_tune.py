@@ -136,7 +136,7 @@ def test_streaming_loads_bound_the_loop_on_a_calibrated_machine():
     shape = Shape("gemm", (128, 128, 6400))  # one tile, 100 iterations
     for depth in (2, 3):
         p = predict(_streaming_schedule(depth), shape, machine)
-        # the slot is used and freed in the load's own stage (span 1): d iterations of lookahead; the tile
+        # the buffer is used and freed in the load's own stage (span 1): d iterations of lookahead; the tile
         # lands after the L2 latency less the 16 KiB calibration tile's transfer, plus its own transfer
         bandwidth_ii = 16384 / cal.tma_l2_bytes_per_clk
         latency_ii = (cal.tma_l2_latency_cycles - 16384 / cal.tma_l2_bytes_per_clk + bandwidth_ii) / depth

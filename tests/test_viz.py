@@ -156,9 +156,9 @@ def test_live_copies_matches_brute_force():
     for ii in (1, 2, 5):
         for start in range(-3, 8):
             for end in range(start + 1, start + 14):
-                for slot in range(ii):
-                    brute = sum(1 for k in range(-20, 20) if start <= slot + k * ii < end)
-                    assert live_copies(start, end, slot, ii) == brute
+                for residue in range(ii):
+                    brute = sum(1 for k in range(-20, 20) if start <= residue + k * ii < end)
+                    assert live_copies(start, end, residue, ii) == brute
 
 
 def test_joint_paper_example_report(tmp_path):
@@ -206,8 +206,8 @@ def test_streaming_loads_run_ahead_within_their_buffers():
     loads = [n for n in graph.op_names if graph.is_streaming(n)]
     assert loads and set(ahead) == {(n, k) for n in loads for k in range(iterations)}
     for (name, k), t in ahead.items():
-        assert t <= sched.starts[name] + k * ii            # never later than its modulo slot
-        for e in graph.out_edges(name):                    # slot of iteration k - D released
+        assert t <= sched.starts[name] + k * ii            # never later than its modulo residue
+        for e in graph.out_edges(name):                    # buffer of iteration k - D released
             assert t >= sched.starts[e.dst] + graph.op(e.dst).cycles + (k - depth + e.distance) * ii
     tl = timeline(sched, H100, iterations)
     load_bars = [b for b in tl.bars if b.lane == "wg0"]

@@ -12,13 +12,13 @@ Policy (documented in ``docs/codegen.md``):
   ``num_warps``), the others are workers with the schedule's register budget. Each compute partition maps
   the kernel's roles to its ops (``roles``).
 * **Rings and barriers.** Every edge from a TMA load into a compute group becomes a shared-memory ring with
-  ``ready``/``empty`` barriers. A slot is held from the load until its last reader releases it, so
+  ``ready``/``empty`` barriers. A buffer is held from the load until its last reader releases it, so
   ``depth = max(stage(release) - stage(load) + 1, least depth)``; the releasing op is the ``mma_wait``
   (GEMM) or the tensor-core op itself (attention). Rings of equal depth and release point share one
   barrier pair (one wait and one ``expect`` of both tiles' bytes).
 * **Waits.** Each wait the kernel performs is a :class:`Wait` naming the dependence that forces it: the
   edge (source, latency, distance) of a ring's ``ready`` and of an asynchronous MMA's retirement
-  (``wgmma``), the slot reuse ``depth`` iterations later for ``empty``, the tensor-core order for ``turn``.
+  (``wgmma``), the buffer reuse ``depth`` iterations later for ``empty``, the tensor-core order for ``turn``.
 * **Stages.** GEMM: ``mma_lag = stage(mma_wait) - stage(mma)`` MMA groups stay in flight. Attention:
   ``qk_ahead = stage(pv) - stage(qk)`` per partition (0 or 1): with 1, ``S = Q K^T`` of iteration ``j + 1``
   is issued together with ``O += P V`` of iteration ``j`` and the softmax of ``j + 1`` overlaps that PV
@@ -67,7 +67,7 @@ class Placement:
 
     Attributes:
         name, role: the op and its ``attrs["role"]``.
-        start, stage, slot: start cycle, ``start // II`` and ``start % II``.
+        start, stage, residue: start cycle, ``start // II`` and ``start % II``.
         cycles: its latency in cycles.
         group: its warp group (``None`` without one).
     """
@@ -76,7 +76,7 @@ class Placement:
     role: str
     start: int
     stage: int
-    slot: int
+    residue: int
     cycles: int
     group: int | None
 
@@ -86,7 +86,7 @@ class Wait:
     """One wait of the kernel and the dependence that forces it.
 
     Attributes:
-        kind: ``ready`` (a ring slot was filled), ``empty`` (a ring slot was released), ``wgmma`` (an
+        kind: ``ready`` (a ring buffer was filled), ``empty`` (a ring buffer was released), ``wgmma`` (an
             asynchronous MMA retired) or ``turn`` (the other partition handed over the tensor core).
         op: the op that waits.
         source: the op waited for.
@@ -148,9 +148,9 @@ class Ring:
     Attributes:
         name: short name (``a``, ``b``, ``k``, ``v``).
         producer: the TMA load op.
-        consumers: the tensor-core ops that read a slot.
-        release: the op after which a slot is released.
-        depth: slots; see the module docstring for the formula, and ``why`` for its derivation.
+        consumers: the tensor-core ops that read a buffer.
+        release: the op after which a buffer is released.
+        depth: buffers; see the module docstring for the formula, and ``why`` for its derivation.
         barrier: name of the ready/empty barrier pair the ring uses.
     """
 
@@ -170,8 +170,8 @@ class Barrier:
     Attributes:
         name: ``a``, ``ab``, ``k``...
         rings: the rings it guards, in producer order (the producer waits and expects at the first).
-        depth: slots (= the rings' depth).
-        arrivals: compute partitions that release each slot (the ``empty`` barrier's count).
+        depth: buffers (= the rings' depth).
+        arrivals: compute partitions that release each buffer (the ``empty`` barrier's count).
     """
 
     name: str
@@ -207,7 +207,7 @@ class KernelPlan:
         causal: attention: the causal mask (the K/V loop of a query block stops at its diagonal, where the
             scores are masked; see docs/codegen.md, "Causal attention").
         kv_heads: attention: K/V heads (0: as many as the query heads; N: grouped-query attention).
-        dq_depth: attention backward: slots of the fp32 dQ staging buffer between ``dq_store`` (compute) and
+        dq_depth: attention backward: buffers of the fp32 dQ staging buffer between ``dq_store`` (compute) and
             ``dq_atomic`` (producer): ``stage(dq_atomic) - stage(dq_store) + 1``.
         dq_lag: attention backward: iterations between the producer's loads and its ``dq_atomic`` of the
             same iteration, ``stage(dq_atomic) - stage(load_q)`` (in iteration j it reduces iteration
@@ -312,7 +312,7 @@ def _dtype(graph: LoopGraph, backend: str) -> str:
 def _placements(schedule: Schedule) -> tuple[Placement, ...]:
     graph = schedule.graph
     return tuple(Placement(op.name, str(op.attrs.get("role", "")), schedule.start(op.name),
-                           schedule.stage(op.name), schedule.slot(op.name), op.cycles,
+                           schedule.stage(op.name), schedule.residue(op.name), op.cycles,
                            schedule.assignment.get(op.name)) for op in graph.ops)
 
 
@@ -641,11 +641,11 @@ def _check_bwd_stages(schedule: Schedule, compute: Partition, backend: str) -> N
 
 def _check_bwd_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], dq_depth: int,
                     backend: str) -> None:
-    """Resident K and V, the Q/dO/stats rings, the dS tile and the dQ staging slots must fit shared memory."""
+    """Resident K and V, the Q/dO/stats rings, the dS tile and the dQ staging buffers must fit shared memory."""
     capacity = get_machine(schedule.arch).smem_per_block
     bm, bn, d = tile["block_m"], tile["block_n"], tile["head_dim"]
-    slot = {"q": bm * d * 2, "do": bm * d * 2, "stats": 2 * bm * 4}
-    need = 2 * bn * d * 2 + sum(r.depth * slot[r.name] for r in rings) + bn * bm * 2 + dq_depth * bm * d * 4
+    buffer = {"q": bm * d * 2, "do": bm * d * 2, "stats": 2 * bm * 4}
+    need = 2 * bn * d * 2 + sum(r.depth * buffer[r.name] for r in rings) + bn * bm * 2 + dq_depth * bm * d * 4
     if need > capacity:
         raise UnsupportedFeatureError(
             f"cannot generate: the attention backward needs {need} bytes of shared memory, more than the "

@@ -56,14 +56,14 @@ class StagePlan:
     statement of the loop body, and the loop's maximum stage."""
 
     ii: int
-    op_slots: Mapping[str, tuple[int, int]]
+    op_places: Mapping[str, tuple[int, int]]
     statements: Mapping[int, tuple[int, int]]
     max_stage: int
     load_lead: int
 
     def to_dict(self) -> dict[str, Any]:
         return {"ii": self.ii, "max_stage": self.max_stage, "load_lead": self.load_lead,
-                "ops": {n: {"stage": s, "cluster": c} for n, (s, c) in sorted(self.op_slots.items())}}
+                "ops": {n: {"stage": s, "cluster": c} for n, (s, c) in sorted(self.op_places.items())}}
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class InjectionResult:
             "status": schedule.status, "stages": self.plan.max_stage + 1, "load_lead": self.plan.load_lead,
             "shared_memory_bytes": self.shared_bytes, "num_warps": int(self.kernel.metadata.num_warps),
             "buffers": [{"depth": d, "shape": list(s), "dtype": t} for d, s, t in self.rings],
-            "ops": {n: {"stage": s, "cluster": c} for n, (s, c) in self.plan.op_slots.items()},
+            "ops": {n: {"stage": s, "cluster": c} for n, (s, c) in self.plan.op_places.items()},
         }
         return out
 
@@ -248,40 +248,40 @@ def _descendants(graph: LoopGraph, among: set[str]) -> dict[str, set[str]]:
     return out
 
 
-def op_slots(schedule: Schedule, load_lead: int) -> dict[str, tuple[int, int]]:
+def op_places(schedule: Schedule, load_lead: int) -> dict[str, tuple[int, int]]:
     """(stage, cluster) of every graph op.
 
     Times are first shifted by the earliest start of a non-load op (a translation keeps a modulo schedule
     valid). Then ``stage = ⌊t / II⌋`` and ``cluster`` = dense rank of ``t mod II``; streaming loads go
     ``load_lead`` stages ahead of their first consumer and into a final cluster of their own (they are
     zero-latency in the model, so where they sit within II is free; emitting them after the MMAs that read
-    older ring slots saves Triton a buffer). Stages are shifted so the smallest is 0.
+    older ring places saves Triton a buffer). Stages are shifted so the smallest is 0.
     """
     g, ii = schedule.graph, schedule.ii
     loads = [n for n in g.op_names if _is_streaming_load(g, n)]
     compute = [n for n in g.op_names if n not in loads]
     base = min((schedule.starts[n] for n in compute), default=0)
     stage = {n: (schedule.starts[n] - base) // ii for n in g.op_names}
-    slot = {n: (schedule.starts[n] - base) % ii for n in compute}
+    residue = {n: (schedule.starts[n] - base) % ii for n in compute}
     for n in loads:
         uses = [stage[e.dst] + e.distance for e in g.out_edges(n)]
         if uses:
             stage[n] = min(stage[n], min(uses) - load_lead)
     low = min(stage.values())
-    rank = {s: k for k, s in enumerate(sorted(set(slot.values())))}
+    rank = {s: k for k, s in enumerate(sorted(set(residue.values())))}
     last = len(rank)
-    return {n: (stage[n] - low, rank[slot[n]] if n in slot else last) for n in g.op_names}
+    return {n: (stage[n] - low, rank[residue[n]] if n in residue else last) for n in g.op_names}
 
 
-def check_predicable(schedule: Schedule, slots: Mapping[str, tuple[int, int]], capability: int) -> None:
+def check_predicable(schedule: Schedule, places: Mapping[str, tuple[int, int]], capability: int) -> None:
     """On sm_90, refuse a plan that puts a wgmma before the last stage (Triton 3.6 aborts on it)."""
     if capability // 10 != 9:
         return
-    top = max(s for s, _ in slots.values())
-    early = sorted(n for n, (s, _) in slots.items() if schedule.graph.op(n).kind == "mma" and s < top)
+    top = max(s for s, _ in places.values())
+    early = sorted(n for n, (s, _) in places.items() if schedule.graph.op(n).kind == "mma" and s < top)
     if early:
         raise UnsupportedFeatureError(
-            f"the schedule puts wgmma op {early[0]!r} in stage {slots[early[0]][0]} < last stage {top}; Triton "
+            f"the schedule puts wgmma op {early[0]!r} in stage {places[early[0]][0]} < last stage {top}; Triton "
             f"3.6 cannot predicate warp_group_dot in the pipeline epilogue: solve the graph returned by "
             f"constrain_for_triton() (twill inject does), or emit Gluon for this schedule")
 
@@ -298,24 +298,24 @@ def plan_stages(lowered: LoweredLoop, schedule: Schedule, *, load_lead: int, cap
     if load_lead < 1:
         raise TwillError(f"load lead must be >= 1 stage (a load in its consumer's stage is not pipelined), "
                          f"got {load_lead}")
-    slots = op_slots(schedule, load_lead)
-    check_predicable(schedule, slots, capability)
-    statements: dict[int, tuple[int, int]] = {i: slots[n] for i, n in lowered.owner.items()}
+    places = op_places(schedule, load_lead)
+    check_predicable(schedule, places, capability)
+    statements: dict[int, tuple[int, int]] = {i: places[n] for i, n in lowered.owner.items()}
     producers = _folded_producers(lowered)
     for index, consumers in lowered.folded_into.items():
-        now = [slots[n] for n, d in consumers if d == 0]
+        now = [places[n] for n, d in consumers if d == 0]
         if now:
             statements[index] = min(now)
             continue
-        later = [slots[n] for n, _ in consumers]
-        after = [slots[n] for n in producers.get(index, ())]
+        later = [places[n] for n, _ in consumers]
+        after = [places[n] for n in producers.get(index, ())]
         if later:
             statements[index] = max([min(later)] + after)
         else:
-            statements[index] = max(after) if after else (max(s for s, _ in slots.values()),
-                                                          max(c for _, c in slots.values()))
+            statements[index] = max(after) if after else (max(s for s, _ in places.values()),
+                                                          max(c for _, c in places.values()))
     max_stage = max(s for s, _ in statements.values())
-    return StagePlan(ii=schedule.ii, op_slots=slots, statements=statements, max_stage=max_stage,
+    return StagePlan(ii=schedule.ii, op_places=places, statements=statements, max_stage=max_stage,
                      load_lead=load_lead)
 
 

@@ -55,7 +55,7 @@ def _register_op(b: GraphBuilder, m: Machine, name: str, cost: costs.OpCost, *, 
 
 def tma_load(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, dtype: str, *,
              ring_depth: int | None = None) -> str:
-    """A streaming TMA load of a ``rows x cols`` input tile into a shared-memory ring slot. ``ring_depth``
+    """A streaming TMA load of a ``rows x cols`` input tile into a shared-memory ring buffer. ``ring_depth``
     pins the ring's least depth (``LoopGraph.least_depth``); without it the solve's streaming depth applies."""
     nbytes = tile_bytes(rows, cols, dtype)
     cost = costs.tma_load_cost(m, nbytes)

@@ -2,7 +2,7 @@
 
 Ops (roles): ``load_a``, ``load_b`` (streaming TMA loads into the shared-memory ring), ``mma`` (wgmma on
 Hopper, a 4- or 8-warp op accumulating in registers; tcgen05.mma on Blackwell, a 1-warp op accumulating in
-TMEM) and ``mma_wait`` (waits for the MMA to complete and releases its ring slots; its stage relative to ``mma``
+TMEM) and ``mma_wait`` (waits for the MMA to complete and releases its ring buffers; its stage relative to ``mma``
 is the wgmma wait lag).
 
 Edges: ``load_a -> mma``, ``load_b -> mma`` (delay 0: streaming loads have zero latency),
@@ -52,7 +52,7 @@ def mma_warps(machine: Machine, block_m: int, block_n: int, warps: int = 0) -> i
     return 4 if k.tile_regs(block_m, block_n, "fp32", 4) <= ACC_REGS_PER_THREAD else 8
 
 
-#: Default ring depth of the A/B loads: 3 slots of 128x64 + 64x256 fp16 tiles (144 KB) keep the TMA two tiles
+#: Default ring depth of the A/B loads: 3 buffers of 128x64 + 64x256 fp16 tiles (144 KB) keep the TMA two tiles
 #: ahead of the wgmma; measured on H100 (benchmarks/results/gluon_bench_h100_solver.json) at 0.97-0.99x
 #: cuBLAS, as the hand-built Gluon matmul with a 3-4-deep ring.
 STREAMING_DEPTH = 3

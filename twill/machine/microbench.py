@@ -17,7 +17,7 @@ The kernels (all ``@gluon.jit``, sm_90):
 * :func:`_elementwise_kernel` - ``exp2``, FMA, row max and row sum over an fp32 tile in the wgmma
   accumulator layout (the layout attention's softmax works in), from 1, 2 or 3 warp groups.
 * :func:`_smem_kernel` - fp16 register -> shared memory -> register round trips of an accumulator tile.
-* :func:`_tma_kernel` - TMA tile loads into a ring of ``DEPTH`` slots completed on mbarriers.
+* :func:`_tma_kernel` - TMA tile loads into a ring of ``DEPTH`` buffers completed on mbarriers.
 * :func:`_handoff_kernel` - mbarrier ping-pong between two ``warp_specialize`` partitions.
 """
 
@@ -186,7 +186,7 @@ def _smem_kernel(x_ptr, out_ptr, stats_ptr, reps, ROWS: gl.constexpr, COLS: gl.c
 @gluon.jit
 def _tma_kernel(desc, out_ptr, stats_ptr, reps, rows_total, DEPTH: gl.constexpr, L2_ROWS: gl.constexpr,
                 num_warps: gl.constexpr):
-    """``reps`` TMA tile loads through a ring of DEPTH slots: the load of iteration i + DEPTH is issued as
+    """``reps`` TMA tile loads through a ring of DEPTH buffers: the load of iteration i + DEPTH is issued as
     soon as iteration i's tile has landed. Tiles walk through ``rows_total`` rows (DRAM streaming) or, with
     L2_ROWS > 0, through the first L2_ROWS rows only (L2-resident)."""
     pid = gl.program_id(0)
@@ -207,12 +207,12 @@ def _tma_kernel(desc, out_ptr, stats_ptr, reps, rows_total, DEPTH: gl.constexpr,
         mbarrier.expect(ready.index(j), desc.block_type.nbytes)
         tma.async_copy_global_to_shared(desc, [((first + j) % span) * BM, 0], ready.index(j), ring.index(j))
     for i in range(reps):
-        slot = i % DEPTH
-        mbarrier.wait(ready.index(slot), (i // DEPTH) & 1)
+        buf = i % DEPTH
+        mbarrier.wait(ready.index(buf), (i // DEPTH) & 1)
         if i + DEPTH < reps:
-            mbarrier.expect(ready.index(slot), desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(desc, [((first + i + DEPTH) % span) * BM, 0], ready.index(slot),
-                                            ring.index(slot))
+            mbarrier.expect(ready.index(buf), desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(desc, [((first + i + DEPTH) % span) * BM, 0], ready.index(buf),
+                                            ring.index(buf))
     gl.thread_barrier()
     t1 = _clock(pid)
     _record(stats_ptr, pid, t0, t1)
@@ -393,7 +393,7 @@ def measure_smem(groups: int = 1, cols: int = 128, reps: int = 2048) -> dict[str
 
 def measure_tma(block_m: int = 128, block_k: int = 64, depth: int = 2, hot_mb: int = 0,
                 reps: int = 960) -> dict[str, float]:
-    """TMA loads of [block_m, block_k] fp16 tiles through a ``depth``-slot ring, from every SM at once:
+    """TMA loads of [block_m, block_k] fp16 tiles through a ``depth``-buffer ring, from every SM at once:
     bytes per clock per SM and cycles per tile (with depth 1, the load latency). With ``hot_mb`` 0 every CTA
     streams its own tiles of a 2 GiB tensor from DRAM (no tile is read twice, so the L2 does not help); with
     ``hot_mb`` > 0 all CTAs walk, each from its own starting tile, through the same first ``hot_mb`` MiB

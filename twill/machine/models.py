@@ -63,7 +63,7 @@ class Machine:
         setmaxnreg_min / setmaxnreg_max / setmaxnreg_step: legal ``setmaxnreg`` values.
         max_warps_per_sm: resident warps per SM.
         max_warps_per_cta: warps per thread block (1024 threads).
-        warp_schedulers: issue slots per clock (4 execution contexts).
+        warp_schedulers: instructions issued per clock (4 execution contexts).
         smem_per_block: opt-in dynamic shared memory per block (bytes).
         smem_per_sm: shared memory per SM (bytes).
         tmem_bytes: tensor memory per SM (bytes); 0 if none.

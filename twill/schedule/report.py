@@ -137,7 +137,7 @@ def _op_rows(schedule: Schedule) -> list[str]:
     has_warps = bool(schedule.assignment)
     norm = schedule.stats.get("normalization")
     raw = raw_cycles(1, norm) is not None or raw_cycles(schedule.ii, norm) is not None
-    header = (["op", "kind", "start"] + (["~raw start"] if raw else []) + ["stage", "slot", "order", "cycles"]
+    header = (["op", "kind", "start"] + (["~raw start"] if raw else []) + ["stage", "residue", "order", "cycles"]
               + (["warp"] if has_warps else []))
     rows = []
     for name in schedule.steady_state_order():
@@ -145,7 +145,7 @@ def _op_rows(schedule: Schedule) -> list[str]:
         row: list[Any] = [name, op.kind, schedule.start(name)]
         if raw:
             row.append(raw_cycles(schedule.start(name), norm))
-        row += [schedule.stage(name), schedule.slot(name), schedule.order(name), op.cycles]
+        row += [schedule.stage(name), schedule.residue(name), schedule.order(name), op.cycles]
         if has_warps:
             row.append(schedule.assignment.get(name, "-"))
         rows.append(row)

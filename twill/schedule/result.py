@@ -98,7 +98,7 @@ class Schedule:
         """Pipeline stage ⌊t / II⌋."""
         return self.starts[name] // self.ii
 
-    def slot(self, name: str) -> int:
+    def residue(self, name: str) -> int:
         """Cycle within the steady state, t mod II."""
         return self.starts[name] % self.ii
 
@@ -124,7 +124,7 @@ class Schedule:
     def _positions(self) -> dict[str, int]:
         """Op -> position in the steady-state order (computed once: O(n log n))."""
         names = self.graph.op_names
-        ranked = sorted(range(len(names)), key=lambda k: (self.slot(names[k]), -self.stage(names[k]), k))
+        ranked = sorted(range(len(names)), key=lambda k: (self.residue(names[k]), -self.stage(names[k]), k))
         return {names[k]: pos for pos, k in enumerate(ranked)}
 
     def order(self, name: str) -> int:

@@ -73,13 +73,13 @@ def capacity_violations(schedule: Schedule, machine: Machine) -> list[str]:
     """UNIT and CAPACITY: modulo resource usage per unit per residue within the unit's capacity."""
     units = effective_units(schedule.graph, machine.units)
     out = []
-    for unit, slots in sorted(modulo_usage(schedule).items()):
+    for unit, cells in sorted(modulo_usage(schedule).items()):
         if unit not in units:
-            users = sorted({name for cell in slots.values() for name in cell})
+            users = sorted({name for cell in cells.values() for name in cell})
             out.append(f"UNIT: unit {unit!r} used by {', '.join(users)} does not exist "
                        f"(known: {', '.join(sorted(units)) or 'none'})")
             continue
-        for r, cell in sorted(slots.items()):
+        for r, cell in sorted(cells.items()):
             total = sum(cell.values())
             if total > units[unit]:
                 holders = ", ".join(f"{n}×{c}" if c > 1 else n for n, c in cell.items())

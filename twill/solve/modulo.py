@@ -130,11 +130,11 @@ def add_completion(model: Any, graph: LoopGraph, t: Mapping[str, Any], length: A
 
 
 def add_modulo_capacity(model: Any, graph: LoopGraph, units: Mapping[str, int], ii: int,
-                        t: Mapping[str, Any], slots: Mapping[str, Any] | None = None) -> int:
+                        t: Mapping[str, Any], residues: Mapping[str, Any] | None = None) -> int:
     """MODULO CAPACITY: per unit, NoOverlap/Cumulative over chunk intervals and their II-shifted copies.
-    Units absent from ``units`` and ops absent from ``t`` are left out (a projection); ``slots`` gives
+    Units absent from ``units`` and ops absent from ``t`` are left out (a projection); ``residues`` gives
     variables already equal to ``t_v mod II``. Returns the number of chunk intervals added."""
-    residues: dict[tuple[str, int], Any] = {(name, 0): s for name, s in (slots or {}).items()}
+    given: dict[tuple[str, int], Any] = {(name, 0): s for name, s in (residues or {}).items()}
     added = 0
     for unit, every in sorted(unit_chunks(graph, ii).items()):
         chunks = [ch for ch in every if ch.op in t]
@@ -143,11 +143,11 @@ def add_modulo_capacity(model: Any, graph: LoopGraph, units: Mapping[str, int], 
         starts, sizes, demands = [], [], []
         for ch in chunks:
             key = (ch.op, ch.offset % ii)
-            if key not in residues:
+            if key not in given:
                 s = model.new_int_var(0, ii - 1, f"s[{ch.op},+{key[1]}]")
                 model.add_modulo_equality(s, t[ch.op] + key[1], ii)
-                residues[key] = s
-            s = residues[key]
+                given[key] = s
+            s = given[key]
             for shift in (0, ii):
                 starts.append(s + shift)
                 sizes.append(ch.length)
@@ -188,16 +188,16 @@ def projection_feasible(graph: LoopGraph, units: Mapping[str, int], ii: int, kep
     ops = [op.name for op in graph.ops if any(op.usage(unit) for unit in kept)]
     model = cp_model.CpModel()
     top = stage_limit(graph, ii)
-    t, slots = {}, {}
+    t, residues = {}, {}
     for name in ops:
         k = model.new_int_var(0, top, f"k[{name}]")
-        slots[name] = model.new_int_var(0, ii - 1, f"s[{name}]")
-        t[name] = k * ii + slots[name]
+        residues[name] = model.new_int_var(0, ii - 1, f"s[{name}]")
+        t[name] = k * ii + residues[name]
     for u in ops:
         for v in ops:
             if u != v and (u, v) in closure:
                 model.add(t[v] - t[u] >= closure[(u, v)])
-    add_modulo_capacity(model, graph, {unit: units[unit] for unit in kept}, ii, t, slots)
+    add_modulo_capacity(model, graph, {unit: units[unit] for unit in kept}, ii, t, residues)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
     solver.parameters.num_workers = 1
@@ -263,15 +263,15 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
         time_limit = max(0.01, time_limit - (time.perf_counter() - began))
 
     model = cp_model.CpModel()
-    t, slots = {}, {}
+    t, residues = {}, {}
     for op in graph.ops:
         t[op.name] = model.new_int_var(asap[op.name], horizon, f"t[{op.name}]")
-        slots[op.name] = model.new_int_var(0, ii - 1, f"s[{op.name}]")
-        model.add(t[op.name] == model.new_int_var(0, horizon // ii, f"k[{op.name}]") * ii + slots[op.name])
+        residues[op.name] = model.new_int_var(0, ii - 1, f"s[{op.name}]")
+        model.add(t[op.name] == model.new_int_var(0, horizon // ii, f"k[{op.name}]") * ii + residues[op.name])
     length = model.new_int_var(lo, hi, "L")
     add_dependence(model, graph, ii, t)
     add_completion(model, graph, t, length)
-    intervals = add_modulo_capacity(model, graph, units, ii, t, slots)
+    intervals = add_modulo_capacity(model, graph, units, ii, t, residues)
     model.minimize(length)
     for name, value in (hint or {}).items():
         if name in t:

@@ -7,7 +7,7 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   (``schedule.stats["normalization"]["cycles_per_unit"]``; 1 when normalization is off).
 * **Streaming loads** (calibrated machines only, :func:`stream_bound`): the solver treats TMA loads as
   free (paper §5.3); the hardware does not. The loop runs no faster than the load latency over the ring
-  slots that hide it, nor than its bytes per iteration over the L2 bandwidth per SM, so the effective
+  buffers that hide it, nor than its bytes per iteration over the L2 bandwidth per SM, so the effective
   ``II_eff = max(II, latency / (depth − 1), bytes / bandwidth)``.
 * **Per tile**: a modulo-scheduled loop of ``n`` iterations starts iteration ``i`` at ``i·II_eff`` and each
   iteration takes ``L``, so the tile takes ``(n − 1)·II_eff + L`` cycles: ``n·II_eff`` in the steady state
@@ -211,8 +211,8 @@ def ctas_per_sm(schedule: Schedule, machine: Machine) -> int:
 
 
 def _release_stage(schedule: Schedule, consumer: str) -> int:
-    """The stage at which a consumer of a streaming load frees its ring slot: an asynchronous MMA reads the
-    slot until its result is waited for, which happens before the first op that uses the result (its
+    """The stage at which a consumer of a streaming load frees its ring buffer: an asynchronous MMA reads the
+    buffer until its result is waited for, which happens before the first op that uses the result (its
     earliest successor: the ``mma_wait`` of a GEMM, the row max of attention); any other consumer frees it
     in its own stage."""
     graph = schedule.graph
@@ -226,8 +226,8 @@ def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     """Raw cycles per iteration below which the streaming loads cannot keep up, on a calibrated machine;
     ``{}`` on a datasheet one (whose loads are free, as in the solver's model):
 
-    * ``latency_ii``: a ring slot holds its tile from the load's stage until the stage that frees it, ``s``
-      stages, so with ``d`` slots a load is issued ``d − s + 1`` iterations before its data is used, and an
+    * ``latency_ii``: a ring buffer holds its tile from the load's stage until the stage that frees it, ``s``
+      stages, so with ``d`` buffers a load is issued ``d − s + 1`` iterations before its data is used, and an
       iteration's tiles take ``fill = base + bytes / tma_l2_bytes_per_clk`` cycles to land: the loaded
       latency of the first byte (the calibrated L2 tile latency less that tile's own transfer) plus the
       iteration's bytes at the SM's share of L2 bandwidth. The loop runs no faster than ``fill / (d − s + 1)``.
@@ -257,7 +257,7 @@ def tensor_core_turns(schedule: Schedule) -> int:
     if not schedule.warps:
         return 0
     groups = [schedule.assignment.get(op.name) for op in sorted(
-        (o for o in schedule.graph.ops if o.usage("tc")), key=lambda o: schedule.slot(o.name))]
+        (o for o in schedule.graph.ops if o.usage("tc")), key=lambda o: schedule.residue(o.name))]
     return sum(1 for i, g in enumerate(groups) if g != groups[i - 1]) if len(groups) > 1 else 0
 
 

@@ -15,9 +15,9 @@ from twill.viz import _mpl
 from twill.viz.graphlayout import GraphLayout, graph_layout
 from twill.viz.palette import op_colors, text_color, warp_group_colors, warp_group_label
 
-#: Inches per node slot horizontally and per layer vertically.
+#: Inches per node cell horizontally and per layer vertically.
 SLOT_INCHES, LAYER_INCHES = 1.9, 1.05
-#: Node box size in slot / layer units.
+#: Node box size in node-cell / layer units.
 NODE_W, NODE_H = 0.8, 0.5
 EDGE_COLOR, BLOCKING_COLOR = "#555555", "#b22222"
 

@@ -1,5 +1,5 @@
 """Layout of the dependence graph: graphviz ``dot`` when it is installed, else a layered (Sugiyama-style)
-layout computed here. Coordinates are in node-slot units (one node slot wide, one layer high), y upwards.
+layout computed here. Coordinates are in node-cell units (one node cell wide, one layer high), y upwards.
 
 Edges that span several layers are routed through *virtual nodes*, one per crossed layer, which take part
 in the crossing-reduction sweeps like ops do; the picture draws a smooth curve through them, so long edges
@@ -20,10 +20,10 @@ from twill.ir.graph import LoopGraph
 DOT_TIMEOUT_S = 20
 
 #: Inches between neighbouring node centres in ``dot``'s layout (node width + nodesep, height + ranksep):
-#: dividing by it gives node-slot units.
+#: dividing by it gives node-cell units.
 DOT_SLOT = (1.3 + 0.4, 0.5 + 0.6)
 
-#: Width of a virtual node (a long edge crossing a layer), in node slots.
+#: Width of a virtual node (a long edge crossing a layer), in node cells.
 VIRTUAL_WIDTH = 0.4
 
 
@@ -66,7 +66,7 @@ def _dot_id(name: str) -> str:
 def parse_dot_plain(text: str, graph: LoopGraph) -> GraphLayout | None:
     """A layout from ``dot -Tplain`` output: ``node NAME X Y ...`` lines give centres and
     ``edge TAIL HEAD N X1 Y1 ... XN YN ...`` lines the B-spline control points, in inches (scaled here
-    to node slots). Edges between the same pair of ops are matched in order. None if an op is missing."""
+    to node cells). Edges between the same pair of ops are matched in order. None if an op is missing."""
     positions: dict[str, tuple[float, float]] = {}
     splines: dict[tuple[str, str], list[tuple[tuple[float, float], ...]]] = {}
     for line in text.splitlines():
@@ -174,7 +174,7 @@ def _order_rows(rows: dict[int, list[str]], neighbours: Mapping[str, list[str]],
 
 def layered_layout(graph: LoopGraph, group_of: Mapping[str, int] | None = None, sweeps: int = 6) -> GraphLayout:
     """:func:`layers` top to bottom, long edges through virtual nodes, rows ordered first by warp group
-    then graph order and refined by :func:`_order_rows`; x packs each row (ops 1 slot, virtual nodes
+    then graph order and refined by :func:`_order_rows`; x packs each row (ops 1 cell, virtual nodes
     ``VIRTUAL_WIDTH``) centred on the widest row."""
     group_of = group_of or {}
     layer = layers(graph)

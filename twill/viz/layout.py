@@ -133,7 +133,7 @@ def run_ahead_starts(schedule: Schedule, iterations: int) -> dict[tuple[str, int
     """Issue times of the streaming ops (variable-latency ops without inputs, paper §5.3) when their warp
     runs ahead of the compute pipeline, as a TMA producer does at run time.
 
-    With ``D = streaming_depth`` buffers, the copy of iteration ``k`` may issue once the slot used by
+    With ``D = streaming_depth`` buffers, the copy of iteration ``k`` may issue once the buffer used by
     iteration ``k - D`` is released, i.e. when its last consumer ``c`` (edge distance δ) completes:
     ``release = max_c starts[c] + cycles(c) + (k - D + δ)·II``. The warp issues in order (iteration, then
     schedule start), each op busy for ``busy`` cycles: ``t = max(previous t + busy, release, 0)``, and
@@ -163,7 +163,7 @@ def timeline(schedule: Schedule, machine: Machine, iterations: int | None = None
     ``starts[v] + k·II``): warp lanes first (ops of the group, ``[t, t + cycles)``, issue part
     ``[t, t + busy)``), then one lane per unit holding the op's RRT runs. With ``run_ahead`` and warp
     specialization, streaming loads are drawn at their :func:`run_ahead_starts` (their own warp runs
-    ahead) instead of their modulo slots."""
+    ahead) instead of their modulo residues."""
     k_iters = default_iterations(schedule) if iterations is None else iterations
     ph = phases(schedule, k_iters)
     graph, ii = schedule.graph, schedule.ii
@@ -206,7 +206,7 @@ def timeline(schedule: Schedule, machine: Machine, iterations: int | None = None
 # -- modulo reservation table ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Cell:
-    """Op ``op`` (of stage ``stage``) holds instance ``row`` of ``unit`` over slots ``[start, end)`` of
+    """Op ``op`` (of stage ``stage``) holds instance ``row`` of ``unit`` over residues ``[start, end)`` of
     the steady state (``0 <= start < end <= II``)."""
 
     unit: str
@@ -230,20 +230,20 @@ class ReservationTable:
 
 
 def _modulo_pieces(start: int, end: int, ii: int) -> list[tuple[int, int]]:
-    """Split cycles ``[start, end)`` into contiguous slot ranges of ``[0, II)`` (wrapping at II)."""
+    """Split cycles ``[start, end)`` into contiguous residue ranges of ``[0, II)`` (wrapping at II)."""
     pieces: list[tuple[int, int]] = []
     t = start
     while t < end:
-        slot = t % ii
-        length = min(end - t, ii - slot)
-        pieces.append((slot, slot + length))
+        residue = t % ii
+        length = min(end - t, ii - residue)
+        pieces.append((residue, residue + length))
         t += length
     return pieces
 
 
 def reservation_table(schedule: Schedule, machine: Machine) -> ReservationTable:
     """The modulo reservation table MRT[unit][t mod II]: each RRT run of each op, at ``starts[op] + row``,
-    folded modulo II and placed on the lowest unit instance free over all its slots."""
+    folded modulo II and placed on the lowest unit instance free over all its residues."""
     graph, ii = schedule.graph, schedule.ii
     colors = op_colors(schedule)
     capacity = effective_units(graph, machine.units)
@@ -254,12 +254,12 @@ def reservation_table(schedule: Schedule, machine: Machine) -> ReservationTable:
         for op in graph.ops:
             for first, end, count in unit_runs(op, unit):
                 pieces = _modulo_pieces(schedule.starts[op.name] + first, schedule.starts[op.name] + end, ii)
-                slots = {s for a, b in pieces for s in range(a, b)}
+                covered = {s for a, b in pieces for s in range(a, b)}
                 for _ in range(count):
-                    row = next((r for r, used in enumerate(occupied) if not used & slots), len(occupied))
+                    row = next((r for r, used in enumerate(occupied) if not used & covered), len(occupied))
                     if row == len(occupied):
                         occupied.append(set())
-                    occupied[row] |= slots
+                    occupied[row] |= covered
                     cells.extend(Cell(unit, row, a, b, op.name, schedule.stage(op.name), colors[op.name])
                                  for a, b in pieces)
         units.append((unit, max(capacity.get(unit, 1), len(occupied))))
@@ -281,16 +281,16 @@ def live_interval(schedule: Schedule, name: str) -> tuple[int, int]:
     return start, max([start + 1, *ends])
 
 
-def live_copies(start: int, end: int, slot: int, ii: int) -> int:
-    """Number of iterations ``k`` whose copy of an interval ``[start, end)`` covers cycle ``slot + k·II``:
-    ⌈(end - slot)/II⌉ - ⌈(start - slot)/II⌉."""
-    return -((slot - end) // ii) + ((slot - start) // ii)
+def live_copies(start: int, end: int, residue: int, ii: int) -> int:
+    """Number of iterations ``k`` whose copy of an interval ``[start, end)`` covers cycle ``residue + k·II``:
+    ⌈(end - residue)/II⌉ - ⌈(start - residue)/II⌉."""
+    return -((residue - end) // ii) + ((residue - start) // ii)
 
 
 @dataclass(frozen=True)
 class PressureSeries:
     """Usage of one resource over the steady state: ``by_owner`` maps a warp-group label (or ``all``) to
-    its usage at each slot ``0..II-1``; ``limit`` is the capacity; ``allocated`` is, for memories, the
+    its usage at each residue ``0..II-1``; ``limit`` is the capacity; ``allocated`` is, for memories, the
     static allocation that the solver checks against the limit (ring buffers, staging, resident tiles),
     else None."""
 
@@ -318,8 +318,8 @@ def _live_usage(schedule: Schedule, names: list[str], amount: Mapping[str, int])
         if not amount[name]:
             continue
         start, end = live_interval(schedule, name)
-        for slot in range(ii):
-            usage[slot] += amount[name] * live_copies(start, end, slot, ii)
+        for residue in range(ii):
+            usage[residue] += amount[name] * live_copies(start, end, residue, ii)
     return tuple(usage)
 
 

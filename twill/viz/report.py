@@ -116,7 +116,7 @@ def _ops_table(schedule: Schedule) -> str:
         units = ", ".join(f"{u}×{op.usage(u)}" for u in sorted(op.units())) or "—"
         rows.append((_swatch(colors[name], name), op.attrs.get("role", ""), op.kind,
                      f"wg{wg.id} {wg.role}" if wg else "—", schedule.start(name), schedule.stage(name),
-                     schedule.slot(name), op.cycles, op.issue_latency, units, op.regs, op.smem,
+                     schedule.residue(name), op.cycles, op.issue_latency, units, op.regs, op.smem,
                      primary_unit(op) or "—"))
     return _table(("op", "role", "kind", "warp group", "start", "stage", "t mod II", "cycles", "latency",
                    "unit-cycles", "regs", "smem B", "main unit"), rows, numeric=(4, 5, 6, 7, 8, 10, 11))

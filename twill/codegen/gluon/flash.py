@@ -382,7 +382,7 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                "    mbarrier.init(q_bar, count=1)"),
         iv="j",
         trip="n_tiles",
-        slot_shapes={"k": "BLOCK_N, HEAD_DIM", "v": "BLOCK_N, HEAD_DIM"},
+        buffer_shapes={"k": "BLOCK_N, HEAD_DIM", "v": "BLOCK_N, HEAD_DIM"},
         coords={"k": "[kv_row + j * BLOCK_N, 0]", "v": "[kv_row + j * BLOCK_N, 0]"},
         load_params=("q_desc", "q_smem", "q_bar", "q_row", "kv_row"),
         load_setup=("    mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",

@@ -15,7 +15,7 @@ dS^T                  [BLOCK_N, BLOCK_M] fp16       NVMMA shared (A of dQ, trans
 dK, dV                [BLOCK_N, HEAD_DIM] fp32      wgmma accumulator, warps [8, 1]                 registers
 dQ                    [BLOCK_M, HEAD_DIM] fp32      wgmma accumulator, warps [4, 2] (N split)       registers
 dQ staging            [DQ_DEPTH, BLOCK_M, HEAD_DIM] NVMMA shared fp32 (the TMA reduce's source)     smem
-LSE, D rows           [2, BLOCK_M] fp32 per slot    SliceLayout(0, S^T) (one value per query)       smem ring
+LSE, D rows           [2, BLOCK_M] fp32 per buffer    SliceLayout(0, S^T) (one value per query)       smem ring
 ====================  ============================  =============================================  ===========
 
 Keys and queries past ``seq_len`` (ragged tails) and, causal, keys after the query are masked to -inf in
@@ -78,13 +78,13 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 @gluon.jit
 def dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow):
     \"\"\"dq_atomic of iteration i: wait for its staged fp32 dQ, add the whole [BLOCK_M, HEAD_DIM] tile to the
-    padded accumulator at row prow with one TMA reduce-add, and release the staging slot once the TMA has
+    padded accumulator at row prow with one TMA reduce-add, and release the staging buffer once the TMA has
     read it (cp.async.bulk.wait_group.read; the additions themselves complete asynchronously).\"\"\"
-    slot = i % DQ_DEPTH
-    mbarrier.wait(dq_ready.index(slot), (i // DQ_DEPTH) & 1)
-    tma_reduce_add(dq_desc, [prow, 0], dq_stage.index(slot))
+    buffer = i % DQ_DEPTH
+    mbarrier.wait(dq_ready.index(buffer), (i // DQ_DEPTH) & 1)
+    tma_reduce_add(dq_desc, [prow, 0], dq_stage.index(buffer))
     tma.store_wait(0)
-    mbarrier.arrive(dq_empty.index(slot))
+    mbarrier.arrive(dq_empty.index(buffer))
 
 
 @gluon.jit
@@ -237,11 +237,11 @@ class _Compute:
         op = self.part.roles[role]
         return next(r.name for r in self.plan.rings if op in r.consumers)
 
-    def slot(self, ring: str, role: str) -> str:
+    def buffer(self, ring: str, role: str) -> str:
         return f"{ring}_ring.index({self.it(role)} % {ring.upper()}_DEPTH)"
 
     def ready(self, role: str) -> list[str]:
-        """Wait for the ring slot ``role`` reads (its barrier's first reader in the schedule waits)."""
+        """Wait for the ring buffer ``role`` reads (its barrier's first reader in the schedule waits)."""
         op = self.part.roles[role]
         ring = next(r for r in self.plan.rings if op in r.consumers)
         if self.waiter[ring.barrier] != op:
@@ -272,22 +272,22 @@ class _Compute:
     def op_lines(self, role: str) -> list[str]:
         """The lines of one op (unindented)."""
         if role == "qk":
-            q = self.slot("q", role)
+            q = self.buffer("q", role)
             return self.ready(role) + self.issue(role, "k_smem", f"{q}.permute((1, 0))", "st_zero", False)
         if role == "dp":
-            do = self.slot("do", role)
+            do = self.buffer("do", role)
             return self.ready(role) + self.issue(role, "v_smem", f"{do}.permute((1, 0))", "st_zero", False)
         if role == "exp":
             return [*self.ready(role), *self.retire("qk"),
                     "# stats row 0: LSE (natural log), one per query: a [1, BLOCK_M] row in the S^T layout",
-                    f"lse = gl.max({self.slot('stats', role)}.slice(0, 1).load(st_layout), 0) * LOG2E",
+                    f"lse = gl.max({self.buffer('stats', role)}.slice(0, 1).load(st_layout), 0) * LOG2E",
                     f"m_start = (m_first + {self.it(role)} % n_m) * BLOCK_M",
                     f"if {self.mask_condition()}:",
                     "    st = mask_scores(st, n_start, m_start, seq_len, st_layout)",
                     "p = gl.exp2(st * qk_scale - lse[None, :])  # P^T = exp(S^T * sm_scale - LSE)"]
         if role == "ds":
             return [*self.ready(role), *self.retire("dp"),
-                    f"delta = gl.max({self.slot('stats', role)}.slice(1, 1).load(st_layout), 0)  # stats row 1: "
+                    f"delta = gl.max({self.buffer('stats', role)}.slice(1, 1).load(st_layout), 0)  # stats row 1: "
                     f"D = rowsum(dO O)",
                     "ds = p * (dpt - delta[None, :])  # dS^T = P^T * (dP^T - D); sm_scale folded in later"]
         if role == "p_cvt":
@@ -297,10 +297,10 @@ class _Compute:
                     "fence_async_shared()",
                     "gl.thread_barrier()  # both warp groups stored their dS rows before either reads them"]
         if role == "dv":
-            return self.ready(role) + self.issue(role, "p16", self.slot("do", role), "dv", True)
+            return self.ready(role) + self.issue(role, "p16", self.buffer("do", role), "dv", True)
         if role == "dk":
             return ["ds16 = gl.convert_layout(ds.to(DTYPE), op_layout)  # dS^T: register A operand of dK",
-                    *self.ready(role), *self.issue(role, "ds16", self.slot("q", role), "dk", True)]
+                    *self.ready(role), *self.issue(role, "ds16", self.buffer("q", role), "dk", True)]
         if role == "dq":
             return self.issue(role, "ds_smem.permute((1, 0))", "k_smem", "dq_zero", False)
         i = self.it(role)
@@ -317,7 +317,7 @@ class _Compute:
 
     def section(self, names: dict[int, str], ind: str) -> list[str]:
         """The ops of the stages in ``names`` (stage offset -> iteration variable), then the retirement of
-        every wgmma and the releases of the slots whose last reader ran."""
+        every wgmma and the releases of the buffers whose last reader ran."""
         self.names, self.inflight = names, []
         lines = []
         for op in self.part.ops:
@@ -331,7 +331,7 @@ class _Compute:
             if self.offset[release] in names:
                 i = names[self.offset[release]]
                 lines.append(f"mbarrier.arrive({b.name}_empty.index({i} % {b.rings[0].upper()}_DEPTH))  # empty: "
-                             f"ring {'/'.join(b.rings)} slot read by its last reader, {release}")
+                             f"ring {'/'.join(b.rings)} buffer read by its last reader, {release}")
         store = self.part.roles["dq_store"]
         if self.offset[store] in names:
             i = names[self.offset[store]]
@@ -442,7 +442,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
     """The attention backward's part of the emitted module."""
     t, part = plan.tile, plan.compute[0]
     load_ops, load_after = _producer(plan)
-    extra = [("DQ_DEPTH", plan.dq_depth, "dQ staging slots: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
+    extra = [("DQ_DEPTH", plan.dq_depth, "dQ staging buffers: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
              ("DQ_LAG", plan.dq_lag, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j: "
                                      "stage(dq_atomic) - stage(load_q) (schedule)"),
              ("PRE_ROWS", PRE_ROWS, "rows per program of the dO.O pre-pass and the dQ conversion"),
@@ -452,7 +452,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                                                   "h of its K/V head, h // (H // KV_HEADS))"))
     order = ", ".join(part.ops)
     decisions = [f"decisions: compute ops in the schedule's steady-state order ({order}), each wgmma retired by "
-                 f"its first reader; dQ staged in {plan.dq_depth} fp32 slot(s), added by the producer warp with one "
+                 f"its first reader; dQ staged in {plan.dq_depth} fp32 buffer(s), added by the producer warp with one "
                  f"TMA reduce-add per tile {plan.dq_lag} producer iteration(s) after its loads",
                  "layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
                  "register A operands of dV, dK; dS^T in shared memory for dQ = dS K (warps [4, 2])"]
@@ -479,7 +479,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
         setup=_setup(plan),
         iv="j",
         trip="n_iters",
-        slot_shapes={"q": "BLOCK_M, HEAD_DIM", "do": "BLOCK_M, HEAD_DIM", "stats": "2, BLOCK_M"},
+        buffer_shapes={"q": "BLOCK_M, HEAD_DIM", "do": "BLOCK_M, HEAD_DIM", "stats": "2, BLOCK_M"},
         coords={"q": "[row, 0]", "do": "[row, 0]", "stats": "[0, prow]"},
         load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar", "dq_stage", "dq_ready", "dq_empty",
                      "dq_desc", "kv_row", "bh_kv", "group", "m_first", "n_m", "seq_len"),
@@ -500,7 +500,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                    ("dk_ptr", '"*" + str(DTYPE.value)'), ("dv_ptr", '"*" + str(DTYPE.value)'),
                    ("seq_len", '"i32"'), ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"')),
         launch=launch_source(plan),
-        slot_dtypes={"stats": "gl.float32"},
+        buffer_dtypes={"stats": "gl.float32"},
         load_iteration=(f"        row, prow, m_start = query_block(j, {BLOCK_ARGS})",),
         load_ops=load_ops,
         load_after=load_after,

@@ -79,7 +79,7 @@ def compute_partition(plan: KernelPlan) -> str:
             f"    # prologue: iterations 0 .. MMA_LAG-1 issue {mma} (stage {at_mma.stage}); their {wait} "
             f"(stage {at_wait.stage}) is deferred",
             "    for i in range(0, gl.minimum(k_tiles, MMA_LAG)):",
-            f"{ind}# ready: ring slot filled by load_partition ({ready_why})",
+            f"{ind}# ready: ring buffer filled by load_partition ({ready_why})",
             *(ind + w for w in ready),
             ind + issue,
             f"{ind}# returns at once (fewer than MMA_LAG groups in flight); keeps acc a plain tensor",
@@ -89,13 +89,13 @@ def compute_partition(plan: KernelPlan) -> str:
         f"    # steady state: {mma} of iteration i, then {wait} of iteration i - MMA_LAG "
         f"(stage distance {plan.mma_lag})",
         "    for i in range(MMA_LAG, k_tiles):",
-        f"{ind}# ready: ring slot filled by load_partition ({ready_why})",
+        f"{ind}# ready: ring buffer filled by load_partition ({ready_why})",
         *(ind + w for w in ready),
         ind + issue,
         f"{ind}# {wait}: at most MMA_LAG wgmma groups in flight, so iteration i - MMA_LAG has completed "
         f"({plan.retire(mma).why})",
         f"{ind}acc = warpgroup_mma_wait(MMA_LAG, deps=[acc])",
-        f"{ind}# empty: release iteration i - MMA_LAG's slot(s) to the producer",
+        f"{ind}# empty: release iteration i - MMA_LAG's buffer(s) to the producer",
         *(ind + r for r in release),
         f"    # epilogue: drain the last MMA_LAG wgmma groups ({wait} of the final iterations)",
         "    acc = warpgroup_mma_wait(0, deps=[acc])",
@@ -136,7 +136,7 @@ def gemm_body(plan: KernelPlan) -> KernelBody:
                "    k_tiles = gl.cdiv(K, BLOCK_K)"),
         iv="i",
         trip="k_tiles",
-        slot_shapes={"a": "BLOCK_M, BLOCK_K", "b": "BLOCK_K, BLOCK_N"},
+        buffer_shapes={"a": "BLOCK_M, BLOCK_K", "b": "BLOCK_K, BLOCK_N"},
         coords={"a": "[off_m, i * BLOCK_K]", "b": "[i * BLOCK_K, off_n]"},
         load_params=("off_m", "off_n"),
         load_setup=(),

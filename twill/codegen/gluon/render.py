@@ -73,7 +73,7 @@ class KernelBody:
         kernel, kernel_params, kernel_doc: the ``@gluon.jit`` kernel's name, parameters and docstring.
         setup: kernel lines before the rings (program ids, offsets, trip count, extra buffers).
         iv, trip: the producer's loop variable and trip count.
-        slot_shapes: ring -> shape of one slot; ``coords``: ring -> TMA coordinates of iteration ``iv``.
+        buffer_shapes: ring -> shape of one buffer; ``coords``: ring -> TMA coordinates of iteration ``iv``.
         load_params, load_setup: extra parameters of the producer and its lines before the loop.
         compute_params: parameters of the compute partition after the rings and barriers.
         constexprs: ``(name, values per compute partition)`` passed to the compute partition.
@@ -81,7 +81,7 @@ class KernelBody:
         results: what the default partition returns (``acc, = `` or empty); ``epilogue`` the lines after.
         signature: ``(parameter, type expression)`` of the kernel for ``compile_signature``.
         launch: source of the host launcher (after the shared host helpers).
-        slot_dtypes: ring -> Gluon dtype of its slots when not the operand dtype (``gl.float32``).
+        buffer_dtypes: ring -> Gluon dtype of its buffers when not the operand dtype (``gl.float32``).
         load_iteration: producer lines at the top of each loop iteration (before the loads).
         load_ops: producer op -> its lines, for the producer's ops that fill no ring (``dq_atomic``).
         load_after: producer lines after the loop.
@@ -100,7 +100,7 @@ class KernelBody:
     setup: tuple[str, ...]
     iv: str
     trip: str
-    slot_shapes: dict[str, str]
+    buffer_shapes: dict[str, str]
     coords: dict[str, str]
     load_params: tuple[str, ...]
     load_setup: tuple[str, ...]
@@ -111,7 +111,7 @@ class KernelBody:
     epilogue: tuple[str, ...]
     signature: tuple[tuple[str, str], ...]
     launch: str
-    slot_dtypes: dict[str, str] = field(default_factory=dict)
+    buffer_dtypes: dict[str, str] = field(default_factory=dict)
     load_iteration: tuple[str, ...] = ()
     load_ops: dict[str, tuple[str, ...]] = field(default_factory=dict)
     load_after: tuple[str, ...] = ()
@@ -136,7 +136,7 @@ def render_chart(plan: KernelPlan) -> list[str]:
     for p in (plan.placements[i] for i in order):
         row = [" "] * CHART_WIDTH
         for c in range(max(1, p.cycles)):
-            row[(p.slot + c) % ii * CHART_WIDTH // ii] = str(p.stage % 10)
+            row[(p.residue + c) % ii * CHART_WIDTH // ii] = str(p.stage % 10)
         wg = "-" if p.group is None else p.group
         lines.append(f"{p.name:12s} {p.role:9s} {p.start:6d} {p.stage:5d} {wg!s:>3s}  |{''.join(row)}|")
     return lines
@@ -166,7 +166,7 @@ def render_header(plan: KernelPlan, body: KernelBody) -> str:
                      f"{_regs_text(plan, p)}; ops {', '.join(p.ops)}")
     lines.append("rings (shared memory, ready/empty mbarriers):")
     for r in plan.rings:
-        lines.append(f"  {r.name}: {r.producer} -> {', '.join(r.consumers)}, {r.depth} slots, released after "
+        lines.append(f"  {r.name}: {r.producer} -> {', '.join(r.consumers)}, {r.depth} buffers, released after "
                      f"{r.release}, barriers {r.barrier}; depth = {r.why}")
     lines += ["", *body.decisions, "", "steady-state chart (digit = stage; cycles scaled onto [0, II)):"]
     lines += ["  " + line for line in render_chart(plan)]
@@ -189,8 +189,8 @@ def render_constants(plan: KernelPlan, body: KernelBody) -> str:
     """Tile, ring, barrier, partition and kernel constants."""
     comp, load = plan.compute, plan.load
     items = list(body.tile_constants)
-    items += [(f"{r.name.upper()}_DEPTH", r.depth, f"ring {r.name} slots: {r.why}") for r in plan.rings]
-    items += [(f"{b.name.upper()}_READERS", b.arrivals, f"compute partitions releasing each {b.name} slot")
+    items += [(f"{r.name.upper()}_DEPTH", r.depth, f"ring {r.name} buffers: {r.why}") for r in plan.rings]
+    items += [(f"{b.name.upper()}_READERS", b.arrivals, f"compute partitions releasing each {b.name} buffer")
               for b in plan.barriers]
     items.append(("COMPUTE_WARPS", comp[0].num_warps, f"warp group {comp[0].group}: default partition (num_warps)"))
     if len(comp) > 1:
@@ -234,7 +234,7 @@ def _wrap(head: str, args: list[str], tail: str, indent: str) -> list[str]:
 
 
 def render_load_partition(plan: KernelPlan, body: KernelBody) -> str:
-    """The TMA producer: per loop iteration, each load waits for a free slot, then fills it."""
+    """The TMA producer: per loop iteration, each load waits for a free buffer, then fills it."""
     load = plan.load
     params = [f"{r.name}_desc" for r in plan.rings] + list(body.load_params) + ring_args(plan) + [body.trip]
     lines = ["@gluon.jit", *_wrap(f"def {LOAD_FN}", params, ":", " " * 19),
@@ -251,16 +251,16 @@ def render_load_partition(plan: KernelPlan, body: KernelBody) -> str:
         bar = plan.barrier(r.barrier)
         depth = f"{r.name.upper()}_DEPTH"
         at = plan.placement(name)
-        lines += [f"        # {name}: start {at.start}, stage {at.stage} -> ring {r.name} ({r.depth} slots)",
-                  f"        slot = {iv} % {depth}"]
+        lines += [f"        # {name}: start {at.start}, stage {at.stage} -> ring {r.name} ({r.depth} buffers)",
+                  f"        buffer = {iv} % {depth}"]
         if bar.rings[0] == r.name:
             nbytes = " + ".join(f"{n}_desc.block_type.nbytes" for n in bar.rings)
-            lines += [f"        # empty: every compute partition released the slot (first pass free); "
+            lines += [f"        # empty: every compute partition released the buffer (first pass free); "
                       f"{plan.wait('empty', name).why}",
-                      f"        mbarrier.wait({bar.name}_empty.index(slot), (({iv} // {depth}) & 1) ^ 1)",
-                      f"        mbarrier.expect({bar.name}_ready.index(slot), {nbytes})"]
+                      f"        mbarrier.wait({bar.name}_empty.index(buffer), (({iv} // {depth}) & 1) ^ 1)",
+                      f"        mbarrier.expect({bar.name}_ready.index(buffer), {nbytes})"]
         lines.append(f"        tma.async_copy_global_to_shared({r.name}_desc, {body.coords[r.name]}, "
-                     f"{bar.name}_ready.index(slot), {r.name}_ring.index(slot))")
+                     f"{bar.name}_ready.index(buffer), {r.name}_ring.index(buffer))")
     return "\n".join(lines + list(body.load_after)) + "\n"
 
 
@@ -269,9 +269,9 @@ def render_kernel(plan: KernelPlan, body: KernelBody) -> str:
     lines = ["@gluon.jit", f"def {body.kernel}({body.kernel_params}):", f'    """{body.kernel_doc}"""',
              *body.setup]
     for r in plan.rings:
-        dtype = body.slot_dtypes.get(r.name, "DTYPE")
+        dtype = body.buffer_dtypes.get(r.name, "DTYPE")
         lines.append(f"    {r.name}_ring = gl.allocate_shared_memory({dtype}, [{r.name.upper()}_DEPTH, "
-                     f"{body.slot_shapes[r.name]}], {r.name}_desc.layout)")
+                     f"{body.buffer_shapes[r.name]}], {r.name}_desc.layout)")
     for b in plan.barriers:
         depth = depth_name(b)
         lines += [

@@ -2,11 +2,11 @@
 blocks, one compute warpgroup per 64 query rows, K and V rings released by hand.
 
 Shape of the emitted kernel: each compute warpgroup loads its Q rows once, then runs the pipeline body per
-key block. With ``pv`` in ``qk``'s stage: ``S = Q K^T`` (``wgmma``, read back = retired), release the K slot,
-online softmax, ``O += P V`` (``wgmma``, retired), release the V slot. With ``pv`` one stage later (FA3's
+key block. With ``pv`` in ``qk``'s stage: ``S = Q K^T`` (``wgmma``, read back = retired), release the K buffer,
+online softmax, ``O += P V`` (``wgmma``, retired), release the V buffer. With ``pv`` one stage later (FA3's
 intra-warpgroup overlap): ``S(j)`` and ``O += P(j-1) V(j-1)`` are issued back to back, S is read with the PV
 still in flight (``wgmma_accumulator_load(wait_n=1)``), the softmax of ``j`` runs under it, then O is read
-and V(j-1)'s slot released; the last PV follows the loop. With two compute partitions every tensor-core
+and V(j-1)'s buffer released; the last PV follows the loop. With two compute partitions every tensor-core
 turn of the plan is a ``plgpu.Barrier`` hand-off: a warpgroup waits on its own turn barrier before the
 first wgmma of its turn and arrives on the other's after the last (ping-pong). ``attention(q, k, v)`` takes
 ``(B, S, H, D)`` as the Pallas ops do, pads S to whole blocks and masks the padded keys.
@@ -49,7 +49,7 @@ def _kernel(q_ref, k_ref, v_ref, out_ref, qo_smem2, q_barriers, {turn_param}*, s
         num_compute_wgs=COMPUTE_WGS,
         memory_registers=MEMORY_REGISTERS,
         wg_axis="wg",
-        manual_consumed_barriers=True,  # K and V slots are released where the schedule releases them
+        manual_consumed_barriers=True,  # K and V buffers are released where the schedule releases them
         compute_context=compute_thread,
         in_specs=[
             plgpu.BlockSpec(block_shape=(BLOCK_N, HEAD_DIM), index_map=lambda i: (i, 0),
@@ -101,7 +101,7 @@ KV_STEP_SERIAL = '''
         """One key block: {qk} -> softmax -> {pv} (stage(pv) - stage(qk) = 0: in series)."""
         acc, m_i, l_i = carry
         qo_smem = qo_smem2.at[wg]
-        # ready: the pipeline waited for this step's K and V slots ({ready})
+        # ready: the pipeline waited for this step's K and V buffers ({ready})
 
         def compute_qk(s_ref):
 {qk_wait}            plgpu.wgmma(s_ref, qo_smem, k_smem.transpose((1, 0)))
@@ -109,7 +109,7 @@ KV_STEP_SERIAL = '''
             return s_ref[...]
 
         s = pl.run_scoped(compute_qk, plgpu.ACC((WG_ROWS, BLOCK_N), jnp.float32))
-        plgpu.barrier_arrive(k_consumed)  # empty: K slot released, its wgmma retired ({k_release})
+        plgpu.barrier_arrive(k_consumed)  # empty: K buffer released, its wgmma retired ({k_release})
 {mask}        m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)  # rowmax (m kept in scaled log2 units)
         alpha = jnp.exp2(m_i - m_new)  # alpha
         p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))  # exp
@@ -122,7 +122,7 @@ KV_STEP_SERIAL = '''
 {pv_pass}
         # run_state reads O back: the wgmma retired ({retire_pv})
         acc = pl.run_state(compute_pv)(plgpu.ACC.init(acc))
-        plgpu.barrier_arrive(v_consumed)  # empty: V slot released, its wgmma retired ({v_release})
+        plgpu.barrier_arrive(v_consumed)  # empty: V buffer released, its wgmma retired ({v_release})
         return acc, m_new, l_i
 
 '''
@@ -139,8 +139,8 @@ KV_STEP_AHEAD = '''
         PV is on the tensor core (stage(pv) - stage(qk) = 1)."""
         acc, m_i, l_i, p_prev = carry
         qo_smem = qo_smem2.at[wg]
-        # ready: the pipeline waited for this step's K and V slots ({ready})
-        # V(j-1) stays in its slot for this step (its release is below); step 0 adds P = 0 times V(0)
+        # ready: the pipeline waited for this step's K and V buffers ({ready})
+        # V(j-1) stays in its buffer for this step (its release is below); step 0 adds P = 0 times V(0)
         prev = lax.rem(lax.max(idx[0] - 1, 0), v_ring.shape[0])
 
         def issue(s_ref, o_ref):
@@ -149,7 +149,7 @@ KV_STEP_AHEAD = '''
 {qk_pass}{pv_wait}            plgpu.wgmma(o_ref, p_prev, v_ring.at[prev])
 {pv_pass}            # S(j) retired, O += P(j-1) V(j-1) may still run ({retire_qk})
             s = plgpu.wgmma_accumulator_load(s_ref, wait_n=1)
-            plgpu.barrier_arrive(k_consumed)  # empty: K slot released, its wgmma retired ({k_release})
+            plgpu.barrier_arrive(k_consumed)  # empty: K buffer released, its wgmma retired ({k_release})
 {mask}            m_new = jnp.maximum(m_i, s.max(axis=1) * qk_scale)  # rowmax (m kept in scaled log2 units)
             alpha = jnp.exp2(m_i - m_new)  # alpha
             p = jnp.exp2(s * qk_scale - lax.broadcast_in_dim(m_new, s.shape, [0]))  # exp
@@ -159,7 +159,7 @@ KV_STEP_AHEAD = '''
 
         o, p16, m_new, l_new, alpha = pl.run_scoped(issue, plgpu.ACC((WG_ROWS, BLOCK_N), jnp.float32),
                                                     plgpu.ACC((WG_ROWS, HEAD_DIM), jnp.float32))
-        # empty: V(j-1)'s slot released, its wgmma retired ({v_release}, one step after it was read)
+        # empty: V(j-1)'s buffer released, its wgmma retired ({v_release}, one step after it was read)
         pl.when(idx[0] > 0)(lambda: plgpu.barrier_arrive(v_consumed_ring.at[prev]))
         o *= lax.broadcast_in_dim(alpha, o.shape, [0])  # rescale
         return o, m_new, l_new, p16
@@ -171,7 +171,7 @@ RUN_SERIAL = '''        acc, m_i, l_i = run_pipeline((acc, m_i, l_i))
 
 RUN_AHEAD = '''        p_prev = jnp.full((WG_ROWS, BLOCK_N), 0, dtype=DTYPE)
         acc, m_i, l_i, p_last = run_pipeline((acc, m_i, l_i, p_prev))
-        # the last key block's O += P V, issued after the loop, and the release of its V slot
+        # the last key block's O += P V, issued after the loop, and the release of its V buffer
         last = lax.rem(k_ref.shape[1] // BLOCK_N - 1, v_ring.shape[0])
 
         def final_pv(o_ref):
@@ -187,7 +187,7 @@ CALL_SERIAL = '''    pipeline(k_ref.at[batch, :, head, :], v_ref.at[batch, :, he
 CALL_AHEAD = '''    k_in, v_in = k_ref.at[batch, :, head, :], v_ref.at[batch, :, head, :]
 
     def with_rings(allocations):
-        """The V ring and its consumed barriers by name: step j reads and releases V(j-1)'s slot."""
+        """The V ring and its consumed barriers by name: step j reads and releases V(j-1)'s buffer."""
         nonlocal v_ring, v_consumed_ring
         v_ring = allocations["flat_in_smem_refs"][1]
         v_consumed_ring = allocations["flat_consumed_barrier_refs"][1]
@@ -260,7 +260,7 @@ def emit_flash(plan: KernelPlan) -> str:
     if plan.turns and any(p.num_warps != 4 for p in comp):
         raise cannot_emit("ping-pong between compute partitions of more than one warpgroup",
                           "turn barriers are per warpgroup")
-    release = ("K and V slots are released by hand (manual consumed barriers) once the wgmma reading them "
+    release = ("K and V buffers are released by hand (manual consumed barriers) once the wgmma reading them "
                "retired: K in its step" + (", V one step later (stage(pv) - stage(qk) = 1)" if ahead else
                                            ", V in its step"))
     knobs = pipeline_knobs(plan, 0, release)

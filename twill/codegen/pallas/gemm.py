@@ -1,9 +1,9 @@
 """The GEMM as a Pallas Mosaic GPU module: ``plgpu.emit_pipeline_warp_specialized`` over the K loop.
 
 Shape of the emitted kernel: one CTA per output tile (tiles grouped along M, as the Gluon backend does);
-the memory warpgroup streams A and B tiles into rings of ``MAX_CONCURRENT_STEPS`` slots; each compute
+the memory warpgroup streams A and B tiles into rings of ``MAX_CONCURRENT_STEPS`` buffers; each compute
 warpgroup issues ``wgmma`` on its rows of the tile and waits with ``plgpu.wgmma_wait(DELAY_RELEASE)``, so
-the schedule's wait lag stays in flight and each slot is released ``DELAY_RELEASE`` steps after its body;
+the schedule's wait lag stays in flight and each buffer is released ``DELAY_RELEASE`` steps after its body;
 the epilogue stores the accumulator through shared memory in 64 x 64 tiles. ``gemm(a, b)`` pads ragged
 M, N, K with zeros and slices the result.
 """
@@ -16,7 +16,7 @@ from twill.codegen.plan import KernelPlan
 
 #: Output tiles grouped along M so CTAs resident together reuse B tiles from L2 (same policy as Gluon).
 GROUP_M = 8
-#: Epilogue tile (rows and columns) stored through shared memory, two slots per compute warpgroup.
+#: Epilogue tile (rows and columns) stored through shared memory, two buffers per compute warpgroup.
 EPI_TILE = 64
 
 BODY = '''
@@ -42,7 +42,7 @@ def _kernel(a_gmem, b_gmem, out_gmem):
 
     def mma_step(_, a_smem, b_smem, acc_ref):
         """{mma}: one wgmma per step on this warpgroup's rows; {wait} leaves DELAY_RELEASE in flight."""
-        # ready: the pipeline waited for this step's slot ({ready})
+        # ready: the pipeline waited for this step's buffer ({ready})
         plgpu.wgmma(acc_ref, a_smem.at[wg_rows], b_smem)
         # {wait}: at most DELAY_RELEASE wgmma groups in flight ({retire})
         plgpu.wgmma_wait(DELAY_RELEASE)
@@ -57,11 +57,11 @@ def _kernel(a_gmem, b_gmem, out_gmem):
             row0 = m_idx * BLOCK_M + wg * WG_ROWS
             for t in range((WG_ROWS // EPI_TILE) * (BLOCK_N // EPI_TILE)):
                 mi, ni = divmod(t, BLOCK_N // EPI_TILE)
-                slot = t % 2
+                buffer = t % 2
                 plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-                out_smem[wg, slot] = acc[mi * EPI_TILE:(mi + 1) * EPI_TILE, ni * EPI_TILE:(ni + 1) * EPI_TILE]
+                out_smem[wg, buffer] = acc[mi * EPI_TILE:(mi + 1) * EPI_TILE, ni * EPI_TILE:(ni + 1) * EPI_TILE]
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], out_gmem.at[
+                plgpu.copy_smem_to_gmem(out_smem.at[wg, buffer], out_gmem.at[
                     pl.ds(row0 + mi * EPI_TILE, EPI_TILE), pl.ds(n_idx * BLOCK_N + ni * EPI_TILE, EPI_TILE)])
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -138,7 +138,7 @@ def emit_gemm(plan: KernelPlan) -> str:
              ("WG_ROWS", wg_rows, f"rows of the tile per compute warpgroup: BLOCK_M / COMPUTE_WGS"),
              *knob_constants(plan, knobs),
              ("GROUP_M", GROUP_M, "tile order: output tiles grouped along M for L2 reuse"),
-             ("EPI_TILE", EPI_TILE, "epilogue tile stored through shared memory (two slots per warpgroup)")]
+             ("EPI_TILE", EPI_TILE, "epilogue tile stored through shared memory (two buffers per warpgroup)")]
     constants = f"DTYPE = jnp.{JNP_DTYPES[plan.dtype]}  # operand dtype\n" + constant_lines(items)
     ring = {r.name: r for r in plan.rings}
     ready = " | ".join(w.why for w in plan.waits if w.kind == "ready" and w.op == mma)

@@ -47,7 +47,7 @@ class PipelineKnobs:
 
     Attributes:
         max_concurrent_steps: ring depth (every ring of the plan has it).
-        delay_release: steps a slot is held after the body that read it (GEMM: the wgmma wait lag).
+        delay_release: steps a buffer is held after the body that read it (GEMM: the wgmma wait lag).
         compute_wgs: Pallas compute warpgroups (``num_compute_wgs``): 4 warps each.
         memory_registers: setmaxnreg budget of the memory (TMA) warpgroup = the load partition's.
         compute_registers: what Pallas gives each compute warpgroup, ``(512 - memory_registers) /
@@ -138,7 +138,7 @@ def render_header(plan: KernelPlan, title: str, decisions: list[str]) -> str:
                  f"ops {', '.join(load.ops)}")
     lines.append("rings (emit_pipeline_warp_specialized in_specs):")
     for r in plan.rings:
-        lines.append(f"  {r.name}: {r.producer} -> {', '.join(r.consumers)}, {r.depth} slots, released after "
+        lines.append(f"  {r.name}: {r.producer} -> {', '.join(r.consumers)}, {r.depth} buffers, released after "
                      f"{r.release}; depth = {r.why}")
     lines += ["", *decisions, "", "steady-state chart (digit = stage; cycles scaled onto [0, II)):"]
     lines += ["  " + line for line in render_chart(plan)]

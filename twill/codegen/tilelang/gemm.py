@@ -78,17 +78,17 @@ def _statements(schedule: Schedule, ws: bool) -> list[Statement]:
 def check_wait_lag(schedule: Schedule) -> None:
     """A wgmma left in flight (``mma_wait`` a stage after ``mma``, stages counted from the earliest non-load
     start as in :func:`~twill.codegen.tilelang.render.compute_stages`) is refused with TileLang's reason:
-    ``T.wgmma_gemm`` + ``T.wait_wgmma(lag)`` keep it in flight, but its A/B slot may only be released after the
-    wait that retires it, ``lag`` iterations after the slot's ``consumer_wait``, and a ``WSPipeline``'s wait and
+    ``T.wgmma_gemm`` + ``T.wait_wgmma(lag)`` keep it in flight, but its A/B buffer may only be released after the
+    wait that retires it, ``lag`` iterations after the buffer's ``consumer_wait``, and a ``WSPipeline``'s wait and
     release must share one stage (MaterializeWSSchedule: "pairs must share one stage"); a release in the wait's
-    stage would hand the slot back to the TMA producer while the wgmma still reads it."""
+    stage would hand the buffer back to the TMA producer while the wgmma still reads it."""
     (mma,), (wait,) = (ops_with_role(schedule.graph, r) for r in ("mma", "mma_wait"))
     stages = compute_stages(schedule)
     lag = stages[wait] - stages[mma]
     if lag > 0:
         raise cannot_emit(f"wgmma wait lag {lag} (stage(mma_wait) - stage(mma))",
-                          "T.wgmma_gemm + T.wait_wgmma would keep the wgmma in flight, but its ring slot must be "
-                          "released after the wait that retires it, a stage after the slot's consumer_wait, and "
+                          "T.wgmma_gemm + T.wait_wgmma would keep the wgmma in flight, but its ring buffer must be "
+                          "released after the wait that retires it, a stage after the buffer's consumer_wait, and "
                           "TileLang's WSPipeline wait and release must share one stage")
 
 
@@ -126,7 +126,7 @@ def emit_gemm_ws(plan: KernelPlan, schedule: Schedule) -> str:
                    for name, lo, hi, regs, why in design.roles),
                  *(f"  WSPipeline {name} over {', '.join(bufs)}: depth {depth} <- {why}"
                    for name, bufs, depth, why in design.pipelines),
-                 f"  {wait} in the stage of {mma} -> synchronous T.gemm; the slot is released after it"]
+                 f"  {wait} in the stage of {mma} -> synchronous T.gemm; the buffer is released after it"]
     header = render_header("Warp-specialized GEMM for Hopper, TileLang 0.1.15 (T.WSSchedule).",
                            schedule_lines(schedule, plan.tile, plan.dtype) + [""] + decisions, plan)
     factory = FACTORY.format(body=indent(body, 12), dtype=plan.dtype, torch_dtype=TL_DTYPES[plan.dtype])

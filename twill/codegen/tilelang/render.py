@@ -5,7 +5,7 @@ TileLang (warp-specialized ``T.WSSchedule`` or software-pipelined ``T.Pipelined(
 TileLang 0.1.15 has no latency or II: a ``T.Pipelined`` loop takes, per effectful statement of its body, a
 stage (iteration offset) and an order (emission rank in the steady-state body); a ``T.WSSchedule`` takes roles
 (warp ranges with ``setmaxnreg`` budgets), ``WSPipeline`` rings (full/empty mbarriers over multi-versioned
-shared buffers, ``depth`` slots) and, per role, the op order with each pipeline's acquire/commit or
+shared buffers, ``depth`` buffers) and, per role, the op order with each pipeline's acquire/commit or
 wait/release at a stage. The mapping from a Twill schedule (docs/codegen.md, "TileLang"):
 
 * ``stage = floor(t / II)``, ``order = rank of t mod II`` (ties in dependence order);
@@ -57,9 +57,9 @@ class Statement:
     count: int
 
 
-def slot_order(schedule: Schedule, ops: list[str]) -> dict[str, int]:
+def residue_order(schedule: Schedule, ops: list[str]) -> dict[str, int]:
     """``order = rank of t mod II`` of each op of ``ops`` (ties in ``ops`` order, a dependence order)."""
-    ranked = sorted(ops, key=lambda n: (schedule.slot(n), ops.index(n)))
+    ranked = sorted(ops, key=lambda n: (schedule.residue(n), ops.index(n)))
     return {n: ranked.index(n) for n in ops}
 
 
@@ -68,21 +68,21 @@ def pipelined_annotation(schedule: Schedule, statements: list[Statement],
     """``T.Pipelined``'s ``stage=[...]`` and ``order=[...]`` for the effectful statements in source order.
 
     Each statement takes its op's (stage, cluster) as Twill injects them into Triton
-    (:func:`twill.codegen.triton.op_slots`: ``stage = floor(t / II)``, cluster = rank of ``t mod II``, a
+    (:func:`twill.codegen.triton.op_places`: ``stage = floor(t / II)``, cluster = rank of ``t mod II``, a
     streaming load ``load_lead`` stages ahead of its first consumer, in a last cluster of its own); orders
     rank the statements by (cluster, source order)."""
-    from twill.codegen.triton import op_slots
+    from twill.codegen.triton import op_places
 
-    slots = op_slots(schedule, load_lead)
-    keys = [(slots[s.op][1], i, j) for i, s in enumerate(statements) for j in range(s.count)]
+    places = op_places(schedule, load_lead)
+    keys = [(places[s.op][1], i, j) for i, s in enumerate(statements) for j in range(s.count)]
     ranked = sorted(keys)
-    stages = [slots[s.op][0] for s in statements for _ in range(s.count)]
+    stages = [places[s.op][0] for s in statements for _ in range(s.count)]
     return stages, [ranked.index(k) for k in keys]
 
 
 def compute_stages(schedule: Schedule) -> dict[str, int]:
     """Every op's stage after shifting all times by the earliest start of a non-load op (a translation keeps
-    a modulo schedule valid; :func:`twill.codegen.triton.op_slots` shifts the same way)."""
+    a modulo schedule valid; :func:`twill.codegen.triton.op_places` shifts the same way)."""
     graph = schedule.graph
     base = min((schedule.start(n) for n in graph.op_names if not graph.op(n).variable_latency), default=0)
     return {n: (schedule.start(n) - base) // schedule.ii for n in graph.op_names}
@@ -91,7 +91,7 @@ def compute_stages(schedule: Schedule) -> dict[str, int]:
 def check_one_stage(schedule: Schedule) -> None:
     """Every op but the TMA loads in one stage (after the shift of :func:`compute_stages`): TileLang's
     ``T.gemm`` is synchronous (the wgmma wait in the MMA's stage) and TileLang multi-versions shared buffers
-    (ring slots), not the fragments that carry values between the compute ops. ``twill emit tilelang`` solves
+    (ring buffers), not the fragments that carry values between the compute ops. ``twill emit tilelang`` solves
     under this constraint (:func:`twill.codegen.triton.constrain_for_triton`, the same window as Triton's
     sm_90 pipeliner)."""
     graph = schedule.graph
@@ -109,7 +109,7 @@ def check_one_stage(schedule: Schedule) -> None:
 def ring_lead(schedule: Schedule, loads: list[str], readers: dict[str, str]) -> tuple[int, str]:
     """Load lead of the pipelined form = the deepest ring (``ring_depth`` of each load up to its last reader),
     with its derivation. A load ``depth`` stages ahead of its reader and ordered after it in the body refills a
-    slot after it was read, so TileLang keeps ``depth`` versions of the buffer: the ring of the schedule."""
+    buffer after it was read, so TileLang keeps ``depth`` versions of the buffer: the ring of the schedule."""
     return max((ring_depth(schedule, load, readers[load]) for load in loads), key=lambda d: d[0])
 
 
@@ -127,7 +127,7 @@ def schedule_lines(schedule: Schedule, tile: dict[str, int], dtype: str) -> list
     """The schedule's identity, II, length, stages, tile and each op's start, stage and order."""
     tiles = " ".join(f"{k}={v}" for k, v in tile.items())
     ops = list(schedule.graph.op_names)
-    order = slot_order(schedule, ops)
+    order = residue_order(schedule, ops)
     stage = compute_stages(schedule)
     lines = [f"schedule: graph {schedule.graph.name!r}, arch {schedule.arch}, solver {schedule.solver}, "
              f"status {schedule.status}",

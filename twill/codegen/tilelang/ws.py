@@ -5,7 +5,7 @@
 * the compute partition -> role ``compute0`` on the warps from 4 on, ``max_nreg`` = its budget;
 * each ready/empty barrier pair of the plan -> one ``WSPipeline`` over its rings' shared buffers, ``depth`` =
   the ring depth; the producer acquires and commits around its loads, the consumer waits before the first
-  reader of a slot and releases after the op that releases it;
+  reader of a buffer and releases after the op that releases it;
 * consumer sync stages = the schedule's stages (relative within the role; TileLang runs an op at the stage of
   the spans that cover it, else at the role's first stage, so every op's stage is checked against that rule);
   the producer's at 0 (it runs ahead by up to the ring depth).

@@ -13,7 +13,7 @@ Registers: a fragment (``T.alloc_fragment``) is one allocation that every writer
 bytes per thread count once, on its first writer in the body.
 
 Edges come from the buffers each statement reads and writes: read-after-write (delay = the writer's latency;
-0 from a streaming load, whose slot is ready when the reader waits for it), loop-carried when the reader comes
+0 from a streaming load, whose buffer is ready when the reader waits for it), loop-carried when the reader comes
 first in the body (distance 1), and write-after-read / write-after-write ordering (delay 0) for buffers that are
 not multi-versioned (everything but the shared tiles the loads fill). Costs come from :mod:`twill.machine`.
 """

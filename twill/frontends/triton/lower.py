@@ -52,7 +52,7 @@ FOLD_OPS = {"tt.expand_dims", "tt.broadcast", "tt.splat", "tt.reshape", "tt.tran
 PIPELINED_MARKERS = {"ttg.async_wait", "ttng.wait_barrier", "ttng.warp_group_dot_wait", "ttng.barrier_expect"}
 CONTROL_OPS = {"scf.if", "scf.for", "scf.while", "scf.execute_region", "tt.call", "ttg.warp_specialize",
                "cf.br", "cf.cond_br"}
-#: Elementwise floating-point ops whose cost is one ALU/FMA slot per element.
+#: Elementwise floating-point ops whose cost is one ALU/FMA operation per element.
 ALU_PREFIXES = ("arith.", "math.", "tt.fp_to_fp", "tt.precise_", "tt.clampf", "tt.mulhiui", "ttg.fp4_to_fp")
 
 MMA_DTYPES = {"f16": "fp16", "bf16": "bf16", "f8E4M3FN": "fp8", "f8E5M2": "fp8", "f32": "tf32"}

@@ -1,7 +1,7 @@
 """CP-SAT backend of the joint SWP + WS problem: the compact encoding of docs/model.md.
 
 Variables (typed container :class:`ModelVars`): an integer start ``t[v]`` per op with stage/residue split
-``t = k·I + s`` (``ModelVars.slot`` holds the residue ``s``); the length ``L``; Booleans ``a[v,g]`` (op v on slot g); per slot a width ``w[g] ∈ {0,1,2,4,8}``
+``t = k·I + s`` (``ModelVars.residue`` holds the residue ``s``); the length ``L``; Booleans ``a[v,g]`` (op v on slot g); per slot a width ``w[g] ∈ {0,1,2,4,8}``
 and a register-holding flag; ``same[u,v]`` (same slot) for the pairs that need it; ring depths. Liveness is
 not time-indexed: copy ``i`` of a register value is an optional interval ``[t_v + i·I, E[v,i])`` per slot,
 present iff the op is on that slot, and REGISTER LIMIT is one ``Cumulative`` per slot. ``build_model`` adds
@@ -28,7 +28,7 @@ class ModelVars:
 
     t: dict[str, Any] = field(default_factory=dict)
     stage: dict[str, Any] = field(default_factory=dict)
-    slot: dict[str, Any] = field(default_factory=dict)
+    residue: dict[str, Any] = field(default_factory=dict)
     length: Any = None
     horizon: Any = None
     assign: dict[tuple[str, int], Any] = field(default_factory=dict)
@@ -105,7 +105,7 @@ def add_starts(b: _Builder) -> None:
         k = m.new_int_var(0, max(0, hi) // p.ii, f"k[{op.name}]")
         s = m.new_int_var(0, p.ii - 1, f"s[{op.name}]")
         m.add(t == k * p.ii + s)
-        b.v.t[op.name], b.v.stage[op.name], b.v.slot[op.name] = t, k, s
+        b.v.t[op.name], b.v.stage[op.name], b.v.residue[op.name] = t, k, s
     b.count("uniqueness", before)
 
 
@@ -136,7 +136,7 @@ def add_capacity(b: _Builder) -> None:
     from twill.solve.modulo import add_modulo_capacity
 
     before = len(b.model.proto.constraints)
-    add_modulo_capacity(b.model, b.g, b.p.units, b.p.ii, b.v.t, b.v.slot)
+    add_modulo_capacity(b.model, b.g, b.p.units, b.p.ii, b.v.t, b.v.residue)
     b.count("capacity", before)
 
 
@@ -340,7 +340,7 @@ def add_concurrency(b: _Builder) -> None:
                 m.add_bool_or([lit.Not() for lit in cond])
                 continue
             after = m.new_bool_var(f"after[{v},{o}]")
-            diff = b.v.slot[v] - b.v.slot[o]
+            diff = b.v.residue[v] - b.v.residue[o]
             m.add(diff >= busy).only_enforce_if(cond + [after])
             m.add(diff <= -1).only_enforce_if(cond + [after.Not()])
             m.add(diff >= busy - p.ii).only_enforce_if(cond + [after.Not()])
@@ -369,7 +369,7 @@ def add_warp_issue(b: _Builder) -> None:
                 continue
             for shift in (0, p.ii):
                 per_slot.setdefault(g, []).append(m.new_optional_fixed_size_interval_var(
-                    b.v.slot[name] + shift, busy, lit, f"issue[{name},g={g},+{shift}]"))
+                    b.v.residue[name] + shift, busy, lit, f"issue[{name},g={g},+{shift}]"))
     for g, intervals in sorted(per_slot.items()):
         m.add_no_overlap(intervals)
     b.count("warp_issue", before)
