@@ -35,7 +35,7 @@ from benchmarks._common import event_times, load_module  # noqa: E402
 VARIANTS: tuple[tuple[str, dict[str, Any], Any], ...] = (
     ("bwd_d128_solver", {"head_dim": 128}, "solver"),
     ("bwd_d128_hand_d2_lag1", {"head_dim": 128}, {"depth": 2, "dq_lag": 1}),
-    # dQ reduced in the iteration it is stored (one staging slot): the model's II for it is much longer
+    # dQ reduced in the iteration it is stored (one staging buffer): the model's II for it is much longer
     ("bwd_d128_hand_d2_lag0", {"head_dim": 128}, {"depth": 2, "dq_lag": 0}),
     ("bwd_d128_causal_solver", {"head_dim": 128, "causal": True}, "solver"),
     ("bwd_d128_gqa4_solver", {"head_dim": 128, "kv_heads": 4}, "solver"),

@@ -5,7 +5,7 @@ Each variant is a real :class:`~twill.schedule.result.Schedule` of the kernel's 
 the emitted kernels differ:
 
 * GEMM: the wgmma wait lag (``mma_wait`` one stage after ``mma`` at II = MMA cycles, or in the same stage at
-  a longer II), the streaming depth (ring slots) and the compute warp count (4 or 8 warps, block_m 64/128).
+  a longer II), the streaming depth (ring buffers) and the compute warp count (4 or 8 warps, block_m 64/128).
 * Attention: 1 or 2 compute warp groups (sub-tiles), ``S = Q K^T`` one stage ahead of the softmax or not,
   and ring depths.
 
@@ -162,8 +162,8 @@ def _flash_result(graph: LoopGraph, machine: Machine, ii: int, lower: int, start
 def flash_bwd_schedule(graph: LoopGraph, machine: Machine, *, depth: int = 2, dq_lag: int = 1,
                        late: tuple[str, ...] = ()) -> Schedule:
     """A hand-built Hopper attention-backward schedule: every compute op on one 8-warp group (FA3's two MMA
-    warp groups), the TMA loads and the dQ reduce (``dq_atomic``) on the producer; ``depth`` ring slots
-    (streaming depth) and ``dq_atomic`` ``dq_lag`` stages after ``dq_store`` (dQ staging slots =
+    warp groups), the TMA loads and the dQ reduce (``dq_atomic``) on the producer; ``depth`` ring buffers
+    (streaming depth) and ``dq_atomic`` ``dq_lag`` stages after ``dq_store`` (dQ staging buffers =
     ``dq_lag + 1``). The compute ops in ``late`` start in stage 1 (at II or later, so early in the
     steady-state order, as the joint solver places P's conversion, dV and the dQ store at head dim 64), the
     others in stage 0. The smallest II (from the tensor-core bound up) at which the greedy list scheduler
