@@ -7,7 +7,7 @@ from solved import solved_kernel
 from twill.ir import GraphBuilder
 from twill.kernels import build_kernel
 from twill.machine import H100
-from twill.solve.bounds import (asap_starts, dependence_closure, length_lower_bound, rec_mii, res_mii,
+from twill.ir.bounds import (asap_starts, dependence_closure, length_lower_bound, rec_mii, res_mii,
                                  warp_issue_bound)
 
 

@@ -10,7 +10,7 @@ from twill.kernels import build_kernel
 from twill.machine import B200, H100
 from twill.schedule.verify import violations
 from twill.solve import SolveOptions, schedule
-from twill.solve.bounds import rec_mii, res_mii
+from twill.ir.bounds import rec_mii, res_mii
 from twill.solve.modulo import (modulo_schedule, projection_infeasible, projections, solve_modulo, stage_limit,
                                 unit_chunks)
 

@@ -159,7 +159,7 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
     """
     from twill.ir.validate import validate_graph
     from twill.solve import schedule as solve
-    from twill.solve.bounds import res_mii
+    from twill.ir.bounds import res_mii
 
     base = replace(options or SolveOptions(ws=False), ws=False)
     if capability // 10 != 9:

@@ -26,6 +26,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from twill.errors import FormatError
+from twill.ir.io import read_json_file
+from twill.machine.models import BARRIER_HANDOFF_CYCLES, MACHINES
 
 MACHINE_FORMAT = "twill-machine/1"
 
@@ -151,8 +153,6 @@ def machine_to_dict(machine: Any, *, gpu: str = "", measured: str = "", software
 
 def machine_from_dict(data: Any, where: str = "machine file") -> Any:
     """The calibrated :class:`~twill.machine.models.Machine` a ``twill-machine/1`` document describes."""
-    from twill.machine.models import MACHINES
-
     if not isinstance(data, Mapping):
         raise FormatError(f"{where}: not a JSON object")
     if data.get("format") != MACHINE_FORMAT:
@@ -174,15 +174,11 @@ def machine_from_dict(data: Any, where: str = "machine file") -> Any:
 def load_machine(path: str) -> Any:
     """Read a ``twill-machine/1`` file (the project's JSON reader: size, UTF-8 and nesting limits); any
     problem is one :class:`FormatError` line."""
-    from twill.ir.io import read_json_file
-
     return machine_from_dict(read_json_file(path, "machine"), path)
 
 
 def format_calibration(machine: Any) -> str:
     """A Markdown table of a calibrated machine's rates beside its datasheet values (per SM, per clock)."""
-    from twill.machine.costs import BARRIER_HANDOFF_CYCLES
-
     cal = machine.calibration
     if cal is None:
         raise FormatError(f"machine {machine.name!r} has no calibration")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from twill.errors import UnsupportedFeatureError
 from twill.machine.calibration import lookup_n
-from twill.machine.models import Machine
+from twill.machine.models import BARRIER_HANDOFF_CYCLES, Machine
 
 DTYPE_BYTES = {"fp8": 1, "i8": 1, "fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "i32": 4}
 
@@ -151,13 +151,6 @@ def regs_per_thread(rows: int, cols: int, dtype: str, warps: int) -> int:
     """32-bit registers per thread for a ``rows x cols`` tile of ``dtype`` spread over ``warps`` warps."""
     nbytes = rows * cols * DTYPE_BYTES[dtype]
     return math.ceil(nbytes / 4 / (32 * warps))
-
-
-#: Cycles of the mbarrier hand-off that a cross-warp transfer pays on top of the data movement: the
-#: producer's ``mbarrier.arrive`` becomes visible to the consumer's ``try_wait`` loop. An estimate (no
-#: public figure): a few shared-memory round trips of ~30 clk each, the shared-memory load latency that the
-#: CUDA C++ Best Practices Guide calls "roughly 100x lower than global memory" (global ~ 500 clk).
-BARRIER_HANDOFF_CYCLES = 64
 
 
 def handoff_cycles(m: Machine) -> int:

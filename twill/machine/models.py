@@ -27,6 +27,12 @@ from typing import Any, Mapping
 
 from twill.errors import MachineError
 
+#: Cycles of the mbarrier hand-off that a cross-warp transfer pays on top of the data movement: the
+#: producer's ``mbarrier.arrive`` becomes visible to the consumer's ``try_wait`` loop. An estimate (no
+#: public figure): a few shared-memory round trips of ~30 clk each, the shared-memory load latency that the
+#: CUDA C++ Best Practices Guide calls "roughly 100x lower than global memory" (global ~ 500 clk).
+BARRIER_HANDOFF_CYCLES = 64
+
 #: Functional units every machine model defines (tile granularity, capacity 1 each).
 #: tc = tensor core; tma = bulk-copy engine; mufu = special-function unit (ex2); alu = FP32 FMA/ALU pipe;
 #: smem = shared-memory load/store pipe; tmem = tensor-memory load/store path (Blackwell only).

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from twill.errors import VerificationError
+from twill.ir.bounds import rec_mii, res_mii
 from twill.ir.validate import effective_units, validate_graph
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
@@ -90,8 +91,6 @@ def capacity_violations(schedule: Schedule, machine: Machine) -> list[str]:
 
 def bound_violations(schedule: Schedule, machine: Machine) -> list[str]:
     """BOUND: ``II ≥ max(ResMII, RecMII)``, both recomputed from the graph (nothing read from the schedule)."""
-    from twill.solve.bounds import rec_mii, res_mii
-
     units = effective_units(schedule.graph, machine.units)
     res, rec = res_mii(schedule.graph, units), rec_mii(schedule.graph)
     if schedule.ii < max(res, rec):

@@ -44,7 +44,7 @@ def _modulo_schedule(graph: LoopGraph, machine: Machine, units: dict[str, int], 
                      res: int, rec: int, started: float) -> Schedule:
     """The schedule without warp specialization, found by ``options.strategy``
     (:mod:`twill.solve.strategies`), with its statistics."""
-    from twill.solve.bounds import length_lower_bound
+    from twill.ir.bounds import length_lower_bound
     from twill.solve.strategies import STRATEGIES
 
     lower = max(res, rec)
@@ -87,7 +87,7 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
     limit), :class:`~twill.errors.GraphError` (malformed graph) or :class:`VerificationError` (a solver bug).
     """
     from twill.schedule.verify import verify
-    from twill.solve.bounds import rec_mii, res_mii
+    from twill.ir.bounds import rec_mii, res_mii
 
     started = time.perf_counter()
     validate_graph(graph, machine.units)

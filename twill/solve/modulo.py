@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 from twill.ir.graph import LoopGraph
 from twill.schedule.vocab import Status
-from twill.solve.bounds import asap_starts, dependence_closure, length_lower_bound
+from twill.ir.bounds import asap_starts, dependence_closure, length_lower_bound
 from twill.solve.normalize import rrt_runs
 
 

@@ -196,10 +196,10 @@ def _secondary(model: JointModel, first: JointOutcome, deadline: float,
 
 
 def issue_bound(graph: LoopGraph, machine: Machine, options: SolveOptions) -> Any:
-    """:func:`twill.solve.bounds.warp_issue_bound` with the limits :func:`make_problem` uses. IIs below it
+    """:func:`twill.ir.bounds.warp_issue_bound` with the limits :func:`make_problem` uses. IIs below it
     (after the modulo-only II, whose joint solve and UNSAT explanation still run) are recorded as proved
     infeasible without a solve (docs/model.md §5)."""
-    from twill.solve.bounds import warp_issue_bound
+    from twill.ir.bounds import warp_issue_bound
 
     return warp_issue_bound(graph, reg_limit=reg_limit_for(graph, machine, options.reg_limit),
                             light_regs=legal_budget(machine, machine.setmaxnreg_min),

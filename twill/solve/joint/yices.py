@@ -234,11 +234,11 @@ class YicesModel:
 def issue_windows(problem: JointProblem) -> dict[str, tuple[int, int]]:
     """Copy 0 of ``v`` issues in ``[asap(v), L_max − tail(v)]``: ``asap`` is the longest dependence path
     from a source at 0 and ``tail(v) = max_u W(v, u) + cycles(u)`` over ``u = v`` and every op a path from
-    ``v`` reaches (``twill.solve.bounds.dependence_closure``), since ``u`` must complete by ``L ≤ L_max``.
+    ``v`` reaches (``twill.ir.bounds.dependence_closure``), since ``u`` must complete by ``L ≤ L_max``.
     CONSISTENCY, COMPLETION and DEPENDENCE imply both ends (copy ``i`` is copy 0 shifted by ``i·I``, and
     every edge constrains some pair of copies: ``t_v − t_u ≥ d − δ·I`` on copy 0), so the grid outside the
     windows holds no schedule (docs/model.md, Yices backend, "Windows")."""
-    from twill.solve.bounds import asap_starts, dependence_closure
+    from twill.ir.bounds import asap_starts, dependence_closure
 
     graph, ii = problem.graph, problem.ii
     asap = asap_starts(graph, ii) or {}

@@ -1,4 +1,5 @@
-"""Lower bounds on the initiation interval and the schedule length (no solver needed).
+"""Lower bounds on the initiation interval and the schedule length: properties of the loop graph (no solver
+needed), shared by the solvers and the verifier.
 
 * ``ResMII = max_f ⌈Σ_v usage_f(v) / cap(f)⌉``: every unit-cycle an iteration needs must fit in II cycles.
 * ``RecMII = max over dependence cycles C of ⌈Σ_{e∈C} d_e / Σ_{e∈C} δ_e⌉``: an iteration-carried cycle of
