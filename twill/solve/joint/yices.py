@@ -10,7 +10,7 @@ receive rule, mma_wait sharing its MMA's group, and MEMORY CAPACITY as staticall
 
 Each query is a pure satisfiability check. :class:`~twill.solve.joint.yices_joint.YicesJoint` is this backend
 behind the protocol of :mod:`twill.solve.joint.backend`, driven by Algorithm 1 (:mod:`twill.solve.joint.search`): at each I, one
-query per L = LEN(M), LEN(M)+1, … while ⌈L/I⌉ is unchanged. The model is built once per I on the widest grid
+query at L = LEN(M), then binary search over L ≤ n·I (COMPLETION is monotone in L). The model is built once per I on the widest grid
 of that window (T_max = (n−1)·I + n·I) and each L asserts its COMPLETION under ``push``/``pop``; nothing can issue
 past T, so the extra tail changes no answer. Secondary objectives (stages, warps, SMEM, prologue) are
 minimised by the same kind of queries: ``push``, assert ``objective ≤ k``, ``check_context(timeout)``, ``pop``.
@@ -215,14 +215,14 @@ class YicesModel:
 
         When busy(o) > cycles(o) a copy can still hold its warp after COMPLETION's end of Q, so the copy
         before Q (i′ = −1, issued at t′ ⇔ op[o,0,t′+I]) is included: Q's steady state then sees every
-        overlap that the modulo rule of docs/model.md sees."""
+        overlap that the modulo rule of docs/model.md sees. Each copy's part is :func:`occupied`."""
         key = (o, t)
         if key not in self._inflight:
             op = self.graph.op(o)
             first = -1 if op.busy > op.cycles else 0
-            self._inflight[key] = self.any(self.op(o, 0, s + self.ii) if i < 0 else self.op(o, i, s)
-                                           for i in range(first, self.copies)
-                                           for s in range(t - op.busy + 1, t + 1))
+            cycles = range(op.busy)
+            self._inflight[key] = self.any(occupied(self, o, 0, t + self.ii, cycles) if i < 0
+                                           else occupied(self, o, i, t, cycles) for i in range(first, self.copies))
         return self._inflight[key]
 
     def crossing(self, edge: Edge) -> bool:
@@ -339,17 +339,54 @@ def add_dependence(m: YicesModel) -> None:
 
 
 def add_capacity(m: YicesModel) -> None:
-    """CAPACITY (Fig. 4): ∀ t, f: Σ_{v, i, c ∈ [0, cycles(v))} op[v,i,t−c]·RRT[v][f,c] ≤ cap(f)."""
+    """CAPACITY (Fig. 4): ∀ t, f: Σ_{v, i, c ∈ [0, cycles(v))} op[v,i,t−c]·RRT[v][f,c] ≤ cap(f).
+
+    Copy i of v issues once (UNIQUENESS), so its cycles with one count ``k`` form one term
+    ``occupied(v, i, t, cycles)·k`` (:func:`occupied`). When any two terms exceed the capacity together (every
+    unit of capacity 1), the sum is an at-most-one over the terms: one clause per pair, no arithmetic."""
     out = []
     for unit, cap in sorted(m.problem.units.items()):
-        users = [(op.name, c, dict(row)[unit]) for op in m.graph.ops
-                 for c, row in enumerate(op.rrt) if dict(row).get(unit)]
+        counts: dict[tuple[str, int], list[int]] = {}
+        for op in m.graph.ops:
+            for c, row in enumerate(op.rrt):
+                if dict(row).get(unit):
+                    counts.setdefault((op.name, dict(row)[unit]), []).append(c)
         for t in range(m.span):
-            atom = m.weighted_sum_leq([(m.op(v, i, t - c), count) for v, c, count in users
-                                       for i in range(m.copies) if t >= c], cap)
-            if atom is not None:
-                out.append(atom)
+            terms = [(occupied(m, v, i, t, cycles), count) for (v, count), cycles in counts.items()
+                     for i in range(m.copies)]
+            out += at_most(m, [(lit, w) for lit, w in terms if lit != m.false], cap)
     m.add("capacity", out)
+
+
+def occupied(m: YicesModel, v: str, i: int, t: int, cycles: Sequence[int]) -> int:
+    """``∨_{c ∈ cycles} op[v,i,t−c]``: each run ``[a, b]`` of consecutive cycles is
+    ``issued[v,i,t−a] ∧ ¬issued[v,i,t−b−1]`` (copy i issues once)."""
+    runs: list[list[int]] = []
+    for c in sorted(cycles):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    parts = []
+    for a, b in runs:
+        if t - a < 0:
+            continue
+        parts.append(m.all([m.issued_by[(v, i, min(t - a, m.span - 1))], m.not_issued_before(v, i, t - b)]))
+    return m.any(parts)
+
+
+def at_most(m: YicesModel, terms: Sequence[tuple[int, int]], bound: int) -> list[int]:
+    """``Σ weight·[literal] ≤ bound`` as formulas: a term heavier than ``bound`` is false; when any two of
+    the rest exceed ``bound`` together, one clause ``¬a ∨ ¬b`` per pair; else one arithmetic atom."""
+    out = [m.neg(lit) for lit, w in terms if w > bound]
+    terms = [(lit, w) for lit, w in terms if 0 < w <= bound]
+    weights = sorted(w for _, w in terms)
+    if len(weights) >= 2 and weights[0] + weights[1] > bound:
+        out += [m.any([m.neg(a), m.neg(b)]) for k, (a, _) in enumerate(terms) for b, _ in terms[k + 1:]]
+    else:
+        atom = m.weighted_sum_leq(terms, bound)
+        out += [] if atom is None else [atom]
+    return out
 
 
 # -- Figure 5: liveness and memory -----------------------------------------------------------------------
@@ -588,7 +625,8 @@ def add_concurrency(m: YicesModel) -> None:
 def add_warp_issue(m: YicesModel) -> None:
     """WARP ISSUE (docs/model.md, ours): a warp group issues in order and runs one tile op at a time —
     ∀ g, t: Σ_v inflight[v,t]·opw[v,g] ≤ 1 over ops with busy(v) > 0, and busy(v) > I ⇒ ¬opw[v,g] (an op
-    that cannot repeat every I on one warp)."""
+    that cannot repeat every I on one warp). The at-most-one over v is one clause per pair and t, over all
+    slots at once: ``¬inflight[v,t] ∨ ¬inflight[u,t] ∨ ¬same[u,v]``."""
     p = m.problem
     if not p.active("warp_issue"):
         return
@@ -597,14 +635,12 @@ def add_warp_issue(m: YicesModel) -> None:
     for op in issuers:
         if op.busy > p.ii:
             out += [m.neg(m.opw(op.name, g)) for g in range(p.slots)]
-    for g in range(p.slots):
-        users = [op.name for op in issuers if (op.name, g) in m.warp_of and op.busy <= p.ii]
-        if len(users) < 2:
-            continue
-        for t in range(m.span):
-            atom = m.weighted_sum_leq([(m.all([m.inflight(v, t), m.opw(v, g)]), 1) for v in users], 1)
-            if atom is not None:
-                out.append(atom)
+    users = [op.name for op in issuers if op.busy <= p.ii]
+    for k, v in enumerate(users):
+        for u in users[k + 1:]:
+            together = m.same(u, v)
+            for t in range(m.span):
+                out.append(m.any([m.neg(m.inflight(v, t)), m.neg(m.inflight(u, t)), m.neg(together)]))
     m.add("warp_issue", out)
 
 
