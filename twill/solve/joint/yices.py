@@ -254,7 +254,9 @@ def add_variables(m: YicesModel) -> None:
     """``op[v,i,t]`` for ``t`` in copy i's issue window (:func:`issue_windows` shifted by ``i·I``; false
     elsewhere) and ``issued[v,i,t] ⇔ issued[v,i,t−1] ∨ op[v,i,t]`` (issued[v,i,−1] = false; outside the
     window ``issued`` is the previous term) for every op; ``live[v,i,t]`` for ops with a register result;
-    ``opw[v,g]`` over every slot; the stage ``k_v = Σ_t ⌊t/I⌋·op[v,0,t]``; per slot an integer width
+    ``opw[v,g]`` over every slot; the stage ``k_v = Σ_t ⌊t/I⌋·op[v,0,t]``, stated as
+``Σ_{s ≥ 1} ¬issued[v,0,s·I−1]`` (the stage boundaries copy 0 has not reached; two terms instead of one per
+cycle); per slot an integer width
     ``w_g ∈ [0, 8]`` and the term ``heavy_g = ∨_{v: regs(v) > 0} opw[v,g]``."""
     T = m.y.Terms
     definitions = []
@@ -278,7 +280,8 @@ def add_variables(m: YicesModel) -> None:
                     m.live_at[(v, i, t)] = m.new_bool(f"live[{v},i={i},t={t}]")
         for g in range(m.problem.slots):
             m.warp_of[(v, g)] = m.new_bool(f"opw[{v},g={g}]")
-        m.stage[v] = m.linear([(m.op(v, 0, t), t // m.ii) for t in range(m.span)])
+        m.stage[v] = m.linear([(m.neg(m.issued_by[(v, 0, s * m.ii - 1)]), 1)
+                               for s in range(1, (m.span - 1) // m.ii + 1)])
     m.add("issued_definitions", definitions)
     for g in range(m.problem.slots):
         m.width.append(m.new_int(f"w[g={g}]", 0, max(WIDTHS)))
