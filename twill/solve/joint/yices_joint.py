@@ -137,6 +137,13 @@ def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], No
     return best, proven
 
 
+def stage_lower_bound(problem: JointProblem, length: int) -> int:
+    """Stages at L = ``length``: some op ``v`` ends at L, so it issues at ``L − cycles(v) ≥ L − max cycles``,
+    in stage ``⌊(L − max cycles) / I⌋`` or later (at least 1 stage)."""
+    longest = max(op.cycles for op in problem.graph.ops)
+    return max(1, (length - longest) // problem.ii + 1)
+
+
 class YicesJoint:
     """The time-indexed model of a :class:`JointProblem` behind the
     :class:`~twill.solve.joint.backend.JointModel` protocol. The first solve (``length``) asks L = LEN(M),
@@ -180,10 +187,11 @@ class YicesJoint:
         deadline = began + time_limit
         if objective == Objective.LENGTH:
             return self._first(deadline, began)
-        lower = {Objective.STAGES: 1, Objective.SMEM: smem_lower_bound(self.problem)}.get(objective, 0)
+        assert self.length is not None, "the first solve of a Yices model is its length"
+        lower = {Objective.STAGES: stage_lower_bound(self.problem, self.length),
+                 Objective.SMEM: smem_lower_bound(self.problem)}.get(objective, 0)
         best, proven = minimize(self.model, objective, deadline=deadline, lower=lower)
         self.fixed[objective] = best
-        assert self.length is not None, "the first solve of a Yices model is its length"
         return JointOutcome(Status.OPTIMAL if proven else Status.FEASIBLE, decode(self.model, self.length),
                             time.perf_counter() - began)
 
