@@ -341,3 +341,22 @@ def test_missing_extra_is_one_line_error():
 
 def test_loader_reports_bundled_version(yices):
     assert yices.Yices.version.startswith("2.6")
+
+
+@pytest.mark.parametrize("weights,bound", [((1, 1, 1), 1), ((2, 3, 1), 3), ((1, 2, 2), 4), ((5, 1), 4)])
+def test_at_most_agrees_with_the_sum(yices, weights, bound):
+    """The encoding of ``Σ weight·[x] ≤ bound`` (pairwise clauses, an arithmetic atom, or a forced-false
+    term) accepts exactly the assignments whose weighted sum is within the bound."""
+    from itertools import product
+
+    from twill.solve.joint.yices import at_most, build_model, query
+
+    b = builder()
+    b.op("A", uses={"X": 1})
+    m = build_model(yices, joint_problem(b.build(), ii=2, length=2))
+    xs = [m.new_bool(f"x{k}") for k in range(len(weights))]
+    formulas = at_most(m, list(zip(xs, weights)), bound)
+    for values in product((False, True), repeat=len(xs)):
+        fixed = [x if on else m.neg(x) for x, on in zip(xs, values)]
+        expected = "sat" if sum(w for w, on in zip(weights, values) if on) <= bound else "unsat"
+        assert query(m, fixed + formulas, timeout=10) == expected, values

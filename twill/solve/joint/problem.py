@@ -124,7 +124,7 @@ class ObjectiveRecord:
 class JointOutcome:
     """What a backend reports for one solve: ``status`` (:class:`~twill.schedule.vocab.Status`), the solution
     when one was found, the seconds it took, and ``settled``: objectives before L that this solve already
-    minimised and fixed (the Yices backend minimises ``unhoisted`` before it walks L)."""
+    minimised and fixed (the Yices backend minimises ``unhoisted`` before it searches L)."""
 
     status: Status
     solution: JointSolution | None

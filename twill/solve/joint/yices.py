@@ -10,7 +10,7 @@ receive rule, mma_wait sharing its MMA's group, and MEMORY CAPACITY as staticall
 
 Each query is a pure satisfiability check. :class:`~twill.solve.joint.yices_joint.YicesJoint` is this backend
 behind the protocol of :mod:`twill.solve.joint.backend`, driven by Algorithm 1 (:mod:`twill.solve.joint.search`): at each I, one
-query per L = LEN(M), LEN(M)+1, … while ⌈L/I⌉ is unchanged. The model is built once per I on the widest grid
+query at L = LEN(M), then binary search over L ≤ n·I (COMPLETION is monotone in L). The model is built once per I on the widest grid
 of that window (T_max = (n−1)·I + n·I) and each L asserts its COMPLETION under ``push``/``pop``; nothing can issue
 past T, so the extra tail changes no answer. Secondary objectives (stages, warps, SMEM, prologue) are
 minimised by the same kind of queries: ``push``, assert ``objective ≤ k``, ``check_context(timeout)``, ``pop``.
@@ -215,14 +215,14 @@ class YicesModel:
 
         When busy(o) > cycles(o) a copy can still hold its warp after COMPLETION's end of Q, so the copy
         before Q (i′ = −1, issued at t′ ⇔ op[o,0,t′+I]) is included: Q's steady state then sees every
-        overlap that the modulo rule of docs/model.md sees."""
+        overlap that the modulo rule of docs/model.md sees. Each copy's part is :func:`occupied`."""
         key = (o, t)
         if key not in self._inflight:
             op = self.graph.op(o)
             first = -1 if op.busy > op.cycles else 0
-            self._inflight[key] = self.any(self.op(o, 0, s + self.ii) if i < 0 else self.op(o, i, s)
-                                           for i in range(first, self.copies)
-                                           for s in range(t - op.busy + 1, t + 1))
+            cycles = range(op.busy)
+            self._inflight[key] = self.any(occupied(self, o, 0, t + self.ii, cycles) if i < 0
+                                           else occupied(self, o, i, t, cycles) for i in range(first, self.copies))
         return self._inflight[key]
 
     def crossing(self, edge: Edge) -> bool:
@@ -254,7 +254,9 @@ def add_variables(m: YicesModel) -> None:
     """``op[v,i,t]`` for ``t`` in copy i's issue window (:func:`issue_windows` shifted by ``i·I``; false
     elsewhere) and ``issued[v,i,t] ⇔ issued[v,i,t−1] ∨ op[v,i,t]`` (issued[v,i,−1] = false; outside the
     window ``issued`` is the previous term) for every op; ``live[v,i,t]`` for ops with a register result;
-    ``opw[v,g]`` over every slot; the stage ``k_v = Σ_t ⌊t/I⌋·op[v,0,t]``; per slot an integer width
+    ``opw[v,g]`` over every slot; the stage ``k_v = Σ_t ⌊t/I⌋·op[v,0,t]``, stated as
+``Σ_{s ≥ 1} ¬issued[v,0,s·I−1]`` (the stage boundaries copy 0 has not reached; two terms instead of one per
+cycle); per slot an integer width
     ``w_g ∈ [0, 8]`` and the term ``heavy_g = ∨_{v: regs(v) > 0} opw[v,g]``."""
     T = m.y.Terms
     definitions = []
@@ -278,7 +280,8 @@ def add_variables(m: YicesModel) -> None:
                     m.live_at[(v, i, t)] = m.new_bool(f"live[{v},i={i},t={t}]")
         for g in range(m.problem.slots):
             m.warp_of[(v, g)] = m.new_bool(f"opw[{v},g={g}]")
-        m.stage[v] = m.linear([(m.op(v, 0, t), t // m.ii) for t in range(m.span)])
+        m.stage[v] = m.linear([(m.neg(m.issued_by[(v, 0, s * m.ii - 1)]), 1)
+                               for s in range(1, (m.span - 1) // m.ii + 1)])
     m.add("issued_definitions", definitions)
     for g in range(m.problem.slots):
         m.width.append(m.new_int(f"w[g={g}]", 0, max(WIDTHS)))
@@ -339,17 +342,54 @@ def add_dependence(m: YicesModel) -> None:
 
 
 def add_capacity(m: YicesModel) -> None:
-    """CAPACITY (Fig. 4): ∀ t, f: Σ_{v, i, c ∈ [0, cycles(v))} op[v,i,t−c]·RRT[v][f,c] ≤ cap(f)."""
+    """CAPACITY (Fig. 4): ∀ t, f: Σ_{v, i, c ∈ [0, cycles(v))} op[v,i,t−c]·RRT[v][f,c] ≤ cap(f).
+
+    Copy i of v issues once (UNIQUENESS), so its cycles with one count ``k`` form one term
+    ``occupied(v, i, t, cycles)·k`` (:func:`occupied`). When any two terms exceed the capacity together (every
+    unit of capacity 1), the sum is an at-most-one over the terms: one clause per pair, no arithmetic."""
     out = []
     for unit, cap in sorted(m.problem.units.items()):
-        users = [(op.name, c, dict(row)[unit]) for op in m.graph.ops
-                 for c, row in enumerate(op.rrt) if dict(row).get(unit)]
+        counts: dict[tuple[str, int], list[int]] = {}
+        for op in m.graph.ops:
+            for c, row in enumerate(op.rrt):
+                if dict(row).get(unit):
+                    counts.setdefault((op.name, dict(row)[unit]), []).append(c)
         for t in range(m.span):
-            atom = m.weighted_sum_leq([(m.op(v, i, t - c), count) for v, c, count in users
-                                       for i in range(m.copies) if t >= c], cap)
-            if atom is not None:
-                out.append(atom)
+            terms = [(occupied(m, v, i, t, cycles), count) for (v, count), cycles in counts.items()
+                     for i in range(m.copies)]
+            out += at_most(m, [(lit, w) for lit, w in terms if lit != m.false], cap)
     m.add("capacity", out)
+
+
+def occupied(m: YicesModel, v: str, i: int, t: int, cycles: Sequence[int]) -> int:
+    """``∨_{c ∈ cycles} op[v,i,t−c]``: each run ``[a, b]`` of consecutive cycles is
+    ``issued[v,i,t−a] ∧ ¬issued[v,i,t−b−1]`` (copy i issues once)."""
+    runs: list[list[int]] = []
+    for c in sorted(cycles):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    parts = []
+    for a, b in runs:
+        if t - a < 0:
+            continue
+        parts.append(m.all([m.issued_by[(v, i, min(t - a, m.span - 1))], m.not_issued_before(v, i, t - b)]))
+    return m.any(parts)
+
+
+def at_most(m: YicesModel, terms: Sequence[tuple[int, int]], bound: int) -> list[int]:
+    """``Σ weight·[literal] ≤ bound`` as formulas: a term heavier than ``bound`` is false; when any two of
+    the rest exceed ``bound`` together, one clause ``¬a ∨ ¬b`` per pair; else one arithmetic atom."""
+    out = [m.neg(lit) for lit, w in terms if w > bound]
+    terms = [(lit, w) for lit, w in terms if 0 < w <= bound]
+    weights = sorted(w for _, w in terms)
+    if len(weights) >= 2 and weights[0] + weights[1] > bound:
+        out += [m.any([m.neg(a), m.neg(b)]) for k, (a, _) in enumerate(terms) for b, _ in terms[k + 1:]]
+    else:
+        atom = m.weighted_sum_leq(terms, bound)
+        out += [] if atom is None else [atom]
+    return out
 
 
 # -- Figure 5: liveness and memory -----------------------------------------------------------------------
@@ -504,21 +544,38 @@ def add_register_limit(m: YicesModel) -> None:
     """REGISTER LIMIT (Fig. 6): ∀ t, g: Σ_{v,i} (live[v,i,t] ∨ op[v,i,t])·opw[v,g]·regs(v) ≤ R − light_regs
     (docs/model.md: every group keeps the bookkeeping registers a light warp runs on; tile values get the
     rest). An in-place accumulator counts at every t: its copies are live back to back from its initial
-    value (held from loop entry until copy 0 issues) to T, so their union is the whole of Q."""
+    value (held from loop entry until copy 0 issues) to T, so their union is the whole of Q.
+
+    Stated at the issue times only, which is the same constraint: every other value occupies one interval
+    ``[t_{v,i}, E_{v,i})`` (LIVENESS), so a slot's sum can only rise where a copy issues, and its maximum over
+    t is at some ``t_{v,i}``. Per copy (v, i) of a register result, ``covers[u,j,v,i] ⇐ op[v,i,t] ∧
+    (live[u,j,t] ∨ op[u,j,t])`` for every t (the sum only asks covers to be false, so one direction is
+    exact), and ``regs(v) + Σ_{(u,j)} covers·same[u,v]·regs(u) + Σ_{in place u} same[u,v]·regs(u) ≤ R −
+    light_regs``; a slot of in-place accumulators alone: ``Σ opw[u,g]·regs(u) ≤ R − light_regs``. 20 atoms
+    on H100 flash-fwd ``--subtiles 2`` where one per (t, g) made 8544, the model's slowest family."""
     p = m.problem
     if not p.active("register_limit"):
         return
     out = []
-    holders = [op for op in m.graph.ops if op.regs > 0]
+    budget = p.reg_limit - p.light_regs
+    holders = [op.name for op in m.graph.ops if op.regs > 0]
+    placed = [v for v in holders if in_place(m.graph, v)]
+    interval = [(v, i) for v in holders if v not in placed for i in range(m.copies)]
+    regs = {v: m.graph.op(v).regs for v in holders}
+    for v, i in interval:
+        issue_times = [t for t in range(m.span) if (v, i, t) in m.op_at]
+        terms = [(m.true, regs[v])]
+        for u, j in interval:
+            if (u, j) == (v, i):
+                continue
+            covers = m.new_bool(f"covers[{u},{j},{v},{i}]")
+            out += [m.any([m.neg(m.op(v, i, t)), m.neg(m.any([m.live(u, j, t), m.op(u, j, t)])), covers])
+                    for t in issue_times if (u, j, t) in m.op_at or (u, j, t) in m.live_at]
+            terms.append((m.all([covers, m.true if u == v else m.same(u, v)]), regs[u]))
+        terms += [(m.same(u, v), regs[u]) for u in placed]
+        out += at_most(m, terms, budget)
     for g in range(p.slots):
-        users = [op for op in holders if (op.name, g) in m.warp_of]
-        for t in range(m.span):
-            terms = [(m.all([m.any([m.live(op.name, i, t), m.op(op.name, i, t)]), m.opw(op.name, g)]), op.regs)
-                     for op in users if not in_place(m.graph, op.name) for i in range(m.copies)]
-            terms += [(m.opw(op.name, g), op.regs) for op in users if in_place(m.graph, op.name)]
-            atom = m.weighted_sum_leq(terms, p.reg_limit - p.light_regs)
-            if atom is not None:
-                out.append(atom)
+        out += at_most(m, [(m.opw(u, g), regs[u]) for u in placed], budget)
     m.add("register_limit", out)
 
 
@@ -588,7 +645,8 @@ def add_concurrency(m: YicesModel) -> None:
 def add_warp_issue(m: YicesModel) -> None:
     """WARP ISSUE (docs/model.md, ours): a warp group issues in order and runs one tile op at a time —
     ∀ g, t: Σ_v inflight[v,t]·opw[v,g] ≤ 1 over ops with busy(v) > 0, and busy(v) > I ⇒ ¬opw[v,g] (an op
-    that cannot repeat every I on one warp)."""
+    that cannot repeat every I on one warp). The at-most-one over v is one clause per pair and t, over all
+    slots at once: ``¬inflight[v,t] ∨ ¬inflight[u,t] ∨ ¬same[u,v]``."""
     p = m.problem
     if not p.active("warp_issue"):
         return
@@ -597,14 +655,12 @@ def add_warp_issue(m: YicesModel) -> None:
     for op in issuers:
         if op.busy > p.ii:
             out += [m.neg(m.opw(op.name, g)) for g in range(p.slots)]
-    for g in range(p.slots):
-        users = [op.name for op in issuers if (op.name, g) in m.warp_of and op.busy <= p.ii]
-        if len(users) < 2:
-            continue
-        for t in range(m.span):
-            atom = m.weighted_sum_leq([(m.all([m.inflight(v, t), m.opw(v, g)]), 1) for v in users], 1)
-            if atom is not None:
-                out.append(atom)
+    users = [op.name for op in issuers if op.busy <= p.ii]
+    for k, v in enumerate(users):
+        for u in users[k + 1:]:
+            together = m.same(u, v)
+            for t in range(m.span):
+                out.append(m.any([m.neg(m.inflight(v, t)), m.neg(m.inflight(u, t)), m.neg(together)]))
     m.add("warp_issue", out)
 
 

@@ -91,33 +91,64 @@ def minimize_before_length(m: YicesModel, name: str, *, deadline: float) -> tupl
     return _search_below(m, term, value(m, term), 0, deadline=deadline, base=base)
 
 
-def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], None]) -> int | Status:
-    """L = length_min, length_min + 1, … length_max at the model's I: one query each with COMPLETION at
-    T = (n−1)·I + L under push/pop. Returns the first satisfiable L (its COMPLETION then stays asserted in a
-    pushed scope), ``infeasible`` (every L unsat) or ``unknown`` (time out)."""
+def model_length(m: YicesModel) -> int:
+    """L of the last satisfying model: ``max_v M*(v) + cycles(v)`` over copy 0."""
+    starts = decode(m, 0).starts
+    return max(starts[op.name] + op.cycles for op in m.graph.ops)
+
+
+def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], None],
+                   known: int | None = None) -> tuple[int, bool] | Status:
+    """The least L in [length_min, length_max] at the model's I, by queries with COMPLETION at
+    T = (n−1)·I + L under push/pop: first L = length_min (often the answer), then binary search below the
+    best L found (``known`` when the last model already satisfies COMPLETION there, else length_max); a
+    satisfiable query moves the upper end to its model's own L (COMPLETION is monotone in L). Returns
+    (L, proved least: no query timed out), its COMPLETION then asserted in a pushed scope with the model of
+    that L kept; ``infeasible`` (no L) or ``unknown`` (time out before any L)."""
     p = m.problem
-    for length in range(p.length_min, p.length_max + 1):
+    lo, best = p.length_min, known
+    probe, proven = True, True
+    while lo < (p.length_max + 1 if best is None else best):
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
-            return Status.UNKNOWN
+            proven = False
+            break
+        length = lo if probe else (lo + (p.length_max if best is None else best - 1)) // 2
+        probe = False
         horizon = p.horizon(length)
         began = time.perf_counter()
+        kept, m.model = m.model, None
         answer = query(m, completion_formulas(m, horizon) + switches(m), timeout=remaining)
         report(f"II {p.ii}, L {length} (T {horizon}): {answer} ({time.perf_counter() - began:.2f} s)")
         if answer == "sat":
-            m.context.push()
-            m.add("completion", completion_formulas(m, horizon) + switches(m))
-            return length
-        if answer == "unknown":
-            return Status.UNKNOWN
-    return Status.INFEASIBLE
+            if kept is not None:
+                kept.dispose()
+            best = model_length(m)
+        else:
+            m.model = kept
+            if answer == "unknown":
+                proven = False
+                break
+            lo = length + 1
+    if best is None:
+        return Status.INFEASIBLE if proven else Status.UNKNOWN
+    m.context.push()
+    m.add("completion", completion_formulas(m, p.horizon(best)) + switches(m))
+    return best, proven
+
+
+def stage_lower_bound(problem: JointProblem, length: int) -> int:
+    """Stages at L = ``length``: some op ``v`` ends at L, so it issues at ``L − cycles(v) ≥ L − max cycles``,
+    in stage ``⌊(L − max cycles) / I⌋`` or later (at least 1 stage)."""
+    longest = max(op.cycles for op in problem.graph.ops)
+    return max(1, (length - longest) // problem.ii + 1)
 
 
 class YicesJoint:
     """The time-indexed model of a :class:`JointProblem` behind the
-    :class:`~twill.solve.joint.backend.JointModel` protocol. The first solve (``length``) walks L upward
-    (:func:`search_lengths`; with hoistable pairs it first minimises ``unhoisted`` over the whole window), so
-    its L is minimal whenever one is found; every later objective is minimised by binary search over
+    :class:`~twill.solve.joint.backend.JointModel` protocol. The first solve (``length``) asks L = LEN(M),
+    then binary-searches L (:func:`search_lengths`; with hoistable pairs it first minimises ``unhoisted`` over
+    the whole window), so its L is minimal when no query times out; every later objective is minimised by binary search over
     ``objective ≤ k`` queries (:func:`minimize`) and then asserted at its best value."""
 
     tie_break = "first model Yices returns at the last objective's optimum"
@@ -156,10 +187,11 @@ class YicesJoint:
         deadline = began + time_limit
         if objective == Objective.LENGTH:
             return self._first(deadline, began)
-        lower = {Objective.STAGES: 1, Objective.SMEM: smem_lower_bound(self.problem)}.get(objective, 0)
+        assert self.length is not None, "the first solve of a Yices model is its length"
+        lower = {Objective.STAGES: stage_lower_bound(self.problem, self.length),
+                 Objective.SMEM: smem_lower_bound(self.problem)}.get(objective, 0)
         best, proven = minimize(self.model, objective, deadline=deadline, lower=lower)
         self.fixed[objective] = best
-        assert self.length is not None, "the first solve of a Yices model is its length"
         return JointOutcome(Status.OPTIMAL if proven else Status.FEASIBLE, decode(self.model, self.length),
                             time.perf_counter() - began)
 
@@ -172,12 +204,15 @@ class YicesJoint:
                 return JointOutcome(hoisted, None, time.perf_counter() - began)
             self.fixed[Objective.UNHOISTED] = hoisted[0]
             settled.append(ObjectiveRecord(Objective.UNHOISTED, *hoisted))
-        found = search_lengths(self.model, deadline=deadline, report=self.report)
+            known = model_length(self.model)
+        else:
+            known = None
+        found = search_lengths(self.model, deadline=deadline, report=self.report, known=known)
         if isinstance(found, Status):
             return JointOutcome(found, None, time.perf_counter() - began)
-        self.length = found
-        return JointOutcome(Status.OPTIMAL, decode(self.model, found), time.perf_counter() - began,
-                            tuple(settled))
+        self.length, proven = found
+        return JointOutcome(Status.OPTIMAL if proven else Status.FEASIBLE, decode(self.model, self.length),
+                            time.perf_counter() - began, tuple(settled))
 
     def feasible_without(self, families: tuple[Family, ...], seconds: float) -> Status:
         """One query with the switches of ``families`` off (a switched model; some L of the window)."""
