@@ -208,3 +208,26 @@ class LoopGraph:
 
     def with_edges(self, edges: Iterable[Edge]) -> "LoopGraph":
         return replace(self, edges=tuple(edges))
+
+
+def topological_order(graph: LoopGraph) -> list[str]:
+    """Ops in an order where every distance-0 edge goes forward (Kahn's algorithm, ties by graph order); ops
+    left on a zero-distance cycle (a graph that fails validation) come last, in graph order."""
+    names = graph.op_names
+    indegree = {name: 0 for name in names}
+    succ: dict[str, list[str]] = {name: [] for name in names}
+    for e in graph.edges:
+        if e.distance == 0 and e.src != e.dst:
+            indegree[e.dst] += 1
+            succ[e.src].append(e.dst)
+    ready = [name for name in names if indegree[name] == 0]
+    order: list[str] = []
+    while ready:
+        name = ready.pop(0)
+        order.append(name)
+        for nxt in succ[name]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    placed = set(order)
+    return order + [name for name in names if name not in placed]

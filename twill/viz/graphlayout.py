@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from twill.ir.graph import LoopGraph
+from twill.ir.graph import LoopGraph, topological_order
 
 #: Seconds ``dot`` may take before the built-in layout is used instead.
 DOT_TIMEOUT_S = 20
@@ -113,31 +113,12 @@ def layers(graph: LoopGraph) -> dict[str, int]:
             preds[e.dst].append(e.src)
             succs[e.src].append(e.dst)
     layer: dict[str, int] = {}
-    for name in _topological(graph.op_names, preds):
+    for name in topological_order(graph):
         layer[name] = 1 + max((layer[p] for p in preds[name]), default=-1)
     for name in graph.op_names:
         if not preds[name] and succs[name]:
             layer[name] = min(layer[s] for s in succs[name]) - 1
     return layer
-
-
-def _topological(names: tuple[str, ...], preds: Mapping[str, list[str]]) -> list[str]:
-    """Kahn's algorithm in graph order; ops left on a (malformed) zero-distance cycle come last."""
-    indegree = {n: len(preds[n]) for n in names}
-    succs: dict[str, list[str]] = {n: [] for n in names}
-    for n in names:
-        for p in preds[n]:
-            succs[p].append(n)
-    ready = [n for n in names if indegree[n] == 0]
-    order: list[str] = []
-    while ready:
-        n = ready.pop(0)
-        order.append(n)
-        for s in succs[n]:
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                ready.append(s)
-    return order + [n for n in names if n not in order]
 
 
 def _virtual_chains(graph: LoopGraph, layer: Mapping[str, int]) -> dict[int, list[tuple[str, int]]]:
