@@ -42,3 +42,25 @@ def event_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int
     window.append(time.time())
     return ({n: statistics.median(s) for n, s in samples.items()},
             {n: [min(s), max(s)] for n, s in samples.items()}, window)
+
+
+def torch_references(problem: str, args: tuple[Any, ...], flash: str = "flash") -> dict[str, Callable[[], Any]]:
+    """The torch references of one problem's inputs ``args`` (the generated kernel's, output last): cuBLAS
+    (``torch.matmul``) for ``gemm``; otherwise SDPA on its cuDNN backend and on its flash (FA2) backend,
+    the latter under the key ``flash``."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if problem == "gemm":
+        a, b, _ = args
+        return {"cublas": lambda: torch.matmul(a, b)}
+    q, k, v, _ = args
+
+    def sdpa(backend: Any) -> Callable[[], Any]:
+        def call() -> Any:
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v)
+        return call
+
+    return {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), flash: sdpa(SDPBackend.FLASH_ATTENTION)}

@@ -35,7 +35,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks._common import load_module  # noqa: E402
+from benchmarks._common import load_module, torch_references  # noqa: E402
 
 #: GEMM candidates: (block_m, block_n, block_k, streaming depth).
 GEMM_CANDIDATES = [(128, bn, bk, d) for bn, bk in ((256, 64), (128, 64), (128, 128)) for d in (2, 3, 4)] \
@@ -149,25 +149,6 @@ def _inputs(kernel: str, shape: dict[str, int]) -> tuple[Any, ...]:
     return q, k, v, torch.empty_like(q)
 
 
-def _references(kernel: str, args: tuple[Any, ...]) -> dict[str, Any]:
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if kernel == "gemm":
-        a, b, _ = args
-        return {"cublas": lambda: torch.matmul(a, b)}
-    q, k, v, _ = args
-
-    def sdpa(backend):
-        def call():
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v)
-        return call
-
-    return {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION)}
-
-
 def _time(fn: Any) -> tuple[float, tuple[float, float]]:
     """do_bench median (ms) of ``fn`` and the unix-time window it ran in (to read the sampled clock)."""
     from triton.testing import do_bench
@@ -210,7 +191,7 @@ def run(kernel_dir: str, out: str, only: list[str] | None) -> None:
     with ClockSampler() as sampler:
         for (kernel, key), names in sorted(groups.items()):
             args = _inputs(kernel, json.loads(key))
-            calls = dict(_references(kernel, args))
+            calls = dict(torch_references(kernel, args))
             calls.update({n: _launcher(kernel, modules[n], args) for n in names})
             samples: dict[str, list[tuple[float, tuple[float, float]]]] = {n: [] for n in calls}
             for _ in range(ROUNDS):

@@ -28,6 +28,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from benchmarks._common import torch_references  # noqa: E402
+
 GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
 ATTN_SHAPES = [(4, 32, s, d) for d in (128, 64) for s in (2048, 4096, 8192, 16384)]
 ROUNDS = 3
@@ -135,25 +137,6 @@ def _pallas(entry: dict[str, Any]) -> dict[str, Any]:
     return calls
 
 
-def _references(entry: dict[str, Any], args: tuple[Any, ...]) -> dict[str, Any]:
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if entry["problem"] == "gemm":
-        a, b, _ = args
-        return {"cublas": lambda: torch.matmul(a, b)}
-    q, k, v, _ = args
-
-    def sdpa(backend):
-        def call():
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v)
-        return call
-
-    return {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "fa2": sdpa(SDPBackend.FLASH_ATTENTION)}
-
-
 def run(kernel_dir: str, out: str) -> None:
     import torch
     import triton
@@ -191,7 +174,7 @@ def run(kernel_dir: str, out: str) -> None:
             except Exception as exc:  # recorded; the other candidates still run
                 info["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             row["kernels"].append(info)
-        calls.update(_references(entry, args))
+        calls.update(torch_references(entry["problem"], args, flash="fa2"))
         if entry["problem"] == "attention":
             pallas = _pallas(entry)
             row["pallas_skipped"] = pallas.pop("skipped", []) + ([pallas.pop("error")] if "error" in pallas else [])
