@@ -40,8 +40,6 @@ GEMM_RAGGED = ((300, 520, 200), (257, 333, 129), (1000, 72, 4104), (128, 256, 64
 ATTN_SEQS = (2048, 4096, 8192, 16384)
 ATTN_RAGGED = ((1, 77, 3), (2, 1000, 2), (1, 4096, 2), (2, 200, 1))  # (B, S, H)
 ATTN_BATCH, ATTN_HEADS = 4, 32
-#: ``run --same-tile``: also time ``attention_mgpu`` at its best 128-key-block configuration.
-SAME_TILE = False
 #: Calls between two synchronisations per timed sample (at most; fewer for large problems, see
 #: :func:`calls_for`), and interleaved samples per contender.
 CALLS, ROUNDS = 20, 7
@@ -225,8 +223,10 @@ def _failed(label: str) -> Callable[[], Any]:
     return fail
 
 
-def attention_contenders(q: Any, k: Any, v: Any, calls: int) -> dict[str, tuple[str, Callable[[], Any]]]:
-    """attention_mgpu at its best valid config and cuDNN through jax.nn.dot_product_attention."""
+def attention_contenders(q: Any, k: Any, v: Any, calls: int, same_tile: bool = False
+                         ) -> dict[str, tuple[str, Callable[[], Any]]]:
+    """attention_mgpu at its best valid config and cuDNN through jax.nn.dot_product_attention; with
+    ``same_tile`` also attention_mgpu at its best 128-key-block config (``attention_mgpu_bkv128``)."""
     import jax
     from jax.experimental.pallas.ops.gpu import attention_mgpu as am
 
@@ -238,7 +238,7 @@ def attention_contenders(q: Any, k: Any, v: Any, calls: int) -> dict[str, tuple[
     label, fn = _best(configs, calls)
     cudnn = jax.jit(lambda a, b, c: jax.nn.dot_product_attention(a, b, c, implementation="cudnn"))
     refs = {"attention_mgpu": (label, fn or _failed(label)), "cudnn": ("cudnn", lambda: cudnn(q, k, v))}
-    if SAME_TILE:  # attention_mgpu restricted to the emitted kernels' 128-key blocks (separates tile from pipeline)
+    if same_tile:  # attention_mgpu restricted to the emitted kernels' 128-key blocks (separates tile from pipeline)
         same, same_fn = _best([(lbl, f) for lbl, f in configs if lbl.startswith("block_kv=128 ")], calls)
         refs["attention_mgpu_bkv128"] = (same, same_fn or _failed(same))
     return refs
@@ -265,7 +265,8 @@ def gemm_contenders(a: Any, b: Any, calls: int) -> dict[str, tuple[str, Callable
 _SHARED: dict[tuple[str, str, int, int], tuple[tuple[Any, ...], dict[str, tuple[str, Callable[[], Any]]]]] = {}
 
 
-def _shared(kernel: str, dtype: str, size: int, head_dim: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _shared(kernel: str, dtype: str, size: int, head_dim: int, same_tile: bool
+            ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Random inputs of one benchmark size and the references tuned on them (once per run)."""
     key = (kernel, dtype, size, head_dim)
     if key not in _SHARED:
@@ -275,7 +276,7 @@ def _shared(kernel: str, dtype: str, size: int, head_dim: int) -> tuple[tuple[An
             _SHARED[key] = args, gemm_contenders(*args, calls)
         else:
             args = tuple(_random(j, (ATTN_BATCH, size, ATTN_HEADS, head_dim), dtype) for j in range(3))
-            _SHARED[key] = args, attention_contenders(*args, calls)
+            _SHARED[key] = args, attention_contenders(*args, calls, same_tile)
     return _SHARED[key]
 
 
@@ -286,7 +287,8 @@ def _flops(kernel: str, size: int, head_dim: int) -> int:
     return 4 * ATTN_BATCH * ATTN_HEADS * size * size * head_dim
 
 
-def _time_kernel(entry: dict[str, Any], mod: Any, quick: bool, only_sizes: list[int] | None) -> list[dict[str, Any]]:
+def _time_kernel(entry: dict[str, Any], mod: Any, quick: bool, only_sizes: list[int] | None,
+                 same_tile: bool) -> list[dict[str, Any]]:
     """Time one emitted kernel beside its references at every benchmark size."""
     dtype = entry["options"].get("dtype", "fp16")
     gemm = entry["kernel"] == "gemm"
@@ -294,7 +296,7 @@ def _time_kernel(entry: dict[str, Any], mod: Any, quick: bool, only_sizes: list[
     sizes = GEMM_SIZES if gemm else ATTN_SEQS
     rows = []
     for size in sizes[:1] if quick else [s for s in sizes if not only_sizes or s in only_sizes]:
-        args, refs = _shared(entry["kernel"], dtype, size, head_dim)
+        args, refs = _shared(entry["kernel"], dtype, size, head_dim, same_tile)
         fn = mod.gemm if gemm else mod.attention
         flops = _flops(entry["kernel"], size, head_dim)
         start = time.time()
@@ -316,13 +318,13 @@ def _row(shape: dict[str, int], flops: int, ms: dict[str, Any], refs: dict[str, 
 
 
 def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool = False,
-        sizes: list[int] | None = None) -> dict[str, Any]:
+        sizes: list[int] | None = None, same_tile: bool = False) -> dict[str, Any]:
     """Check and time every kernel of ``kernel_dir/manifest.json`` with the SM clock sampled throughout;
     write ``out/pallas_bench.json`` (after each kernel, and with the clocks at the end)."""
     from twill.machine.microbench import ClockSampler
 
     with ClockSampler() as sampler:
-        result = _run(kernel_dir, out, only=only, quick=quick, sizes=sizes)
+        result = _run(kernel_dir, out, only=only, quick=quick, sizes=sizes, same_tile=same_tile)
     for k in result["kernels"]:
         for t in k.get("timing", []):
             t["clock_ghz"] = sampler.median_ghz(*t.pop("window"))
@@ -344,7 +346,7 @@ def _write(result: dict[str, Any], out: str) -> None:
 
 
 def _run(kernel_dir: str, out: str, *, only: list[str] | None, quick: bool,
-         sizes: list[int] | None) -> dict[str, Any]:
+         sizes: list[int] | None, same_tile: bool) -> dict[str, Any]:
     import jax
 
     with open(os.path.join(kernel_dir, "manifest.json")) as fh:
@@ -367,7 +369,7 @@ def _run(kernel_dir: str, out: str, *, only: list[str] | None, quick: bool,
                              else check_attention(mod, dtype, entry["options"].get("head_dim", 128)))
             row["correct"] = all(c["finite"] and c["relerr"] < 2e-2 for c in row["checks"])
             if row["correct"]:
-                row["timing"] = _time_kernel(entry, mod, quick, sizes)
+                row["timing"] = _time_kernel(entry, mod, quick, sizes, same_tile)
         except Exception as exc:  # one failing kernel is recorded, not fatal
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         row["seconds"] = round(time.time() - t0, 1)
@@ -411,9 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = generate(args.outdir, args.arch)
         print(f"wrote {sum(1 for r in rows if r['file'])} modules and manifest.json to {args.outdir}")
         return 0
-    global SAME_TILE
-    SAME_TILE = args.same_tile
-    run(args.kernel_dir, args.out, only=args.only, quick=args.quick, sizes=args.sizes)
+    run(args.kernel_dir, args.out, only=args.only, quick=args.quick, sizes=args.sizes, same_tile=args.same_tile)
     return 0
 
 
