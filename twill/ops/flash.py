@@ -18,7 +18,6 @@ import functools
 import hashlib
 import os
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -98,6 +97,7 @@ def kernel_module(spec: KernelSpec) -> ModuleType:
     """The emitted module of ``spec``: from the kernel cache, or generated once and written there
     atomically (a concurrent process never reads a half-written file)."""
     from twill.codegen.gluon import load_emitted
+    from twill.ir.io import write_text_atomic
     from twill.tune.sweep import twill_version
 
     path = cache_dir() / spec.file_name(twill_version())
@@ -106,10 +106,7 @@ def kernel_module(spec: KernelSpec) -> ModuleType:
               file=sys.stderr)
         source = _generate(spec)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(source)
-        os.replace(tmp, path)
+        write_text_atomic(path, source)
     return load_emitted(str(path))
 
 

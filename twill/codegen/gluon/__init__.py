@@ -20,6 +20,7 @@ import sys
 from types import ModuleType
 
 from twill.codegen.plan import KernelPlan, kernel_plan
+from twill.ir.io import write_text_atomic
 from twill.schedule.result import Schedule
 
 __all__ = ["BACKEND", "emit_gluon", "gluon_plan", "load_emitted", "render_plan", "write_gluon"]
@@ -59,14 +60,7 @@ def emit_gluon(schedule: Schedule) -> str:
 def write_gluon(schedule: Schedule, path: str) -> str:
     """Emit ``schedule``'s kernel into ``path``, all or nothing (a temporary file renamed into place)."""
     source = emit_gluon(schedule)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(source)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_text_atomic(path, source)
     return source
 
 
