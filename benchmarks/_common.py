@@ -4,6 +4,7 @@ with CUDA events in interleaved rounds (a benchmark helper, not part of the libr
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from types import ModuleType
@@ -16,6 +17,14 @@ def load_module(path: str, prefix: str) -> ModuleType:
     from twill.codegen.gluon import load_emitted
 
     return load_emitted(path, prefix + os.path.splitext(os.path.basename(path))[0].replace("-", "_"))
+
+
+def without_waits(text: str, barrier: str = r"\w+_empty") -> tuple[str, int]:
+    """The emitted kernel ``text`` without its waits on the barriers whose name matches ``barrier`` (a
+    regular expression; by default every producer wait on an empty ring buffer) and how many were removed: a
+    sanitizer's negative control, in which one side may touch a buffer the other still uses."""
+    return re.subn(rf"^(\s*)mbarrier\.wait\(({barrier})\.index\(([^)]*)\), ([^\n]*?)\)(\s*#[^\n]*)?$",
+                   r"\1pass  # broken on purpose: no wait on \2", text, flags=re.M)
 
 
 def event_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int

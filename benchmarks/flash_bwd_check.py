@@ -14,8 +14,19 @@ Two steps, so that the GPU machine needs neither ortools nor the solver:
   (backward = 2.5 x forward flops, forward = 4 B H S^2 D, halved when causal) and ratios. Writes
   ``$OUT/flash_bwd_h200.json`` (or ``--out``).
 
+* ``sanitize --modules DIR [NAME ...]`` (GPU): one checked forward and backward launch of each variant (all
+  when no NAME is given) at ``S = 513`` (ragged, and every ring wraps), for running under a sanitizer:
+  ``compute-sanitizer --tool memcheck`` or Triton's concurrency sanitizer
+  (``TRITON_INSTRUMENTATION_MODE=consan``, which models mbarriers, TMA and wgmma). ``--control`` then
+  runs, in a child process, a copy of the first variant's backward whose compute partition does not wait
+  for its Q tiles to land: under ConSan that child must stop with a violation, or a clean pass means
+  nothing.
+
     python benchmarks/flash_bwd_check.py generate --out /tmp/bwd_modules
     python benchmarks/flash_bwd_check.py run --modules /tmp/bwd_modules --out $OUT
+    TRITON_INSTRUMENTATION_MODE=consan CUDA_LAUNCH_BLOCKING=1 \\
+        python benchmarks/flash_bwd_check.py sanitize --modules /tmp/bwd_modules --control
+    compute-sanitizer --tool memcheck python benchmarks/flash_bwd_check.py sanitize --modules /tmp/bwd_modules
 """
 
 from __future__ import annotations
@@ -23,13 +34,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import event_times, load_module  # noqa: E402
+from benchmarks._common import event_times, load_module, without_waits  # noqa: E402
 
 #: (name, flash-bwd options, schedule: "solver" or the hand-built shape of benchmarks/variants.py)
 VARIANTS: tuple[tuple[str, dict[str, Any], Any], ...] = (
@@ -57,6 +70,8 @@ TOKENS, HEAD_TOKENS = 16384, 2048
 CHECK_HEADS = 8
 TOLERANCE = {"fp16": 1e-2, "bf16": 3e-2}
 CALLS, ROUNDS = 10, 7
+#: Sequence length of the sanitizer launches: ragged, not a multiple of 4, and long enough to wrap every ring.
+SANITIZE_SEQ = 513
 
 
 # -- generation (CPU) ------------------------------------------------------------------------------------
@@ -277,6 +292,56 @@ def _run_variants(result: dict[str, Any], manifest: list[dict[str, Any]], moddir
             print(f"{row['name']:30s} S={S:5d} TFLOP/s: {tf} | ratios: {ratios}", flush=True)
 
 
+# -- sanitizers (GPU) ------------------------------------------------------------------------------------
+def sanitize(moddir: str, names: list[str], control: bool = False) -> int:
+    """One checked launch of each named variant (every variant when ``names`` is empty) at
+    :data:`SANITIZE_SEQ`, then the broken control when asked; returns the number of failures."""
+    import torch
+    import triton
+
+    # ConSan keeps its state in global scratch memory, which Triton allocates through this hook.
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    with open(os.path.join(moddir, "manifest.json")) as fh:
+        manifest = [r for r in json.load(fh) if not names or r["name"] in names]
+    if not manifest:
+        raise SystemExit(f"no variant of {moddir} is called {' or '.join(names)}")
+    failures = 0
+    for row in manifest:
+        fwd, bwd = (load_module(os.path.join(moddir, row[k]), "flash_bwd_sanitize_") for k in ("fwd", "bwd"))
+        torch.manual_seed(SANITIZE_SEQ)
+        c = check(fwd, bwd, row["options"], SANITIZE_SEQ)
+        failures += not c["pass"]
+        errs = " ".join(f"{n} {c[n]:.2e}" for n in ("dq", "dk", "dv"))
+        print(f"sanitize {row['name']:38s} S={SANITIZE_SEQ} {errs} {'PASS' if c['pass'] else 'FAIL'}", flush=True)
+    return failures + (_control(moddir, manifest[0]) if control else 0)
+
+
+def _control(moddir: str, row: dict[str, Any]) -> int:
+    """Run ``row``'s backward without its compute partition's waits for the Q tiles to land in a child
+    process; 0 when the child fails (the sanitizer caught it), 1 when it passes unnoticed. (Removing the
+    producer's empty-buffer waits instead is no control here: the producer also waits for each staged dQ
+    tile, which orders its loads after the compute partition released their buffers.)"""
+    with open(os.path.join(moddir, row["bwd"])) as fh:
+        broken, count = without_waits(fh.read(), "q_ready")
+    if not count:
+        raise SystemExit(f"no q_ready wait found in {row['bwd']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        entry = {**row, "name": "broken_" + row["name"], "bwd": "broken_" + row["bwd"], "fwd": row["fwd"]}
+        with open(os.path.join(tmp, entry["bwd"]), "w") as fh:
+            fh.write(broken)
+        with open(os.path.join(moddir, row["fwd"])) as src, open(os.path.join(tmp, row["fwd"]), "w") as dst:
+            dst.write(src.read())
+        with open(os.path.join(tmp, "manifest.json"), "w") as fh:
+            json.dump([entry], fh)
+        child = subprocess.run([sys.executable, __file__, "sanitize", "--modules", tmp], capture_output=True,
+                               text=True)
+    print(f"control ({row['name']} without its {count} waits for Q tiles): exit {child.returncode}, "
+          f"{'caught' if child.returncode else 'NOT CAUGHT'}; last lines:", flush=True)
+    for line in (child.stdout + child.stderr).strip().splitlines()[-8:]:
+        print("    " + line[:240], flush=True)
+    return 0 if child.returncode else 1
+
+
 def table(result: dict[str, Any]) -> str:
     """One line per variant and timed length: the largest relative error of its checks, backward TFLOP/s of
     the generated kernel, SDPA cuDNN and SDPA flash (FA2), and the backward ratios to both."""
@@ -304,9 +369,15 @@ def main() -> None:
     r.add_argument("--modules", required=True)
     r.add_argument("--out", default=os.environ.get("OUT", "."))
     r.add_argument("--only", default="", help="run the variants whose name contains this")
+    z = sub.add_parser("sanitize", help="one checked launch per variant, under a sanitizer (GPU)")
+    z.add_argument("--modules", required=True)
+    z.add_argument("names", nargs="*", help="variants to launch (default: all)")
+    z.add_argument("--control", action="store_true", help="then a copy that does not wait for its Q tiles")
     args = ap.parse_args()
     if args.cmd == "generate":
         generate(args.out)
+    elif args.cmd == "sanitize":
+        sys.exit(1 if sanitize(args.modules, args.names, args.control) else 0)
     else:
         run(args.modules, args.out, args.only)
 

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks._common import without_waits  # noqa: E402
 
 
 #: Seconds the uninstrumented broken control may run (without its empty-buffer waits it can deadlock).
@@ -125,8 +126,7 @@ def broken_copy(kernel_dir: str, dest: str) -> str:
         entry = next(m for m in json.load(fh) if m["kernel"] == "gemm")
     with open(os.path.join(kernel_dir, entry["file"])) as fh:
         text = fh.read()
-    broken, count = re.subn(r"^(\s*)mbarrier\.wait\((\w+)_empty\.index\(([^)]*)\), ([^\n]*)\)$",
-                            r"\1pass  # broken on purpose: no wait on \2_empty", text, flags=re.M)
+    broken, count = without_waits(text)
     if not count:
         raise SystemExit(f"no empty-buffer wait found in {entry['file']}")
     path = os.path.join(dest, "broken_" + entry["file"])

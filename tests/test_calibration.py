@@ -144,7 +144,7 @@ def test_calibrated_costs_follow_the_measured_rates():
 
 def test_plan_covers_every_fitted_quantity():
     benches = {bench for bench, _ in plan()}
-    assert benches == {"mma", "elementwise", "smem", "tma", "handoff", "launch", "clock"}
+    assert benches == {"mma", "elementwise", "smem", "tma", "tma_reduce", "handoff", "launch", "clock"}
     assert len(plan(quick=True)) < len(plan())
 
 
@@ -238,3 +238,24 @@ def test_performance_doc_shows_the_committed_results(marker, results, render):
     shown = shown.removeprefix("```text\n").removesuffix("```\n")
     with open(path) as fh:
         assert shown.strip() == render(json.load(fh)).strip()
+
+
+def test_reduce_add_rate_is_optional_and_prices_the_dq_reduce_when_measured():
+    """Machine files without the TMA reduce-add rate still load and price a reduce-add as a store; with it,
+    the fit takes the shared-rows, one-in-flight measurement and the reduce costs bytes over that rate."""
+    from twill.machine.calibrate import SHARED_DQ
+
+    without = fit(_rows(), H200)
+    assert without.calibration.tma_reduce_bytes_per_clk is None
+    doc = machine_to_dict(without)
+    assert "tma_reduce_bytes_per_clk" not in doc["calibration"]
+    assert machine_from_dict(doc).calibration == without.calibration
+    assert costs.tma_reduce_cost(without, 16384) == costs.tma_store_cost(without, 16384)
+    measured = [{"bench": "tma_reduce", "args": {"block_n": 64, "share": SHARED_DQ, "depth": d},
+                 "result": {"bytes_per_clk": rate}} for d, rate in ((1, 16.0), (2, 40.0))]
+    measured.append({"bench": "tma_reduce", "args": {"block_n": 64, "share": 1}, "result": {"bytes_per_clk": 5.0}})
+    machine = fit(_rows() + measured, H200)
+    assert machine.calibration.tma_reduce_bytes_per_clk == 16.0
+    cost = costs.tma_reduce_cost(machine, 16384)
+    assert (cost.cycles, cost.uses, cost.latency) == (1024, {"tma": 1}, 1024)
+    assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration

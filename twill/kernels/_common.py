@@ -162,7 +162,7 @@ def smem_store(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, col
 def tma_reduce(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, dtype: str) -> str:
     """A TMA reduce-add of a shared-memory tile to global memory (the dQ atomic add). Variable latency,
     but not streaming: it depends on the tile being staged."""
-    cost = costs.tma_store_cost(m, tile_bytes(rows, cols, dtype))
+    cost = costs.tma_reduce_cost(m, tile_bytes(rows, cols, dtype))
     return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="tma_store", warps=1, variable_latency=True,
                 warp_busy=cost.warp_busy, attrs=_attrs(role, None, {"dtype": dtype}))
 

@@ -21,6 +21,9 @@ from twill.machine.models import Machine, get_machine
 MMA_WIDTHS = (64, 128, 256)
 #: Warp groups issuing at once.
 GROUPS = (1, 2, 3)
+#: CTAs that add into the same dQ rows at once in the attention backward: the key blocks of one head
+#: (S = 4096 over 128-key blocks).
+SHARED_DQ = 32
 #: Size of the L2-resident tile set the L2 rates are fitted from: about one wave's shared operand tiles.
 L2_HOT_MB = 16
 
@@ -46,6 +49,11 @@ def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
     for hot_mb in (1, 16):
         steps.append(("tma", {"depth": 1, "hot_mb": hot_mb, "reps": 512}))
         steps.append(("tma", {"depth": 4, "hot_mb": hot_mb}))
+    for block_n in (64, 128):  # the attention backward's dQ tiles at D = 64 and 128
+        steps.append(("tma_reduce", {"block_n": block_n, "share": 1}))
+        for depth in (1, 2):
+            steps.append(("tma_reduce", {"block_n": block_n, "share": SHARED_DQ, "depth": depth}))
+        steps.append(("tma_reduce", {"block_n": block_n, "share": SHARED_DQ, "stagger": True}))
     steps.append(("handoff", {"worker_warps": 4}))
     steps.append(("handoff", {"worker_warps": 1}))
     steps.append(("launch", {}))
@@ -60,6 +68,7 @@ def run(steps: Iterable[tuple[str, dict[str, Any]]],
 
     functions = {"mma": microbench.measure_mma, "elementwise": microbench.measure_elementwise,
                  "smem": microbench.measure_smem, "tma": microbench.measure_tma,
+                 "tma_reduce": microbench.measure_tma_reduce,
                  "handoff": microbench.measure_handoff, "launch": microbench.measure_launch,
                  "clock": microbench.measure_clock}
     steps = list(steps)
@@ -80,6 +89,7 @@ def run(steps: Iterable[tuple[str, dict[str, Any]]],
 def _summary(bench: str, result: dict[str, Any]) -> str:
     keys = {"mma": ("flops_per_clk", "cycles_per_group", "clock_ghz"), "elementwise": ("elements_per_clk",),
             "smem": ("bytes_per_clk",), "tma": ("bytes_per_clk", "cycles_per_tile"),
+            "tma_reduce": ("cycles_per_tile", "bytes_per_clk"),
             "handoff": ("cycles_per_handoff",), "launch": ("launch_us",), "clock": ("clock_ghz", "wgmma_clock_ghz", "gemm_tflops")}[bench]
     return ", ".join(f"{k} {result[k]:.4g}" for k in keys)
 
@@ -91,7 +101,8 @@ def _results(rows: list[dict[str, Any]], bench: str, **match: Any) -> list[dict[
 
 #: Defaults of the microbenchmark arguments that :func:`fit` matches on.
 _DEFAULTS = {("mma", "lag"): 1, ("mma", "dtype"): "fp16", ("mma", "groups"): 1, ("elementwise", "groups"): 1,
-             ("tma", "hot_mb"): 0, ("tma", "depth"): 2, ("handoff", "worker_warps"): 4}
+             ("tma", "hot_mb"): 0, ("tma", "depth"): 2, ("handoff", "worker_warps"): 4,
+             ("tma_reduce", "depth"): 1, ("tma_reduce", "stagger"): False}
 
 
 def _need(values: list[float], what: str) -> list[float]:
@@ -134,6 +145,8 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
     handoff = _need([r["cycles_per_handoff"] for r in _results(rows, "handoff", worker_warps=4)],
                     "mbarrier hand-off")[0]
     launch = _need([r["launch_us"] for r in _results(rows, "launch")], "launch cost")[0]
+    # optional (raw files of earlier versions lack it): shared rows, one tile reading at a time
+    reduce = [r["bytes_per_clk"] for r in _results(rows, "tma_reduce", share=SHARED_DQ, depth=1, stagger=False)]
     # the SM's own cycle counter over event time under full tensor-core load; nvidia-smi's reading
     # (``clock_ghz`` of the row) can stay at the boost clock while the SM runs slower
     clocks = [r["wgmma_clock_ghz"] for r in _results(rows, "clock")]
@@ -142,7 +155,7 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
         ex2_per_clk=ex2, ex2_per_clk_one_group=ex2_one, fma_per_clk=fma, fma_per_clk_one_group=fma_one,
         rowmax_per_clk=rowmax, rowsum_per_clk=rowsum, smem_bytes_per_clk=smem, barrier_handoff_cycles=handoff,
         tma_latency_cycles=tma_lat, tma_bytes_per_clk=tma_bw, tma_l2_latency_cycles=l2_lat,
-        tma_l2_bytes_per_clk=l2_bw)
+        tma_l2_bytes_per_clk=l2_bw, tma_reduce_bytes_per_clk=statistics.median(reduce) if reduce else None)
     calibration = Calibration.from_dict(calibration.to_dict())  # normalised, validated mappings
     return replace(base, model=f"{base.name}-calibrated", calibration=calibration,
                    sustained_clock_ghz=statistics.median(_need(clocks, "the sustained clock")), launch_us=launch)

@@ -58,6 +58,10 @@ def lookup_n(table: Mapping[int, float], n: int) -> float:
     return table[max(below)] if below else table[min(table)]
 
 
+#: Calibration fields a machine file may leave out (measured by later versions of ``twill calibrate``).
+OPTIONAL_FIELDS = frozenset({"tma_reduce_bytes_per_clk"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
     """Rates measured on a GPU by ``twill calibrate``, per SM, in units per clock (clock-independent).
@@ -80,6 +84,10 @@ class Calibration:
         tma_bytes_per_clk: bytes per clock per SM of TMA tile loads streaming from DRAM with every SM loading.
         tma_l2_latency_cycles / tma_l2_bytes_per_clk: the same for tiles that every SM reads from one
             L2-resident set of 16 MiB (operand tiles shared by the CTAs of a wave).
+        tma_reduce_bytes_per_clk: bytes per clock per SM of fp32 TMA reduce-adds from shared memory, every SM
+            adding, 32 CTAs at a time into the same L2-resident rows (the attention backward's dQ), counted
+            until the TMA has read each tile (when its staging buffer may be reused). Optional: machine files
+            written before it was measured lack it, and TMA reduce-adds are then priced as stores.
     """
 
     mma_flops_per_clk: Mapping[str, Mapping[int, float]]
@@ -97,6 +105,7 @@ class Calibration:
     tma_bytes_per_clk: float
     tma_l2_latency_cycles: float
     tma_l2_bytes_per_clk: float
+    tma_reduce_bytes_per_clk: float | None = None
 
     def mma_rate(self, dtype: str, n: int, *, one_group: bool = False) -> float | None:
         """FLOP per clock for a ``dtype`` wgmma of width ``n``, or None when ``dtype`` was not measured."""
@@ -111,7 +120,8 @@ class Calibration:
                 value = {dt: {str(n): r for n, r in t.items()} for dt, t in value.items()}
             elif f.name == "mma_group_latency":
                 value = {str(n): r for n, r in value.items()}
-            out[f.name] = value
+            if value is not None:
+                out[f.name] = value
         return out
 
     @classmethod
@@ -122,11 +132,11 @@ class Calibration:
         unknown = sorted(set(data) - names)
         if unknown:
             raise FormatError(f"{where}: unknown field {unknown[0]!r}")
-        missing = sorted(names - set(data))
+        missing = sorted(names - set(data) - OPTIONAL_FIELDS)
         if missing:
             raise FormatError(f"{where}: missing field {missing[0]!r}")
         kwargs: dict[str, Any] = {}
-        for name in names:
+        for name in names & set(data):
             value = data[name]
             if name in ("mma_flops_per_clk", "mma_flops_per_clk_one_group"):
                 if not isinstance(value, Mapping) or not value:
@@ -204,6 +214,8 @@ def format_calibration(machine: Any) -> str:
          f"{cal.tma_latency_cycles:.0f} / {cal.tma_l2_latency_cycles:.0f}", "-"),
         ("TMA bytes/clk per SM, DRAM / L2", f"{cal.tma_bytes_per_clk:.1f} / {cal.tma_l2_bytes_per_clk:.1f}",
          f"{machine.dram_bytes_per_s / (machine.sms * machine.clock_ghz * 1e9):.1f} / -"),
+        *([("TMA fp32 reduce-add bytes/clk per SM, 32 SMs into the same rows",
+            f"{cal.tma_reduce_bytes_per_clk:.1f}", "priced as a store")] if cal.tma_reduce_bytes_per_clk else []),
         ("sustained SM clock under tensor-core load (GHz)", f"{machine.sustained_clock_ghz:.3f}",
          f"{machine.clock_ghz}"),
         ("launch, back to back (us)", f"{machine.launch_us:.2f}", "4.0 (estimate)"),

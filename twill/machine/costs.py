@@ -122,9 +122,20 @@ def tma_load_cost(m: Machine, nbytes: int) -> OpCost:
 
 
 def tma_store_cost(m: Machine, nbytes: int) -> OpCost:
-    """A TMA tile store (or reduce-add): bytes over the per-SM share of DRAM bandwidth, on ``tma``."""
+    """A TMA tile store: bytes over the per-SM share of DRAM bandwidth, on ``tma``."""
     per_clk = m.dram_bytes_per_s / (m.sms * m.clock_ghz * 1e9)
     c = _ceil(nbytes / per_clk)
+    return OpCost(c, {"tma": 1}, c, warp_busy=ASYNC_ISSUE_CYCLES)
+
+
+def tma_reduce_cost(m: Machine, nbytes: int) -> OpCost:
+    """A TMA reduce-add of a shared tile into global memory, on ``tma``: the calibrated reduce-add rate
+    (``Calibration.tma_reduce_bytes_per_clk``: tiles of many SMs added into the same L2-resident rows) when
+    the machine has one, else priced as a store (:func:`tma_store_cost`)."""
+    rate = m.calibration.tma_reduce_bytes_per_clk if m.calibration is not None else None
+    if rate is None:
+        return tma_store_cost(m, nbytes)
+    c = _ceil(nbytes / rate)
     return OpCost(c, {"tma": 1}, c, warp_busy=ASYNC_ISSUE_CYCLES)
 
 

@@ -18,6 +18,8 @@ The kernels (all ``@gluon.jit``, sm_90):
   accumulator layout (the layout attention's softmax works in), from 1, 2 or 3 warp groups.
 * :func:`_smem_kernel` - fp16 register -> shared memory -> register round trips of an accumulator tile.
 * :func:`_tma_kernel` - TMA tile loads into a ring of ``DEPTH`` buffers completed on mbarriers.
+* :func:`_tma_reduce_kernel` - TMA reduce-adds of an fp32 tile from shared memory into global memory, with
+  ``DEPTH`` in flight, from CTAs that add into their own rows or, in groups, into the same rows.
 * :func:`_handoff_kernel` - mbarrier ping-pong between two ``warp_specialize`` partitions.
 """
 
@@ -26,9 +28,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton._C.libtriton import ir
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
@@ -221,6 +224,43 @@ def _tma_kernel(desc, out_ptr, stats_ptr, reps, rows_total, DEPTH: gl.constexpr,
     r = gl.arange(0, BM, gl.SliceLayout(1, blocked))
     c = gl.arange(0, BK, gl.SliceLayout(0, blocked))
     gl.store(out_ptr + pid * BM * BK + r[:, None] * BK + c[None, :], tile)
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """TMA reduce-add of the shared tile ``src`` into ``tensor_desc``'s tensor at ``coord`` (one
+    ``cp.reduce.async.bulk.tensor ... .add``): Triton 3.6's Gluon builder has the operation, its language
+    no wrapper (the generated attention backward emits the same one)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _tma_reduce_kernel(desc, stats_ptr, reps, span, SHARE: gl.constexpr, STAGGER: gl.constexpr,
+                       DEPTH: gl.constexpr, num_warps: gl.constexpr):
+    """``reps`` TMA reduce-adds of an fp32 tile of ones from a ring of DEPTH shared buffers, DEPTH left
+    reading (a buffer is reused once ``cp.async.bulk.wait_group.read`` says the TMA has read it, as the
+    attention backward's dQ staging is). CTAs ``SHARE`` at a time walk the same ``span`` tiles: in step
+    (all at tile ``i % span`` together, as the key blocks of one head add dQ), or with STAGGER each from its
+    own starting tile."""
+    pid = gl.program_id(0)
+    BM: gl.constexpr = desc.block_type.shape[0]
+    BN: gl.constexpr = desc.block_type.shape[1]
+    blocked: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    ring = gl.allocate_shared_memory(gl.float32, [DEPTH, BM, BN], desc.layout)
+    for d in gl.static_range(DEPTH):
+        ring.index(d).store(gl.full([BM, BN], 1.0, gl.float32, blocked))
+    fence_async_shared()
+    gl.thread_barrier()
+    base = (pid // SHARE) * span
+    offset = (pid % SHARE) * STAGGER
+    t0 = _clock(pid)
+    for i in range(reps):
+        _tma_reduce_add(desc, [(base + (i + offset) % span) * BM, 0], ring.index(i % DEPTH))
+        tma.store_wait(DEPTH - 1)
+    tma.store_wait(0)
+    t1 = _clock(pid)
+    _record(stats_ptr, pid, t0, t1)
 
 
 @gluon.jit
@@ -424,6 +464,36 @@ def measure_tma(block_m: int = 128, block_k: int = 64, depth: int = 2, hot_mb: i
             "bytes_per_clk": per_sm["per_clk"], "cycles_per_tile": per_sm["cycles"] / reps}
 
 
+def measure_tma_reduce(block_m: int = 64, block_n: int = 64, depth: int = 1, share: int = 1,
+                       stagger: bool = False, span: int = 64, reps: int = 2048) -> dict[str, float]:
+    """TMA reduce-adds of fp32 [block_m, block_n] tiles from every SM at once (one CTA each), ``depth`` in
+    flight: cycles per tile until its shared buffer may be reused. ``share`` CTAs add into the same ``span``
+    tiles, in step unless ``stagger`` (``share`` 1: every CTA into rows of its own). Checked: the sum of
+    the destination is the number of ones added."""
+    torch = _torch()
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    grid = sm_count()
+    groups = -(-grid // share)
+    dst = torch.zeros(groups * span * block_m, block_n, device="cuda", dtype=torch.float32)
+    layout = gl.NVMMASharedLayout.get_default_for([block_m, block_n], gl.float32)
+    desc = TensorDescriptor.from_tensor(dst, [block_m, block_n], layout)
+    stats = torch.zeros(grid * 2, dtype=torch.int64, device="cuda")
+
+    def launch(r):
+        _tma_reduce_kernel[(grid,)](desc, stats, r, span, SHARE=share, STAGGER=int(stagger), DEPTH=depth,
+                                    num_warps=4)
+
+    launch(3)
+    torch.cuda.synchronize()
+    if dst.double().sum().item() != 3.0 * grid * block_m * block_n:
+        raise RuntimeError("tma reduce microbenchmark wrong: the destination does not sum to the ones added")
+    launch(reps)
+    per_sm = _per_sm(stats, float(block_m * block_n * 4 * reps))
+    return {"block_m": block_m, "block_n": block_n, "depth": depth, "share": share, "stagger": stagger,
+            "cycles_per_tile": per_sm["cycles"] / reps, "bytes_per_clk": per_sm["per_clk"]}
+
+
 def measure_handoff(worker_warps: int = 4, reps: int = 4096) -> dict[str, float]:
     """mbarrier ping-pong between two partitions: cycles of one hand-off (half a round trip)."""
     torch = _torch()
@@ -546,4 +616,5 @@ def device_name() -> str:
 
 
 __all__ = ["ELEMENTWISE_OPS", "device_name", "measure_elementwise", "measure_handoff", "measure_launch",
+           "measure_tma_reduce",
            "ClockSampler", "measure_clock", "measure_mma", "measure_smem", "measure_tma", "sm_count"]

@@ -308,7 +308,10 @@ class _Compute:
                 f"mbarrier.wait(dq_empty.index({i} % DQ_DEPTH), (({i} // DQ_DEPTH) & 1) ^ 1)  # empty: "
                 f"{self.plan.wait('empty', self.part.roles['dq_store']).why}",
                 f"dq_stage.index({i} % DQ_DEPTH).store(dqv)  # fp32 dQ for the producer's dq_atomic",
-                "fence_async_shared()  # the stores visible to the producer's TMA reduce"]
+                "fence_async_shared()  # the stores visible to the producer's TMA reduce",
+                "gl.thread_barrier()  # every warp stored its dQ rows",
+                f"mbarrier.arrive(dq_ready.index({i} % DQ_DEPTH))  # ready: dQ staged for dq_atomic, which may "
+                f"start now (the schedule's dq_store -> dq_atomic)"]
 
     def mask_condition(self) -> str:
         """When a tile needs the mask: a ragged tail, or (causal) a query block reaching into the key block."""
@@ -325,17 +328,13 @@ class _Compute:
                 lines += self.op_lines(self.role_of[op])
         if self.inflight:
             lines += self.retire(self.inflight[-1])
-        lines.append("gl.thread_barrier()  # every warp retired its wgmmas (and stored its dQ rows)")
+        lines.append("gl.thread_barrier()  # every warp retired its wgmmas")
         for b in self.plan.barriers:
             release = next(r.release for r in self.plan.rings if r.name == b.rings[0])
             if self.offset[release] in names:
                 i = names[self.offset[release]]
                 lines.append(f"mbarrier.arrive({b.name}_empty.index({i} % {b.rings[0].upper()}_DEPTH))  # empty: "
                              f"ring {'/'.join(b.rings)} buffer read by its last reader, {release}")
-        store = self.part.roles["dq_store"]
-        if self.offset[store] in names:
-            i = names[self.offset[store]]
-            lines.append(f"mbarrier.arrive(dq_ready.index({i} % DQ_DEPTH))  # ready: dQ staged for dq_atomic")
         return [ind + line for line in lines]
 
     def loop(self) -> list[str]:
