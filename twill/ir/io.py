@@ -212,6 +212,13 @@ def load_graph(path: str | os.PathLike) -> LoopGraph:
     return graph_from_dict(read_json_file(path, "graph"))
 
 
+def user_cache_dir(name: str) -> Path:
+    """Twill's on-disk cache ``name`` under the user's cache directory: ``$XDG_CACHE_HOME/twill/NAME``
+    (default ``~/.cache/twill/NAME``); the tuner's sweep results and the PyTorch op's kernels live there."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "twill" / name
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder, renamed over ``path`` only
     when complete: a failure leaves neither a half-written file nor the temporary file."""

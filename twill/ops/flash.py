@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from twill.errors import UnsupportedFeatureError
+from twill.ir.io import user_cache_dir
 
 #: Head dimensions of the forward kernel, and of the backward kernel.
 FORWARD_HEAD_DIMS = (64, 128, 256)
@@ -75,8 +75,7 @@ class KernelSpec:
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/twill/ops`` (default ``~/.cache/twill/ops``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "twill" / "ops"
+    return user_cache_dir("ops")
 
 
 def _generate(spec: KernelSpec) -> str:

@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from twill.errors import TwillError
+from twill.ir.io import user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
 
@@ -214,8 +215,7 @@ def _gluon_spills(schedule: Any, machine: Machine) -> dict[str, int]:
 # -- cache ---------------------------------------------------------------------------------------------
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/twill/tune`` (default ``~/.cache/twill/tune``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "twill" / "tune"
+    return user_cache_dir("tune")
 
 
 def cache_read(directory: Path, key: str) -> dict[str, Any] | None:
