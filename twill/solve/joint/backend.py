@@ -16,6 +16,13 @@ from typing import Callable, Mapping, Protocol
 from twill.schedule.vocab import Family, Objective, Status
 from twill.solve.joint.problem import JointOutcome, JointProblem, ModelSize
 
+#: What phase 1 of the joint search minimises for each backend (docs/model.md §5, "Copies"): the joint
+#: problem needs only the copies ``n = ⌈LEN(M)/II⌉``, so CP-SAT, whose joint model minimises L itself from any
+#: valid lower end, gets ``copies`` (cheap to prove); Yices's length search probes ``L = length_min`` first
+#: (:func:`twill.solve.joint.yices_joint.search_lengths`), so it gets LEN(M) itself (``length``).
+PHASE_ONE_MINIMISES = {"cpsat": "copies", "yices": "length"}
+
+
 class JointModel(Protocol):
     """One backend's model of a :class:`JointProblem`, solved for a sequence of lexicographic objectives."""
 

@@ -18,7 +18,7 @@ from twill.machine.models import Machine
 from twill.schedule.result import Schedule, WarpGroup
 from twill.schedule.vocab import RELAXABLE, Family, Objective, Status
 from twill.solve.attempt import Attempt
-from twill.solve.joint.backend import JointModel, open_model, require
+from twill.solve.joint.backend import PHASE_ONE_MINIMISES, JointModel, open_model, require
 from twill.solve.joint.problem import (JointOutcome, JointProblem, JointSolution, ObjectiveRecord, legal_budget,
                                        reg_limit_for, slot_count)
 from twill.solve.options import LAST_RESORT_SHARE, PHASE_SHARES, SolveOptions
@@ -280,14 +280,16 @@ def share(phase: str, deadline: float) -> float:
 
 def phase_one(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions, ii: int, *, deadline: float,
               previous: Mapping[str, int] | None, prove: bool) -> tuple[Any, Attempt]:
-    """Phase 1 at ``ii`` (LEN(M), :func:`~twill.solve.modulo.solve_modulo` hinted with the greedy schedule or
-    the previous II's) and its row; when CP-SAT finds nothing in time, the greedy schedule (L unproven)."""
+    """Phase 1 at ``ii`` (:func:`~twill.solve.modulo.solve_modulo` minimising what the backend needs,
+    :data:`~twill.solve.joint.backend.PHASE_ONE_MINIMISES`, hinted with the greedy schedule or the previous
+    II's) and its row; when CP-SAT finds nothing in time, the greedy schedule (L unproven)."""
     from twill.solve.greedy import greedy_modulo
     from twill.solve.modulo import ModuloResult, solve_modulo
 
     greedy = greedy_modulo(graph, units, ii)
     mod = solve_modulo(graph, units, ii, time_limit=share("modulo", deadline),
-                       workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous, prove=prove)
+                       workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous, prove=prove,
+                       minimise=PHASE_ONE_MINIMISES[options.solver])
     row = Attempt(ii, modulo=mod.status)
     if "projection" in mod.stats:
         row = replace(row, by="projection", units=tuple(mod.stats["projection"]))
@@ -343,11 +345,13 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         previous = dict(mod.starts)
         if time.perf_counter() >= reserved:
             continue                     # the last resort's reserve has begun: it starts at the next II
-        model = new_model(graph, machine, options, units, ii=ii, length_min=mod.length,
+        # proved: the lower end of L that keeps the least n copies (LEN(M) itself when phase 1 minimised L)
+        length_min = mod.length_bound if mod.status == Status.OPTIMAL else mod.length
+        model = new_model(graph, machine, options, units, ii=ii, length_min=length_min,
                           explain=ii == search.modulo_ii)
         model.hint(mod.starts)
         outcome = model.solve(Objective.LENGTH, time_limit=share("joint", reserved))
-        row = tried[-1] = replace(row, length_min=mod.length, copies=model.problem.copies,
+        row = tried[-1] = replace(row, length_min=length_min, copies=model.problem.copies,
                                   joint=outcome.status, seconds=outcome.seconds)
         options.report(f"II {options.ii_text(ii)}: joint {outcome.status} ({outcome.seconds:.2f} s)")
         length_proven = mod.status == Status.OPTIMAL and outcome.status == Status.OPTIMAL

@@ -1,0 +1,116 @@
+"""The sound speed-ups of the joint search (docs/model.md §5) keep its answer.
+
+Phase 1 of the CP-SAT joint search minimises the copies ``n = ⌈L/II⌉`` instead of L (``"Copies"``): the
+least ``n`` must be the copies of LEN(M) at every II, on the built-in kernels and on random tile-kernel
+graphs, and the whole search must return the same II, status and objective values either way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from randgraphs import random_graph
+
+from twill.ir.validate import effective_units
+from twill.kernels import build_kernel
+from twill.machine import get_machine
+from twill.schedule.vocab import Status
+from twill.solve import SolveOptions, normalized, schedule
+from twill.solve.joint import backend
+from twill.solve.modulo import solve_modulo
+
+#: (kernel, arch, kernel options) whose phase 1 is solved in about a second on the 2-core machine.
+QUICK_KERNELS = [
+    ("paper-example", "h100", {}),
+    ("gemm", "b200", {}),
+    ("flash-fwd", "h100", {"subtiles": 1}),
+    ("flash-fwd", "b200", {"subtiles": 1}),
+    ("flash-bwd", "h100", {}),
+]
+
+#: (kernel, arch, kernel options, solve options) of the end-to-end comparison; the slow ones take 5-60 s.
+SEARCHES = [
+    ("paper-example", "h100", {}, {}),
+    ("gemm", "b200", {}, {}),
+    ("flash-fwd", "h100", {"subtiles": 1}, {}),
+    pytest.param("flash-fwd", "b200", {"subtiles": 1}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-fwd", "b200", {"subtiles": 2}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-bwd", "h100", {}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-bwd", "b200", {}, {"reg_limit": 136}, marks=pytest.mark.slow),
+]
+
+
+def work_graph(kernel: str, arch: str, options: dict):
+    """The normalized graph of a built-in kernel (what the search solves) and its machine."""
+    machine = get_machine(arch)
+    graph = build_kernel(kernel, machine, **options)
+    return normalized(graph, SolveOptions().for_graph(graph))[0], machine
+
+
+def check_copies(graph, units, iis) -> int:
+    """At every II in ``iis`` where L is proved minimal, the least copies are ⌈LEN(M)/II⌉ and the proved lower
+    end of L lies in ``[(n − 1)·II + 1, LEN(M)]``; returns how many IIs were compared."""
+    compared = 0
+    for ii in iis:
+        least_length = solve_modulo(graph, units, ii, time_limit=30, workers=1)
+        least_copies = solve_modulo(graph, units, ii, time_limit=30, workers=1, minimise="copies")
+        if least_length.status == Status.INFEASIBLE:
+            assert least_copies.status == Status.INFEASIBLE
+            continue
+        assert least_length.status == Status.OPTIMAL and least_copies.status == Status.OPTIMAL
+        copies = math.ceil(least_length.length / ii)
+        assert math.ceil(least_copies.length / ii) == copies
+        assert (copies - 1) * ii < least_copies.length_bound <= least_length.length
+        compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("kernel,arch,options", QUICK_KERNELS)
+def test_least_copies_are_the_copies_of_the_least_length_on_the_built_in_kernels(kernel, arch, options):
+    graph, machine = work_graph(kernel, arch, options)
+    units = effective_units(graph, machine.units)
+    first = next(ii for ii in range(1, 100_000) if solve_modulo(graph, units, ii, time_limit=30).found)
+    assert check_copies(graph, units, range(first, first + 6)) == 6
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_least_copies_are_the_copies_of_the_least_length_on_random_graphs(seed):
+    machine = get_machine("h100")
+    graph = random_graph(10, seed)
+    work = normalized(graph, SolveOptions(resolution=60).for_graph(graph))[0]
+    units = effective_units(work, machine.units)
+    first = next(ii for ii in range(1, 100_000) if solve_modulo(work, units, ii, time_limit=30).found)
+    assert check_copies(work, units, range(first, first + 8)) == 8
+
+
+def test_minimise_names_an_objective():
+    graph, machine = work_graph("paper-example", "h100", {})
+    with pytest.raises(ValueError, match="minimise"):
+        solve_modulo(graph, dict(machine.units), 2, time_limit=5, minimise="stages")
+
+
+def answer(result) -> tuple:
+    """What the speed-ups must keep: II, its proof, the status and every objective's value and proof."""
+    return (result.ii, result.ii_lower_bound, result.status,
+            [(o["name"], o["value"], o["proven"]) for o in result.stats["objectives"]])
+
+
+@pytest.mark.parametrize("kernel,arch,options,solve_options", SEARCHES)
+def test_the_joint_search_answers_the_same_with_phase_one_minimising_length(kernel, arch, options, solve_options,
+                                                                           monkeypatch):
+    machine = get_machine(arch)
+    graph = build_kernel(kernel, machine, **options)
+    fast = schedule(graph, machine, SolveOptions(**solve_options))
+    monkeypatch.setitem(backend.PHASE_ONE_MINIMISES, "cpsat", "length")
+    assert answer(schedule(graph, machine, SolveOptions(**solve_options))) == answer(fast)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_joint_search_answers_the_same_on_random_graphs(seed, monkeypatch):
+    machine = get_machine("h100")
+    graph = random_graph(10, seed)
+    options = SolveOptions(resolution=60, time_limit=60)
+    fast = schedule(graph, machine, options)
+    monkeypatch.setitem(backend.PHASE_ONE_MINIMISES, "cpsat", "length")
+    assert answer(schedule(graph, machine, options)) == answer(fast)
