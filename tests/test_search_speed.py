@@ -2,7 +2,8 @@
 
 Phase 1 of the CP-SAT joint search minimises the copies ``n = ⌈L/II⌉`` instead of L (``"Copies"``): the
 least ``n`` must be the copies of LEN(M) at every II, on the built-in kernels and on random tile-kernel
-graphs, and the whole search must return the same II, status and objective values either way.
+graphs. Past the modulo-only II, the joint relaxation is solved first (``"Relaxation"``). The whole search must
+return the same II, status and objective values with and without both.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 
 import pytest
 from randgraphs import random_graph
+from solved import solved_kernel
 
 from twill.ir.validate import effective_units
 from twill.kernels import build_kernel
@@ -90,6 +92,10 @@ def test_minimise_names_an_objective():
         solve_modulo(graph, dict(machine.units), 2, time_limit=5, minimise="stages")
 
 
+#: The search without the speed-ups: phase 1 minimises L and no relaxation is solved.
+PLAIN = backend.SearchSettings("length", relaxation=False)
+
+
 def answer(result) -> tuple:
     """What the speed-ups must keep: II, its proof, the status and every objective's value and proof."""
     return (result.ii, result.ii_lower_bound, result.status,
@@ -97,12 +103,12 @@ def answer(result) -> tuple:
 
 
 @pytest.mark.parametrize("kernel,arch,options,solve_options", SEARCHES)
-def test_the_joint_search_answers_the_same_with_phase_one_minimising_length(kernel, arch, options, solve_options,
+def test_the_joint_search_answers_the_same_without_the_speed_ups(kernel, arch, options, solve_options,
                                                                            monkeypatch):
     machine = get_machine(arch)
     graph = build_kernel(kernel, machine, **options)
     fast = schedule(graph, machine, SolveOptions(**solve_options))
-    monkeypatch.setitem(backend.PHASE_ONE_MINIMISES, "cpsat", "length")
+    monkeypatch.setitem(backend.SEARCH_SETTINGS, "cpsat", PLAIN)
     assert answer(schedule(graph, machine, SolveOptions(**solve_options))) == answer(fast)
 
 
@@ -112,5 +118,18 @@ def test_the_joint_search_answers_the_same_on_random_graphs(seed, monkeypatch):
     graph = random_graph(10, seed)
     options = SolveOptions(resolution=60, time_limit=60)
     fast = schedule(graph, machine, options)
-    monkeypatch.setitem(backend.PHASE_ONE_MINIMISES, "cpsat", "length")
+    monkeypatch.setitem(backend.SEARCH_SETTINGS, "cpsat", PLAIN)
     assert answer(schedule(graph, machine, options)) == answer(fast)
+
+
+@pytest.mark.slow
+def test_the_relaxation_proves_the_b200_backward_iis_past_the_modulo_only_ii():
+    """B200 flash-bwd at FA4's budget: TMEM is full and the dQ chunk must cross from its 4-warp group to the
+    MMA warp (dq_load -> dp), so the relaxation alone rules out every II between the modulo-only II and the
+    final one; the modulo-only II keeps its full joint solve (the UNSAT explanation)."""
+    result = solved_kernel("flash-bwd", "b200", reg_limit=136)
+    rows = result.stats["tried"]
+    modulo_ii = result.stats["modulo_ii"]
+    assert [r["ii"] for r in rows if r.get("by") == "relaxation"] == list(range(modulo_ii + 1, result.ii))
+    assert all(r["joint"] == "infeasible" and r["modulo"] == "optimal" for r in rows if r.get("by") == "relaxation")
+    assert result.stats["blocked_by"] == ["memory_capacity"] and result.status == "optimal"

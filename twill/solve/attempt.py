@@ -19,7 +19,8 @@ class Attempt:
             proved minimal).
         joint: the joint problem's answer.
         by: what decided the row besides a solve: ``projection`` (a unit's projection proved phase 1
-            infeasible), ``warp_issue_bound`` (no solve: below the bound), ``last_resort``.
+            infeasible), ``warp_issue_bound`` (no solve: below the bound), ``relaxation`` (the joint
+            relaxation proved the joint problem infeasible), ``last_resort``.
         units: the units whose projections were solved (``by = projection``).
         modulo_by: ``greedy`` when phase 1's schedule is the greedy one (CP-SAT ran out of time).
         length_min / copies: the joint problem's window ``L ∈ [length_min, copies·II]``: n = ⌈LEN(M)/II⌉ and

@@ -18,13 +18,20 @@ from twill.machine.models import Machine
 from twill.schedule.result import Schedule, WarpGroup
 from twill.schedule.vocab import RELAXABLE, Family, Objective, Status
 from twill.solve.attempt import Attempt
-from twill.solve.joint.backend import PHASE_ONE_MINIMISES, JointModel, open_model, require
+from twill.solve.joint.backend import SEARCH_SETTINGS, JointModel, open_model, require
 from twill.solve.joint.problem import (JointOutcome, JointProblem, JointSolution, ObjectiveRecord, legal_budget,
                                        reg_limit_for, slot_count)
 from twill.solve.options import LAST_RESORT_SHARE, PHASE_SHARES, SolveOptions
 
 #: Seconds each relaxed re-solve of the UNSAT explanation may take at most.
 EXPLAIN_TIME_LIMIT = 20.0
+
+#: The families the joint relaxation switches off (docs/model.md §5, "Relaxation"). What is left, the modulo
+#: schedule with MEMORY CAPACITY and CROSS-WARP SPILLS (whose delays and staging are constants for the values
+#: that the slot widths force across groups), is a small model; when it has no solution, neither has the
+#: joint problem.
+RELAXATION_DROPS = frozenset({Family.REGISTER_LIMIT, Family.REGISTER_FILE, Family.WARP_COUNT,
+                              Family.CONCURRENCY, Family.WARP_ISSUE})
 
 
 def remedy_for(blocked: list[str]) -> str:
@@ -278,10 +285,23 @@ def share(phase: str, deadline: float) -> float:
     return min(left, max(0.5, PHASE_SHARES[phase] * left))
 
 
+def relaxation_infeasible(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *,
+                          ii: int, length_min: int, deadline: float) -> bool:
+    """Whether the joint problem at ``ii`` (copies from ``length_min``) with :data:`RELAXATION_DROPS` switched
+    off is proved infeasible within its share of the time: then so is the joint problem itself."""
+    problem = make_problem(graph, machine, options, units, ii=ii, length_min=length_min, relaxed=RELAXATION_DROPS)
+    model = open_model(problem, solver=options.solver, hoist=[], explain=False, workers=options.workers,
+                       seed=options.seed, report=options.report)
+    try:
+        return model.feasible_without((), share("relaxation", deadline)) == Status.INFEASIBLE
+    finally:
+        model.close()
+
+
 def phase_one(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions, ii: int, *, deadline: float,
               previous: Mapping[str, int] | None, prove: bool) -> tuple[Any, Attempt]:
     """Phase 1 at ``ii`` (:func:`~twill.solve.modulo.solve_modulo` minimising what the backend needs,
-    :data:`~twill.solve.joint.backend.PHASE_ONE_MINIMISES`, hinted with the greedy schedule or the previous
+    :data:`~twill.solve.joint.backend.SEARCH_SETTINGS`, hinted with the greedy schedule or the previous
     II's) and its row; when CP-SAT finds nothing in time, the greedy schedule (L unproven)."""
     from twill.solve.greedy import greedy_modulo
     from twill.solve.modulo import ModuloResult, solve_modulo
@@ -289,7 +309,7 @@ def phase_one(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions,
     greedy = greedy_modulo(graph, units, ii)
     mod = solve_modulo(graph, units, ii, time_limit=share("modulo", deadline),
                        workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous, prove=prove,
-                       minimise=PHASE_ONE_MINIMISES[options.solver])
+                       minimise=SEARCH_SETTINGS[options.solver].phase_one_minimises)
     row = Attempt(ii, modulo=mod.status)
     if "projection" in mod.stats:
         row = replace(row, by="projection", units=tuple(mod.stats["projection"]))
@@ -301,8 +321,9 @@ def phase_one(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions,
 
 
 def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lower_bound: int) -> Schedule:
-    """Algorithm 1: for II = lower_bound, …: phase 1 gives LEN(M); the joint problem at (II, ⌈LEN/II⌉)
-    minimises L; the first feasible II wins, then the secondary objectives. Each phase runs within its
+    """Algorithm 1: for II = lower_bound, …: phase 1 gives n = ⌈LEN(M)/II⌉ (docs/model.md §5, "Copies"); past
+    the modulo-only II the joint relaxation may prove the II infeasible ("Relaxation"); else the joint problem
+    at (II, n) minimises L; the first feasible II wins, then the secondary objectives. Each phase runs within its
     share of the time left (``PHASE_SHARES``); when the joint solve finds nothing within its share, the
     warp assignment is solved alone for phase 1's starts. ``options`` are resolved for ``graph``
     (:meth:`SolveOptions.for_graph`). Raises :class:`InfeasibleScheduleError` when every II up to ``max_ii``
@@ -347,6 +368,13 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             continue                     # the last resort's reserve has begun: it starts at the next II
         # proved: the lower end of L that keeps the least n copies (LEN(M) itself when phase 1 minimised L)
         length_min = mod.length_bound if mod.status == Status.OPTIMAL else mod.length
+        if (ii != search.modulo_ii and SEARCH_SETTINGS[options.solver].relaxation
+                and relaxation_infeasible(graph, machine, options, units, ii=ii, length_min=length_min,
+                                          deadline=reserved)):
+            tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
+                                joint=Status.INFEASIBLE, by="relaxation")
+            options.report(f"II {options.ii_text(ii)}: joint infeasible (relaxation)")
+            continue
         model = new_model(graph, machine, options, units, ii=ii, length_min=length_min,
                           explain=ii == search.modulo_ii)
         model.hint(mod.starts)
