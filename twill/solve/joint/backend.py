@@ -28,7 +28,8 @@ class SearchSettings:
             ``copies`` (cheap to prove); Yices's length search probes ``L = length_min`` first
             (:func:`twill.solve.joint.yices_joint.search_lengths`), so it gets LEN(M) itself (``length``).
         relaxation: solve the joint relaxation before the joint problem at the IIs after the modulo-only II
-            ("Relaxation"); off for Yices, whose time-indexed grid costs about as much to build relaxed.
+            ("Relaxation"); off for Yices (not tried there: every Yices model builds its time-indexed grid,
+            so a relaxed model is not obviously cheaper than the joint one).
     """
 
     phase_one_minimises: str

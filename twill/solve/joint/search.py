@@ -285,15 +285,16 @@ def share(phase: str, deadline: float) -> float:
     return min(left, max(0.5, PHASE_SHARES[phase] * left))
 
 
-def relaxation_infeasible(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *,
-                          ii: int, length_min: int, deadline: float) -> bool:
-    """Whether the joint problem at ``ii`` (copies from ``length_min``) with :data:`RELAXATION_DROPS` switched
-    off is proved infeasible within its share of the time: then so is the joint problem itself."""
+def relaxation(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
+               length_min: int, deadline: float) -> Status:
+    """The joint problem at ``ii`` (copies from ``length_min``) with :data:`RELAXATION_DROPS` switched off,
+    solved for satisfiability within its share of the time: ``infeasible`` proves the joint problem
+    infeasible."""
     problem = make_problem(graph, machine, options, units, ii=ii, length_min=length_min, relaxed=RELAXATION_DROPS)
     model = open_model(problem, solver=options.solver, hoist=[], explain=False, workers=options.workers,
                        seed=options.seed, report=options.report)
     try:
-        return model.feasible_without((), share("relaxation", deadline)) == Status.INFEASIBLE
+        return model.feasible_without((), share("relaxation", deadline))
     finally:
         model.close()
 
@@ -368,13 +369,14 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             continue                     # the last resort's reserve has begun: it starts at the next II
         # proved: the lower end of L that keeps the least n copies (LEN(M) itself when phase 1 minimised L)
         length_min = mod.length_bound if mod.status == Status.OPTIMAL else mod.length
-        if (ii != search.modulo_ii and SEARCH_SETTINGS[options.solver].relaxation
-                and relaxation_infeasible(graph, machine, options, units, ii=ii, length_min=length_min,
-                                          deadline=reserved)):
-            tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
-                                joint=Status.INFEASIBLE, by="relaxation")
-            options.report(f"II {options.ii_text(ii)}: joint infeasible (relaxation)")
-            continue
+        if ii != search.modulo_ii and search.relaxing:
+            relaxed = relaxation(graph, machine, options, units, ii=ii, length_min=length_min, deadline=reserved)
+            search.relaxing = relaxed != Status.FEASIBLE
+            if relaxed == Status.INFEASIBLE:
+                tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
+                                    joint=Status.INFEASIBLE, by="relaxation")
+                options.report(f"II {options.ii_text(ii)}: joint infeasible (relaxation)")
+                continue
         model = new_model(graph, machine, options, units, ii=ii, length_min=length_min,
                           explain=ii == search.modulo_ii)
         model.hint(mod.starts)
@@ -419,6 +421,10 @@ class Search:
         self.modulo_ii: int | None = None
         self.blocked: list[str] | None = None
         self.note = ""
+        #: Whether the next II solves the joint relaxation first: where the backend runs it, until it first
+        #: has a solution (at larger IIs it seldom stops having one, and every such solve is time spent for
+        #: nothing; a heuristic: it decides only what is tried, never what is proved).
+        self.relaxing = SEARCH_SETTINGS[options.solver].relaxation
 
     def explain(self, model: JointModel) -> None:
         """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found. Where the
@@ -426,8 +432,10 @@ class Search:
         without any one or two of the families it drops, so those answers need no solve."""
         deadline = time.perf_counter() + share("explain", self.deadline)
         oracle = model.feasible_without
-        if (SEARCH_SETTINGS[self.options.solver].relaxation
-                and oracle(tuple(RELAXATION_DROPS), share("relaxation", deadline)) == Status.INFEASIBLE):
+        relaxed = (oracle(tuple(RELAXATION_DROPS), share("relaxation", deadline)) if self.relaxing
+                   else Status.UNKNOWN)
+        self.relaxing = relaxed != Status.FEASIBLE
+        if relaxed == Status.INFEASIBLE:
             def oracle(families: tuple[Family, ...], seconds: float) -> Status:
                 if set(families) <= RELAXATION_DROPS:
                     return Status.INFEASIBLE
