@@ -10,6 +10,8 @@ must return the same II, status, objective values and explanation with and witho
 from __future__ import annotations
 
 import math
+import time
+from types import SimpleNamespace
 
 import pytest
 from randgraphs import random_graph
@@ -18,9 +20,10 @@ from solved import solved_kernel
 from twill.ir.validate import effective_units
 from twill.kernels import build_kernel
 from twill.machine import get_machine
-from twill.schedule.vocab import Status
+from twill.schedule.vocab import RELAXABLE, Status
 from twill.solve import SolveOptions, normalized, schedule
 from twill.solve.joint import backend
+from twill.solve.joint.search import RELAXATION_DROPS, Search
 from twill.solve.modulo import solve_modulo
 
 #: (kernel, arch, kernel options) whose phase 1 is solved in about a second on the 2-core machine.
@@ -136,3 +139,37 @@ def test_the_relaxation_proves_the_b200_backward_iis_past_the_modulo_only_ii():
     assert [r["ii"] for r in rows if r.get("by") == "relaxation"] == list(range(modulo_ii + 1, result.ii))
     assert all(r["joint"] == "infeasible" and r["modulo"] == "optimal" for r in rows if r.get("by") == "relaxation")
     assert result.stats["blocked_by"] == ["memory_capacity"] and result.status == "optimal"
+
+
+class StubModel:
+    """A joint model whose only blocking family is ``memory_capacity`` and whose relaxation is infeasible;
+    records the families each ``feasible_without`` call drops."""
+
+    def __init__(self):
+        self.problem = SimpleNamespace(ii=10, length_min=15, length_max=20)
+        self.asked: list[frozenset] = []
+
+    def feasible_without(self, families, seconds):
+        self.asked.append(frozenset(families))
+        return Status.FEASIBLE if "memory_capacity" in families else Status.INFEASIBLE
+
+
+def explained(solver: str) -> tuple[Search, StubModel]:
+    model = StubModel()
+    search = Search(None, None, SolveOptions(solver=solver), started=time.perf_counter(),
+                    deadline=time.perf_counter() + 60, lower_bound=1)
+    search.explain(model)
+    return search, model
+
+
+def test_the_explanation_asks_only_about_families_the_infeasible_relaxation_keeps():
+    search, model = explained("cpsat")
+    assert model.asked[0] == RELAXATION_DROPS
+    assert set(model.asked[1:]) == {frozenset({f}) for f in RELAXABLE if f not in RELAXATION_DROPS}
+    assert search.blocked == ["memory_capacity"] and search.relaxing
+
+
+def test_the_explanation_of_a_backend_without_the_relaxation_asks_about_every_family():
+    search, model = explained("yices")
+    assert model.asked == [frozenset({f}) for f in RELAXABLE]
+    assert search.blocked == ["memory_capacity"] and not search.relaxing

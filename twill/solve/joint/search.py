@@ -431,15 +431,16 @@ class Search:
         backend runs the joint relaxation, it is solved first: when it has no solution, neither has the problem
         without any one or two of the families it drops, so those answers need no solve."""
         deadline = time.perf_counter() + share("explain", self.deadline)
-        oracle = model.feasible_without
-        relaxed = (oracle(tuple(RELAXATION_DROPS), share("relaxation", deadline)) if self.relaxing
-                   else Status.UNKNOWN)
-        self.relaxing = relaxed != Status.FEASIBLE
-        if relaxed == Status.INFEASIBLE:
-            def oracle(families: tuple[Family, ...], seconds: float) -> Status:
-                if set(families) <= RELAXATION_DROPS:
-                    return Status.INFEASIBLE
-                return model.feasible_without(families, seconds)
+        relaxed = Status.UNKNOWN
+        if self.relaxing:
+            relaxed = model.feasible_without(tuple(RELAXATION_DROPS), share("relaxation", deadline))
+            self.relaxing = relaxed != Status.FEASIBLE
+
+        def oracle(families: tuple[Family, ...], seconds: float) -> Status:
+            if relaxed == Status.INFEASIBLE and set(families) <= RELAXATION_DROPS:
+                return Status.INFEASIBLE
+            return model.feasible_without(families, seconds)
+
         self.blocked, self.note = explain_with(model.problem, oracle, deadline)
         self.options.report(self.note)
 
