@@ -146,7 +146,7 @@ class StubModel:
     records the families each ``feasible_without`` call drops."""
 
     def __init__(self):
-        self.problem = SimpleNamespace(ii=10, length_min=15, length_max=20)
+        self.problem = SimpleNamespace(ii=10, copies=2, length_max=20)
         self.asked: list[frozenset] = []
 
     def feasible_without(self, families, seconds):

@@ -121,7 +121,9 @@ def explain_with(problem: JointProblem, feasible_without: Callable[[tuple[Family
                 undecided.append("+".join(pair))
             elif feasible_without(pair, min(per_family, left)) == Status.FEASIBLE:
                 blocked.append("+".join(pair))
-    where = f"at the modulo-only II {problem.ii} (L {problem.length_min}..{problem.length_max})"
+    # the copies and the upper end of L name the problem; the lower end of L is only the proved bound that
+    # phase 1 passed on (LEN(M) or a weaker one, docs/model.md §5 "Copies"), the same problem either way
+    where = f"at the modulo-only II {problem.ii} ({problem.copies} copies, L ≤ {problem.length_max})"
     if blocked:
         reasons = "; ".join(" together with ".join(Family(f).text for f in b.split("+")) for b in blocked)
         note = f"no warp specialization exists {where}: blocked by {reasons}"
