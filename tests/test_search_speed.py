@@ -41,8 +41,10 @@ SEARCHES = [
     ("gemm", "b200", {}, {}),
     ("flash-fwd", "h100", {"subtiles": 1}, {}),
     pytest.param("flash-fwd", "b200", {"subtiles": 1}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-fwd", "h100", {"subtiles": 2}, {}, marks=pytest.mark.slow),
     pytest.param("flash-fwd", "b200", {"subtiles": 2}, {}, marks=pytest.mark.slow),
     pytest.param("flash-bwd", "h100", {}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-bwd", "b200", {}, {}, marks=pytest.mark.slow),
     pytest.param("flash-bwd", "b200", {}, {"reg_limit": 136}, marks=pytest.mark.slow),
 ]
 
