@@ -15,13 +15,16 @@ class Attempt:
     Attributes:
         ii: the initiation interval (normalized units).
         status: phase 1's answer in a modulo-only search (``--no-ws``, the Triton window search).
-        modulo: phase 1's answer (LEN(M)) in the joint search.
+        modulo: phase 1's answer in the joint search (``optimal``: the copies n, or LEN(M) under Yices,
+            proved minimal).
         joint: the joint problem's answer.
         by: what decided the row besides a solve: ``projection`` (a unit's projection proved phase 1
-            infeasible), ``warp_issue_bound`` (no solve: below the bound), ``last_resort``.
+            infeasible), ``warp_issue_bound`` (no solve: below the bound), ``relaxation`` (the joint
+            relaxation proved the joint problem infeasible), ``last_resort``.
         units: the units whose projections were solved (``by = projection``).
         modulo_by: ``greedy`` when phase 1's schedule is the greedy one (CP-SAT ran out of time).
-        length_min / copies: LEN(M) and n = ⌈LEN(M)/II⌉ of the joint problem.
+        length_min / copies: the joint problem's window ``L ∈ [length_min, copies·II]``: n = ⌈LEN(M)/II⌉ and
+            LEN(M), or under CP-SAT a proved lower end of L that keeps n (docs/model.md §5, "Copies").
         fixed_starts: the answer of the warp assignment solved alone for greedy start times, or ``no greedy
             placement``.
         bound: the warp-issue bound (``ii``, ``warps``, ``groups``, ``busy``) that decided the row.
@@ -67,7 +70,7 @@ class Attempt:
 
 def row_proven_infeasible(row: Mapping[str, Any]) -> bool:
     """Whether a ``tried`` row of the joint search proves its II infeasible: phase 1 infeasible, or the
-    joint problem infeasible at the proven LEN(M) (phase 1 ``optimal``), or the warp-issue bound."""
+    joint problem infeasible at the proven copies (phase 1 ``optimal``), or the warp-issue bound."""
     if row.get("modulo") == Status.INFEASIBLE or row.get("by") == "warp_issue_bound":
         return True
     return row.get("joint") == Status.INFEASIBLE and row.get("modulo") == Status.OPTIMAL

@@ -50,12 +50,13 @@ class ModuloResult:
     """The answer of one modulo-scheduling solve at a fixed II.
 
     Attributes:
-        status: ``optimal`` (L proved minimal), ``feasible`` (a schedule, L not proved minimal),
-            ``infeasible`` (proved: no schedule at this II within ``length_bounds``), ``unknown`` (time out).
+        status: ``optimal`` (the objective, L or the copies ``⌈L/II⌉``, proved minimal), ``feasible`` (a
+            schedule, objective not proved minimal), ``infeasible`` (proved: no schedule at this II within
+            ``length_bounds``), ``unknown`` (time out).
         starts: op -> start cycle; empty unless a schedule was found.
         length: L of the schedule (0 when none).
         proven: the solver's answer is a proof (``optimal`` or ``infeasible``).
-        length_bound: proved lower bound on L at this II (equal to ``length`` when optimal).
+        length_bound: proved lower bound on L at this II (equal to ``length`` when L is proved minimal).
         ii: the initiation interval solved for.
         seconds: solver wall time.
     """
@@ -232,13 +233,23 @@ def projection_infeasible(graph: LoopGraph, units: Mapping[str, int], ii: int, *
 
 def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_limit: float, workers: int = 2,
                  seed: int = 0, length_bounds: tuple[int | None, int | None] | None = None,
-                 hint: Mapping[str, int] | None = None, prove: bool = False) -> ModuloResult:
-    """Minimise L at initiation interval ``ii``; always returns a :class:`ModuloResult` (see its statuses).
+                 hint: Mapping[str, int] | None = None, prove: bool = False,
+                 minimise: str = "length") -> ModuloResult:
+    """Minimise L (``minimise="length"``) or the copies ``n = ⌈L/II⌉`` (``minimise="copies"``) at initiation
+    interval ``ii``; always returns a :class:`ModuloResult` (see its statuses).
 
     ``length_bounds = (lo, hi)`` restricts L (either end may be None); ``hint`` seeds the search with start
     times (for instance a schedule found at another II); ``prove`` first tries the projections of
     :func:`projection_infeasible` (worth it where the II is likely infeasible: below the first feasible II).
+
+    ``copies`` is all the joint search needs of phase 1 (docs/model.md §5, "Copies"): its status is
+    ``optimal`` when ``n`` is proved minimal, ``length`` is the L of the schedule found (not minimised) and
+    ``length_bound`` the proved lower end ``max(lo, (n − 1)·II + 1)`` of L, which keeps ``n`` copies. Proving
+    the least ``n`` is a handful of propagations (is there a schedule with ``L ≤ (n − 1)·II``?) where proving
+    the least L is a search (B200 flash-bwd: 0.3-3 s of CPU per II).
     """
+    if minimise not in ("length", "copies"):
+        raise ValueError(f"minimise must be 'length' or 'copies', got {minimise!r}")
     import time
 
     from ortools.sat.python import cp_model
@@ -272,7 +283,12 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
     add_dependence(model, graph, ii, t)
     add_completion(model, graph, t, length)
     intervals = add_modulo_capacity(model, graph, units, ii, t, residues)
-    model.minimize(length)
+    if minimise == "copies":
+        copies = model.new_int_var(-(-lo // ii), -(-hi // ii), "n")
+        model.add(length <= copies * ii)
+        model.minimize(copies)
+    else:
+        model.minimize(length)
     for name, value in (hint or {}).items():
         if name in t:
             model.add_hint(t[name], value)
@@ -288,7 +304,10 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
         starts = {name: solver.value(var) for name, var in t.items()}
         value = solver.value(length)
         optimal = code == cp_model.OPTIMAL
-        bound = value if optimal else max(lo, int(solver.best_objective_bound))
+        if minimise == "copies":
+            bound = max(lo, (int(solver.best_objective_bound) - 1) * ii + 1)
+        else:
+            bound = value if optimal else max(lo, int(solver.best_objective_bound))
         return ModuloResult(Status.OPTIMAL if optimal else Status.FEASIBLE, starts, value, optimal, bound, ii, seconds,
                             stats)
     if code == cp_model.INFEASIBLE:

@@ -32,9 +32,9 @@ DEFAULT_STREAMING_DEPTH = 2
 SMALL_MODULO_OPS = 64
 
 #: Shares of the time left that one phase may use (docs/cli.md, "Statuses, limits and exit codes"): the
-#: phase-1 solve at one II, the joint solve at one II and the UNSAT explanation. The secondary objectives
-#: get whatever is left once a joint schedule is found.
-PHASE_SHARES = {"modulo": 0.25, "joint": 0.5, "explain": 0.2}
+#: phase-1 solve at one II, the joint relaxation and the joint solve at one II, and the UNSAT explanation.
+#: The secondary objectives get whatever is left once a joint schedule is found.
+PHASE_SHARES = {"modulo": 0.25, "relaxation": 0.1, "joint": 0.5, "explain": 0.2}
 
 #: With less than this share of the time limit left and no joint schedule yet, the joint search stops the
 #: II-by-II search and looks for any verified joint schedule at a larger II (greedy start times, the warp

@@ -11,10 +11,34 @@ queries) implement it. Adding a backend means one class with these methods and o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
 from twill.schedule.vocab import Family, Objective, Status
 from twill.solve.joint.problem import JointOutcome, JointProblem, ModelSize
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How Algorithm 1 (:mod:`twill.solve.joint.search`) drives one backend (docs/model.md §5).
+
+    Attributes:
+        phase_one_minimises: what phase 1 minimises ("Copies"): the joint problem needs only the copies
+            ``n = ⌈LEN(M)/II⌉``, so CP-SAT, whose joint model minimises L itself from any valid lower end, gets
+            ``copies`` (cheap to prove); Yices's length search probes ``L = length_min`` first
+            (:func:`twill.solve.joint.yices_joint.search_lengths`), so it gets LEN(M) itself (``length``).
+        relaxation: solve the joint relaxation before the joint problem at the IIs after the modulo-only II
+            ("Relaxation"); off for Yices (not tried there: every Yices model builds its time-indexed grid,
+            so a relaxed model is not obviously cheaper than the joint one).
+    """
+
+    phase_one_minimises: str
+    relaxation: bool
+
+
+SEARCH_SETTINGS = {"cpsat": SearchSettings("copies", relaxation=True),
+                   "yices": SearchSettings("length", relaxation=False)}
+
 
 class JointModel(Protocol):
     """One backend's model of a :class:`JointProblem`, solved for a sequence of lexicographic objectives."""

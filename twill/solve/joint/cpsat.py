@@ -66,17 +66,26 @@ class _Builder:
         """Slots ``name`` may use: W_vl (0) iff variable latency (VARIABLE LATENCY)."""
         return self.allowed[name]
 
+    def can_share(self, u: str, v: str) -> bool:
+        """Whether ``u`` and ``v`` may run on one slot: a slot both may use and the same width (WARP
+        UNIQUENESS: ``a[v,g] ⇒ w_g = warps(v)``). When not, ``same[u,v]`` is false in every solution, so
+        ``cross(u,v)`` and its spill delay are forced: the families below state them as constants, which CP-SAT
+        propagates at once instead of learning them from the width variables (same solutions)."""
+        return self.ops[u].warps == self.ops[v].warps and any(g in self.allowed[v] for g in self.allowed[u])
+
     def same(self, u: str, v: str) -> Any:
         """``same[u,v] ⇔ ∨_g a[u,g] ∧ a[v,g]`` (created on first use). With exactly one slot per op, two
-        clauses per common slot define it: ``a[u,g] ∧ a[v,g] ⇒ same`` and ``same ∧ a[u,g] ⇒ a[v,g]``."""
+        clauses per common slot define it: ``a[u,g] ∧ a[v,g] ⇒ same`` and ``same ∧ a[u,g] ⇒ a[v,g]``; false
+        when the two cannot share a slot (:meth:`can_share`)."""
         key = (u, v) if self.index[u] < self.index[v] else (v, u)
         if key in self.v.same:
             return self.v.same[key]
         m = self.model
         lit = m.new_bool_var(f"same[{key[0]},{key[1]}]")
-        common = [g for g in self.allowed[u] if g in self.allowed[v]]
-        if not common:
+        if not self.can_share(u, v):
             m.add(lit == 0)
+            self.v.same[key] = lit
+            return lit
         for g in self.allowed[u]:
             au = self.v.assign[(u, g)]
             if g in self.allowed[v]:
@@ -125,7 +134,8 @@ def add_dependence(b: _Builder) -> None:
         src = b.ops[e.src]
         rhs = b.v.t[e.src] + e.delay
         if spills and e.src != e.dst and can_cross(src) and src.spill_cost:
-            rhs = rhs + src.spill_cost * (1 - b.same(e.src, e.dst))
+            forced = not b.can_share(e.src, e.dst)
+            rhs = rhs + (src.spill_cost if forced else src.spill_cost * (1 - b.same(e.src, e.dst)))
         b.model.add(b.v.t[e.dst] + e.distance * b.p.ii >= rhs)
     b.count("dependence", before)
 
@@ -308,8 +318,10 @@ def waits_literal(b: _Builder, name: str) -> Any | None:
         return True
     if not (b.p.active("cross_warp_spills") and b.p.cross_warp):
         return None
-    crosses = [b.same(e.src, name).Not() for e in b.g.in_edges(name)
-               if e.src != name and can_cross(b.ops[e.src])]
+    sources = [e.src for e in b.g.in_edges(name) if e.src != name and can_cross(b.ops[e.src])]
+    if any(not b.can_share(src, name) for src in sources):
+        return True                      # a register value that always crosses (Builder.can_share)
+    crosses = [b.same(src, name).Not() for src in sources]
     if not crosses:
         return None
     lit = b.model.new_bool_var(f"waits[{name}]")
@@ -333,7 +345,7 @@ def add_concurrency(b: _Builder) -> None:
             continue
         for o in b.names:
             busy = b.ops[o].busy
-            if o == v or busy <= 0 or b.ops[v].variable_latency != b.ops[o].variable_latency:
+            if o == v or busy <= 0 or not b.can_share(v, o):
                 continue
             cond = [b.same(v, o)] + ([] if waits is True else [waits])
             if busy >= p.ii:
@@ -492,9 +504,13 @@ class CpsatJoint:
         self.builder.model.add(self.builder.v.objective[objective] == value)
 
     def feasible_without(self, families: tuple[Family, ...], seconds: float) -> Status:
-        """A fresh model of the problem with ``families`` relaxed, solved for feasibility."""
-        relaxed = replace(self.problem, relaxed=self.problem.relaxed | set(families))
-        outcome = CpsatJoint(relaxed, workers=self.workers, seed=self.seed).solve(None, time_limit=seconds)
+        """A fresh model of the problem with ``families`` relaxed (this one when they are already relaxed),
+        solved for feasibility."""
+        model = self
+        if not set(families) <= self.problem.relaxed:
+            relaxed = replace(self.problem, relaxed=self.problem.relaxed | set(families))
+            model = CpsatJoint(relaxed, workers=self.workers, seed=self.seed)
+        outcome = model.solve(None, time_limit=seconds)
         if outcome.found:
             return Status.FEASIBLE
         return Status.UNKNOWN if outcome.status == Status.UNKNOWN else Status.INFEASIBLE

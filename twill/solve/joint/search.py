@@ -18,13 +18,20 @@ from twill.machine.models import Machine
 from twill.schedule.result import Schedule, WarpGroup
 from twill.schedule.vocab import RELAXABLE, Family, Objective, Status
 from twill.solve.attempt import Attempt
-from twill.solve.joint.backend import JointModel, open_model, require
+from twill.solve.joint.backend import SEARCH_SETTINGS, JointModel, open_model, require
 from twill.solve.joint.problem import (JointOutcome, JointProblem, JointSolution, ObjectiveRecord, legal_budget,
                                        reg_limit_for, slot_count)
 from twill.solve.options import LAST_RESORT_SHARE, PHASE_SHARES, SolveOptions
 
 #: Seconds each relaxed re-solve of the UNSAT explanation may take at most.
 EXPLAIN_TIME_LIMIT = 20.0
+
+#: The families the joint relaxation switches off (docs/model.md §5, "Relaxation"). What is left, the modulo
+#: schedule with MEMORY CAPACITY and CROSS-WARP SPILLS (whose delays and staging are constants for the values
+#: that the slot widths force across groups), is a small model; when it has no solution, neither has the
+#: joint problem.
+RELAXATION_DROPS = frozenset({Family.REGISTER_LIMIT, Family.REGISTER_FILE, Family.WARP_COUNT,
+                              Family.CONCURRENCY, Family.WARP_ISSUE})
 
 
 def remedy_for(blocked: list[str]) -> str:
@@ -114,7 +121,9 @@ def explain_with(problem: JointProblem, feasible_without: Callable[[tuple[Family
                 undecided.append("+".join(pair))
             elif feasible_without(pair, min(per_family, left)) == Status.FEASIBLE:
                 blocked.append("+".join(pair))
-    where = f"at the modulo-only II {problem.ii} (L {problem.length_min}..{problem.length_max})"
+    # the copies and the upper end of L name the problem; the lower end of L is only the proved bound that
+    # phase 1 passed on (LEN(M) or a weaker one, docs/model.md §5 "Copies"), the same problem either way
+    where = f"at the modulo-only II {problem.ii} ({problem.copies} copies, L ≤ {problem.length_max})"
     if blocked:
         reasons = "; ".join(" together with ".join(Family(f).text for f in b.split("+")) for b in blocked)
         note = f"no warp specialization exists {where}: blocked by {reasons}"
@@ -278,16 +287,32 @@ def share(phase: str, deadline: float) -> float:
     return min(left, max(0.5, PHASE_SHARES[phase] * left))
 
 
+def relaxation(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
+               length_min: int, deadline: float) -> Status:
+    """The joint problem at ``ii`` (copies from ``length_min``) with :data:`RELAXATION_DROPS` switched off,
+    solved for satisfiability within its share of the time: ``infeasible`` proves the joint problem
+    infeasible."""
+    problem = make_problem(graph, machine, options, units, ii=ii, length_min=length_min, relaxed=RELAXATION_DROPS)
+    model = open_model(problem, solver=options.solver, hoist=[], explain=False, workers=options.workers,
+                       seed=options.seed, report=options.report)
+    try:
+        return model.feasible_without((), share("relaxation", deadline))
+    finally:
+        model.close()
+
+
 def phase_one(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions, ii: int, *, deadline: float,
               previous: Mapping[str, int] | None, prove: bool) -> tuple[Any, Attempt]:
-    """Phase 1 at ``ii`` (LEN(M), :func:`~twill.solve.modulo.solve_modulo` hinted with the greedy schedule or
-    the previous II's) and its row; when CP-SAT finds nothing in time, the greedy schedule (L unproven)."""
+    """Phase 1 at ``ii`` (:func:`~twill.solve.modulo.solve_modulo` minimising what the backend needs,
+    :data:`~twill.solve.joint.backend.SEARCH_SETTINGS`, hinted with the greedy schedule or the previous
+    II's) and its row; when CP-SAT finds nothing in time, the greedy schedule (L unproven)."""
     from twill.solve.greedy import greedy_modulo
     from twill.solve.modulo import ModuloResult, solve_modulo
 
     greedy = greedy_modulo(graph, units, ii)
     mod = solve_modulo(graph, units, ii, time_limit=share("modulo", deadline),
-                       workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous, prove=prove)
+                       workers=options.modulo_workers(graph), seed=options.seed, hint=greedy or previous, prove=prove,
+                       minimise=SEARCH_SETTINGS[options.solver].phase_one_minimises)
     row = Attempt(ii, modulo=mod.status)
     if "projection" in mod.stats:
         row = replace(row, by="projection", units=tuple(mod.stats["projection"]))
@@ -299,8 +324,9 @@ def phase_one(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions,
 
 
 def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lower_bound: int) -> Schedule:
-    """Algorithm 1: for II = lower_bound, …: phase 1 gives LEN(M); the joint problem at (II, ⌈LEN/II⌉)
-    minimises L; the first feasible II wins, then the secondary objectives. Each phase runs within its
+    """Algorithm 1: for II = lower_bound, …: phase 1 gives n = ⌈LEN(M)/II⌉ (docs/model.md §5, "Copies"); past
+    the modulo-only II the joint relaxation may prove the II infeasible ("Relaxation"); else the joint problem
+    at (II, n) minimises L; the first feasible II wins, then the secondary objectives. Each phase runs within its
     share of the time left (``PHASE_SHARES``); when the joint solve finds nothing within its share, the
     warp assignment is solved alone for phase 1's starts. ``options`` are resolved for ``graph``
     (:meth:`SolveOptions.for_graph`). Raises :class:`InfeasibleScheduleError` when every II up to ``max_ii``
@@ -343,11 +369,21 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         previous = dict(mod.starts)
         if time.perf_counter() >= reserved:
             continue                     # the last resort's reserve has begun: it starts at the next II
-        model = new_model(graph, machine, options, units, ii=ii, length_min=mod.length,
+        # proved: the lower end of L that keeps the least n copies (LEN(M) itself when phase 1 minimised L)
+        length_min = mod.length_bound if mod.status == Status.OPTIMAL else mod.length
+        if ii != search.modulo_ii and search.relaxing:
+            relaxed = relaxation(graph, machine, options, units, ii=ii, length_min=length_min, deadline=reserved)
+            search.relaxing = relaxed != Status.FEASIBLE
+            if relaxed == Status.INFEASIBLE:
+                tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
+                                    joint=Status.INFEASIBLE, by="relaxation")
+                options.report(f"II {options.ii_text(ii)}: joint infeasible (relaxation)")
+                continue
+        model = new_model(graph, machine, options, units, ii=ii, length_min=length_min,
                           explain=ii == search.modulo_ii)
         model.hint(mod.starts)
         outcome = model.solve(Objective.LENGTH, time_limit=share("joint", reserved))
-        row = tried[-1] = replace(row, length_min=mod.length, copies=model.problem.copies,
+        row = tried[-1] = replace(row, length_min=length_min, copies=model.problem.copies,
                                   joint=outcome.status, seconds=outcome.seconds)
         options.report(f"II {options.ii_text(ii)}: joint {outcome.status} ({outcome.seconds:.2f} s)")
         length_proven = mod.status == Status.OPTIMAL and outcome.status == Status.OPTIMAL
@@ -387,11 +423,27 @@ class Search:
         self.modulo_ii: int | None = None
         self.blocked: list[str] | None = None
         self.note = ""
+        #: Whether the next II solves the joint relaxation first: where the backend runs it, until it first
+        #: has a solution (at larger IIs it seldom stops having one, and every such solve is time spent for
+        #: nothing; a heuristic: it decides only what is tried, never what is proved).
+        self.relaxing = SEARCH_SETTINGS[options.solver].relaxation
 
     def explain(self, model: JointModel) -> None:
-        """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found."""
-        self.blocked, self.note = explain_with(model.problem, model.feasible_without,
-                                               time.perf_counter() + share("explain", self.deadline))
+        """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found. Where the
+        backend runs the joint relaxation, it is solved first: when it has no solution, neither has the problem
+        without any one or two of the families it drops, so those answers need no solve."""
+        deadline = time.perf_counter() + share("explain", self.deadline)
+        relaxed = Status.UNKNOWN
+        if self.relaxing:
+            relaxed = model.feasible_without(tuple(RELAXATION_DROPS), share("relaxation", deadline))
+            self.relaxing = relaxed != Status.FEASIBLE
+
+        def oracle(families: tuple[Family, ...], seconds: float) -> Status:
+            if relaxed == Status.INFEASIBLE and set(families) <= RELAXATION_DROPS:
+                return Status.INFEASIBLE
+            return model.feasible_without(families, seconds)
+
+        self.blocked, self.note = explain_with(model.problem, oracle, deadline)
         self.options.report(self.note)
 
     def finish(self, model: JointModel, outcome: JointOutcome, *, proven_below: bool,

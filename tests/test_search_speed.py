@@ -1,0 +1,177 @@
+"""The sound speed-ups of the joint search (docs/model.md §5) keep its answer.
+
+Phase 1 of the CP-SAT joint search minimises the copies ``n = ⌈L/II⌉`` instead of L (``"Copies"``): the
+least ``n`` must be the copies of LEN(M) at every II, on the built-in kernels and on random tile-kernel
+graphs. Past the modulo-only II, the joint relaxation is solved first (``"Relaxation"``), and at the
+modulo-only II it answers the UNSAT explanation's questions about the families it drops. The whole search
+must return the same II, status, objective values and explanation with and without these.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+
+import pytest
+from randgraphs import random_graph
+from solved import solved_kernel
+
+from twill.ir.validate import effective_units
+from twill.kernels import build_kernel
+from twill.machine import get_machine
+from twill.schedule.vocab import RELAXABLE, Status
+from twill.solve import SolveOptions, normalized, schedule
+from twill.solve.joint import backend
+from twill.solve.joint.search import RELAXATION_DROPS, Search
+from twill.solve.modulo import solve_modulo
+
+#: (kernel, arch, kernel options) whose phase 1 is solved in about a second on the 2-core machine.
+QUICK_KERNELS = [
+    ("paper-example", "h100", {}),
+    ("gemm", "b200", {}),
+    ("flash-fwd", "h100", {"subtiles": 1}),
+    ("flash-fwd", "b200", {"subtiles": 1}),
+    ("flash-bwd", "h100", {}),
+]
+
+#: (kernel, arch, kernel options, solve options) of the end-to-end comparison; the slow ones take 5-60 s.
+SEARCHES = [
+    ("paper-example", "h100", {}, {}),
+    ("gemm", "b200", {}, {}),
+    ("flash-fwd", "h100", {"subtiles": 1}, {}),
+    pytest.param("flash-fwd", "b200", {"subtiles": 1}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-fwd", "h100", {"subtiles": 2}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-fwd", "b200", {"subtiles": 2}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-bwd", "h100", {}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-bwd", "b200", {}, {}, marks=pytest.mark.slow),
+    pytest.param("flash-bwd", "b200", {}, {"reg_limit": 136}, marks=pytest.mark.slow),
+]
+
+
+def work_graph(kernel: str, arch: str, options: dict):
+    """The normalized graph of a built-in kernel (what the search solves) and its machine."""
+    machine = get_machine(arch)
+    graph = build_kernel(kernel, machine, **options)
+    return normalized(graph, SolveOptions().for_graph(graph))[0], machine
+
+
+def check_copies(graph, units, iis) -> int:
+    """At every II in ``iis`` where L is proved minimal, the least copies are ⌈LEN(M)/II⌉ and the proved lower
+    end of L lies in ``[(n − 1)·II + 1, LEN(M)]``; returns how many IIs were compared."""
+    compared = 0
+    for ii in iis:
+        least_length = solve_modulo(graph, units, ii, time_limit=30, workers=1)
+        least_copies = solve_modulo(graph, units, ii, time_limit=30, workers=1, minimise="copies")
+        if least_length.status == Status.INFEASIBLE:
+            assert least_copies.status == Status.INFEASIBLE
+            continue
+        assert least_length.status == Status.OPTIMAL and least_copies.status == Status.OPTIMAL
+        copies = math.ceil(least_length.length / ii)
+        assert math.ceil(least_copies.length / ii) == copies
+        assert (copies - 1) * ii < least_copies.length_bound <= least_length.length
+        compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("kernel,arch,options", QUICK_KERNELS)
+def test_least_copies_are_the_copies_of_the_least_length_on_the_built_in_kernels(kernel, arch, options):
+    graph, machine = work_graph(kernel, arch, options)
+    units = effective_units(graph, machine.units)
+    first = next(ii for ii in range(1, 100_000) if solve_modulo(graph, units, ii, time_limit=30).found)
+    assert check_copies(graph, units, range(first, first + 6)) == 6
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_least_copies_are_the_copies_of_the_least_length_on_random_graphs(seed):
+    machine = get_machine("h100")
+    graph = random_graph(10, seed)
+    work = normalized(graph, SolveOptions(resolution=60).for_graph(graph))[0]
+    units = effective_units(work, machine.units)
+    first = next(ii for ii in range(1, 100_000) if solve_modulo(work, units, ii, time_limit=30).found)
+    assert check_copies(work, units, range(first, first + 8)) == 8
+
+
+def test_minimise_names_an_objective():
+    graph, machine = work_graph("paper-example", "h100", {})
+    with pytest.raises(ValueError, match="minimise"):
+        solve_modulo(graph, dict(machine.units), 2, time_limit=5, minimise="stages")
+
+
+#: The search without the speed-ups: phase 1 minimises L and no relaxation is solved.
+PLAIN = backend.SearchSettings("length", relaxation=False)
+
+
+def answer(result) -> tuple:
+    """What the speed-ups must keep: II, its proof, the status, every objective's value and proof, and the
+    UNSAT explanation at the modulo-only II."""
+    return (result.ii, result.ii_lower_bound, result.status,
+            [(o["name"], o["value"], o["proven"]) for o in result.stats["objectives"]],
+            result.stats.get("blocked_by"))
+
+
+@pytest.mark.parametrize("kernel,arch,options,solve_options", SEARCHES)
+def test_the_joint_search_answers_the_same_without_the_speed_ups(kernel, arch, options, solve_options,
+                                                                           monkeypatch):
+    machine = get_machine(arch)
+    graph = build_kernel(kernel, machine, **options)
+    fast = schedule(graph, machine, SolveOptions(**solve_options))
+    monkeypatch.setitem(backend.SEARCH_SETTINGS, "cpsat", PLAIN)
+    assert answer(schedule(graph, machine, SolveOptions(**solve_options))) == answer(fast)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_joint_search_answers_the_same_on_random_graphs(seed, monkeypatch):
+    machine = get_machine("h100")
+    graph = random_graph(10, seed)
+    options = SolveOptions(resolution=60, time_limit=60)
+    fast = schedule(graph, machine, options)
+    monkeypatch.setitem(backend.SEARCH_SETTINGS, "cpsat", PLAIN)
+    assert answer(schedule(graph, machine, options)) == answer(fast)
+
+
+@pytest.mark.slow
+def test_the_relaxation_proves_the_b200_backward_iis_past_the_modulo_only_ii():
+    """B200 flash-bwd at FA4's budget: TMEM is full and the dQ chunk must cross from its 4-warp group to the
+    MMA warp (dq_load -> dp), so the relaxation alone rules out every II between the modulo-only II and the
+    final one; the modulo-only II keeps its full joint solve (the UNSAT explanation)."""
+    result = solved_kernel("flash-bwd", "b200", reg_limit=136)
+    rows = result.stats["tried"]
+    modulo_ii = result.stats["modulo_ii"]
+    assert [r["ii"] for r in rows if r.get("by") == "relaxation"] == list(range(modulo_ii + 1, result.ii))
+    assert all(r["joint"] == "infeasible" and r["modulo"] == "optimal" for r in rows if r.get("by") == "relaxation")
+    assert result.stats["blocked_by"] == ["memory_capacity"] and result.status == "optimal"
+
+
+class StubModel:
+    """A joint model whose only blocking family is ``memory_capacity`` and whose relaxation is infeasible;
+    records the families each ``feasible_without`` call drops."""
+
+    def __init__(self):
+        self.problem = SimpleNamespace(ii=10, copies=2, length_max=20)
+        self.asked: list[frozenset] = []
+
+    def feasible_without(self, families, seconds):
+        self.asked.append(frozenset(families))
+        return Status.FEASIBLE if "memory_capacity" in families else Status.INFEASIBLE
+
+
+def explained(solver: str) -> tuple[Search, StubModel]:
+    model = StubModel()
+    search = Search(None, None, SolveOptions(solver=solver), started=time.perf_counter(),
+                    deadline=time.perf_counter() + 60, lower_bound=1)
+    search.explain(model)
+    return search, model
+
+
+def test_the_explanation_asks_only_about_families_the_infeasible_relaxation_keeps():
+    search, model = explained("cpsat")
+    assert model.asked[0] == RELAXATION_DROPS
+    assert set(model.asked[1:]) == {frozenset({f}) for f in RELAXABLE if f not in RELAXATION_DROPS}
+    assert search.blocked == ["memory_capacity"] and search.relaxing
+
+
+def test_the_explanation_of_a_backend_without_the_relaxation_asks_about_every_family():
+    search, model = explained("yices")
+    assert model.asked == [frozenset({f}) for f in RELAXABLE]
+    assert search.blocked == ["memory_capacity"] and not search.relaxing
