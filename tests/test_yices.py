@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+from solved import solved_kernel
 
 from twill.errors import InfeasibleScheduleError, SolverUnavailableError
 from twill.ir.builder import GraphBuilder
@@ -235,12 +236,6 @@ def test_warp_issue(yices):
 
 
 # -- search and agreement with CP-SAT ---------------------------------------------------------------------
-def solve_both(graph: LoopGraph, machine, **options):
-    from twill.solve import SolveOptions, schedule
-
-    return [schedule(graph, machine, SolveOptions(solver=backend, **options)) for backend in ("cpsat", "yices")]
-
-
 def test_paper_example_matches_figure_1():
     from twill.kernels import build_kernel
     from twill.machine.models import H100
@@ -279,14 +274,15 @@ def test_backends_agree_on_builtin_kernels(kernel, options, arch):
         graph = build_kernel(kernel, machine, **options)
     except ModuleNotFoundError as exc:
         pytest.skip(f"built-in kernel {kernel!r} not available yet ({exc})")
+    yices_options = SolveOptions(solver="yices", resolution=RESOLUTION, time_limit=120)
     try:
-        cpsat, yices_schedule = solve_both(graph, machine, resolution=RESOLUTION, time_limit=120)
+        cpsat = solved_kernel(kernel, arch, options, resolution=RESOLUTION)   # shared with the windows test
     except InfeasibleScheduleError as exc:
-        assert "yices" not in str(exc), f"only the yices backend failed: {exc}"
         with pytest.raises(InfeasibleScheduleError, match=r"yices backend") as mine:
-            schedule(graph, machine, SolveOptions(solver="yices", resolution=RESOLUTION, time_limit=120))
+            schedule(graph, machine, yices_options)
         assert str(exc).split("(no warp")[-1] == str(mine.value).split("(no warp")[-1]
         return
+    yices_schedule = schedule(graph, machine, yices_options)
     assert (yices_schedule.ii, yices_schedule.length) == (cpsat.ii, cpsat.length)
     assert yices_schedule.status == cpsat.status == "optimal"
     assert yices_schedule.solver == "yices" and yices_schedule.assignment
@@ -302,13 +298,10 @@ def test_backends_agree_on_builtin_kernels(kernel, options, arch):
 def test_issue_windows_contain_the_cpsat_schedules(kernel, options):
     """The windows that bound the grid (docs/model.md, Yices backend) hold every start of CP-SAT's optimal
     schedule at its (II, n): they cut no schedule off."""
-    from twill.kernels import build_kernel
-    from twill.machine.models import B200, H100
-    from twill.solve import SolveOptions, schedule
     from twill.solve.joint.yices import issue_windows
 
-    for machine in (H100, B200):
-        s = schedule(build_kernel(kernel, machine, **options), machine, SolveOptions(resolution=RESOLUTION))
+    for arch in ("h100", "b200"):
+        s = solved_kernel(kernel, arch, options, resolution=RESOLUTION)
         problem = joint_problem(s.graph, ii=s.ii, length=s.length)
         windows = issue_windows(problem)
         assert all(windows[v][0] <= t <= windows[v][1] for v, t in s.starts.items())
