@@ -447,7 +447,7 @@ def test_unhoisted_first_agrees_with_cpsat(copies, hoisted):
     problem = joint_problem(b.build(), ii=4, length=4 * copies - 1)
     found = []
     for solver in ("cpsat", "yices"):
-        model = open_model(problem, solver=solver, hoist=[("U", "V")], explain=False, workers=1, seed=0,
+        model = open_model(problem, solver=solver, hoist=[("U", "V")], workers=1, seed=0,
                            report=lambda line: None)
         first = model.solve(Objective.LENGTH, time_limit=30)
         _, records = _secondary(model, first, time.perf_counter() + 60, True)

@@ -228,10 +228,10 @@ def undecided_message(graph: LoopGraph, options: SolveOptions, tried: list[Attem
 
 
 def new_model(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
-              length_min: int, explain: bool = False) -> JointModel:
+              length_min: int) -> JointModel:
     """The solver's joint model at ``ii`` with copies from ``length_min`` (and the hoist objective if any)."""
     return open_model(make_problem(graph, machine, options, units, ii=ii, length_min=length_min),
-                      solver=options.solver, hoist=hoist_pairs(graph, machine), explain=explain,
+                      solver=options.solver, hoist=hoist_pairs(graph, machine),
                       workers=options.workers, seed=options.seed, report=options.report)
 
 
@@ -343,8 +343,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         previous = dict(mod.starts)
         if time.perf_counter() >= reserved:
             continue                     # the last resort's reserve has begun: it starts at the next II
-        model = new_model(graph, machine, options, units, ii=ii, length_min=mod.length,
-                          explain=ii == search.modulo_ii)
+        model = new_model(graph, machine, options, units, ii=ii, length_min=mod.length)
         model.hint(mod.starts)
         outcome = model.solve(Objective.LENGTH, time_limit=share("joint", reserved))
         row = tried[-1] = replace(row, length_min=mod.length, copies=model.problem.copies,

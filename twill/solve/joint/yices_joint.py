@@ -95,7 +95,7 @@ def minimize_before_length(m: YicesModel, name: str, *, deadline: float,
     L_max), then assert its best value: binary search over ``objective ≤ k`` queries. Returns (best, proved
     optimal), or ``infeasible`` / ``unknown`` when the window has no schedule."""
     p = m.problem
-    base = length_formulas(m, p.length_max) + switches(m)
+    base = length_formulas(m, p.length_max)
     answer = query(m, base, timeout=deadline - time.perf_counter())
     if answer != "sat":
         return Status.INFEASIBLE if answer == "unsat" else Status.UNKNOWN
@@ -130,7 +130,7 @@ def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], No
         probe = False
         began = time.perf_counter()
         kept, m.model = m.model, None
-        answer = query(m, [*assume, *length_formulas(m, length), *switches(m)], timeout=remaining)
+        answer = query(m, [*assume, *length_formulas(m, length)], timeout=remaining)
         report(f"II {p.ii}, L {length} (T {p.horizon(length)}): {answer} ({time.perf_counter() - began:.2f} s)")
         if answer == "sat":
             if kept is not None:
@@ -145,7 +145,7 @@ def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], No
     if best is None:
         return Status.INFEASIBLE if proven else Status.UNKNOWN
     m.add("objective_fixes", assume)
-    m.add("completion", length_formulas(m, best) + switches(m))
+    m.add("completion", length_formulas(m, best))
     return best, proven
 
 
@@ -165,12 +165,14 @@ class YicesJoint:
 
     tie_break = "first model Yices returns at the last objective's optimum"
 
-    def __init__(self, problem: JointProblem, *, hoist: Sequence[tuple[str, str]] = (), switched: bool = False,
+    def __init__(self, problem: JointProblem, *, hoist: Sequence[tuple[str, str]] = (),
                  report: Callable[[str], None] = lambda line: None):
         from twill.solve._yices_loader import load_yices
 
         self.problem = problem
-        self.model = build_model(load_yices(), problem, switched=switched)
+        self.yices = load_yices()
+        self.model = build_model(self.yices, problem)
+        self.switched: YicesModel | None = None
         if hoist:
             add_hoist_term(self.model, hoist)
         lead = (Objective.UNHOISTED,) if hoist else ()
@@ -233,8 +235,12 @@ class YicesJoint:
                             time.perf_counter() - began, tuple(settled))
 
     def feasible_without(self, families: tuple[Family, ...], seconds: float) -> Status:
-        """One query with the switches of ``families`` off (a switched model; some L of the window)."""
-        answer = query(self.model, switches(self.model, off=families), timeout=seconds)
+        """One query with the switches of ``families`` off (some L of the window) on a second, switched
+        model of the problem, built at the first call: the switch literals would slow every query of the
+        model the search solves, and only an infeasible modulo-only II asks for an explanation."""
+        if self.switched is None:
+            self.switched = build_model(self.yices, self.problem, switched=True)
+        answer = query(self.switched, switches(self.switched, off=families), timeout=seconds)
         return {"sat": Status.FEASIBLE, "unsat": Status.INFEASIBLE}.get(answer, Status.UNKNOWN)
 
     def size(self) -> ModelSize:
@@ -245,3 +251,5 @@ class YicesJoint:
 
     def close(self) -> None:
         self.model.close()
+        if self.switched is not None:
+            self.switched.close()
