@@ -604,15 +604,20 @@ def add_register_limit(m: YicesModel) -> None:
     placed = [v for v in holders if in_place(m.graph, v)]
     interval = [(v, i) for v in holders if v not in placed for i in range(m.copies)]
     regs = {v: m.graph.op(v).regs for v in holders}
+    free: dict[tuple[str, int, int], int] = {}          # ¬(live[u,j,t] ∨ op[u,j,t]), built once per (u, j, t)
+    for u, j in interval:
+        for t in range(m.span):
+            if (u, j, t) in m.op_at or (u, j, t) in m.live_at:
+                free[(u, j, t)] = m.neg(m.any([m.live(u, j, t), m.op(u, j, t)]))
     for v, i in interval:
-        issue_times = [t for t in range(m.span) if (v, i, t) in m.op_at]
+        issues = [(t, m.neg(m.op(v, i, t))) for t in range(m.span) if (v, i, t) in m.op_at]
         terms = [(m.true, regs[v])]
         for u, j in interval:
             if (u, j) == (v, i):
                 continue
             covers = m.new_bool(f"covers[{u},{j},{v},{i}]")
-            out += [m.any([m.neg(m.op(v, i, t)), m.neg(m.any([m.live(u, j, t), m.op(u, j, t)])), covers])
-                    for t in issue_times if (u, j, t) in m.op_at or (u, j, t) in m.live_at]
+            out += [m.any([not_issued, free[(u, j, t)], covers]) for t, not_issued in issues
+                    if (u, j, t) in free]
             terms.append((m.all([covers, m.true if u == v else m.same(u, v)]), regs[u]))
         terms += [(m.same(u, v), regs[u]) for u in placed]
         out += at_most(m, terms, budget)
