@@ -488,7 +488,8 @@ def add_memory_capacity(m: YicesModel) -> None:
     ``resident + Σ_v smem(v)·depth(v) + Σ_e staging(e) ≤ smem_per_block`` and ``Σ_v tmem(v)·depth(v) ≤ tmem``,
     ``depth(v) ≥ k_u + δ − k_v + 1`` per out-edge to another op (1 for accumulators; ≥ least_depth(v) for
     streaming loads), ``staging(u→v) ≥ bytes(u)·(k_v + δ − k_u + 1)`` when the edge crosses groups. The
-    floor of ``smem`` (``m.floors``): every ring at its least depth and nothing staged, term by term."""
+    floor of ``smem`` (``m.floors``): every shared-memory ring at its least depth and nothing staged, term by
+    term (the one way ``smem`` meets :func:`smem_lower_bound`)."""
     p, T = m.problem, m.y.Terms
     formulas = []
     max_depth = p.copies + max([e.distance for e in m.graph.edges] or [0]) + most_least_depth(p) + 1
@@ -508,8 +509,9 @@ def add_memory_capacity(m: YicesModel) -> None:
                 formulas.append(T.arith_geq_atom(depth, m.integer(least)))
         smem_terms.append(T.mul(m.integer(op.smem), depth))
         tmem_terms.append(T.mul(m.integer(op.tmem), depth))
-        floor.append(m.leq(depth, m.integer(1 if is_accumulator(op) else
-                                            m.graph.least_depth(op.name, p.streaming_depth))))
+        if op.smem > 0:
+            floor.append(m.leq(depth, m.integer(1 if is_accumulator(op) else
+                                                m.graph.least_depth(op.name, p.streaming_depth))))
     if p.active("cross_warp_spills") and p.cross_warp:
         for e in m.graph.edges:
             if not m.crossing(e):
