@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+from dataclasses import replace
 import sys
 
 import pytest
@@ -298,13 +299,14 @@ def test_backends_agree_on_builtin_kernels(kernel, options, arch):
 def test_issue_windows_contain_the_cpsat_schedules(kernel, options):
     """The windows that bound the grid (docs/model.md, Yices backend) hold every start of CP-SAT's optimal
     schedule at its (II, n): they cut no schedule off."""
-    from twill.solve.joint.yices import issue_windows
+    from twill.solve.joint.yices import issue_tails, issue_windows
 
     for arch in ("h100", "b200"):
         s = solved_kernel(kernel, arch, options, resolution=RESOLUTION)
         problem = joint_problem(s.graph, ii=s.ii, length=s.length)
-        windows = issue_windows(problem)
+        windows, tails = issue_windows(problem), issue_tails(problem)
         assert all(windows[v][0] <= t <= windows[v][1] for v, t in s.starts.items())
+        assert all(t <= s.length - tails[v] for v, t in s.starts.items())      # the windows at L itself
         assert any(windows[v][1] - windows[v][0] < problem.horizon(problem.length_max) - 1 for v in windows)
 
 
@@ -353,3 +355,96 @@ def test_at_most_agrees_with_the_sum(yices, weights, bound):
         fixed = [x if on else m.neg(x) for x, on in zip(xs, values)]
         expected = "sat" if sum(w for w, on in zip(weights, values) if on) <= bound else "unsat"
         assert query(m, fixed + formulas, timeout=10) == expected, values
+
+
+def test_length_formulas_are_completion_in_a_windowed_model(yices):
+    """The windows at L (``length_formulas``) admit exactly the schedules COMPLETION at T(L) admits: for
+    every L of the window both queries agree, on a chain whose windows differ from COMPLETION."""
+    from twill.solve.joint.yices import build_model, completion_formulas, length_formulas, query
+
+    b = builder()
+    b.op("A", uses={"X": 1}, cycles=2)
+    b.op("B", uses={"Y": 1}, cycles=3)
+    b.op("C", uses={"X": 1})
+    b.edge("A", "B", delay=2)
+    b.edge("B", "C", delay=3)
+    b.edge("C", "A", delay=1, distance=1)
+    problem = replace(joint_problem(b.build(), ii=6, length=12), length_min=4)   # least L 6: A 0, B 2, C 5
+    m = build_model(yices, problem)
+    assert m.windows_on and m.tails["A"] == 6
+    answers = []
+    for length in range(problem.length_min - 1, problem.length_max + 1):
+        windows = query(m, length_formulas(m, length), timeout=30)
+        assert windows == query(m, completion_formulas(m, problem.horizon(length)), timeout=30), length
+        answers.append(windows)
+    assert answers[0] == "unsat" and answers[-1] == "sat"
+    late_a = m.neg(m.op("A", 0, 1))             # A issues at 0 when L = 6 = tail(A): the window says so
+    assert late_a in length_formulas(m, 6) and late_a not in completion_formulas(m, problem.horizon(6))
+
+
+def test_context_is_usable_after_a_time_out_and_a_recovery(yices):
+    """A query stopped by its time out leaves the context as it was (``recover``: pop, push, the
+    assertions since the model was built); the answers after it, and after an explicit recovery, are the
+    ones of a fresh model."""
+    from twill.kernels import build_kernel
+    from twill.machine.models import H100
+    from twill.solve.joint.yices import build_model, length_formulas, query
+
+    graph = build_kernel("paper-example", H100)
+    problem = joint_problem(graph, ii=2, length=4, smem=10**9)
+    m = build_model(yices, problem)
+    roomy, none = (m.leq(m.objective["warps"], m.integer(k)) for k in (100, 0))
+    m.add("objective_fixes", [roomy])
+    query(m, length_formulas(m, problem.length_min), timeout=0.0)
+    assert m.since_seal == [roomy] and query(m, [], timeout=30) == "sat"
+    m.add("objective_fixes", [none])
+    m.recover()
+    assert m.since_seal == [roomy, none] and query(m, [], timeout=30) == "unsat"
+
+
+def test_smem_floor_meets_the_static_lower_bound(yices):
+    """The floor of SMEM (every ring at its least depth, nothing staged) is satisfiable exactly when
+    ``smem ≤ smem_lower_bound`` is, and its models have that value."""
+    from twill.kernels import build_kernel
+    from twill.machine.models import H100
+    from twill.solve.joint.yices import build_model, query, smem_lower_bound
+    from twill.solve.joint.yices_joint import value
+
+    from twill.solve import SolveOptions, schedule
+
+    s = schedule(build_kernel("gemm", H100), H100, SolveOptions(resolution=RESOLUTION))
+    for depth in (2, 3):
+        problem = joint_problem(s.graph, ii=s.ii, length=s.length, streaming_depth=depth, smem=10**9)
+        m = build_model(yices, problem)
+        bound = smem_lower_bound(problem)
+        assert bound > problem.smem_resident
+        assert query(m, m.floors["smem"], timeout=30) == "sat" and value(m, m.objective["smem"]) == bound
+        assert query(m, [m.leq(m.objective["smem"], m.integer(bound - 1))], timeout=30) == "unsat"
+
+
+@pytest.mark.parametrize("copies,hoisted", [(1, 1), (2, 0)])
+def test_unhoisted_first_agrees_with_cpsat(copies, hoisted):
+    """``unhoisted`` before L (Yices: the L search under ``unhoisted ≤ 0``, and the window minimisation when
+    no L allows 0): with one copy both MMAs share stage 0 (1 unhoisted pair), with two the pair can be
+    split; both backends return the same value of every objective, each proved optimal."""
+    import time
+
+    from twill.schedule.vocab import Objective
+    from twill.solve.joint.backend import open_model
+    from twill.solve.joint.search import _secondary
+
+    b = builder()
+    b.op("U", uses={"X": 1}, cycles=2)
+    b.op("V", uses={"X": 1}, cycles=2)
+    b.edge("U", "V", delay=2)
+    problem = joint_problem(b.build(), ii=4, length=4 * copies - 1)
+    found = []
+    for solver in ("cpsat", "yices"):
+        model = open_model(problem, solver=solver, hoist=[("U", "V")], workers=1, seed=0,
+                           report=lambda line: None)
+        first = model.solve(Objective.LENGTH, time_limit=30)
+        _, records = _secondary(model, first, time.perf_counter() + 60, True)
+        model.close()
+        assert all(r.proven for r in records)
+        found.append({r.name: r.value for r in records})
+    assert found[0] == found[1] and found[0][Objective.UNHOISTED] == hoisted

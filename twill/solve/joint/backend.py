@@ -72,15 +72,14 @@ class JointModel(Protocol):
         """Free what the backend holds (a Yices context); the model is not used afterwards."""
 
 
-def open_model(problem: JointProblem, *, solver: str, hoist: list[tuple[str, str]], explain: bool, workers: int,
-               seed: int, report: Callable[[str], None]) -> JointModel:
+def open_model(problem: JointProblem, *, solver: str, hoist: list[tuple[str, str]], workers: int, seed: int,
+               report: Callable[[str], None]) -> JointModel:
     """The ``solver`` backend's model of ``problem`` with the ``unhoisted`` objective over the pairs
-    ``hoist`` (none when empty); ``explain`` asks for a model that answers :meth:`JointModel.feasible_without`
-    cheaply (Yices guards the relaxable families with switch literals)."""
+    ``hoist`` (none when empty)."""
     if solver == "yices":
         from twill.solve.joint.yices_joint import YicesJoint
 
-        return YicesJoint(problem, hoist=hoist, switched=explain, report=report)
+        return YicesJoint(problem, hoist=hoist, report=report)
     from twill.solve.joint.cpsat import CpsatJoint
 
     return CpsatJoint(problem, hoist=hoist, workers=workers, seed=seed)

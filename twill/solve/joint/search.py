@@ -237,10 +237,10 @@ def undecided_message(graph: LoopGraph, options: SolveOptions, tried: list[Attem
 
 
 def new_model(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
-              length_min: int, explain: bool = False) -> JointModel:
+              length_min: int) -> JointModel:
     """The solver's joint model at ``ii`` with copies from ``length_min`` (and the hoist objective if any)."""
     return open_model(make_problem(graph, machine, options, units, ii=ii, length_min=length_min),
-                      solver=options.solver, hoist=hoist_pairs(graph, machine), explain=explain,
+                      solver=options.solver, hoist=hoist_pairs(graph, machine),
                       workers=options.workers, seed=options.seed, report=options.report)
 
 
@@ -293,8 +293,8 @@ def relaxation(graph: LoopGraph, machine: Machine, options: SolveOptions, units:
     solved for satisfiability within its share of the time: ``infeasible`` proves the joint problem
     infeasible."""
     problem = make_problem(graph, machine, options, units, ii=ii, length_min=length_min, relaxed=RELAXATION_DROPS)
-    model = open_model(problem, solver=options.solver, hoist=[], explain=False, workers=options.workers,
-                       seed=options.seed, report=options.report)
+    model = open_model(problem, solver=options.solver, hoist=[], workers=options.workers, seed=options.seed,
+                       report=options.report)
     try:
         return model.feasible_without((), share("relaxation", deadline))
     finally:
@@ -379,8 +379,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
                                     joint=Status.INFEASIBLE, by="relaxation")
                 options.report(f"II {options.ii_text(ii)}: joint infeasible (relaxation)")
                 continue
-        model = new_model(graph, machine, options, units, ii=ii, length_min=length_min,
-                          explain=ii == search.modulo_ii)
+        model = new_model(graph, machine, options, units, ii=ii, length_min=length_min)
         model.hint(mod.starts)
         outcome = model.solve(Objective.LENGTH, time_limit=share("joint", reserved))
         row = tried[-1] = replace(row, length_min=length_min, copies=model.problem.copies,

@@ -11,9 +11,9 @@ receive rule, mma_wait sharing its MMA's group, and MEMORY CAPACITY as staticall
 Each query is a pure satisfiability check. :class:`~twill.solve.joint.yices_joint.YicesJoint` is this backend
 behind the protocol of :mod:`twill.solve.joint.backend`, driven by Algorithm 1 (:mod:`twill.solve.joint.search`): at each I, one
 query at L = LEN(M), then binary search over L ≤ n·I (COMPLETION is monotone in L). The model is built once per I on the widest grid
-of that window (T_max = (n−1)·I + n·I) and each L asserts its COMPLETION under ``push``/``pop``; nothing can issue
-past T, so the extra tail changes no answer. Secondary objectives (stages, warps, SMEM, prologue) are
-minimised by the same kind of queries: ``push``, assert ``objective ≤ k``, ``check_context(timeout)``, ``pop``.
+of that window (T_max = (n−1)·I + n·I) and each L is an assumption of one query (:func:`length_formulas`,
+:func:`query`); nothing can issue past T, so the extra tail changes no answer. Secondary objectives (stages,
+warps, SMEM, prologue) are minimised by the same kind of queries, assuming ``objective ≤ k``.
 
 Auxiliary terms, each defined by an equivalence so that it adds no freedom:
   * ``issued[v,i,t] ⇔ issued[v,i,t−1] ∨ op[v,i,t]`` turns the paper's quadratic DEPENDENCE and CROSS-WARP
@@ -27,6 +27,7 @@ Yices is GPL-3.0 and optional (``pip install "twill-gpu[yices]"``), loaded lazil
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Iterable, Sequence
 
 from twill.ir.graph import Edge
@@ -59,6 +60,7 @@ class YicesModel:
         self.copies = problem.copies
         self.span = problem.horizon(problem.length_max)
         self.windows_on = windowed
+        self.tails = issue_tails(problem) if windowed else {}
         self.windows = issue_windows(problem) if windowed else {
             v: (0, self.span - 1) for v in self.graph.op_names}
         config = yices.Config()
@@ -76,7 +78,9 @@ class YicesModel:
         self.width: list[int] = []
         self.heavy: list[int] = []
         self.objective: dict[str, int] = {}
+        self.floors: dict[str, list[int]] = {}
         self.model: Any = None
+        self.since_seal: list[int] | None = None
         self._same: dict[tuple[str, str], int] = {}
         self._inflight: dict[tuple[str, int], int] = {}
         self._negations: dict[int, int] = {}
@@ -118,7 +122,24 @@ class YicesModel:
             formulas = [self.implies([self.switch[family]], f) for f in formulas]
         if formulas:
             self.context.assert_formulas(formulas)
+        if self.since_seal is not None:
+            self.since_seal += formulas
         self.counts[family] = self.counts.get(family, 0) + len(formulas)
+
+    def seal(self) -> None:
+        """Mark the model built: ``push``, and keep every later assertion (L, objective values) for
+        :meth:`recover`."""
+        if self.context.status() != self.y.Status.UNSAT:       # an unsat context takes no push (nor needs it)
+            self.context.push()
+        self.since_seal = []
+
+    def recover(self) -> None:
+        """After an interrupted check (time out): ``pop`` (the one call that returns an interrupted context
+        to use), ``push`` and assert again what was asserted since :meth:`seal`."""
+        self.context.pop()
+        self.context.push()
+        if self.since_seal:
+            self.context.assert_formulas(self.since_seal)
 
     def on(self, family: str) -> int:
         """The switch literal of a relaxable family (true when the model is not switched)."""
@@ -231,23 +252,29 @@ class YicesModel:
 
 
 # -- variables -------------------------------------------------------------------------------------------
+def issue_tails(problem: JointProblem) -> dict[str, int]:
+    """``tail(v) = max_u W(v, u) + cycles(u)`` over ``u = v`` and every op a path from ``v`` reaches
+    (``twill.ir.bounds.dependence_closure``): copy 0 of ``v`` issues at least ``tail(v)`` before L, since each
+    such ``u`` starts ``W(v, u)`` after ``v`` or later and completes by L."""
+    from twill.ir.bounds import dependence_closure
+
+    graph = problem.graph
+    closure = dependence_closure(graph, problem.ii) or {}
+    return {op.name: max([op.cycles] + [w + graph.op(u).cycles for (src, u), w in closure.items()
+                                        if src == op.name]) for op in graph.ops}
+
+
 def issue_windows(problem: JointProblem) -> dict[str, tuple[int, int]]:
-    """Copy 0 of ``v`` issues in ``[asap(v), L_max − tail(v)]``: ``asap`` is the longest dependence path
-    from a source at 0 and ``tail(v) = max_u W(v, u) + cycles(u)`` over ``u = v`` and every op a path from
-    ``v`` reaches (``twill.ir.bounds.dependence_closure``), since ``u`` must complete by ``L ≤ L_max``.
+    """Copy 0 of ``v`` issues in ``[asap(v), L_max − tail(v)]`` (:func:`issue_tails`): ``asap`` is the
+    longest dependence path from a source at 0 and every op ``v`` reaches must complete by ``L ≤ L_max``.
     CONSISTENCY, COMPLETION and DEPENDENCE imply both ends (copy ``i`` is copy 0 shifted by ``i·I``, and
     every edge constrains some pair of copies: ``t_v − t_u ≥ d − δ·I`` on copy 0), so the grid outside the
     windows holds no schedule (docs/model.md, Yices backend, "Windows")."""
-    from twill.ir.bounds import asap_starts, dependence_closure
+    from twill.ir.bounds import asap_starts
 
-    graph, ii = problem.graph, problem.ii
-    asap = asap_starts(graph, ii) or {}
-    closure = dependence_closure(graph, ii) or {}
-    windows = {}
-    for op in graph.ops:
-        tail = max([op.cycles] + [w + graph.op(u).cycles for (src, u), w in closure.items() if src == op.name])
-        windows[op.name] = (asap.get(op.name, 0), problem.length_max - tail)
-    return windows
+    asap = asap_starts(problem.graph, problem.ii) or {}
+    tails = issue_tails(problem)
+    return {op.name: (asap.get(op.name, 0), problem.length_max - tails[op.name]) for op in problem.graph.ops}
 
 
 def add_variables(m: YicesModel) -> None:
@@ -308,8 +335,18 @@ def completion_formulas(m: YicesModel, horizon: int) -> list[int]:
 
 
 def add_completion(m: YicesModel) -> None:
-    """COMPLETION at the widest horizon of the model; each L narrows it in :func:`check`."""
+    """COMPLETION at the widest horizon of the model; each L narrows it (:func:`length_formulas`)."""
     m.add("completion", completion_formulas(m, m.span))
+
+
+def length_formulas(m: YicesModel, length: int) -> list[int]:
+    """L = ``length``: COMPLETION at T = (n−1)·I + L; in a windowed model instead the issue windows at L,
+    copy i of v issuing by ``L − tail(v) + i·I`` (:func:`issue_tails`; :func:`issue_windows` with L for
+    L_max). The windows are implied by COMPLETION at T with CONSISTENCY and DEPENDENCE, and imply it
+    (``tail(v) ≥ cycles(v)``, ``i ≤ n−1``): the same schedules, as unit clauses the solver needs not derive."""
+    if not m.windows_on:
+        return completion_formulas(m, m.problem.horizon(length))
+    return [m.neg(lit) for (v, i, t), lit in m.op_at.items() if t > length - m.tails[v] + i * m.ii]
 
 
 def dependence_pairs(m: YicesModel, edge: Edge) -> list[tuple[int, int, int]]:
@@ -450,11 +487,13 @@ def add_memory_capacity(m: YicesModel) -> None:
     """MEMORY CAPACITY (Fig. 5, docs/model.md §4: statically allocated ring buffers):
     ``resident + Σ_v smem(v)·depth(v) + Σ_e staging(e) ≤ smem_per_block`` and ``Σ_v tmem(v)·depth(v) ≤ tmem``,
     ``depth(v) ≥ k_u + δ − k_v + 1`` per out-edge to another op (1 for accumulators; ≥ least_depth(v) for
-    streaming loads), ``staging(u→v) ≥ bytes(u)·(k_v + δ − k_u + 1)`` when the edge crosses groups."""
+    streaming loads), ``staging(u→v) ≥ bytes(u)·(k_v + δ − k_u + 1)`` when the edge crosses groups. The
+    floor of ``smem`` (``m.floors``): every shared-memory ring at its least depth and nothing staged, term by
+    term (the one way ``smem`` meets :func:`smem_lower_bound`)."""
     p, T = m.problem, m.y.Terms
     formulas = []
     max_depth = p.copies + max([e.distance for e in m.graph.edges] or [0]) + most_least_depth(p) + 1
-    smem_terms, tmem_terms = [m.integer(p.smem_resident)], []
+    smem_terms, tmem_terms, floor = [m.integer(p.smem_resident)], [], []
     for op in m.graph.ops:
         if not holds_memory(op):
             continue
@@ -470,6 +509,9 @@ def add_memory_capacity(m: YicesModel) -> None:
                 formulas.append(T.arith_geq_atom(depth, m.integer(least)))
         smem_terms.append(T.mul(m.integer(op.smem), depth))
         tmem_terms.append(T.mul(m.integer(op.tmem), depth))
+        if op.smem > 0:
+            floor.append(m.leq(depth, m.integer(1 if is_accumulator(op) else
+                                                m.graph.least_depth(op.name, p.streaming_depth))))
     if p.active("cross_warp_spills") and p.cross_warp:
         for e in m.graph.edges:
             if not m.crossing(e):
@@ -481,8 +523,10 @@ def add_memory_capacity(m: YicesModel) -> None:
             formulas.append(m.implies([m.on("cross_warp_spills"), m.neg(m.same(e.src, e.dst))],
                                       T.arith_geq_atom(staged, need)))
             smem_terms.append(staged)
+            floor.append(m.leq(staged, m.zero))
     smem = T.sum(smem_terms)
     m.objective["smem"] = smem
+    m.floors["smem"] = floor
     if p.active("memory_capacity"):
         formulas.append(m.leq(smem, m.integer(p.smem_capacity)))
         if p.tmem_capacity > 0 and tmem_terms:
@@ -562,15 +606,20 @@ def add_register_limit(m: YicesModel) -> None:
     placed = [v for v in holders if in_place(m.graph, v)]
     interval = [(v, i) for v in holders if v not in placed for i in range(m.copies)]
     regs = {v: m.graph.op(v).regs for v in holders}
+    free: dict[tuple[str, int, int], int] = {}          # ¬(live[u,j,t] ∨ op[u,j,t]), built once per (u, j, t)
+    for u, j in interval:
+        for t in range(m.span):
+            if (u, j, t) in m.op_at or (u, j, t) in m.live_at:
+                free[(u, j, t)] = m.neg(m.any([m.live(u, j, t), m.op(u, j, t)]))
     for v, i in interval:
-        issue_times = [t for t in range(m.span) if (v, i, t) in m.op_at]
+        issues = [(t, m.neg(m.op(v, i, t))) for t in range(m.span) if (v, i, t) in m.op_at]
         terms = [(m.true, regs[v])]
         for u, j in interval:
             if (u, j) == (v, i):
                 continue
             covers = m.new_bool(f"covers[{u},{j},{v},{i}]")
-            out += [m.any([m.neg(m.op(v, i, t)), m.neg(m.any([m.live(u, j, t), m.op(u, j, t)])), covers])
-                    for t in issue_times if (u, j, t) in m.op_at or (u, j, t) in m.live_at]
+            out += [m.any([not_issued, free[(u, j, t)], covers]) for t, not_issued in issues
+                    if (u, j, t) in free]
             terms.append((m.all([covers, m.true if u == v else m.same(u, v)]), regs[u]))
         terms += [(m.same(u, v), regs[u]) for u in placed]
         out += at_most(m, terms, budget)
@@ -710,28 +759,32 @@ def build_model(yices: Any, problem: JointProblem, families: Iterable[str] = FAM
     m.objective.setdefault("warps", m.y.Terms.sum(m.width))
     m.objective.setdefault("smem", m.zero)
     add_objective_terms(m)
+    m.seal()
     return m
 
 
 # -- queries ---------------------------------------------------------------------------------------------
 def query(m: YicesModel, assumptions: Sequence[int] = (), timeout: float | None = None) -> str:
-    """One satisfiability check of the context plus ``assumptions`` (asserted inside push/pop):
-    ``sat`` (the model is kept in ``m.model``), ``unsat`` or ``unknown`` (time out)."""
+    """One satisfiability check of the context under ``assumptions`` (``check_context_with_assumptions``:
+    nothing is asserted, so the clauses Yices learns stay for the next query, where push/pop would drop
+    them), stopped after ``timeout`` seconds: ``sat`` (the model is kept in ``m.model``), ``unsat`` or
+    ``unknown`` (time out)."""
     y = m.y
-    if assumptions:
-        m.context.push()
-        m.context.assert_formulas(list(assumptions))
+    timer = None if timeout is None else threading.Timer(max(0.01, timeout), m.context.stop_search)
+    if timer is not None:
+        timer.start()
     try:
-        status = m.context.check_context(timeout=None if timeout is None else max(0.01, timeout))
-        if status == y.Status.SAT:
-            if m.model is not None:
-                m.model.dispose()
-            m.model = y.Model.from_context(m.context, 1)
+        status = m.context.check_context_with_assumptions(None, list(assumptions))
     finally:
-        if assumptions:
-            m.context.pop()
+        if timer is not None:
+            timer.cancel()
     if status == y.Status.SAT:
+        if m.model is not None:
+            m.model.dispose()
+        m.model = y.Model.from_context(m.context, 1)
         return "sat"
+    if status == y.Status.INTERRUPTED:
+        m.recover()
     return "unsat" if status == y.Status.UNSAT else "unknown"
 
 

@@ -10,7 +10,7 @@ from typing import Callable, Mapping, Sequence
 
 from twill.schedule.vocab import SECONDARY, Family, Objective, Status
 from twill.solve.joint.problem import JointOutcome, JointProblem, JointSolution, ModelSize, ObjectiveRecord
-from twill.solve.joint.yices import (YicesModel, add_hoist_term, build_model, completion_formulas, query,
+from twill.solve.joint.yices import (YicesModel, add_hoist_term, build_model, length_formulas, query,
                                      smem_lower_bound, switches)
 
 
@@ -21,9 +21,20 @@ def value(m: YicesModel, term: int) -> int:
 
 def minimize(m: YicesModel, name: str, *, deadline: float, lower: int = 0) -> tuple[int, bool]:
     """Minimise ``m.objective[name]`` below its value in the current model: one ``objective ≤ lower`` query
-    (the static bound is often the optimum), then binary search over ``objective ≤ k`` queries; finally
-    assert the best value. Returns (best, proved optimal)."""
+    (the static bound is often the optimum; with a floor in ``m.floors``, first one query assuming the
+    floor's term-by-term bounds, which meets the bound with fewer arithmetic steps and settles it when its
+    model's value is ``lower``), then binary search over ``objective ≤ k`` queries; finally assert the best
+    value. Returns (best, proved optimal)."""
     term = m.objective[name]
+    floor = m.floors.get(name, [])
+    if floor and m.model is not None:
+        kept, m.model = m.model, None
+        if query(m, floor, timeout=deadline - time.perf_counter()) == "sat" and value(m, term) == lower:
+            kept.dispose()
+            return _search_below(m, term, lower, lower, deadline=deadline)
+        if m.model is not None:
+            m.model.dispose()
+        m.model = kept
     return _search_below(m, term, value(m, term), lower, deadline=deadline, probe=True)
 
 
@@ -78,17 +89,18 @@ def decode(m: YicesModel, length: int) -> JointSolution:
     return JointSolution(starts, length, group, widths, budgets, objectives)
 
 
-def minimize_before_length(m: YicesModel, name: str, *, deadline: float) -> tuple[int, bool] | Status:
-    """Minimise ``m.objective[name]`` over every L of the window (COMPLETION at ``T(length_max)``), then assert
-    its best value: binary search over ``objective ≤ k`` queries. Returns (best, proved optimal), or
-    ``infeasible`` / ``unknown`` when the window has no schedule."""
+def minimize_before_length(m: YicesModel, name: str, *, deadline: float,
+                           lower: int = 0) -> tuple[int, bool] | Status:
+    """Minimise ``m.objective[name]`` (at least ``lower``) over every L of the window (the windows at
+    L_max), then assert its best value: binary search over ``objective ≤ k`` queries. Returns (best, proved
+    optimal), or ``infeasible`` / ``unknown`` when the window has no schedule."""
     p = m.problem
-    base = completion_formulas(m, p.horizon(p.length_max)) + switches(m)
+    base = length_formulas(m, p.length_max)
     answer = query(m, base, timeout=deadline - time.perf_counter())
     if answer != "sat":
         return Status.INFEASIBLE if answer == "unsat" else Status.UNKNOWN
     term = m.objective[name]
-    return _search_below(m, term, value(m, term), 0, deadline=deadline, base=base)
+    return _search_below(m, term, value(m, term), lower, deadline=deadline, base=base)
 
 
 def model_length(m: YicesModel) -> int:
@@ -98,13 +110,14 @@ def model_length(m: YicesModel) -> int:
 
 
 def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], None],
-                   known: int | None = None) -> tuple[int, bool] | Status:
-    """The least L in [length_min, length_max] at the model's I, by queries with COMPLETION at
-    T = (n−1)·I + L under push/pop: first L = length_min (often the answer), then binary search below the
-    best L found (``known`` when the last model already satisfies COMPLETION there, else length_max); a
-    satisfiable query moves the upper end to its model's own L (COMPLETION is monotone in L). Returns
-    (L, proved least: no query timed out), its COMPLETION then asserted in a pushed scope with the model of
-    that L kept; ``infeasible`` (no L) or ``unknown`` (time out before any L)."""
+                   known: int | None = None, assume: Sequence[int] = ()) -> tuple[int, bool] | Status:
+    """The least L in [length_min, length_max] at the model's I under the formulas ``assume``, by queries
+    assuming :func:`length_formulas` of L (:func:`~twill.solve.joint.yices.query`): first L = length_min
+    (often the answer), then binary search below the best L found (``known`` when the last model already
+    meets L there, else length_max); a satisfiable query moves the upper end to its model's own L (the
+    formulas of L are monotone in L).
+    Returns (L, proved least: no query timed out), its formulas and ``assume`` then asserted with the model
+    of that L kept; ``infeasible`` (no L) or ``unknown`` (time out before any L)."""
     p = m.problem
     lo, best = p.length_min, known
     probe, proven = True, True
@@ -115,11 +128,10 @@ def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], No
             break
         length = lo if probe else (lo + (p.length_max if best is None else best - 1)) // 2
         probe = False
-        horizon = p.horizon(length)
         began = time.perf_counter()
         kept, m.model = m.model, None
-        answer = query(m, completion_formulas(m, horizon) + switches(m), timeout=remaining)
-        report(f"II {p.ii}, L {length} (T {horizon}): {answer} ({time.perf_counter() - began:.2f} s)")
+        answer = query(m, [*assume, *length_formulas(m, length)], timeout=remaining)
+        report(f"II {p.ii}, L {length} (T {p.horizon(length)}): {answer} ({time.perf_counter() - began:.2f} s)")
         if answer == "sat":
             if kept is not None:
                 kept.dispose()
@@ -132,8 +144,8 @@ def search_lengths(m: YicesModel, *, deadline: float, report: Callable[[str], No
             lo = length + 1
     if best is None:
         return Status.INFEASIBLE if proven else Status.UNKNOWN
-    m.context.push()
-    m.add("completion", completion_formulas(m, p.horizon(best)) + switches(m))
+    m.add("objective_fixes", assume)
+    m.add("completion", length_formulas(m, best))
     return best, proven
 
 
@@ -147,18 +159,20 @@ def stage_lower_bound(problem: JointProblem, length: int) -> int:
 class YicesJoint:
     """The time-indexed model of a :class:`JointProblem` behind the
     :class:`~twill.solve.joint.backend.JointModel` protocol. The first solve (``length``) asks L = LEN(M),
-    then binary-searches L (:func:`search_lengths`; with hoistable pairs it first minimises ``unhoisted`` over
-    the whole window), so its L is minimal when no query times out; every later objective is minimised by binary search over
-    ``objective ≤ k`` queries (:func:`minimize`) and then asserted at its best value."""
+    then binary-searches L (:func:`search_lengths`; with hoistable pairs ``unhoisted`` comes first,
+    :meth:`_first`), so its L is minimal when no query times out; every later objective is minimised by
+    binary search over ``objective ≤ k`` queries (:func:`minimize`) and then asserted at its best value."""
 
     tie_break = "first model Yices returns at the last objective's optimum"
 
-    def __init__(self, problem: JointProblem, *, hoist: Sequence[tuple[str, str]] = (), switched: bool = False,
+    def __init__(self, problem: JointProblem, *, hoist: Sequence[tuple[str, str]] = (),
                  report: Callable[[str], None] = lambda line: None):
         from twill.solve._yices_loader import load_yices
 
         self.problem = problem
-        self.model = build_model(load_yices(), problem, switched=switched)
+        self.yices = load_yices()
+        self.model = build_model(self.yices, problem)
+        self.switched: YicesModel | None = None
         if hoist:
             add_hoist_term(self.model, hoist)
         lead = (Objective.UNHOISTED,) if hoist else ()
@@ -196,27 +210,37 @@ class YicesJoint:
                             time.perf_counter() - began)
 
     def _first(self, deadline: float, began: float) -> JointOutcome:
-        """``unhoisted`` over the window when the model has it, then the first feasible L."""
-        settled = []
+        """The least L. With hoistable pairs, ``unhoisted`` comes first, at its lower bound 0 when it can:
+        the L search under ``unhoisted ≤ 0``; any L it finds proves the least ``unhoisted`` 0, and its least
+        L is then the least L of those schedules. Only when no L of the window allows 0 is ``unhoisted``
+        minimised over the whole window (from 1), asserted, and L searched under it."""
+        m, settled = self.model, []
         if Objective.UNHOISTED in self.objectives:
-            hoisted = minimize_before_length(self.model, Objective.UNHOISTED, deadline=deadline)
-            if isinstance(hoisted, Status):
-                return JointOutcome(hoisted, None, time.perf_counter() - began)
+            least = [m.leq(m.objective[Objective.UNHOISTED], m.zero)]
+            found = search_lengths(m, deadline=deadline, report=self.report, assume=least)
+            hoisted: tuple[int, bool] | Status = (0, True)
+            if found == Status.INFEASIBLE:
+                hoisted = minimize_before_length(m, Objective.UNHOISTED, deadline=deadline, lower=1)
+                if isinstance(hoisted, Status):
+                    return JointOutcome(hoisted, None, time.perf_counter() - began)
+                found = search_lengths(m, deadline=deadline, report=self.report, known=model_length(m))
             self.fixed[Objective.UNHOISTED] = hoisted[0]
             settled.append(ObjectiveRecord(Objective.UNHOISTED, *hoisted))
-            known = model_length(self.model)
         else:
-            known = None
-        found = search_lengths(self.model, deadline=deadline, report=self.report, known=known)
+            found = search_lengths(m, deadline=deadline, report=self.report)
         if isinstance(found, Status):
             return JointOutcome(found, None, time.perf_counter() - began)
         self.length, proven = found
-        return JointOutcome(Status.OPTIMAL if proven else Status.FEASIBLE, decode(self.model, self.length),
+        return JointOutcome(Status.OPTIMAL if proven else Status.FEASIBLE, decode(m, self.length),
                             time.perf_counter() - began, tuple(settled))
 
     def feasible_without(self, families: tuple[Family, ...], seconds: float) -> Status:
-        """One query with the switches of ``families`` off (a switched model; some L of the window)."""
-        answer = query(self.model, switches(self.model, off=families), timeout=seconds)
+        """One query with the switches of ``families`` off (some L of the window) on a second, switched
+        model of the problem, built at the first call: the switch literals would slow every query of the
+        model the search solves, and only an infeasible modulo-only II asks for an explanation."""
+        if self.switched is None:
+            self.switched = build_model(self.yices, self.problem, switched=True)
+        answer = query(self.switched, switches(self.switched, off=families), timeout=seconds)
         return {"sat": Status.FEASIBLE, "unsat": Status.INFEASIBLE}.get(answer, Status.UNKNOWN)
 
     def size(self) -> ModelSize:
@@ -227,3 +251,5 @@ class YicesJoint:
 
     def close(self) -> None:
         self.model.close()
+        if self.switched is not None:
+            self.switched.close()
