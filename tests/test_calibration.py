@@ -259,3 +259,17 @@ def test_reduce_add_rate_is_optional_and_prices_the_dq_reduce_when_measured():
     cost = costs.tma_reduce_cost(machine, 16384)
     assert (cost.cycles, cost.uses, cost.latency) == (1024, {"tma": 1}, 1024)
     assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration
+
+
+def test_readme_backward_rows_show_the_committed_results():
+    """The README's attention-backward rows are the committed measurement (benchmarks/results/flash_bwd_h200.json):
+    TFLOP/s of the generated kernel and of cuDNN, and their ratio, at the S each row names."""
+    with open(os.path.join(RESULTS, "flash_bwd_h200.json")) as fh:
+        variants = {v["name"]: v for v in json.load(fh)["variants"]}
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as fh:
+        readme = fh.read()
+    for name, seq in (("bwd_d128_solver", 8192), ("bwd_d128_solver", 4096), ("bwd_d128_causal_solver", 8192)):
+        t = next(t for t in variants[name]["timings"] if t["S"] == seq)
+        row = (f"| S={seq} | {t['twill_bwd_tflops']:.0f} | cuDNN {t['cudnn_bwd_tflops']:.0f} | "
+               f"{t['ratio_bwd_vs_cudnn']:.2f}× |")
+        assert row in readme, row
