@@ -76,3 +76,21 @@ def test_unsupported_inputs_are_refused_with_the_reason(shape, match):
     q = torch.zeros(*shape, dtype=torch.float16)
     with pytest.raises(flash.UnsupportedFeatureError, match=match):
         flash.attention(q, q, q)
+
+
+def test_a_loop_that_differs_only_in_mask_or_kv_groups_is_solved_once(monkeypatch):
+    """Causal masking and K/V head groups are code-generator attributes: the op solves the loop once per
+    process and emits each kernel from that verified schedule, with its own masking."""
+    pytest.importorskip("ortools", reason="generating needs the solver (ortools)")
+    import twill.solve
+
+    solves = []
+    real = twill.solve.schedule
+    monkeypatch.setattr(twill.solve, "schedule", lambda *a, **k: solves.append(a[0].name) or real(*a, **k))
+    monkeypatch.setattr(flash, "_SOLVED", {})
+    full, causal, grouped = (flash._generate(KernelSpec("flash-fwd", 64, "fp16", c, g))
+                             for c, g in ((False, 0), (True, 0), (True, 2)))
+    assert len(solves) == 1
+    assert "causal mask" in causal and "causal mask" not in full and grouped != causal
+    other = flash._generate(KernelSpec("flash-fwd", 128, "fp16", False, 0))
+    assert len(solves) == 2 and "HEAD_DIM" in other

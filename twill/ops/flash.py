@@ -78,17 +78,49 @@ def cache_dir() -> Path:
     return user_cache_dir("ops")
 
 
+#: Graph attributes only the code generator reads (the masked tiles of a causal kernel and the K/V head
+#: groups lie outside the scheduled loop): kernels whose graphs differ only in these share one solve.
+CODEGEN_ONLY_ATTRS = frozenset({"causal", "kv_heads"})
+#: Schedules solved in this process, by :func:`_solve_key`.
+_SOLVED: dict[str, Any] = {}
+
+
+def _solve_key(graph: Any, streaming_depth: int | None) -> str:
+    """What the solver sees of ``graph`` (its ops, edges and the attributes other than
+    :data:`CODEGEN_ONLY_ATTRS`) and the streaming depth, as one string."""
+    import json
+
+    from twill.ir.io import graph_to_dict
+
+    doc = graph_to_dict(graph)
+    doc["attrs"] = {k: v for k, v in doc.get("attrs", {}).items() if k not in CODEGEN_ONLY_ATTRS}
+    return json.dumps({"graph": doc, "streaming_depth": streaming_depth}, sort_keys=True, default=str)
+
+
 def _generate(spec: KernelSpec) -> str:
-    """Solve, verify and emit the Gluon module of ``spec`` (needs the solver: ortools)."""
+    """Solve, verify and emit the Gluon module of ``spec`` (needs the solver: ortools). A loop this process
+    already solved (the same kernel with another mask or K/V grouping) is not solved again: its schedule
+    gets this kernel's code-generator attributes and is verified again."""
+    from dataclasses import replace
+
     from twill.codegen.gluon import emit_gluon
     from twill.kernels import build_kernel
     from twill.machine.models import get_machine
+    from twill.schedule.verify import verify
     from twill.solve import schedule
     from twill.solve.options import SolveOptions
 
     machine = get_machine(MACHINE)
     graph = build_kernel(spec.kernel, machine, **spec.kernel_options())
-    return emit_gluon(schedule(graph, machine, SolveOptions(streaming_depth=spec.streaming_depth())))
+    key = _solve_key(graph, spec.streaming_depth())
+    if key not in _SOLVED:
+        _SOLVED[key] = schedule(graph, machine, SolveOptions(streaming_depth=spec.streaming_depth()))
+    solved = _SOLVED[key]
+    attrs = {k: v for k, v in solved.graph.attrs.items() if k not in CODEGEN_ONLY_ATTRS}
+    attrs.update((k, v) for k, v in graph.attrs.items() if k in CODEGEN_ONLY_ATTRS)
+    solved = replace(solved, graph=replace(solved.graph, attrs=attrs))  # the solved (normalized) loop
+    verify(solved, machine)
+    return emit_gluon(solved)
 
 
 @functools.lru_cache(maxsize=None)
