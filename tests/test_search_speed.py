@@ -115,7 +115,7 @@ def test_the_joint_search_answers_the_same_without_the_speed_ups(kernel, arch, o
                                                                            monkeypatch):
     machine = get_machine(arch)
     graph = build_kernel(kernel, machine, **options)
-    fast = schedule(graph, machine, SolveOptions(**solve_options))
+    fast = solved_kernel(kernel, arch, options, **solve_options)  # the session's shared solve
     monkeypatch.setitem(backend.SEARCH_SETTINGS, "cpsat", PLAIN)
     assert answer(schedule(graph, machine, SolveOptions(**solve_options))) == answer(fast)
 
