@@ -44,8 +44,9 @@ SEARCHES = [
     pytest.param("flash-fwd", "h100", {"subtiles": 2}, {}, marks=pytest.mark.slow),
     pytest.param("flash-fwd", "b200", {"subtiles": 2}, {}, marks=pytest.mark.slow),
     pytest.param("flash-bwd", "h100", {}, {}, marks=pytest.mark.slow),
-    pytest.param("flash-bwd", "b200", {}, {}, marks=pytest.mark.slow),
-    pytest.param("flash-bwd", "b200", {}, {"reg_limit": 136}, marks=pytest.mark.slow),
+    # The B200 backward (both budgets), whose search without the speed-ups takes ~10 s each, is compared with
+    # the answers solved before any speed-up instead (tests/test_baseline.py), and its relaxation proofs and
+    # UNSAT explanation are checked below.
 ]
 
 
