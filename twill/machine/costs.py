@@ -121,11 +121,16 @@ def tma_load_cost(m: Machine, nbytes: int) -> OpCost:
     return OpCost(1, {"tma": 1}, 0, warp_busy=1)
 
 
+def _tma_out_cost(nbytes: int, bytes_per_clk: float) -> OpCost:
+    """A TMA transfer out of shared memory at ``bytes_per_clk``: holds ``tma`` for its bytes, the issuing
+    warp only for the issue."""
+    c = _ceil(nbytes / bytes_per_clk)
+    return OpCost(c, {"tma": 1}, c, warp_busy=ASYNC_ISSUE_CYCLES)
+
+
 def tma_store_cost(m: Machine, nbytes: int) -> OpCost:
     """A TMA tile store: bytes over the per-SM share of DRAM bandwidth, on ``tma``."""
-    per_clk = m.dram_bytes_per_s / (m.sms * m.clock_ghz * 1e9)
-    c = _ceil(nbytes / per_clk)
-    return OpCost(c, {"tma": 1}, c, warp_busy=ASYNC_ISSUE_CYCLES)
+    return _tma_out_cost(nbytes, m.dram_bytes_per_s / (m.sms * m.clock_ghz * 1e9))
 
 
 def tma_reduce_cost(m: Machine, nbytes: int) -> OpCost:
@@ -133,10 +138,7 @@ def tma_reduce_cost(m: Machine, nbytes: int) -> OpCost:
     (``Calibration.tma_reduce_bytes_per_clk``: tiles of many SMs added into the same L2-resident rows) when
     the machine has one, else priced as a store (:func:`tma_store_cost`)."""
     rate = m.calibration.tma_reduce_bytes_per_clk if m.calibration is not None else None
-    if rate is None:
-        return tma_store_cost(m, nbytes)
-    c = _ceil(nbytes / rate)
-    return OpCost(c, {"tma": 1}, c, warp_busy=ASYNC_ISSUE_CYCLES)
+    return tma_store_cost(m, nbytes) if rate is None else _tma_out_cost(nbytes, rate)
 
 
 def smem_bytes_per_clk(m: Machine) -> float:

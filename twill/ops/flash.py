@@ -113,8 +113,9 @@ def _generate(spec: KernelSpec) -> str:
     machine = get_machine(MACHINE)
     graph = build_kernel(spec.kernel, machine, **spec.kernel_options())
     key = _solve_key(graph, spec.streaming_depth())
-    if key not in _SOLVED:
+    if key not in _SOLVED:  # solved and verified by the search
         _SOLVED[key] = schedule(graph, machine, SolveOptions(streaming_depth=spec.streaming_depth()))
+        return emit_gluon(_SOLVED[key])
     solved = _SOLVED[key]
     attrs = {k: v for k, v in solved.graph.attrs.items() if k not in CODEGEN_ONLY_ATTRS}
     attrs.update((k, v) for k, v in graph.attrs.items() if k in CODEGEN_ONLY_ATTRS)
