@@ -144,7 +144,7 @@ def test_calibrated_costs_follow_the_measured_rates():
 
 def test_plan_covers_every_fitted_quantity():
     benches = {bench for bench, _ in plan()}
-    assert benches == {"mma", "elementwise", "smem", "tma", "tma_reduce", "handoff", "launch", "clock"}
+    assert benches == {"mma", "elementwise", "smem", "tma", "tma_reduce", "softmax", "handoff", "launch", "clock"}
     assert len(plan(quick=True)) < len(plan())
 
 
@@ -259,6 +259,34 @@ def test_reduce_add_rate_is_optional_and_prices_the_dq_reduce_when_measured():
     cost = costs.tma_reduce_cost(machine, 16384)
     assert (cost.cycles, cost.uses, cost.latency) == (1024, {"tma": 1}, 1024)
     assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration
+
+
+def test_softmax_steps_are_optional_and_keyed_by_groups_keys_and_head_dim():
+    """The fit keeps the steps measured with O += P V in flight (not the ones without), keyed
+    groups x keys x head dimension; files without them load; a malformed key is one clear error."""
+    without = fit(_rows(), H200)
+    assert without.calibration.softmax_step_cycles is None
+    assert "softmax_step_cycles" not in machine_to_dict(without)["calibration"]
+    measured = [{"bench": "softmax", "args": {"groups": g, "block_n": 128, "head_dim": 64, "pv": pv},
+                 "result": {"groups": g, "block_n": 128, "head_dim": 64, "pv": pv, "cycles_per_step": c}}
+                for g, pv, c in ((1, True, 900.0), (1, False, 800.0), (2, True, 1500.0), (2, False, 1100.0))]
+    machine = fit(_rows() + measured, H200)
+    assert dict(machine.calibration.softmax_step_cycles) == {"1x128x64": 900.0, "2x128x64": 1500.0}
+    doc = machine_to_dict(machine)
+    assert machine_from_dict(doc).calibration == machine.calibration
+    doc["calibration"]["softmax_step_cycles"] = {"2x128": 1500.0}
+    with pytest.raises(FormatError, match="softmax_step_cycles: key '2x128' is not groups x keys x head"):
+        machine_from_dict(doc)
+
+
+def test_committed_calibration_measured_the_kernels_softmax_steps():
+    """The committed H200 model has a softmax step for every forward configuration the generator emits
+    (1-2 groups at D = 64/128 with 128-key tiles, D = 256 with 64-key tiles, 3 groups at D = 64), and the
+    step with the other groups contending is slower than alone (the effect the chain bound prices)."""
+    steps = load_machine(os.path.join(RESULTS, "calibration_h200.machine.json")).calibration.softmax_step_cycles
+    assert set(steps) == {"1x128x64", "2x128x64", "3x128x64", "1x128x128", "2x128x128", "1x64x256", "2x64x256"}
+    for n, d in ((128, 64), (128, 128), (64, 256)):
+        assert steps[f"2x{n}x{d}"] > steps[f"1x{n}x{d}"]
 
 
 def test_readme_backward_rows_show_the_committed_results():

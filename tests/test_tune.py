@@ -167,6 +167,49 @@ def test_tensor_core_turns_count_the_changes_of_warp_group_around_the_cycle():
     assert turns({"qk_a": 0, "qk_b": 0, "pv_a": 0, "pv_b": 0}) == 0
 
 
+def _ping_pong_attention(head_dim: int = 64) -> Schedule:
+    """Two 4-warp compute groups, each S = Q Kᵀ (latency 300) -> softmax op -> O += P V, a 1-warp loader."""
+    b = GraphBuilder("pp", attrs={"kernel": "flash-fwd", "block_m": 128, "block_n": 128, "head_dim": head_dim})
+    b.op("load_k", cycles=1, uses={"tma": 1}, variable_latency=True)
+    for x in "ab":
+        b.op(f"qk_{x}", cycles=250, uses={"tc": 1}, kind="mma", warps=4, latency=300)
+        b.op(f"exp_{x}", cycles=400, uses={"mufu": 1}, kind="exp2", warps=4)
+        b.op(f"pv_{x}", cycles=250, uses={"tc": 1}, kind="mma", warps=4)
+        b.edge("load_k", f"qk_{x}", delay=0)
+        b.edge(f"qk_{x}", f"exp_{x}", delay=300)
+        b.edge(f"exp_{x}", f"pv_{x}", delay=400)
+    starts = {"load_k": 0, "qk_a": 0, "qk_b": 250, "exp_a": 300, "exp_b": 550, "pv_a": 700, "pv_b": 950}
+    groups = [WarpGroup(0, "load", 1, 24, ("load_k",)), WarpGroup(1, "compute", 4, 240, ("qk_a", "exp_a", "pv_a")),
+              WarpGroup(2, "compute", 4, 240, ("qk_b", "exp_b", "pv_b"))]
+    assignment = {"load_k": 0, **{f"{op}_a": 1 for op in ("qk", "exp", "pv")},
+                  **{f"{op}_b": 2 for op in ("qk", "exp", "pv")}}
+    return Schedule(graph=b.build(), arch="h100", solver="manual", status="optimal", ii=1000, ii_lower_bound=1000,
+                    starts=starts, assignment=assignment, warps=groups,
+                    stats={"res_mii": 1000, "normalization": {"enabled": False}})
+
+
+def test_attention_chain_bound_prices_each_groups_measured_softmax_step():
+    from tests.test_calibration import _rows
+    from twill.machine.calibrate import fit
+    from twill.machine.costs import ASYNC_ISSUE_CYCLES, handoff_cycles
+    from twill.tune.predict import chain_bound
+
+    steps = [{"bench": "softmax", "args": {"groups": 2, "block_n": 128, "head_dim": 64, "pv": True},
+              "result": {"groups": 2, "block_n": 128, "head_dim": 64, "pv": True, "cycles_per_step": 1500.0}}]
+    machine = replace(fit(_rows() + steps, H100), launch_us=0.0, sustained_clock_ghz=1.0)
+    schedule = _ping_pong_attention()
+    # per group: the measured step + the wait for its S + two wgmma issues + its share of the hand-offs
+    # (the tensor core runs qk_a qk_b pv_a pv_b: four hand-offs, two per group)
+    chain = 1500.0 + 300 + 2 * ASYNC_ISSUE_CYCLES + 2 * handoff_cycles(machine)
+    assert chain_bound(schedule, machine) == {"chain_ii": pytest.approx(chain)}
+    p = predict(schedule, Shape("attention", (1, 1, 128 * 10, 64)), machine)
+    assert p.breakdown["chain_ii"] == pytest.approx(chain) and p.breakdown["ii_effective"] >= chain
+    # no bound without the measurement for this configuration, on a datasheet machine, or for a GEMM
+    assert chain_bound(_ping_pong_attention(head_dim=128), machine) == {}
+    assert chain_bound(schedule, H100) == {}
+    assert chain_bound(_streaming_schedule(2), machine) == {}
+
+
 def test_prediction_without_normalization_uses_schedule_cycles():
     sched = _hand_schedule([], {"res_mii": 10}, scale=1.0)
     p = predict(sched, Shape("gemm", (128, 128, 640)), replace(H100, launch_us=0.0))

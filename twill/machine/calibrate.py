@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 from twill.errors import TwillError
-from twill.machine.calibration import Calibration
+from twill.machine.calibration import Calibration, softmax_key
 from twill.machine.models import Machine, get_machine
 
 #: wgmma instruction widths measured (``m64nNk16``).
@@ -24,6 +24,10 @@ GROUPS = (1, 2, 3)
 #: CTAs that add into the same dQ rows at once in the attention backward: the key blocks of one head
 #: (S = 4096 over 128-key blocks).
 SHARED_DQ = 32
+#: Online-softmax steps measured: (4-warp groups running it at once, keys per tile, head dimension) - the
+#: attention forward's tiles (D = 256 runs 64-key tiles; three groups only at D = 64, where they fit).
+SOFTMAX_STEPS = ((1, 128, 64), (2, 128, 64), (3, 128, 64), (1, 128, 128), (2, 128, 128), (1, 64, 256),
+                 (2, 64, 256))
 #: Size of the L2-resident tile set the L2 rates are fitted from: about one wave's shared operand tiles.
 L2_HOT_MB = 16
 
@@ -54,6 +58,9 @@ def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
         for depth in (1, 2):
             steps.append(("tma_reduce", {"block_n": block_n, "share": SHARED_DQ, "depth": depth}))
         steps.append(("tma_reduce", {"block_n": block_n, "share": SHARED_DQ, "stagger": True}))
+    for groups, block_n, head_dim in SOFTMAX_STEPS:
+        for pv in (True, False):
+            steps.append(("softmax", {"groups": groups, "block_n": block_n, "head_dim": head_dim, "pv": pv}))
     steps.append(("handoff", {"worker_warps": 4}))
     steps.append(("handoff", {"worker_warps": 1}))
     steps.append(("launch", {}))
@@ -68,7 +75,7 @@ def run(steps: Iterable[tuple[str, dict[str, Any]]],
 
     functions = {"mma": microbench.measure_mma, "elementwise": microbench.measure_elementwise,
                  "smem": microbench.measure_smem, "tma": microbench.measure_tma,
-                 "tma_reduce": microbench.measure_tma_reduce,
+                 "tma_reduce": microbench.measure_tma_reduce, "softmax": microbench.measure_softmax,
                  "handoff": microbench.measure_handoff, "launch": microbench.measure_launch,
                  "clock": microbench.measure_clock}
     steps = list(steps)
@@ -89,7 +96,7 @@ def run(steps: Iterable[tuple[str, dict[str, Any]]],
 def _summary(bench: str, result: dict[str, Any]) -> str:
     keys = {"mma": ("flops_per_clk", "cycles_per_group", "clock_ghz"), "elementwise": ("elements_per_clk",),
             "smem": ("bytes_per_clk",), "tma": ("bytes_per_clk", "cycles_per_tile"),
-            "tma_reduce": ("cycles_per_tile", "bytes_per_clk"),
+            "tma_reduce": ("cycles_per_tile", "bytes_per_clk"), "softmax": ("cycles_per_step",),
             "handoff": ("cycles_per_handoff",), "launch": ("launch_us",), "clock": ("clock_ghz", "wgmma_clock_ghz", "gemm_tflops")}[bench]
     return ", ".join(f"{k} {result[k]:.4g}" for k in keys)
 
@@ -147,6 +154,9 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
     launch = _need([r["launch_us"] for r in _results(rows, "launch")], "launch cost")[0]
     # optional (raw files of earlier versions lack it): shared rows, one tile reading at a time
     reduce = [r["bytes_per_clk"] for r in _results(rows, "tma_reduce", share=SHARED_DQ, depth=1, stagger=False)]
+    # optional as well: the online-softmax step with O += P V in flight, per (groups, keys, head dimension)
+    steps = {softmax_key(r["groups"], r["block_n"], r["head_dim"]): r["cycles_per_step"]
+             for r in _results(rows, "softmax", pv=True)}
     # the SM's own cycle counter over event time under full tensor-core load; nvidia-smi's reading
     # (``clock_ghz`` of the row) can stay at the boost clock while the SM runs slower
     clocks = [r["wgmma_clock_ghz"] for r in _results(rows, "clock")]
@@ -155,7 +165,8 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
         ex2_per_clk=ex2, ex2_per_clk_one_group=ex2_one, fma_per_clk=fma, fma_per_clk_one_group=fma_one,
         rowmax_per_clk=rowmax, rowsum_per_clk=rowsum, smem_bytes_per_clk=smem, barrier_handoff_cycles=handoff,
         tma_latency_cycles=tma_lat, tma_bytes_per_clk=tma_bw, tma_l2_latency_cycles=l2_lat,
-        tma_l2_bytes_per_clk=l2_bw, tma_reduce_bytes_per_clk=statistics.median(reduce) if reduce else None)
+        tma_l2_bytes_per_clk=l2_bw, tma_reduce_bytes_per_clk=statistics.median(reduce) if reduce else None,
+        softmax_step_cycles=steps or None)
     calibration = Calibration.from_dict(calibration.to_dict())  # normalised, validated mappings
     return replace(base, model=f"{base.name}-calibrated", calibration=calibration,
                    sustained_clock_ghz=statistics.median(_need(clocks, "the sustained clock")), launch_us=launch)

@@ -52,6 +52,19 @@ def _rate_table(where: str, value: Any) -> Mapping[int, float]:
     return MappingProxyType(dict(sorted(out.items())))
 
 
+def _step_table(where: str, value: Any) -> Mapping[str, float]:
+    """``{"2x128x128": cycles, ...}`` validated (keys of :func:`softmax_key`)."""
+    if not isinstance(value, Mapping) or not value:
+        raise FormatError(f"{where} must be a non-empty object of groups x keys x head dimension -> cycles")
+    out = {}
+    for key, cycles in value.items():
+        parts = str(key).split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise FormatError(f"{where}: key {key!r} is not groups x keys x head dimension (e.g. '2x128x128')")
+        out[str(key)] = _positive(f"{where}[{key}]", cycles)
+    return MappingProxyType(dict(sorted(out.items())))
+
+
 def lookup_n(table: Mapping[int, float], n: int) -> float:
     """The rate of the widest measured instruction N not above ``n`` (the narrowest when ``n`` is below all)."""
     below = [k for k in table if k <= n]
@@ -59,7 +72,12 @@ def lookup_n(table: Mapping[int, float], n: int) -> float:
 
 
 #: Calibration fields a machine file may leave out (measured by later versions of ``twill calibrate``).
-OPTIONAL_FIELDS = frozenset({"tma_reduce_bytes_per_clk"})
+OPTIONAL_FIELDS = frozenset({"tma_reduce_bytes_per_clk", "softmax_step_cycles"})
+
+
+def softmax_key(groups: int, block_n: int, head_dim: int) -> str:
+    """The key of one measured online-softmax step: ``"2x128x128"`` (groups x keys x head dimension)."""
+    return f"{groups}x{block_n}x{head_dim}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +106,11 @@ class Calibration:
             adding, 32 CTAs at a time into the same L2-resident rows (the attention backward's dQ), counted
             until the TMA has read each tile (when its staging buffer may be reused). Optional: machine files
             written before it was measured lack it, and TMA reduce-adds are then priced as stores.
+        softmax_step_cycles: :func:`softmax_key` -> cycles one warp group takes for one online-softmax step of
+            the attention forward (row max, alpha, exp, row sum, ``O *= alpha``, P converted to the wgmma
+            operand) on its 64 query rows while its ``O += P V`` wgmma is in flight and ``groups`` warp
+            groups run the same step at once (the contention inside the kernel). Optional, like
+            ``tma_reduce_bytes_per_clk``; without it the prediction has no per-group chain bound.
     """
 
     mma_flops_per_clk: Mapping[str, Mapping[int, float]]
@@ -106,6 +129,7 @@ class Calibration:
     tma_l2_latency_cycles: float
     tma_l2_bytes_per_clk: float
     tma_reduce_bytes_per_clk: float | None = None
+    softmax_step_cycles: Mapping[str, float] | None = None
 
     def mma_rate(self, dtype: str, n: int, *, one_group: bool = False) -> float | None:
         """FLOP per clock for a ``dtype`` wgmma of width ``n``, or None when ``dtype`` was not measured."""
@@ -118,7 +142,7 @@ class Calibration:
             value = getattr(self, f.name)
             if f.name in ("mma_flops_per_clk", "mma_flops_per_clk_one_group"):
                 value = {dt: {str(n): r for n, r in t.items()} for dt, t in value.items()}
-            elif f.name == "mma_group_latency":
+            elif f.name in ("mma_group_latency", "softmax_step_cycles") and value is not None:
                 value = {str(n): r for n, r in value.items()}
             if value is not None:
                 out[f.name] = value
@@ -145,6 +169,8 @@ class Calibration:
                                                  for dt, t in value.items()})
             elif name == "mma_group_latency":
                 kwargs[name] = _rate_table(f"{where}.{name}", value)
+            elif name == "softmax_step_cycles":
+                kwargs[name] = _step_table(f"{where}.{name}", value)
             else:
                 kwargs[name] = _positive(f"{where}.{name}", value)
         return cls(**kwargs)
@@ -187,6 +213,16 @@ def load_machine(path: str) -> Any:
     return machine_from_dict(read_json_file(path, "machine"), path)
 
 
+def _softmax_estimate(machine: Any, groups: int, block_n: int, head_dim: int) -> float:
+    """What the per-op rates say one group's softmax step takes: its row max, exp, row sum and rescale at the
+    one-group rates, or at the SM's rates shared by ``groups`` when that is slower."""
+    cal = machine.calibration
+    n, o = 64 * block_n, 64 * head_dim
+    alone = n / cal.rowmax_per_clk + n / cal.ex2_per_clk_one_group + n / cal.rowsum_per_clk + o / cal.fma_per_clk_one_group
+    shared = groups * (n / cal.ex2_per_clk)
+    return max(alone, shared)
+
+
 def format_calibration(machine: Any) -> str:
     """A Markdown table of a calibrated machine's rates beside its datasheet values (per SM, per clock)."""
     cal = machine.calibration
@@ -216,6 +252,9 @@ def format_calibration(machine: Any) -> str:
          f"{machine.dram_bytes_per_s / (machine.sms * machine.clock_ghz * 1e9):.1f} / -"),
         *([("TMA fp32 reduce-add bytes/clk per SM, 32 SMs into the same rows",
             f"{cal.tma_reduce_bytes_per_clk:.1f}", "priced as a store")] if cal.tma_reduce_bytes_per_clk else []),
+        *[(f"online-softmax step, {g} warp group(s), N={n} D={d}, P V in flight (clk)", f"{c:.0f}",
+           f"{_softmax_estimate(machine, int(g), int(n), int(d)):.0f} (sum of the rates)")
+          for key, c in (cal.softmax_step_cycles or {}).items() for g, n, d in [key.split("x")]],
         ("sustained SM clock under tensor-core load (GHz)", f"{machine.sustained_clock_ghz:.3f}",
          f"{machine.clock_ghz}"),
         ("launch, back to back (us)", f"{machine.launch_us:.2f}", "4.0 (estimate)"),

@@ -16,6 +16,8 @@ The kernels (all ``@gluon.jit``, sm_90):
   operands resident in shared memory; ``LAG`` groups left in flight (1 = throughput, 0 = latency).
 * :func:`_elementwise_kernel` - ``exp2``, FMA, row max and row sum over an fp32 tile in the wgmma
   accumulator layout (the layout attention's softmax works in), from 1, 2 or 3 warp groups.
+* :func:`_softmax_kernel` - the attention forward's online-softmax step on an accumulator-layout tile, with
+  or without ``O += P V`` in flight, from 1, 2 or 3 warp groups.
 * :func:`_smem_kernel` - fp16 register -> shared memory -> register round trips of an accumulator tile.
 * :func:`_tma_kernel` - TMA tile loads into a ring of ``DEPTH`` buffers completed on mbarriers.
 * :func:`_tma_reduce_kernel` - TMA reduce-adds of an fp32 tile from shared memory into global memory, with
@@ -159,6 +161,78 @@ def _elementwise_kernel(x_ptr, out_ptr, stats_ptr, reps, GROUPS: gl.constexpr, O
             (_elementwise_loop, (x_ptr, out_ptr, stats_ptr, reps, 1, 3, OP, COLS)),
             (_elementwise_loop, (x_ptr, out_ptr, stats_ptr, reps, 2, 3, OP, COLS)),
         ], [4, 4], [152, 152])
+
+
+@gluon.jit
+def _softmax_loop(s_ptr, v_smem, out_ptr, stats_ptr, reps, PART: gl.constexpr, GROUPS: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, PV: gl.constexpr):
+    """One warp group: ``reps`` online-softmax steps as the generated attention forward runs them, on a
+    [64, BLOCK_N] fp32 score tile in the wgmma accumulator layout (row max, alpha, ``P = exp2(S*c - m)``,
+    row sum) followed by ``O *= alpha`` on a [64, HEAD_DIM] accumulator; each step's P is the next step's S
+    (no extra work, nothing loop-invariant). With PV the step also converts P to the fp16 wgmma operand and
+    keeps ``O += P V`` (A from registers, V in shared memory) in flight while the softmax runs, as the
+    kernel does; timed."""
+    pid = gl.program_id(0)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows = gl.arange(0, 64, gl.SliceLayout(1, s_layout))
+    cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    s = gl.load(s_ptr + rows[:, None] * BLOCK_N + cols[None, :])
+    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+    o = gl.full([64, HEAD_DIM], 1.0, gl.float32, o_layout)
+    p = s
+    t0 = _clock(pid)
+    for _ in range(reps):
+        if PV:
+            p_op = gl.convert_layout(p.to(gl.float16), p_layout)
+            o_tok = warpgroup_mma(p_op, v_smem, o, is_async=True)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * 0.5)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * 0.5 - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        if PV:
+            o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        s = p
+    t1 = _clock(pid)
+    _record(stats_ptr, pid * GROUPS + PART, t0, t1)
+    orow = gl.arange(0, 64, gl.SliceLayout(1, o_layout))
+    ocol = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    base = out_ptr + (pid * GROUPS + PART) * (64 * HEAD_DIM + 64)
+    gl.store(base + orow[:, None] * HEAD_DIM + ocol[None, :], o)
+    gl.store(base + 64 * HEAD_DIM + rows, l_i)
+
+
+@gluon.jit
+def _softmax_kernel(s_ptr, v_ptr, out_ptr, stats_ptr, reps, GROUPS: gl.constexpr, BLOCK_N: gl.constexpr,
+                    HEAD_DIM: gl.constexpr, PV: gl.constexpr, WORKER_REGS: gl.constexpr):
+    """GROUPS warp groups each run :func:`_softmax_loop` (V [BLOCK_N, HEAD_DIM] fp16 in shared memory)."""
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    vk = gl.arange(0, BLOCK_N, gl.SliceLayout(1, blocked))
+    vn = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, blocked))
+    v = gl.load(v_ptr + vk[:, None] * HEAD_DIM + vn[None, :])
+    v_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, HEAD_DIM],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.float16), v)
+    fence_async_shared()
+    gl.thread_barrier()
+    if GROUPS == 1:
+        _softmax_loop(s_ptr, v_smem, out_ptr, stats_ptr, reps, 0, 1, BLOCK_N, HEAD_DIM, PV)
+    elif GROUPS == 2:
+        gl.warp_specialize([
+            (_softmax_loop, (s_ptr, v_smem, out_ptr, stats_ptr, reps, 0, 2, BLOCK_N, HEAD_DIM, PV)),
+            (_softmax_loop, (s_ptr, v_smem, out_ptr, stats_ptr, reps, 1, 2, BLOCK_N, HEAD_DIM, PV)),
+        ], [4], [WORKER_REGS])
+    else:
+        gl.warp_specialize([
+            (_softmax_loop, (s_ptr, v_smem, out_ptr, stats_ptr, reps, 0, 3, BLOCK_N, HEAD_DIM, PV)),
+            (_softmax_loop, (s_ptr, v_smem, out_ptr, stats_ptr, reps, 1, 3, BLOCK_N, HEAD_DIM, PV)),
+            (_softmax_loop, (s_ptr, v_smem, out_ptr, stats_ptr, reps, 2, 3, BLOCK_N, HEAD_DIM, PV)),
+        ], [4, 4], [WORKER_REGS, WORKER_REGS])
 
 
 @gluon.jit
@@ -407,6 +481,49 @@ def measure_elementwise(op: str, groups: int = 1, cols: int = 128, reps: int = 2
     launch(reps)
     per_sm = _per_sm(stats, float(64 * cols * reps))
     return {"op": op, "groups": groups, "cols": cols, "elements_per_clk": per_sm["per_clk"],
+            "ctas_per_sm": per_sm["ctas_per_sm"], "rel_error": err}
+
+
+def measure_softmax(groups: int = 1, block_n: int = 128, head_dim: int = 128, pv: bool = False,
+                    reps: int = 1024) -> dict[str, float]:
+    """The attention forward's online-softmax step (:func:`_softmax_loop`) in each of ``groups`` warp groups,
+    with or without ``O += P V`` in flight: cycles per step (median over CTAs). Checked against a float64
+    torch replay of the same steps first."""
+    torch = _torch()
+    s = torch.rand(64, block_n, device="cuda")
+    v = (torch.rand(block_n, head_dim, device="cuda") / block_n).half()
+    grid = sm_count()
+    width = 64 * head_dim + 64
+    out = torch.full((grid * groups, width), float("nan"), device="cuda")
+    stats = torch.zeros(grid * groups * 2, dtype=torch.int64, device="cuda")
+
+    def launch(r):
+        _softmax_kernel[(grid,)](s, v, out, stats, r, GROUPS=groups, BLOCK_N=block_n, HEAD_DIM=head_dim, PV=pv,
+                                 WORKER_REGS=_worker_regs(groups), num_warps=4)
+
+    launch(3)
+    sd, vd = s.double(), v.double()
+    m = torch.full((64,), float("-inf"), dtype=torch.float64, device="cuda")
+    l = torch.zeros(64, dtype=torch.float64, device="cuda")
+    o = torch.ones(64, head_dim, dtype=torch.float64, device="cuda")
+    p = sd
+    for _ in range(3):
+        if pv:
+            o = o + p.half().double() @ vd
+        m_new = torch.maximum(m, sd.amax(1) * 0.5)
+        alpha = torch.exp2(m - m_new)
+        p = torch.exp2(sd * 0.5 - m_new[:, None])
+        l, m = l * alpha + p.sum(1), m_new
+        o = o * alpha[:, None]
+        sd = p
+    ref = torch.cat([o.flatten(), l])
+    err = max(((out[i].double() - ref).norm() / ref.norm()).item() for i in range(groups))
+    if not err < 1e-3:
+        raise RuntimeError(f"softmax microbenchmark wrong: relative error {err:.3g}")
+    launch(reps)
+    per_sm = _per_sm(stats, float(reps))
+    return {"groups": groups, "block_n": block_n, "head_dim": head_dim, "pv": pv,
+            "cycles_per_step": per_sm["cycles"] / reps, "steps_per_clk": per_sm["per_clk"],
             "ctas_per_sm": per_sm["ctas_per_sm"], "rel_error": err}
 
 

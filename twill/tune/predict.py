@@ -9,6 +9,10 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   free (paper §5.3); the hardware does not. The loop runs no faster than the load latency over the ring
   buffers that hide it, nor than its bytes per iteration over the L2 bandwidth per SM, so the effective
   ``II_eff = max(II, latency / (depth − 1), bytes / bandwidth)``.
+* **Per-group chains** (attention forward on a calibrated machine that measured the softmax step,
+  :func:`chain_bound`): each compute warp group must wait for its S, run its online-softmax step at the speed
+  measured with the other groups running theirs, and pass the tensor core on, every iteration; ``II_eff``
+  is at least the slowest group's chain.
 * **Per tile**: a modulo-scheduled loop of ``n`` iterations starts iteration ``i`` at ``i·II_eff`` and each
   iteration takes ``L``, so the tile takes ``(n − 1)·II_eff + L`` cycles: ``n·II_eff`` in the steady state
   plus the prologue/epilogue overhead ``L − II`` (the ``stages − 1`` partially filled iterations at each end).
@@ -39,7 +43,8 @@ from typing import Any, Mapping
 
 from twill.errors import TwillError
 from twill.ir.graph import LoopGraph
-from twill.machine.costs import handoff_cycles
+from twill.machine.calibration import softmax_key
+from twill.machine.costs import ASYNC_ISSUE_CYCLES, handoff_cycles
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 
@@ -135,7 +140,8 @@ class Prediction:
         tiles: CTAs of the grid.
         waves: ``⌈tiles / (sms · ctas_per_sm)⌉``.
         breakdown: the terms of the formula (module docstring): ``ii_raw``, ``ii_effective`` (with the
-            streaming bounds ``latency_ii`` and ``bandwidth_ii`` on a calibrated machine), ``length_raw``,
+            streaming bounds ``latency_ii`` and ``bandwidth_ii`` and the attention chain bound ``chain_ii``
+            on a calibrated machine), ``length_raw``,
             ``tile_cycles``,
             ``overhead_cycles`` (``L − II``), ``ctas_per_sm``, ``wave_cycles``, ``clock_ghz``, ``launch_us``.
     """
@@ -250,6 +256,40 @@ def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     return {"latency_ii": (base + bandwidth_ii) / min(lookahead), "bandwidth_ii": bandwidth_ii}
 
 
+def chain_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
+    """Raw cycles per iteration below which a compute warp group of an attention forward cannot finish its
+    own chain, on a calibrated machine that measured the online-softmax step; ``{}`` otherwise:
+
+    ``chain_ii = step + wait + issue + turn`` for the slowest compute group, where ``step`` is the measured
+    online-softmax step of one 64-row warp group (``Calibration.softmax_step_cycles``: row max, exp, row
+    sum, rescale and the P conversion, measured with ``O += P V`` in flight and as many warp groups running
+    it at once as the kernel has, ``Σ compute warps / 4``), ``wait`` the latency of the MMA whose result the
+    group waits for in the same iteration (S = Q Kᵀ before the row max), ``issue`` the issue cycles of the
+    group's asynchronous ops and ``turn`` its share of the tensor-core hand-offs. The solver's schedule
+    keeps the groups' softmax ops apart on MUFU and the FP32 pipes, but nothing in the kernel enforces that:
+    the groups run them at once and slow each other down, which the measured step includes.
+    """
+    cal = machine.calibration
+    graph = schedule.graph
+    if cal is None or not cal.softmax_step_cycles or graph.attrs.get("kernel") != "flash-fwd" or not schedule.warps:
+        return {}
+    compute = [g for g in schedule.warps if any(graph.op(n).kind == "mma" for n in g.ops)]
+    groups = sum(g.num_warps for g in compute) // 4
+    step = cal.softmax_step_cycles.get(softmax_key(groups, int(graph.attrs["block_n"]), int(graph.attrs["head_dim"])))
+    if step is None:
+        return {}
+    scale = cycles_per_unit(schedule)
+    turn = tensor_core_turns(schedule) * handoff_cycles(machine) / len(compute)
+    chains = []
+    for g in compute:
+        mine = set(g.ops)
+        waits = [e.delay * scale for e in graph.edges if e.src in mine and e.dst in mine and e.distance == 0
+                 and graph.op(e.src).kind == "mma" and graph.op(e.dst).kind != "mma"]
+        issue = sum(ASYNC_ISSUE_CYCLES for n in g.ops if graph.op(n).kind == "mma")
+        chains.append(step + max(waits, default=0.0) + issue + turn)
+    return {"chain_ii": max(chains)}
+
+
 def tensor_core_turns(schedule: Schedule) -> int:
     """How often per iteration the tensor core passes from one warp group to another: the steady-state
     order of the ops that use it, read around the cycle, changes warp group this many times. Each change is
@@ -269,7 +309,8 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
     memory = stream_bound(schedule, machine)
     # the hand-offs of the tensor core between warp groups, on a calibrated machine (measured cost)
     turns = tensor_core_turns(schedule) * handoff_cycles(machine) if machine.calibration is not None else 0
-    ii_eff = max([ii_raw + turns, *memory.values()])
+    chain = chain_bound(schedule, machine)
+    ii_eff = max([ii_raw + turns, *memory.values(), *chain.values()])
     tile_cycles = (iterations - 1) * ii_eff + length_raw
     per_sm = ctas_per_sm(schedule, machine)
     # co-resident CTAs (as many as fit, and as the grid has per SM) share the units and the L2 bandwidth
@@ -279,7 +320,7 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
     waves = math.ceil(tiles / (machine.sms * per_sm))
     cycles = waves * wave_cycles
     seconds = cycles / (machine.time_clock_ghz * 1e9) + machine.launch_us * 1e-6
-    breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory,
+    breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain,
                  "length_raw": length_raw, "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw,
                  "ctas_per_sm": per_sm, "wave_cycles": wave_cycles,
                  "clock_ghz": machine.time_clock_ghz, "launch_us": machine.launch_us}

@@ -1,0 +1,202 @@
+"""Where each compute partition of a generated attention forward spends its loop iteration: the emitted kernel
+with the SM cycle counter read between the phases of its main loop (a GPU experiment behind
+docs/performance.md's fidelity notes, not a test and not a kernel to use).
+
+The phases of one iteration of a compute partition (``twill emit gluon flash-fwd --subtiles 2`` modules):
+
+* ``turn``: waiting for the next K tile and for the other partition to pass the tensor-core turn;
+* ``issue``: issuing S(j+1) = Q K(j+1)ᵀ, converting P(j) to the wgmma operand, waiting for V(j), issuing
+  O += P(j) V(j) and passing the turn on;
+* ``s_wait``: waiting for S(j+1) (wgmma groups retire in order);
+* ``softmax``: the online softmax of S(j+1) (row max, alpha, exp, row sum);
+* ``pv_wait``: waiting for O += P(j) V(j);
+* ``rescale``: O *= alpha.
+
+The instrumented copy is made by exact text insertions into the emitted module (each must match once, so the
+probe cannot silently stop applying when the generator changes); every partition of every CTA adds its
+cycles per phase over the loop and writes the sums behind the LSE output. The script also times the original
+and the instrumented kernel (the counter reads cost a little) and, for each ``attention_probe`` variant named
+with ``--probes``, the same phases of that variant. Prints a table and writes ``$OUT/attention_phases.json``.
+
+    python benchmarks/attention_phases.py --out $OUT FILE.py [FILE.py ...] [--probes no-softmax no-pv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks._common import event_times, load_module  # noqa: E402
+from benchmarks.attention_probe import apply  # noqa: E402
+
+PHASES = ("turn", "issue", "s_wait", "softmax", "pv_wait", "rescale")
+SLOTS = 8  # floats per partition in the stats area (PHASES, then the iteration count)
+
+CLOCK_FN = '''@gluon.jit
+def _phase_clock(anchor):
+    """The SM cycle counter (instrumentation of attention_phases.py)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+@gluon.jit
+def online_softmax('''
+
+STORE = '''    _base = seq_len * gl.num_programs(1) + ((gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 2
+                                            + SUB) * {slots}
+{stores}    gl.store(lse_ptr + _base + {n}, (n_tiles - 1).to(gl.float32))
+    # epilogue: pv of the last iteration
+'''
+
+#: The accumulators, set before the main loop.
+INIT = "".join(f"    _acc{i} = (n_tiles * 0).to(gl.int64)\n" for i in range(len(PHASES)))
+LOOP = "    for j in range(0, n_tiles - 1):\n"
+#: (anchor text, text inserted after it); each anchor must occur exactly once in the compute partition.
+INSERTS = [
+    ("        jn = j + 1\n", "        _t0 = _phase_clock(j)\n"),
+    ("        mbarrier.wait(turn_bars.index(SUB), (j * TURNS) & 1)\n",
+     "        _t1 = _phase_clock(j)\n        _acc0 += _t1 - _t0\n"),
+    ("        mbarrier.arrive(turn_bars.index(1 - SUB))  # pass the tensor core on\n",
+     "        _t2 = _phase_clock(j)\n        _acc1 += _t2 - _t1\n"),
+    ("        s_cur, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])\n",
+     "        _t3 = _phase_clock(j)\n        _acc2 += _t3 - _t2\n"),
+    ("        o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale\n",
+     "        _t6 = _phase_clock(j)\n        _acc5 += _t6 - _t5\n"),
+]
+
+
+def _insert_after(text: str, anchor: str, new: str) -> str:
+    if text.count(anchor) != 1:
+        raise SystemExit(f"phases: {anchor.strip()[:60]!r} occurs {text.count(anchor)} times, expected once")
+    return text.replace(anchor, anchor + new)
+
+
+def instrument(text: str) -> str:
+    """The module text with the phase counters (see the module docstring)."""
+    if text.count("@gluon.jit\ndef online_softmax(") != 1:
+        raise SystemExit("phases: no online_softmax function to anchor the clock helper")
+    text = text.replace("@gluon.jit\ndef online_softmax(", CLOCK_FN)
+    text = _insert_after(text, LOOP, "").replace(LOOP, INIT + LOOP)
+    for anchor, new in INSERTS:
+        text = _insert_after(text, anchor, new)
+    softmax_end = "                                            gl.SliceLayout(0, s_layout))\n        o, p_op"
+    if text.count(softmax_end) != 1:
+        raise SystemExit("phases: the end of the loop's softmax call was not found")
+    text = text.replace(softmax_end, softmax_end.replace(
+        "\n        o, p_op", "\n        _t4 = _phase_clock(j)\n        _acc3 += _t4 - _t3\n        o, p_op"))
+    pv_line = "        o, p_op = warpgroup_mma_wait(0, deps=[o, p_op])"
+    end = text.index(pv_line) + len(pv_line)
+    end = text.index("\n", end) + 1
+    text = text[:end] + "        _t5 = _phase_clock(j)\n        _acc4 += _t5 - _t4\n" + text[end:]
+    stores = "".join(f"    gl.store(lse_ptr + _base + {i}, _acc{i}.to(gl.float32))\n" for i in range(len(PHASES)))
+    epilogue = "    # epilogue: pv of the last iteration\n"
+    if text.count(epilogue) != 1:
+        raise SystemExit("phases: the loop's epilogue comment was not found")
+    return text.replace(epilogue, STORE.format(slots=SLOTS, stores=stores, n=len(PHASES)))
+
+
+def _launcher(m: Any, q: Any, k: Any, v: Any, out: Any, stats: Any):
+    """A closure launching module ``m``'s kernel with ``stats`` as its LSE pointer."""
+    import math
+
+    import triton
+
+    B, H, S, D = q.shape
+    q2, k2, v2 = (t.view(B * H * S, D) for t in (q, k, v))
+    q_desc = m._descriptor(q2, [m.SUB_M.value, D])
+    k_desc = m._descriptor(k2, [m.BLOCK_N.value, D])
+    v_desc = m._descriptor(v2, [m.BLOCK_N.value, D])
+    grid = (triton.cdiv(S, m.BLOCK_M.value), B * H)
+    scale = 1.0 / math.sqrt(D) * m.LOG2E
+    return grid, lambda: m.attention_kernel[grid](q_desc, k_desc, v_desc, out, stats, S, scale,
+                                                  num_warps=m.NUM_WARPS)
+
+
+def phases_of(path: str, probes: list[str], seq: int) -> dict[str, Any]:
+    """Phase cycles per iteration (mean over partitions and CTAs) of the module and of its probe variants."""
+    import torch
+
+    with open(path) as fh:
+        text = fh.read()
+    variants = {"original": text, **{p: apply(text, p) for p in probes}}
+    head_dim = None
+    record: dict[str, Any] = {"file": os.path.basename(path), "variants": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        mods = {}
+        for name, body in variants.items():
+            for tag, src in (("plain", body), ("phases", instrument(body))):
+                copy = os.path.join(tmp, f"{name.replace('-', '_')}_{tag}.py")
+                with open(copy, "w") as fh:
+                    fh.write(src)
+                mods[(name, tag)] = load_module(copy, "phases_")
+        head_dim = mods[("original", "plain")].HEAD_DIM.value
+        B, H = 32768 // seq, 4096 // head_dim
+        q, k, v = (torch.randn(B, H, seq, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
+        out = torch.empty_like(q)
+        fns, stats = {}, {}
+        for (name, tag), m in mods.items():
+            grid, _ = _launcher(m, q, k, v, out, None)
+            stats[(name, tag)] = torch.zeros(B * H * seq + grid[0] * grid[1] * 2 * SLOTS, device="cuda")
+            fns[f"{name}/{tag}"] = _launcher(m, q, k, v, out, stats[(name, tag)])[1]
+        ms, spread, window = event_times(fns, 5, 5)
+        for (name, tag), buf in stats.items():
+            if tag != "phases":
+                continue
+            area = buf[B * H * seq:].view(-1, SLOTS).double()
+            iters = area[:, len(PHASES)].sum().item()
+            per_iter = {p: area[:, i].sum().item() / iters for i, p in enumerate(PHASES)}
+            record["variants"][name] = {"phases": per_iter, "iteration": sum(per_iter.values()),
+                                        "ms": ms[f"{name}/plain"], "ms_instrumented": ms[f"{name}/phases"],
+                                        "ms_spread": spread[f"{name}/plain"]}
+        record["window"] = window
+        record["shape"] = {"B": B, "H": H, "S": seq, "D": head_dim}
+        record["grid"] = list(grid)
+        m0 = mods[("original", "plain")]
+        record["tiles"] = grid[0] * grid[1]
+        record["iterations"] = -(-seq // m0.BLOCK_N.value)
+    return record
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", help="emitted flash-fwd modules with two compute partitions")
+    ap.add_argument("--probes", nargs="*", default=[], help="attention_probe.py variants to instrument too")
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    import torch
+
+    from twill.machine.microbench import ClockSampler
+
+    results = []
+    with ClockSampler() as sampler:
+        for path in args.files:
+            results.append(phases_of(path, args.probes, args.seq))
+            print(f"{path}: done", flush=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for r in results:
+        clock = sampler.median_ghz(*r.pop("window"))
+        r["clock_ghz"] = clock
+        for row in r["variants"].values():
+            row["cycles_per_iteration"] = (row["ms"] * 1e-3 * clock * 1e9 * sms / (r["tiles"] * r["iterations"])
+                                           if clock else None)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "attention_phases.json"), "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, fh,
+                  indent=1)
+    print(f"{'file':34s} {'variant':11s} " + " ".join(f"{p:>8s}" for p in PHASES) + "   sum  measured  x(instr)")
+    for r in results:
+        for name, row in r["variants"].items():
+            cyc = row["cycles_per_iteration"] or 0
+            print(f"{r['file']:34s} {name:11s} " + " ".join(f"{row['phases'][p]:8.0f}" for p in PHASES)
+                  + f" {row['iteration']:6.0f} {cyc:8.0f}  {row['ms_instrumented'] / row['ms']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
