@@ -11,8 +11,8 @@
   the top candidates (what ``twill tune --measure`` picks). Writes ``tune_bench.json``, prints a table last.
 * Beside the tuned GEMMs, the hand-built 128x256x64 kernels of :data:`FIXED_GEMMS` (wait lag 1, ring depth 3
   and 4, one CTA per tile and persistent) are checked and timed in the same rounds (``fixed`` in the JSON,
-  not candidates for "tuned"); a variant the generator refuses (persistent ring 4 does not fit shared
-  memory) is recorded with the reason.
+  not candidates for "tuned"; persistent ring 4 stages the C tile in halves); a variant the generator refuses
+  is recorded with the reason.
 
     python benchmarks/tune_bench.py generate out/tune --machine benchmarks/results/calibration_h200.machine.json
     python benchmarks/tune_bench.py run out/tune --out $OUT          # GPU, carrying out/tune

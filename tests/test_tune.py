@@ -62,16 +62,17 @@ def test_unknown_axis_is_an_error():
         kernel_space("flash-fwd", H100, {"persistent": (True,)})
 
 
-def test_persistent_is_a_gemm_axis_that_counts_the_c_staging_tile():
-    """A persistent GEMM keeps its C staging tile (block_m x block_n fp16) live with the rings: 128x256x64 with
-    a 4-deep ring (192 KiB) fits one tile per CTA but not persistent; on Blackwell the axis does not exist."""
+def test_persistent_is_a_gemm_axis_that_counts_the_c_staging_buffer():
+    """A persistent GEMM keeps a C staging buffer (at least half the block_m x block_n fp16 tile) live with the
+    rings: 128x128x64 with a 7-deep ring (224 KiB) fits one tile per CTA but not persistent; on Blackwell
+    the axis does not exist."""
     assert default_axes("gemm", H100, None)["persistent"] == (False, True)
     assert "persistent" not in default_axes("gemm", B200, None)
-    space = kernel_space("gemm", H100, {"block_m": (128,), "block_n": (256,), "block_k": (64,), "warps": (8,),
-                                        "streaming_depth": (3, 4)})
+    space = kernel_space("gemm", H100, {"block_m": (128,), "block_n": (128,), "block_k": (64,), "warps": (8,),
+                                        "streaming_depth": (6, 7)})
     kept = {(c.streaming_depth, c.persistent) for c in space.candidates}
-    assert kept == {(3, False), (3, True), (4, False)}
-    assert [(c.streaming_depth, c.persistent) for c, _ in space.rejected] == [(4, True)]
+    assert kept == {(6, False), (6, True), (7, False)}
+    assert [(c.streaming_depth, c.persistent) for c, _ in space.rejected] == [(7, True)]
     (chosen,) = [c for c in space.candidates if c.persistent]
     assert "persistent=True" in chosen.label() and chosen.settings()["persistent"] is True
 
@@ -696,11 +697,11 @@ def test_a_schedule_the_gluon_backend_refuses_is_not_ranked(monkeypatch):
 
 
 def test_a_persistent_candidate_is_emitted_persistent_and_refused_when_it_overflows():
-    """The sweep asks the generator for the candidate's own kernel: a persistent 128x256x64 GEMM with a 4-deep
+    """The sweep asks the generator for the candidate's own kernel: a persistent 128x128x64 GEMM with a 7-deep
     ring is solved (the schedule is the same) but cannot be emitted (rings + C staging > 227 KiB)."""
-    options = (("block_m", 128), ("block_n", 256), ("block_k", 64), ("warps", 8))
+    options = (("block_m", 128), ("block_n", 128), ("block_k", 64), ("warps", 8))
     graph = graph_to_dict(build_kernel("gemm", H100, **dict(options)))
-    jobs = [Job(candidate=Candidate(options=options, streaming_depth=4, persistent=p), graph=graph, machine=H100,
+    jobs = [Job(candidate=Candidate(options=options, streaming_depth=7, persistent=p), graph=graph, machine=H100,
                 time_limit=30.0) for p in (False, True)]
     assert jobs[0].key("v") != jobs[1].key("v")
     plain, persistent = (sweep.run_job(job) for job in jobs)

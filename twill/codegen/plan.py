@@ -33,8 +33,9 @@ Policy (documented in ``docs/codegen.md``):
   fit the machine's shared memory per block.
 * **Persistence** (GEMM, a code-generator choice, ``persistent``): the schedule is the steady state of one
   output tile's K loop either way; a persistent kernel launches at most one CTA per SM and walks its tiles
-  in the same grouped order, with one ring running over (tile, k). The rings and the C staging tile are
-  then live together and must fit the machine's shared memory per block.
+  in the same grouped order, with one ring running over (tile, k). The rings and the C staging buffer are
+  then live together and must fit the machine's shared memory per block; when the whole tile does not, it
+  is staged in two column halves (``epilogue_split`` 2), and when that does not fit either, refused.
 """
 
 from __future__ import annotations
@@ -218,6 +219,8 @@ class KernelPlan:
             ``j - dq_lag``).
         persistent: GEMM: one CTA per SM at most, each walking output tiles (a code-generator choice, not
             read from the schedule; see docs/codegen.md, "Persistent GEMM").
+        epilogue_split: persistent GEMM: column slices the C tile is stored in through one staging buffer of
+            ``block_n / epilogue_split`` columns (1, or 2 when rings + the whole tile overflow shared memory).
     """
 
     kernel: str
@@ -243,6 +246,7 @@ class KernelPlan:
     dq_depth: int = 0
     dq_lag: int = 0
     persistent: bool = False
+    epilogue_split: int = 1
 
     @property
     def compute(self) -> tuple[Partition, ...]:
@@ -488,34 +492,41 @@ def gemm_plan(schedule: Schedule, backend: str, persistent: bool = False) -> Ker
     if tile["block_m"] != 64 * (parts[0].num_warps // 4) and tile["block_m"] % (16 * parts[0].num_warps):
         raise UnsupportedFeatureError(f"cannot generate: block_m {tile['block_m']} not divisible over "
                                       f"{parts[0].num_warps} wgmma warps")
-    if persistent:
-        _check_persistent_smem(schedule, tile, rings, backend)
+    split = _epilogue_split(schedule, tile, rings, backend) if persistent else 1
     all_waits = _ring_waits(graph, rings) + [_retire_wait(graph, mma)]
     return _plan(schedule, "gemm", backend, tile=tile, partitions=parts, rings=tuple(rings), barriers=barriers,
-                 waits=tuple(all_waits), mma_lag=lag, persistent=persistent)
+                 waits=tuple(all_waits), mma_lag=lag, persistent=persistent, epilogue_split=split)
 
 
-def persistent_smem(tile: dict[str, int], depths: list[int]) -> int:
-    """Shared-memory bytes of a persistent GEMM: the A and B rings (``depths``) and the C staging tile, live
-    together (the compute partition stores tile t while the producer fills the ring for tile t + 1), plus the
-    ready/empty barriers (8 bytes each)."""
+#: Column slices a persistent GEMM may store its C tile in, tried in order (the first that fits is used).
+EPILOGUE_SPLITS = (1, 2)
+
+
+def persistent_smem(tile: dict[str, int], depths: list[int], split: int) -> int:
+    """Shared-memory bytes of a persistent GEMM: the A and B rings (``depths``) and the C staging buffer of
+    ``block_n / split`` columns, live together (the compute partition stores tile t while the producer fills
+    the rings for tile t + 1), plus the ready/empty barriers (8 bytes each)."""
     esize = 2  # fp16 / bf16 bytes
     bm, bn, bk = tile["block_m"], tile["block_n"], tile["block_k"]
     rings = depths[0] * bm * bk * esize + depths[1] * bk * bn * esize
-    return rings + bm * bn * esize + 2 * 8 * max(depths)
+    return rings + bm * (bn // split) * esize + 2 * 8 * max(depths)
 
 
-def _check_persistent_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> None:
-    """A persistent GEMM's rings and C staging tile must fit the machine's shared memory per block."""
+def _epilogue_split(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> int:
+    """The first of :data:`EPILOGUE_SPLITS` whose staging buffer fits beside the rings in the machine's shared
+    memory per block; a one-line refusal when none does."""
     capacity = get_machine(schedule.arch).smem_per_block
     depths = [r.depth for r in rings]
-    need = persistent_smem(tile, depths)
-    if need > capacity:
-        raise UnsupportedFeatureError(
-            f"cannot generate: a persistent GEMM keeps its A/B rings and the C staging tile in shared memory "
-            f"together, {need} bytes, more than the {capacity} of {schedule.arch} (tile {tile['block_m']}x"
-            f"{tile['block_n']}x{tile['block_k']}, ring depths {'/'.join(map(str, depths))}; {backend} backend); "
-            f"use a smaller --streaming-depth or tile, or the non-persistent kernel")
+    for split in EPILOGUE_SPLITS:
+        need = persistent_smem(tile, depths, split)
+        if need <= capacity:
+            return split
+    raise UnsupportedFeatureError(
+        f"cannot generate: a persistent GEMM keeps its A/B rings and a C staging buffer (at least 1/"
+        f"{EPILOGUE_SPLITS[-1]} of the tile) in shared memory together, {need} bytes, more than the {capacity} "
+        f"of {schedule.arch} (tile {tile['block_m']}x{tile['block_n']}x{tile['block_k']}, ring depths "
+        f"{'/'.join(map(str, depths))}; {backend} backend); use a smaller --streaming-depth or tile, or the "
+        f"non-persistent kernel")
 
 
 def _subtile(graph: LoopGraph, name: str) -> int:

@@ -125,15 +125,18 @@ def smem_lower_bound(graph: LoopGraph, streaming_depth: int) -> int:
 
 
 def staging_bytes(graph: LoopGraph) -> int:
-    """Shared memory of a persistent GEMM's C staging tile (``block_m × block_n`` fp16/bf16), live with the
-    rings (docs/codegen.md, "Persistent GEMM")."""
-    return int(graph.attrs["block_m"]) * int(graph.attrs["block_n"]) * 2
+    """Shared memory a persistent GEMM's C staging buffer takes at least, live with the rings: the
+    ``block_m × block_n`` fp16/bf16 tile over the most column slices the generator stores it in
+    (docs/codegen.md, "Persistent GEMM")."""
+    from twill.codegen.plan import EPILOGUE_SPLITS
+
+    return int(graph.attrs["block_m"]) * int(graph.attrs["block_n"]) * 2 // max(EPILOGUE_SPLITS)
 
 
 def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]]) -> Space:
     """The space of built-in ``kernel``: :func:`default_axes` with ``axes`` overriding; candidates whose
     shared memory surely exceeds ``machine.smem_per_block`` are rejected (a persistent GEMM counts its C
-    staging tile too)."""
+    staging buffer too)."""
     from twill.kernels import build_kernel, kernel_options
 
     known = kernel_options(kernel)

@@ -11,7 +11,10 @@ tiles ``pid, pid + grid, ...`` in the same grouped order (:data:`TILE_OFFSETS`).
 same K loop per tile, with the ring counter ``i`` running on across tiles (tile ``t`` of the CTA uses ring
 iterations ``t·k_tiles .. (t+1)·k_tiles − 1``), so the producer loads the next tile while the compute
 partition drains and stores the previous one. The compute partition stores each tile itself and leaves the
-TMA store in flight: it waits for it (``tma.store_wait(0)``) only before it writes the staging tile again.
+TMA store in flight: it waits for it (``tma.store_wait(0)``) only before it writes the staging buffer again.
+When rings and a whole staging tile do not fit shared memory, the tile goes out in two column halves
+through a half-width buffer (``plan.epilogue_split``); only the second half's store then overlaps the next
+tile.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def compute_partition(plan: KernelPlan) -> str:
 
 def persistent_compute_partition(plan: KernelPlan) -> str:
     """The persistent wgmma partition: per output tile of the CTA, the K loop, then the TMA-store epilogue
-    left in flight (waited for only before the staging tile is written again)."""
+    left in flight (waited for only before the staging buffer is written again)."""
     comp = plan.compute[0]
     doc = (f"Warp group {comp.group} ({comp.num_warps} warps): for each output tile of this CTA, wgmma over "
            f"the K loop, then the epilogue (the TMA store is left in flight).")
@@ -171,14 +174,29 @@ def persistent_compute_partition(plan: KernelPlan) -> str:
         "        first = t * k_tiles  # ring iteration of the tile's first K step: the ring runs on across tiles",
         "        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)",
         *("    " + line for line in k_loop(plan, "first")),
-        "        # epilogue: registers -> shared memory -> TMA store (rows/columns past M, N are clipped by TMA);",
-        "        # the previous tile's store must have read c_smem first; this one completes during the next tile",
-        "        tma.store_wait(0)",
-        "        c_smem.store(acc.to(c_desc.dtype))",
-        "        fence_async_shared()  # order the generic-proxy stores before the async-proxy TMA read",
-        "        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)",
+        *_persistent_epilogue(plan),
         "    tma.store_wait(0)",
     ]) + "\n"
+
+
+def _persistent_epilogue(plan: KernelPlan) -> list[str]:
+    """Registers -> staging buffer -> TMA store, left in flight; the whole tile, or two column halves."""
+    head = "        # epilogue: registers -> shared memory -> TMA store (rows/columns past M, N are clipped by TMA);"
+    if plan.epilogue_split == 1:
+        return [head,
+                "        # the previous tile's store must have read c_smem first; this one completes during the next tile",
+                "        tma.store_wait(0)",
+                "        c_smem.store(acc.to(c_desc.dtype))",
+                "        fence_async_shared()  # order the generic-proxy stores before the async-proxy TMA read",
+                "        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_smem)"]
+    return [head,
+            "        # two column halves through one half-width buffer (rings + the whole tile overflow shared memory)",
+            "        halves = acc.to(c_desc.dtype).reshape([BLOCK_M, 2, EPILOGUE_N]).permute(0, 2, 1).split()",
+            "        for h in gl.static_range(2):",
+            "            tma.store_wait(0)  # the previous store (other half, or previous tile) has read c_smem",
+            "            c_smem.store(halves[h])",
+            "            fence_async_shared()  # order the generic-proxy stores before the async-proxy TMA read",
+            "            tma.async_copy_shared_to_global(c_desc, [off_m, off_n + h * EPILOGUE_N], c_smem)"]
 
 
 #: The wgmma accumulator layout lines of the compute partition.
@@ -204,20 +222,22 @@ def _decisions(plan: KernelPlan) -> tuple[str, ...]:
     head = f"decisions: wgmma wait lag {plan.mma_lag}; {shared}; tile order grouped along M by {GROUP_M}; "
     if not plan.persistent:
         return (head + "one CTA per output tile; epilogue through shared memory + TMA store",)
-    need = persistent_smem(plan.tile, [r.depth for r in plan.rings])
+    need = persistent_smem(plan.tile, [r.depth for r in plan.rings], plan.epilogue_split)
+    staging = "c_smem" if plan.epilogue_split == 1 else "c_smem (half the tile: two stores per tile)"
     return (head + "persistent:",
             "  the launcher starts min(tiles, SMs) CTAs; CTA pid walks tiles pid, pid + grid, ... (cta_tiles of them);",
             "  both partitions loop over those tiles and then over K; ring iteration i = t * k_tiles + k runs on",
             "  across tiles (buffers and phases from i, never reset), so the producer loads tile t + 1 while the",
-            f"  compute partition drains tile t ({mma}, {wait} as scheduled) and stores it: registers -> c_smem ->",
-            "  TMA store, waited for (tma.store_wait(0)) only before c_smem is written again at the next tile;",
-            f"  rings + C staging tile + barriers: {need} bytes of shared memory")
+            f"  compute partition drains tile t ({mma}, {wait} as scheduled) and stores it: registers -> {staging}",
+            "  -> TMA store, waited for (tma.store_wait(0)) only before c_smem is written again;",
+            f"  rings + C staging buffer + barriers: {need} bytes of shared memory")
 
 
 def gemm_body(plan: KernelPlan) -> KernelBody:
     """The GEMM's part of the emitted module (one tile per CTA, or persistent: ``plan.persistent``)."""
     t = plan.tile
     mma, wait = plan.compute[0].roles["mma"], plan.compute[0].roles["mma_wait"]
+    c_cols = "EPILOGUE_N" if plan.persistent else "BLOCK_N"     # the C descriptor's block: the staging buffer
     common = dict(
         title="Warp-specialized GEMM for Hopper (sm_90), Gluon / Triton 3.6.",
         summary="Generated warp-specialized Gluon GEMM; see the header comment.",
@@ -228,7 +248,10 @@ def gemm_body(plan: KernelPlan) -> KernelBody:
         extra_constants=(("MMA_LAG", plan.mma_lag, f"wgmma groups left in flight: stage({wait})="
                                                    f"{plan.placement(wait).stage} - stage({mma})="
                                                    f"{plan.placement(mma).stage}"),
-                         ("GROUP_M", GROUP_M, "tile order: output tiles grouped along M for L2 reuse")),
+                         ("GROUP_M", GROUP_M, "tile order: output tiles grouped along M for L2 reuse"),
+                         *((("EPILOGUE_N", t["block_n"] // plan.epilogue_split,
+                             f"columns of the C staging buffer: BLOCK_N / {plan.epilogue_split}"),)
+                           if plan.persistent else ())),
         kernel="gemm_kernel",
         kernel_params="a_desc, b_desc, c_desc, M, N, K",
         iv="i",
@@ -238,11 +261,13 @@ def gemm_body(plan: KernelPlan) -> KernelBody:
         constexprs=(),
         signature=(("a_desc", "_desc_type([BLOCK_M.value, BLOCK_K.value])"),
                    ("b_desc", "_desc_type([BLOCK_K.value, BLOCK_N.value])"),
-                   ("c_desc", "_desc_type([BLOCK_M.value, BLOCK_N.value])"),
+                   ("c_desc", f"_desc_type([BLOCK_M.value, {c_cols}.value])"),
                    ("M", '"i32"'), ("N", '"i32"'), ("K", '"i32"')),
     )
     sizes = ("    num_m = gl.cdiv(M, BLOCK_M)", "    num_n = gl.cdiv(N, BLOCK_N)", "    k_tiles = gl.cdiv(K, BLOCK_K)")
-    launch = LAUNCH.replace("    grid = (GRID,)", GRID[plan.persistent])
+    launch = LAUNCH.replace("    grid = (GRID,)", GRID[plan.persistent]).replace(
+        "c_desc = _descriptor(c_t, [BLOCK_M.value, BLOCK_N.value])", f"c_desc = _descriptor(c_t, [BLOCK_M.value, "
+                                                                     f"{c_cols}.value])")
     if not plan.persistent:
         return KernelBody(
             **common,
@@ -272,9 +297,9 @@ def gemm_body(plan: KernelPlan) -> KernelBody:
                    "across tiles",
                    "        for i in range(first, first + k_tiles):"),
         compute_params=PERSISTENT_COMPUTE_PARAMS,
-        before_specialize=("    # C staging tile, live with the rings: the compute partition stores tile t while "
+        before_specialize=("    # C staging buffer, live with the rings: the compute partition stores tile t while "
                            "the producer fills the rings for tile t + 1",
-                           "    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)"),
+                           "    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, EPILOGUE_N], c_desc.layout)"),
         results="",
         epilogue=(),
         launch=SM_COUNT.strip("\n") + "\n\n" + launch,
