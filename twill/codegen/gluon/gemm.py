@@ -140,8 +140,8 @@ def k_loop(plan: KernelPlan, first: str | None) -> list[str]:
         "    acc = warpgroup_mma_wait(0, deps=[acc])",
     ]
     if first is not None and plan.mma_lag > 0:
-        lines += [f"    # empty: release the last MMA_LAG iterations' buffer(s) (the producer fills them for the "
-                  f"next tile)",
+        lines += ["    # empty: release the last MMA_LAG iterations' buffer(s) (the producer fills them for the "
+                  "next tile)",
                   f"    for i in range({at('gl.maximum(k_tiles - MMA_LAG, 0)')}, {at('k_tiles')}):",
                   *(ind + r.replace("(i - MMA_LAG)", "i") for r in release)]
     return lines
@@ -184,7 +184,8 @@ def _persistent_epilogue(plan: KernelPlan) -> list[str]:
     head = "        # epilogue: registers -> shared memory -> TMA store (rows/columns past M, N are clipped by TMA);"
     if plan.epilogue_split == 1:
         return [head,
-                "        # the previous tile's store must have read c_smem first; this one completes during the next tile",
+                "        # the previous tile's store must have read c_smem first; this one completes during the "
+                "next tile",
                 "        tma.store_wait(0)",
                 "        c_smem.store(acc.to(c_desc.dtype))",
                 "        fence_async_shared()  # order the generic-proxy stores before the async-proxy TMA read",
@@ -299,7 +300,8 @@ def gemm_body(plan: KernelPlan) -> KernelBody:
         compute_params=PERSISTENT_COMPUTE_PARAMS,
         before_specialize=("    # C staging buffer, live with the rings: the compute partition stores tile t while "
                            "the producer fills the rings for tile t + 1",
-                           "    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, EPILOGUE_N], c_desc.layout)"),
+                           "    c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, EPILOGUE_N], "
+                           "c_desc.layout)"),
         results="",
         epilogue=(),
         launch=SM_COUNT.strip("\n") + "\n\n" + launch,
