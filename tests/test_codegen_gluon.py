@@ -159,6 +159,7 @@ def test_persistent_gemm_stages_c_in_halves_or_is_refused_when_shared_memory_is_
     sched = gemm_schedule(build_kernel("gemm", H100, block_m=128, block_n=256), H100, lag=1, depth=4, warps=8)
     source = emit_gluon(sched, persistent=True)
     assert "EPILOGUE_N    = gl.constexpr(128)  # columns of the C staging buffer: BLOCK_N / 2" in source
+    assert "c_desc = _descriptor(c_t, [BLOCK_M.value, EPILOGUE_N.value])" in source
     assert "for h in gl.static_range(2):" in source and "229440 bytes of shared memory" in source
     deep = gemm_schedule(build_kernel("gemm", H100, block_m=128, block_n=128), H100, lag=1, depth=7, warps=8)
     emit_gluon(deep)                                        # the kernel with one tile per CTA aliases C

@@ -216,6 +216,14 @@ EPILOGUE = ("    # epilogue: registers -> shared memory -> TMA store (rows/colum
             "    tma.store_wait(0)")
 
 
+def _staging_why(plan: KernelPlan) -> str:
+    """The comment of ``EPILOGUE_N``, the persistent kernel's staging-buffer width."""
+    if plan.epilogue_split == 1:
+        return "columns of the C staging buffer: the whole tile (BLOCK_N)"
+    return (f"columns of the C staging buffer: BLOCK_N / {plan.epilogue_split} (rings + a whole tile would overflow "
+            f"shared memory)")
+
+
 def _decisions(plan: KernelPlan) -> tuple[str, ...]:
     """The header's decision lines; a persistent kernel says how its loop over tiles is organised."""
     mma, wait = plan.compute[0].roles["mma"], plan.compute[0].roles["mma_wait"]
@@ -250,8 +258,7 @@ def gemm_body(plan: KernelPlan) -> KernelBody:
                                                    f"{plan.placement(wait).stage} - stage({mma})="
                                                    f"{plan.placement(mma).stage}"),
                          ("GROUP_M", GROUP_M, "tile order: output tiles grouped along M for L2 reuse"),
-                         *((("EPILOGUE_N", t["block_n"] // plan.epilogue_split,
-                             f"columns of the C staging buffer: BLOCK_N / {plan.epilogue_split}"),)
+                         *((("EPILOGUE_N", t["block_n"] // plan.epilogue_split, _staging_why(plan)),)
                            if plan.persistent else ())),
         kernel="gemm_kernel",
         kernel_params="a_desc, b_desc, c_desc, M, N, K",
