@@ -60,6 +60,8 @@ def test_unknown_axis_is_an_error():
         kernel_space("flash-fwd", H100, {"block_k": (64,)})
     with pytest.raises(TwillError, match="persistent is a GEMM axis"):
         kernel_space("flash-fwd", H100, {"persistent": (True,)})
+    with pytest.raises(TwillError, match="Hopper Gluon generator; b200 has none"):
+        kernel_space("gemm", B200, {"persistent": (True,)})
 
 
 def test_persistent_is_a_gemm_axis_that_counts_the_c_staging_buffer():

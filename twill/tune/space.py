@@ -143,6 +143,8 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
     for name in axes:
         if name in CODEGEN_AXES and kernel != "gemm":
             raise TwillError(f"{name} is a GEMM axis; kernel {kernel!r} has no persistent kernel")
+        if name in CODEGEN_AXES and machine.mma_accumulates_in == "tmem":
+            raise TwillError(f"{name} is a choice of the Hopper Gluon generator; {machine.name} has none")
         if name not in known and name not in SOLVER_AXES and name not in CODEGEN_AXES:
             raise TwillError(f"kernel {kernel!r} has no option {name!r} (options: {', '.join(known) or 'none'})")
     base = build_kernel(kernel, machine, **{k: v[0] for k, v in axes.items() if k in known})
