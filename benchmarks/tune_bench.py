@@ -279,7 +279,7 @@ def run(kernel_dir: str, out: str) -> None:
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
-    """The tuned kernel per shape against the best reference of the same run."""
+    """The tuned kernel per shape against the best reference of the same run; then the hand-built kernels."""
     lines = ["| kernel | shape | tuned candidate (rank predicted) | TFLOP/s | best reference | TFLOP/s | ratio |",
              "|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
@@ -290,6 +290,15 @@ def markdown_table(doc: dict[str, Any]) -> str:
         lines.append(f"| {r['kernel']} {r['dtype']} | {shape} | `{r['tuned']}` ({r['predicted_rank_of_tuned']}) | "
                      f"{r['tuned_tflops']:.0f} | {r['best_reference']} | {r['best_reference_tflops']:.0f} | "
                      f"{r['ratio']:.2f}x |")
+    fixed = [(r, f) for r in doc["results"] for f in r.get("fixed", [])]
+    if fixed:
+        lines += ["", "| kernel | shape | hand-built kernel | TFLOP/s | ratio to the best reference |",
+                  "|---|---|---|---|---|"]
+        for r, f in fixed:
+            shape = "x".join(str(v) for v in r["sizes"])
+            measured = (f"{f['tflops']:.0f} | {f['ratio']:.2f}x" if "ratio" in f
+                        else f"| {f.get('skipped') or f.get('error', 'not timed')}")
+            lines.append(f"| {r['kernel']} {r['dtype']} | {shape} | {f['candidate']} | {measured} |")
     return "\n".join(lines)
 
 
