@@ -54,6 +54,13 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
     ("gemm_128x128x64_lag1_d4", "gemm", {"block_m": 128, "block_n": 128, "block_k": 64}, {"lag": 1, "depth": 4}),
     ("gemm_bf16_128x256x64_lag1_d4", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64, "dtype": "bf16"},
      {"lag": 1, "depth": 4}),
+    # persistent kernels of the same schedules (emit_gluon(..., persistent=True); ring 4 stages C in halves)
+    ("gemm_128x256x64_lag1_d3_persistent", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64},
+     {"lag": 1, "depth": 3, "persistent": True}),
+    ("gemm_128x256x64_lag1_d4_persistent", "gemm", {"block_m": 128, "block_n": 256, "block_k": 64},
+     {"lag": 1, "depth": 4, "persistent": True}),
+    ("gemm_bf16_128x256x64_lag1_d3_persistent", "gemm",
+     {"block_m": 128, "block_n": 256, "block_k": 64, "dtype": "bf16"}, {"lag": 1, "depth": 3, "persistent": True}),
     ("fa_d128_sub2_ahead1_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 1, "depth": 2}),
     ("fa_d128_sub2_ahead0_d2", "flash-fwd", {"subtiles": 2, "head_dim": 128}, {"ahead": 0, "depth": 2}),
     ("fa_d128_sub1_ahead1_d2", "flash-fwd", {"subtiles": 1, "head_dim": 128}, {"ahead": 1, "depth": 2}),
@@ -136,14 +143,15 @@ def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
     os.makedirs(outdir, exist_ok=True)
     rows = []
     for name, kernel, options, shape in SUITE:
-        sched = variant_schedule(kernel, options, shape, machine)
-        plan = gluon_plan(sched)
+        persistent = bool(shape.get("persistent"))    # a code-generator choice, not part of the schedule
+        sched = variant_schedule(kernel, options, {k: v for k, v in shape.items() if k != "persistent"}, machine)
+        plan = gluon_plan(sched, persistent)
         with open(os.path.join(outdir, f"{name}.py"), "w") as fh:
             fh.write(render_plan(plan))
         rows.append({"name": name, "file": f"{name}.py", "kernel": kernel, "options": options,
                      "solver": sched.solver, "ii": sched.ii, "ii_cycles": ii_cycles(sched), "stages": sched.num_stages,
                      "rings": {r.name: r.depth for r in plan.rings}, "mma_lag": plan.mma_lag,
-                     "qk_ahead": plan.qk_ahead, "compute_partitions": len(plan.compute),
+                     "qk_ahead": plan.qk_ahead, "compute_partitions": len(plan.compute), "persistent": persistent,
                      "turns": [list(t.ops) for t in plan.turns]})
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
         json.dump(rows, fh, indent=1)

@@ -9,6 +9,10 @@
   PyTorch flash (FA2) through SDPA and JAX Pallas ``attention_mgpu`` (the best of its tuning configurations
   that fit, 20 calls per sample and one ``block_until_ready``) for attention. "Tuned" is the best measured of
   the top candidates (what ``twill tune --measure`` picks). Writes ``tune_bench.json``, prints a table last.
+* Beside the tuned GEMMs, the hand-built 128x256x64 kernels of :data:`FIXED_GEMMS` (wait lag 1, ring depth 3
+  and 4, one CTA per tile and persistent) are checked and timed in the same rounds (``fixed`` in the JSON,
+  not candidates for "tuned"; persistent ring 4 stages the C tile in halves); a variant the generator refuses
+  is recorded with the reason.
 
     python benchmarks/tune_bench.py generate out/tune --machine benchmarks/results/calibration_h200.machine.json
     python benchmarks/tune_bench.py run out/tune --out $OUT          # GPU, carrying out/tune
@@ -36,6 +40,8 @@ ROUNDS = 3
 JAX_CALLS = 20
 #: attention_mgpu tuning configurations tried (block_q, block_kv, max_concurrent_steps); the best that runs.
 PALLAS_CONFIGS = ((64, 128, 2), (64, 64, 2), (64, 128, 3))
+#: Hand-built GEMM kernels timed beside the tuned ones: (ring depth, persistent) at 128x256x64, lag 1, 8 warps.
+FIXED_GEMMS = tuple((depth, persistent) for depth in (3, 4) for persistent in (False, True))
 
 
 def _targets() -> list[dict[str, Any]]:
@@ -74,7 +80,7 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
         results = rank(space.candidates, run_sweep(jobs, workers=workers), shape, machine)
         kernels, sources = [], set()
         for result in (r for r in results if r.prediction is not None):
-            source = emit_gluon(result.schedule)
+            source = emit_gluon(result.schedule, persistent=bool(result.candidate.persistent))
             if source in sources:  # another candidate with the same schedule (e.g. an unused register budget)
                 continue
             sources.add(source)
@@ -85,12 +91,42 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
                             "predicted_us": result.prediction.microseconds})
             if len(kernels) == top:
                 break
+        fixed = _fixed_gemms(target, machine.name, outdir) if target["problem"] == "gemm" else []
         entries.append({**target, "name": _name(target), "flops": shape.flops(target["kernel"]),
-                        "candidates": len(jobs), "kernels": kernels})
+                        "candidates": len(jobs), "kernels": kernels, "fixed": fixed})
         print(f"{_name(target):32s} {len(jobs)} candidates, top: {kernels[0]['candidate'] if kernels else '-'} "
               f"({time.perf_counter() - started:.1f} s)", flush=True)
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
         json.dump({"machine_file": os.path.basename(machine_path), "top": top, "entries": entries}, fh, indent=1)
+
+
+def _fixed_gemms(target: dict[str, Any], arch: str, outdir: str) -> list[dict[str, Any]]:
+    """Emit the :data:`FIXED_GEMMS` of a GEMM target, hand-built (``benchmarks/variants.py``) on the datasheet
+    model of ``arch`` (the variants are verified there); a refused variant is listed with its reason."""
+    from benchmarks.variants import gemm_schedule
+    from twill.codegen.gluon import emit_gluon
+    from twill.errors import UnsupportedFeatureError
+    from twill.kernels import build_kernel
+    from twill.machine.models import get_machine
+    from twill.schedule.verify import verify
+
+    machine = get_machine(arch)
+    graph = build_kernel("gemm", machine, block_m=128, block_n=256, block_k=64, dtype=target["dtype"])
+    out = []
+    for depth, persistent in FIXED_GEMMS:
+        label = f"128x256x64 lag1 ring{depth}" + (" persistent" if persistent else "")
+        schedule = gemm_schedule(graph, machine, lag=1, depth=depth, warps=8)
+        verify(schedule, machine)
+        try:
+            source = emit_gluon(schedule, persistent=persistent)
+        except UnsupportedFeatureError as exc:
+            out.append({"candidate": label, "persistent": persistent, "skipped": str(exc)})
+            continue
+        file = f"{_name(target)}_fixed_d{depth}{'_persistent' if persistent else ''}.py"
+        with open(os.path.join(outdir, file), "w") as fh:
+            fh.write(source)
+        out.append({"file": file, "candidate": label, "persistent": persistent})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- GPU
@@ -137,11 +173,33 @@ def _pallas(entry: dict[str, Any]) -> dict[str, Any]:
     return calls
 
 
+def _prepare(kernel_dir: str, entry: dict[str, Any], kern: dict[str, Any], args: tuple[Any, ...],
+             calls: dict[str, Any]) -> dict[str, Any]:
+    """Load and check one kernel of ``entry``; a correct one is added to ``calls`` (timed by its file name).
+    Returns its row (``max_relerr``, or ``error``)."""
+    from twill.codegen.gluon.check import check_attention, check_gemm
+
+    info = dict(kern)
+    try:
+        module = _load(os.path.join(kernel_dir, kern["file"]))
+        checks = (check_gemm(module, entry["dtype"]) if entry["problem"] == "gemm"
+                  else check_attention(module, entry["dtype"], entry["sizes"][3]))
+        info["max_relerr"] = max(c["relerr"] for c in checks)
+        if info["max_relerr"] < 1e-2:
+            calls[kern["file"]] = ((lambda m=module: m.launch(*args)) if entry["problem"] == "gemm"
+                                   else (lambda m=module: m.launch(args[0], args[1], args[2], out=args[3])))
+        else:
+            info["error"] = f"wrong: relative error {info['max_relerr']:.3g}"
+    except Exception as exc:  # recorded; the other candidates still run
+        info["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return info
+
+
 def run(kernel_dir: str, out: str) -> None:
     import torch
     import triton
 
-    from twill.codegen.gluon.check import check_attention, check_gemm, torch_dtype
+    from twill.codegen.gluon.check import torch_dtype
 
     manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
     results = []
@@ -158,22 +216,9 @@ def run(kernel_dir: str, out: str) -> None:
             b, h, s, d = entry["sizes"]
             q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=dtype) for _ in range(3))
             args = (q, k, v, torch.empty_like(q))
-        row["kernels"] = []
-        for kern in entry["kernels"]:
-            info = dict(kern)
-            try:
-                module = _load(os.path.join(kernel_dir, kern["file"]))
-                checks = (check_gemm(module, entry["dtype"]) if entry["problem"] == "gemm"
-                          else check_attention(module, entry["dtype"], entry["sizes"][3]))
-                info["max_relerr"] = max(c["relerr"] for c in checks)
-                if info["max_relerr"] < 1e-2:
-                    calls[kern["file"]] = ((lambda m=module: m.launch(*args)) if entry["problem"] == "gemm"
-                                           else (lambda m=module: m.launch(args[0], args[1], args[2], out=args[3])))
-                else:
-                    info["error"] = f"wrong: relative error {info['max_relerr']:.3g}"
-            except Exception as exc:  # recorded; the other candidates still run
-                info["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            row["kernels"].append(info)
+        row["kernels"] = [_prepare(kernel_dir, entry, kern, args, calls) for kern in entry["kernels"]]
+        row["fixed"] = [_prepare(kernel_dir, entry, kern, args, calls) if "file" in kern else dict(kern)
+                        for kern in entry.get("fixed", [])]
         calls.update(torch_references(entry["problem"], args, flash="fa2"))
         if entry["problem"] == "attention":
             pallas = _pallas(entry)
@@ -189,7 +234,7 @@ def run(kernel_dir: str, out: str) -> None:
                     row.setdefault("errors", []).append(f"{name}: {type(exc).__name__}")
         med = {n: statistics.median(v) for n, v in samples.items() if v}
         spread = {n: (min(v), max(v)) for n, v in samples.items() if v}
-        for info in row["kernels"]:
+        for info in row["kernels"] + [i for i in row["fixed"] if "file" in i]:
             if info["file"] in med:
                 info.update(ms=med[info["file"]], ms_range=spread[info["file"]],
                             tflops=entry["flops"] / med[info["file"]] / 1e9)
@@ -206,6 +251,12 @@ def run(kernel_dir: str, out: str) -> None:
                        best_reference_tflops=row["references"][best_ref]["tflops"],
                        ratio=row["references"][best_ref]["ms"] / tuned["ms"],
                        predicted_rank_of_tuned=row["kernels"].index(tuned) + 1)
+        for info in row["fixed"]:
+            if "ms" in info and "best_reference" in row:
+                info["ratio"] = row["references"][row["best_reference"]]["ms"] / info["ms"]
+            print(f"  {info['candidate']:36s} " + (f"{info['tflops']:6.0f} TFLOP/s, {info.get('ratio', 0):.3f}x"
+                                                   if "ms" in info else info.get("skipped") or info.get("error", "")),
+                  flush=True)
         results.append(row)
         print(f"{entry['name']:34s} tuned {row.get('tuned_tflops', float('nan')):6.0f} TFLOP/s vs "
               f"{row.get('best_reference', '-')} {row.get('best_reference_tflops', float('nan')):6.0f}: "
@@ -228,7 +279,7 @@ def run(kernel_dir: str, out: str) -> None:
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
-    """The tuned kernel per shape against the best reference of the same run."""
+    """The tuned kernel per shape against the best reference of the same run; then the hand-built kernels."""
     lines = ["| kernel | shape | tuned candidate (rank predicted) | TFLOP/s | best reference | TFLOP/s | ratio |",
              "|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
@@ -239,6 +290,15 @@ def markdown_table(doc: dict[str, Any]) -> str:
         lines.append(f"| {r['kernel']} {r['dtype']} | {shape} | `{r['tuned']}` ({r['predicted_rank_of_tuned']}) | "
                      f"{r['tuned_tflops']:.0f} | {r['best_reference']} | {r['best_reference_tflops']:.0f} | "
                      f"{r['ratio']:.2f}x |")
+    fixed = [(r, f) for r in doc["results"] for f in r.get("fixed", [])]
+    if fixed:
+        lines += ["", "| kernel | shape | hand-built kernel | TFLOP/s | ratio to the best reference |",
+                  "|---|---|---|---|---|"]
+        for r, f in fixed:
+            shape = "x".join(str(v) for v in r["sizes"])
+            measured = (f"{f['tflops']:.0f} | {f['ratio']:.2f}x" if "ratio" in f
+                        else f"| {f.get('skipped') or f.get('error', 'not timed')}")
+            lines.append(f"| {r['kernel']} {r['dtype']} | {shape} | {f['candidate']} | {measured} |")
     return "\n".join(lines)
 
 

@@ -95,6 +95,107 @@ def test_gemm_header_documents_the_schedule():
     compile(source, "gemm.py", "exec")
 
 
+# -- persistent GEMM -----------------------------------------------------------------------------------
+PERSISTENT_CASES = [  # (block_m, block_n, lag, depth, warps); ring 4 at 128x256 stages C in halves
+    (128, 256, 1, 3, 8),
+    (128, 256, 1, 4, 8),
+    (128, 256, 0, 3, 8),
+    (128, 128, 1, 4, 8),
+    (64, 128, 1, 4, 4),
+]
+
+
+@pytest.mark.parametrize("bm,bn,lag,depth,warps", PERSISTENT_CASES)
+def test_persistent_gemm_compiles_with_the_schedules_lag_and_ring(tmp_path, bm, bn, lag, depth, warps):
+    """The persistent kernel keeps the plan's schedule decisions; its C staging buffer is live with the rings,
+    a whole tile when it fits beside them, else half (two TMA stores per tile)."""
+    sched = gemm_schedule(build_kernel("gemm", H100, block_m=bm, block_n=bn, block_k=64), H100, lag=lag,
+                          depth=depth, warps=warps)
+    verify(sched, H100)
+    plan = gluon_plan(sched, persistent=True)
+    split = 1 if depth * (bm * 64 + 64 * bn) * 2 + bm * bn * 2 + 16 * depth <= H100.smem_per_block else 2
+    assert plan == replace(gluon_plan(sched), persistent=True, epilogue_split=split)
+    path = tmp_path / f"gemm_p_{bm}_{bn}_{lag}_{depth}.py"
+    path.write_text(emit_gluon(sched, persistent=True))
+    module = load_emitted(str(path), f"twill_test_gemm_p_{bm}_{bn}_{lag}_{depth}")
+    _check_launcher_globals(module)
+    facts = aot.ptx_facts(aot.compile_sm90(module))
+    assert module.MMA_LAG.value == lag and module.A_DEPTH.value == depth
+    assert facts.wgmma_shapes == (f"m64n{bn}k16",)
+    assert set(facts.wait_depths) == {0, lag}
+    assert ("dec", 24) in facts.setmaxnreg
+    assert facts.tma_loads >= 2 and facts.tma_stores >= split and facts.mbarrier_waits >= 2
+    assert module.EPILOGUE_N.value == bn // split
+    ring_bytes = depth * (bm * 64 + 64 * bn) * 2
+    staging = bm * bn * 2 // split
+    assert ring_bytes + staging <= facts.shared < ring_bytes + staging + 4096   # not aliased with the rings
+    assert facts.shared <= H100.smem_per_block
+
+
+def test_persistent_gemm_walks_tiles_with_one_running_ring():
+    sched = gemm_schedule(build_kernel("gemm", H100, block_m=128, block_n=256), H100, lag=1, depth=3, warps=8)
+    source = emit_gluon(sched, persistent=True)
+    header = source.split('"""')[0]
+    assert "persistent:" in header and "min(tiles, SMs)" in header and "tma.store_wait(0)" in header
+    assert "_sm_count(a.device.index)" in source and "@functools.lru_cache" in source
+    load = source[source.index("def load_partition"):source.index("def tile_offsets")]
+    compute = source[source.index("def compute_partition"):source.index("def gemm_kernel")]
+    for part in (load, compute):          # both partitions: tiles pid, pid + grid, ...; ring iteration i
+        assert "for t in range(cta_tiles):" in part and "first = t * k_tiles" in part
+        assert "tile_offsets(gl.program_id(0) + t * gl.num_programs(0), num_m, num_n)" in part
+    assert "for i in range(first, first + k_tiles):" in load
+    # the compute partition releases the lagged buffers after the drain and stores the tile itself, waiting
+    # for the previous store only before writing the staging tile
+    drain = compute.index("acc = warpgroup_mma_wait(0, deps=[acc])")
+    assert compute.index("mbarrier.arrive(ab_empty.index(i % A_DEPTH))") > drain
+    assert compute.index("tma.store_wait(0)") < compute.index("c_smem.store(") < compute.index(
+        "tma.async_copy_shared_to_global")
+    assert source != emit_gluon(sched)
+
+
+def test_persistent_gemm_stages_c_in_halves_or_is_refused_when_shared_memory_is_short():
+    """128x256x64 ring 4 (192 KiB) leaves no room for the 64 KiB C tile but for half of it: two stores per
+    tile. 128x128x64 ring 7 (224 KiB) leaves room for neither: refused, with the numbers."""
+    sched = gemm_schedule(build_kernel("gemm", H100, block_m=128, block_n=256), H100, lag=1, depth=4, warps=8)
+    source = emit_gluon(sched, persistent=True)
+    assert "EPILOGUE_N    = gl.constexpr(128)  # columns of the C staging buffer: BLOCK_N / 2" in source
+    assert "c_desc = _descriptor(c_t, [BLOCK_M.value, EPILOGUE_N.value])" in source
+    assert "for h in gl.static_range(2):" in source and "229440 bytes of shared memory" in source
+    deep = gemm_schedule(build_kernel("gemm", H100, block_m=128, block_n=128), H100, lag=1, depth=7, warps=8)
+    emit_gluon(deep)                                        # the kernel with one tile per CTA aliases C
+    with pytest.raises(UnsupportedFeatureError, match=r"persistent GEMM .* 245872 bytes, more than the 232448"):
+        emit_gluon(deep, persistent=True)
+
+
+def test_persistent_is_gemm_only():
+    graph = build_kernel("flash-fwd", H100, subtiles=2, head_dim=128)
+    with pytest.raises(UnsupportedFeatureError, match="persistent 'flash-fwd' kernel is not supported"):
+        emit_gluon(flash_schedule(graph, H100, ahead=1, depth=2), persistent=True)
+
+
+def test_cli_emit_persistent(tmp_path, capsys):
+    import json
+
+    from twill.cli import main
+    from twill.commands.common import schedule_document
+
+    sched = gemm_schedule(build_kernel("gemm", H100, block_n=256), H100, lag=1, depth=3, warps=8)
+    (tmp_path / "s.json").write_text(json.dumps(schedule_document(sched)))
+    out = tmp_path / "k.py"
+    assert main(["emit", "gluon", "--schedule", str(tmp_path / "s.json"), "--persistent", "-o", str(out)]) == 0
+    assert out.read_text() == emit_gluon(sched, persistent=True)
+    deep = gemm_schedule(build_kernel("gemm", H100, block_n=128), H100, lag=1, depth=7, warps=8)
+    (tmp_path / "d.json").write_text(json.dumps(schedule_document(deep)))
+    capsys.readouterr()
+    bad = tmp_path / "bad.py"
+    assert main(["emit", "gluon", "--schedule", str(tmp_path / "d.json"), "--persistent", "-o", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twill: error: cannot generate: a persistent GEMM") and err.count("\n") == 1
+    assert not bad.exists()
+    assert main(["emit", "pallas", "--schedule", str(tmp_path / "s.json"), "--persistent", "-o", str(bad)]) == 2
+    assert "--persistent" in capsys.readouterr().err and not bad.exists()
+
+
 # -- attention -----------------------------------------------------------------------------------------
 FLASH_CASES = [  # (subtiles, head_dim, ahead, depth)
     (2, 128, 1, 2),

@@ -35,24 +35,29 @@ def _flash(subtiles: int, head_dim: int, ahead: int, depth: int, **options):
                           ahead=ahead, depth=depth)
 
 
-#: name -> schedule builder: GEMM with and without a deferred wgmma wait; attention with two ping-pong
-#: compute partitions and S one stage ahead (also causal), and with one partition and no overlap; the
-#: attention backward.
+#: name -> schedule builder: GEMM with and without a deferred wgmma wait, and persistent (the C tile staged
+#: whole, and in halves beside a 4-deep ring); attention with two
+#: ping-pong compute partitions and S one stage ahead (also causal), and with one partition and no overlap;
+#: the attention backward.
 CASES = {
     "gemm_128x256x64_lag1_d4": lambda: _gemm(256, 1, 4),
     "gemm_128x256x64_lag0_d3": lambda: _gemm(256, 0, 3),
+    "gemm_128x256x64_lag1_d3_persistent": lambda: _gemm(256, 1, 3),
+    "gemm_128x256x64_lag1_d4_persistent": lambda: _gemm(256, 1, 4),
     "fa_d128_sub2_ahead1_d2": lambda: _flash(2, 128, 1, 2),
     "fa_d64_sub1_ahead0_d3": lambda: _flash(1, 64, 0, 3),
     "fa_d128_sub2_ahead1_d2_causal": lambda: _flash(2, 128, 1, 2, causal=True),
     "fa_bwd_d128_d2_lag1": lambda: flash_bwd_schedule(build_kernel("flash-bwd", H100), H100, depth=2, dq_lag=1),
 }
+#: Cases emitted as persistent kernels (a code-generator choice: the same schedule).
+PERSISTENT = {"gemm_128x256x64_lag1_d3_persistent", "gemm_128x256x64_lag1_d4_persistent"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_emitted_source_matches_golden(name):
     schedule = CASES[name]()
     verify(schedule, H100)
-    source = emit_gluon(schedule)
+    source = emit_gluon(schedule, persistent=name in PERSISTENT)
     path = GOLDEN / f"{name}.py.golden"
     if UPDATE:
         GOLDEN.mkdir(exist_ok=True)

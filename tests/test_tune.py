@@ -34,7 +34,8 @@ from twill.tune.sweep import Job, Progress, cache_dir, run_sweep
 
 # -- space ------------------------------------------------------------------------------------------------
 def test_gemm_space_rejects_candidates_over_the_shared_memory_of_a_block():
-    axes = {"block_m": (128, 256), "block_n": (256,), "block_k": (128,), "warps": (8,), "streaming_depth": (2, 3)}
+    axes = {"block_m": (128, 256), "block_n": (256,), "block_k": (128,), "warps": (8,), "streaming_depth": (2, 3),
+            "persistent": (False,)}
     space = kernel_space("gemm", H100, axes)
     for cand in space.candidates + tuple(c for c, _ in space.rejected):
         s = cand.settings()
@@ -57,6 +58,25 @@ def test_default_axes_follow_the_machine_and_the_kernel_budget():
 def test_unknown_axis_is_an_error():
     with pytest.raises(TwillError, match="no option 'block_k'"):
         kernel_space("flash-fwd", H100, {"block_k": (64,)})
+    with pytest.raises(TwillError, match="persistent is a GEMM axis"):
+        kernel_space("flash-fwd", H100, {"persistent": (True,)})
+    with pytest.raises(TwillError, match="Hopper Gluon generator; b200 has none"):
+        kernel_space("gemm", B200, {"persistent": (True,)})
+
+
+def test_persistent_is_a_gemm_axis_that_counts_the_c_staging_buffer():
+    """A persistent GEMM keeps a C staging buffer (at least half the block_m x block_n fp16 tile) live with the
+    rings: 128x128x64 with a 7-deep ring (224 KiB) fits one tile per CTA but not persistent; on Blackwell
+    the axis does not exist."""
+    assert default_axes("gemm", H100, None)["persistent"] == (False, True)
+    assert "persistent" not in default_axes("gemm", B200, None)
+    space = kernel_space("gemm", H100, {"block_m": (128,), "block_n": (128,), "block_k": (64,), "warps": (8,),
+                                        "streaming_depth": (6, 7)})
+    kept = {(c.streaming_depth, c.persistent) for c in space.candidates}
+    assert kept == {(6, False), (6, True), (7, False)}
+    assert [(c.streaming_depth, c.persistent) for c, _ in space.rejected] == [(7, True)]
+    (chosen,) = [c for c in space.candidates if c.persistent]
+    assert "persistent=True" in chosen.label() and chosen.settings()["persistent"] is True
 
 
 def test_triton_space_is_the_product_of_constexprs_warps_and_stages():
@@ -103,6 +123,23 @@ def test_prediction_shares_the_sm_between_coresident_ctas():
     assert p.waves == math.ceil(64 / (10 * per_sm))
     assert p.cycles == pytest.approx(p.waves * busy)
     assert p.seconds == pytest.approx(p.waves * busy / 2e9)
+
+
+def test_persistent_prediction_pays_the_pipeline_fill_and_drain_once_per_cta():
+    """Persistent: min(tiles, SMs) CTAs, each running ceil(tiles / grid) tiles back to back: the K loops of
+    all its tiles in a row plus one L - II, against one (n - 1)·II + L per tile and wave."""
+    machine = replace(H100, sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
+    sched = _hand_schedule([WarpGroup(0, "load", 1, 24, ()), WarpGroup(1, "mma", 8, 240, ("mma",))],
+                           {"res_mii": 10, "smem_bytes": 100_000})
+    shape = Shape("gemm", (1000, 1000, 1000))                 # 64 tiles of 16 iterations
+    ii, length = 10 * 4, 25 * 4
+    one_per_tile = predict(sched, shape, machine)
+    persistent = predict(sched, shape, machine, persistent=True)
+    assert persistent.waves == one_per_tile.waves == 7         # tiles per CTA = waves of one CTA per SM
+    assert persistent.cycles == pytest.approx(7 * 16 * ii + length - ii)
+    assert one_per_tile.cycles - persistent.cycles == pytest.approx((7 - 1) * (length - ii))
+    few = Shape("gemm", (256, 256, 1000))                     # 4 tiles, fewer than SMs: nothing to save
+    assert predict(sched, few, machine, persistent=True).cycles == pytest.approx(predict(sched, few, machine).cycles)
 
 
 def test_warp_specialized_cta_reserves_whole_warp_groups_at_the_largest_budget():
@@ -352,7 +389,7 @@ def test_tune_end_to_end_with_two_workers(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     doc_path, kernel_path = tmp_path / "sweep.json", tmp_path / "best.py"
     argv = ["tune", "gemm", "--block-m", "128", "--block-n", "128,256", "--block-k", "64", "--warps", "8",
-            "--streaming-depth", "2,3", "--shape", "2048,2048,2048", "--workers", "2",
+            "--streaming-depth", "2,3", "--persistent", "false", "--shape", "2048,2048,2048", "--workers", "2",
             "--json", str(doc_path), "-o", str(kernel_path)]
     rc, out, err = _run(argv, capsys)
     assert rc == 0, err
@@ -379,6 +416,8 @@ def test_tune_end_to_end_with_two_workers(tmp_path, monkeypatch, capsys):
     (["tune", "gemm", "--constexpr", "BLOCK_M=64"], "Triton targets only"),
     (["tune", "gemm", "--workers", "0"], "--workers"),
     (["tune", "gemm", "--block-m", "x"], "comma list"),
+    (["tune", "gemm", "--persistent", "maybe"], "comma list of bool"),
+    (["tune", "flash-fwd", "--persistent", "true"], "persistent is a GEMM axis"),
 ])
 def test_tune_errors_are_one_line_before_any_solve(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -689,7 +728,7 @@ def test_a_schedule_the_gluon_backend_refuses_is_not_ranked(monkeypatch):
     from twill.errors import UnsupportedFeatureError
     from twill.tune.space import kernel_space
 
-    def refuse(schedule):
+    def refuse(schedule, persistent=False):
         raise UnsupportedFeatureError("cannot generate: op 'x' runs in another warp group")
 
     monkeypatch.setattr("twill.codegen.gluon.gluon_plan", refuse)
@@ -700,3 +739,17 @@ def test_a_schedule_the_gluon_backend_refuses_is_not_ranked(monkeypatch):
                                machine=H100, time_limit=30.0))
     assert record["status"] == "cannot_emit" and "another warp group" in record["reason"]
     assert "schedule" in record  # the solved schedule is kept for the report
+
+
+def test_a_persistent_candidate_is_emitted_persistent_and_refused_when_it_overflows():
+    """The sweep asks the generator for the candidate's own kernel: a persistent 128x128x64 GEMM with a 7-deep
+    ring is solved (the schedule is the same) but cannot be emitted (rings + C staging > 227 KiB)."""
+    options = (("block_m", 128), ("block_n", 128), ("block_k", 64), ("warps", 8))
+    graph = graph_to_dict(build_kernel("gemm", H100, **dict(options)))
+    jobs = [Job(candidate=Candidate(options=options, streaming_depth=7, persistent=p), graph=graph, machine=H100,
+                time_limit=30.0) for p in (False, True)]
+    assert jobs[0].key("v") != jobs[1].key("v")
+    plain, persistent = (sweep.run_job(job) for job in jobs)
+    assert plain["status"] == "ok"
+    assert persistent["status"] == "cannot_emit" and "persistent GEMM" in persistent["reason"]
+    assert persistent["schedule"]["ii"] == plain["schedule"]["ii"]

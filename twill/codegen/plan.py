@@ -31,6 +31,11 @@ Policy (documented in ``docs/codegen.md``):
   schedule; they are carried to the renderer, which bounds each query block's trip count at its diagonal
   and masks the diagonal iterations, and maps query heads onto K/V heads. The Q tile and the K/V rings must
   fit the machine's shared memory per block.
+* **Persistence** (GEMM, a code-generator choice, ``persistent``): the schedule is the steady state of one
+  output tile's K loop either way; a persistent kernel launches at most one CTA per SM and walks its tiles
+  in the same grouped order, with one ring running over (tile, k). The rings and the C staging buffer are
+  then live together and must fit the machine's shared memory per block; when the whole tile does not, it
+  is staged in two column halves (``epilogue_split`` 2), and when that does not fit either, refused.
 """
 
 from __future__ import annotations
@@ -212,6 +217,10 @@ class KernelPlan:
         dq_lag: attention backward: iterations between the producer's loads and its ``dq_atomic`` of the
             same iteration, ``stage(dq_atomic) - stage(load_q)`` (in iteration j it reduces iteration
             ``j - dq_lag``).
+        persistent: GEMM: one CTA per SM at most, each walking output tiles (a code-generator choice, not
+            read from the schedule; see docs/codegen.md, "Persistent GEMM").
+        epilogue_split: persistent GEMM: column slices the C tile is stored in through one staging buffer of
+            ``block_n / epilogue_split`` columns (1, or 2 when rings + the whole tile overflow shared memory).
     """
 
     kernel: str
@@ -236,6 +245,8 @@ class KernelPlan:
     kv_heads: int = 0
     dq_depth: int = 0
     dq_lag: int = 0
+    persistent: bool = False
+    epilogue_split: int = 1
 
     @property
     def compute(self) -> tuple[Partition, ...]:
@@ -450,8 +461,9 @@ def _plan(schedule: Schedule, kernel: str, backend: str, **decisions: Any) -> Ke
                       dtype=_dtype(schedule.graph, backend), **decisions)
 
 
-def gemm_plan(schedule: Schedule, backend: str) -> KernelPlan:
-    """Plan of the GEMM kernel; see the module docstring for each decision."""
+def gemm_plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPlan:
+    """Plan of the GEMM kernel (``persistent``: one CTA per SM walking output tiles); see the module docstring
+    for each decision."""
     _check_schedule(schedule, backend)
     graph = schedule.graph
     _check_roles(graph, GEMM_ROLES, backend)
@@ -480,9 +492,41 @@ def gemm_plan(schedule: Schedule, backend: str) -> KernelPlan:
     if tile["block_m"] != 64 * (parts[0].num_warps // 4) and tile["block_m"] % (16 * parts[0].num_warps):
         raise UnsupportedFeatureError(f"cannot generate: block_m {tile['block_m']} not divisible over "
                                       f"{parts[0].num_warps} wgmma warps")
+    split = _epilogue_split(schedule, tile, rings, backend) if persistent else 1
     all_waits = _ring_waits(graph, rings) + [_retire_wait(graph, mma)]
     return _plan(schedule, "gemm", backend, tile=tile, partitions=parts, rings=tuple(rings), barriers=barriers,
-                 waits=tuple(all_waits), mma_lag=lag)
+                 waits=tuple(all_waits), mma_lag=lag, persistent=persistent, epilogue_split=split)
+
+
+#: Column slices a persistent GEMM may store its C tile in, tried in order (the first that fits is used).
+EPILOGUE_SPLITS = (1, 2)
+
+
+def persistent_smem(tile: dict[str, int], depths: list[int], split: int) -> int:
+    """Shared-memory bytes of a persistent GEMM: the A and B rings (``depths``) and the C staging buffer of
+    ``block_n / split`` columns, live together (the compute partition stores tile t while the producer fills
+    the rings for tile t + 1), plus the ready/empty barriers (8 bytes each)."""
+    esize = 2  # fp16 / bf16 bytes
+    bm, bn, bk = tile["block_m"], tile["block_n"], tile["block_k"]
+    rings = depths[0] * bm * bk * esize + depths[1] * bk * bn * esize
+    return rings + bm * (bn // split) * esize + 2 * 8 * max(depths)
+
+
+def _epilogue_split(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> int:
+    """The first of :data:`EPILOGUE_SPLITS` whose staging buffer fits beside the rings in the machine's shared
+    memory per block; a one-line refusal when none does."""
+    capacity = get_machine(schedule.arch).smem_per_block
+    depths = [r.depth for r in rings]
+    for split in EPILOGUE_SPLITS:
+        need = persistent_smem(tile, depths, split)
+        if need <= capacity:
+            return split
+    raise UnsupportedFeatureError(
+        f"cannot generate: a persistent GEMM keeps its A/B rings and a C staging buffer (at least 1/"
+        f"{EPILOGUE_SPLITS[-1]} of the tile) in shared memory together, {need} bytes, more than the {capacity} "
+        f"of {schedule.arch} (tile {tile['block_m']}x{tile['block_n']}x{tile['block_k']}, ring depths "
+        f"{'/'.join(map(str, depths))}; {backend} backend); use a smaller --streaming-depth or tile, or the "
+        f"non-persistent kernel")
 
 
 def _subtile(graph: LoopGraph, name: str) -> int:
@@ -653,16 +697,18 @@ def _check_bwd_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring],
             f"dQ staging {dq_depth}; {backend} backend); use a smaller --streaming-depth")
 
 
-def kernel_plan(schedule: Schedule, backend: str) -> KernelPlan:
+def kernel_plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPlan:
     """The plan of ``schedule`` for ``backend`` (named in errors), by the graph's ``kernel`` attribute (or,
-    failing that, its roles)."""
+    failing that, its roles); ``persistent`` asks for a persistent kernel (GEMM only)."""
     graph = schedule.graph
     kind = graph.attrs.get("kernel") or graph.name
     roles = {str(graph.op(n).attrs.get("role", "")) for n in graph.op_names}
+    if kind == "gemm" or kind != "flash-bwd" and roles <= set(GEMM_ROLES) and "mma" in roles:
+        return gemm_plan(schedule, backend, persistent)
+    if persistent:
+        raise _unsupported(backend, f"a persistent {kind!r} kernel is", "persistent: gemm only")
     if kind == "flash-bwd":
         return flash_bwd_plan(schedule, backend)
-    if kind == "gemm" or roles <= set(GEMM_ROLES) and "mma" in roles:
-        return gemm_plan(schedule, backend)
     if kind in ("flash-fwd", "flash_fwd") or "qk" in roles and "pv" in roles:
         return flash_plan(schedule, backend)
     raise _unsupported(backend, f"kernel {kind!r}", "gemm, flash-fwd, flash-bwd")

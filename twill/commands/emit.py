@@ -2,6 +2,7 @@
 TileLang module source.
 
     twill emit gluon gemm --block-n 128 -o gemm_ws.py
+    twill emit gluon gemm --streaming-depth 3 --persistent -o gemm_persistent.py   # at most one CTA per SM
     twill emit gluon flash-fwd --subtiles 2 --head-dim 128 --streaming-depth 3 -o fa_ws.py
     twill emit gluon --schedule fa.schedule.json -o fa_ws.py       # a schedule written by 'twill schedule -o'
     twill emit pallas gemm --streaming-depth 4 -o gemm_pallas.py
@@ -71,7 +72,8 @@ def _emitter(backend: str):
 
 def _cmd_emit(args: argparse.Namespace) -> int:
     check_outputs(files=[args.output])
-    source = _emitter(args.emit_to)(_schedule_for(args))
+    options = {"persistent": True} if getattr(args, "persistent", False) else {}  # code-generator choices
+    source = _emitter(args.emit_to)(_schedule_for(args), **options)
     if args.output == "-":
         print(source, end="")
         return 0
@@ -99,5 +101,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         g.add_argument("--schedule", default=None, metavar="FILE",
                        help="emit from a schedule file written by 'twill schedule -o' instead of solving")
         g.add_argument("-o", "--output", required=True, metavar="FILE.py", help="output file ('-' for stdout)")
+        if name == "gluon":
+            g.add_argument("--persistent", action="store_true",
+                           help="GEMM: a persistent kernel (at most one CTA per SM, each walking output tiles; "
+                                "the next tile's loads overlap the previous tile's epilogue); same schedule")
         g.set_defaults(func=_cmd_emit)
 

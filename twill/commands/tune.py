@@ -16,11 +16,22 @@ from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
 
+def _boolean(text: str) -> bool:
+    """``true`` or ``false`` (also ``1``/``0``); anything else is a ValueError."""
+    value = {"true": True, "1": True, "false": False, "0": False}.get(text.lower())
+    if value is None:
+        raise ValueError(text)
+    return value
+
+
+_boolean.__name__ = "bool"
+
 #: Axis flags of built-in kernels: flag -> (axis, value type).
-AXIS_FLAGS: dict[str, tuple[str, type]] = {
+AXIS_FLAGS: dict[str, tuple[str, Any]] = {
     "--subtiles": ("subtiles", int), "--head-dim": ("head_dim", int), "--block-m": ("block_m", int),
     "--block-n": ("block_n", int), "--block-k": ("block_k", int), "--dtype": ("dtype", str),
     "--warps": ("warps", int), "--streaming-depth": ("streaming_depth", int), "--reg-limit": ("reg_limit", int),
+    "--persistent": ("persistent", _boolean),
 }
 
 #: Kernel -> problem it solves (see :data:`twill.tune.predict.PROBLEMS`).
@@ -29,7 +40,7 @@ KERNEL_PROBLEMS = {"gemm": "gemm", "flash-fwd": "attention", "flash-bwd": "atten
 DEFAULT_TIME_LIMIT = 60.0
 
 
-def _values(typ: type):
+def _values(typ: Any):
     """An argparse type that reads a comma list of ``typ`` values into a tuple."""
     def parse(text: str) -> tuple[Any, ...]:
         try:
@@ -226,7 +237,7 @@ def _emit_winner(results: list[Any], path: str) -> None:
     if best is None:
         raise TwillError("no candidate was scheduled; nothing to emit")
     try:
-        write_gluon(best.schedule, path)
+        write_gluon(best.schedule, path, bool(best.candidate.persistent))
     except OSError as exc:
         raise TwillError(f"cannot write {path!r}: {exc.strerror or exc}") from None
 

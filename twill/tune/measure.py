@@ -87,7 +87,7 @@ def measure_one(result: Any, shape: Shape, workdir: str, index: int) -> dict[str
                            "predicted_us": round(result.prediction.microseconds, 3)}
     try:
         path = os.path.join(workdir, f"candidate_{index}.py")
-        write_gluon(result.schedule, path)
+        write_gluon(result.schedule, path, bool(result.candidate.persistent))
         module = load_emitted(path, f"twill_tune_measure_{index}")
         relerr = _check(module, shape, result.schedule.graph.attrs)
         row["relerr"] = relerr

@@ -25,6 +25,10 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   the SM's units and its L2 bandwidth, so a wave of ``c`` CTAs takes ``max(tile, c·n·max(ResMII,
   bandwidth bound))`` cycles: the busiest unit is busy ``ResMII`` raw cycles per iteration of every CTA.
 * **Waves**: ``⌈tiles / (machine.sms · c)⌉`` (wave quantization over the SMs).
+* **Persistent GEMM** (``persistent``): ``min(tiles, machine.sms)`` CTAs, one per SM, each running
+  ``w = ⌈tiles / grid⌉`` tiles back to back with one ring over (tile, k): the pipeline's prologue/epilogue
+  ``L − II`` is paid once per CTA instead of once per tile, so the grid takes ``w·n·II_eff + L − II`` cycles
+  (at least ``w·n·max(ResMII, bandwidth bound)``); ``waves`` is then ``w``.
 * **Time**: ``waves · wave cycles / machine.time_clock_ghz + machine.launch_us``.
 
 Problems (:data:`PROBLEMS`): ``gemm`` (``M, N, K``; tiles ``⌈M/block_m⌉·⌈N/block_n⌉``, ``⌈K/block_k⌉``
@@ -301,8 +305,9 @@ def tensor_core_turns(schedule: Schedule) -> int:
     return sum(1 for i, g in enumerate(groups) if g != groups[i - 1]) if len(groups) > 1 else 0
 
 
-def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
-    """The predicted time of one launch of ``schedule``'s kernel on ``shape`` (formula: module docstring)."""
+def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool = False) -> Prediction:
+    """The predicted time of one launch of ``schedule``'s kernel on ``shape`` (formula: module docstring);
+    ``persistent``: the persistent GEMM kernel of the same schedule."""
     scale = cycles_per_unit(schedule)
     ii_raw, length_raw = schedule.ii * scale, schedule.length * scale
     tiles, iterations = loop_extent(schedule.graph, shape)
@@ -312,17 +317,24 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine) -> Prediction:
     chain = chain_bound(schedule, machine)
     ii_eff = max([ii_raw + turns, *memory.values(), *chain.values()])
     tile_cycles = (iterations - 1) * ii_eff + length_raw
-    per_sm = ctas_per_sm(schedule, machine)
-    # co-resident CTAs (as many as fit, and as the grid has per SM) share the units and the L2 bandwidth
-    resident = min(per_sm, math.ceil(tiles / machine.sms))
     shared_ii = max(float(schedule.stats.get("res_mii", 0)) * scale, memory.get("bandwidth_ii", 0.0))
-    wave_cycles = max(tile_cycles, resident * iterations * shared_ii)
-    waves = math.ceil(tiles / (machine.sms * per_sm))
-    cycles = waves * wave_cycles
+    if persistent:
+        # one CTA per SM runs its tiles back to back: the pipeline fills and drains once per CTA
+        per_sm = 1
+        waves = math.ceil(tiles / min(tiles, machine.sms))
+        wave_cycles = max(waves * iterations * ii_eff + length_raw - ii_raw, waves * iterations * shared_ii)
+        cycles = wave_cycles
+    else:
+        per_sm = ctas_per_sm(schedule, machine)
+        # co-resident CTAs (as many as fit, and as the grid has per SM) share the units and the L2 bandwidth
+        resident = min(per_sm, math.ceil(tiles / machine.sms))
+        wave_cycles = max(tile_cycles, resident * iterations * shared_ii)
+        waves = math.ceil(tiles / (machine.sms * per_sm))
+        cycles = waves * wave_cycles
     seconds = cycles / (machine.time_clock_ghz * 1e9) + machine.launch_us * 1e-6
     breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain,
                  "length_raw": length_raw, "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw,
-                 "ctas_per_sm": per_sm, "wave_cycles": wave_cycles,
+                 "ctas_per_sm": per_sm, "wave_cycles": wave_cycles, "persistent": float(persistent),
                  "clock_ghz": machine.time_clock_ghz, "launch_us": machine.launch_us}
     return Prediction(seconds=seconds, cycles=cycles, iterations=iterations, tiles=tiles, waves=waves,
                       breakdown=breakdown)

@@ -72,7 +72,7 @@ def rank(candidates: Sequence[Candidate], records: Sequence[Mapping[str, Any]], 
         try:
             if problem_of(schedule.graph) != shape.problem:
                 raise TwillError(f"the kernel is a {problem_of(schedule.graph)} loop, the shape a {shape.problem}")
-            pred = predict(schedule, shape, machine)
+            pred = predict(schedule, shape, machine, persistent=bool(cand.persistent))
         except TwillError as exc:
             failed.append(Result(cand, {**record, "status": "error", "reason": str(exc)}, schedule))
             continue

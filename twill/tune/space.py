@@ -4,7 +4,8 @@ A *target* is a built-in kernel, a ``twill-graph/1`` file or a Triton kernel ``p
 product of *axes*, each a tuple of values:
 
 * built-in kernels: the kernel options of :func:`twill.kernels.kernel_options` (``block_m``, ``subtiles``...)
-  plus the solver knobs ``streaming_depth`` and ``reg_limit``; :data:`DEFAULT_AXES` gives each kernel's
+  plus the solver knobs ``streaming_depth`` and ``reg_limit`` and, for the GEMM on Hopper, the code-generator
+  choice ``persistent`` (same graph and schedule, another kernel); :data:`DEFAULT_AXES` gives each kernel's
   default sweep, and an axis given on the command line replaces it;
 * graph files: ``streaming_depth`` and ``reg_limit`` only;
 * Triton kernels: the ``tl.constexpr`` values, ``num_warps`` and ``num_stages`` given on the command line.
@@ -27,6 +28,10 @@ from twill.machine.models import Machine
 #: Axes that are solver knobs (:class:`~twill.solve.options.SolveOptions` fields), not kernel options.
 SOLVER_AXES = ("streaming_depth", "reg_limit")
 
+#: Axes that are code-generator choices (:func:`twill.codegen.gluon.emit_gluon` keywords): they change the
+#: emitted kernel, not the loop graph or the schedule. ``persistent`` is a GEMM axis.
+CODEGEN_AXES = ("persistent",)
+
 #: Axes of a Triton target besides its constexprs.
 TRITON_AXES = ("num_warps", "num_stages")
 
@@ -34,7 +39,7 @@ TRITON_AXES = ("num_warps", "num_stages")
 #: budget; Blackwell drops ``warps`` and ``reg_limit``, see :func:`default_axes`).
 DEFAULT_AXES: dict[str, dict[str, tuple[Any, ...]]] = {
     "gemm": {"block_m": (64, 128, 256), "block_n": (64, 128, 256), "block_k": (64, 128), "warps": (4, 8),
-             "streaming_depth": (2, 3, 4, 5)},
+             "streaming_depth": (2, 3, 4, 5), "persistent": (False, True)},
     "flash-fwd": {"subtiles": (1, 2), "block_n": (64, 128), "streaming_depth": (2, 3, 4),
                   "reg_limit": (0, -40, -80)},
     "flash-bwd": {"streaming_depth": (2, 3)},
@@ -52,6 +57,7 @@ class Candidate:
         reg_limit: per-thread register budget of compute warp groups (``None`` = the graph's default).
         num_warps: Triton ``num_warps`` (Triton targets only).
         num_stages: Triton ``num_stages`` (Triton targets only).
+        persistent: a persistent GEMM kernel (``None``: not an axis of the target).
     """
 
     options: tuple[tuple[str, Any], ...] = ()
@@ -59,11 +65,12 @@ class Candidate:
     reg_limit: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    persistent: bool | None = None
 
     def settings(self) -> dict[str, Any]:
         """Every setting that was chosen, options first: ``{"block_m": 128, ..., "streaming_depth": 3}``."""
         knobs = {"streaming_depth": self.streaming_depth, "reg_limit": self.reg_limit,
-                 "num_warps": self.num_warps, "num_stages": self.num_stages}
+                 "num_warps": self.num_warps, "num_stages": self.num_stages, "persistent": self.persistent}
         return {**dict(self.options), **{k: v for k, v in knobs.items() if v is not None}}
 
     def label(self) -> str:
@@ -83,7 +90,7 @@ def default_axes(kernel: str, machine: Machine, graph_reg_limit: int | None) -> 
     """The default sweep of a built-in kernel on ``machine``: :data:`DEFAULT_AXES`, with ``reg_limit`` offsets
     added to the kernel's default budget. On Blackwell (accumulators in TMEM) the ``warps`` axis does not exist
     and ``reg_limit`` is not swept: below the kernel's budget of 160 the joint search runs into its time limit
-    instead of finding or refuting a schedule."""
+    instead of finding or refuting a schedule; nor is ``persistent`` (a choice of the Hopper Gluon generator)."""
     axes = dict(DEFAULT_AXES.get(kernel, {"streaming_depth": (2, 3)}))
     if "reg_limit" in axes:
         if graph_reg_limit is None:
@@ -93,6 +100,7 @@ def default_axes(kernel: str, machine: Machine, graph_reg_limit: int | None) -> 
     if machine.mma_accumulates_in == "tmem":
         axes.pop("warps", None)
         axes.pop("reg_limit", None)
+        axes.pop("persistent", None)
     return axes
 
 
@@ -104,7 +112,7 @@ def product(axes: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 def candidate_of(point: Mapping[str, Any]) -> Candidate:
     """The candidate of one combination of axis values (kernel options and knobs separated)."""
-    knobs = {k: point[k] for k in (*SOLVER_AXES, *TRITON_AXES) if k in point}
+    knobs = {k: point[k] for k in (*SOLVER_AXES, *TRITON_AXES, *CODEGEN_AXES) if k in point}
     options = tuple((k, v) for k, v in point.items() if k not in knobs)
     return Candidate(options=options, **knobs)
 
@@ -116,14 +124,28 @@ def smem_lower_bound(graph: LoopGraph, streaming_depth: int) -> int:
     return buffers + int(graph.attrs.get("smem_resident", 0))
 
 
+def staging_bytes(graph: LoopGraph) -> int:
+    """Shared memory a persistent GEMM's C staging buffer takes at least, live with the rings: the
+    ``block_m × block_n`` fp16/bf16 tile over the most column slices the generator stores it in
+    (docs/codegen.md, "Persistent GEMM")."""
+    from twill.codegen.plan import EPILOGUE_SPLITS
+
+    return int(graph.attrs["block_m"]) * int(graph.attrs["block_n"]) * 2 // max(EPILOGUE_SPLITS)
+
+
 def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]]) -> Space:
     """The space of built-in ``kernel``: :func:`default_axes` with ``axes`` overriding; candidates whose
-    shared memory surely exceeds ``machine.smem_per_block`` are rejected."""
+    shared memory surely exceeds ``machine.smem_per_block`` are rejected (a persistent GEMM counts its C
+    staging buffer too)."""
     from twill.kernels import build_kernel, kernel_options
 
     known = kernel_options(kernel)
     for name in axes:
-        if name not in known and name not in SOLVER_AXES:
+        if name in CODEGEN_AXES and kernel != "gemm":
+            raise TwillError(f"{name} is a GEMM axis; kernel {kernel!r} has no persistent kernel")
+        if name in CODEGEN_AXES and machine.mma_accumulates_in == "tmem":
+            raise TwillError(f"{name} is a choice of the Hopper Gluon generator; {machine.name} has none")
+        if name not in known and name not in SOLVER_AXES and name not in CODEGEN_AXES:
             raise TwillError(f"kernel {kernel!r} has no option {name!r} (options: {', '.join(known) or 'none'})")
     base = build_kernel(kernel, machine, **{k: v[0] for k, v in axes.items() if k in known})
     merged = {k: tuple(v) for k, v in default_axes(kernel, machine, base.attrs.get("reg_limit")).items()
@@ -135,7 +157,7 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
         cand = candidate_of(point)
         graph = build_kernel(kernel, machine, **dict(cand.options))
         depth = cand.streaming_depth or int(graph.attrs.get("streaming_depth", 2))
-        need = smem_lower_bound(graph, depth)
+        need = smem_lower_bound(graph, depth) + (staging_bytes(graph) if cand.persistent else 0)
         if need > machine.smem_per_block:
             rejected.append((cand, f"needs at least {need // 1024} KB of shared memory, "
                                    f"over the {machine.smem_per_block // 1024} KB per block"))

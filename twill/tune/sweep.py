@@ -144,11 +144,12 @@ def _solve_job(job: Job) -> dict[str, Any]:
         from twill.solve import schedule as solve
 
         schedule = solve(graph_from_dict(dict(job.graph or {})), machine, options)
-        unemittable = _gluon_refusal(schedule, machine)
+        persistent = bool(cand.persistent)
+        unemittable = _gluon_refusal(schedule, machine, persistent)
         if unemittable:
             return {"status": "cannot_emit", "reason": unemittable, "cacheable": True, "ii": schedule.ii,
                     "solve_status": schedule.status, "schedule": schedule_document(schedule), "spills": None}
-        spills = _gluon_spills(schedule, machine) if job.check_spills else None
+        spills = _gluon_spills(schedule, machine, persistent) if job.check_spills else None
     record: dict[str, Any] = {"status": "ok", "reason": None, "cacheable": True, "ii": schedule.ii,
                               "solve_status": schedule.status, "schedule": schedule_document(schedule),
                               "spills": spills}
@@ -179,10 +180,11 @@ def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[s
     return schedule, ptxas_report(kernel.asm["ptx"], spec.capability)
 
 
-def _gluon_refusal(schedule: Any, machine: Machine) -> str | None:
+def _gluon_refusal(schedule: Any, machine: Machine, persistent: bool) -> str | None:
     """Why the Gluon backend cannot emit a built-in kernel's schedule on Hopper (its plan refuses it, e.g. an
-    op placed in another warp group than its sub-tile's wgmma), or None. A tuned candidate must be a kernel
-    that can be built; elsewhere (Blackwell, graph files) there is no emitter to ask."""
+    op placed in another warp group than its sub-tile's wgmma, or a persistent GEMM whose rings and C staging
+    tile overflow shared memory), or None. A tuned candidate must be a kernel that can be built; elsewhere
+    (Blackwell, graph files) there is no emitter to ask."""
     from twill.errors import UnsupportedFeatureError
 
     if machine.capability // 10 != 9 or not schedule.warps or "kernel" not in schedule.graph.attrs:
@@ -190,13 +192,13 @@ def _gluon_refusal(schedule: Any, machine: Machine) -> str | None:
     from twill.codegen.gluon import gluon_plan
 
     try:
-        gluon_plan(schedule)
+        gluon_plan(schedule, persistent)
     except UnsupportedFeatureError as exc:
         return str(exc)
     return None
 
 
-def _gluon_spills(schedule: Any, machine: Machine) -> dict[str, int]:
+def _gluon_spills(schedule: Any, machine: Machine, persistent: bool) -> dict[str, int]:
     import tempfile
 
     from twill.codegen.gluon import load_emitted, write_gluon
@@ -207,7 +209,7 @@ def _gluon_spills(schedule: Any, machine: Machine) -> dict[str, int]:
         raise TwillError(f"spill check compiles for sm_90 only, not {machine.arch}")
     with tempfile.TemporaryDirectory(prefix="twill-tune-") as tmp:
         path = os.path.join(tmp, "candidate.py")
-        write_gluon(schedule, path)
+        write_gluon(schedule, path, persistent)
         kernel = compile_sm90(load_emitted(path, f"twill_tune_{os.getpid()}_{abs(hash(path))}"))
     return ptxas_report(kernel.asm["ptx"], 90)
 

@@ -2,6 +2,7 @@
 
     >>> from twill.codegen.gluon import emit_gluon
     >>> source = emit_gluon(schedule)          # a complete Python module: @gluon.jit kernel + launcher
+    >>> source = emit_gluon(schedule, persistent=True)   # GEMM: at most one CTA per SM, walking output tiles
 
 Stages: :func:`~twill.codegen.plan.kernel_plan` turns the schedule into a frozen, backend-neutral
 :class:`~twill.codegen.plan.KernelPlan` (partitions, rings and barriers, waits with their reasons, stages,
@@ -29,9 +30,10 @@ __all__ = ["BACKEND", "emit_gluon", "gluon_plan", "load_emitted", "render_plan",
 BACKEND = "Gluon"
 
 
-def gluon_plan(schedule: Schedule) -> KernelPlan:
-    """The kernel plan of ``schedule``, with errors naming the Gluon backend."""
-    return kernel_plan(schedule, BACKEND)
+def gluon_plan(schedule: Schedule, persistent: bool = False) -> KernelPlan:
+    """The kernel plan of ``schedule``, with errors naming the Gluon backend; ``persistent`` asks for a
+    persistent GEMM (docs/codegen.md, "Persistent GEMM")."""
+    return kernel_plan(schedule, BACKEND, persistent)
 
 
 def render_plan(plan: KernelPlan) -> str:
@@ -51,15 +53,15 @@ def render_plan(plan: KernelPlan) -> str:
     return render_module(plan, flash_body(plan))
 
 
-def emit_gluon(schedule: Schedule) -> str:
+def emit_gluon(schedule: Schedule, persistent: bool = False) -> str:
     """Source of a complete ``@gluon.jit`` kernel module (kernel, partitions, host ``launch``) for a
-    verified schedule with a warp assignment."""
-    return render_plan(gluon_plan(schedule))
+    verified schedule with a warp assignment; ``persistent``: a persistent GEMM."""
+    return render_plan(gluon_plan(schedule, persistent))
 
 
-def write_gluon(schedule: Schedule, path: str) -> str:
+def write_gluon(schedule: Schedule, path: str, persistent: bool = False) -> str:
     """Emit ``schedule``'s kernel into ``path``, all or nothing (a temporary file renamed into place)."""
-    source = emit_gluon(schedule)
+    source = emit_gluon(schedule, persistent)
     write_text_atomic(path, source)
     return source
 

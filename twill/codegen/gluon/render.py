@@ -85,6 +85,9 @@ class KernelBody:
         load_iteration: producer lines at the top of each loop iteration (before the loads).
         load_ops: producer op -> its lines, for the producer's ops that fill no ring (``dq_atomic``).
         load_after: producer lines after the loop.
+        load_loop: the producer's loop header lines, outermost first, with any lines between them (a
+            persistent kernel: the loop over its output tiles, then the K loop); the default is
+            ``for {iv} in range({trip}):``. The loop body is indented under the last line.
         imports: import lines of the kernel's own, after the shared ones.
     """
 
@@ -115,6 +118,7 @@ class KernelBody:
     load_iteration: tuple[str, ...] = ()
     load_ops: dict[str, tuple[str, ...]] = field(default_factory=dict)
     load_after: tuple[str, ...] = ()
+    load_loop: tuple[str, ...] = ()
     imports: str = ""
 
 
@@ -240,28 +244,30 @@ def render_load_partition(plan: KernelPlan, body: KernelBody) -> str:
     lines = ["@gluon.jit", *_wrap(f"def {LOAD_FN}", params, ":", " " * 19),
              f'    """Warp group {load.group} (TMA producer, {load.num_warps} warp): fills the rings '
              f'{", ".join(r.name for r in plan.rings)}."""',
-             *body.load_setup,
-             f"    for {body.iv} in range({body.trip}):", *body.load_iteration]
+             *body.load_setup, *(body.load_loop or (f"    for {body.iv} in range({body.trip}):",))]
+    inner = list(body.load_iteration)
     iv = body.iv
     for name in load.ops:
         if name in body.load_ops:
-            lines += body.load_ops[name]
+            inner += body.load_ops[name]
             continue
         r = next(r for r in plan.rings if r.producer == name)
         bar = plan.barrier(r.barrier)
         depth = f"{r.name.upper()}_DEPTH"
         at = plan.placement(name)
-        lines += [f"        # {name}: start {at.start}, stage {at.stage} -> ring {r.name} ({r.depth} buffers)",
+        inner += [f"        # {name}: start {at.start}, stage {at.stage} -> ring {r.name} ({r.depth} buffers)",
                   f"        buffer = {iv} % {depth}"]
         if bar.rings[0] == r.name:
             nbytes = " + ".join(f"{n}_desc.block_type.nbytes" for n in bar.rings)
-            lines += [f"        # empty: every compute partition released the buffer (first pass free); "
+            inner += [f"        # empty: every compute partition released the buffer (first pass free); "
                       f"{plan.wait('empty', name).why}",
                       f"        mbarrier.wait({bar.name}_empty.index(buffer), (({iv} // {depth}) & 1) ^ 1)",
                       f"        mbarrier.expect({bar.name}_ready.index(buffer), {nbytes})"]
-        lines.append(f"        tma.async_copy_global_to_shared({r.name}_desc, {body.coords[r.name]}, "
+        inner.append(f"        tma.async_copy_global_to_shared({r.name}_desc, {body.coords[r.name]}, "
                      f"{bar.name}_ready.index(buffer), {r.name}_ring.index(buffer))")
-    return "\n".join(lines + list(body.load_after)) + "\n"
+    loop = lines[-1]
+    pad = " " * (len(loop) - len(loop.lstrip()) - 4)   # the body is written at 8 spaces, under a loop at 4
+    return "\n".join(lines + [pad + line for line in inner] + list(body.load_after)) + "\n"
 
 
 def render_kernel(plan: KernelPlan, body: KernelBody) -> str:
