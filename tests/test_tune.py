@@ -142,6 +142,27 @@ def test_persistent_prediction_pays_the_pipeline_fill_and_drain_once_per_cta():
     assert predict(sched, few, machine, persistent=True).cycles == pytest.approx(predict(sched, few, machine).cycles)
 
 
+def test_persistent_prediction_hides_all_but_one_fill_and_store_on_a_calibrated_machine():
+    """Calibrated: one CTA per tile pays fill + staging + store per tile; the persistent CTA pays the fill
+    (the ring runs on into the next tile) and the store (it drains during the next loop) once, the staging
+    (registers to shared memory, in the compute partition) once per tile."""
+    from tests.test_calibration import _rows
+    from twill.machine.calibrate import fit
+
+    machine = replace(fit(_rows(), H100), sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
+    sched = _streaming_schedule(3)
+    shape = Shape("gemm", (1000, 1000, 1000))                 # 64 tiles of 16 iterations
+    one_per_tile = predict(sched, shape, machine)
+    persistent = predict(sched, shape, machine, persistent=True)
+    fill, staging, store = (one_per_tile.breakdown[k] for k in ("fill_cycles", "staging_cycles", "store_cycles"))
+    assert min(fill, staging, store) > 0
+    assert staging == pytest.approx(128 * 128 * 2 / machine.calibration.smem_bytes_per_clk)
+    ii_eff, length, ii = (one_per_tile.breakdown[k] for k in ("ii_effective", "length_raw", "ii_raw"))
+    assert one_per_tile.breakdown["tile_cycles"] == pytest.approx(fill + 15 * ii_eff + length + staging + store)
+    assert persistent.waves == 7                               # 64 tiles over 10 CTAs
+    assert persistent.cycles == pytest.approx(fill + 7 * (16 * ii_eff + staging) + length - ii + store)
+
+
 def test_warp_specialized_cta_reserves_whole_warp_groups_at_the_largest_budget():
     # a 1-warp producer at 24 registers and a 4-warp consumer at 240: the CTA launches 8 warps at 240
     # registers (61440 of 65536), so a second CTA never fits, however little shared memory it needs
@@ -179,8 +200,13 @@ def test_streaming_loads_bound_the_loop_on_a_calibrated_machine():
         latency_ii = (cal.tma_l2_latency_cycles - 16384 / cal.tma_l2_bytes_per_clk + bandwidth_ii) / depth
         assert p.breakdown["latency_ii"] == pytest.approx(latency_ii)
         assert p.breakdown["bandwidth_ii"] == pytest.approx(bandwidth_ii)
-        # one CTA on the SM: the tile, or its 100 iterations' bytes at the L2 rate, whichever is longer
-        assert p.cycles == pytest.approx(max(99 * max(10, latency_ii, bandwidth_ii) + 10, 100 * bandwidth_ii))
+        # one CTA on the SM: the tile (with its first loads' latency before the loop and its 128x128 fp16
+        # output staged and stored after it), or its 100 iterations' bytes at the L2 rate, whichever is longer
+        fill = cal.tma_l2_latency_cycles - 16384 / cal.tma_l2_bytes_per_clk
+        out = 128 * 128 * 2 / cal.smem_bytes_per_clk + 128 * 128 * 2 / cal.tma_l2_bytes_per_clk
+        assert p.breakdown["fill_cycles"] == pytest.approx(fill)
+        tile = fill + 99 * max(10, latency_ii, bandwidth_ii) + 10 + out
+        assert p.cycles == pytest.approx(max(tile, 100 * bandwidth_ii))
     # the datasheet machine prices the loads as the solver does: free
     plain = predict(_streaming_schedule(2), shape, replace(H100, launch_us=0.0))
     assert "latency_ii" not in plain.breakdown and plain.cycles == 99 * 10 + 10

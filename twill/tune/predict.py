@@ -27,8 +27,10 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
 * **Waves**: ``⌈tiles / (machine.sms · c)⌉`` (wave quantization over the SMs).
 * **Persistent GEMM** (``persistent``): ``min(tiles, machine.sms)`` CTAs, one per SM, each running
   ``w = ⌈tiles / grid⌉`` tiles back to back with one ring over (tile, k): the pipeline's prologue/epilogue
-  ``L − II`` is paid once per CTA instead of once per tile, so the grid takes ``w·n·II_eff + L − II`` cycles
-  (at least ``w·n·max(ResMII, bandwidth bound)``); ``waves`` is then ``w``.
+  ``L − II``, the fill and the store are paid once per CTA (the ring runs on into the next tile, a tile's
+  store drains during the next loop), the staging once per tile, so the grid takes
+  ``fill + w·(n·II_eff + staging) + L − II + store`` cycles (at least ``w·n·max(ResMII, bandwidth bound)``);
+  ``waves`` is then ``w``.
 * **Time**: ``waves · wave cycles / machine.time_clock_ghz + machine.launch_us``.
 
 Problems (:data:`PROBLEMS`): ``gemm`` (``M, N, K``; tiles ``⌈M/block_m⌉·⌈N/block_n⌉``, ``⌈K/block_k⌉``
@@ -48,7 +50,7 @@ from typing import Any, Mapping
 from twill.errors import TwillError
 from twill.ir.graph import LoopGraph
 from twill.machine.calibration import softmax_key
-from twill.machine.costs import ASYNC_ISSUE_CYCLES, handoff_cycles
+from twill.machine.costs import ASYNC_ISSUE_CYCLES, DTYPE_BYTES, handoff_cycles
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 
@@ -260,6 +262,32 @@ def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     return {"latency_ii": (base + bandwidth_ii) / min(lookahead), "bandwidth_ii": bandwidth_ii}
 
 
+def tile_ends(schedule: Schedule, machine: Machine) -> dict[str, float]:
+    """Raw cycles a tile spends outside its modulo-scheduled loop, on a calibrated machine (``{}`` on a
+    datasheet one, whose loads are free as in the solver's model):
+
+    * ``fill_cycles``: before its first iteration can start, the tile's first streaming tiles must land:
+      ``base + bytes / tma_l2_bytes_per_clk`` (as in :func:`stream_bound`);
+    * ``staging_cycles`` and ``store_cycles`` (GEMM): after the loop, the output tile goes from registers to
+      shared memory (``bytes / smem_bytes_per_clk``) and out with a TMA store (``bytes /
+      tma_l2_bytes_per_clk``), which the CTA waits for before it exits.
+
+    A persistent kernel hides the fill of every tile but its first (the ring runs on into the next tile)
+    and every store but its last (the next tile's loop runs while it drains); the staging it keeps."""
+    cal = machine.calibration
+    graph = schedule.graph
+    loads = [op for op in graph.ops if graph.is_streaming(op.name)]
+    if cal is None:
+        return {}
+    base = max(0.0, cal.tma_l2_latency_cycles - MICROBENCH_TILE_BYTES / cal.tma_l2_bytes_per_clk)
+    ends = {"fill_cycles": base} if loads else {}
+    attrs = graph.attrs
+    if "block_k" in attrs:
+        out = attrs["block_m"] * attrs["block_n"] * DTYPE_BYTES.get(str(attrs.get("dtype", "fp16")), 2)
+        ends.update(staging_cycles=out / cal.smem_bytes_per_clk, store_cycles=out / cal.tma_l2_bytes_per_clk)
+    return ends
+
+
 def chain_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     """Raw cycles per iteration below which a compute warp group of an attention forward cannot finish its
     own chain, on a calibrated machine that measured the online-softmax step; ``{}`` otherwise:
@@ -316,13 +344,17 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     turns = tensor_core_turns(schedule) * handoff_cycles(machine) if machine.calibration is not None else 0
     chain = chain_bound(schedule, machine)
     ii_eff = max([ii_raw + turns, *memory.values(), *chain.values()])
-    tile_cycles = (iterations - 1) * ii_eff + length_raw
+    ends = tile_ends(schedule, machine)
+    fill, staging, store = (ends.get(k, 0.0) for k in ("fill_cycles", "staging_cycles", "store_cycles"))
+    tile_cycles = fill + (iterations - 1) * ii_eff + length_raw + staging + store
     shared_ii = max(float(schedule.stats.get("res_mii", 0)) * scale, memory.get("bandwidth_ii", 0.0))
     if persistent:
-        # one CTA per SM runs its tiles back to back: the pipeline fills and drains once per CTA
+        # one CTA per SM runs its tiles back to back: the pipeline fills and drains once per CTA, the ring
+        # runs on into the next tile and a tile's store drains while the next one's loop runs
         per_sm = 1
         waves = math.ceil(tiles / min(tiles, machine.sms))
-        wave_cycles = max(waves * iterations * ii_eff + length_raw - ii_raw, waves * iterations * shared_ii)
+        loop = waves * (iterations * ii_eff + staging) + length_raw - ii_raw
+        wave_cycles = max(fill + loop + store, waves * iterations * shared_ii)
         cycles = wave_cycles
     else:
         per_sm = ctas_per_sm(schedule, machine)
@@ -332,7 +364,7 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
         waves = math.ceil(tiles / (machine.sms * per_sm))
         cycles = waves * wave_cycles
     seconds = cycles / (machine.time_clock_ghz * 1e9) + machine.launch_us * 1e-6
-    breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain,
+    breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain, **ends,
                  "length_raw": length_raw, "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw,
                  "ctas_per_sm": per_sm, "wave_cycles": wave_cycles, "persistent": float(persistent),
                  "clock_ghz": machine.time_clock_ghz, "launch_us": machine.launch_us}
