@@ -97,7 +97,7 @@ def test_flash_turns_become_barrier_hand_offs(subtiles, head_dim, depth, grouped
     if subtiles == 1:
         assert plan.turns == () and "_take_turn" not in source and "_pass_turn" not in source
     else:  # one wait before and one pass after each turn of a partition, per iteration
-        assert waits == passes == plan.turns_per_iteration
+        assert waits == passes == plan.turn_counts[0]
         assert f"pl.when(wg == {plan.turns[0].partition})(_first_turn)" in source
     assert f"MAX_CONCURRENT_STEPS = {depth}  #" in source and f"HEAD_DIM             = {head_dim}  #" in source
 
