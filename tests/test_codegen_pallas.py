@@ -264,3 +264,10 @@ def test_lines_quoted_in_the_docs_come_from_emitted_modules():
     assert len(quoted) >= 4
     missing = [line for line in quoted if line not in emitted]
     assert not missing, f"docs/codegen.md quotes lines no emitted module has: {missing}"
+
+
+def test_three_compute_partitions_cannot_be_emitted():
+    """Three sub-tiles pass the tensor core round robin; the Pallas template hands it between two warpgroups."""
+    sched = flash_schedule(build_kernel("flash-fwd", H100, subtiles=3, head_dim=64), H100, ahead=0, depth=2)
+    with pytest.raises(UnsupportedFeatureError, match=r"^cannot emit: 3 compute partitions \(Pallas backend: turn"):
+        render_plan(pallas_plan(sched))
