@@ -45,13 +45,19 @@ def test_gemm_space_rejects_candidates_over_the_shared_memory_of_a_block():
 
 
 def test_default_axes_follow_the_machine_and_the_kernel_budget():
-    assert "warps" in default_axes("gemm", H100, None)
-    assert "warps" not in default_axes("gemm", B200, None)
-    assert "reg_limit" not in default_axes("flash-fwd", B200, 160)
-    assert default_axes("flash-fwd", H100, 240)["reg_limit"] == (240, 200, 160)
+    assert "warps" in default_axes("gemm", H100)
+    assert "warps" not in default_axes("gemm", B200)
+    assert "reg_limit" not in default_axes("flash-fwd", B200)
     space = kernel_space("flash-fwd", H100, {"head_dim": (64,), "block_n": (128,), "streaming_depth": (2,)})
-    assert {c.settings()["subtiles"] for c in space.candidates} == {1, 2}
+    budgets = {}
+    for c in space.candidates:
+        budgets.setdefault(c.settings()["subtiles"], set()).add(c.reg_limit)
+    assert budgets == {1: {240, 200, 160}, 2: {240, 200, 160}, 3: {160, 120, 80}}   # offsets from each budget
     assert all(dict(c.options)["head_dim"] == 64 for c in space.candidates)
+    blackwell = kernel_space("flash-fwd", B200, {"head_dim": (64,), "block_n": (128,), "streaming_depth": (2,)})
+    assert {c.settings()["subtiles"] for c in blackwell.candidates} == {1, 2}
+    assert [(dict(c.options)["subtiles"], why) for c, why in blackwell.rejected] == [
+        (3, "kernel 'flash-fwd': subtiles must be one of [1, 2] on b200, got 3")]
 
 
 def test_unknown_axis_is_an_error():
