@@ -6,7 +6,7 @@ the emitted kernels differ:
 
 * GEMM: the wgmma wait lag (``mma_wait`` one stage after ``mma`` at II = MMA cycles, or in the same stage at
   a longer II), the streaming depth (ring buffers) and the compute warp count (4 or 8 warps, block_m 64/128).
-* Attention: 1 or 2 compute warp groups (sub-tiles), ``S = Q K^T`` one stage ahead of the softmax or not,
+* Attention: 1, 2 or 3 compute warp groups (sub-tiles), ``S = Q K^T`` one stage ahead of the softmax or not,
   and ring depths.
 
 Hand-built schedules are checked with :func:`twill.schedule.verify.verify` by the tests.
@@ -18,10 +18,11 @@ from twill.ir.graph import LoopGraph
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule, WarpGroup
 
-#: Register budgets (setmaxnreg) of the hand-built schedules: the producer keeps the minimum, compute
-#: groups take what is left of 64 K registers (H100) for 1 producer + the compute warp groups.
+#: Register budgets (setmaxnreg) of the hand-built schedules by sub-tiles: the producer keeps the minimum,
+#: compute groups take what is left of 64 K registers (H100) for 1 producer + the compute warp groups
+#: (the attention graph's ``reg_limit``: 240, or 160 for three 4-warp groups).
 LOAD_REGS = 24
-COMPUTE_REGS = {1: 240, 2: 240}
+COMPUTE_REGS = {1: 240, 2: 240, 3: 160}
 
 
 def _ops(graph: LoopGraph, role: str) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from solved import solved_kernel
@@ -203,6 +204,7 @@ FLASH_CASES = [  # (subtiles, head_dim, ahead, depth)
     (1, 128, 1, 2),
     (2, 64, 1, 3),
     (1, 64, 0, 3),
+    (3, 64, 0, 2),
 ]
 
 
@@ -215,18 +217,20 @@ def test_flash_variant_compiles(tmp_path, subtiles, head_dim, ahead, depth):
     assert len(plan.compute) == subtiles
     assert [p.qk_ahead for p in plan.compute] == [ahead] * subtiles
     if subtiles == 1:
-        assert plan.turns == ()                               # ping-pong only with two compute groups
-    else:                                                     # turns alternate and cover every wgmma once
-        assert [t.partition for t in plan.turns] == [0, 1] * (len(plan.turns) // 2)
-        assert sorted(op for t in plan.turns for op in t.ops) == ["pv_a", "pv_b", "qk_a", "qk_b"]
+        assert plan.turns == ()                               # turns only with several compute groups
+    else:                                                     # turns change hands and cover every wgmma once
+        assert all(t.partition != u.partition for t, u in zip(plan.turns, plan.turns[1:] + plan.turns[:1]))
+        assert sorted(op for t in plan.turns for op in t.ops) == sorted(
+            op.name for op in graph.ops if op.attrs["role"] in ("qk", "pv"))
     module, facts = _compile(tmp_path, sched, f"fa_{subtiles}_{head_dim}_{ahead}_{depth}")
     assert module.NUM_COMPUTE.value == subtiles and module.K_DEPTH.value == depth
+    assert module.K_READERS.value == module.V_READERS.value == subtiles   # every sub-tile releases each buffer
     assert set(facts.wgmma_shapes) == {"m64n128k16", f"m64n{head_dim}k16"}
     assert set(facts.wait_depths) == ({0, 1} if ahead else {0})
     assert ("dec", 24) in facts.setmaxnreg
-    if subtiles == 2:
-        assert ("dec", 240) in facts.setmaxnreg             # the worker compute partition's budget
-    rows = 128
+    if subtiles > 1:                                          # the worker compute partitions' budget
+        assert graph.attrs["reg_limit"] in {v for _, v in facts.setmaxnreg}
+    rows = plan.tile["block_m"]
     ring_bytes = 2 * depth * 128 * head_dim * 2 + rows * head_dim * 2
     assert ring_bytes <= facts.shared < ring_bytes + 4096
 
@@ -329,7 +333,7 @@ def test_compute_partition_takes_differing_decisions_as_constexprs(tmp_path):
     plan = gluon_plan(flash_schedule(graph, H100, ahead=1, depth=2))
     turns = (Turn(0, ("qk_a",)), Turn(1, ("pv_b",)), Turn(0, ("pv_a",)), Turn(1, ("qk_b",)))
     parts = [replace(p, qk_ahead=ahead, turn_waits=waits, turn_passes=passes) for p, ahead, waits, passes in zip(
-        plan.compute, (0, 1), ({"qk_a": 0, "pv_a": 1}, {"pv_b": 0, "qk_b": 1}), (("qk_a", "pv_a"), ("pv_b", "qk_b")))]
+        plan.compute, (0, 1), ({"qk_a": 0, "pv_a": 1}, {"pv_b": 0, "qk_b": 1}), ({"qk_a": 1, "pv_a": 1}, {"pv_b": 0, "qk_b": 0}))]
     mixed = replace(plan, turns=turns, partitions=(*parts, plan.load))
     source = render_plan(mixed)
     assert "def compute_partition(compute_args, SUB: gl.constexpr, AHEAD: gl.constexpr, QK_TURN: gl.constexpr, " \
@@ -403,6 +407,79 @@ def test_solver_plans_match_the_fastest_hand_schedules():
 
 
 # -- errors --------------------------------------------------------------------------------------------
+CALIBRATED_H200 = Path(__file__).parent.parent / "benchmarks" / "results" / "calibration_h200.machine.json"
+
+
+def _three_subtile_schedule(machine: str, head_dim: int) -> Schedule:
+    """The joint solver's schedule of flash-fwd ``--subtiles 3`` on ``machine`` (``h200``, or ``calibrated``: the
+    measured H200 model of benchmarks/results)."""
+    if machine == "h200":
+        return solved_kernel("flash-fwd", "h200", {"subtiles": 3, "head_dim": head_dim})
+    from twill.machine.calibration import load_machine
+    from twill.solve import SolveOptions, schedule
+
+    calibrated = load_machine(str(CALIBRATED_H200))
+    return schedule(build_kernel("flash-fwd", calibrated, subtiles=3, head_dim=head_dim), calibrated, SolveOptions())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_ORTOOLS, reason="the joint solver needs OR-Tools")
+@pytest.mark.parametrize("machine,head_dim", [("h200", 64), ("h200", 128), ("calibrated", 64)])
+def test_three_subtile_solver_schedules_take_turns_round_robin(tmp_path, machine, head_dim):
+    """BLOCK_M 192 on three 4-warp compute groups at 160 registers (the register file less a producer group):
+    the solver proves its schedule optimal and the verifier admits it; the plan passes the tensor core from
+    each turn to the owner of the next one (the order the schedule chose, not a fixed one), every partition
+    takes its turns in program order, and the kernel compiles to sm_90 with 16 warps, the 160-register
+    budget, the Q tile for three sub-tiles plus the K/V rings in shared memory, each buffer released by all
+    three partitions."""
+    from twill.machine.calibration import load_machine
+    from twill.machine.models import get_machine
+
+    sched = _three_subtile_schedule(machine, head_dim)
+    model = get_machine("h200") if machine == "h200" else load_machine(str(CALIBRATED_H200))
+    verify(sched, model)
+    assert sched.status == "optimal" and sched.ii == sched.ii_lower_bound
+    plan = gluon_plan(sched)
+    assert [(p.num_warps, p.regs) for p in plan.compute] == [(4, 160)] * 3 and plan.tile["block_m"] == 192
+    assert sorted(op for t in plan.turns for op in t.ops) == ["pv_a", "pv_b", "pv_c", "qk_a", "qk_b", "qk_c"]
+    for k, turn in enumerate(plan.turns):
+        after = plan.turns[(k + 1) % len(plan.turns)].partition
+        last = max(turn.ops, key=lambda op: op.startswith("pv"))     # program order: qk, then pv
+        assert after != turn.partition and plan.compute[turn.partition].turn_passes[last] == after
+    for i, part in enumerate(plan.compute):
+        is_pv = [op.startswith("pv") for t in plan.turns if t.partition == i for op in sorted(
+            t.ops, key=lambda o: o.startswith("pv"))]
+        assert is_pv == sorted(is_pv)                                     # qk's turn before pv's
+        assert plan.turn_counts[i] == len(part.turn_waits)
+    if machine == "calibrated":           # docs/codegen.md: partitions taking different numbers of turns
+        assert len(set(plan.turn_counts)) > 1 and "TURNS: gl.constexpr" in emit_gluon(sched)
+    module, facts = _compile(tmp_path, sched, f"fa_sub3_{machine}_{head_dim}")
+    assert module.NUM_COMPUTE.value == 3 and facts.num_warps == 16
+    assert module.K_READERS.value == module.V_READERS.value == 3
+    assert ("inc", 160) in facts.setmaxnreg and ("dec", 24) in facts.setmaxnreg
+    assert set(facts.wgmma_shapes) == {"m64n128k16", f"m64n{head_dim}k16"}
+    ring_bytes = sum(r.depth for r in plan.rings) * 128 * head_dim * 2 + 192 * head_dim * 2
+    assert ring_bytes <= facts.shared < ring_bytes + 4096
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_ORTOOLS, reason="the joint solver needs OR-Tools")
+def test_three_subtile_d64_spills_with_128_key_tiles_not_with_64(tmp_path):
+    """docs/codegen.md ("Three sub-tiles"): at 160 registers Triton's code for S(j+1) held beside P(j) and O
+    (S one stage ahead, 128-key tiles) spills (ptxas); with 64-key tiles (half of S and P) it does not."""
+    from twill.tune.spills import ptxas_report
+
+    spills = {}
+    for block_n in (128, 64):
+        sched = solved_kernel("flash-fwd", "h200", {"subtiles": 3, "head_dim": 64, "block_n": block_n})
+        assert gluon_plan(sched).qk_ahead == 1
+        path = tmp_path / f"fa_sub3_bn{block_n}.py"
+        path.write_text(emit_gluon(sched))
+        ptx = aot.compile_sm90(load_emitted(str(path), f"twill_test_sub3_bn{block_n}")).asm["ptx"]
+        spills[block_n] = ptxas_report(ptx, 90)["spill_bytes"]
+    assert spills[128] > 0 and spills[64] == 0
+
+
 def test_unsupported_graph_is_reported():
     graph = build_kernel("paper-example", H100)
     sched = Schedule(graph=graph, arch="h100", solver="manual", status="feasible", ii=2, ii_lower_bound=2,

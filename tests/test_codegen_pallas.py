@@ -97,7 +97,7 @@ def test_flash_turns_become_barrier_hand_offs(subtiles, head_dim, depth, grouped
     if subtiles == 1:
         assert plan.turns == () and "_take_turn" not in source and "_pass_turn" not in source
     else:  # one wait before and one pass after each turn of a partition, per iteration
-        assert waits == passes == plan.turns_per_iteration
+        assert waits == passes == plan.turn_counts[0]
         assert f"pl.when(wg == {plan.turns[0].partition})(_first_turn)" in source
     assert f"MAX_CONCURRENT_STEPS = {depth}  #" in source and f"HEAD_DIM             = {head_dim}  #" in source
 
@@ -264,3 +264,10 @@ def test_lines_quoted_in_the_docs_come_from_emitted_modules():
     assert len(quoted) >= 4
     missing = [line for line in quoted if line not in emitted]
     assert not missing, f"docs/codegen.md quotes lines no emitted module has: {missing}"
+
+
+def test_three_compute_partitions_cannot_be_emitted():
+    """Three sub-tiles pass the tensor core round robin; the Pallas template hands it between two warpgroups."""
+    sched = flash_schedule(build_kernel("flash-fwd", H100, subtiles=3, head_dim=64), H100, ahead=0, depth=2)
+    with pytest.raises(UnsupportedFeatureError, match=r"^cannot emit: 3 compute partitions \(Pallas backend: turn"):
+        render_plan(pallas_plan(sched))

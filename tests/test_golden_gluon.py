@@ -36,9 +36,9 @@ def _flash(subtiles: int, head_dim: int, ahead: int, depth: int, **options):
 
 
 #: name -> schedule builder: GEMM with and without a deferred wgmma wait, and persistent (the C tile staged
-#: whole, and in halves beside a 4-deep ring); attention with two
-#: ping-pong compute partitions and S one stage ahead (also causal), and with one partition and no overlap;
-#: the attention backward.
+#: whole, and in halves beside a 4-deep ring); attention with two ping-pong compute partitions and S one stage
+#: ahead (also causal), with one partition and no overlap, and with three partitions taking tensor-core turns
+#: round robin; the attention backward.
 CASES = {
     "gemm_128x256x64_lag1_d4": lambda: _gemm(256, 1, 4),
     "gemm_128x256x64_lag0_d3": lambda: _gemm(256, 0, 3),
@@ -47,6 +47,7 @@ CASES = {
     "fa_d128_sub2_ahead1_d2": lambda: _flash(2, 128, 1, 2),
     "fa_d64_sub1_ahead0_d3": lambda: _flash(1, 64, 0, 3),
     "fa_d128_sub2_ahead1_d2_causal": lambda: _flash(2, 128, 1, 2, causal=True),
+    "fa_d64_sub3_ahead0_d2": lambda: _flash(3, 64, 0, 2),
     "fa_bwd_d128_d2_lag1": lambda: flash_bwd_schedule(build_kernel("flash-bwd", H100), H100, depth=2, dq_lag=1),
 }
 #: Cases emitted as persistent kernels (a code-generator choice: the same schedule).

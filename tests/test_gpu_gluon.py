@@ -133,6 +133,66 @@ def test_attention_causal_gqa_lse_match_torch(tmp_path, options, ahead, sm_scale
     assert _relerr(plain, ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
+#: Three sub-tiles (BLOCK_M 192, tensor-core turns round robin): (kernel options, schedule). ``h200``: the joint
+#: solver's on the H200 model; ``calibrated``: on the measured H200 model of benchmarks/results (its D = 64
+#: schedule gives the partitions different numbers of turns per iteration); ``hand``: the hand-built variant
+#: with S and the softmax in one stage (no solver).
+SUB3_CASES = [
+    ({"head_dim": 64}, "h200"),
+    ({"head_dim": 64, "causal": True}, "h200"),
+    ({"head_dim": 64, "kv_heads": 2, "dtype": "bf16"}, "h200"),
+    ({"head_dim": 64, "block_n": 64, "causal": True}, "h200"),
+    ({"head_dim": 128}, "h200"),
+    ({"head_dim": 128, "causal": True, "dtype": "bf16"}, "h200"),
+    ({"head_dim": 64}, "calibrated"),
+    ({"head_dim": 64, "causal": True, "kv_heads": 1}, "calibrated"),
+    ({"head_dim": 64, "causal": True}, "hand"),
+]
+
+
+def _sub3_schedule(options, source):
+    """The schedule of flash-fwd ``--subtiles 3`` with ``options`` from ``source`` (see SUB3_CASES)."""
+    options = {"subtiles": 3, **options}
+    if source == "hand":
+        return flash_schedule(build_kernel("flash-fwd", H100, **options), H100, ahead=0, depth=2)
+    pytest.importorskip("ortools", reason="the joint solver's schedules need OR-Tools")
+    if source == "h200":
+        from solved import solved_kernel
+
+        return solved_kernel("flash-fwd", "h200", options)
+    from pathlib import Path
+
+    from twill.machine.calibration import load_machine
+    from twill.solve import SolveOptions, schedule
+
+    machine = load_machine(str(Path(__file__).parent.parent / "benchmarks/results/calibration_h200.machine.json"))
+    return schedule(build_kernel("flash-fwd", machine, **options), machine, SolveOptions())
+
+
+@pytest.mark.parametrize("options,source", SUB3_CASES)
+@pytest.mark.parametrize("B,H,S", [(1, 4, 77), (2, 4, 1000), (1, 2, 1537)])
+def test_three_subtile_attention_matches_torch(tmp_path, options, source, B, H, S):
+    """Three compute partitions against fp64 torch: head dims 64/128, causal and not, grouped-query and
+    multi-query K/V heads, fp16/bf16, ragged S (a partial last query block of 192 rows), outputs and LSE
+    poisoned with NaN, fresh data."""
+    sched = _sub3_schedule(options, source)
+    name = "_".join(f"{k}{v}" for k, v in options.items()) + f"_{source}"
+    path = tmp_path / f"fa_sub3_{name}.py"
+    path.write_text(emit_gluon(sched))
+    mod = load_emitted(str(path), f"gpu_fa_sub3_{name}_{S}")
+    assert mod.NUM_COMPUTE.value == 3 and mod.BLOCK_M.value == 192
+    dtype = torch.bfloat16 if options.get("dtype") == "bf16" else torch.float16
+    d, kv_heads = options["head_dim"], options.get("kv_heads", 0) or H
+    q = torch.randn(B, H, S, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(B, kv_heads, S, d, device="cuda", dtype=dtype) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, S), float("nan"), device="cuda", dtype=torch.float32)
+    mod.launch(q, k, v, out=out, lse=lse)
+    ref, ref_lse = _attention_reference(q, k, v, d ** -0.5, options.get("causal", False))
+    assert _relerr(out, ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+    assert torch.isfinite(lse).all() and float((lse.double() - ref_lse).abs().max()) < 1e-3
+
+
 def test_attention_launcher_rejects_wrong_kv_heads(tmp_path):
     graph = build_kernel("flash-fwd", H100, subtiles=2, kv_heads=2)
     path = tmp_path / "fa_kv2.py"

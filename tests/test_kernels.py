@@ -113,4 +113,24 @@ def test_unknown_or_invalid_option_is_a_one_line_error():
     with pytest.raises(TwillError, match="no option"):
         build_kernel("gemm", get_machine("h100"), head_dim=64)
     with pytest.raises(TwillError, match="subtiles must be one of"):
-        build_kernel("flash-fwd", get_machine("h100"), subtiles=3)
+        build_kernel("flash-fwd", get_machine("h100"), subtiles=4)
+    with pytest.raises(TwillError, match=r"subtiles must be one of \[1, 2\] on b200, got 3"):
+        build_kernel("flash-fwd", get_machine("b200"), subtiles=3)
+    with pytest.raises(TwillError, match="block_m 128 does not split into 3 sub-tiles"):
+        build_kernel("flash-fwd", get_machine("h100"), subtiles=3, block_m=128)
+
+
+def test_three_hopper_subtiles_share_the_kv_loads_on_a_register_file_split():
+    """``--subtiles 3`` on Hopper: BLOCK_M 192 in three 64-row sub-tiles ``_a``/``_b``/``_c`` that read the same
+    K/V loads, and a register budget at which three 4-warp compute groups and a 4-warp producer group at the
+    setmaxnreg minimum fit the register file (two sub-tiles keep FA3's 240)."""
+    h100 = get_machine("h100")
+    graph = build_kernel("flash-fwd", h100, subtiles=3, head_dim=64)
+    assert graph.attrs["block_m"] == 192
+    qks = [op for op in graph.ops if op.attrs.get("role") == "qk"]
+    assert [op.name for op in qks] == ["qk_a", "qk_b", "qk_c"] and {op.attrs["m"] for op in qks} == {64}
+    assert {e.dst for e in graph.out_edges("load_k")} == {"qk_a", "qk_b", "qk_c"}
+    budget = graph.attrs["reg_limit"]
+    assert 3 * 128 * budget + 128 * h100.setmaxnreg_min <= h100.regs_per_sm
+    assert 3 * 128 * (budget + h100.setmaxnreg_step) + 128 * h100.setmaxnreg_min > h100.regs_per_sm
+    assert build_kernel("flash-fwd", h100, subtiles=2).attrs["reg_limit"] == 240

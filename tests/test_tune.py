@@ -46,13 +46,21 @@ def test_gemm_space_rejects_candidates_over_the_shared_memory_of_a_block():
 
 
 def test_default_axes_follow_the_machine_and_the_kernel_budget():
-    assert "warps" in default_axes("gemm", H100, None)
-    assert "warps" not in default_axes("gemm", B200, None)
-    assert "reg_limit" not in default_axes("flash-fwd", B200, 160)
-    assert default_axes("flash-fwd", H100, 240)["reg_limit"] == (240, 200, 160)
+    assert "warps" in default_axes("gemm", H100)
+    assert "warps" not in default_axes("gemm", B200)
+    assert "reg_limit" not in default_axes("flash-fwd", B200)
     space = kernel_space("flash-fwd", H100, {"head_dim": (64,), "block_n": (128,), "streaming_depth": (2,)})
-    assert {c.settings()["subtiles"] for c in space.candidates} == {1, 2}
+    budgets = {}
+    for c in space.candidates:
+        budgets.setdefault(c.settings()["subtiles"], set()).add(c.reg_limit)
+    # offsets from each budget; three sub-tiles at 80 registers cannot hold S (64) + O (32) + bookkeeping (24)
+    assert budgets == {1: {240, 200, 160}, 2: {240, 200, 160}, 3: {160, 120}}
+    assert [(c.reg_limit, why.split(" registers")[0]) for c, why in space.rejected] == [(80, "a budget of 80")]
     assert all(dict(c.options)["head_dim"] == 64 for c in space.candidates)
+    blackwell = kernel_space("flash-fwd", B200, {"head_dim": (64,), "block_n": (128,), "streaming_depth": (2,)})
+    assert {c.settings()["subtiles"] for c in blackwell.candidates} == {1, 2}
+    assert [(dict(c.options)["subtiles"], why) for c, why in blackwell.rejected] == [
+        (3, "kernel 'flash-fwd': subtiles must be one of [1, 2] on b200, got 3")]
 
 
 def test_unknown_axis_is_an_error():
@@ -68,8 +76,8 @@ def test_persistent_is_a_gemm_axis_that_counts_the_c_staging_buffer():
     """A persistent GEMM keeps a C staging buffer (at least half the block_m x block_n fp16 tile) live with the
     rings: 128x128x64 with a 7-deep ring (224 KiB) fits one tile per CTA but not persistent; on Blackwell
     the axis does not exist."""
-    assert default_axes("gemm", H100, None)["persistent"] == (False, True)
-    assert "persistent" not in default_axes("gemm", B200, None)
+    assert default_axes("gemm", H100)["persistent"] == (False, True)
+    assert "persistent" not in default_axes("gemm", B200)
     space = kernel_space("gemm", H100, {"block_m": (128,), "block_n": (128,), "block_k": (64,), "warps": (8,),
                                         "streaming_depth": (6, 7)})
     kept = {(c.streaming_depth, c.persistent) for c in space.candidates}

@@ -25,8 +25,11 @@ Policy (documented in ``docs/codegen.md``):
   (FA3's intra-warp-group pipeline).
 * **Tensor-core order.** With several compute partitions, the steady-state order of their tensor-core ops
   (by ``t mod II``) is cut into *turns*: maximal runs of one partition's ops (cyclically merged). A
-  partition waits for its turn before the first op of each of its turns and passes the tensor core on
-  after the last; within a turn it issues its ops in program order (``qk`` before ``pv``).
+  partition waits for its turn before the first op of each of its turns and, after the last, passes the
+  tensor core to the owner of the next turn (a round robin over two or three partitions, in the order the
+  schedule chose); within a turn it issues its ops in program order (``qk`` before ``pv``). Every
+  partition takes its turns in program order: the cyclic order starts where each partition's ``qk`` turn
+  comes before its ``pv`` turn.
 * **Attention variants.** ``causal`` and ``kv_heads`` (graph attributes) do not change the loop body or the
   schedule; they are carried to the renderer, which bounds each query block's trip count at its diagonal
   and masks the diagonal iterations, and maps query heads onto K/V heads. The Q tile and the K/V rings must
@@ -59,6 +62,8 @@ FLASH_BWD_MMAS = {"qk": "q", "dp": "do", "dv": "do", "dk": "q", "dq": None}
 #: Head dimensions of the attention backward (dK and dV are register accumulators of N = head dim).
 FLASH_BWD_HEAD_DIMS = (64, 128)
 DTYPES = ("fp16", "bf16")
+#: Most attention sub-tiles (compute partitions) the renderers support: three 64-row groups, FA3's BLOCK_M = 192.
+FLASH_MAX_SUBTILES = 3
 #: Attention head dimensions the renderers support (the O accumulator is one wgmma of N = head dim <= 256).
 FLASH_HEAD_DIMS = (64, 128, 256)
 ARCHS = ("h100", "h200")
@@ -129,7 +134,8 @@ class Partition:
         subtile: the sub-tile a compute partition owns (= its index among the compute partitions).
         qk_ahead: attention: ``stage(pv) - stage(qk)`` (0 or 1).
         turn_waits: op -> index of the turn (among this partition's turns) it waits for before issuing.
-        turn_passes: ops after which the partition passes the tensor core on.
+        turn_passes: op -> the compute partition it passes the tensor core to after issuing it (the owner of
+            the next turn in the steady-state tensor-core order).
     """
 
     name: str
@@ -143,7 +149,7 @@ class Partition:
     subtile: int = 0
     qk_ahead: int = 0
     turn_waits: dict[str, int] = field(default_factory=dict)
-    turn_passes: tuple[str, ...] = ()
+    turn_passes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -264,9 +270,9 @@ class KernelPlan:
         return max(p.qk_ahead for p in self.compute)
 
     @property
-    def turns_per_iteration(self) -> int:
-        """Tensor-core turns each compute partition takes per loop iteration (0 without ping-pong)."""
-        return len(self.turns) // len(self.compute)
+    def turn_counts(self) -> tuple[int, ...]:
+        """Tensor-core turns each compute partition takes per loop iteration (zeros without ping-pong)."""
+        return tuple(sum(t.partition == i for t in self.turns) for i in range(len(self.compute)))
 
     def barrier(self, name: str) -> Barrier:
         """The barrier pair called ``name``."""
@@ -432,6 +438,27 @@ def _turns(schedule: Schedule, compute: tuple[Partition, ...], tc_ops: list[str]
     return tuple(Turn(p, tuple(ops)) for p, ops in runs)
 
 
+def _in_program_order(graph: LoopGraph, turns: tuple[Turn, ...], backend: str) -> tuple[Turn, ...]:
+    """The cyclic turn order started where every partition takes its turns in program order (``qk``'s turn
+    before ``pv``'s): the first rotation that does, so a partition's k-th turn wait is the k-th arrival on
+    its barrier and one token circulates."""
+    def ordered(rotation: tuple[Turn, ...]) -> bool:
+        keys: dict[int, list[int]] = {}
+        for t in rotation:
+            keys.setdefault(t.partition, []).extend(
+                FLASH_PROGRAM_ORDER.index(str(graph.op(op).attrs.get("role"))) for op in _program_order(graph, t.ops))
+        return all(k == sorted(k) for k in keys.values())
+
+    for start in range(len(turns)):
+        rotation = turns[start:] + turns[:start]
+        if ordered(rotation):
+            return rotation
+    if not turns:
+        return turns
+    raise _unsupported(backend, "a tensor-core turn order that no partition program can follow",
+                       " -> ".join("/".join(t.ops) for t in turns))
+
+
 def _program_order(graph: LoopGraph, ops: tuple[str, ...]) -> tuple[str, ...]:
     """``ops`` in the order a compute partition issues them (:data:`FLASH_PROGRAM_ORDER`)."""
     return tuple(sorted(ops, key=lambda op: FLASH_PROGRAM_ORDER.index(str(graph.op(op).attrs.get("role")))))
@@ -439,10 +466,11 @@ def _program_order(graph: LoopGraph, ops: tuple[str, ...]) -> tuple[str, ...]:
 
 def _with_turn_points(graph: LoopGraph, part: Partition, turns: tuple[Turn, ...], index: int) -> Partition:
     """Where ``part`` waits for its turn (the first op of each of its turns, in program order) and passes the
-    tensor core on (the last op)."""
-    mine = [_program_order(graph, t.ops) for t in turns if t.partition == index]
-    return replace(part, turn_waits={ops[0]: k for k, ops in enumerate(mine)},
-                   turn_passes=tuple(ops[-1] for ops in mine))
+    tensor core on (the last op) to the owner of the next turn."""
+    mine = [(_program_order(graph, t.ops), turns[(k + 1) % len(turns)].partition)
+            for k, t in enumerate(turns) if t.partition == index]
+    return replace(part, turn_waits={ops[0]: k for k, (ops, _) in enumerate(mine)},
+                   turn_passes={ops[-1]: nxt for ops, nxt in mine})
 
 
 def _turn_waits(graph: LoopGraph, turns: tuple[Turn, ...]) -> list[Wait]:
@@ -564,9 +592,9 @@ def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
         raise _unsupported(backend, f"graph {graph.name!r} without a {missing[0]} op",
                            "attention needs TMA loads of K and V")
     qks, pvs = ops_with_role(graph, "qk"), ops_with_role(graph, "pv")
-    if not qks or len(qks) != len(pvs) or len(qks) > 2:
+    if not qks or len(qks) != len(pvs) or len(qks) > FLASH_MAX_SUBTILES:
         raise UnsupportedFeatureError(f"cannot generate: attention graph needs one qk and one pv per sub-tile "
-                                      f"(1 or 2 sub-tiles) for the {backend} backend")
+                                      f"(1 to {FLASH_MAX_SUBTILES} sub-tiles) for the {backend} backend")
     tc_ops = qks + pvs
     parts = _partitions(schedule, tc_ops, {n: _subtile(graph, n) for n in graph.op_names}, backend)
     compute = parts[:-1]
@@ -576,7 +604,7 @@ def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
     if any(p.num_warps != compute[0].num_warps for p in compute):
         raise _unsupported(backend, "compute warp groups of different sizes")
     compute = _flash_compute(schedule, compute, qks, pvs, backend)
-    turns = _turns(schedule, compute, tc_ops)
+    turns = _in_program_order(graph, _turns(schedule, compute, tc_ops), backend)
     compute = tuple(_with_turn_points(graph, p, turns, i) for i, p in enumerate(compute)) if turns else compute
     rings = []
     for load_role, name, readers in (("load_k", "k", qks), ("load_v", "v", pvs)):

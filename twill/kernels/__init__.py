@@ -37,7 +37,7 @@ KERNELS: dict[str, KernelEntry] = {e.name: e for e in (
                 "the paper's running example: S = gemm, P = exp, O += gemm (unit costs)"),
     KernelEntry("gemm", "twill.kernels.gemm", "tiled GEMM: TMA loads of A/B, wgmma/tcgen05, accumulator"),
     KernelEntry("flash-fwd", "twill.kernels.flash_fwd",
-                "flash attention forward (Triton-tutorial structure), --subtiles 1|2"),
+                "flash attention forward (Triton-tutorial structure), --subtiles 1|2|3"),
     KernelEntry("flash-bwd", "twill.kernels.flash_bwd",
                 "flash attention backward, single-pass FA3 algorithm (5 GEMMs, exp, dQ atomic add)"),
 )}

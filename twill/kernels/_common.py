@@ -175,5 +175,5 @@ def group_warps(m: Machine, rows: int) -> int:
 
 
 def suffix(subtiles: int, s: int) -> str:
-    """Name suffix of sub-tile ``s``: ``""`` without sub-tiling, else ``_a``, ``_b``."""
-    return "" if subtiles == 1 else "_" + "ab"[s]
+    """Name suffix of sub-tile ``s``: ``""`` without sub-tiling, else ``_a``, ``_b``, ``_c``."""
+    return "" if subtiles == 1 else "_" + "abc"[s]

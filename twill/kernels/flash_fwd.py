@@ -2,7 +2,7 @@
 
 One iteration processes one K/V block of ``block_n`` keys against the CTA's ``block_m`` queries. With
 ``subtiles=2`` the Q block is split into two halves ``_a``/``_b`` (``attrs["subtile"]`` 0/1) that share
-the K/V loads (paper §1.2: sub-tiling to tensor-core instruction size is what makes ping-pong and FA4's
+the K/V loads; ``subtiles=3`` (Hopper, FA3's BLOCK_M = 192 at head dim 64) into three, ``_a``/``_b``/``_c`` (paper §1.2: sub-tiling to tensor-core instruction size is what makes ping-pong and FA4's
 schedule expressible).
 
 Per sub-tile (roles):
@@ -23,8 +23,10 @@ Every edge out of an asynchronous tensor-core op, and every edge into an MMA fro
 write, is ``blocking`` (the consumer waits on wgmma.wait_group or an mbarrier).
 
 The graph attribute ``reg_limit`` is the per-thread register budget of register-holding warp groups that
-the solver uses when none is given (docs/model.md, "Registers"): 240 on Hopper (FA3's consumer warp
-groups), 160 on Blackwell (the uniform budget at which FA4's three 4-warp register groups fit the register
+the solver uses when none is given (docs/model.md, "Registers"): on Hopper the register file split over
+the compute warp groups beside a producer warp group at the ``setmaxnreg`` minimum, at most 240 (FA3's
+consumer warp groups): 240 with one or two sub-tiles, 160 with three ((65536/32 - 4*24) / 12 = 162 -> 160,
+FA3's budget at BLOCK_M = 192); 160 on Blackwell (the uniform budget at which FA4's three 4-warp register groups fit the register
 file: (65536/32 - 2*24) / 12 = 166 -> 160; FA4 itself gives 192 to softmax and 80 to correction).
 """
 
@@ -38,9 +40,11 @@ from twill.kernels import _common as k
 from twill.machine.models import Machine
 
 OPTIONS = {
-    "subtiles": KernelOption(int, 1, "split the Q block into this many sub-tiles sharing K/V", (1, 2)),
+    "subtiles": KernelOption(int, 1, "split the Q block into this many sub-tiles sharing K/V (3: Hopper only)",
+                             (1, 2, 3)),
     "head_dim": KernelOption(int, 128, "head dimension", (64, 128, 256)),
-    "block_m": KernelOption(int, 0, "query rows per CTA (0 = 128 on Hopper, 256 on Blackwell)", (0, 64, 128, 256)),
+    "block_m": KernelOption(int, 0, "query rows per CTA (0 = 64 per sub-tile, at least 128, on Hopper; 256 on "
+                                    "Blackwell)", (0, 64, 128, 192, 256)),
     "block_n": KernelOption(int, 128, "keys per iteration", (64, 128)),
     "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
     "causal": KernelOption(bool, False, "causal mask: each query attends to keys at or before its position "
@@ -49,17 +53,34 @@ OPTIONS = {
                                      "N divides the query heads, 1 = multi-query)"),
 }
 
-#: Per-thread register budget for register-holding warp groups, by accumulator location (see module doc).
-DEFAULT_REG_LIMIT = {"registers": 240, "tmem": 160}
+#: Per-thread register budget of Blackwell's register-holding warp groups (see module doc).
+TMEM_REG_LIMIT = 160
+#: Most registers per thread a Hopper compute warp group asks for (FA3's consumer warp groups).
+HOPPER_MAX_REGS = 240
+#: Sub-tiles on Blackwell (one or two 128-row tcgen05 tiles).
+TMEM_SUBTILES = (1, 2)
 
 #: Columns of O that FA4's correction warps load from TMEM at a time.
 CORRECTION_CHUNK = 32
 
 
-def default_block_m(machine: Machine) -> int:
-    """128 query rows on Hopper (two 64-row wgmma sub-tiles), 256 on Blackwell (two 128-row tcgen05). The
-    same CTA tile without sub-tiling is one coarse tile on 8 warps (two groups cooperating on every op)."""
-    return 256 if machine.mma_accumulates_in == "tmem" else 128
+def default_block_m(machine: Machine, subtiles: int = 1) -> int:
+    """Hopper: 64 query rows per sub-tile (one wgmma row block per 4-warp group), at least 128; Blackwell:
+    256 (two 128-row tcgen05). Without sub-tiling the CTA tile is one coarse tile on 8 warps (two groups
+    cooperating on every op)."""
+    return 256 if machine.mma_accumulates_in == "tmem" else 64 * max(2, subtiles)
+
+
+def default_reg_limit(machine: Machine, subtiles: int) -> int:
+    """The ``reg_limit`` graph attribute (see the module docstring). Hopper: the register file less a 4-warp
+    producer group at ``setmaxnreg_min`` (``setmaxnreg`` sets a whole warp group), split over the compute
+    warps (one 4-warp group per sub-tile, 8 warps without sub-tiling) and rounded down to a ``setmaxnreg``
+    step."""
+    if machine.mma_accumulates_in == "tmem":
+        return TMEM_REG_LIMIT
+    groups = max(2, subtiles)
+    per_thread = (machine.regs_per_sm // 32 - 4 * machine.setmaxnreg_min) // (4 * groups)
+    return min(HOPPER_MAX_REGS, per_thread // machine.setmaxnreg_step * machine.setmaxnreg_step)
 
 
 def build(machine: Machine, *, subtiles: int = 1, head_dim: int = 128, block_m: int = 0, block_n: int = 128,
@@ -70,13 +91,18 @@ def build(machine: Machine, *, subtiles: int = 1, head_dim: int = 128, block_m: 
     if kv_heads < 0:
         raise TwillError(f"kernel 'flash-fwd': kv_heads must be 0 (as many as the query heads) or positive, "
                          f"got {kv_heads}")
-    block_m = block_m or default_block_m(machine)
+    if machine.mma_accumulates_in == "tmem" and subtiles not in TMEM_SUBTILES:
+        raise TwillError(f"kernel 'flash-fwd': subtiles must be one of {list(TMEM_SUBTILES)} on {machine.name}, "
+                         f"got {subtiles}")
+    block_m = block_m or default_block_m(machine, subtiles)
+    if block_m % subtiles:
+        raise TwillError(f"kernel 'flash-fwd': block_m {block_m} does not split into {subtiles} sub-tiles")
     smem_resident = block_m * head_dim * 2          # the Q tile, loaded once before the loop
     tmem = machine.mma_accumulates_in == "tmem"
     b = GraphBuilder("flash-fwd", attrs={
         "kernel": "flash-fwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
         "head_dim": head_dim, "dtype": dtype, "subtiles": subtiles,
-        "reg_limit": DEFAULT_REG_LIMIT[machine.mma_accumulates_in], "smem_resident": smem_resident,
+        "reg_limit": default_reg_limit(machine, subtiles), "smem_resident": smem_resident,
         **({"causal": True} if causal else {}), **({"kv_heads": kv_heads} if kv_heads else {})})
     load_k = k.tma_load(b, machine, "load_k", "load_k", block_n, head_dim, dtype)
     load_v = k.tma_load(b, machine, "load_v", "load_v", block_n, head_dim, dtype)

@@ -18,7 +18,7 @@ prove a candidate infeasible.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from twill.errors import TwillError
@@ -35,12 +35,13 @@ CODEGEN_AXES = ("persistent",)
 #: Axes of a Triton target besides its constexprs.
 TRITON_AXES = ("num_warps", "num_stages")
 
-#: Default sweep per built-in kernel on Hopper (``reg_limit`` offsets are relative to the kernel's default
-#: budget; Blackwell drops ``warps`` and ``reg_limit``, see :func:`default_axes`).
+#: Default sweep per built-in kernel on Hopper (``reg_limit`` offsets are relative to each candidate's default
+#: budget, the graph's ``reg_limit``; Blackwell drops ``warps`` and ``reg_limit``, see :func:`default_axes`;
+#: options a machine does not offer, such as three attention sub-tiles on Blackwell, are rejected per candidate).
 DEFAULT_AXES: dict[str, dict[str, tuple[Any, ...]]] = {
     "gemm": {"block_m": (64, 128, 256), "block_n": (64, 128, 256), "block_k": (64, 128), "warps": (4, 8),
              "streaming_depth": (2, 3, 4, 5), "persistent": (False, True)},
-    "flash-fwd": {"subtiles": (1, 2), "block_n": (64, 128), "streaming_depth": (2, 3, 4),
+    "flash-fwd": {"subtiles": (1, 2, 3), "block_n": (64, 128), "streaming_depth": (2, 3, 4),
                   "reg_limit": (0, -40, -80)},
     "flash-bwd": {"streaming_depth": (2, 3)},
 }
@@ -86,17 +87,13 @@ class Space:
     rejected: tuple[tuple[Candidate, str], ...] = ()
 
 
-def default_axes(kernel: str, machine: Machine, graph_reg_limit: int | None) -> dict[str, tuple[Any, ...]]:
-    """The default sweep of a built-in kernel on ``machine``: :data:`DEFAULT_AXES`, with ``reg_limit`` offsets
-    added to the kernel's default budget. On Blackwell (accumulators in TMEM) the ``warps`` axis does not exist
-    and ``reg_limit`` is not swept: below the kernel's budget of 160 the joint search runs into its time limit
-    instead of finding or refuting a schedule; nor is ``persistent`` (a choice of the Hopper Gluon generator)."""
+def default_axes(kernel: str, machine: Machine) -> dict[str, tuple[Any, ...]]:
+    """The default sweep of a built-in kernel on ``machine``: :data:`DEFAULT_AXES`, ``reg_limit`` as offsets from
+    each candidate's default budget (:func:`kernel_space` adds them). On Blackwell (accumulators in TMEM) the
+    ``warps`` axis does not exist and ``reg_limit`` is not swept: below the kernel's budget of 160 the joint
+    search runs into its time limit instead of finding or refuting a schedule; nor is ``persistent`` (a choice
+    of the Hopper Gluon generator)."""
     axes = dict(DEFAULT_AXES.get(kernel, {"streaming_depth": (2, 3)}))
-    if "reg_limit" in axes:
-        if graph_reg_limit is None:
-            del axes["reg_limit"]
-        else:
-            axes["reg_limit"] = tuple(graph_reg_limit + d for d in axes["reg_limit"])
     if machine.mma_accumulates_in == "tmem":
         axes.pop("warps", None)
         axes.pop("reg_limit", None)
@@ -133,10 +130,29 @@ def staging_bytes(graph: LoopGraph) -> int:
     return int(graph.attrs["block_m"]) * int(graph.attrs["block_n"]) * 2 // max(EPILOGUE_SPLITS)
 
 
+#: Registers per thread a Hopper attention compute partition keeps besides its accumulators (indices,
+#: barrier phases, row statistics), as the generator's register model reserves.
+BOOKKEEPING_REGS = 24
+
+
+def accumulator_registers(graph: LoopGraph, machine: Machine) -> int:
+    """Registers per thread that an attention forward's compute partition needs at least on Hopper: its
+    64-row S tile (``block_n / 2`` fp32 per thread of a warp group; P replaces S as it is computed) and O
+    (``head_dim / 2``), plus :data:`BOOKKEEPING_REGS`; 0 for other kernels and for Blackwell (accumulators
+    in tensor memory). A lower budget cannot hold them without spilling, and the joint search spends its
+    time limit proving so."""
+    attrs = graph.attrs
+    if attrs.get("kernel") != "flash-fwd" or machine.mma_accumulates_in == "tmem":
+        return 0
+    return int(attrs["block_n"]) // 2 + int(attrs["head_dim"]) // 2 + BOOKKEEPING_REGS
+
+
 def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]]) -> Space:
-    """The space of built-in ``kernel``: :func:`default_axes` with ``axes`` overriding; candidates whose
-    shared memory surely exceeds ``machine.smem_per_block`` are rejected (a persistent GEMM counts its C
-    staging buffer too)."""
+    """The space of built-in ``kernel``: :func:`default_axes` with ``axes`` overriding (the default ``reg_limit``
+    offsets added to each candidate's own budget, the graph's ``reg_limit``: three attention sub-tiles have
+    less than two); candidates the kernel refuses on ``machine`` (three attention sub-tiles on Blackwell) or
+    whose shared memory surely exceeds ``machine.smem_per_block`` are rejected with the reason (a persistent
+    GEMM counts its C staging buffer too)."""
     from twill.kernels import build_kernel, kernel_options
 
     known = kernel_options(kernel)
@@ -147,18 +163,30 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
             raise TwillError(f"{name} is a choice of the Hopper Gluon generator; {machine.name} has none")
         if name not in known and name not in SOLVER_AXES and name not in CODEGEN_AXES:
             raise TwillError(f"kernel {kernel!r} has no option {name!r} (options: {', '.join(known) or 'none'})")
-    base = build_kernel(kernel, machine, **{k: v[0] for k, v in axes.items() if k in known})
-    merged = {k: tuple(v) for k, v in default_axes(kernel, machine, base.attrs.get("reg_limit")).items()
-              if k not in axes}
+    merged = {k: tuple(v) for k, v in default_axes(kernel, machine).items() if k not in axes}
+    offsets = "reg_limit" in merged
     merged.update({k: tuple(v) for k, v in axes.items()})
     kept: list[Candidate] = []
     rejected: list[tuple[Candidate, str]] = []
     for point in product(merged):
         cand = candidate_of(point)
-        graph = build_kernel(kernel, machine, **dict(cand.options))
+        try:
+            graph = build_kernel(kernel, machine, **dict(cand.options))
+        except TwillError as exc:
+            refused = (replace(cand, reg_limit=None) if offsets else cand, str(exc))
+            if refused not in rejected:
+                rejected.append(refused)
+            continue
+        if offsets:
+            budget = graph.attrs.get("reg_limit")
+            cand = replace(cand, reg_limit=None if budget is None else int(budget) + (cand.reg_limit or 0))
         depth = cand.streaming_depth or int(graph.attrs.get("streaming_depth", 2))
         need = smem_lower_bound(graph, depth) + (staging_bytes(graph) if cand.persistent else 0)
-        if need > machine.smem_per_block:
+        floor = accumulator_registers(graph, machine)
+        if cand.reg_limit is not None and cand.reg_limit < floor:
+            rejected.append((cand, f"a budget of {cand.reg_limit} registers is below the {floor} that the "
+                                   f"sub-tile's S and O accumulators and the kernel's bookkeeping hold"))
+        elif need > machine.smem_per_block:
             rejected.append((cand, f"needs at least {need // 1024} KB of shared memory, "
                                    f"over the {machine.smem_per_block // 1024} KB per block"))
         else:

@@ -6,7 +6,9 @@ once, then streams K and V tiles into their rings; ``compute_partition`` runs on
 constexpr; sub-tile 0 is the default partition) with S and O accumulators in registers and P kept in
 registers as the A operand of the second wgmma. When the schedule puts ``pv`` one stage after ``qk`` the
 steady state issues ``S(j+1)`` together with ``O += P(j) V(j)`` and runs the softmax of ``j+1`` while that
-PV runs; with two compute partitions each wgmma turn is guarded by a ``turn`` mbarrier (ping-pong).
+PV runs; with two or three compute partitions each wgmma turn is guarded by a ``turn`` mbarrier per
+partition: a partition waits on its own barrier and passes the tensor core on by arriving on the barrier of
+the next turn's partition (ping-pong with two, a round robin in the schedule's order with three).
 
 Causal kernels (``plan.causal``) stop each query block's loop at its diagonal, mask the scores of the
 diagonal iterations per sub-tile inside ``online_softmax`` and take query blocks heaviest first; grouped-query
@@ -133,18 +135,22 @@ def launch_source(plan: KernelPlan) -> str:
 
 class _Knobs:
     """Per-partition decisions of the compute partitions: ``SUB`` (the sub-tile), ``AHEAD`` (``stage(pv) -
-    stage(qk)``) and, with ping-pong, ``QK_TURN``/``PV_TURN`` (the turn waited for before the op, -1: none)
-    and ``QK_PASS``/``PV_PASS`` (1: pass the tensor core on after it). A knob with one value for every
-    partition is rendered as that value; the others (and ``SUB``) become constexpr parameters."""
+    stage(qk)``) and, with ping-pong, ``TURNS`` (turns per iteration), ``QK_TURN``/``PV_TURN`` (the turn waited for before the op, -1: none)
+    and ``QK_PASS``/``PV_PASS`` (K > 0: pass the tensor core to partition ``(SUB + K) % NUM_COMPUTE`` after
+    it; 0: none). A knob with one value for every partition is rendered as that value; the others (and
+    ``SUB``) become constexpr parameters."""
 
     def __init__(self, plan: KernelPlan):
         comp = plan.compute
         self.values: dict[str, tuple[int, ...]] = {"SUB": tuple(p.subtile for p in comp),
                                                    "AHEAD": tuple(p.qk_ahead for p in comp)}
         if plan.turns:
+            self.values["TURNS"] = plan.turn_counts
             for role in FLASH_PROGRAM_ORDER:
                 self.values[f"{role.upper()}_TURN"] = tuple(p.turn_waits.get(p.roles[role], -1) for p in comp)
-                self.values[f"{role.upper()}_PASS"] = tuple(int(p.roles[role] in p.turn_passes) for p in comp)
+                self.values[f"{role.upper()}_PASS"] = tuple(
+                    (p.turn_passes[p.roles[role]] - p.subtile) % len(comp) if p.roles[role] in p.turn_passes
+                    else 0 for p in comp)
         self.params = tuple(n for n, v in self.values.items() if n == "SUB" or len(set(v)) > 1)
 
     def value(self, name: str) -> str:
@@ -190,7 +196,7 @@ class _Compute:
         name = f"{role.upper()}_TURN"
         if counter is None or name not in self.knobs.values:
             return []
-        lines = [f"{ind}# turn: wait until the other compute partition issued its wgmma ({self.whys('turn', role)})",
+        lines = [f"{ind}# turn: wait until the previous turn's partition issued its wgmma ({self.whys('turn', role)})",
                  f"{ind}mbarrier.wait(turn_bars.index(SUB), ({counter} * TURNS{self._plus(name)}) & 1)"]
         return self.knobs.when(name, f"{name} >= 0", lambda k: k >= 0, lines)
 
@@ -204,8 +210,9 @@ class _Compute:
         name = f"{role.upper()}_PASS"
         if counter is None or name not in self.knobs.values:
             return []
-        lines = [f"{ind}mbarrier.arrive(turn_bars.index(1 - SUB))  # pass the tensor core on"]
-        return self.knobs.when(name, name, lambda k: k == 1, lines)
+        lines = [f"{ind}mbarrier.arrive(turn_bars.index((SUB + {self.knobs.value(name)}) % NUM_COMPUTE))  # pass the "
+                 f"tensor core on"]
+        return self.knobs.when(name, name, lambda k: k > 0, lines)
 
     def issue_qk(self, j: str, ind: str, counter: str) -> list[str]:
         return [
@@ -343,9 +350,9 @@ def flash_body(plan: KernelPlan) -> KernelBody:
     """The attention forward's part of the emitted module."""
     t, comp = plan.tile, plan.compute
     compute = _Compute(plan)
-    turns = "; ".join(f"compute{t.partition}: {'/'.join(t.ops)}" for t in plan.turns) or "none (one compute group)"
-    before = ["    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())",
-              "    for s in gl.static_range(2):",
+    turns = " -> ".join(f"compute{t.partition}: {'/'.join(t.ops)}" for t in plan.turns) or "none (one compute group)"
+    before = ["    turn_bars = gl.allocate_shared_memory(gl.int64, [NUM_COMPUTE, 1], mbarrier.MBarrierLayout())",
+              "    for s in gl.static_range(NUM_COMPUTE):",
               "        mbarrier.init(turn_bars.index(s), count=1)"]
     if plan.turns:
         first = plan.turns[0]
@@ -356,13 +363,13 @@ def flash_body(plan: KernelPlan) -> KernelBody:
     if plan.kv_heads:
         extra.append(("KV_HEADS", plan.kv_heads, "K/V heads (grouped-query: query head h reads K/V head "
                                                   "h // (H // KV_HEADS))"))
-    if plan.turns:
-        extra.append(("TURNS", plan.turns_per_iteration, "tensor-core turns per partition per iteration"))
+    if plan.turns and "TURNS" not in compute.knobs.params:
+        extra.append(("TURNS", plan.turn_counts[0], "tensor-core turns per partition per iteration"))
     return KernelBody(
         title="Warp-specialized attention forward for Hopper (sm_90), Gluon / Triton 3.6.",
         summary="Generated warp-specialized Gluon attention forward; see the header comment.",
         decisions=(f"decisions: stage(pv) - stage(qk) per compute partition {[p.qk_ahead for p in comp]} (1: S(j+1) "
-                   f"issued with PV(j), softmax overlaps PV); tensor-core turns (ping-pong): {turns}; "
+                   f"issued with PV(j), softmax overlaps PV); tensor-core turns in order (each passes to the next, the last to the first): {turns}; "
                    f"compute_partition constexprs {', '.join(compute.knobs.params)}",
                    "layouts: S, O in the wgmma accumulator layout; row max/sum in SliceLayout(1, S); P in registers "
                    "as the A operand (DotOperandLayout) of O += P V", *_mask_decisions(plan)),

@@ -257,6 +257,8 @@ def emit_flash(plan: KernelPlan) -> str:
         raise cannot_emit("compute partitions with different stage(pv) - stage(qk)",
                           "backend: every compute warpgroup runs one pipeline body")
     ahead = aheads.pop()
+    if len(comp) > 2:
+        raise cannot_emit(f"{len(comp)} compute partitions", "backend: turn hand-offs between two warpgroups")
     if plan.turns and any(p.num_warps != 4 for p in comp):
         raise cannot_emit("ping-pong between compute partitions of more than one warpgroup",
                           "turn barriers are per warpgroup")
