@@ -214,6 +214,12 @@ def _tilelang_table(result):
     return f"{table(result)}\n{ratios(result)}"
 
 
+def _persistent_table(result):
+    from benchmarks.persistent_gemm import table
+
+    return table(result)
+
+
 def _backward_table(result):
     from benchmarks.flash_bwd_check import table
 
@@ -225,7 +231,8 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("pallas-table", "pallas_bench_h200.json", _pallas_table),
                       ("pallas-same-tile", "pallas_bench_h200_same_tile.json", _pallas_table),
                       ("tilelang-table", "tilelang_bench_h200.json", _tilelang_table),
-                      ("flash-bwd-table", "flash_bwd_h200.json", _backward_table)]
+                      ("flash-bwd-table", "flash_bwd_h200.json", _backward_table),
+                      ("persistent-gemm-table", "persistent_gemm_h200.json", _persistent_table)]
 
 
 @pytest.mark.parametrize("marker,results,render", PERFORMANCE_TABLES, ids=[t[0] for t in PERFORMANCE_TABLES])
