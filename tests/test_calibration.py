@@ -296,6 +296,19 @@ def test_committed_calibration_measured_the_kernels_softmax_steps():
         assert steps[f"2x{n}x{d}"] > steps[f"1x{n}x{d}"]
 
 
+def test_readme_persistent_gemm_row_shows_the_committed_result():
+    """The README's persistent-GEMM row is benchmarks/results/persistent_gemm_h200.json's fp16 K = 1024 row."""
+    with open(os.path.join(RESULTS, "persistent_gemm_h200.json")) as fh:
+        rows = json.load(fh)["rows"]
+    r = next(r for r in rows if r["dtype"] == "fp16" and r["shape"] == [8192, 8192, 1024])
+    name = "gemm_128x256x64_lag1_d3_persistent"
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as fh:
+        readme = fh.read()
+    row = (f"| 8192×8192×1024 | {r['tflops'][name]:.0f} | cuBLAS {r['tflops']['cublas']:.0f} | "
+           f"{r['vs_cublas'][name]:.2f}× |")
+    assert row in readme, row
+
+
 def test_readme_backward_rows_show_the_committed_results():
     """The README's attention-backward rows are the committed measurement (benchmarks/results/flash_bwd_h200.json):
     TFLOP/s of the generated kernel and of cuDNN, and their ratio, at the S each row names."""
