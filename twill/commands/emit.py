@@ -12,7 +12,6 @@ TileLang module source.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 
 from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs,

@@ -135,7 +135,7 @@ def emit_gemm(plan: KernelPlan) -> str:
     wg_rows = t["block_m"] // knobs.compute_wgs
     items = [("BLOCK_M", t["block_m"], "output tile rows"), ("BLOCK_N", t["block_n"], "output tile columns"),
              ("BLOCK_K", t["block_k"], "K extent of one pipeline step"),
-             ("WG_ROWS", wg_rows, f"rows of the tile per compute warpgroup: BLOCK_M / COMPUTE_WGS"),
+             ("WG_ROWS", wg_rows, "rows of the tile per compute warpgroup: BLOCK_M / COMPUTE_WGS"),
              *knob_constants(plan, knobs),
              ("GROUP_M", GROUP_M, "tile order: output tiles grouped along M for L2 reuse"),
              ("EPI_TILE", EPI_TILE, "epilogue tile stored through shared memory (two buffers per warpgroup)")]
