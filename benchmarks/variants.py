@@ -14,7 +14,11 @@ Hand-built schedules are checked with :func:`twill.schedule.verify.verify` by th
 
 from __future__ import annotations
 
-from twill.ir.graph import LoopGraph
+from functools import lru_cache
+
+import numpy as np
+
+from twill.ir.graph import LoopGraph, Op
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule, WarpGroup
 
@@ -63,32 +67,66 @@ def list_modulo_schedule(graph: LoopGraph, machine: Machine, ii: int,
     cycle free (CONCURRENCY)."""
     caps = _units(graph, machine)
     step = max(1, ii // 256)          # probe start cycles on a coarse grid: hand-built, not optimal
-    usage: dict[tuple[str, int], int] = {}
+    usage: dict[str, np.ndarray] = {}  # unit or warp group -> how many are in use at each cycle modulo ii
     starts: dict[str, int] = {}
     for op in graph.ops:
         lo = (earliest or {}).get(op.name, 0)
         for e in graph.in_edges(op.name):
             if e.src in starts:
                 lo = max(lo, starts[e.src] + e.delay - e.distance * ii)
+        need = dict(_runs(op))
         warp = f"warp group {group_of[op.name]}" if group_of else None
-        t = lo
-        while any(usage.get((u, (t + c) % ii), 0) + n > caps.get(u, 0)
-                  for c, row in enumerate(op.rrt) for u, n in row) or (
-                warp and any(usage.get((warp, (t + c) % ii), 0) for c in range(max(1, op.busy)))):
-            t += step
-            if t > lo + ii:
-                return None
-        for c, row in enumerate(op.rrt):
-            for u, n in row:
-                usage[(u, (t + c) % ii)] = usage.get((u, (t + c) % ii), 0) + n
         if warp:
-            for c in range(op.busy):
-                usage[(warp, (t + c) % ii)] = 1
+            need[(warp, 0)] = ((0, max(1, op.busy)),)      # free (0 in use, capacity 0) from the start on
+        t = _first_free(usage, need, {**caps, **({warp: 0} if warp else {})}, lo, step, ii)
+        if t is None:
+            return None
+        for (u, n), spans in _runs(op).items():
+            for a, b in spans:
+                np.add.at(usage.setdefault(u, np.zeros(ii, dtype=np.int64)), (t + np.arange(a, b)) % ii, n)
+        if warp:
+            usage.setdefault(warp, np.zeros(ii, dtype=np.int64))[(t + np.arange(op.busy)) % ii] = 1
         starts[op.name] = t
     for e in graph.edges:
         if starts[e.dst] + e.distance * ii < starts[e.src] + e.delay:
             return None
     return starts
+
+
+@lru_cache(maxsize=None)
+def _runs(op: Op) -> dict[tuple[str, int], tuple[tuple[int, int], ...]]:
+    """The op's reservation table as runs: (unit, count) -> the spans ``[a, b)`` of cycles from its start in
+    which it holds ``count`` of the unit."""
+    runs: dict[tuple[str, int], list[list[int]]] = {}
+    for c, row in enumerate(op.rrt):
+        for u, n in row:
+            spans = runs.setdefault((u, n), [])
+            if spans and spans[-1][1] == c:
+                spans[-1][1] = c + 1
+            else:
+                spans.append([c, c + 1])
+    return {key: tuple((a, b) for a, b in spans) for key, spans in runs.items()}
+
+
+def _first_free(usage: dict[str, np.ndarray], need: dict[tuple[str, int], tuple[tuple[int, int], ...]],
+                caps: dict[str, int], lo: int, step: int, ii: int) -> int | None:
+    """The first start ``lo + k·step <= lo + ii`` at which every span of ``need`` fits beside ``usage``
+    within ``caps`` (a unit missing from ``caps`` has none), or None. A span clashes when a cycle of its
+    window (modulo ii) is already too full: a prefix count over the repeated cycles answers that for every
+    start at once."""
+    starts = lo + step * np.arange(ii // step + 1)
+    residues = starts % ii
+    clash = np.zeros(len(starts), dtype=bool)
+    for (u, n), spans in need.items():
+        full = usage.get(u, np.zeros(ii, dtype=np.int64)) + n > caps.get(u, 0)
+        if not full.any():
+            continue
+        repeats = -(-max(b for _, b in spans) // ii) + 1
+        before = np.concatenate(([0], np.cumsum(np.tile(full, repeats))))
+        for a, b in spans:
+            clash |= before[residues + b] > before[residues + a]
+    free = np.flatnonzero(~clash)
+    return int(starts[free[0]]) if len(free) else None
 
 
 def flash_schedule(graph: LoopGraph, machine: Machine, *, ahead: int = 1, depth: int = 2,

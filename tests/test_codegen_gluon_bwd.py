@@ -246,11 +246,13 @@ def test_emit_backward_for_blackwell_is_refused(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_ORTOOLS, reason="the joint solver needs ortools")
-def test_emit_backward_from_the_solver(tmp_path):
+def test_emit_backward_from_the_solver(tmp_path, capsys):
+    """In-process (``twill emit gluon`` runs as a real subprocess in test_emit_backward_for_blackwell_is_refused)."""
+    from twill.cli import main
+
     path = tmp_path / "bwd.py"
-    out = subprocess.run([sys.executable, "-m", "twill.cli", "emit", "gluon", "flash-bwd", "--arch", "h200",
-                          "--causal", "--kv-heads", "4", "-o", str(path)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    code = main(["emit", "gluon", "flash-bwd", "--arch", "h200", "--causal", "--kv-heads", "4", "-o", str(path)])
+    assert code == 0, capsys.readouterr().err
     module = load_emitted(str(path), "twill_test_bwd_cli")
     facts = aot.ptx_facts(aot.compile_sm90(module))
     assert module.KV_HEADS.value == 4 and "cpsat" in path.read_text().splitlines()[3]

@@ -34,8 +34,9 @@ def test_a_small_random_graph(seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ops, seed, limit", [(60, 1, 30), (160, 1, 60), (160, 2, 60)])
+@pytest.mark.parametrize("ops, seed, limit", [(60, 1, 30), (160, 1, 60)])
 def test_a_random_graph_up_to_160_ops_within_60_s(ops, seed, limit):
     """The search's phases leave the last resort its reserve (``LAST_RESORT_SHARE`` of the limit), so a
-    graph whose joint solves time out still gets a verified schedule within the limit (60 ops: 30 s)."""
+    graph whose joint solves time out still gets a verified schedule within the limit (60 ops: 30 s). Each
+    case runs for about its whole limit, so one seeded graph per size."""
     check(ops, seed, time_limit=limit)
