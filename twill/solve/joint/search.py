@@ -26,12 +26,17 @@ from twill.solve.options import LAST_RESORT_SHARE, PHASE_SHARES, SolveOptions
 #: Seconds each relaxed re-solve of the UNSAT explanation may take at most.
 EXPLAIN_TIME_LIMIT = 20.0
 
-#: The families the joint relaxation switches off (docs/model.md §5, "Relaxation"). What is left, the modulo
-#: schedule with MEMORY CAPACITY and CROSS-WARP SPILLS (whose delays and staging are constants for the values
-#: that the slot widths force across groups), is a small model; when it has no solution, neither has the
-#: joint problem.
-RELAXATION_DROPS = frozenset({Family.REGISTER_LIMIT, Family.REGISTER_FILE, Family.WARP_COUNT,
-                              Family.CONCURRENCY, Family.WARP_ISSUE})
+#: The joint relaxations (docs/model.md §5, "Relaxations"): the families each switches off, in the order the
+#: search solves them. Each keeps a subset of the joint problem's constraints, so when it has no solution,
+#: neither has the joint problem. The first leaves the modulo schedule with MEMORY CAPACITY and CROSS-WARP
+#: SPILLS (whose delays and staging are constants for the values that the slot widths force across groups), a
+#: small model; the second leaves everything but CONCURRENCY, the largest family (a reified residue
+#: difference per pair of ops that may share a slot), and still decides what the register families decide.
+RELAXATIONS = (
+    frozenset({Family.REGISTER_LIMIT, Family.REGISTER_FILE, Family.WARP_COUNT, Family.CONCURRENCY,
+               Family.WARP_ISSUE}),
+    frozenset({Family.CONCURRENCY}),
+)
 
 
 def remedy_for(blocked: list[str]) -> str:
@@ -288,11 +293,11 @@ def share(phase: str, deadline: float) -> float:
 
 
 def relaxation(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
-               length_min: int, deadline: float) -> Status:
-    """The joint problem at ``ii`` (copies from ``length_min``) with :data:`RELAXATION_DROPS` switched off,
-    solved for satisfiability within its share of the time: ``infeasible`` proves the joint problem
-    infeasible."""
-    problem = make_problem(graph, machine, options, units, ii=ii, length_min=length_min, relaxed=RELAXATION_DROPS)
+               length_min: int, drops: frozenset[Family], deadline: float) -> Status:
+    """The joint problem at ``ii`` (copies from ``length_min``) with ``drops`` (one of :data:`RELAXATIONS`)
+    switched off, solved for satisfiability within its share of the time: ``infeasible`` proves the joint
+    problem infeasible."""
+    problem = make_problem(graph, machine, options, units, ii=ii, length_min=length_min, relaxed=drops)
     model = open_model(problem, solver=options.solver, hoist=[], workers=options.workers, seed=options.seed,
                        report=options.report)
     try:
@@ -371,12 +376,12 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             continue                     # the last resort's reserve has begun: it starts at the next II
         # proved: the lower end of L that keeps the least n copies (LEN(M) itself when phase 1 minimised L)
         length_min = mod.length_bound if mod.status == Status.OPTIMAL else mod.length
-        if ii != search.modulo_ii and search.relaxing:
-            relaxed = relaxation(graph, machine, options, units, ii=ii, length_min=length_min, deadline=reserved)
-            search.relaxing = relaxed != Status.FEASIBLE
-            if relaxed == Status.INFEASIBLE:
+        if ii != search.modulo_ii:
+            proved = search.relax(lambda drops: relaxation(graph, machine, options, units, ii=ii,
+                                                           length_min=length_min, drops=drops, deadline=reserved))
+            if proved is not None:
                 tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
-                                    joint=Status.INFEASIBLE, by="relaxation")
+                                    joint=Status.INFEASIBLE, by="relaxation", relaxed=tuple(sorted(proved)))
                 options.report(f"II {options.ii_text(ii)}: joint infeasible (relaxation)")
                 continue
         model = new_model(graph, machine, options, units, ii=ii, length_min=length_min)
@@ -422,23 +427,34 @@ class Search:
         self.modulo_ii: int | None = None
         self.blocked: list[str] | None = None
         self.note = ""
-        #: Whether the next II solves the joint relaxation first: where the backend runs it, until it first
-        #: has a solution (at larger IIs it seldom stops having one, and every such solve is time spent for
-        #: nothing; a heuristic: it decides only what is tried, never what is proved).
-        self.relaxing = SEARCH_SETTINGS[options.solver].relaxation
+        #: The joint relaxations the next II solves first, in order: where the backend runs them, each until it
+        #: first has a solution (at larger IIs it seldom stops having one, and every such solve is time spent
+        #: for nothing; a heuristic: it decides only what is tried, never what is proved).
+        self.relaxations = list(RELAXATIONS) if SEARCH_SETTINGS[options.solver].relaxation else []
+
+    def relax(self, solve: Callable[[frozenset[Family]], Status]) -> frozenset[Family] | None:
+        """Solve the remaining relaxations at one II in order (``solve(drops)``) until one has no solution, and
+        return its drops (the joint problem at that II is then infeasible); a relaxation that has a solution is
+        not solved again. None when none proved infeasibility (or one ran out of time: it stays)."""
+        while self.relaxations:
+            answer = solve(self.relaxations[0])
+            if answer == Status.INFEASIBLE:
+                return self.relaxations[0]
+            if answer != Status.FEASIBLE:
+                return None
+            self.relaxations.pop(0)
+        return None
 
     def explain(self, model: JointModel) -> None:
         """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found. Where the
-        backend runs the joint relaxation, it is solved first: when it has no solution, neither has the problem
-        without any one or two of the families it drops, so those answers need no solve."""
+        backend runs the joint relaxations, they are solved first (:meth:`relax`): when one has no solution,
+        neither has the problem without any one or two of the families it drops, so those answers need no
+        solve."""
         deadline = time.perf_counter() + share("explain", self.deadline)
-        relaxed = Status.UNKNOWN
-        if self.relaxing:
-            relaxed = model.feasible_without(tuple(RELAXATION_DROPS), share("relaxation", deadline))
-            self.relaxing = relaxed != Status.FEASIBLE
+        proved = self.relax(lambda drops: model.feasible_without(tuple(drops), share("relaxation", deadline)))
 
         def oracle(families: tuple[Family, ...], seconds: float) -> Status:
-            if relaxed == Status.INFEASIBLE and set(families) <= RELAXATION_DROPS:
+            if proved is not None and set(families) <= proved:
                 return Status.INFEASIBLE
             return model.feasible_without(families, seconds)
 
