@@ -23,8 +23,8 @@ from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, Joint
 
 #: CP-SAT workers of a feasibility question (:meth:`CpsatJoint.feasible_without`: the joint relaxations and
 #: the UNSAT explanation). Only its status is used, a proof either way, and one worker proves it with about
-#: half the CPU time of two (Triton attn_fwd on B200, the concurrency-free relaxation at IIs 200-207: 3.9 s
-#: against 7.2 s, each II the same answer).
+#: half the CPU time of two (Triton attn_fwd on B200, the concurrency-free relaxation at IIs 180 and 199-215:
+#: 3.9 s against 7.2 s, each II the same answer).
 FEASIBILITY_WORKERS = 1
 
 
