@@ -89,16 +89,18 @@ def test_warp_issue_bound_counts_the_register_groups_the_register_file_admits():
 
 def test_joint_search_skips_iis_below_the_warp_issue_bound_after_the_modulo_ii():
     """B200 flash-fwd without sub-tiling: at budget 160 one 8-warp register group fits, so the II is at
-    least the busy sum of its register ops; the modulo-only II is still solved (and explained) first."""
+    least the busy sum of its register ops; the modulo-only II gets phase 1 and the UNSAT explanation but no
+    joint solve, and the explanation names what the search without the bound named."""
     result = solved_kernel("flash-fwd", "b200", {"subtiles": 1})
     tried = result.stats["tried"]
-    assert tried[0]["ii"] == result.stats["modulo_ii"] and "by" not in tried[0]
+    assert tried[0]["ii"] == result.stats["modulo_ii"] and tried[0]["modulo"] == "optimal"
     skipped = [row for row in tried if row.get("by") == "warp_issue_bound"]
-    assert skipped and all(row["joint"] == "infeasible" for row in skipped)
+    assert skipped[0] is tried[0] and all(row["joint"] == "infeasible" for row in skipped)
     bound = skipped[0]["bound"]
     assert bound["groups"] == 1 and bound["warps"] == 8
-    assert [row["ii"] for row in skipped] == list(range(tried[0]["ii"] + 1, bound["ii"]))
+    assert [row["ii"] for row in skipped] == list(range(tried[0]["ii"], bound["ii"]))
     assert bound["ii"] <= result.ii and result.status == "optimal"
+    assert result.stats["blocked_by"] == ["register_file+cross_warp_spills"]
 
 
 def test_dependence_closure_is_the_longest_path_at_the_ii():

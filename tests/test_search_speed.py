@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 from randgraphs import random_graph
 from solved import solved_kernel
+from test_bounds import with_register_free_op
 
 from twill.ir.validate import effective_units
 from twill.kernels import build_kernel
@@ -177,9 +178,12 @@ class StubModel:
 
 
 def explained(solver: str, first_relaxation_feasible: bool = False) -> tuple[Search, StubModel]:
+    """The explanation of :class:`StubModel` for the paper example (no warp-issue bound: every answer is
+    asked of the model)."""
     model = StubModel(first_relaxation_feasible)
-    search = Search(None, None, SolveOptions(solver=solver), started=time.perf_counter(),
-                    deadline=time.perf_counter() + 60, lower_bound=1)
+    machine = get_machine("h100")
+    search = Search(build_kernel("paper-example", machine), machine, SolveOptions(solver=solver),
+                    started=time.perf_counter(), deadline=time.perf_counter() + 60, lower_bound=1)
     search.explain(model)
     return search, model
 
@@ -204,3 +208,29 @@ def test_the_explanation_of_a_backend_without_the_relaxation_asks_about_every_fa
     search, model = explained("yices")
     assert model.asked == [frozenset({f}) for f in RELAXABLE]
     assert search.blocked == ["memory_capacity"] and not search.relaxations
+
+
+class IssueStub:
+    """A joint model at II 5 that has a solution exactly when WARP ISSUE is switched off; records what it is
+    asked."""
+
+    def __init__(self):
+        self.problem = SimpleNamespace(ii=5, copies=2, length_max=10)
+        self.asked: list[frozenset] = []
+
+    def feasible_without(self, families, seconds):
+        self.asked.append(frozenset(families))
+        return Status.FEASIBLE if "warp_issue" in families else Status.INFEASIBLE
+
+
+def test_the_explanation_answers_below_the_warp_issue_bound_of_the_relaxed_families_without_a_solve():
+    """The register-free graph of tests/test_bounds.py has warp-issue bound 6 at R = 240, also without WARP COUNT
+    (the register file still admits two register groups) and without any family the bound does not use; only
+    the problems without REGISTER FILE (bound 3) or WARP ISSUE (no bound) are asked of the model."""
+    machine = get_machine("b200")
+    search = Search(with_register_free_op(), machine, SolveOptions(solver="yices"),
+                    started=time.perf_counter(), deadline=time.perf_counter() + 60, lower_bound=1)
+    model = IssueStub()
+    search.explain(model)
+    assert model.asked == [frozenset({"register_file"}), frozenset({"warp_issue"})]
+    assert search.blocked == ["warp_issue"]

@@ -6,6 +6,7 @@ groups (docs/model.md §5-6). It speaks to the solver only through the :class:`J
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import replace
 from itertools import combinations
@@ -209,16 +210,28 @@ def _secondary(model: JointModel, first: JointOutcome, deadline: float,
     return solution, records
 
 
-def issue_bound(graph: LoopGraph, machine: Machine, options: SolveOptions) -> Any:
-    """:func:`twill.ir.bounds.warp_issue_bound` with the limits :func:`make_problem` uses. IIs below it
-    (after the modulo-only II, whose joint solve and UNSAT explanation still run) are recorded as proved
-    infeasible without a solve (docs/model.md §5)."""
+def issue_bound(graph: LoopGraph, machine: Machine, options: SolveOptions,
+                relaxed: frozenset[str] = frozenset()) -> Any:
+    """:func:`twill.ir.bounds.warp_issue_bound` with the limits :func:`make_problem` uses, for the joint problem
+    with the families ``relaxed`` switched off: without REGISTER FILE the register file, without WARP COUNT the
+    warp pool is unbounded, and without WARP ISSUE there is no bound (None). IIs below it are proved infeasible
+    without a joint solve (docs/model.md §5), and so are the UNSAT explanation's relaxed problems below the
+    bound of their own families."""
     from twill.ir.bounds import warp_issue_bound
 
+    if Family.WARP_ISSUE in relaxed:
+        return None
+    unbounded = sys.maxsize
     return warp_issue_bound(graph, reg_limit=reg_limit_for(graph, machine, options.reg_limit),
                             light_regs=legal_budget(machine, machine.setmaxnreg_min),
-                            regs_per_sm=machine.regs_per_sm,
-                            max_warps=options.max_warps or machine.max_warps_per_cta, slots=slot_count(graph))
+                            regs_per_sm=unbounded if Family.REGISTER_FILE in relaxed else machine.regs_per_sm,
+                            max_warps=unbounded if Family.WARP_COUNT in relaxed
+                            else options.max_warps or machine.max_warps_per_cta, slots=slot_count(graph))
+
+
+def bound_row(issue: Any) -> dict[str, int]:
+    """The ``bound`` of a ``tried`` row decided by the warp-issue bound ``issue``."""
+    return {"ii": issue.ii, "warps": issue.warps, "groups": issue.groups, "busy": issue.busy}
 
 
 def _by(options: SolveOptions) -> str:
@@ -354,9 +367,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         if deadline - time.perf_counter() <= 0:
             break
         if search.modulo_ii is not None and issue is not None and ii < issue.ii:
-            tried.append(Attempt(ii, joint=Status.INFEASIBLE, by="warp_issue_bound",
-                                 bound={"ii": issue.ii, "warps": issue.warps, "groups": issue.groups,
-                                        "busy": issue.busy}))
+            tried.append(Attempt(ii, joint=Status.INFEASIBLE, by="warp_issue_bound", bound=bound_row(issue)))
             continue
         if deadline - time.perf_counter() < LAST_RESORT_SHARE * options.time_limit:
             found = last_resort(graph, machine, options, units, first=ii, max_ii=max_ii, deadline=deadline)
@@ -376,6 +387,15 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             continue                     # the last resort's reserve has begun: it starts at the next II
         # proved: the lower end of L that keeps the least n copies (LEN(M) itself when phase 1 minimised L)
         length_min = mod.length_bound if mod.status == Status.OPTIMAL else mod.length
+        if ii == search.modulo_ii and issue is not None and ii < issue.ii and mod.status == Status.OPTIMAL:
+            # below the bound: infeasible without a solve; the UNSAT explanation is asked of the same model
+            tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
+                                joint=Status.INFEASIBLE, by="warp_issue_bound", bound=bound_row(issue))
+            options.report(f"II {options.ii_text(ii)}: joint infeasible (warp_issue_bound)")
+            model = new_model(graph, machine, options, units, ii=ii, length_min=length_min)
+            search.explain(model)
+            model.close()
+            continue
         if ii != search.modulo_ii:
             proved = search.relax(lambda drops: relaxation(graph, machine, options, units, ii=ii,
                                                            length_min=length_min, drops=drops, deadline=reserved))
@@ -446,17 +466,26 @@ class Search:
         return None
 
     def explain(self, model: JointModel) -> None:
-        """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found. Where the
-        backend runs the joint relaxations, they are solved first (:meth:`relax`): when one has no solution,
-        neither has the problem without any one or two of the families it drops, so those answers need no
-        solve."""
+        """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found. A relaxed
+        problem whose II lies below the warp-issue bound of its own families (:func:`issue_bound`) is infeasible
+        without a solve. Where the backend runs the joint relaxations, they are solved first (:meth:`relax`):
+        when one has no solution, neither has the problem without any one or two of the families it drops, so
+        those answers need no solve either."""
         deadline = time.perf_counter() + share("explain", self.deadline)
-        proved = self.relax(lambda drops: model.feasible_without(tuple(drops), share("relaxation", deadline)))
+        ii = model.problem.ii
+
+        def decide(families: tuple[Family, ...], seconds: float) -> Status:
+            bound = issue_bound(self.graph, self.machine, self.options, frozenset(families))
+            if bound is not None and ii < bound.ii:
+                return Status.INFEASIBLE
+            return model.feasible_without(families, seconds)
+
+        proved = self.relax(lambda drops: decide(tuple(drops), share("relaxation", deadline)))
 
         def oracle(families: tuple[Family, ...], seconds: float) -> Status:
             if proved is not None and set(families) <= proved:
                 return Status.INFEASIBLE
-            return model.feasible_without(families, seconds)
+            return decide(families, seconds)
 
         self.blocked, self.note = explain_with(model.problem, oracle, deadline)
         self.options.report(self.note)
