@@ -447,30 +447,31 @@ class Search:
         self.modulo_ii: int | None = None
         self.blocked: list[str] | None = None
         self.note = ""
-        #: The joint relaxations the next II solves first, in order: where the backend runs them, each until it
-        #: first has a solution (at larger IIs it seldom stops having one, and every such solve is time spent
+        #: The joint relaxations still to solve, the current one first: where the backend runs them, each until
+        #: it first has a solution (at larger IIs it seldom stops having one, and every such solve is time spent
         #: for nothing; a heuristic: it decides only what is tried, never what is proved).
         self.relaxations = list(RELAXATIONS) if SEARCH_SETTINGS[options.solver].relaxation else []
 
     def relax(self, solve: Callable[[frozenset[Family]], Status]) -> frozenset[Family] | None:
-        """Solve the remaining relaxations at one II in order (``solve(drops)``) until one has no solution, and
-        return its drops (the joint problem at that II is then infeasible); a relaxation that has a solution is
-        not solved again. None when none proved infeasibility (or one ran out of time: it stays)."""
-        while self.relaxations:
-            answer = solve(self.relaxations[0])
-            if answer == Status.INFEASIBLE:
-                return self.relaxations[0]
-            if answer != Status.FEASIBLE:
-                return None
+        """Solve the current relaxation at one II (``solve(drops)``): its drops when it has no solution (the
+        joint problem at that II is then infeasible), else None. One that has a solution hands over to the next
+        from the next II on (solving the next at once would cost the II where the first relaxation turns
+        feasible, often the answer, a second solve); one that runs out of time stays."""
+        if not self.relaxations:
+            return None
+        answer = solve(self.relaxations[0])
+        if answer == Status.INFEASIBLE:
+            return self.relaxations[0]
+        if answer == Status.FEASIBLE:
             self.relaxations.pop(0)
         return None
 
     def explain(self, model: JointModel) -> None:
         """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found. A relaxed
         problem whose II lies below the warp-issue bound of its own families (:func:`issue_bound`) is infeasible
-        without a solve. Where the backend runs the joint relaxations, they are solved first (:meth:`relax`):
-        when one has no solution, neither has the problem without any one or two of the families it drops, so
-        those answers need no solve either."""
+        without a solve. Where the backend runs the joint relaxations, the current one is solved first
+        (:meth:`relax`): when it has no solution, neither has the problem without any one or two of the families
+        it drops, so those answers need no solve either."""
         deadline = time.perf_counter() + share("explain", self.deadline)
         ii = model.problem.ii
 
