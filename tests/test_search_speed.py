@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 from randgraphs import random_graph
 from solved import solved_kernel
+from test_bounds import with_register_free_op
 
 from twill.ir.validate import effective_units
 from twill.kernels import build_kernel
@@ -23,7 +24,7 @@ from twill.machine import get_machine
 from twill.schedule.vocab import RELAXABLE, Status
 from twill.solve import SolveOptions, normalized, schedule
 from twill.solve.joint import backend
-from twill.solve.joint.search import RELAXATION_DROPS, Search
+from twill.solve.joint.search import RELAXATIONS, Search
 from twill.solve.modulo import solve_modulo
 
 #: (kernel, arch, kernel options) whose phase 1 is solved in about a second on the 2-core machine.
@@ -144,35 +145,92 @@ def test_the_relaxation_proves_the_b200_backward_iis_past_the_modulo_only_ii():
     assert result.stats["blocked_by"] == ["memory_capacity"] and result.status == "optimal"
 
 
-class StubModel:
-    """A joint model whose only blocking family is ``memory_capacity`` and whose relaxation is infeasible;
-    records the families each ``feasible_without`` call drops."""
+def test_the_concurrency_free_relaxation_proves_the_h100_forward_iis_past_the_modulo_only_ii():
+    """H100 flash-fwd without sub-tiling: the first relaxation has a solution at the modulo-only II, the second
+    (CONCURRENCY off) has none at any II up to the final one, which keeps its joint solve; the answer equals
+    the search's without relaxations (test_the_joint_search_answers_the_same_without_the_speed_ups)."""
+    result = solved_kernel("flash-fwd", "h100", {"subtiles": 1})
+    rows = result.stats["tried"]
+    modulo_ii = result.stats["modulo_ii"]
+    relaxed = [r for r in rows if r.get("by") == "relaxation"]
+    assert [r["ii"] for r in relaxed] == list(range(modulo_ii + 1, result.ii))
+    assert all(r["relaxed"] == sorted(RELAXATIONS[1]) and r["joint"] == "infeasible" for r in relaxed)
+    assert rows[-1]["ii"] == result.ii and rows[-1]["joint"] == "optimal" and result.status == "optimal"
 
-    def __init__(self):
+
+class StubModel:
+    """A joint model whose only blocking family is ``memory_capacity`` (and, with ``first_relaxation_feasible``,
+    also the families the first relaxation drops, together); records the families each ``feasible_without``
+    call drops."""
+
+    def __init__(self, first_relaxation_feasible: bool = False):
         self.problem = SimpleNamespace(ii=10, copies=2, length_max=20)
         self.asked: list[frozenset] = []
+        self.first_relaxation_feasible = first_relaxation_feasible
 
     def feasible_without(self, families, seconds):
         self.asked.append(frozenset(families))
-        return Status.FEASIBLE if "memory_capacity" in families else Status.INFEASIBLE
+        if "memory_capacity" in families:
+            return Status.FEASIBLE
+        if self.first_relaxation_feasible and frozenset(families) == RELAXATIONS[0]:
+            return Status.FEASIBLE
+        return Status.INFEASIBLE
 
 
-def explained(solver: str) -> tuple[Search, StubModel]:
-    model = StubModel()
-    search = Search(None, None, SolveOptions(solver=solver), started=time.perf_counter(),
-                    deadline=time.perf_counter() + 60, lower_bound=1)
+def explained(solver: str, first_relaxation_feasible: bool = False) -> tuple[Search, StubModel]:
+    """The explanation of :class:`StubModel` for the paper example (no warp-issue bound: every answer is
+    asked of the model)."""
+    model = StubModel(first_relaxation_feasible)
+    machine = get_machine("h100")
+    search = Search(build_kernel("paper-example", machine), machine, SolveOptions(solver=solver),
+                    started=time.perf_counter(), deadline=time.perf_counter() + 60, lower_bound=1)
     search.explain(model)
     return search, model
 
 
 def test_the_explanation_asks_only_about_families_the_infeasible_relaxation_keeps():
     search, model = explained("cpsat")
-    assert model.asked[0] == RELAXATION_DROPS
-    assert set(model.asked[1:]) == {frozenset({f}) for f in RELAXABLE if f not in RELAXATION_DROPS}
-    assert search.blocked == ["memory_capacity"] and search.relaxing
+    assert model.asked[0] == RELAXATIONS[0]
+    assert set(model.asked[1:]) == {frozenset({f}) for f in RELAXABLE if f not in RELAXATIONS[0]}
+    assert search.blocked == ["memory_capacity"] and search.relaxations == list(RELAXATIONS)
+
+
+def test_a_relaxation_with_a_solution_hands_over_to_the_next_one():
+    """The first relaxation has a solution at the modulo-only II: it is not solved again, the second one is
+    solved from the next II on, and every family is asked about."""
+    search, model = explained("cpsat", first_relaxation_feasible=True)
+    assert model.asked[0] == RELAXATIONS[0]
+    assert set(model.asked[1:]) == {frozenset({f}) for f in RELAXABLE}
+    assert search.blocked == ["memory_capacity"] and search.relaxations == list(RELAXATIONS[1:])
 
 
 def test_the_explanation_of_a_backend_without_the_relaxation_asks_about_every_family():
     search, model = explained("yices")
     assert model.asked == [frozenset({f}) for f in RELAXABLE]
-    assert search.blocked == ["memory_capacity"] and not search.relaxing
+    assert search.blocked == ["memory_capacity"] and not search.relaxations
+
+
+class IssueStub:
+    """A joint model at II 5 that has a solution exactly when WARP ISSUE is switched off; records what it is
+    asked."""
+
+    def __init__(self):
+        self.problem = SimpleNamespace(ii=5, copies=2, length_max=10)
+        self.asked: list[frozenset] = []
+
+    def feasible_without(self, families, seconds):
+        self.asked.append(frozenset(families))
+        return Status.FEASIBLE if "warp_issue" in families else Status.INFEASIBLE
+
+
+def test_the_explanation_answers_below_the_warp_issue_bound_of_the_relaxed_families_without_a_solve():
+    """The register-free graph of tests/test_bounds.py has warp-issue bound 6 at R = 240, also without WARP COUNT
+    (the register file still admits two register groups) and without any family the bound does not use; only
+    the problems without REGISTER FILE (bound 3) or WARP ISSUE (no bound) are asked of the model."""
+    machine = get_machine("b200")
+    search = Search(with_register_free_op(), machine, SolveOptions(solver="yices"),
+                    started=time.perf_counter(), deadline=time.perf_counter() + 60, lower_bound=1)
+    model = IssueStub()
+    search.explain(model)
+    assert model.asked == [frozenset({"register_file"}), frozenset({"warp_issue"})]
+    assert search.blocked == ["warp_issue"]

@@ -10,9 +10,9 @@ needed), shared by the solvers and the verifier.
 * ``dependence_closure(graph, ii)``: the longest-path weight ``W(u, v)`` of every dependence path, so
   ``t_v − t_u ≥ W(u, v)`` in every schedule at that II (used by the projections of docs/model.md §5).
 * ``warp_issue_bound``: a lower bound on the II of the *joint* problem (docs/model.md §5, "Warp-issue
-  bound") from REGISTER FILE, WARP COUNT, the slot count and WARP ISSUE: ops with registers of one width
-  can only spread over as many register-holding groups of that width as the register file admits, and each
-  group issues its ops one after another.
+  bound") from REGISTER FILE, WARP COUNT, the slot count and WARP ISSUE: the ops of one width can only
+  spread over as many groups of that width as the register file admits next to the other widths' groups
+  (ops with registers over register-holding groups only), and each group issues its ops one after another.
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ def length_lower_bound(graph: LoopGraph, ii: int) -> int:
 
 @dataclass(frozen=True)
 class IssueBound:
-    """``ii`` = ⌈busy / groups⌉: the ops with registers of width ``warps`` issue ``busy`` cycles per
-    iteration and fit on at most ``groups`` register-holding warp groups."""
+    """``ii`` = ⌈busy / groups⌉: the ops of width ``warps`` counted in ``busy`` issue that many cycles per
+    iteration and fit on at most ``groups`` warp groups (the binding term of :func:`warp_issue_bound`)."""
 
     ii: int
     warps: int
@@ -112,30 +112,67 @@ class IssueBound:
     busy: int
 
 
+def _reserved(graph: LoopGraph, width: int, *, reg_limit: int, light_regs: int) -> tuple[int, int, int]:
+    """(registers per thread summed over warps, warps, compute slots) that the slots of every width other
+    than ``width`` take at least: W_vl at ``light_regs`` when it holds no register value, and one slot for each
+    other width of a non-variable-latency op (WARP UNIQUENESS: ``w_g = warps(v)``), at ``R`` when an op of that
+    width holds registers (its slot is register-holding), else at ``light_regs``."""
+    latency = [op for op in graph.ops if op.variable_latency]
+    w0 = max((op.warps for op in latency), default=0) if all(op.regs == 0 for op in latency) else 0
+    regs, warps, slots = light_regs * w0, w0, 0
+    for other in sorted({op.warps for op in graph.ops if not op.variable_latency} - {width}):
+        heavy = any(op.regs > 0 for op in graph.ops if not op.variable_latency and op.warps == other)
+        regs, warps, slots = regs + (reg_limit if heavy else light_regs) * other, warps + other, slots + 1
+    return regs, warps, slots
+
+
+def _width_bound(graph: LoopGraph, width: int, *, reg_limit: int, light_regs: int, regs_per_sm: int,
+                 max_warps: int, slots: int) -> IssueBound | None:
+    """The least II over every way to give width ``width`` ``h`` register-holding and ``l`` light slots that
+    REGISTER FILE, WARP COUNT and the slot count admit next to :func:`_reserved`: the ops with registers
+    need ``I ≥ ⌈heavy / h⌉``, all ops of the width ``I ≥ ⌈total / (h + l)⌉``. None when no split fits or
+    the ops issue nothing."""
+    ops = [op for op in graph.ops if not op.variable_latency and op.warps == width]
+    heavy = sum(op.busy for op in ops if op.regs > 0)
+    total = sum(op.busy for op in ops)
+    regs, warps, used = _reserved(graph, width, reg_limit=reg_limit, light_regs=light_regs)
+    best: IssueBound | None = None
+    for h in range(1 if heavy else 0, slots):
+        for light in range(0, slots - h):
+            fits = (32 * (regs + width * (reg_limit * h + light_regs * light)) <= regs_per_sm
+                    and warps + width * (h + light) <= max_warps and used + h + light <= slots - 1)
+            if not fits or h + light == 0:
+                continue
+            terms = [IssueBound(-(-total // (h + light)), width, h + light, total)]
+            if heavy:
+                terms.append(IssueBound(-(-heavy // h), width, h, heavy))
+            bound = max(terms, key=lambda b: b.ii)
+            if best is None or bound.ii < best.ii:
+                best = bound
+    return best if total > 0 else None
+
+
 def warp_issue_bound(graph: LoopGraph, *, reg_limit: int, light_regs: int, regs_per_sm: int, max_warps: int,
                      slots: int) -> IssueBound | None:
     """The joint problem's II lower bound from its warp families (None when it gives nothing above 1).
 
-    A non-variable-latency op ``v`` with ``regs(v) > 0`` runs on a compute slot whose width is ``warps(v)``
-    and whose budget is ``R`` (it is register-holding). Let ``w₀`` be the width of W_vl when it holds no
-    register value (``light_regs`` each). REGISTER FILE (``Σ_g 32·w_g·budget_g ≤ regs_per_sm``), WARP COUNT
-    (``Σ_g w_g ≤ max_warps``) and the ``slots − 1`` compute slots allow at most
-    ``k_w = min(⌊(regs_per_sm/32 − light_regs·w₀) / (R·w)⌋, ⌊(max_warps − w₀) / w⌋, slots − 1)`` such
-    slots of width ``w``. WARP ISSUE makes the busy windows of one slot disjoint modulo I, so the slot's
-    busy sum is at most I, and the slot with the most work has at least ``1/k_w`` of it:
-    ``I ≥ ⌈Σ_{v: warps(v)=w, regs(v)>0} busy(v) / k_w⌉`` for every width ``w`` with ``k_w ≥ 1``.
-    Valid whenever REGISTER FILE, WARP COUNT and WARP ISSUE are all enforced (never for a relaxed problem).
+    Every non-variable-latency op ``v`` runs on a compute slot of width ``warps(v)`` (WARP UNIQUENESS); the
+    slot's budget is ``R`` when it holds an op with ``regs > 0`` (register-holding), else ``light_regs``. For
+    one width ``w``, let ``h`` and ``l`` be its numbers of register-holding and light slots. The other slots
+    take at least ``ρ`` registers, ``ω`` warps and ``σ`` compute slots (:func:`_reserved`: W_vl when it holds
+    no register value, and one slot of every other width present). REGISTER FILE, WARP COUNT and the
+    ``slots − 1`` compute slots then require ``32·(ρ + w·(R·h + light_regs·l)) ≤ regs_per_sm``,
+    ``ω + w·(h + l) ≤ max_warps`` and ``σ + h + l ≤ slots − 1``. WARP ISSUE makes the busy windows of one slot
+    disjoint modulo I, so a slot's busy sum is at most I: the ops of width ``w`` with registers need
+    ``I ≥ ⌈Σ busy / h⌉`` and all ops of width ``w`` (register-free ones such as a TMEM store may also sit on a
+    light slot) ``I ≥ ⌈Σ busy / (h + l)⌉``. The least II over every admitted ``(h, l)`` is a bound for ``w``,
+    and the largest over the widths is returned. Valid whenever REGISTER FILE, WARP COUNT and WARP ISSUE are
+    all enforced (never for a relaxed problem).
     """
-    latency = [op for op in graph.ops if op.variable_latency]
-    base = max((op.warps for op in latency), default=0) if all(op.regs == 0 for op in latency) else 0
     best: IssueBound | None = None
-    for width in sorted({op.warps for op in graph.ops if op.regs > 0 and not op.variable_latency}):
-        busy = sum(op.busy for op in graph.ops if op.regs > 0 and not op.variable_latency and op.warps == width)
-        groups = min((regs_per_sm // 32 - light_regs * base) // (reg_limit * width),
-                     (max_warps - base) // width, slots - 1)
-        if groups < 1 or busy <= 0:
-            continue
-        bound = IssueBound(-(-busy // groups), width, groups, busy)
-        if best is None or bound.ii > best.ii:
+    for width in sorted({op.warps for op in graph.ops if not op.variable_latency}):
+        bound = _width_bound(graph, width, reg_limit=reg_limit, light_regs=light_regs, regs_per_sm=regs_per_sm,
+                             max_warps=max_warps, slots=slots)
+        if bound is not None and (best is None or bound.ii > best.ii):
             best = bound
     return best if best is not None and best.ii > 1 else None

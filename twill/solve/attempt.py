@@ -22,6 +22,7 @@ class Attempt:
             infeasible), ``warp_issue_bound`` (no solve: below the bound), ``relaxation`` (the joint
             relaxation proved the joint problem infeasible), ``last_resort``.
         units: the units whose projections were solved (``by = projection``).
+        relaxed: the families the joint relaxation that decided the row switched off (``by = relaxation``).
         modulo_by: ``greedy`` when phase 1's schedule is the greedy one (CP-SAT ran out of time).
         length_min / copies: the joint problem's window ``L ∈ [length_min, copies·II]``: n = ⌈LEN(M)/II⌉ and
             LEN(M), or under CP-SAT a proved lower end of L that keeps n (docs/model.md §5, "Copies").
@@ -37,6 +38,7 @@ class Attempt:
     joint: Status | None = None
     by: str | None = None
     units: tuple[str, ...] | None = None
+    relaxed: tuple[str, ...] | None = None
     modulo_by: str | None = None
     length_min: int | None = None
     copies: int | None = None

@@ -6,6 +6,7 @@ groups (docs/model.md §5-6). It speaks to the solver only through the :class:`J
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import replace
 from itertools import combinations
@@ -26,12 +27,17 @@ from twill.solve.options import LAST_RESORT_SHARE, PHASE_SHARES, SolveOptions
 #: Seconds each relaxed re-solve of the UNSAT explanation may take at most.
 EXPLAIN_TIME_LIMIT = 20.0
 
-#: The families the joint relaxation switches off (docs/model.md §5, "Relaxation"). What is left, the modulo
-#: schedule with MEMORY CAPACITY and CROSS-WARP SPILLS (whose delays and staging are constants for the values
-#: that the slot widths force across groups), is a small model; when it has no solution, neither has the
-#: joint problem.
-RELAXATION_DROPS = frozenset({Family.REGISTER_LIMIT, Family.REGISTER_FILE, Family.WARP_COUNT,
-                              Family.CONCURRENCY, Family.WARP_ISSUE})
+#: The joint relaxations (docs/model.md §5, "Relaxations"): the families each switches off, in the order the
+#: search solves them. Each keeps a subset of the joint problem's constraints, so when it has no solution,
+#: neither has the joint problem. The first leaves the modulo schedule with MEMORY CAPACITY and CROSS-WARP
+#: SPILLS (whose delays and staging are constants for the values that the slot widths force across groups), a
+#: small model; the second leaves everything but CONCURRENCY, the largest family (a reified residue
+#: difference per pair of ops that may share a slot), and still decides what the register families decide.
+RELAXATIONS = (
+    frozenset({Family.REGISTER_LIMIT, Family.REGISTER_FILE, Family.WARP_COUNT, Family.CONCURRENCY,
+               Family.WARP_ISSUE}),
+    frozenset({Family.CONCURRENCY}),
+)
 
 
 def remedy_for(blocked: list[str]) -> str:
@@ -204,16 +210,28 @@ def _secondary(model: JointModel, first: JointOutcome, deadline: float,
     return solution, records
 
 
-def issue_bound(graph: LoopGraph, machine: Machine, options: SolveOptions) -> Any:
-    """:func:`twill.ir.bounds.warp_issue_bound` with the limits :func:`make_problem` uses. IIs below it
-    (after the modulo-only II, whose joint solve and UNSAT explanation still run) are recorded as proved
-    infeasible without a solve (docs/model.md §5)."""
+def issue_bound(graph: LoopGraph, machine: Machine, options: SolveOptions,
+                relaxed: frozenset[str] = frozenset()) -> Any:
+    """:func:`twill.ir.bounds.warp_issue_bound` with the limits :func:`make_problem` uses, for the joint problem
+    with the families ``relaxed`` switched off: without REGISTER FILE the register file, without WARP COUNT the
+    warp pool is unbounded, and without WARP ISSUE there is no bound (None). IIs below it are proved infeasible
+    without a joint solve (docs/model.md §5), and so are the UNSAT explanation's relaxed problems below the
+    bound of their own families."""
     from twill.ir.bounds import warp_issue_bound
 
+    if Family.WARP_ISSUE in relaxed:
+        return None
+    unbounded = sys.maxsize
     return warp_issue_bound(graph, reg_limit=reg_limit_for(graph, machine, options.reg_limit),
                             light_regs=legal_budget(machine, machine.setmaxnreg_min),
-                            regs_per_sm=machine.regs_per_sm,
-                            max_warps=options.max_warps or machine.max_warps_per_cta, slots=slot_count(graph))
+                            regs_per_sm=unbounded if Family.REGISTER_FILE in relaxed else machine.regs_per_sm,
+                            max_warps=unbounded if Family.WARP_COUNT in relaxed
+                            else options.max_warps or machine.max_warps_per_cta, slots=slot_count(graph))
+
+
+def bound_row(issue: Any) -> dict[str, int]:
+    """The ``bound`` of a ``tried`` row decided by the warp-issue bound ``issue``."""
+    return {"ii": issue.ii, "warps": issue.warps, "groups": issue.groups, "busy": issue.busy}
 
 
 def _by(options: SolveOptions) -> str:
@@ -288,11 +306,11 @@ def share(phase: str, deadline: float) -> float:
 
 
 def relaxation(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
-               length_min: int, deadline: float) -> Status:
-    """The joint problem at ``ii`` (copies from ``length_min``) with :data:`RELAXATION_DROPS` switched off,
-    solved for satisfiability within its share of the time: ``infeasible`` proves the joint problem
-    infeasible."""
-    problem = make_problem(graph, machine, options, units, ii=ii, length_min=length_min, relaxed=RELAXATION_DROPS)
+               length_min: int, drops: frozenset[Family], deadline: float) -> Status:
+    """The joint problem at ``ii`` (copies from ``length_min``) with ``drops`` (one of :data:`RELAXATIONS`)
+    switched off, solved for satisfiability within its share of the time: ``infeasible`` proves the joint
+    problem infeasible."""
+    problem = make_problem(graph, machine, options, units, ii=ii, length_min=length_min, relaxed=drops)
     model = open_model(problem, solver=options.solver, hoist=[], workers=options.workers, seed=options.seed,
                        report=options.report)
     try:
@@ -349,9 +367,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         if deadline - time.perf_counter() <= 0:
             break
         if search.modulo_ii is not None and issue is not None and ii < issue.ii:
-            tried.append(Attempt(ii, joint=Status.INFEASIBLE, by="warp_issue_bound",
-                                 bound={"ii": issue.ii, "warps": issue.warps, "groups": issue.groups,
-                                        "busy": issue.busy}))
+            tried.append(Attempt(ii, joint=Status.INFEASIBLE, by="warp_issue_bound", bound=bound_row(issue)))
             continue
         if deadline - time.perf_counter() < LAST_RESORT_SHARE * options.time_limit:
             found = last_resort(graph, machine, options, units, first=ii, max_ii=max_ii, deadline=deadline)
@@ -371,12 +387,21 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             continue                     # the last resort's reserve has begun: it starts at the next II
         # proved: the lower end of L that keeps the least n copies (LEN(M) itself when phase 1 minimised L)
         length_min = mod.length_bound if mod.status == Status.OPTIMAL else mod.length
-        if ii != search.modulo_ii and search.relaxing:
-            relaxed = relaxation(graph, machine, options, units, ii=ii, length_min=length_min, deadline=reserved)
-            search.relaxing = relaxed != Status.FEASIBLE
-            if relaxed == Status.INFEASIBLE:
+        if ii == search.modulo_ii and issue is not None and ii < issue.ii and mod.status == Status.OPTIMAL:
+            # below the bound: infeasible without a solve; the UNSAT explanation is asked of the same model
+            tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
+                                joint=Status.INFEASIBLE, by="warp_issue_bound", bound=bound_row(issue))
+            options.report(f"II {options.ii_text(ii)}: joint infeasible (warp_issue_bound)")
+            model = new_model(graph, machine, options, units, ii=ii, length_min=length_min)
+            search.explain(model)
+            model.close()
+            continue
+        if ii != search.modulo_ii:
+            proved = search.relax(lambda drops: relaxation(graph, machine, options, units, ii=ii,
+                                                           length_min=length_min, drops=drops, deadline=reserved))
+            if proved is not None:
                 tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
-                                    joint=Status.INFEASIBLE, by="relaxation")
+                                    joint=Status.INFEASIBLE, by="relaxation", relaxed=tuple(sorted(proved)))
                 options.report(f"II {options.ii_text(ii)}: joint infeasible (relaxation)")
                 continue
         model = new_model(graph, machine, options, units, ii=ii, length_min=length_min)
@@ -422,25 +447,46 @@ class Search:
         self.modulo_ii: int | None = None
         self.blocked: list[str] | None = None
         self.note = ""
-        #: Whether the next II solves the joint relaxation first: where the backend runs it, until it first
-        #: has a solution (at larger IIs it seldom stops having one, and every such solve is time spent for
-        #: nothing; a heuristic: it decides only what is tried, never what is proved).
-        self.relaxing = SEARCH_SETTINGS[options.solver].relaxation
+        #: The joint relaxations still to solve, the current one first: where the backend runs them, each until
+        #: it first has a solution (at larger IIs it seldom stops having one, and every such solve is time spent
+        #: for nothing; a heuristic: it decides only what is tried, never what is proved).
+        self.relaxations = list(RELAXATIONS) if SEARCH_SETTINGS[options.solver].relaxation else []
+
+    def relax(self, solve: Callable[[frozenset[Family]], Status]) -> frozenset[Family] | None:
+        """Solve the current relaxation at one II (``solve(drops)``): its drops when it has no solution (the
+        joint problem at that II is then infeasible), else None. One that has a solution hands over to the next
+        from the next II on (solving the next at once would cost the II where the first relaxation turns
+        feasible, often the answer, a second solve); one that runs out of time stays."""
+        if not self.relaxations:
+            return None
+        answer = solve(self.relaxations[0])
+        if answer == Status.INFEASIBLE:
+            return self.relaxations[0]
+        if answer == Status.FEASIBLE:
+            self.relaxations.pop(0)
+        return None
 
     def explain(self, model: JointModel) -> None:
-        """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found. Where the
-        backend runs the joint relaxation, it is solved first: when it has no solution, neither has the problem
-        without any one or two of the families it drops, so those answers need no solve."""
+        """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found. A relaxed
+        problem whose II lies below the warp-issue bound of its own families (:func:`issue_bound`) is infeasible
+        without a solve. Where the backend runs the joint relaxations, the current one is solved first
+        (:meth:`relax`): when it has no solution, neither has the problem without any one or two of the families
+        it drops, so those answers need no solve either."""
         deadline = time.perf_counter() + share("explain", self.deadline)
-        relaxed = Status.UNKNOWN
-        if self.relaxing:
-            relaxed = model.feasible_without(tuple(RELAXATION_DROPS), share("relaxation", deadline))
-            self.relaxing = relaxed != Status.FEASIBLE
+        ii = model.problem.ii
 
-        def oracle(families: tuple[Family, ...], seconds: float) -> Status:
-            if relaxed == Status.INFEASIBLE and set(families) <= RELAXATION_DROPS:
+        def decide(families: tuple[Family, ...], seconds: float) -> Status:
+            bound = issue_bound(self.graph, self.machine, self.options, frozenset(families))
+            if bound is not None and ii < bound.ii:
                 return Status.INFEASIBLE
             return model.feasible_without(families, seconds)
+
+        proved = self.relax(lambda drops: decide(tuple(drops), share("relaxation", deadline)))
+
+        def oracle(families: tuple[Family, ...], seconds: float) -> Status:
+            if proved is not None and set(families) <= proved:
+                return Status.INFEASIBLE
+            return decide(families, seconds)
 
         self.blocked, self.note = explain_with(model.problem, oracle, deadline)
         self.options.report(self.note)
