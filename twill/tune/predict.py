@@ -24,6 +24,9 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   warp groups (a Triton kernel) counts the graph's ``num_warps`` and no register limit. Co-resident CTAs share
   the SM's units and its L2 bandwidth, so a wave of ``c`` CTAs takes ``max(tile, c·n·max(ResMII,
   bandwidth bound))`` cycles: the busiest unit is busy ``ResMII`` raw cycles per iteration of every CTA.
+* **Tile ends** (calibrated machines only, :func:`tile_ends`): a tile's first loads arrive ``fill`` cycles
+  after it starts (the solver prices loads as free), and a GEMM tile's output is staged through shared memory
+  and stored with TMA before the CTA exits: ``tile = fill + (n − 1)·II_eff + L + staging + store``.
 * **Waves**: ``⌈tiles / (machine.sms · c)⌉`` (wave quantization over the SMs).
 * **Persistent GEMM** (``persistent``): ``min(tiles, machine.sms)`` CTAs, one per SM, each running
   ``w = ⌈tiles / grid⌉`` tiles back to back with one ring over (tile, k): the pipeline's prologue/epilogue
@@ -147,7 +150,8 @@ class Prediction:
         waves: ``⌈tiles / (sms · ctas_per_sm)⌉``.
         breakdown: the terms of the formula (module docstring): ``ii_raw``, ``ii_effective`` (with the
             streaming bounds ``latency_ii`` and ``bandwidth_ii`` and the attention chain bound ``chain_ii``
-            on a calibrated machine), ``length_raw``,
+            on a calibrated machine), the tile ends ``fill_cycles``, ``staging_cycles``, ``store_cycles``
+            (calibrated machine), ``length_raw``,
             ``tile_cycles``,
             ``overhead_cycles`` (``L − II``), ``ctas_per_sm``, ``wave_cycles``, ``clock_ghz``, ``launch_us``.
     """
@@ -266,8 +270,9 @@ def tile_ends(schedule: Schedule, machine: Machine) -> dict[str, float]:
     """Raw cycles a tile spends outside its modulo-scheduled loop, on a calibrated machine (``{}`` on a
     datasheet one, whose loads are free as in the solver's model):
 
-    * ``fill_cycles``: before its first iteration can start, the tile's first streaming tiles must land:
-      ``base + bytes / tma_l2_bytes_per_clk`` (as in :func:`stream_bound`);
+    * ``fill_cycles``: before its first iteration can start, the tile's first streaming tiles must arrive:
+      ``base``, the loaded latency of their first byte (as in :func:`stream_bound`; their transfer is one
+      of the loop's iterations under the bandwidth bound);
     * ``staging_cycles`` and ``store_cycles`` (GEMM): after the loop, the output tile goes from registers to
       shared memory (``bytes / smem_bytes_per_clk``) and out with a TMA store (``bytes /
       tma_l2_bytes_per_clk``), which the CTA waits for before it exits.
@@ -276,9 +281,9 @@ def tile_ends(schedule: Schedule, machine: Machine) -> dict[str, float]:
     and every store but its last (the next tile's loop runs while it drains); the staging it keeps."""
     cal = machine.calibration
     graph = schedule.graph
-    loads = [op for op in graph.ops if graph.is_streaming(op.name)]
     if cal is None:
         return {}
+    loads = [op for op in graph.ops if graph.is_streaming(op.name)]
     base = max(0.0, cal.tma_l2_latency_cycles - MICROBENCH_TILE_BYTES / cal.tma_l2_bytes_per_clk)
     ends = {"fill_cycles": base} if loads else {}
     attrs = graph.attrs
