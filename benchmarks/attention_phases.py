@@ -2,7 +2,8 @@
 with the SM cycle counter read between the phases of its main loop (a GPU experiment behind
 docs/performance.md's fidelity notes, not a test and not a kernel to use).
 
-The phases of one iteration of a compute partition (``twill emit gluon flash-fwd --subtiles 2`` modules):
+The phases of one iteration of a compute partition (``twill emit gluon flash-fwd`` modules whose compute
+partitions take tensor-core turns and issue S one stage ahead, as ``--subtiles 2`` does):
 
 * ``turn``: waiting for the next K tile and for the other partition to pass the tensor-core turn;
 * ``issue``: issuing S(j+1) = Q K(j+1)ᵀ, converting P(j) to the wgmma operand, waiting for V(j), issuing
@@ -48,8 +49,8 @@ def _phase_clock(anchor):
 @gluon.jit
 def online_softmax('''
 
-STORE = '''    _base = seq_len * gl.num_programs(1) + ((gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)) * 2
-                                            + SUB) * {slots}
+STORE = '''    _base = seq_len * gl.num_programs(1) + ((gl.program_id(1) * gl.num_programs(0) + gl.program_id(0))
+                                            * NUM_COMPUTE + SUB) * {slots}
 {stores}    gl.store(lse_ptr + _base + {n}, (n_tiles - 1).to(gl.float32))
     # epilogue: pv of the last iteration
 '''
@@ -62,7 +63,7 @@ INSERTS = [
     ("        jn = j + 1\n", "        _t0 = _phase_clock(j)\n"),
     ("        mbarrier.wait(turn_bars.index(SUB), (j * TURNS) & 1)\n",
      "        _t1 = _phase_clock(j)\n        _acc0 += _t1 - _t0\n"),
-    ("        mbarrier.arrive(turn_bars.index(1 - SUB))  # pass the tensor core on\n",
+    ("        mbarrier.arrive(turn_bars.index((SUB + 1) % NUM_COMPUTE))  # pass the tensor core on\n",
      "        _t2 = _phase_clock(j)\n        _acc1 += _t2 - _t1\n"),
     ("        s_cur, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])\n",
      "        _t3 = _phase_clock(j)\n        _acc2 += _t3 - _t2\n"),
@@ -71,10 +72,11 @@ INSERTS = [
 ]
 
 
-def _insert_after(text: str, anchor: str, new: str) -> str:
+def _insert_after(text: str, anchor: str, new: str, before: bool = False) -> str:
+    """``new`` after (or before) ``anchor``, which must occur exactly once."""
     if text.count(anchor) != 1:
         raise SystemExit(f"phases: {anchor.strip()[:60]!r} occurs {text.count(anchor)} times, expected once")
-    return text.replace(anchor, anchor + new)
+    return text.replace(anchor, new + anchor if before else anchor + new)
 
 
 def instrument(text: str) -> str:
@@ -82,18 +84,16 @@ def instrument(text: str) -> str:
     if text.count("@gluon.jit\ndef online_softmax(") != 1:
         raise SystemExit("phases: no online_softmax function to anchor the clock helper")
     text = text.replace("@gluon.jit\ndef online_softmax(", CLOCK_FN)
-    text = _insert_after(text, LOOP, "").replace(LOOP, INIT + LOOP)
+    text = _insert_after(text, LOOP, INIT, before=True)
     for anchor, new in INSERTS:
         text = _insert_after(text, anchor, new)
-    softmax_end = "                                            gl.SliceLayout(0, s_layout))\n        o, p_op"
-    if text.count(softmax_end) != 1:
-        raise SystemExit("phases: the end of the loop's softmax call was not found")
-    text = text.replace(softmax_end, softmax_end.replace(
-        "\n        o, p_op", "\n        _t4 = _phase_clock(j)\n        _acc3 += _t4 - _t3\n        o, p_op"))
     pv_line = "        o, p_op = warpgroup_mma_wait(0, deps=[o, p_op])"
-    end = text.index(pv_line) + len(pv_line)
-    end = text.index("\n", end) + 1
-    text = text[:end] + "        _t5 = _phase_clock(j)\n        _acc4 += _t5 - _t4\n" + text[end:]
+    if text.count(pv_line) != 1:
+        raise SystemExit("phases: the loop's wait for O += P V was not found")
+    start = text.index(pv_line)
+    end = text.index("\n", start) + 1
+    text = (text[:start] + "        _t4 = _phase_clock(j)\n        _acc3 += _t4 - _t3\n" + text[start:end]
+            + "        _t5 = _phase_clock(j)\n        _acc4 += _t5 - _t4\n" + text[end:])
     stores = "".join(f"    gl.store(lse_ptr + _base + {i}, _acc{i}.to(gl.float32))\n" for i in range(len(PHASES)))
     epilogue = "    # epilogue: pv of the last iteration\n"
     if text.count(epilogue) != 1:
@@ -142,7 +142,8 @@ def phases_of(path: str, probes: list[str], seq: int) -> dict[str, Any]:
         fns, stats = {}, {}
         for (name, tag), m in mods.items():
             grid, _ = _launcher(m, q, k, v, out, None)
-            stats[(name, tag)] = torch.zeros(B * H * seq + grid[0] * grid[1] * 2 * SLOTS, device="cuda")
+            stats[(name, tag)] = torch.zeros(B * H * seq + grid[0] * grid[1] * m.NUM_COMPUTE.value * SLOTS,
+                                             device="cuda")
             fns[f"{name}/{tag}"] = _launcher(m, q, k, v, out, stats[(name, tag)])[1]
         ms, spread, window = event_times(fns, 5, 5)
         for (name, tag), buf in stats.items():
@@ -165,7 +166,8 @@ def phases_of(path: str, probes: list[str], seq: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+", help="emitted flash-fwd modules with two compute partitions")
+    ap.add_argument("files", nargs="+", help="emitted flash-fwd modules with ping-pong compute partitions and S "
+                                             "issued one stage ahead")
     ap.add_argument("--probes", nargs="*", default=[], help="attention_probe.py variants to instrument too")
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))

@@ -77,3 +77,21 @@ def test_lines_quoted_in_the_docs_come_from_the_golden_files():
     assert len(quoted) >= 4
     missing = [line for line in quoted if line not in goldens]
     assert not missing, f"docs/codegen.md quotes lines no golden file has: {missing}"
+
+
+@pytest.mark.parametrize("name", ["fa_d128_sub2_ahead1_d2", "fa_d128_sub2_ahead1_d2_causal"])
+def test_attention_probes_still_apply_to_the_emitted_forward(name):
+    """benchmarks/attention_probe.py and attention_phases.py edit emitted modules by exact text; every forward
+    probe and the phase counters must still find their text in what the generator emits today (a probe that
+    stops matching exits with its name rather than timing an unchanged kernel)."""
+    from benchmarks.attention_phases import PHASES, instrument
+    from benchmarks.attention_probe import PROBES, apply
+
+    text = (GOLDEN / f"{name}.py.golden").read_text()
+    for probe, (kernel, _) in PROBES.items():
+        if kernel == "flash-fwd":
+            assert apply(text, probe) != text, probe
+    counted = instrument(text)
+    assert counted.count("_phase_clock(j)") == 7
+    assert all(f"_acc{i} += " in counted for i in range(len(PHASES)))
+    assert counted.count("gl.store(lse_ptr + _base + ") == len(PHASES) + 1
