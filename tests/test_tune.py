@@ -275,6 +275,10 @@ def test_attention_chain_bound_prices_each_groups_measured_softmax_step():
     assert chain_bound(schedule, machine) == {"chain_ii": pytest.approx(chain)}
     p = predict(schedule, Shape("attention", (1, 1, 128 * 10, 64)), machine)
     assert p.breakdown["chain_ii"] == pytest.approx(chain) and p.breakdown["ii_effective"] >= chain
+    # the partial first and last iterations run at the chain's pace: L scaled by chain / II
+    length = p.breakdown["length_raw"] * chain / p.breakdown["ii_raw"]
+    assert p.breakdown["tile_cycles"] == pytest.approx(
+        p.breakdown["fill_cycles"] + 9 * p.breakdown["ii_effective"] + length)
     # no bound without the measurement for this configuration, on a datasheet machine, or for a GEMM
     assert chain_bound(_ping_pong_attention(head_dim=128), machine) == {}
     assert chain_bound(schedule, H100) == {}

@@ -12,7 +12,8 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
 * **Per-group chains** (attention forward on a calibrated machine that measured the softmax step,
   :func:`chain_bound`): each compute warp group must wait for its S, run its online-softmax step at the speed
   measured with the other groups running theirs, and pass the tensor core on, every iteration; ``II_eff``
-  is at least the slowest group's chain.
+  is at least the slowest group's chain, and the partial first and last iterations run at its pace too:
+  ``L`` becomes ``L · chain_ii / II`` when the chain binds.
 * **Per tile**: a modulo-scheduled loop of ``n`` iterations starts iteration ``i`` at ``i·II_eff`` and each
   iteration takes ``L``, so the tile takes ``(n − 1)·II_eff + L`` cycles: ``n·II_eff`` in the steady state
   plus the prologue/epilogue overhead ``L − II`` (the ``stages − 1`` partially filled iterations at each end).
@@ -351,7 +352,9 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     ii_eff = max([ii_raw + turns, *memory.values(), *chain.values()])
     ends = tile_ends(schedule, machine)
     fill, staging, store = (ends.get(k, 0.0) for k in ("fill_cycles", "staging_cycles", "store_cycles"))
-    tile_cycles = fill + (iterations - 1) * ii_eff + length_raw + staging + store
+    # a chain-bound loop runs its partial first and last iterations at the chain's pace too
+    length_eff = length_raw * chain["chain_ii"] / ii_raw if chain and chain["chain_ii"] > ii_raw else length_raw
+    tile_cycles = fill + (iterations - 1) * ii_eff + length_eff + staging + store
     shared_ii = max(float(schedule.stats.get("res_mii", 0)) * scale, memory.get("bandwidth_ii", 0.0))
     if persistent:
         # one CTA per SM runs its tiles back to back: the pipeline fills and drains once per CTA, the ring
