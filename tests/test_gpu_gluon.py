@@ -83,6 +83,18 @@ def test_attention_matches_torch(tmp_path, subtiles, head_dim, ahead, B, H, S):
     assert _relerr(out, ref) < 2e-3
 
 
+def _attention_inputs(options, B, H, S):
+    """Fresh random q [B, H, S, D] and k, v with the options' K/V heads (fp16, or bf16), and the output and LSE
+    poisoned with NaN."""
+    dtype = torch.bfloat16 if options.get("dtype") == "bf16" else torch.float16
+    d, kv_heads = options["head_dim"], options.get("kv_heads", 0) or H
+    q = torch.randn(B, H, S, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(B, kv_heads, S, d, device="cuda", dtype=dtype) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((B, H, S), float("nan"), device="cuda", dtype=torch.float32)
+    return q, k, v, out, lse
+
+
 def _attention_reference(q, k, v, sm_scale, causal):
     """fp64 softmax(q k^T * sm_scale [causal]) v and the natural-log LSE of the scaled scores; k, v may have
     fewer heads (grouped-query: query head h reads K/V head h // (H // H_kv))."""
@@ -117,12 +129,8 @@ def test_attention_causal_gqa_lse_match_torch(tmp_path, options, ahead, sm_scale
     path = tmp_path / f"fa_{name}.py"
     path.write_text(emit_gluon(flash_schedule(graph, H100, ahead=ahead, depth=2)))
     mod = load_emitted(str(path), f"gpu_fa_{name}_{S}")
-    dtype = torch.bfloat16 if options.get("dtype") == "bf16" else torch.float16
-    d, kv_heads = options["head_dim"], options.get("kv_heads", 0) or H
-    q = torch.randn(B, H, S, d, device="cuda", dtype=dtype)
-    k, v = (torch.randn(B, kv_heads, S, d, device="cuda", dtype=dtype) for _ in range(2))
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((B, H, S), float("nan"), device="cuda", dtype=torch.float32)
+    q, k, v, out, lse = _attention_inputs(options, B, H, S)
+    dtype, d = q.dtype, options["head_dim"]
     scale = d ** -0.5 if sm_scale is None else sm_scale
     got, got_lse = mod.launch(q, k, v, sm_scale=sm_scale, out=out, lse=lse, return_lse=True)
     assert got is out and got_lse is lse
@@ -181,12 +189,8 @@ def test_three_subtile_attention_matches_torch(tmp_path, options, source, B, H, 
     path.write_text(emit_gluon(sched))
     mod = load_emitted(str(path), f"gpu_fa_sub3_{name}_{S}")
     assert mod.NUM_COMPUTE.value == 3 and mod.BLOCK_M.value == 192
-    dtype = torch.bfloat16 if options.get("dtype") == "bf16" else torch.float16
-    d, kv_heads = options["head_dim"], options.get("kv_heads", 0) or H
-    q = torch.randn(B, H, S, d, device="cuda", dtype=dtype)
-    k, v = (torch.randn(B, kv_heads, S, d, device="cuda", dtype=dtype) for _ in range(2))
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((B, H, S), float("nan"), device="cuda", dtype=torch.float32)
+    q, k, v, out, lse = _attention_inputs(options, B, H, S)
+    dtype, d = q.dtype, options["head_dim"]
     mod.launch(q, k, v, out=out, lse=lse)
     ref, ref_lse = _attention_reference(q, k, v, d ** -0.5, options.get("causal", False))
     assert _relerr(out, ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
