@@ -239,6 +239,12 @@ def _release_stage(schedule: Schedule, consumer: str) -> int:
     return min(later) if later else schedule.stage(consumer)
 
 
+def first_byte_latency(cal: Any) -> float:
+    """Loaded latency of a TMA tile's first byte from L2: the calibrated tile latency less the calibration
+    tile's own transfer at the L2 rate."""
+    return max(0.0, cal.tma_l2_latency_cycles - MICROBENCH_TILE_BYTES / cal.tma_l2_bytes_per_clk)
+
+
 def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     """Raw cycles per iteration below which the streaming loads cannot keep up, on a calibrated machine;
     ``{}`` on a datasheet one (whose loads are free, as in the solver's model):
@@ -258,7 +264,7 @@ def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
         return {}
     nbytes = sum(op.smem for op in loads)
     bandwidth_ii = nbytes / cal.tma_l2_bytes_per_clk
-    base = max(0.0, cal.tma_l2_latency_cycles - MICROBENCH_TILE_BYTES / cal.tma_l2_bytes_per_clk)
+    base = first_byte_latency(cal)
     lookahead = []
     for op in loads:
         consumers = [e.dst for e in graph.out_edges(op.name) if e.dst != op.name]
@@ -285,7 +291,7 @@ def tile_ends(schedule: Schedule, machine: Machine) -> dict[str, float]:
     if cal is None:
         return {}
     loads = [op for op in graph.ops if graph.is_streaming(op.name)]
-    base = max(0.0, cal.tma_l2_latency_cycles - MICROBENCH_TILE_BYTES / cal.tma_l2_bytes_per_clk)
+    base = first_byte_latency(cal)
     ends = {"fill_cycles": base} if loads else {}
     attrs = graph.attrs
     if "block_k" in attrs:

@@ -130,21 +130,17 @@ def staging_bytes(graph: LoopGraph) -> int:
     return int(graph.attrs["block_m"]) * int(graph.attrs["block_n"]) * 2 // max(EPILOGUE_SPLITS)
 
 
-#: Registers per thread a Hopper attention compute partition keeps besides its accumulators (indices,
-#: barrier phases, row statistics), as the generator's register model reserves.
-BOOKKEEPING_REGS = 24
-
-
 def accumulator_registers(graph: LoopGraph, machine: Machine) -> int:
     """Registers per thread that an attention forward's compute partition needs at least on Hopper: its
     64-row S tile (``block_n / 2`` fp32 per thread of a warp group; P replaces S as it is computed) and O
-    (``head_dim / 2``), plus :data:`BOOKKEEPING_REGS`; 0 for other kernels and for Blackwell (accumulators
+    (``head_dim / 2``), plus the bookkeeping registers every warp keeps (``machine.setmaxnreg_min``, as the
+    warp-specialization verifier reserves); 0 for other kernels and for Blackwell (accumulators
     in tensor memory). A lower budget cannot hold them without spilling, and the joint search spends its
     time limit proving so."""
     attrs = graph.attrs
     if attrs.get("kernel") != "flash-fwd" or machine.mma_accumulates_in == "tmem":
         return 0
-    return int(attrs["block_n"]) // 2 + int(attrs["head_dim"]) // 2 + BOOKKEEPING_REGS
+    return int(attrs["block_n"]) // 2 + int(attrs["head_dim"]) // 2 + machine.setmaxnreg_min
 
 
 def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]]) -> Space:
