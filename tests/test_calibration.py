@@ -12,7 +12,7 @@ from twill.cli import main
 from twill.errors import FormatError
 from twill.machine import costs
 from twill.machine.calibrate import fit, plan
-from twill.machine.calibration import Calibration, load_machine, machine_from_dict, machine_to_dict
+from twill.machine.calibration import load_machine, machine_from_dict, machine_to_dict, softmax_key
 from twill.machine.models import H100, H200
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
@@ -220,6 +220,12 @@ def _persistent_table(result):
     return table(result)
 
 
+def _tune_table(result):
+    from benchmarks.tune_bench import markdown_table
+
+    return markdown_table(result)
+
+
 def _backward_table(result):
     from benchmarks.flash_bwd_check import table
 
@@ -232,7 +238,8 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("pallas-same-tile", "pallas_bench_h200_same_tile.json", _pallas_table),
                       ("tilelang-table", "tilelang_bench_h200.json", _tilelang_table),
                       ("flash-bwd-table", "flash_bwd_h200.json", _backward_table),
-                      ("persistent-gemm-table", "persistent_gemm_h200.json", _persistent_table)]
+                      ("persistent-gemm-table", "persistent_gemm_h200.json", _persistent_table),
+                      ("tune-table", "tune_bench_h200.json", _tune_table)]
 
 
 @pytest.mark.parametrize("marker,results,render", PERFORMANCE_TABLES, ids=[t[0] for t in PERFORMANCE_TABLES])
@@ -287,13 +294,21 @@ def test_softmax_steps_are_optional_and_keyed_by_groups_keys_and_head_dim():
 
 
 def test_committed_calibration_measured_the_kernels_softmax_steps():
-    """The committed H200 model has a softmax step for every forward configuration the generator emits
-    (1-2 groups at D = 64/128 with 128-key tiles, D = 256 with 64-key tiles, 3 groups at D = 64), and the
-    step with the other groups contending is slower than alone (the effect the chain bound prices)."""
+    """The committed H200 model has a softmax step for every forward tile ``twill tune`` sweeps (the plan's
+    ``SOFTMAX_STEPS``: 1-3 groups with 64- and 128-key tiles at D = 64/128, D = 256 with 64-key tiles), and
+    the step with more groups contending is slower than with fewer (the effect the chain bound prices)."""
+    from twill.machine.calibrate import SOFTMAX_STEPS
+    from twill.tune.space import kernel_space
+
     steps = load_machine(os.path.join(RESULTS, "calibration_h200.machine.json")).calibration.softmax_step_cycles
-    assert set(steps) == {"1x128x64", "2x128x64", "3x128x64", "1x128x128", "2x128x128", "1x64x256", "2x64x256"}
-    for n, d in ((128, 64), (128, 128), (64, 256)):
-        assert steps[f"2x{n}x{d}"] > steps[f"1x{n}x{d}"]
+    assert set(steps) == {softmax_key(*s) for s in SOFTMAX_STEPS}
+    for head_dim in (64, 128, 256):
+        for c in kernel_space("flash-fwd", H200, {"head_dim": (head_dim,)}).candidates:
+            o = dict(c.options)
+            assert softmax_key(o["subtiles"], o["block_n"], head_dim) in steps, o
+    for g, n, d in SOFTMAX_STEPS:
+        if g > 1:
+            assert steps[softmax_key(g, n, d)] > steps[softmax_key(g - 1, n, d)]
 
 
 def test_readme_persistent_gemm_row_shows_the_committed_result():
@@ -307,6 +322,22 @@ def test_readme_persistent_gemm_row_shows_the_committed_result():
     row = (f"| 8192×8192×1024 | {r['tflops'][name]:.0f} | cuBLAS {r['tflops']['cublas']:.0f} | "
            f"{r['vs_cublas'][name]:.2f}× |")
     assert row in readme, row
+
+
+def test_readme_tuned_rows_show_the_committed_results():
+    """The README's tuned GEMM and attention rows are benchmarks/results/tune_bench_h200.json's: the tuned
+    kernel's TFLOP/s, the best reference's and their ratio, at the shape each row names."""
+    with open(os.path.join(RESULTS, "tune_bench_h200.json")) as fh:
+        results = {r["name"]: r for r in json.load(fh)["results"]}
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as fh:
+        readme = fh.read()
+    names = {"cublas": "cuBLAS", "cudnn": "cuDNN", "fa2": "PyTorch flash"}
+    for name, size in (("gemm_fp16_8192x8192x8192", "8192³"), ("gemm_fp16_4096x4096x4096", "4096³"),
+                       ("flash-fwd_fp16_4x32x16384x128", "S=16384"), ("flash-fwd_fp16_4x32x4096x128", "S=4096")):
+        r = results[name]
+        ref = names.get(r["best_reference"], "Pallas `attention_mgpu`")
+        row = f"| {size} | {r['tuned_tflops']:.0f} | {ref} {r['best_reference_tflops']:.0f} | {r['ratio']:.2f}× |"
+        assert row in readme, row
 
 
 def test_readme_backward_rows_show_the_committed_results():

@@ -279,10 +279,24 @@ def test_attention_chain_bound_prices_each_groups_measured_softmax_step():
     length = p.breakdown["length_raw"] * chain / p.breakdown["ii_raw"]
     assert p.breakdown["tile_cycles"] == pytest.approx(
         p.breakdown["fill_cycles"] + 9 * p.breakdown["ii_effective"] + length)
-    # no bound without the measurement for this configuration, on a datasheet machine, or for a GEMM
+    # no bound without a measurement for this many groups and head dimension, on a datasheet machine, or for
+    # a GEMM
     assert chain_bound(_ping_pong_attention(head_dim=128), machine) == {}
     assert chain_bound(schedule, H100) == {}
     assert chain_bound(_streaming_schedule(2), machine) == {}
+
+
+def test_unmeasured_softmax_tile_is_estimated_from_the_nearest_measured_key_count():
+    """A tile the machine file did not measure takes the step of the same groups and head dimension with the
+    nearest key count, in proportion to the keys; other groups or head dimensions do not stand in."""
+    from twill.tune.predict import softmax_step
+
+    steps = {"2x128x64": 1600.0, "2x64x128": 1000.0, "3x128x64": 2200.0}
+    assert softmax_step(steps, 2, 128, 64) == 1600.0
+    assert softmax_step(steps, 2, 64, 64) == pytest.approx(800.0)
+    assert softmax_step(steps, 2, 128, 128) == pytest.approx(2000.0)
+    assert softmax_step(steps, 3, 64, 64) == pytest.approx(1100.0)
+    assert softmax_step(steps, 1, 128, 64) is None and softmax_step(steps, 3, 128, 256) is None
 
 
 def test_prediction_without_normalization_uses_schedule_cycles():
@@ -679,6 +693,30 @@ def test_measure_triton_times_every_config_with_triton_and_the_top_k_with_twill(
     assert comp["autotune_choice"] == {"label": "BLOCK=32 num_warps=4 num_stages=3", "us": 20.0}
     assert comp["twill_tuned"] == {"label": "BLOCK=64 num_warps=4 num_stages=3", "us": 20.0}
     assert comp["ratio"] == 1.0 and comp["autotune"]["configurations"] == 4
+
+
+def test_measure_picks_the_best_of_each_tiling_first():
+    """``--measure K`` takes the best-ranked candidate of each tiling before a second ring depth or register
+    budget of one tiling (those often tie in the prediction), then the rest in rank order; unsolved results
+    are never picked."""
+    from twill.tune.predict import Prediction
+    from twill.tune.rank import Result, measure_picks
+    from twill.tune.space import Candidate
+
+    def result(us, depth, block_n, reg=160):
+        cand = Candidate(options=(("subtiles", 2), ("block_n", block_n)), streaming_depth=depth, reg_limit=reg)
+        if us is None:
+            return Result(cand, {"status": "spills"})
+        return Result(cand, {"status": "ok"}, schedule=None,
+                      prediction=Prediction(seconds=us, cycles=0.0, iterations=1, tiles=1, waves=1, breakdown={}))
+
+    ranked = [result(1.0, 2, 64), result(1.0, 3, 64), result(1.0, 4, 64, 200), result(1.1, 2, 128),
+              result(1.2, 3, 128), result(None, 2, 32)]
+    picks = measure_picks(ranked, 3)
+    assert [p.candidate.label() for p in picks] == [
+        "subtiles=2 block_n=64 streaming_depth=2 reg_limit=160", "subtiles=2 block_n=128 streaming_depth=2 reg_limit=160",
+        "subtiles=2 block_n=64 streaming_depth=3 reg_limit=160"]
+    assert len(measure_picks(ranked, 10)) == 5
 
 
 def _benchmark(name):

@@ -24,10 +24,11 @@ GROUPS = (1, 2, 3)
 #: CTAs that add into the same dQ rows at once in the attention backward: the key blocks of one head
 #: (S = 4096 over 128-key blocks).
 SHARED_DQ = 32
-#: Online-softmax steps measured: (4-warp groups running it at once, keys per tile, head dimension) - the
-#: attention forward's tiles (D = 256 runs 64-key tiles; three groups only at D = 64, where they fit).
-SOFTMAX_STEPS = ((1, 128, 64), (2, 128, 64), (3, 128, 64), (1, 128, 128), (2, 128, 128), (1, 64, 256),
-                 (2, 64, 256))
+#: Online-softmax steps measured: (4-warp groups running it at once, keys per tile, head dimension) - every
+#: attention forward tile that ``twill tune`` sweeps: one to three groups, 64- and 128-key tiles at D = 64 and
+#: 128; D = 256 runs 64-key tiles with one or two groups (three do not fit its registers).
+SOFTMAX_STEPS = tuple((g, n, d) for d in (64, 128) for n in (64, 128) for g in (1, 2, 3)) + ((1, 64, 256),
+                                                                                           (2, 64, 256))
 #: Size of the L2-resident tile set the L2 rates are fitted from: about one wave's shared operand tiles.
 L2_HOT_MB = 16
 
