@@ -179,7 +179,11 @@ def main() -> None:
     results = []
     with ClockSampler() as sampler:
         for path in args.files:
-            results.append(phases_of(path, args.probes, args.seq))
+            try:
+                results.append(phases_of(path, args.probes, args.seq))
+            except SystemExit as exc:  # a module the probes do not fit is reported, the others still run
+                print(f"{path}: skipped ({exc})", flush=True)
+                continue
             print(f"{path}: done", flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for r in results:

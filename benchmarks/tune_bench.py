@@ -1,8 +1,9 @@
 """Tuned generated kernels against the best references, in one run (issue: calibration and tuning).
 
 * ``generate`` (CPU): for every target shape, ``twill tune``'s sweep (library API, the calibrated H200 model)
-  ranks the candidate tiles, sub-tiles, ring depths and register budgets; the best ``--top`` solved
-  candidates with distinct kernels are emitted as Gluon kernels with their predictions into ``manifest.json``.
+  ranks the candidate tiles, sub-tiles, ring depths and register budgets; the ``--top`` solved
+  candidates that ``twill tune --measure`` would measure (the best-ranked of each tiling first), with distinct
+  kernels, are emitted as Gluon kernels with their predictions and ranks into ``manifest.json``.
 * ``run`` (GPU): every kernel is checked against fp32 torch (ragged shapes, NaN-poisoned outputs, fresh random
   data; :mod:`twill.codegen.gluon.check`); then, per shape, the candidates and every reference are timed in
   ``ROUNDS`` interleaved rounds with ``triton.testing.do_bench`` medians, device-side: cuBLAS for GEMM; cuDNN and
@@ -61,7 +62,7 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
     from twill.kernels import build_kernel
     from twill.machine.calibration import load_machine
     from twill.tune.predict import Shape
-    from twill.tune.rank import rank
+    from twill.tune.rank import measure_picks, rank
     from twill.tune.space import kernel_space
     from twill.tune.sweep import Job, run_sweep
 
@@ -78,8 +79,9 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
         jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(target["kernel"], machine, **dict(c.options))),
                     machine=machine, time_limit=60.0, check_spills=True) for c in space.candidates]
         results = rank(space.candidates, run_sweep(jobs, workers=workers), shape, machine)
+        ranks = {id(r): i + 1 for i, r in enumerate(r for r in results if r.prediction is not None)}
         kernels, sources = [], set()
-        for result in (r for r in results if r.prediction is not None):
+        for result in measure_picks(results, len(results)):  # what `twill tune --measure` would measure
             source = emit_gluon(result.schedule, persistent=bool(result.candidate.persistent))
             if source in sources:  # another candidate with the same schedule (e.g. an unused register budget)
                 continue
@@ -87,7 +89,7 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
             file = f"{_name(target)}_{len(kernels)}.py"
             with open(os.path.join(outdir, file), "w") as fh:
                 fh.write(source)
-            kernels.append({"file": file, "candidate": result.candidate.label(),
+            kernels.append({"file": file, "candidate": result.candidate.label(), "rank": ranks[id(result)],
                             "predicted_us": result.prediction.microseconds})
             if len(kernels) == top:
                 break
@@ -199,10 +201,43 @@ def run(kernel_dir: str, out: str) -> None:
     import torch
     import triton
 
-    from twill.codegen.gluon.check import torch_dtype
+    from twill.machine.microbench import ClockSampler
 
     manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
-    results = []
+    results: list[dict[str, Any]] = []
+    with ClockSampler() as sampler:  # its readings arrive when it stops
+        _run_entries(kernel_dir, manifest, results)
+    for row in results:
+        row["clock_mhz"] = _clock_summary(sampler.samples, *row.pop("window"))
+    doc = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": ROUNDS,
+           "machine_file": manifest["machine_file"], "top": manifest["top"], "results": results}
+    try:
+        import jax
+
+        doc["jax"] = jax.__version__
+    except Exception:
+        doc["jax"] = None
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "tune_bench.json"), "w") as fh:
+        json.dump(doc, fh, indent=1)
+
+
+def _clock_summary(samples: list[tuple[float, float]], start: float, end: float) -> dict[str, float] | None:
+    """Min, median and max SM clock (MHz, nvidia-smi) sampled while one shape's rounds ran."""
+    window = [mhz for when, mhz in samples if start <= when <= end]
+    if not window:
+        return None
+    return {"min": min(window), "median": statistics.median(window), "max": max(window), "samples": len(window)}
+
+
+def _run_entries(kernel_dir: str, manifest: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    """Check and time every shape of ``manifest`` into ``results`` (see :func:`run`)."""
+    import torch
+
+    from twill.codegen.gluon.check import torch_dtype
+
     for entry in manifest["entries"]:
         dtype = torch_dtype(entry["dtype"])
         row: dict[str, Any] = {k: entry[k] for k in ("name", "kernel", "dtype", "sizes", "flops")}
@@ -225,6 +260,7 @@ def run(kernel_dir: str, out: str) -> None:
             row["pallas_skipped"] = pallas.pop("skipped", []) + ([pallas.pop("error")] if "error" in pallas else [])
             calls.update(pallas)
         samples: dict[str, list[float]] = {n: [] for n in calls}
+        window = time.time()
         for _ in range(ROUNDS):
             for name, fn in calls.items():
                 try:
@@ -232,6 +268,7 @@ def run(kernel_dir: str, out: str) -> None:
                     samples[name].append(ms / JAX_CALLS if name.startswith("pallas_") else ms)
                 except Exception as exc:  # a failing call is recorded by its absence of samples
                     row.setdefault("errors", []).append(f"{name}: {type(exc).__name__}")
+        row["window"] = (window, time.time())
         med = {n: statistics.median(v) for n, v in samples.items() if v}
         spread = {n: (min(v), max(v)) for n, v in samples.items() if v}
         for info in row["kernels"] + [i for i in row["fixed"] if "file" in i]:
@@ -250,7 +287,7 @@ def run(kernel_dir: str, out: str) -> None:
             row.update(tuned=tuned["candidate"], tuned_tflops=tuned["tflops"], best_reference=best_ref,
                        best_reference_tflops=row["references"][best_ref]["tflops"],
                        ratio=row["references"][best_ref]["ms"] / tuned["ms"],
-                       predicted_rank_of_tuned=row["kernels"].index(tuned) + 1)
+                       predicted_rank_of_tuned=tuned.get("rank", row["kernels"].index(tuned) + 1))
         for info in row["fixed"]:
             if "ms" in info and "best_reference" in row:
                 info["ratio"] = row["references"][row["best_reference"]]["ms"] / info["ms"]
@@ -263,19 +300,6 @@ def run(kernel_dir: str, out: str) -> None:
               f"{row.get('ratio', float('nan')):.3f}x", flush=True)
         del args, calls
         torch.cuda.empty_cache()
-    doc = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": ROUNDS,
-           "machine_file": manifest["machine_file"], "top": manifest["top"], "results": results}
-    try:
-        import jax
-
-        doc["jax"] = jax.__version__
-    except Exception:
-        doc["jax"] = None
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "tune_bench.json"), "w") as fh:
-        json.dump(doc, fh, indent=1)
 
 
 def markdown_table(doc: dict[str, Any]) -> str:

@@ -106,18 +106,22 @@ def measure_one(result: Any, shape: Shape, workdir: str, index: int) -> dict[str
 
 
 def measure_candidates(results: Sequence[Any], shape: Shape, k: int) -> list[dict[str, Any]]:
-    """Measure the top ``k`` solved results (:class:`twill.tune.rank.Result`, ranked) on the GPU."""
+    """Measure ``k`` solved results (:class:`twill.tune.rank.Result`, ranked) on the GPU: the best-ranked of
+    each tiling first (:func:`twill.tune.rank.measure_picks`)."""
+    from twill.tune.rank import measure_picks
+
     require_gpu()
-    solved = [r for r in results if r.prediction is not None][:k]
+    ranks = {id(r): i + 1 for i, r in enumerate(r for r in results if r.prediction is not None)}
     with tempfile.TemporaryDirectory(prefix="twill-tune-measure-") as workdir:
-        return [measure_one(r, shape, workdir, i) for i, r in enumerate(solved)]
+        return [{"rank": ranks[id(r)], **measure_one(r, shape, workdir, i)}
+                for i, r in enumerate(measure_picks(results, k))]
 
 
 def format_measured(rows: Sequence[Mapping[str, Any]]) -> str:
     """Predicted vs measured, one line per measured candidate."""
     from twill.schedule.report import _table
 
-    table = [[i + 1, r["candidate"], r["predicted_us"], r.get("measured_us", "-"),
+    table = [[r.get("rank", i + 1), r["candidate"], r["predicted_us"], r.get("measured_us", "-"),
               r.get("measured_tflops", "-"), r["status"] if r["status"] == "ok" else f"{r['status']}: {r['reason']}"]
              for i, r in enumerate(rows)]
     return "\n".join(["predicted vs measured:"] +

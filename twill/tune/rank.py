@@ -82,6 +82,32 @@ def rank(candidates: Sequence[Candidate], records: Sequence[Mapping[str, Any]], 
     return solved + failed
 
 
+#: Settings that leave a candidate's tiling alone (ring depth, register budget): candidates differing only in
+#: these often get the same prediction, so :func:`measure_picks` spends measurements on other tilings first.
+TILING_NEUTRAL = ("streaming_depth", "reg_limit", "num_stages")
+
+
+def tiling(candidate: Candidate) -> tuple[tuple[str, Any], ...]:
+    """``candidate``'s settings without :data:`TILING_NEUTRAL` ones: its tiles, sub-tiles, warps, persistence."""
+    return tuple((k, v) for k, v in candidate.settings().items() if k not in TILING_NEUTRAL)
+
+
+def measure_picks(results: Sequence[Result], k: int) -> list[Result]:
+    """The ``k`` solved results to measure on the GPU, in rank order: the best-ranked of each tiling first,
+    then the rest. The prediction's error (±15% on the calibrated model, docs/performance.md) is larger than
+    what separates tilings near the top, and the ring depths and register budgets of one tiling often tie,
+    so measuring three depths of one tile would leave a faster tiling unmeasured."""
+    solved = [r for r in results if r.prediction is not None]
+    firsts: list[Result] = []
+    seen: set[tuple[tuple[str, Any], ...]] = set()
+    for r in solved:
+        if tiling(r.candidate) not in seen:
+            seen.add(tiling(r.candidate))
+            firsts.append(r)
+    rest = [r for r in solved if not any(r is f for f in firsts)]
+    return (firsts + rest)[:k]
+
+
 def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> str:
     """The ranking table: the ``top`` best solved candidates, then a count of the others by status."""
     rows = []
