@@ -168,10 +168,52 @@ def test_persistent_gemm_stages_c_in_halves_or_is_refused_when_shared_memory_is_
         emit_gluon(deep, persistent=True)
 
 
-def test_persistent_is_gemm_only():
-    graph = build_kernel("flash-fwd", H100, subtiles=2, head_dim=128)
-    with pytest.raises(UnsupportedFeatureError, match="persistent 'flash-fwd' kernel is not supported"):
-        emit_gluon(flash_schedule(graph, H100, ahead=1, depth=2), persistent=True)
+# -- persistent attention forward -------------------------------------------------------------------------
+PERSISTENT_FLASH_CASES = [  # (kernel options, ahead)
+    ({"subtiles": 2, "head_dim": 128, "causal": True}, 1),
+    ({"subtiles": 2, "head_dim": 128}, 0),
+    ({"subtiles": 2, "head_dim": 128, "kv_heads": 2, "dtype": "bf16"}, 1),
+    ({"subtiles": 1, "head_dim": 64}, 0),
+    ({"subtiles": 3, "head_dim": 64, "block_n": 64}, 1),
+    ({"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True}, 1),
+]
+
+
+@pytest.mark.parametrize("options,ahead", PERSISTENT_FLASH_CASES)
+def test_persistent_attention_compiles_with_the_schedules_rings_and_turns(tmp_path, options, ahead):
+    """The persistent attention forward keeps every decision of the plan (rings, turns, sub-tiles) and adds
+    no buffer: the same wgmmas and waits as the kernel with one CTA per query block, one more mbarrier (the
+    Q hand-back) and the ring and turn counters run on across the CTA's blocks."""
+    sched = flash_schedule(build_kernel("flash-fwd", H100, **options), H100, ahead=ahead, depth=2)
+    verify(sched, H100)
+    assert gluon_plan(sched, persistent=True) == replace(gluon_plan(sched), persistent=True)
+    name = "_".join(f"{k}{v}" for k, v in options.items()) + f"_a{ahead}"
+    plain, persistent = (tmp_path / f"fa_{name}.py", tmp_path / f"fa_p_{name}.py")
+    plain.write_text(emit_gluon(sched))
+    source = emit_gluon(sched, persistent=True)
+    persistent.write_text(source)
+    module = load_emitted(str(persistent), f"twill_test_fa_p_{name}")
+    _check_launcher_globals(module)
+    facts = aot.ptx_facts(aot.compile_sm90(module))
+    base = aot.ptx_facts(aot.compile_sm90(load_emitted(str(plain), f"twill_test_fa_{name}")))
+    assert (facts.wgmma, facts.wgmma_shapes, facts.wait_depths) == (base.wgmma, base.wgmma_shapes,
+                                                                    base.wait_depths)
+    assert facts.setmaxnreg == base.setmaxnreg and facts.tma_loads == base.tma_loads
+    assert base.shared < facts.shared <= base.shared + 64   # one more mbarrier, no buffer
+    assert "persistent: the launcher starts min(query blocks, SMs) CTAs" in source
+    assert "mbarrier.wait(q_empty, (t & 1) ^ 1)" in source and "mbarrier.arrive(q_empty)" in source
+    assert "first += n_tiles" in source and "(first + j) % V_DEPTH" in source
+    if sched.warps and len([g for g in sched.warps if g.role != "load"]) > 1:
+        assert "* TURNS" in source and ("(first - t + j)" in source or "(first + j) * TURNS" in source
+                                       or "first - t * AHEAD" in source)
+
+
+def test_persistent_is_gemm_and_attention_forward_only():
+    from benchmarks.variants import flash_bwd_schedule
+
+    sched = flash_bwd_schedule(build_kernel("flash-bwd", H100), H100)
+    with pytest.raises(UnsupportedFeatureError, match="persistent 'flash-bwd' kernel is not supported"):
+        emit_gluon(sched, persistent=True)
 
 
 def test_cli_emit_persistent(tmp_path, capsys):

@@ -714,7 +714,8 @@ def test_measure_picks_the_best_of_each_tiling_first():
               result(1.2, 3, 128), result(None, 2, 32)]
     picks = measure_picks(ranked, 3)
     assert [p.candidate.label() for p in picks] == [
-        "subtiles=2 block_n=64 streaming_depth=2 reg_limit=160", "subtiles=2 block_n=128 streaming_depth=2 reg_limit=160",
+        "subtiles=2 block_n=64 streaming_depth=2 reg_limit=160",
+        "subtiles=2 block_n=128 streaming_depth=2 reg_limit=160",
         "subtiles=2 block_n=64 streaming_depth=3 reg_limit=160"]
     assert len(measure_picks(ranked, 10)) == 5
 

@@ -38,7 +38,10 @@ Policy (documented in ``docs/codegen.md``):
   output tile's K loop either way; a persistent kernel launches at most one CTA per SM and walks its tiles
   in the same grouped order, with one ring running over (tile, k). The rings and the C staging buffer are
   then live together and must fit the machine's shared memory per block; when the whole tile does not, it
-  is staged in two column halves (``epilogue_split`` 2), and when that does not fit either, refused.
+  is staged in two column halves (``epilogue_split`` 2), and when that does not fit either, refused. The
+  attention forward's persistent kernel (Gluon) walks query blocks the same way: the loop is one query
+  block's key loop either way, the K/V rings run on across blocks and the Q buffer is handed back to the
+  producer once a block's last ``qk`` has completed, so no buffer is added.
 """
 
 from __future__ import annotations
@@ -223,8 +226,9 @@ class KernelPlan:
         dq_lag: attention backward: iterations between the producer's loads and its ``dq_atomic`` of the
             same iteration, ``stage(dq_atomic) - stage(load_q)`` (in iteration j it reduces iteration
             ``j - dq_lag``).
-        persistent: GEMM: one CTA per SM at most, each walking output tiles (a code-generator choice, not
-            read from the schedule; see docs/codegen.md, "Persistent GEMM").
+        persistent: one CTA per SM at most, each walking output tiles (GEMM) or query blocks (attention
+            forward, Gluon); a code-generator choice, not read from the schedule (docs/codegen.md,
+            "Persistent GEMM", "Persistent attention forward").
         epilogue_split: persistent GEMM: column slices the C tile is stored in through one staging buffer of
             ``block_n / epilogue_split`` columns (1, or 2 when rings + the whole tile overflow shared memory).
     """
@@ -582,8 +586,9 @@ def _flash_compute(schedule: Schedule, compute: tuple[Partition, ...], qks: list
     return tuple(out)
 
 
-def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
-    """Plan of the attention forward kernel; see the module docstring for each decision."""
+def flash_plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPlan:
+    """Plan of the attention forward kernel (``persistent``: one CTA per SM walking query blocks); see the
+    module docstring for each decision."""
     _check_schedule(schedule, backend)
     graph = schedule.graph
     _check_roles(graph, FLASH_ROLES, backend)
@@ -628,7 +633,7 @@ def flash_plan(schedule: Schedule, backend: str) -> KernelPlan:
     waits += _turn_waits(graph, turns)
     return _plan(schedule, "flash-fwd", backend, tile=tile, partitions=compute + (parts[-1],), rings=tuple(rings),
                  barriers=barriers, waits=tuple(waits), turns=turns, causal=bool(graph.attrs.get("causal", False)),
-                 kv_heads=kv_heads)
+                 kv_heads=kv_heads, persistent=persistent)
 
 
 def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> None:
@@ -733,10 +738,11 @@ def kernel_plan(schedule: Schedule, backend: str, persistent: bool = False) -> K
     roles = {str(graph.op(n).attrs.get("role", "")) for n in graph.op_names}
     if kind == "gemm" or kind != "flash-bwd" and roles <= set(GEMM_ROLES) and "mma" in roles:
         return gemm_plan(schedule, backend, persistent)
-    if persistent:
-        raise _unsupported(backend, f"a persistent {kind!r} kernel is", "persistent: gemm only")
+    forward = kind in ("flash-fwd", "flash_fwd") or kind != "flash-bwd" and "qk" in roles and "pv" in roles
+    if persistent and not forward:
+        raise _unsupported(backend, f"a persistent {kind!r} kernel is", "persistent: gemm, flash-fwd")
     if kind == "flash-bwd":
         return flash_bwd_plan(schedule, backend)
-    if kind in ("flash-fwd", "flash_fwd") or "qk" in roles and "pv" in roles:
-        return flash_plan(schedule, backend)
+    if forward:
+        return flash_plan(schedule, backend, persistent)
     raise _unsupported(backend, f"kernel {kind!r}", "gemm, flash-fwd, flash-bwd")

@@ -102,7 +102,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         g.add_argument("-o", "--output", required=True, metavar="FILE.py", help="output file ('-' for stdout)")
         if name == "gluon":
             g.add_argument("--persistent", action="store_true",
-                           help="GEMM: a persistent kernel (at most one CTA per SM, each walking output tiles; "
-                                "the next tile's loads overlap the previous tile's epilogue); same schedule")
+                           help="GEMM, attention forward: a persistent kernel (at most one CTA per SM, each "
+                                "walking output tiles or query blocks; the next tile's loads overlap the previous "
+                                "tile's epilogue); same schedule")
         g.set_defaults(func=_cmd_emit)
 

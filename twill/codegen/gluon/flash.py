@@ -27,12 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twill.codegen.gluon.render import KernelBody, compute_def
+from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def
 from twill.codegen.plan import FLASH_PROGRAM_ORDER, KernelPlan
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
 COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_ptr", "lse_ptr", "q_row", "q_start", "seq_len", "n_tiles",
                   "qk_scale")
+#: The same for the persistent kernel, which finds each query block's rows and trip count itself.
+PERSISTENT_COMPUTE_PARAMS = ("q_smem", "q_bar", "q_empty", "turn_bars", "o_ptr", "lse_ptr", "n_m", "cta_blocks",
+                             "seq_len", "qk_scale")
 
 SOFTMAX = """
 @gluon.jit
@@ -129,8 +132,16 @@ def launch_source(plan: KernelPlan) -> str:
     """The host launcher: shape and dtype checks, the optional LSE output, the K/V head grouping."""
     kv_check = kv_shape_source(plan, "D")
     kv, group_arg = ("KV_HEADS", ", H // KV_HEADS.value") if plan.kv_heads else ("H", "")
-    return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
-                         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, group_arg=group_arg)
+    source = LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
+                           torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, group_arg=group_arg)
+    if not plan.persistent:
+        return source
+    grid = "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)"
+    call = "S, sm_scale * LOG2E" + group_arg + ", num_warps"
+    assert grid in source and call in source
+    return source.replace(grid, "    blocks = triton.cdiv(S, BLOCK_M.value) * B * H\n"
+                                "    grid = (min(blocks, _sm_count(q.device.index)),)  # persistent: at most one CTA "
+                                "per SM").replace(call, "S, sm_scale * LOG2E, B * H" + group_arg + ", num_warps")
 
 
 class _Knobs:
@@ -174,6 +185,23 @@ class _Compute:
         self.plan = plan
         self.knobs = _Knobs(plan)
 
+    def ring(self, j: str) -> str:
+        """The ring iteration of the block's key tile ``j``: ``j``, or in a persistent kernel ``first + j``
+        (the rings run on across the CTA's query blocks)."""
+        if not self.plan.persistent:
+            return j
+        return "first" if j == "0" else f"(first + {j})"
+
+    def turn_count(self, counter: str) -> str:
+        """The steady-state iteration whose turns are taken: ``counter``, or in a persistent kernel the
+        count run on across the CTA's query blocks: block ``t`` of ``n_tiles`` key tiles has ``n_tiles − AHEAD``
+        steady-state iterations, so ``first − t·AHEAD`` came before it (no register kept for it)."""
+        if not self.plan.persistent:
+            return counter
+        ahead = self.knobs.value("AHEAD")
+        before = {"0": "first", "1": "first - t"}.get(ahead, "first - t * AHEAD")
+        return f"({before} + {counter})"
+
     def ops(self, role: str) -> str:
         """``qk_a | qk_b``: the op of ``role`` in each partition."""
         return " | ".join(p.roles[role] for p in self.plan.compute)
@@ -197,7 +225,8 @@ class _Compute:
         if counter is None or name not in self.knobs.values:
             return []
         lines = [f"{ind}# turn: wait until the previous turn's partition issued its wgmma ({self.whys('turn', role)})",
-                 f"{ind}mbarrier.wait(turn_bars.index(SUB), ({counter} * TURNS{self._plus(name)}) & 1)"]
+                 f"{ind}mbarrier.wait(turn_bars.index(SUB), ({self.turn_count(counter)} * TURNS"
+                 f"{self._plus(name)}) & 1)"]
         return self.knobs.when(name, f"{name} >= 0", lambda k: k >= 0, lines)
 
     def _plus(self, name: str) -> str:
@@ -215,12 +244,13 @@ class _Compute:
         return self.knobs.when(name, name, lambda k: k > 0, lines)
 
     def issue_qk(self, j: str, ind: str, counter: str) -> list[str]:
+        r = self.ring(j)
         return [
-            f"{ind}mbarrier.wait(k_ready.index({j} % K_DEPTH), ({j} // K_DEPTH) & 1)  # ready: K tile {j} "
+            f"{ind}mbarrier.wait(k_ready.index({r} % K_DEPTH), ({r} // K_DEPTH) & 1)  # ready: K tile {j} "
             f"({self.whys('ready', 'qk')})",
             *self.turn_before("qk", ind, counter),
             f"{ind}# {self.placed('qk')}",
-            f"{ind}s_tok = warpgroup_mma(q, k_ring.index({j} % K_DEPTH).permute((1, 0)), s_zero, use_acc=False,",
+            f"{ind}s_tok = warpgroup_mma(q, k_ring.index({r} % K_DEPTH).permute((1, 0)), s_zero, use_acc=False,",
             f"{ind}                      is_async=True)",
             *self.turn_after("qk", ind, counter),
         ]
@@ -241,29 +271,41 @@ class _Compute:
 
     def issue_pv(self, j: str, ind: str, counter: str | None) -> list[str]:
         """``counter`` None: outside the steady state, where tensor-core turns are not taken."""
+        r = self.ring(j)
         return [
             f"{ind}p_op = gl.convert_layout(p.to(DTYPE), p_layout)  # P stays in registers: wgmma A operand",
-            f"{ind}mbarrier.wait(v_ready.index({j} % V_DEPTH), ({j} // V_DEPTH) & 1)  # ready: V tile {j} "
+            f"{ind}mbarrier.wait(v_ready.index({r} % V_DEPTH), ({r} // V_DEPTH) & 1)  # ready: V tile {j} "
             f"({self.whys('ready', 'pv')})",
             *self.turn_before("pv", ind, counter),
             f"{ind}# {self.placed('pv')}",
-            f"{ind}o_tok = warpgroup_mma(p_op, v_ring.index({j} % V_DEPTH), o, is_async=True)",
+            f"{ind}o_tok = warpgroup_mma(p_op, v_ring.index({r} % V_DEPTH), o, is_async=True)",
             *self.turn_after("pv", ind, counter),
         ]
 
-    def body_ahead(self, ind: str) -> list[str]:
-        """``qk`` one stage ahead of ``pv``: S(j+1) issued with O += P(j) V(j), loop rotated."""
+    def body_ahead(self, ind: str, q_done: list[str]) -> list[str]:
+        """``qk`` one stage ahead of ``pv``: S(j+1) issued with O += P(j) V(j), loop rotated. ``q_done``: lines
+        after the last ``qk`` has completed (the persistent kernel hands Q back there)."""
         i2 = ind + "    "
         rescale = "o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale"
+        if self.plan.persistent:
+            k0 = [f"{ind}mbarrier.wait(k_ready.index(first % K_DEPTH), (first // K_DEPTH) & 1)  # ready: K tile 0",
+                  f"{ind}s_tok = warpgroup_mma(q, k_ring.index(first % K_DEPTH).permute((1, 0)), s_zero, "
+                  f"use_acc=False,",
+                  f"{ind}                      is_async=True)",
+                  f"{ind}s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
+                  f"{ind}mbarrier.arrive(k_empty.index(first % K_DEPTH))  # empty: K tile 0 consumed"]
+        else:
+            k0 = [f"{ind}mbarrier.wait(k_ready.index(0), 0)  # ready: K tile 0",
+                  f"{ind}s_tok = warpgroup_mma(q, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False, "
+                  f"is_async=True)",
+                  f"{ind}s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
+                  f"{ind}mbarrier.arrive(k_empty.index(0))  # empty: K tile 0 consumed"]
         return [
             f"{ind}# qk runs one stage ahead of pv. The loop is rotated so that no wgmma is in flight across the",
             f"{ind}# back-edge (ptxas would serialize every wgmma otherwise, C7514): body j issues S(j+1) and",
             f"{ind}# O += P(j) V(j), runs the softmax of j+1 while O += P V runs, then retires it and rescales O.",
             f"{ind}# prologue: qk and softmax of iteration 0",
-            f"{ind}mbarrier.wait(k_ready.index(0), 0)  # ready: K tile 0",
-            f"{ind}s_tok = warpgroup_mma(q, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)",
-            f"{ind}s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
-            f"{ind}mbarrier.arrive(k_empty.index(0))  # empty: K tile 0 consumed",
+            *k0,
             *self.softmax("0", "0", ind),
             f"{ind}for j in range(0, n_tiles - 1):",
             f"{i2}jn = j + 1",
@@ -272,20 +314,21 @@ class _Compute:
             f"{i2}# S(j+1) complete (wgmma groups retire in order; {self.whys('wgmma', 'qk')});",
             f"{i2}# O += P(j) V(j) still in flight",
             f"{i2}s_cur, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])",
-            f"{i2}mbarrier.arrive(k_empty.index(jn % K_DEPTH))  # empty: K tile j+1 consumed",
+            f"{i2}mbarrier.arrive(k_empty.index({self.ring('jn')} % K_DEPTH))  # empty: K tile j+1 consumed",
             *self.softmax("jn", "jn * BLOCK_N", i2),
             f"{i2}o, p_op = warpgroup_mma_wait(0, deps=[o, p_op])  # O += P(j) V(j) complete "
             f"({self.whys('wgmma', 'pv')})",
-            f"{i2}mbarrier.arrive(v_empty.index(j % V_DEPTH))  # empty: V tile j consumed",
+            f"{i2}mbarrier.arrive(v_empty.index({self.ring('j')} % V_DEPTH))  # empty: V tile j consumed",
             f"{i2}{rescale}",
+            *(ind + line for line in q_done),
             f"{ind}# epilogue: pv of the last iteration",
             f"{ind}j = n_tiles - 1",
             *self.issue_pv("j", ind, None),
             f"{ind}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])",
-            f"{ind}mbarrier.arrive(v_empty.index(j % V_DEPTH))  # empty: V tile consumed",
+            f"{ind}mbarrier.arrive(v_empty.index({self.ring('j')} % V_DEPTH))  # empty: V tile consumed",
         ]
 
-    def body_serial(self, ind: str) -> list[str]:
+    def body_serial(self, ind: str, q_done: list[str]) -> list[str]:
         """``qk``, softmax and ``pv`` of one iteration in one stage: no overlap inside the partition."""
         i2 = ind + "    "
         return [
@@ -293,27 +336,59 @@ class _Compute:
             f"{ind}for j in range(0, n_tiles):",
             *self.issue_qk("j", i2, "j"),
             f"{i2}s_cur = warpgroup_mma_wait(0, deps=[s_tok])  # {self.whys('wgmma', 'qk')}",
-            f"{i2}mbarrier.arrive(k_empty.index(j % K_DEPTH))  # empty: K tile j consumed",
+            f"{i2}mbarrier.arrive(k_empty.index({self.ring('j')} % K_DEPTH))  # empty: K tile j consumed",
             *self.softmax("j", "j * BLOCK_N", i2),
             f"{i2}o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale",
             *self.issue_pv("j", i2, "j"),
             f"{i2}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])  # {self.whys('wgmma', 'pv')}",
-            f"{i2}mbarrier.arrive(v_empty.index(j % V_DEPTH))  # empty: V tile j consumed",
+            f"{i2}mbarrier.arrive(v_empty.index({self.ring('j')} % V_DEPTH))  # empty: V tile j consumed",
+            *(ind + line for line in q_done),
         ]
 
-    def body(self) -> list[str]:
-        """The main loop: one form when every partition has the same ``AHEAD``, else both under a static if."""
+    def body(self, ind: str = "    ", q_done: tuple[str, ...] = ()) -> list[str]:
+        """The main loop at ``ind``: one form when every partition has the same ``AHEAD``, else both under a
+        static if. ``q_done``: lines for the point where the block's last ``qk`` has completed."""
+        done = list(q_done)
         if "AHEAD" not in self.knobs.params:
-            return self.body_ahead("    ") if self.knobs.values["AHEAD"][0] else self.body_serial("    ")
-        return ["    if AHEAD:", *self.body_ahead(" " * 8), "    else:", *self.body_serial(" " * 8)]
+            return (self.body_ahead(ind, done) if self.knobs.values["AHEAD"][0] else self.body_serial(ind, done))
+        i2 = ind + "    "
+        return [f"{ind}if AHEAD:", *self.body_ahead(i2, done), f"{ind}else:", *self.body_serial(i2, done)]
+
+    def store(self, ind: str) -> list[str]:
+        """Normalise O and store it (and the LSE) for the sub-tile's rows below seq_len."""
+        return [
+            f"{ind}# normalise and store (rows past seq_len masked)",
+            f"{ind}o = o / gl.convert_layout(l_i, row_o)[:, None]",
+            f"{ind}rows = gl.arange(0, SUB_M, row_o)",
+            f"{ind}cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))",
+            f"{ind}row0 = q_row + SUB * SUB_M",
+            f"{ind}ptrs = o_ptr + (row0 + rows).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]",
+            f"{ind}gl.store(ptrs, o.to(DTYPE), mask=(q_start + SUB * SUB_M + rows < seq_len)[:, None])",
+            f"{ind}if lse_ptr is not None:  # log-sum-exp for the backward: ln(sum exp(s*scale)) = (m + log2 l) ln 2",
+            f"{ind}    rows_s = gl.arange(0, SUB_M, gl.SliceLayout(1, s_layout))",
+            f"{ind}    lse = (m_i + gl.log2(l_i)) * LN2",
+            f"{ind}    lse_mask = q_start + SUB * SUB_M + rows_s < seq_len",
+            f"{ind}    gl.store(lse_ptr + (row0 + rows_s).to(gl.int64), lse, mask=lse_mask)",
+        ]
+
+    def accumulators(self, ind: str) -> list[str]:
+        """The row statistics and the O accumulator, zeroed (once per query block)."""
+        return [f"{ind}m_i = gl.full([SUB_M], float(\"-inf\"), gl.float32, gl.SliceLayout(1, s_layout))",
+                f"{ind}l_i = gl.full([SUB_M], 0.0, gl.float32, gl.SliceLayout(1, s_layout))",
+                f"{ind}o = gl.zeros([SUB_M, HEAD_DIM], gl.float32, o_layout)"]
 
     def render(self) -> str:
         plan = self.plan
         comp = plan.compute
         groups = ", ".join(f"{p.subtile}: warp group {p.group}" for p in comp)
-        head = compute_def(plan, COMPUTE_PARAMS, self.knobs.params,
-                           f"Sub-tile SUB ({groups}; {comp[0].num_warps} warps each): online softmax over the "
-                           f"K/V tiles.")
+        if plan.persistent:
+            params = PERSISTENT_COMPUTE_PARAMS + (("group",) if plan.kv_heads else ())
+            doc = (f"Sub-tile SUB ({groups}; {comp[0].num_warps} warps each): for each query block of this CTA, "
+                   f"online softmax over its K/V tiles, then its O (and LSE) rows.")
+        else:
+            params, doc = COMPUTE_PARAMS, (f"Sub-tile SUB ({groups}; {comp[0].num_warps} warps each): online "
+                                           f"softmax over the K/V tiles.")
+        head = compute_def(plan, params, self.knobs.params, doc)
         lines = head + [
             "    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
             "                                                       instr_shape=[16, BLOCK_N, 16])",
@@ -321,27 +396,33 @@ class _Compute:
             "                                                       instr_shape=[16, HEAD_DIM, 16])",
             "    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)",
             "    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)",
-            "    m_i = gl.full([SUB_M], float(\"-inf\"), gl.float32, gl.SliceLayout(1, s_layout))",
-            "    l_i = gl.full([SUB_M], 0.0, gl.float32, gl.SliceLayout(1, s_layout))",
-            "    o = gl.zeros([SUB_M, HEAD_DIM], gl.float32, o_layout)",
+        ]
+        diagonal = "q_first = q_start + SUB * SUB_M  # position of the sub-tile's first query (its diagonal)"
+        if not plan.persistent:
+            lines += [
+                *self.accumulators("    "),
+                "    s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)",
+                "    q = q_smem.index(SUB)",
+                *(["    " + diagonal] if plan.causal else []),
+                "    mbarrier.wait(q_bar, 0)  # Q sub-tile loaded by load_partition",
+                *self.body(),
+                *self.store("    "),
+            ]
+            return softmax_source(plan).strip("\n") + "\n\n" + "\n".join(lines) + "\n"
+        lines += [
             "    s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)",
             "    q = q_smem.index(SUB)",
-            *(["    q_first = q_start + SUB * SUB_M  # position of the sub-tile's first query (its diagonal)"]
-              if plan.causal else []),
-            "    mbarrier.wait(q_bar, 0)  # Q sub-tile loaded by load_partition",
-            *self.body(),
-            "    # normalise and store (rows past seq_len masked)",
-            "    o = o / gl.convert_layout(l_i, row_o)[:, None]",
-            "    rows = gl.arange(0, SUB_M, row_o)",
-            "    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))",
-            "    row0 = q_row + SUB * SUB_M",
-            "    ptrs = o_ptr + (row0 + rows).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]",
-            "    gl.store(ptrs, o.to(DTYPE), mask=(q_start + SUB * SUB_M + rows < seq_len)[:, None])",
-            "    if lse_ptr is not None:  # log-sum-exp for the backward: ln(sum exp(s*scale)) = (m + log2 l) ln 2",
-            "        rows_s = gl.arange(0, SUB_M, gl.SliceLayout(1, s_layout))",
-            "        lse = (m_i + gl.log2(l_i)) * LN2",
-            "        lse_mask = q_start + SUB * SUB_M + rows_s < seq_len",
-            "        gl.store(lse_ptr + (row0 + rows_s).to(gl.int64), lse, mask=lse_mask)",
+            "    first = 0  # ring iteration of the block's first K/V tile: the rings and turns run on across blocks",
+            "    for t in range(cta_blocks):",
+            f"        q_start, q_row, kv_row, n_tiles = block_coords(gl.program_id(0) + t * gl.num_programs(0), "
+            f"n_m, seq_len{', group' if plan.kv_heads else ''})",
+            *(["        " + diagonal] if plan.causal else []),
+            *self.accumulators("        "),
+            "        mbarrier.wait(q_bar, t & 1)  # this block's Q sub-tile loaded by load_partition",
+            *self.body("        ", ("mbarrier.arrive(q_empty)  # Q consumed (the block's last qk completed): the "
+                                    "producer loads the next block's",)),
+            *self.store("        "),
+            "        first += n_tiles",
         ]
         return softmax_source(plan).strip("\n") + "\n\n" + "\n".join(lines) + "\n"
 
@@ -365,6 +446,59 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                                                   "h // (H // KV_HEADS))"))
     if plan.turns and "TURNS" not in compute.knobs.params:
         extra.append(("TURNS", plan.turn_counts[0], "tensor-core turns per partition per iteration"))
+    group = (("group",) if plan.kv_heads else ())
+    q_load = ("mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
+              "for sub in gl.static_range(NUM_COMPUTE):",
+              "    tma.async_copy_global_to_shared(q_desc, [q_row + sub * SUB_M, 0], q_bar, q_smem.index(sub))")
+    q_smem = ("    q_smem = gl.allocate_shared_memory(DTYPE, [NUM_COMPUTE, SUB_M, HEAD_DIM], q_desc.layout)",
+              "    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
+              "    mbarrier.init(q_bar, count=1)")
+    if plan.persistent:
+        walk = dict(
+            functions=block_coords_source(plan) + "\n\n" + compute.render(),
+            kernel_doc=_kernel_doc(plan),
+            setup=("    n_m = gl.cdiv(seq_len, BLOCK_M)  # query blocks per (batch, head)",
+                   "    # query blocks of this CTA: work items pid, pid + grid, ... below n_m * n_bh (block_coords)",
+                   "    cta_blocks = gl.cdiv(n_m * n_bh - gl.program_id(0), gl.num_programs(0))",
+                   *q_smem,
+                   "    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
+                   "    mbarrier.init(q_empty, count=NUM_COMPUTE)  # one arrive per compute partition per block"),
+            trip="cta_blocks",
+            coords={"k": "[kv_row + (j - first) * BLOCK_N, 0]", "v": "[kv_row + (j - first) * BLOCK_N, 0]"},
+            load_params=("q_desc", "q_smem", "q_bar", "q_empty", "n_m", "seq_len", *group),
+            load_setup=("    first = 0  # ring iteration of the block's first K/V tile: the rings run on across "
+                        "query blocks",
+                        "    n_tiles = 0"),
+            load_loop=("    for t in range(cta_blocks):",
+                       "        first += n_tiles  # the previous block's K/V tiles",
+                       f"        q_start, q_row, kv_row, n_tiles = block_coords(gl.program_id(0) + t * "
+                       f"gl.num_programs(0), n_m, seq_len{', group' if plan.kv_heads else ''})",
+                       "        # Q: every compute partition handed the previous block's Q back (first pass free)",
+                       "        mbarrier.wait(q_empty, (t & 1) ^ 1)",
+                       *("        " + line for line in q_load),
+                       "        for j in range(first, first + n_tiles):"),
+            compute_params=PERSISTENT_COMPUTE_PARAMS + group,
+            kernel_params="q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq_len, qk_scale, n_bh" + (", group" if
+                                                                                             plan.kv_heads else ""),
+            launch=SM_COUNT.strip("\n") + "\n\n" + launch_source(plan),
+            imports="import functools\n",
+        )
+    else:
+        walk = dict(
+            functions=compute.render(),
+            kernel_doc=_kernel_doc(plan),
+            setup=(*_setup(plan), *q_smem),
+            trip="n_tiles",
+            coords={"k": "[kv_row + j * BLOCK_N, 0]", "v": "[kv_row + j * BLOCK_N, 0]"},
+            load_params=("q_desc", "q_smem", "q_bar", "q_row", "kv_row"),
+            load_setup=tuple("    " + line for line in q_load),
+            load_loop=(),
+            compute_params=COMPUTE_PARAMS,
+            kernel_params="q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq_len, qk_scale" + (", group" if plan.kv_heads
+                                                                                          else ""),
+            launch=launch_source(plan),
+            imports="",
+        )
     return KernelBody(
         title="Warp-specialized attention forward for Hopper (sm_90), Gluon / Triton 3.6.",
         summary="Generated warp-specialized Gluon attention forward; see the header comment.",
@@ -372,31 +506,16 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                    f"issued with PV(j), softmax overlaps PV); tensor-core turns in order (each passes to the next, the last to the first): {turns}; "
                    f"compute_partition constexprs {', '.join(compute.knobs.params)}",
                    "layouts: S, O in the wgmma accumulator layout; row max/sum in SliceLayout(1, S); P in registers "
-                   "as the A operand (DotOperandLayout) of O += P V", *_mask_decisions(plan)),
+                   "as the A operand (DotOperandLayout) of O += P V", *_mask_decisions(plan),
+                   *_persistent_decisions(plan)),
         tile_constants=(("BLOCK_M", t["block_m"], f"query rows per CTA = {len(comp)} sub-tile(s) x SUB_M"),
                         ("SUB_M", t["sub_m"], "query rows per compute partition (16 per warp: one wgmma row block)"),
                         ("BLOCK_N", t["block_n"], "keys per loop iteration"),
                         ("HEAD_DIM", t["head_dim"], "head dimension")),
         extra_constants=tuple(extra),
-        functions=compute.render(),
         kernel="attention_kernel",
-        kernel_params="q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq_len, qk_scale" + (", group" if plan.kv_heads
-                                                                                      else ""),
-        kernel_doc=_kernel_doc(plan),
-        setup=(*_setup(plan),
-               "    q_smem = gl.allocate_shared_memory(DTYPE, [NUM_COMPUTE, SUB_M, HEAD_DIM], q_desc.layout)",
-               "    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
-               "    mbarrier.init(q_bar, count=1)"),
         iv="j",
-        trip="n_tiles",
         buffer_shapes={"k": "BLOCK_N, HEAD_DIM", "v": "BLOCK_N, HEAD_DIM"},
-        coords={"k": "[kv_row + j * BLOCK_N, 0]", "v": "[kv_row + j * BLOCK_N, 0]"},
-        load_params=("q_desc", "q_smem", "q_bar", "q_row", "kv_row"),
-        load_setup=("    mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
-                    "    for sub in gl.static_range(NUM_COMPUTE):",
-                    "        tma.async_copy_global_to_shared(q_desc, [q_row + sub * SUB_M, 0], q_bar, "
-                    "q_smem.index(sub))"),
-        compute_params=COMPUTE_PARAMS,
         constexprs=tuple((n, compute.knobs.values[n]) for n in compute.knobs.params),
         before_specialize=tuple(before),
         results="",
@@ -405,8 +524,9 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                    ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
                    ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
                    ("o_ptr", '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'), ("seq_len", '"i32"'),
-                   ("qk_scale", '"fp32"'), *((("group", '"i32"'),) if plan.kv_heads else ())),
-        launch=launch_source(plan),
+                   ("qk_scale", '"fp32"'), *((("n_bh", '"i32"'),) if plan.persistent else ()),
+                   *((("group", '"i32"'),) if plan.kv_heads else ())),
+        **walk,
     )
 
 
@@ -426,8 +546,9 @@ def _kernel_doc(plan: KernelPlan) -> str:
     """The kernel's docstring: what it computes and the shapes of its operands."""
     mask = " with the causal mask" if plan.causal else ""
     shapes = "Q, O are [B*H*S, D], K, V [B*KV_HEADS*S, D]" if plan.kv_heads else "Q, K, V, O are [B*H*S, D]"
-    return (f"O = softmax(Q K^T * scale) V{mask} for one (query block, batch*head); {shapes}; LSE [B*H*S] fp32 "
-            f"when lse_ptr is given.")
+    what = ("for the query blocks pid, pid + grid, ... of the n_bh = B*H heads (persistent)" if plan.persistent
+            else "for one (query block, batch*head)")
+    return f"O = softmax(Q K^T * scale) V{mask} {what}; {shapes}; LSE [B*H*S] fp32 when lse_ptr is given."
 
 
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
@@ -438,17 +559,54 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
     else:
         pid = ["    pid_m = gl.program_id(0)"]
     pid.append("    bh = gl.program_id(1)")
+    return tuple(pid + _rows(plan) + _trip(plan))
+
+
+def _rows(plan: KernelPlan) -> list[str]:
+    """``kv_row``, ``q_start``, ``q_row`` of query block ``pid_m`` of (batch, head) ``bh``."""
     if plan.kv_heads:
-        rows = ["    kv_row = (bh // group) * seq_len  # grouped-query: query head h reads K/V head h // group",
+        return ["    kv_row = (bh // group) * seq_len  # grouped-query: query head h reads K/V head h // group",
                 "    q_start = pid_m * BLOCK_M",
                 "    q_row = bh * seq_len + q_start"]
-    else:
-        rows = ["    kv_row = bh * seq_len",
-                "    q_start = pid_m * BLOCK_M",
-                "    q_row = kv_row + q_start"]
+    return ["    kv_row = bh * seq_len",
+            "    q_start = pid_m * BLOCK_M",
+            "    q_row = kv_row + q_start"]
+
+
+def _trip(plan: KernelPlan) -> list[str]:
+    """``n_tiles``: the key tiles of the query block (causal: up to its diagonal)."""
     if plan.causal:
-        trip = ["    # causal: key tiles up to the CTA's diagonal; the fully masked tiles after it are never loaded",
+        return ["    # causal: key tiles up to the CTA's diagonal; the fully masked tiles after it are never loaded",
                 "    n_tiles = gl.cdiv(gl.minimum(q_start + BLOCK_M, seq_len), BLOCK_N)"]
-    else:
-        trip = ["    n_tiles = gl.cdiv(seq_len, BLOCK_N)"]
-    return tuple(pid + rows + trip)
+    return ["    n_tiles = gl.cdiv(seq_len, BLOCK_N)"]
+
+
+def block_coords_source(plan: KernelPlan) -> str:
+    """The persistent kernel's ``block_coords``: the query block of one work item, shared by the producer and
+    the compute partitions."""
+    group = ", group" if plan.kv_heads else ""
+    order = ("query blocks of one (batch, head) after another, heaviest first (causal: most key tiles)"
+             if plan.causal else "query blocks of one (batch, head) after another")
+    lines = ["@gluon.jit",
+             f"def block_coords(item, n_m, seq_len{group}):",
+             '    """The query block of work item ``item`` in the order of the kernel with one CTA per block',
+             f'    ({order}): its first query, its Q and K/V rows and its key tiles."""',
+             "    pid_m = item % n_m",
+             "    bh = item // n_m"]
+    if plan.causal:
+        lines.append("    pid_m = n_m - 1 - pid_m  # causal: the heaviest query blocks (most key tiles) first")
+    lines += _rows(plan) + _trip(plan) + ["    return q_start, q_row, kv_row, n_tiles"]
+    return "\n".join(lines) + "\n"
+
+
+def _persistent_decisions(plan: KernelPlan) -> tuple[str, ...]:
+    """Header lines of the persistent kernel: how it walks its query blocks."""
+    if not plan.persistent:
+        return ()
+    return ("persistent: the launcher starts min(query blocks, SMs) CTAs; CTA pid walks work items pid,",
+            "  pid + grid, ... (cta_blocks of them, block_coords: the one-CTA-per-block order); every partition",
+            "  loops over them; the K/V ring iteration first + j and the tensor-core turn count",
+            "  (first - t * AHEAD + j) run on across blocks (never reset), so the producer loads the next block's",
+            "  K/V while the compute partitions finish this one; Q has one buffer: each compute partition hands it",
+            "  back (q_empty) once the block's last qk completed, and",
+            "  the producer loads the next block's Q while the last P V, the normalisation and the stores run")

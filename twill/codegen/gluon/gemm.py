@@ -19,7 +19,7 @@ tile.
 
 from __future__ import annotations
 
-from twill.codegen.gluon.render import KernelBody, compute_def, depth_name
+from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, depth_name
 from twill.codegen.plan import KernelPlan, persistent_smem
 
 #: Output tiles grouped along M so CTAs resident together reuse B tiles from L2 (tile-order policy).
@@ -47,15 +47,6 @@ def tile_offsets(tile, num_m, num_n):
 GRID = {False: "    grid = (tiles,)",
         True: "    grid = (min(tiles, _sm_count(a.device.index)),)  # persistent: at most one CTA per SM"}
 
-#: Host helper of the persistent launcher: the SM count, queried once per device.
-SM_COUNT = '''
-@functools.lru_cache(maxsize=None)
-def _sm_count(device):
-    """SMs of CUDA device ``device`` (queried once, cached)."""
-    import torch
-
-    return torch.cuda.get_device_properties(device).multi_processor_count
-'''
 
 LAUNCH = '''
 def _tma_ready(t, rows, cols):

@@ -61,6 +61,17 @@ def compile_signature():
 '''
 
 
+#: Host helper of the persistent launchers (GEMM, attention forward): the SM count, queried once per device.
+SM_COUNT = '''
+@functools.lru_cache(maxsize=None)
+def _sm_count(device):
+    """SMs of CUDA device ``device`` (queried once, cached)."""
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+'''
+
+
 @dataclass(frozen=True, kw_only=True)
 class KernelBody:
     """What one kernel adds to the shared module: its compute partition and the kernel-specific lines.
