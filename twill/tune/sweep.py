@@ -35,7 +35,7 @@ from twill.tune.space import Candidate
 
 #: Statuses of a job record. ``ok``: a verified schedule; ``infeasible``: the solver proved there is none or
 #: found none in the time limit; ``spills``: the compiled kernel spills registers; ``error``: anything else.
-STATUSES = ("ok", "infeasible", "spills", "error")
+STATUSES = ("ok", "infeasible", "cannot_emit", "spills", "error")
 
 
 @dataclass(frozen=True)
