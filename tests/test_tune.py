@@ -275,10 +275,13 @@ def test_attention_chain_bound_prices_each_groups_measured_softmax_step():
     assert chain_bound(schedule, machine) == {"chain_ii": pytest.approx(chain)}
     p = predict(schedule, Shape("attention", (1, 1, 128 * 10, 64)), machine)
     assert p.breakdown["chain_ii"] == pytest.approx(chain) and p.breakdown["ii_effective"] >= chain
-    # the partial first and last iterations run at the chain's pace: L scaled by chain / II
+    # the partial first and last iterations run at the chain's pace: L scaled by chain / II; the O tile
+    # (128 x 64 fp16) is stored from registers before the CTA exits
     length = p.breakdown["length_raw"] * chain / p.breakdown["ii_raw"]
+    store = 128 * 64 * 2 / machine.calibration.tma_l2_bytes_per_clk
+    assert p.breakdown["store_cycles"] == pytest.approx(store) and "staging_cycles" not in p.breakdown
     assert p.breakdown["tile_cycles"] == pytest.approx(
-        p.breakdown["fill_cycles"] + 9 * p.breakdown["ii_effective"] + length)
+        p.breakdown["fill_cycles"] + 9 * p.breakdown["ii_effective"] + length + store)
     # no bound without a measurement for this many groups and head dimension, on a datasheet machine, or for
     # a GEMM
     assert chain_bound(_ping_pong_attention(head_dim=128), machine) == {}

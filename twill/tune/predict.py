@@ -27,7 +27,8 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   bandwidth bound))`` cycles: the busiest unit is busy ``ResMII`` raw cycles per iteration of every CTA.
 * **Tile ends** (calibrated machines only, :func:`tile_ends`): a tile's first loads arrive ``fill`` cycles
   after it starts (the solver prices loads as free), and a GEMM tile's output is staged through shared memory
-  and stored with TMA before the CTA exits: ``tile = fill + (n − 1)·II_eff + L + staging + store``.
+  and stored with TMA before the CTA exits (an attention forward's O tile is stored from registers):
+  ``tile = fill + (n − 1)·II_eff + L + staging + store``.
 * **Waves**: ``⌈tiles / (machine.sms · c)⌉`` (wave quantization over the SMs).
 * **Persistent GEMM** (``persistent``): ``min(tiles, machine.sms)`` CTAs, one per SM, each running
   ``w = ⌈tiles / grid⌉`` tiles back to back with one ring over (tile, k): the pipeline's prologue/epilogue
@@ -282,7 +283,8 @@ def tile_ends(schedule: Schedule, machine: Machine) -> dict[str, float]:
       of the loop's iterations under the bandwidth bound);
     * ``staging_cycles`` and ``store_cycles`` (GEMM): after the loop, the output tile goes from registers to
       shared memory (``bytes / smem_bytes_per_clk``) and out with a TMA store (``bytes /
-      tma_l2_bytes_per_clk``), which the CTA waits for before it exits.
+      tma_l2_bytes_per_clk``), which the CTA waits for before it exits; the attention forward stores its O
+      tile from registers (``store_cycles`` only, at the same rate).
 
     A persistent kernel hides the fill of every tile but its first (the ring runs on into the next tile)
     and every store but its last (the next tile's loop runs while it drains); the staging it keeps."""
@@ -294,9 +296,13 @@ def tile_ends(schedule: Schedule, machine: Machine) -> dict[str, float]:
     base = first_byte_latency(cal)
     ends = {"fill_cycles": base} if loads else {}
     attrs = graph.attrs
+    esize = DTYPE_BYTES.get(str(attrs.get("dtype", "fp16")), 2)
     if "block_k" in attrs:
-        out = attrs["block_m"] * attrs["block_n"] * DTYPE_BYTES.get(str(attrs.get("dtype", "fp16")), 2)
+        out = attrs["block_m"] * attrs["block_n"] * esize
         ends.update(staging_cycles=out / cal.smem_bytes_per_clk, store_cycles=out / cal.tma_l2_bytes_per_clk)
+    elif attrs.get("kernel") == "flash-fwd" and "block_m" in attrs and "head_dim" in attrs:
+        out = attrs["block_m"] * attrs["head_dim"] * esize   # O, stored from registers (no staging)
+        ends.update(store_cycles=out / cal.tma_l2_bytes_per_clk)
     return ends
 
 
