@@ -154,7 +154,8 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
     known = kernel_options(kernel)
     for name in axes:
         if name in CODEGEN_AXES and kernel != "gemm":
-            raise TwillError(f"{name} is a GEMM axis; kernel {kernel!r} has no persistent kernel")
+            raise TwillError(f"{name} is a GEMM axis; the prediction does not price a persistent {kernel!r} "
+                             f"kernel")
         if name in CODEGEN_AXES and machine.mma_accumulates_in == "tmem":
             raise TwillError(f"{name} is a choice of the Hopper Gluon generator; {machine.name} has none")
         if name not in known and name not in SOLVER_AXES and name not in CODEGEN_AXES:
