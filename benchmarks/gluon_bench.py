@@ -421,6 +421,27 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(result: dict[str, Any]) -> str:
+    """The attention kernels of a run as docs/performance.md shows them: TFLOP/s per S with the ratio to cuDNN
+    of the same run in brackets, then the references (cuDNN / FA2, and Pallas where it ran) per case."""
+    attention = [r for r in result["kernels"] if r["kernel"] == "flash-fwd" and "timings" in r]
+    seqs = sorted({t["S"] for r in attention for t in r["timings"]})
+    lines = ["| kernel | " + " | ".join(f"S={s}" for s in seqs) + " |", "|---" * (len(seqs) + 1) + "|"]
+    for r in attention:
+        by_s = {t["S"]: t for t in r["timings"]}
+        cells = [f"{by_s[s]['tflops']:.0f} ({by_s[s]['ratio_vs_cudnn']:.2f})" if "ratio_vs_cudnn" in by_s.get(s, {})
+                 else "" for s in seqs]
+        lines.append(f"| `{r['name']}` | " + " | ".join(cells) + " |")
+    for key, refs in sorted(result["attention_references"].items()):
+        per_s = {s: refs.get(str(s), refs.get(s, {})) for s in seqs}   # JSON keys are strings
+        names = [n for n in ("cudnn", "fa2", "pallas_mgpu") if any(isinstance(r.get(n), float) for r in per_s.values())]
+        cells = [" / ".join(f"{per_s[s][n]:.0f}" if isinstance(per_s[s].get(n), float) else "-" for n in names)
+                 for s in seqs]
+        label = " / ".join({"cudnn": "cuDNN", "fa2": "FA2", "pallas_mgpu": "Pallas"}[n] for n in names)
+        lines.append(f"| {label}, {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def sanity(kernel_dir: str, only: list[str] | None = None, *, inner: int = 200, seq_len: int = 300) -> int:
     """One small launch per kernel plus its check (for compute-sanitizer runs); returns failures. ``inner``
     (the GEMM's K) and ``seq_len`` set how many loop iterations run: use enough for the rings to wrap."""

@@ -220,6 +220,12 @@ def _persistent_table(result):
     return table(result)
 
 
+def _sub3_table(result):
+    from benchmarks.gluon_bench import markdown_table
+
+    return markdown_table(result)
+
+
 def _tune_table(result):
     from benchmarks.tune_bench import markdown_table
 
@@ -239,7 +245,8 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("tilelang-table", "tilelang_bench_h200.json", _tilelang_table),
                       ("flash-bwd-table", "flash_bwd_h200.json", _backward_table),
                       ("persistent-gemm-table", "persistent_gemm_h200.json", _persistent_table),
-                      ("tune-table", "tune_bench_h200.json", _tune_table)]
+                      ("tune-table", "tune_bench_h200.json", _tune_table),
+                      ("sub3-table", "gluon_bench_h200_sub3.json", _sub3_table)]
 
 
 @pytest.mark.parametrize("marker,results,render", PERFORMANCE_TABLES, ids=[t[0] for t in PERFORMANCE_TABLES])
