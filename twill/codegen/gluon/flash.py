@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def
+from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, wrap
 from twill.codegen.plan import FLASH_PROGRAM_ORDER, KernelPlan
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
@@ -104,8 +104,8 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
     q_desc = _descriptor(q2, [SUB_M.value, D])
     k_desc = _descriptor(k2, [BLOCK_N.value, D])
     v_desc = _descriptor(v2, [BLOCK_N.value, D])
-    grid = (triton.cdiv(S, BLOCK_M.value), B * H)
-    attention_kernel[grid](q_desc, k_desc, v_desc, out, lse, S, sm_scale * LOG2E{group_arg}, num_warps=NUM_WARPS)
+{grid}
+    attention_kernel[grid](q_desc, k_desc, v_desc, out, lse, S, sm_scale * LOG2E{extra_args}, num_warps=NUM_WARPS)
     return (out, lse) if return_lse else out
 """
 
@@ -132,16 +132,12 @@ def launch_source(plan: KernelPlan) -> str:
     """The host launcher: shape and dtype checks, the optional LSE output, the K/V head grouping."""
     kv_check = kv_shape_source(plan, "D")
     kv, group_arg = ("KV_HEADS", ", H // KV_HEADS.value") if plan.kv_heads else ("H", "")
-    source = LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
-                           torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, group_arg=group_arg)
-    if not plan.persistent:
-        return source
-    grid = "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)"
-    call = "S, sm_scale * LOG2E" + group_arg + ", num_warps"
-    assert grid in source and call in source
-    return source.replace(grid, "    blocks = triton.cdiv(S, BLOCK_M.value) * B * H\n"
-                                "    grid = (min(blocks, _sm_count(q.device.index)),)  # persistent: at most one CTA "
-                                "per SM").replace(call, "S, sm_scale * LOG2E, B * H" + group_arg + ", num_warps")
+    grid = ("    blocks = triton.cdiv(S, BLOCK_M.value) * B * H\n"
+            "    grid = (min(blocks, _sm_count(q.device.index)),)  # persistent: at most one CTA per SM"
+            if plan.persistent else "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)")
+    return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
+                         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
+                         extra_args=(", B * H" if plan.persistent else "") + group_arg)
 
 
 class _Knobs:
@@ -191,6 +187,19 @@ class _Compute:
         if not self.plan.persistent:
             return j
         return "first" if j == "0" else f"(first + {j})"
+
+    def slot(self, j: str, ring: str) -> tuple[str, str]:
+        """(buffer index, phase) of key tile ``j`` in ring ``ring`` (``k``, ``v``): ``j % DEPTH`` and
+        ``(j // DEPTH) & 1`` of its ring iteration; ``0, 0`` for the first tile of a kernel with one CTA per
+        block."""
+        r, depth = self.ring(j), f"{ring.upper()}_DEPTH"
+        return ("0", "0") if r == "0" else (f"{r} % {depth}", f"({r} // {depth}) & 1")
+
+    @staticmethod
+    def qk_issue(ind: str, index: str) -> list[str]:
+        """``s_tok = warpgroup_mma(q, K(index)ᵀ, ...)``, wrapped at 110 columns."""
+        return wrap(f"{ind}s_tok = warpgroup_mma", ["q", f"k_ring.index({index}).permute((1, 0))", "s_zero",
+                                                    "use_acc=False", "is_async=True"], "", ind + " " * 22)
 
     def turn_count(self, counter: str) -> str:
         """The steady-state iteration whose turns are taken: ``counter``, or in a persistent kernel the
@@ -244,14 +253,12 @@ class _Compute:
         return self.knobs.when(name, name, lambda k: k > 0, lines)
 
     def issue_qk(self, j: str, ind: str, counter: str) -> list[str]:
-        r = self.ring(j)
+        index, phase = self.slot(j, "k")
         return [
-            f"{ind}mbarrier.wait(k_ready.index({r} % K_DEPTH), ({r} // K_DEPTH) & 1)  # ready: K tile {j} "
-            f"({self.whys('ready', 'qk')})",
+            f"{ind}mbarrier.wait(k_ready.index({index}), {phase})  # ready: K tile {j} ({self.whys('ready', 'qk')})",
             *self.turn_before("qk", ind, counter),
             f"{ind}# {self.placed('qk')}",
-            f"{ind}s_tok = warpgroup_mma(q, k_ring.index({r} % K_DEPTH).permute((1, 0)), s_zero, use_acc=False,",
-            f"{ind}                      is_async=True)",
+            *self.qk_issue(ind, index),
             *self.turn_after("qk", ind, counter),
         ]
 
@@ -271,14 +278,13 @@ class _Compute:
 
     def issue_pv(self, j: str, ind: str, counter: str | None) -> list[str]:
         """``counter`` None: outside the steady state, where tensor-core turns are not taken."""
-        r = self.ring(j)
+        index, phase = self.slot(j, "v")
         return [
             f"{ind}p_op = gl.convert_layout(p.to(DTYPE), p_layout)  # P stays in registers: wgmma A operand",
-            f"{ind}mbarrier.wait(v_ready.index({r} % V_DEPTH), ({r} // V_DEPTH) & 1)  # ready: V tile {j} "
-            f"({self.whys('ready', 'pv')})",
+            f"{ind}mbarrier.wait(v_ready.index({index}), {phase})  # ready: V tile {j} ({self.whys('ready', 'pv')})",
             *self.turn_before("pv", ind, counter),
             f"{ind}# {self.placed('pv')}",
-            f"{ind}o_tok = warpgroup_mma(p_op, v_ring.index({r} % V_DEPTH), o, is_async=True)",
+            f"{ind}o_tok = warpgroup_mma(p_op, v_ring.index({index}), o, is_async=True)",
             *self.turn_after("pv", ind, counter),
         ]
 
@@ -287,25 +293,16 @@ class _Compute:
         after the last ``qk`` has completed (the persistent kernel hands Q back there)."""
         i2 = ind + "    "
         rescale = "o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale"
-        if self.plan.persistent:
-            k0 = [f"{ind}mbarrier.wait(k_ready.index(first % K_DEPTH), (first // K_DEPTH) & 1)  # ready: K tile 0",
-                  f"{ind}s_tok = warpgroup_mma(q, k_ring.index(first % K_DEPTH).permute((1, 0)), s_zero, "
-                  f"use_acc=False,",
-                  f"{ind}                      is_async=True)",
-                  f"{ind}s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
-                  f"{ind}mbarrier.arrive(k_empty.index(first % K_DEPTH))  # empty: K tile 0 consumed"]
-        else:
-            k0 = [f"{ind}mbarrier.wait(k_ready.index(0), 0)  # ready: K tile 0",
-                  f"{ind}s_tok = warpgroup_mma(q, k_ring.index(0).permute((1, 0)), s_zero, use_acc=False, "
-                  f"is_async=True)",
-                  f"{ind}s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
-                  f"{ind}mbarrier.arrive(k_empty.index(0))  # empty: K tile 0 consumed"]
+        first, phase = self.slot("0", "k")
         return [
             f"{ind}# qk runs one stage ahead of pv. The loop is rotated so that no wgmma is in flight across the",
             f"{ind}# back-edge (ptxas would serialize every wgmma otherwise, C7514): body j issues S(j+1) and",
             f"{ind}# O += P(j) V(j), runs the softmax of j+1 while O += P V runs, then retires it and rescales O.",
             f"{ind}# prologue: qk and softmax of iteration 0",
-            *k0,
+            f"{ind}mbarrier.wait(k_ready.index({first}), {phase})  # ready: K tile 0",
+            *self.qk_issue(ind, first),
+            f"{ind}s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
+            f"{ind}mbarrier.arrive(k_empty.index({first}))  # empty: K tile 0 consumed",
             *self.softmax("0", "0", ind),
             f"{ind}for j in range(0, n_tiles - 1):",
             f"{i2}jn = j + 1",
@@ -314,18 +311,18 @@ class _Compute:
             f"{i2}# S(j+1) complete (wgmma groups retire in order; {self.whys('wgmma', 'qk')});",
             f"{i2}# O += P(j) V(j) still in flight",
             f"{i2}s_cur, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])",
-            f"{i2}mbarrier.arrive(k_empty.index({self.ring('jn')} % K_DEPTH))  # empty: K tile j+1 consumed",
+            f"{i2}mbarrier.arrive(k_empty.index({self.slot('jn', 'k')[0]}))  # empty: K tile j+1 consumed",
             *self.softmax("jn", "jn * BLOCK_N", i2),
             f"{i2}o, p_op = warpgroup_mma_wait(0, deps=[o, p_op])  # O += P(j) V(j) complete "
             f"({self.whys('wgmma', 'pv')})",
-            f"{i2}mbarrier.arrive(v_empty.index({self.ring('j')} % V_DEPTH))  # empty: V tile j consumed",
+            f"{i2}mbarrier.arrive(v_empty.index({self.slot('j', 'v')[0]}))  # empty: V tile j consumed",
             f"{i2}{rescale}",
             *(ind + line for line in q_done),
             f"{ind}# epilogue: pv of the last iteration",
             f"{ind}j = n_tiles - 1",
             *self.issue_pv("j", ind, None),
             f"{ind}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])",
-            f"{ind}mbarrier.arrive(v_empty.index({self.ring('j')} % V_DEPTH))  # empty: V tile consumed",
+            f"{ind}mbarrier.arrive(v_empty.index({self.slot('j', 'v')[0]}))  # empty: V tile consumed",
         ]
 
     def body_serial(self, ind: str, q_done: list[str]) -> list[str]:
@@ -336,12 +333,12 @@ class _Compute:
             f"{ind}for j in range(0, n_tiles):",
             *self.issue_qk("j", i2, "j"),
             f"{i2}s_cur = warpgroup_mma_wait(0, deps=[s_tok])  # {self.whys('wgmma', 'qk')}",
-            f"{i2}mbarrier.arrive(k_empty.index({self.ring('j')} % K_DEPTH))  # empty: K tile j consumed",
+            f"{i2}mbarrier.arrive(k_empty.index({self.slot('j', 'k')[0]}))  # empty: K tile j consumed",
             *self.softmax("j", "j * BLOCK_N", i2),
             f"{i2}o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale",
             *self.issue_pv("j", i2, "j"),
             f"{i2}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])  # {self.whys('wgmma', 'pv')}",
-            f"{i2}mbarrier.arrive(v_empty.index({self.ring('j')} % V_DEPTH))  # empty: V tile j consumed",
+            f"{i2}mbarrier.arrive(v_empty.index({self.slot('j', 'v')[0]}))  # empty: V tile j consumed",
             *(ind + line for line in q_done),
         ]
 
@@ -414,8 +411,7 @@ class _Compute:
             "    q = q_smem.index(SUB)",
             "    first = 0  # ring iteration of the block's first K/V tile: the rings and turns run on across blocks",
             "    for t in range(cta_blocks):",
-            f"        q_start, q_row, kv_row, n_tiles = block_coords(gl.program_id(0) + t * gl.num_programs(0), "
-            f"n_m, seq_len{', group' if plan.kv_heads else ''})",
+            _block_coords_call(plan),
             *(["        " + diagonal] if plan.causal else []),
             *self.accumulators("        "),
             "        mbarrier.wait(q_bar, t & 1)  # this block's Q sub-tile loaded by load_partition",
@@ -447,6 +443,13 @@ def flash_body(plan: KernelPlan) -> KernelBody:
     if plan.turns and "TURNS" not in compute.knobs.params:
         extra.append(("TURNS", plan.turn_counts[0], "tensor-core turns per partition per iteration"))
     group = (("group",) if plan.kv_heads else ())
+    # the kernel's parameters and their types for compile_signature, in the order the launcher passes them
+    signature = (("q_desc", "_desc_type([SUB_M.value, HEAD_DIM.value])"),
+                 ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
+                 ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
+                 ("o_ptr", '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'), ("seq_len", '"i32"'),
+                 ("qk_scale", '"fp32"'), *((("n_bh", '"i32"'),) if plan.persistent else ()),
+                 *((("group", '"i32"'),) if plan.kv_heads else ()))
     q_load = ("mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
               "for sub in gl.static_range(NUM_COMPUTE):",
               "    tma.async_copy_global_to_shared(q_desc, [q_row + sub * SUB_M, 0], q_bar, q_smem.index(sub))")
@@ -456,7 +459,6 @@ def flash_body(plan: KernelPlan) -> KernelBody:
     if plan.persistent:
         walk = dict(
             functions=block_coords_source(plan) + "\n\n" + compute.render(),
-            kernel_doc=_kernel_doc(plan),
             setup=("    n_m = gl.cdiv(seq_len, BLOCK_M)  # query blocks per (batch, head)",
                    "    # query blocks of this CTA: work items pid, pid + grid, ... below n_m * n_bh (block_coords)",
                    "    cta_blocks = gl.cdiv(n_m * n_bh - gl.program_id(0), gl.num_programs(0))",
@@ -471,22 +473,18 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                         "    n_tiles = 0"),
             load_loop=("    for t in range(cta_blocks):",
                        "        first += n_tiles  # the previous block's K/V tiles",
-                       f"        q_start, q_row, kv_row, n_tiles = block_coords(gl.program_id(0) + t * "
-                       f"gl.num_programs(0), n_m, seq_len{', group' if plan.kv_heads else ''})",
+                       _block_coords_call(plan),
                        "        # Q: every compute partition handed the previous block's Q back (first pass free)",
                        "        mbarrier.wait(q_empty, (t & 1) ^ 1)",
                        *("        " + line for line in q_load),
                        "        for j in range(first, first + n_tiles):"),
             compute_params=PERSISTENT_COMPUTE_PARAMS + group,
-            kernel_params="q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq_len, qk_scale, n_bh" + (", group" if
-                                                                                             plan.kv_heads else ""),
             launch=SM_COUNT.strip("\n") + "\n\n" + launch_source(plan),
             imports="import functools\n",
         )
     else:
         walk = dict(
             functions=compute.render(),
-            kernel_doc=_kernel_doc(plan),
             setup=(*_setup(plan), *q_smem),
             trip="n_tiles",
             coords={"k": "[kv_row + j * BLOCK_N, 0]", "v": "[kv_row + j * BLOCK_N, 0]"},
@@ -494,8 +492,6 @@ def flash_body(plan: KernelPlan) -> KernelBody:
             load_setup=tuple("    " + line for line in q_load),
             load_loop=(),
             compute_params=COMPUTE_PARAMS,
-            kernel_params="q_desc, k_desc, v_desc, o_ptr, lse_ptr, seq_len, qk_scale" + (", group" if plan.kv_heads
-                                                                                          else ""),
             launch=launch_source(plan),
             imports="",
         )
@@ -514,18 +510,15 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                         ("HEAD_DIM", t["head_dim"], "head dimension")),
         extra_constants=tuple(extra),
         kernel="attention_kernel",
+        kernel_params=", ".join(name for name, _ in signature),
+        kernel_doc=_kernel_doc(plan),
         iv="j",
         buffer_shapes={"k": "BLOCK_N, HEAD_DIM", "v": "BLOCK_N, HEAD_DIM"},
         constexprs=tuple((n, compute.knobs.values[n]) for n in compute.knobs.params),
         before_specialize=tuple(before),
         results="",
         epilogue=(),
-        signature=(("q_desc", "_desc_type([SUB_M.value, HEAD_DIM.value])"),
-                   ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
-                   ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
-                   ("o_ptr", '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'), ("seq_len", '"i32"'),
-                   ("qk_scale", '"fp32"'), *((("n_bh", '"i32"'),) if plan.persistent else ()),
-                   *((("group", '"i32"'),) if plan.kv_heads else ())),
+        signature=signature,
         **walk,
     )
 
@@ -597,6 +590,13 @@ def block_coords_source(plan: KernelPlan) -> str:
         lines.append("    pid_m = n_m - 1 - pid_m  # causal: the heaviest query blocks (most key tiles) first")
     lines += _rows(plan) + _trip(plan) + ["    return q_start, q_row, kv_row, n_tiles"]
     return "\n".join(lines) + "\n"
+
+
+def _block_coords_call(plan: KernelPlan) -> str:
+    """The persistent kernel's line (in the loop over the CTA's blocks ``t``) that finds block ``t``."""
+    group = ", group" if plan.kv_heads else ""
+    return (f"        q_start, q_row, kv_row, n_tiles = block_coords(gl.program_id(0) + t * gl.num_programs(0), n_m, "
+            f"seq_len{group})")
 
 
 def _persistent_decisions(plan: KernelPlan) -> tuple[str, ...]:

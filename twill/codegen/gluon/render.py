@@ -233,10 +233,10 @@ def compute_def(plan: KernelPlan, params: tuple[str, ...], constexprs: tuple[str
     ``compute_args`` (the rings and barriers, then ``params``)."""
     head = ["compute_args"] + [f"{c}: gl.constexpr" for c in constexprs]
     return ["@gluon.jit", f"def {COMPUTE_FN}({', '.join(head)}):", f'    """{doc}"""',
-            *_wrap("    ", ring_args(plan) + list(params), " = compute_args", " " * 4)]
+            *wrap("    ", ring_args(plan) + list(params), " = compute_args", " " * 4)]
 
 
-def _wrap(head: str, args: list[str], tail: str, indent: str) -> list[str]:
+def wrap(head: str, args: list[str], tail: str, indent: str) -> list[str]:
     """``head(arg, arg, ...)tail`` wrapped at 110 columns with continuation lines at ``indent``."""
     lines, line = [], head + "("
     for k, a in enumerate(args):
@@ -252,7 +252,7 @@ def render_load_partition(plan: KernelPlan, body: KernelBody) -> str:
     """The TMA producer: per loop iteration, each load waits for a free buffer, then fills it."""
     load = plan.load
     params = [f"{r.name}_desc" for r in plan.rings] + list(body.load_params) + ring_args(plan) + [body.trip]
-    lines = ["@gluon.jit", *_wrap(f"def {LOAD_FN}", params, ":", " " * 19),
+    lines = ["@gluon.jit", *wrap(f"def {LOAD_FN}", params, ":", " " * 19),
              f'    """Warp group {load.group} (TMA producer, {load.num_warps} warp): fills the rings '
              f'{", ".join(r.name for r in plan.rings)}."""',
              *body.load_setup, *(body.load_loop or (f"    for {body.iv} in range({body.trip}):",))]
@@ -300,13 +300,13 @@ def render_kernel(plan: KernelPlan, body: KernelBody) -> str:
             f"compute partition",
         ]
     lines += body.before_specialize
-    lines += _wrap("    compute_args = ", ring_args(plan) + list(body.compute_params), "", " " * 20)
+    lines += wrap("    compute_args = ", ring_args(plan) + list(body.compute_params), "", " " * 20)
     lines.append(f"    {body.results}gl.warp_specialize([")
     for k in range(len(plan.compute)):
         args = ["compute_args"] + [str(values[k]) for _, values in body.constexprs]
         lines.append(f"        ({COMPUTE_FN}, ({', '.join(args)}{',' if len(args) == 1 else ''})),")
     load_args = [f"{r.name}_desc" for r in plan.rings] + list(body.load_params) + ring_args(plan) + [body.trip]
-    lines += _wrap(f"        ({LOAD_FN}, ", load_args, "),", " " * 12)
+    lines += wrap(f"        ({LOAD_FN}, ", load_args, "),", " " * 12)
     workers = plan.compute[1:]
     warps = [str(p.num_warps) for p in workers] + ["LOAD_WARPS"]
     regs = ["COMPUTE_REGS" for _ in workers] + ["LOAD_REGS"]
