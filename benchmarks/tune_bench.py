@@ -79,9 +79,8 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
         jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(target["kernel"], machine, **dict(c.options))),
                     machine=machine, time_limit=60.0, check_spills=True) for c in space.candidates]
         results = rank(space.candidates, run_sweep(jobs, workers=workers), shape, machine)
-        ranks = {id(r): i + 1 for i, r in enumerate(r for r in results if r.prediction is not None)}
         kernels, sources = [], set()
-        for result in measure_picks(results, len(results)):  # what `twill tune --measure` would measure
+        for rank_, result in measure_picks(results, len(results)):  # what `twill tune --measure` would measure
             source = emit_gluon(result.schedule, persistent=bool(result.candidate.persistent))
             if source in sources:  # another candidate with the same schedule (e.g. an unused register budget)
                 continue
@@ -89,7 +88,7 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
             file = f"{_name(target)}_{len(kernels)}.py"
             with open(os.path.join(outdir, file), "w") as fh:
                 fh.write(source)
-            kernels.append({"file": file, "candidate": result.candidate.label(), "rank": ranks[id(result)],
+            kernels.append({"file": file, "candidate": result.candidate.label(), "rank": rank_,
                             "predicted_us": result.prediction.microseconds})
             if len(kernels) == top:
                 break
@@ -204,9 +203,8 @@ def run(kernel_dir: str, out: str) -> None:
     from twill.machine.microbench import ClockSampler
 
     manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
-    results: list[dict[str, Any]] = []
     with ClockSampler() as sampler:  # its readings arrive when it stops
-        _run_entries(kernel_dir, manifest, results)
+        results = _run_entries(kernel_dir, manifest)
     for row in results:
         row["clock_mhz"] = _clock_summary(sampler.samples, *row.pop("window"))
     doc = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
@@ -232,12 +230,13 @@ def _clock_summary(samples: list[tuple[float, float]], start: float, end: float)
     return {"min": min(window), "median": statistics.median(window), "max": max(window), "samples": len(window)}
 
 
-def _run_entries(kernel_dir: str, manifest: dict[str, Any], results: list[dict[str, Any]]) -> None:
-    """Check and time every shape of ``manifest`` into ``results`` (see :func:`run`)."""
+def _run_entries(kernel_dir: str, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Check and time every shape of ``manifest``: one row per shape (see :func:`run`)."""
     import torch
 
     from twill.codegen.gluon.check import torch_dtype
 
+    results = []
     for entry in manifest["entries"]:
         dtype = torch_dtype(entry["dtype"])
         row: dict[str, Any] = {k: entry[k] for k in ("name", "kernel", "dtype", "sizes", "flops")}
@@ -300,6 +299,7 @@ def _run_entries(kernel_dir: str, manifest: dict[str, Any], results: list[dict[s
               f"{row.get('ratio', float('nan')):.3f}x", flush=True)
         del args, calls
         torch.cuda.empty_cache()
+    return results
 
 
 def markdown_table(doc: dict[str, Any]) -> str:

@@ -729,7 +729,8 @@ def test_measure_picks_the_best_of_each_tiling_first():
     ranked = [result(1.0, 2, 64), result(1.0, 3, 64), result(1.0, 4, 64, 200), result(1.1, 2, 128),
               result(1.2, 3, 128), result(None, 2, 32)]
     picks = measure_picks(ranked, 3)
-    assert [p.candidate.label() for p in picks] == [
+    assert [rank for rank, _ in picks] == [1, 4, 2]
+    assert [p.candidate.label() for _, p in picks] == [
         "subtiles=2 block_n=64 streaming_depth=2 reg_limit=160",
         "subtiles=2 block_n=128 streaming_depth=2 reg_limit=160",
         "subtiles=2 block_n=64 streaming_depth=3 reg_limit=160"]

@@ -111,10 +111,9 @@ def measure_candidates(results: Sequence[Any], shape: Shape, k: int) -> list[dic
     from twill.tune.rank import measure_picks
 
     require_gpu()
-    ranks = {id(r): i + 1 for i, r in enumerate(r for r in results if r.prediction is not None)}
     with tempfile.TemporaryDirectory(prefix="twill-tune-measure-") as workdir:
-        return [{"rank": ranks[id(r)], **measure_one(r, shape, workdir, i)}
-                for i, r in enumerate(measure_picks(results, k))]
+        return [{"rank": rank, **measure_one(r, shape, workdir, i)}
+                for i, (rank, r) in enumerate(measure_picks(results, k))]
 
 
 def format_measured(rows: Sequence[Mapping[str, Any]]) -> str:

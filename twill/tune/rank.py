@@ -92,20 +92,21 @@ def tiling(candidate: Candidate) -> tuple[tuple[str, Any], ...]:
     return tuple((k, v) for k, v in candidate.settings().items() if k not in TILING_NEUTRAL)
 
 
-def measure_picks(results: Sequence[Result], k: int) -> list[Result]:
-    """The ``k`` solved results to measure on the GPU, in rank order: the best-ranked of each tiling first,
-    then the rest. The prediction's error (±15% on the calibrated model, docs/performance.md) is larger than
-    what separates tilings near the top, and the ring depths and register budgets of one tiling often tie,
-    so measuring three depths of one tile would leave a faster tiling unmeasured."""
-    solved = [r for r in results if r.prediction is not None]
-    firsts: list[Result] = []
+def measure_picks(results: Sequence[Result], k: int) -> list[tuple[int, Result]]:
+    """The ``k`` solved results to measure on the GPU with their predicted ranks (1 = fastest), in rank order:
+    the best-ranked of each tiling first, then the rest. The prediction's error (±15% on the calibrated model,
+    docs/performance.md) is larger than what separates tilings near the top, and the ring depths and register
+    budgets of one tiling often tie, so measuring three depths of one tile would leave a faster tiling
+    unmeasured."""
+    ranked = list(enumerate((r for r in results if r.prediction is not None), start=1))
+    firsts: list[tuple[int, Result]] = []
     seen: set[tuple[tuple[str, Any], ...]] = set()
-    for r in solved:
+    for rank_, r in ranked:
         if tiling(r.candidate) not in seen:
             seen.add(tiling(r.candidate))
-            firsts.append(r)
-    rest = [r for r in solved if not any(r is f for f in firsts)]
-    return (firsts + rest)[:k]
+            firsts.append((rank_, r))
+    picked = {rank_ for rank_, _ in firsts}
+    return (firsts + [pair for pair in ranked if pair[0] not in picked])[:k]
 
 
 def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> str:
