@@ -8,6 +8,7 @@ wgmma.wait_group depths (the lag), setmaxnreg budgets, TMA copies and ring sizes
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -199,13 +200,44 @@ def test_persistent_attention_compiles_with_the_schedules_rings_and_turns(tmp_pa
     assert (facts.wgmma, facts.wgmma_shapes, facts.wait_depths) == (base.wgmma, base.wgmma_shapes,
                                                                     base.wait_depths)
     assert facts.setmaxnreg == base.setmaxnreg and facts.tma_loads == base.tma_loads
-    assert base.shared < facts.shared <= base.shared + 64   # one more mbarrier, no buffer
-    assert "persistent: the launcher starts min(query blocks, SMs) CTAs" in source
+    assert base.shared < facts.shared <= base.shared + 64   # one more mbarrier and the item slot, no buffer
+    assert "persistent: the launcher starts min(query blocks, SMs) CTAs and a zeroed work_counter" in source
     assert "mbarrier.wait(q_empty, (t & 1) ^ 1)" in source and "mbarrier.arrive(q_empty)" in source
     assert "first += n_tiles" in source and "(first + j) % V_DEPTH" in source
     if sched.warps and len([g for g in sched.warps if g.role != "load"]) > 1:
         assert "* TURNS" in source and ("(first - t + j)" in source or "(first + j) * TURNS" in source
                                        or "first - t * AHEAD" in source)
+
+
+@pytest.mark.parametrize("options,ahead", PERSISTENT_FLASH_CASES[:2])
+def test_persistent_attention_claims_items_and_hands_them_over_behind_q_bar(tmp_path, options, ahead):
+    """The dynamic scheduler: the kernel takes a work counter, the producer claims each next item with one
+    relaxed atomic add per block, outside the K/V loop, and writes it to the one slot between its wait on
+    q_empty and its arrive on q_bar; every read of the slot follows a wait on q_bar; every partition loops
+    while its item is below n_items (the exit: the producer's plain arrive with an item past the last)."""
+    sched = flash_schedule(build_kernel("flash-fwd", H100, **options), H100, ahead=ahead, depth=2)
+    source = emit_gluon(sched, persistent=True)
+    path = tmp_path / "fa_p_items.py"
+    path.write_text(source)
+    module = load_emitted(str(path), f"twill_test_fa_p_items_{ahead}")
+    assert module.compile_signature()[0]["work_counter"] == "*i32"
+    load = source[source.index("def load_partition"):source.index("def block_coords")].splitlines()
+    compute = source[source.index("def compute_partition"):source.index("def attention_kernel")].splitlines()
+    code = [line.split("#")[0].strip() for line in load]
+    claim = code.index('item = gl.atomic_add(work_counter, 1, sem="relaxed") + gl.num_programs(0)')
+    kv_loop = code.index("for j in range(first, first + n_tiles):")
+    assert kv_loop < claim and len(load[claim]) - len(load[claim].lstrip()) == 8   # after the loop, once a block
+    writes = [k for k, line in enumerate(code) if line == "write_item(item_smem, item)"]
+    assert len(writes) == 2                                  # each block's item, then the exit item
+    for k in writes:
+        assert code[k - 1] == "mbarrier.wait(q_empty, (t & 1) ^ 1)"
+        assert code[k + 1] in ("mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
+                               "mbarrier.arrive(q_bar)")
+    reads = [k for k, line in enumerate(compute) if "read_item(item_smem)" in line]
+    assert len(reads) == 2 and all(compute[k - 1].strip().startswith("mbarrier.wait(q_bar,") for k in reads)
+    assert sum(line.strip() == "while item < n_items:" for line in load + compute) == 2
+    ptx = aot.compile_sm90(module).asm["ptx"]
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.add", ptx)) == 1
 
 
 def test_persistent_is_gemm_and_attention_forward_only():

@@ -201,27 +201,32 @@ PERSISTENT_ATTENTION_CASES = [  # (kernel options, ahead)
     ({"subtiles": 2, "head_dim": 128}, 1),
     ({"subtiles": 2, "head_dim": 128, "causal": True}, 1),
     ({"subtiles": 2, "head_dim": 64, "kv_heads": 2, "dtype": "bf16"}, 1),
+    ({"subtiles": 2, "head_dim": 128, "causal": True, "kv_heads": 2}, 1),
+    ({"subtiles": 2, "head_dim": 64, "causal": True, "kv_heads": 1, "dtype": "bf16"}, 0),
     ({"subtiles": 1, "head_dim": 128, "causal": True}, 0),
     ({"subtiles": 3, "head_dim": 64, "block_n": 64, "causal": True}, 0),
 ]
 
 
 @pytest.mark.parametrize("options,ahead", PERSISTENT_ATTENTION_CASES)
-@pytest.mark.parametrize("B,H,S", [(1, 2, 77), (2, 64, 1000), (3, 6, 1537)])
+@pytest.mark.parametrize("B,H,S", [(1, 2, 77), (2, 64, 1000), (3, 6, 1537), (1, 8, 4100)])
 def test_persistent_attention_matches_torch(tmp_path, options, ahead, B, H, S):
-    """The persistent forward (at most one CTA per SM walking query blocks) against fp64 torch: fewer query
-    blocks than SMs and many per CTA (the rings, the turns and the Q hand-back run on across blocks), causal
-    and not, grouped K/V heads, ragged S, outputs and LSE poisoned with NaN, fresh data."""
+    """The persistent forward (at most one CTA per SM, work items claimed from a counter) against fp64 torch:
+    fewer query blocks than SMs and many per CTA (the claims, the rings, the turns and the Q hand-back run
+    on across blocks), causal and not, grouped and multi-query K/V heads, ragged S, outputs and LSE
+    poisoned with NaN. The same kernel is launched three times on fresh data: a work counter left over from
+    an earlier launch would leave blocks unwritten (NaN)."""
     sched = flash_schedule(build_kernel("flash-fwd", H100, **options), H100, ahead=ahead, depth=2)
     name = "_".join(f"{k}{v}" for k, v in options.items()) + f"_a{ahead}"
     path = tmp_path / f"fa_p_{name}.py"
     path.write_text(emit_gluon(sched, persistent=True))
     mod = load_emitted(str(path), f"gpu_fa_p_{name}_{S}")
-    q, k, v, out, lse = _attention_inputs(options, B, H, S)
-    mod.launch(q, k, v, out=out, lse=lse)
-    ref, ref_lse = _attention_reference(q, k, v, options["head_dim"] ** -0.5, options.get("causal", False))
-    assert _relerr(out, ref) < (1e-2 if q.dtype == torch.bfloat16 else 2e-3)
-    assert torch.isfinite(lse).all() and float((lse.double() - ref_lse).abs().max()) < 1e-3
+    for _ in range(3):
+        q, k, v, out, lse = _attention_inputs(options, B, H, S)
+        mod.launch(q, k, v, out=out, lse=lse)
+        ref, ref_lse = _attention_reference(q, k, v, options["head_dim"] ** -0.5, options.get("causal", False))
+        assert _relerr(out, ref) < (1e-2 if q.dtype == torch.bfloat16 else 2e-3)
+        assert torch.isfinite(lse).all() and float((lse.double() - ref_lse).abs().max()) < 1e-3
 
 
 def test_attention_launcher_rejects_wrong_kv_heads(tmp_path):

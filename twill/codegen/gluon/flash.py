@@ -34,8 +34,8 @@ from twill.codegen.plan import FLASH_PROGRAM_ORDER, KernelPlan
 COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_ptr", "lse_ptr", "q_row", "q_start", "seq_len", "n_tiles",
                   "qk_scale")
 #: The same for the persistent kernel, which finds each query block's rows and trip count itself.
-PERSISTENT_COMPUTE_PARAMS = ("q_smem", "q_bar", "q_empty", "turn_bars", "o_ptr", "lse_ptr", "n_m", "cta_blocks",
-                             "seq_len", "qk_scale")
+PERSISTENT_COMPUTE_PARAMS = ("q_smem", "q_bar", "q_empty", "item_smem", "turn_bars", "o_ptr", "lse_ptr", "n_m",
+                             "n_items", "seq_len", "qk_scale")
 
 SOFTMAX = """
 @gluon.jit
@@ -69,6 +69,22 @@ STEP = """\
     p = gl.exp2(s * qk_scale - m_new[:, None])        # exp: one FMA + ex2 per element
     l_new = l_i * alpha + gl.sum(p, 1)                # rowsum
     return p, alpha, m_new, l_new"""
+
+#: The persistent kernel's hand-over of a work item from the producer to the compute partitions.
+ITEM_SOURCE = """
+@gluon.jit
+def write_item(item_smem, item):
+    \"\"\"Store work item ``item`` in the one-slot ``item_smem`` (the producer, before its arrive on q_bar).\"\"\"
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    item_smem.store(gl.full([1], item, gl.int32, layout))
+
+
+@gluon.jit
+def read_item(item_smem):
+    \"\"\"The work item in ``item_smem`` (a compute partition, after its wait on q_bar).\"\"\"
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    return gl.max(item_smem.load(layout), 0)
+"""
 
 LAUNCH = """
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
@@ -133,11 +149,13 @@ def launch_source(plan: KernelPlan) -> str:
     kv_check = kv_shape_source(plan, "D")
     kv, group_arg = ("KV_HEADS", ", H // KV_HEADS.value") if plan.kv_heads else ("H", "")
     grid = ("    blocks = triton.cdiv(S, BLOCK_M.value) * B * H\n"
-            "    grid = (min(blocks, _sm_count(q.device.index)),)  # persistent: at most one CTA per SM"
+            "    grid = (min(blocks, _sm_count(q.device.index)),)  # persistent: at most one CTA per SM\n"
+            "    # work items claimed after each CTA's first: zeroed for every launch (nothing carries over)\n"
+            "    work_counter = torch.zeros(1, dtype=torch.int32, device=q.device)"
             if plan.persistent else "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)")
     return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
                          torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
-                         extra_args=(", B * H" if plan.persistent else "") + group_arg)
+                         extra_args=(", B * H, work_counter" if plan.persistent else "") + group_arg)
 
 
 class _Knobs:
@@ -410,15 +428,21 @@ class _Compute:
             "    s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)",
             "    q = q_smem.index(SUB)",
             "    first = 0  # ring iteration of the block's first K/V tile: the rings and turns run on across blocks",
-            "    for t in range(cta_blocks):",
+            "    t = 0  # blocks done: the parity of q_bar",
+            "    mbarrier.wait(q_bar, 0)  # the first block's Q sub-tile and work item (load_partition)",
+            "    item = read_item(item_smem)",
+            "    while item < n_items:",
             _block_coords_call(plan),
             *(["        " + diagonal] if plan.causal else []),
             *self.accumulators("        "),
-            "        mbarrier.wait(q_bar, t & 1)  # this block's Q sub-tile loaded by load_partition",
-            *self.body("        ", ("mbarrier.arrive(q_empty)  # Q consumed (the block's last qk completed): the "
-                                    "producer loads the next block's",)),
+            *self.body("        ", ("mbarrier.arrive(q_empty)  # Q and its item consumed (the block's last qk "
+                                    "completed): the producer loads the next block's",)),
             *self.store("        "),
             "        first += n_tiles",
+            "        t += 1",
+            "        # the next block's Q sub-tile and work item, or an item past the last: the CTA is done",
+            "        mbarrier.wait(q_bar, t & 1)",
+            "        item = read_item(item_smem)",
         ]
         return softmax_source(plan).strip("\n") + "\n\n" + "\n".join(lines) + "\n"
 
@@ -448,7 +472,8 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                  ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
                  ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
                  ("o_ptr", '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'), ("seq_len", '"i32"'),
-                 ("qk_scale", '"fp32"'), *((("n_bh", '"i32"'),) if plan.persistent else ()),
+                 ("qk_scale", '"fp32"'),
+                 *((("n_bh", '"i32"'), ("work_counter", '"*i32"')) if plan.persistent else ()),
                  *((("group", '"i32"'),) if plan.kv_heads else ()))
     q_load = ("mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
               "for sub in gl.static_range(NUM_COMPUTE):",
@@ -458,26 +483,39 @@ def flash_body(plan: KernelPlan) -> KernelBody:
               "    mbarrier.init(q_bar, count=1)")
     if plan.persistent:
         walk = dict(
-            functions=block_coords_source(plan) + "\n\n" + compute.render(),
+            functions=block_coords_source(plan) + "\n\n" + ITEM_SOURCE.strip("\n") + "\n\n" + compute.render(),
             setup=("    n_m = gl.cdiv(seq_len, BLOCK_M)  # query blocks per (batch, head)",
-                   "    # query blocks of this CTA: work items pid, pid + grid, ... below n_m * n_bh (block_coords)",
-                   "    cta_blocks = gl.cdiv(n_m * n_bh - gl.program_id(0), gl.num_programs(0))",
+                   "    n_items = n_m * n_bh  # work items: the query blocks in block_coords order",
                    *q_smem,
                    "    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
-                   "    mbarrier.init(q_empty, count=NUM_COMPUTE)  # one arrive per compute partition per block"),
-            trip="cta_blocks",
+                   "    mbarrier.init(q_empty, count=NUM_COMPUTE)  # one arrive per compute partition per block",
+                   "    # the work item of the block whose Q q_bar announces (written by the producer before its arrive)",
+                   "    item_smem = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))"),
+            trip="n_items",
             coords={"k": "[kv_row + (j - first) * BLOCK_N, 0]", "v": "[kv_row + (j - first) * BLOCK_N, 0]"},
-            load_params=("q_desc", "q_smem", "q_bar", "q_empty", "n_m", "seq_len", *group),
+            load_params=("q_desc", "q_smem", "q_bar", "q_empty", "item_smem", "work_counter", "n_m", "seq_len",
+                         *group),
             load_setup=("    first = 0  # ring iteration of the block's first K/V tile: the rings run on across "
                         "query blocks",
-                        "    n_tiles = 0"),
-            load_loop=("    for t in range(cta_blocks):",
-                       "        first += n_tiles  # the previous block's K/V tiles",
+                        "    t = 0  # blocks done: the parity of q_empty",
+                        "    item = gl.program_id(0)  # the first work item; the next ones are claimed from work_counter"),
+            load_loop=("    while item < n_items:",
                        _block_coords_call(plan),
-                       "        # Q: every compute partition handed the previous block's Q back (first pass free)",
+                       "        # Q: every compute partition handed the previous block's Q and item back (first pass free)",
                        "        mbarrier.wait(q_empty, (t & 1) ^ 1)",
+                       "        write_item(item_smem, item)  # released to the compute partitions by the arrive of expect",
                        *("        " + line for line in q_load),
                        "        for j in range(first, first + n_tiles):"),
+            load_after=("        # claim the next work item once the block's loads are issued: Triton's scalar atomic",
+                        "        # waits for its result, which arrives while the compute partitions finish the block",
+                        "        item = gl.atomic_add(work_counter, 1, sem=\"relaxed\") + gl.num_programs(0)",
+                        "        first += n_tiles",
+                        "        t += 1",
+                        "    # exit: hand the compute partitions an item past the last (no Q load: a plain arrive",
+                        "    # completes q_bar's phase) once they are done with the last block's item",
+                        "    mbarrier.wait(q_empty, (t & 1) ^ 1)",
+                        "    write_item(item_smem, item)",
+                        "    mbarrier.arrive(q_bar)"),
             compute_params=PERSISTENT_COMPUTE_PARAMS + group,
             launch=SM_COUNT.strip("\n") + "\n\n" + launch_source(plan),
             imports="import functools\n",
@@ -539,7 +577,7 @@ def _kernel_doc(plan: KernelPlan) -> str:
     """The kernel's docstring: what it computes and the shapes of its operands."""
     mask = " with the causal mask" if plan.causal else ""
     shapes = "Q, O are [B*H*S, D], K, V [B*KV_HEADS*S, D]" if plan.kv_heads else "Q, K, V, O are [B*H*S, D]"
-    what = ("for the query blocks pid, pid + grid, ... of the n_bh = B*H heads (persistent)" if plan.persistent
+    what = ("for the query blocks of the n_bh = B*H heads, claimed from work_counter (persistent)" if plan.persistent
             else "for one (query block, batch*head)")
     return f"O = softmax(Q K^T * scale) V{mask} {what}; {shapes}; LSE [B*H*S] fp32 when lse_ptr is given."
 
@@ -593,20 +631,27 @@ def block_coords_source(plan: KernelPlan) -> str:
 
 
 def _block_coords_call(plan: KernelPlan) -> str:
-    """The persistent kernel's line (in the loop over the CTA's blocks ``t``) that finds block ``t``."""
+    """The persistent kernel's line (in the loop over the CTA's blocks) that finds the block of work item
+    ``item``."""
     group = ", group" if plan.kv_heads else ""
-    return (f"        q_start, q_row, kv_row, n_tiles = block_coords(gl.program_id(0) + t * gl.num_programs(0), n_m, "
-            f"seq_len{group})")
+    return f"        q_start, q_row, kv_row, n_tiles = block_coords(item, n_m, seq_len{group})"
 
 
 def _persistent_decisions(plan: KernelPlan) -> tuple[str, ...]:
     """Header lines of the persistent kernel: how it walks its query blocks."""
     if not plan.persistent:
         return ()
-    return ("persistent: the launcher starts min(query blocks, SMs) CTAs; CTA pid walks work items pid,",
-            "  pid + grid, ... (cta_blocks of them, block_coords: the one-CTA-per-block order); every partition",
-            "  loops over them; the K/V ring iteration first + j and the tensor-core turn count",
-            "  (first - t * AHEAD + j) run on across blocks (never reset), so the producer loads the next block's",
-            "  K/V while the compute partitions finish this one; Q has one buffer: each compute partition hands it",
-            "  back (q_empty) once the block's last qk completed, and",
-            "  the producer loads the next block's Q while the last P V, the normalisation and the stores run")
+    return ("persistent: the launcher starts min(query blocks, SMs) CTAs and a zeroed work_counter; CTA pid",
+            "  takes work item pid first, then the producer claims the next one (atomic add on work_counter, plus",
+            "  grid) once it has issued the block's loads: items are handed out in block_coords order (the",
+            "  one-CTA-per-block order), so the CTAs running at a time work on neighbouring blocks of one head;",
+            "  every partition loops while its item is below n_items. The K/V ring iteration first + j and the",
+            "  tensor-core turn count (first - t * AHEAD + j) run on across blocks (never reset), so the producer",
+            "  loads the next block's K/V while the compute partitions finish this one; Q has one buffer: each",
+            "  compute partition hands it back (q_empty) once the block's last qk completed, and the producer",
+            "  loads the next block's Q while the last P V, the normalisation and the stores run",
+            "item hand-over: one slot, item_smem. The producer writes block t's item after its wait on q_empty",
+            "  (phase t - 1) and before its arrive on q_bar (the expect of block t's Q; at the exit a plain arrive",
+            "  with an item past the last); a compute partition reads it after its wait on q_bar (phase t), so",
+            "  the arrive's release orders the write before the read; it reads it before its arrive on q_empty",
+            "  (phase t), which the producer waits for before it writes the slot again")
