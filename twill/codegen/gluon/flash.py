@@ -489,8 +489,10 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                    *q_smem,
                    "    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
                    "    mbarrier.init(q_empty, count=NUM_COMPUTE)  # one arrive per compute partition per block",
-                   "    # the work item of the block whose Q q_bar announces (written by the producer before its arrive)",
-                   "    item_smem = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))"),
+                   "    # the work item of the block whose Q q_bar announces (written by the producer before its "
+                   "arrive)",
+                   "    item_smem = gl.allocate_shared_memory(gl.int32, [1], "
+                   "gl.SwizzledSharedLayout(1, 1, 1, order=[0]))"),
             trip="n_items",
             coords={"k": "[kv_row + (j - first) * BLOCK_N, 0]", "v": "[kv_row + (j - first) * BLOCK_N, 0]"},
             load_params=("q_desc", "q_smem", "q_bar", "q_empty", "item_smem", "work_counter", "n_m", "seq_len",
@@ -498,12 +500,15 @@ def flash_body(plan: KernelPlan) -> KernelBody:
             load_setup=("    first = 0  # ring iteration of the block's first K/V tile: the rings run on across "
                         "query blocks",
                         "    t = 0  # blocks done: the parity of q_empty",
-                        "    item = gl.program_id(0)  # the first work item; the next ones are claimed from work_counter"),
+                        "    item = gl.program_id(0)  # the first work item; the next ones are claimed from "
+                        "work_counter"),
             load_loop=("    while item < n_items:",
                        _block_coords_call(plan),
-                       "        # Q: every compute partition handed the previous block's Q and item back (first pass free)",
+                       "        # Q: every compute partition handed the previous block's Q and item back (first pass "
+                       "free)",
                        "        mbarrier.wait(q_empty, (t & 1) ^ 1)",
-                       "        write_item(item_smem, item)  # released to the compute partitions by the arrive of expect",
+                       "        write_item(item_smem, item)  # released to the compute partitions by the arrive of "
+                       "expect",
                        *("        " + line for line in q_load),
                        "        for j in range(first, first + n_tiles):"),
             load_after=("        # claim the next work item once the block's loads are issued: Triton's scalar atomic",

@@ -83,7 +83,8 @@ class KernelBody:
         functions: source of the compute partition function and its helpers.
         kernel, kernel_params, kernel_doc: the ``@gluon.jit`` kernel's name, parameters and docstring.
         setup: kernel lines before the rings (program ids, offsets, trip count, extra buffers).
-        iv, trip: the producer's loop variable and trip count.
+        iv, trip: the producer's loop variable and trip count (a persistent kernel: the bound of its loop
+            over output tiles or work items, which the producer takes as its last parameter).
         buffer_shapes: ring -> shape of one buffer; ``coords``: ring -> TMA coordinates of iteration ``iv``.
         load_params, load_setup: extra parameters of the producer and its lines before the loop.
         compute_params: parameters of the compute partition after the rings and barriers.
