@@ -144,7 +144,8 @@ def test_calibrated_costs_follow_the_measured_rates():
 
 def test_plan_covers_every_fitted_quantity():
     benches = {bench for bench, _ in plan()}
-    assert benches == {"mma", "elementwise", "smem", "tma", "tma_reduce", "softmax", "handoff", "launch", "clock"}
+    assert benches == {"mma", "elementwise", "smem", "tma", "tma_reduce", "softmax", "attention_iteration", "handoff",
+                       "launch", "clock"}
     assert len(plan(quick=True)) < len(plan())
 
 
@@ -359,3 +360,48 @@ def test_readme_backward_rows_show_the_committed_results():
         row = (f"| S={seq} | {t['twill_bwd_tflops']:.0f} | cuDNN {t['cudnn_bwd_tflops']:.0f} | "
                f"{t['ratio_bwd_vs_cudnn']:.2f}× |")
         assert row in readme, row
+
+
+def test_attention_iterations_are_fitted_keyed_and_left_out_of_the_prediction():
+    """The attention-iteration measurements are kept per groups x keys x head dimension, round-trip through
+    the machine file, and do not change the prediction (a diagnostic: docs/calibration.md)."""
+    from tests.test_tune import _ping_pong_attention
+    from twill.tune.predict import chain_bound
+
+    key = {"groups": 2, "block_n": 128, "head_dim": 64}
+    steps = [{"bench": "softmax", "args": {**key, "pv": True},
+              "result": {**key, "pv": True, "cycles_per_step": 1500.0}}]
+    measured = [{"bench": "attention_iteration", "args": key, "result": {**key, "cycles_per_iteration": 2600.0}}]
+    plain, machine = fit(_rows() + steps, H200), fit(_rows() + steps + measured, H200)
+    assert plain.calibration.attention_iteration_cycles is None
+    assert dict(machine.calibration.attention_iteration_cycles) == {"2x128x64": 2600.0}
+    assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration
+    schedule = _ping_pong_attention()
+    assert chain_bound(schedule, machine) == chain_bound(schedule, plain) != {}
+
+
+def test_attention_iteration_microbenchmark_compiles_with_turns_and_both_mmas():
+    """The microbenchmark's kernel compiles for sm_90 (no GPU): per warp group one S = Q K^T before the timed
+    loop and S = Q K^T plus O += P V inside it, wgmma waits of depth 1 and 0 as the generated loop, and the
+    turn wait only when groups take turns."""
+    pytest.importorskip("triton")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from twill.codegen.gluon.aot import ptx_facts
+    from twill.machine import microbench
+
+    signature = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "out_ptr": "*fp32", "stats_ptr": "*i64",
+                 "reps": "i32", "GROUPS": "constexpr", "BLOCK_N": "constexpr", "HEAD_DIM": "constexpr",
+                 "WORKER_REGS": "constexpr"}
+    for groups, block_n, head_dim in ((1, 64, 64), (2, 128, 64)):
+        src = GluonASTSource(microbench._iteration_kernel, signature,
+                             constexprs={"GROUPS": groups, "BLOCK_N": block_n, "HEAD_DIM": head_dim,
+                                         "WORKER_REGS": microbench._worker_regs(groups)},
+                             attrs={(i,): [["tt.divisibility", 16]] for i in range(5)})
+        facts = ptx_facts(triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
+        per_mma = head_dim // 16   # k16 instructions of Q K^T; O += P V has block_n // 16
+        assert facts.wgmma == groups * (2 * per_mma + block_n // 16)
+        assert facts.wait_depths == (0, 1)
+        assert facts.mbarrier_waits == groups * (2 + (groups > 1))  # K and V ready, and the turn

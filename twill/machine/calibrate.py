@@ -62,6 +62,7 @@ def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
     for groups, block_n, head_dim in SOFTMAX_STEPS:
         for pv in (True, False):
             steps.append(("softmax", {"groups": groups, "block_n": block_n, "head_dim": head_dim, "pv": pv}))
+        steps.append(("attention_iteration", {"groups": groups, "block_n": block_n, "head_dim": head_dim}))
     steps.append(("handoff", {"worker_warps": 4}))
     steps.append(("handoff", {"worker_warps": 1}))
     steps.append(("launch", {}))
@@ -77,6 +78,7 @@ def run(steps: Iterable[tuple[str, dict[str, Any]]],
     functions = {"mma": microbench.measure_mma, "elementwise": microbench.measure_elementwise,
                  "smem": microbench.measure_smem, "tma": microbench.measure_tma,
                  "tma_reduce": microbench.measure_tma_reduce, "softmax": microbench.measure_softmax,
+                 "attention_iteration": microbench.measure_attention_iteration,
                  "handoff": microbench.measure_handoff, "launch": microbench.measure_launch,
                  "clock": microbench.measure_clock}
     steps = list(steps)
@@ -98,6 +100,7 @@ def _summary(bench: str, result: dict[str, Any]) -> str:
     keys = {"mma": ("flops_per_clk", "cycles_per_group", "clock_ghz"), "elementwise": ("elements_per_clk",),
             "smem": ("bytes_per_clk",), "tma": ("bytes_per_clk", "cycles_per_tile"),
             "tma_reduce": ("cycles_per_tile", "bytes_per_clk"), "softmax": ("cycles_per_step",),
+            "attention_iteration": ("cycles_per_iteration",),
             "handoff": ("cycles_per_handoff",), "launch": ("launch_us",), "clock": ("clock_ghz", "wgmma_clock_ghz", "gemm_tflops")}[bench]
     return ", ".join(f"{k} {result[k]:.4g}" for k in keys)
 
@@ -158,6 +161,9 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
     # optional as well: the online-softmax step with O += P V in flight, per (groups, keys, head dimension)
     steps = {softmax_key(r["groups"], r["block_n"], r["head_dim"]): r["cycles_per_step"]
              for r in _results(rows, "softmax", pv=True)}
+    # optional as well: the compute side of a whole loop iteration, tensor-core turns included
+    iterations = {softmax_key(r["groups"], r["block_n"], r["head_dim"]): r["cycles_per_iteration"]
+                  for r in _results(rows, "attention_iteration")}
     # the SM's own cycle counter over event time under full tensor-core load; nvidia-smi's reading
     # (``clock_ghz`` of the row) can stay at the boost clock while the SM runs slower
     clocks = [r["wgmma_clock_ghz"] for r in _results(rows, "clock")]
@@ -167,7 +173,7 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
         rowmax_per_clk=rowmax, rowsum_per_clk=rowsum, smem_bytes_per_clk=smem, barrier_handoff_cycles=handoff,
         tma_latency_cycles=tma_lat, tma_bytes_per_clk=tma_bw, tma_l2_latency_cycles=l2_lat,
         tma_l2_bytes_per_clk=l2_bw, tma_reduce_bytes_per_clk=statistics.median(reduce) if reduce else None,
-        softmax_step_cycles=steps or None)
+        softmax_step_cycles=steps or None, attention_iteration_cycles=iterations or None)
     calibration = Calibration.from_dict(calibration.to_dict())  # normalised, validated mappings
     return replace(base, model=f"{base.name}-calibrated", calibration=calibration,
                    sustained_clock_ghz=statistics.median(_need(clocks, "the sustained clock")), launch_us=launch)

@@ -72,7 +72,9 @@ def lookup_n(table: Mapping[int, float], n: int) -> float:
 
 
 #: Calibration fields a machine file may leave out (measured by later versions of ``twill calibrate``).
-OPTIONAL_FIELDS = frozenset({"tma_reduce_bytes_per_clk", "softmax_step_cycles"})
+OPTIONAL_FIELDS = frozenset({"tma_reduce_bytes_per_clk", "softmax_step_cycles", "attention_iteration_cycles"})
+#: Calibration fields keyed by :func:`softmax_key` (groups x keys x head dimension -> cycles).
+STEP_TABLES = ("softmax_step_cycles", "attention_iteration_cycles")
 
 
 def softmax_key(groups: int, block_n: int, head_dim: int) -> str:
@@ -111,6 +113,13 @@ class Calibration:
             operand) on its 64 query rows while its ``O += P V`` wgmma is in flight and ``groups`` warp
             groups run the same step at once (the contention inside the kernel). Optional, like
             ``tma_reduce_bytes_per_clk``; without it the prediction has no per-group chain bound.
+        attention_iteration_cycles: :func:`softmax_key` -> cycles per loop iteration of each of ``groups``
+            compute warp groups running the attention forward's whole compute side at once, tensor-core turns
+            included: wait for the turn, issue ``S = Q K^T`` and ``O += P V``, pass the turn on, the online
+            softmax with ``O += P V`` in flight, the rescale, and the ring waits and releases, with K/V
+            resident in shared memory (so no load ever waits). Optional, and a diagnostic: the prediction
+            does not use it (docs/calibration.md says why: on the kernels measured it ranks the tiles the
+            wrong way round, so the gap is in the kernels' own instruction stream, not in this mechanism).
     """
 
     mma_flops_per_clk: Mapping[str, Mapping[int, float]]
@@ -130,6 +139,7 @@ class Calibration:
     tma_l2_bytes_per_clk: float
     tma_reduce_bytes_per_clk: float | None = None
     softmax_step_cycles: Mapping[str, float] | None = None
+    attention_iteration_cycles: Mapping[str, float] | None = None
 
     def mma_rate(self, dtype: str, n: int, *, one_group: bool = False) -> float | None:
         """FLOP per clock for a ``dtype`` wgmma of width ``n``, or None when ``dtype`` was not measured."""
@@ -142,7 +152,7 @@ class Calibration:
             value = getattr(self, f.name)
             if f.name in ("mma_flops_per_clk", "mma_flops_per_clk_one_group"):
                 value = {dt: {str(n): r for n, r in t.items()} for dt, t in value.items()}
-            elif f.name in ("mma_group_latency", "softmax_step_cycles") and value is not None:
+            elif f.name in ("mma_group_latency", *STEP_TABLES) and value is not None:
                 value = {str(n): r for n, r in value.items()}
             if value is not None:
                 out[f.name] = value
@@ -169,7 +179,7 @@ class Calibration:
                                                  for dt, t in value.items()})
             elif name == "mma_group_latency":
                 kwargs[name] = _rate_table(f"{where}.{name}", value)
-            elif name == "softmax_step_cycles":
+            elif name in STEP_TABLES:
                 kwargs[name] = _step_table(f"{where}.{name}", value)
             else:
                 kwargs[name] = _positive(f"{where}.{name}", value)
@@ -223,6 +233,13 @@ def _softmax_estimate(machine: Any, groups: int, block_n: int, head_dim: int) ->
     return max(alone, shared)
 
 
+def _tensor_core_cycles(machine: Any, groups: int, block_n: int, head_dim: int) -> float:
+    """Cycles the tensor core needs for one iteration of ``groups`` warp groups: each group's ``S = Q K^T``
+    and ``O += P V`` (2 x 2 x 64 x keys x head dimension FLOP) at the measured fp16 rate."""
+    flops = groups * 2 * 2 * 64 * block_n * head_dim
+    return flops / machine.calibration.mma_rate("fp16", max(block_n, head_dim))
+
+
 def format_calibration(machine: Any) -> str:
     """A Markdown table of a calibrated machine's rates beside its datasheet values (per SM, per clock)."""
     cal = machine.calibration
@@ -255,6 +272,9 @@ def format_calibration(machine: Any) -> str:
         *[(f"online-softmax step, {g} warp group(s), N={n} D={d}, P V in flight (clk)", f"{c:.0f}",
            f"{_softmax_estimate(machine, int(g), int(n), int(d)):.0f} (sum of the rates)")
           for key, c in (cal.softmax_step_cycles or {}).items() for g, n, d in [key.split("x")]],
+        *[(f"attention iteration, {g} warp group(s) taking turns, N={n} D={d} (clk)", f"{c:.0f}",
+           f"{_tensor_core_cycles(machine, int(g), int(n), int(d)):.0f} (tensor core)")
+          for key, c in (cal.attention_iteration_cycles or {}).items() for g, n, d in [key.split("x")]],
         ("sustained SM clock under tensor-core load (GHz)", f"{machine.sustained_clock_ghz:.3f}",
          f"{machine.clock_ghz}"),
         ("launch, back to back (us)", f"{machine.launch_us:.2f}", "4.0 (estimate)"),

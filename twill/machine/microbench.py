@@ -18,6 +18,9 @@ The kernels (all ``@gluon.jit``, sm_90):
   accumulator layout (the layout attention's softmax works in), from 1, 2 or 3 warp groups.
 * :func:`_softmax_kernel` - the attention forward's online-softmax step on an accumulator-layout tile, with
   or without ``O += P V`` in flight, from 1, 2 or 3 warp groups.
+* :func:`_iteration_kernel` - the compute side of one attention-forward loop iteration: 1, 2 or 3 warp
+  groups taking tensor-core turns, each issuing ``S = Q K^T`` and ``O += P V`` and running the online
+  softmax in between, on K/V tiles resident in shared memory.
 * :func:`_smem_kernel` - fp16 register -> shared memory -> register round trips of an accumulator tile.
 * :func:`_tma_kernel` - TMA tile loads into a ring of ``DEPTH`` buffers completed on mbarriers.
 * :func:`_tma_reduce_kernel` - TMA reduce-adds of an fp32 tile from shared memory into global memory, with
@@ -232,6 +235,115 @@ def _softmax_kernel(s_ptr, v_ptr, out_ptr, stats_ptr, reps, GROUPS: gl.constexpr
             (_softmax_loop, (s_ptr, v_smem, out_ptr, stats_ptr, reps, 0, 3, BLOCK_N, HEAD_DIM, PV)),
             (_softmax_loop, (s_ptr, v_smem, out_ptr, stats_ptr, reps, 1, 3, BLOCK_N, HEAD_DIM, PV)),
             (_softmax_loop, (s_ptr, v_smem, out_ptr, stats_ptr, reps, 2, 3, BLOCK_N, HEAD_DIM, PV)),
+        ], [4, 4], [WORKER_REGS, WORKER_REGS])
+
+
+@gluon.jit
+def _iteration_softmax(s, m_i, l_i, s_layout: gl.constexpr):
+    """The online-softmax step of :func:`_iteration_loop` (scores scaled by 1/16 in base 2)."""
+    m_new = gl.maximum(m_i, gl.max(s, 1) * 0.0625)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * 0.0625 - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _iteration_loop(q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_ptr, reps, PART: gl.constexpr,
+                    GROUPS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """One compute warp group of the generated attention forward with its loads taken away: ``reps``
+    iterations of the loop body the generator emits when S runs one stage ahead of P V, on K and V tiles
+    resident in shared memory. Per iteration: wait for the K and V tiles (``ready``: always complete), wait
+    for the tensor-core turn (``turns``, the ping-pong of ``GROUPS`` groups), issue ``S = Q K^T`` and
+    ``O += P V`` (P converted to the fp16 register operand), pass the turn on, retire S, release K
+    (``empty``), run the online softmax while ``O += P V`` is in flight, retire it, release V and rescale O;
+    timed."""
+    pid = gl.program_id(0)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    q = q_smem.index(PART)
+    s_zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
+    o = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
+    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+    s_tok = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    p, alpha, m_i, l_i = _iteration_softmax(s, m_i, l_i, s_layout)
+    t0 = _clock(pid)
+    for j in range(reps):
+        mbarrier.wait(ready, 0)  # K tile j + 1
+        if GROUPS > 1:
+            mbarrier.wait(turns.index(PART), j & 1)
+        s_tok = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        p_op = gl.convert_layout(p.to(gl.float16), p_layout)
+        mbarrier.wait(ready, 0)  # V tile j
+        o_tok = warpgroup_mma(p_op, v_smem, o, is_async=True)
+        if GROUPS > 1:
+            mbarrier.arrive(turns.index((PART + 1) % GROUPS))
+        s, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])
+        mbarrier.arrive(empty)  # K tile released
+        p, alpha, m_i, l_i = _iteration_softmax(s, m_i, l_i, s_layout)
+        o, p_op = warpgroup_mma_wait(0, deps=[o, p_op])
+        mbarrier.arrive(empty)  # V tile released
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    t1 = _clock(pid)
+    _record(stats_ptr, pid * GROUPS + PART, t0, t1)
+    orow = gl.arange(0, 64, gl.SliceLayout(1, o_layout))
+    ocol = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    base = out_ptr + (pid * GROUPS + PART) * (64 * HEAD_DIM + 64)
+    gl.store(base + orow[:, None] * HEAD_DIM + ocol[None, :], o)
+    gl.store(base + 64 * HEAD_DIM + gl.arange(0, 64, gl.SliceLayout(1, s_layout)), l_i)
+
+
+@gluon.jit
+def _iteration_kernel(q_ptr, k_ptr, v_ptr, out_ptr, stats_ptr, reps, GROUPS: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, WORKER_REGS: gl.constexpr):
+    """GROUPS warp groups each run :func:`_iteration_loop` on their own 64 query rows (Q [GROUPS * 64,
+    HEAD_DIM]) against one K and one V tile ([BLOCK_N, HEAD_DIM], fp16), all in shared memory."""
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, blocked))
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.float16)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, HEAD_DIM], gl.float16)
+    kv_rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, blocked))
+    k_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, HEAD_DIM], tile_layout,
+                                       gl.load(k_ptr + kv_rows[:, None] * HEAD_DIM + cols[None, :]))
+    v_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, HEAD_DIM], tile_layout,
+                                       gl.load(v_ptr + kv_rows[:, None] * HEAD_DIM + cols[None, :]))
+    q_smem = gl.allocate_shared_memory(gl.float16, [GROUPS, 64, HEAD_DIM], q_layout)
+    q_rows = gl.arange(0, 64, gl.SliceLayout(1, blocked))
+    for g in gl.static_range(GROUPS):
+        q_smem.index(g).store(gl.load(q_ptr + (g * 64 + q_rows)[:, None] * HEAD_DIM + cols[None, :]))
+    turns = gl.allocate_shared_memory(gl.int64, [GROUPS, 1], mbarrier.MBarrierLayout())
+    for g in gl.static_range(GROUPS):
+        mbarrier.init(turns.index(g), count=1)
+    ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(ready, count=1)
+    mbarrier.init(empty, count=1)
+    mbarrier.arrive(ready)  # phase 0 complete: every wait on it returns at once, as on a tile already loaded
+    mbarrier.arrive(turns.index(0))  # group 0 takes the first tensor-core turn
+    fence_async_shared()
+    gl.thread_barrier()
+    if GROUPS == 1:
+        _iteration_loop(q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_ptr, reps, 0, 1, BLOCK_N,
+                        HEAD_DIM)
+    elif GROUPS == 2:
+        gl.warp_specialize([
+            (_iteration_loop, (q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_ptr, reps, 0, 2,
+                               BLOCK_N, HEAD_DIM)),
+            (_iteration_loop, (q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_ptr, reps, 1, 2,
+                               BLOCK_N, HEAD_DIM)),
+        ], [4], [WORKER_REGS])
+    else:
+        gl.warp_specialize([
+            (_iteration_loop, (q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_ptr, reps, 0, 3,
+                               BLOCK_N, HEAD_DIM)),
+            (_iteration_loop, (q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_ptr, reps, 1, 3,
+                               BLOCK_N, HEAD_DIM)),
+            (_iteration_loop, (q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_ptr, reps, 2, 3,
+                               BLOCK_N, HEAD_DIM)),
         ], [4, 4], [WORKER_REGS, WORKER_REGS])
 
 
@@ -525,6 +637,48 @@ def measure_softmax(groups: int = 1, block_n: int = 128, head_dim: int = 128, pv
     return {"groups": groups, "block_n": block_n, "head_dim": head_dim, "pv": pv,
             "cycles_per_step": per_sm["cycles"] / reps, "steps_per_clk": per_sm["per_clk"],
             "ctas_per_sm": per_sm["ctas_per_sm"], "rel_error": err}
+
+
+def measure_attention_iteration(groups: int = 2, block_n: int = 128, head_dim: int = 128,
+                                reps: int = 1024) -> dict[str, float]:
+    """The compute side of one attention-forward loop iteration (:func:`_iteration_loop`): cycles per
+    iteration of each of ``groups`` warp groups taking tensor-core turns (median over CTAs), one CTA per SM.
+    Checked against a float64 torch replay of the same iterations first."""
+    torch = _torch()
+    q = (torch.rand(64 * groups, head_dim, device="cuda") / 2).half()
+    k = (torch.rand(block_n, head_dim, device="cuda") / 2).half()
+    v = (torch.rand(block_n, head_dim, device="cuda") / block_n).half()
+    grid = sm_count()
+    width = 64 * head_dim + 64
+    out = torch.full((grid * groups, width), float("nan"), device="cuda")
+    stats = torch.zeros(grid * groups * 2, dtype=torch.int64, device="cuda")
+
+    def launch(r):
+        _iteration_kernel[(grid,)](q, k, v, out, stats, r, GROUPS=groups, BLOCK_N=block_n, HEAD_DIM=head_dim,
+                                   WORKER_REGS=_worker_regs(groups), num_warps=4)
+
+    checked = 3
+    launch(checked)
+    err = 0.0
+    for g in range(groups):
+        s = q[64 * g:64 * (g + 1)].double() @ k.double().T
+        m = (s.amax(1) * 0.0625)
+        p = torch.exp2(s * 0.0625 - m[:, None])
+        l = p.sum(1)
+        o = torch.zeros(64, head_dim, dtype=torch.float64, device="cuda")
+        for _ in range(checked):  # the scores repeat: alpha stays 1 after the first step
+            o = o + p.half().double() @ v.double()
+            p = torch.exp2(s * 0.0625 - m[:, None])
+            l = l + p.sum(1)
+        ref = torch.cat([o.flatten(), l])
+        err = max(err, ((out[g].double() - ref).norm() / ref.norm()).item())
+    if not err < 1e-3:
+        raise RuntimeError(f"attention iteration microbenchmark wrong: relative error {err:.3g}")
+    launch(reps)
+    per_sm = _per_sm(stats, float(reps))
+    return {"groups": groups, "block_n": block_n, "head_dim": head_dim,
+            "cycles_per_iteration": per_sm["cycles"] / reps, "ctas_per_sm": per_sm["ctas_per_sm"],
+            "rel_error": err}
 
 
 def measure_smem(groups: int = 1, cols: int = 128, reps: int = 2048) -> dict[str, float]:
