@@ -221,7 +221,7 @@ def _persistent_table(result):
     return table(result)
 
 
-def _sub3_table(result):
+def _gluon_bench_table(result):
     from benchmarks.gluon_bench import markdown_table
 
     return markdown_table(result)
@@ -247,7 +247,8 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("flash-bwd-table", "flash_bwd_h200.json", _backward_table),
                       ("persistent-gemm-table", "persistent_gemm_h200.json", _persistent_table),
                       ("tune-table", "tune_bench_h200.json", _tune_table),
-                      ("sub3-table", "gluon_bench_h200_sub3.json", _sub3_table)]
+                      ("sub3-table", "gluon_bench_h200_sub3.json", _gluon_bench_table),
+                      ("persistent-attention-table", "gluon_bench_h200_persistent.json", _gluon_bench_table)]
 
 
 @pytest.mark.parametrize("marker,results,render", PERFORMANCE_TABLES, ids=[t[0] for t in PERFORMANCE_TABLES])
