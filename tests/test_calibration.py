@@ -333,6 +333,18 @@ def test_readme_persistent_gemm_row_shows_the_committed_result():
     assert row in readme, row
 
 
+def test_readme_persistent_attention_rows_show_the_committed_results():
+    """The README's persistent causal attention rows are benchmarks/results/gluon_bench_h200_persistent.json's."""
+    with open(os.path.join(RESULTS, "gluon_bench_h200_persistent.json")) as fh:
+        result = json.load(fh)
+    kernel = next(k for k in result["kernels"] if k["name"] == "fa_causal_d128_sub2_solver_d2_persistent")
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as fh:
+        readme = fh.read()
+    for t in (t for t in kernel["timings"] if t["S"] in (2048, 4096)):
+        row = f"| S={t['S']} | {t['tflops']:.0f} | cuDNN {t['cudnn_tflops']:.0f} | {t['ratio_vs_cudnn']:.2f}× |"
+        assert row in readme, row
+
+
 def test_readme_tuned_rows_show_the_committed_results():
     """The README's tuned GEMM and attention rows are benchmarks/results/tune_bench_h200.json's: the tuned
     kernel's TFLOP/s, the best reference's and their ratio, at the shape each row names."""
