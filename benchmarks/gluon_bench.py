@@ -99,7 +99,6 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
      {"subtiles": 2, "head_dim": 128, "causal": True, "kv_heads": ATTN_KV_HEADS}, {"ahead": 1, "depth": 2}),
     ("fa_causal_bf16_d128_sub2_ahead1_d2", "flash-fwd",
      {"subtiles": 2, "head_dim": 128, "causal": True, "dtype": "bf16"}, {"ahead": 1, "depth": 2}),
-    # three compute partitions (BLOCK_M 192, FA3's D = 64 tile), tensor-core turns round robin
     # persistent attention forward of the same schedules (emit_gluon(..., persistent=True))
     ("fa_d128_sub2_solver_d2_persistent", "flash-fwd", {"subtiles": 2, "head_dim": 128},
      {"solver": True, "depth": 2, "persistent": True}),
@@ -111,6 +110,14 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
      {"solver": True, "depth": 3, "persistent": True}),
     ("fa_d128_sub2_solver_d3_persistent", "flash-fwd", {"subtiles": 2, "head_dim": 128},
      {"solver": True, "depth": 3, "persistent": True}),
+    ("fa_causal_d256_bn64_sub2_ahead1_d2_persistent", "flash-fwd",
+     {"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True}, {"ahead": 1, "depth": 2, "persistent": True}),
+    ("fa_causal_d256_bn64_sub2_solver_d2_persistent", "flash-fwd",
+     {"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True}, {"solver": True, "depth": 2, "persistent": True}),
+    ("fa_causal_gqa8_d128_sub2_ahead1_d2_persistent", "flash-fwd",
+     {"subtiles": 2, "head_dim": 128, "causal": True, "kv_heads": ATTN_KV_HEADS},
+     {"ahead": 1, "depth": 2, "persistent": True}),
+    # three compute partitions (BLOCK_M 192, FA3's D = 64 tile), tensor-core turns round robin
     ("fa_d64_sub3_solver_d2", "flash-fwd", {"subtiles": 3, "head_dim": 64}, {"solver": True, "depth": 2}),
     ("fa_d64_sub3_solver_d3", "flash-fwd", {"subtiles": 3, "head_dim": 64}, {"solver": True, "depth": 3}),
     ("fa_d64_bn64_sub3_solver_d2", "flash-fwd", {"subtiles": 3, "head_dim": 64, "block_n": 64},
