@@ -352,7 +352,17 @@ def test_ptxas_log_parsing():
            "ptxas info    : Function properties for k\n"
            "    24 bytes stack frame, 16 bytes spill stores, 8 bytes spill loads\n"
            "ptxas info    : Used 168 registers\n")
-    assert parse_ptxas_log(log) == {"registers": 168, "spill_stores": 16, "spill_loads": 8, "spill_bytes": 24}
+    assert parse_ptxas_log(log) == {"registers": 168, "spill_stores": 16, "spill_loads": 8, "spill_bytes": 24,
+                                    "serialized_wgmma": 0}
+    warned = log + ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+                    "serialized due to non wgmma instructions reading accumulator registers of  a wgmma between "
+                    "start and end of the pipeline stage in the function 'k'\n")
+    assert parse_ptxas_log(warned)["serialized_wgmma"] == 1
+    # either is a reason not to rank the candidate; a clean report or no compile is not
+    assert "24 bytes of spill" in sweep.ptxas_rejection(parse_ptxas_log(log))
+    assert "serializes the kernel's wgmma" in sweep.ptxas_rejection({**parse_ptxas_log(warned), "spill_bytes": 0})
+    assert sweep.ptxas_rejection({**parse_ptxas_log(log), "spill_bytes": 0}) is None
+    assert sweep.ptxas_rejection(None) is None
 
 
 # -- sweep and cache --------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Triton 3.6 runs ``ptxas -v`` while compiling but discards its log, and fills ``CompiledKernel.n_spills`` only
 when the kernel is loaded on a GPU. So the kernel's PTX (``kernel.asm["ptx"]``) is assembled again here with
 the ptxas that Triton ships, and the ``-v`` lines are read: ``Used N registers`` and
-``N bytes spill stores, M bytes spill loads``.
+``N bytes spill stores, M bytes spill loads``, and the warning that wgmmas were serialized.
 """
 
 from __future__ import annotations
@@ -17,15 +17,20 @@ from twill.errors import TwillError
 
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (\d+) registers")
+#: ptxas's warning (C7510, C7514, ...) that it serialized the kernel's wgmmas: each one then waits for the one
+#: before it, which costs a pipelined attention forward about a quarter of its speed.
+_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized")
 
 
 def parse_ptxas_log(log: str) -> dict[str, int]:
-    """``{"registers", "spill_stores", "spill_loads", "spill_bytes"}`` summed over the kernels in a
-    ``ptxas -v`` log (registers: the largest)."""
+    """``{"registers", "spill_stores", "spill_loads", "spill_bytes", "serialized_wgmma"}`` summed over the
+    kernels in a ``ptxas -v`` log (registers: the largest; serialized_wgmma: 1 if ptxas warned that it
+    serialized wgmma instructions, else 0)."""
     stores = sum(int(m.group(1)) for m in _SPILLS.finditer(log))
     loads = sum(int(m.group(2)) for m in _SPILLS.finditer(log))
     regs = max((int(m.group(1)) for m in _REGISTERS.finditer(log)), default=0)
-    return {"registers": regs, "spill_stores": stores, "spill_loads": loads, "spill_bytes": stores + loads}
+    return {"registers": regs, "spill_stores": stores, "spill_loads": loads, "spill_bytes": stores + loads,
+            "serialized_wgmma": int(bool(_SERIALIZED.search(log)))}
 
 
 def ptxas_report(ptx: str, capability: int) -> dict[str, int]:

@@ -153,10 +153,23 @@ def _solve_job(job: Job) -> dict[str, Any]:
     record: dict[str, Any] = {"status": "ok", "reason": None, "cacheable": True, "ii": schedule.ii,
                               "solve_status": schedule.status, "schedule": schedule_document(schedule),
                               "spills": spills}
-    if spills and spills["spill_bytes"] > 0:
-        record.update(status="spills", reason=f"ptxas reports {spills['spill_bytes']} bytes of spill "
-                                              f"stores/loads")
+    rejected = ptxas_rejection(spills)
+    if rejected:
+        record.update(status="spills", reason=rejected)
     return record
+
+
+def ptxas_rejection(report: dict[str, int] | None) -> str | None:
+    """Why a candidate whose compiled kernel has ptxas ``report`` (:func:`twill.tune.spills.ptxas_report`)
+    is not ranked (status ``spills``): it spills registers, or ptxas serialized its wgmma instructions (each
+    then waits for the one before it); None when neither, or when nothing was compiled."""
+    if not report:
+        return None
+    if report["spill_bytes"] > 0:
+        return f"ptxas reports {report['spill_bytes']} bytes of spill stores/loads"
+    if report.get("serialized_wgmma"):
+        return "ptxas serializes the kernel's wgmma instructions (each waits for the one before it)"
+    return None
 
 
 def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[str, int] | None]:
