@@ -234,3 +234,29 @@ def test_the_explanation_answers_below_the_warp_issue_bound_of_the_relaxed_famil
     search.explain(model)
     assert model.asked == [frozenset({"register_file"}), frozenset({"warp_issue"})]
     assert search.blocked == ["warp_issue"]
+
+
+def two_groups_graph():
+    """tests/test_joint.py's two independent 4-warp ops: with ``max_warps=4`` the modulo-only II 2 is blocked by
+    WARP COUNT and by WARP ISSUE, so the explanation finds a schedule for two relaxed problems in turn."""
+    from twill.ir.builder import GraphBuilder
+
+    b = GraphBuilder("issue", units={"A": 1, "B": 1})
+    b.op("x", uses={"A": 1}, cycles=2, warps=4, kind="alu", attrs={"role": "x"})
+    b.op("y", uses={"B": 1}, cycles=2, warps=4, kind="alu", attrs={"role": "y"})
+    return b.build()
+
+
+def test_the_explanation_answers_the_same_without_the_witness_hint(monkeypatch):
+    """Each relaxed question of the UNSAT explanation is hinted with the schedule of the previous one that had a
+    solution (:meth:`CpsatJoint.hint_solution`); without the hints the search answers the same."""
+    from twill.solve.joint.cpsat import CpsatJoint
+
+    options = SolveOptions(normalize=False, time_limit=30, max_warps=4)
+    hinted = []
+    original = CpsatJoint.hint_solution
+    monkeypatch.setattr(CpsatJoint, "hint_solution", lambda self, s: (hinted.append(s), original(self, s)))
+    with_hints = schedule(two_groups_graph(), get_machine("h100"), options)
+    assert hinted and with_hints.stats["blocked_by"]
+    monkeypatch.setattr(CpsatJoint, "hint_solution", lambda self, s: None)
+    assert answer(schedule(two_groups_graph(), get_machine("h100"), options)) == answer(with_hints)
