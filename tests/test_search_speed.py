@@ -260,3 +260,49 @@ def test_the_explanation_answers_the_same_without_the_witness_hint(monkeypatch):
     assert hinted and with_hints.stats["blocked_by"]
     monkeypatch.setattr(CpsatJoint, "hint_solution", lambda self, s: None)
     assert answer(schedule(two_groups_graph(), get_machine("h100"), options)) == answer(with_hints)
+
+
+def test_the_least_length_of_the_relaxation_bounds_the_joint_length():
+    """H100 flash-fwd without sub-tiling: at the final II the concurrency-free relaxation has a schedule; its
+    least L, proved, is at most the joint problem's least L, the lower end the joint solve starts from."""
+    from twill.solve.joint import search
+
+    result = solved_kernel("flash-fwd", "h100", {"subtiles": 1})
+    graph, machine = work_graph("flash-fwd", "h100", {"subtiles": 1})
+    row = result.stats["tried"][-1]
+    outcome = search.relaxation(graph, machine, SolveOptions().for_graph(graph),
+                                effective_units(graph, machine.units), ii=result.ii, length_min=row["length_min"],
+                                drops=RELAXATIONS[1], deadline=time.perf_counter() + 60)
+    assert outcome.status == Status.OPTIMAL
+    least = {o["name"]: o for o in result.stats["objectives"]}["length"]
+    assert least["proven"] and row["length_min"] <= outcome.solution.length <= least["value"] == result.length
+
+
+def feasibility_only(relaxation):
+    """``relaxation`` as the search solved it before its least L: the status alone, no schedule."""
+    from dataclasses import replace
+
+    def solve(*args, **kwargs):
+        outcome = relaxation(*args, **kwargs)
+        if not outcome.found:
+            return outcome
+        return replace(outcome, status=Status.FEASIBLE, solution=None)
+
+    return solve
+
+
+@pytest.mark.slow
+def test_the_triton_subtiled_attention_answers_the_same_without_the_relaxation_length(monkeypatch):
+    """The Triton ``attn_fwd_subtiled`` graph on B200: the concurrency-free relaxation at the final II 341 has
+    the least L of the joint problem, and its schedule hints the joint solve (seconds instead of about ten);
+    with the relaxation's status alone the search answers the same."""
+    pytest.importorskip("triton")
+    from test_triton_frontend import _graph
+
+    from twill.solve.joint import search
+
+    graph, machine = _graph("flash_fwd_subtiled", "attn_fwd_subtiled", "b200"), get_machine("b200")
+    fast = schedule(graph, machine, SolveOptions())
+    monkeypatch.setattr(search, "relaxation", feasibility_only(search.relaxation))
+    assert answer(schedule(graph, machine, SolveOptions())) == answer(fast)
+    assert fast.status == Status.OPTIMAL
