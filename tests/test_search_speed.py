@@ -306,3 +306,28 @@ def test_the_triton_subtiled_attention_answers_the_same_without_the_relaxation_l
     monkeypatch.setattr(search, "relaxation", feasibility_only(search.relaxation))
     assert answer(schedule(graph, machine, SolveOptions())) == answer(fast)
     assert fast.status == Status.OPTIMAL
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_least_copies_check_answers_as_the_minimisation(seed, monkeypatch):
+    """Phase 1 first asks for a schedule with the least copies the lower end of L allows
+    (:func:`twill.solve.modulo.fits_copies`); the status, copies and proved lower end of L are those of the
+    minimisation over every copy count, at every II from the first feasible one on a random graph."""
+    from ortools.sat.python import cp_model
+
+    from twill.solve import modulo
+
+    machine = get_machine("h100")
+    graph = random_graph(10, seed)
+    work = normalized(graph, SolveOptions(resolution=60).for_graph(graph))[0]
+    units = effective_units(work, machine.units)
+    first = next(ii for ii in range(1, 100_000) if solve_modulo(work, units, ii, time_limit=30).found)
+
+    def row(result):
+        return result.status, math.ceil(result.length / result.ii) if result.found else None, result.length_bound
+
+    checked = [row(solve_modulo(work, units, ii, time_limit=30, workers=1, minimise="copies"))
+               for ii in range(first - 1, first + 6)]
+    monkeypatch.setattr(modulo, "fits_copies", lambda *args, **kwargs: cp_model.UNKNOWN)
+    assert [row(solve_modulo(work, units, ii, time_limit=30, workers=1, minimise="copies"))
+            for ii in range(first - 1, first + 6)] == checked
