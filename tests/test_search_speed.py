@@ -234,3 +234,100 @@ def test_the_explanation_answers_below_the_warp_issue_bound_of_the_relaxed_famil
     search.explain(model)
     assert model.asked == [frozenset({"register_file"}), frozenset({"warp_issue"})]
     assert search.blocked == ["warp_issue"]
+
+
+def two_groups_graph():
+    """tests/test_joint.py's two independent 4-warp ops: with ``max_warps=4`` the modulo-only II 2 is blocked by
+    WARP COUNT and by WARP ISSUE, so the explanation finds a schedule for two relaxed problems in turn."""
+    from twill.ir.builder import GraphBuilder
+
+    b = GraphBuilder("issue", units={"A": 1, "B": 1})
+    b.op("x", uses={"A": 1}, cycles=2, warps=4, kind="alu", attrs={"role": "x"})
+    b.op("y", uses={"B": 1}, cycles=2, warps=4, kind="alu", attrs={"role": "y"})
+    return b.build()
+
+
+def test_the_explanation_answers_the_same_without_the_witness_hint(monkeypatch):
+    """Each relaxed question of the UNSAT explanation is hinted with the schedule of the previous one that had a
+    solution (:meth:`CpsatJoint.hint_solution`); without the hints the search answers the same."""
+    from twill.solve.joint.cpsat import CpsatJoint
+
+    options = SolveOptions(normalize=False, time_limit=30, max_warps=4)
+    hinted = []
+    original = CpsatJoint.hint_solution
+    monkeypatch.setattr(CpsatJoint, "hint_solution", lambda self, s: (hinted.append(s), original(self, s)))
+    with_hints = schedule(two_groups_graph(), get_machine("h100"), options)
+    assert hinted and with_hints.stats["blocked_by"]
+    monkeypatch.setattr(CpsatJoint, "hint_solution", lambda self, s: None)
+    assert answer(schedule(two_groups_graph(), get_machine("h100"), options)) == answer(with_hints)
+
+
+def test_the_least_length_of_the_relaxation_bounds_the_joint_length():
+    """H100 flash-fwd without sub-tiling: at the final II the concurrency-free relaxation has a schedule; its
+    least L, proved, is at most the joint problem's least L, the lower end the joint solve starts from."""
+    from twill.solve.joint import search
+
+    result = solved_kernel("flash-fwd", "h100", {"subtiles": 1})
+    graph, machine = work_graph("flash-fwd", "h100", {"subtiles": 1})
+    row = result.stats["tried"][-1]
+    outcome = search.relaxation(graph, machine, SolveOptions().for_graph(graph),
+                                effective_units(graph, machine.units), ii=result.ii, length_min=row["length_min"],
+                                drops=RELAXATIONS[1], deadline=time.perf_counter() + 60)
+    assert outcome.status == Status.OPTIMAL
+    least = {o["name"]: o for o in result.stats["objectives"]}["length"]
+    assert least["proven"] and row["length_min"] <= outcome.solution.length <= least["value"] == result.length
+
+
+def feasibility_only(relaxation):
+    """``relaxation`` as the search solved it before its least L: the status alone, no schedule."""
+    from dataclasses import replace
+
+    def solve(*args, **kwargs):
+        outcome = relaxation(*args, **kwargs)
+        if not outcome.found:
+            return outcome
+        return replace(outcome, status=Status.FEASIBLE, solution=None)
+
+    return solve
+
+
+@pytest.mark.slow
+def test_the_triton_subtiled_attention_answers_the_same_without_the_relaxation_length(monkeypatch):
+    """The Triton ``attn_fwd_subtiled`` graph on B200: the concurrency-free relaxation at the final II 341 has
+    the least L of the joint problem, and its schedule hints the joint solve (seconds instead of about ten);
+    with the relaxation's status alone the search answers the same."""
+    pytest.importorskip("triton")
+    from test_triton_frontend import _graph
+
+    from twill.solve.joint import search
+
+    graph, machine = _graph("flash_fwd_subtiled", "attn_fwd_subtiled", "b200"), get_machine("b200")
+    fast = schedule(graph, machine, SolveOptions())
+    monkeypatch.setattr(search, "relaxation", feasibility_only(search.relaxation))
+    assert answer(schedule(graph, machine, SolveOptions())) == answer(fast)
+    assert fast.status == Status.OPTIMAL
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_least_copies_check_answers_as_the_minimisation(seed, monkeypatch):
+    """Phase 1 first asks for a schedule with the least copies the lower end of L allows
+    (:func:`twill.solve.modulo.fits_copies`); the status, copies and proved lower end of L are those of the
+    minimisation over every copy count, at every II from the first feasible one on a random graph."""
+    from ortools.sat.python import cp_model
+
+    from twill.solve import modulo
+
+    machine = get_machine("h100")
+    graph = random_graph(10, seed)
+    work = normalized(graph, SolveOptions(resolution=60).for_graph(graph))[0]
+    units = effective_units(work, machine.units)
+    first = next(ii for ii in range(1, 100_000) if solve_modulo(work, units, ii, time_limit=30).found)
+
+    def row(result):
+        return result.status, math.ceil(result.length / result.ii) if result.found else None, result.length_bound
+
+    checked = [row(solve_modulo(work, units, ii, time_limit=30, workers=1, minimise="copies"))
+               for ii in range(first - 1, first + 6)]
+    monkeypatch.setattr(modulo, "fits_copies", lambda *args, **kwargs: cp_model.UNKNOWN)
+    assert [row(solve_modulo(work, units, ii, time_limit=30, workers=1, minimise="copies"))
+            for ii in range(first - 1, first + 6)] == checked

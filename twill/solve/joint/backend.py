@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
 from twill.schedule.vocab import Family, Objective, Status
-from twill.solve.joint.problem import JointOutcome, JointProblem, ModelSize
+from twill.solve.joint.problem import JointOutcome, JointProblem, JointSolution, ModelSize
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class JointModel(Protocol):
 
     def hint(self, starts: Mapping[str, int]) -> None:
         """Suggest start times to the next solve (a backend may ignore a hint)."""
+
+    def hint_solution(self, solution: JointSolution) -> None:
+        """Suggest a whole schedule (starts, slots, widths, L) of this problem or a relaxation of it to the next
+        solve (a backend may ignore a hint)."""
 
     def pin(self, starts: Mapping[str, int]) -> None:
         """Force these start times in every later solve."""

@@ -306,15 +306,25 @@ def share(phase: str, deadline: float) -> float:
 
 
 def relaxation(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
-               length_min: int, drops: frozenset[Family], deadline: float) -> Status:
+               length_min: int, drops: frozenset[Family], deadline: float) -> JointOutcome:
     """The joint problem at ``ii`` (copies from ``length_min``) with ``drops`` (one of :data:`RELAXATIONS`)
-    switched off, solved for satisfiability within its share of the time: ``infeasible`` proves the joint
-    problem infeasible."""
+    switched off, within its share of the time: first for satisfiability alone with one worker
+    (``infeasible`` proves the joint problem infeasible), then, when it has a schedule, L minimised from that
+    schedule (docs/model.md §5, "Relaxations"). Every joint schedule at ``(ii, n)`` is a schedule of the
+    relaxation, so an ``optimal`` outcome's L is a proved lower end of the joint problem's L, and its
+    schedule hints the joint solve; an outcome whose L is not proved minimal is ``feasible``."""
+    from twill.solve.joint.cpsat import FEASIBILITY_WORKERS
+
     problem = make_problem(graph, machine, options, units, ii=ii, length_min=length_min, relaxed=drops)
     model = open_model(problem, solver=options.solver, hoist=[], workers=options.workers, seed=options.seed,
                        report=options.report)
     try:
-        return model.feasible_without((), share("relaxation", deadline))
+        first = model.solve(None, time_limit=share("relaxation", deadline), workers=FEASIBILITY_WORKERS)
+        if not first.found:
+            return first
+        model.hint_solution(first.solution)
+        least = model.solve(Objective.LENGTH, time_limit=share("relaxation", deadline))
+        return least if least.found else replace(first, status=Status.FEASIBLE)
     finally:
         model.close()
 
@@ -396,16 +406,23 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             search.explain(model)
             model.close()
             continue
+        relaxed = None
         if ii != search.modulo_ii:
-            proved = search.relax(lambda drops: relaxation(graph, machine, options, units, ii=ii,
-                                                           length_min=length_min, drops=drops, deadline=reserved))
-            if proved is not None:
+            relaxed = search.relax(lambda drops: relaxation(graph, machine, options, units, ii=ii,
+                                                            length_min=length_min, drops=drops, deadline=reserved))
+            if relaxed is not None and relaxed[1].status == Status.INFEASIBLE:
                 tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
-                                    joint=Status.INFEASIBLE, by="relaxation", relaxed=tuple(sorted(proved)))
+                                    joint=Status.INFEASIBLE, by="relaxation", relaxed=tuple(sorted(relaxed[0])))
                 options.report(f"II {options.ii_text(ii)}: joint infeasible (relaxation)")
                 continue
-        model = new_model(graph, machine, options, units, ii=ii, length_min=length_min)
-        model.hint(mod.starts)
+        least = relaxed[1] if relaxed is not None and relaxed[1].found else None
+        # the relaxation's least L is a proved lower end of the joint L at the same copies (docs/model.md §5)
+        model = new_model(graph, machine, options, units, ii=ii, length_min=max(
+            length_min, least.solution.length if least is not None and least.status == Status.OPTIMAL else 0))
+        if least is not None:
+            model.hint_solution(least.solution)
+        else:
+            model.hint(mod.starts)
         outcome = model.solve(Objective.LENGTH, time_limit=share("joint", reserved))
         row = tried[-1] = replace(row, length_min=length_min, copies=model.problem.copies,
                                   joint=outcome.status, seconds=outcome.seconds)
@@ -452,19 +469,20 @@ class Search:
         #: for nothing; a heuristic: it decides only what is tried, never what is proved).
         self.relaxations = list(RELAXATIONS) if SEARCH_SETTINGS[options.solver].relaxation else []
 
-    def relax(self, solve: Callable[[frozenset[Family]], Status]) -> frozenset[Family] | None:
-        """Solve the current relaxation at one II (``solve(drops)``): its drops when it has no solution (the
-        joint problem at that II is then infeasible), else None. One that has a solution hands over to the next
-        from the next II on (solving the next at once would cost the II where the first relaxation turns
-        feasible, often the answer, a second solve); one that runs out of time stays."""
+    def relax(self, solve: Callable[[frozenset[Family]], JointOutcome]
+              ) -> tuple[frozenset[Family], JointOutcome] | None:
+        """Solve the current relaxation at one II (``solve(drops)``): its drops and the outcome (``infeasible``:
+        the joint problem at that II is infeasible too), or None when no relaxation is left. One that has a
+        solution hands over to the next from the next II on (solving the next at once would cost the II where
+        the first relaxation turns feasible, often the answer, a second solve); one that runs out of time
+        stays."""
         if not self.relaxations:
             return None
-        answer = solve(self.relaxations[0])
-        if answer == Status.INFEASIBLE:
-            return self.relaxations[0]
-        if answer == Status.FEASIBLE:
+        drops = self.relaxations[0]
+        outcome = solve(drops)
+        if outcome.status in (Status.FEASIBLE, Status.OPTIMAL):
             self.relaxations.pop(0)
-        return None
+        return drops, outcome
 
     def explain(self, model: JointModel) -> None:
         """The UNSAT explanation at the modulo-only II (docs/model.md §5), reported as it is found. A relaxed
@@ -481,7 +499,8 @@ class Search:
                 return Status.INFEASIBLE
             return model.feasible_without(families, seconds)
 
-        proved = self.relax(lambda drops: decide(tuple(drops), share("relaxation", deadline)))
+        answer = self.relax(lambda drops: JointOutcome(decide(tuple(drops), share("relaxation", deadline)), None, 0.0))
+        proved = answer[0] if answer is not None and answer[1].status == Status.INFEASIBLE else None
 
         def oracle(families: tuple[Family, ...], seconds: float) -> Status:
             if proved is not None and set(families) <= proved:

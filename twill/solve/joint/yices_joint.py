@@ -184,6 +184,9 @@ class YicesJoint:
     def hint(self, starts: Mapping[str, int]) -> None:
         """Yices takes no hint: every query is a satisfiability check."""
 
+    def hint_solution(self, solution: JointSolution) -> None:
+        """Yices takes no hint."""
+
     def pin(self, starts: Mapping[str, int]) -> None:
         """``op[v,0,t]`` for ``t = starts[v]``."""
         self.model.add("pinned", [self.model.op(name, 0, t) for name, t in starts.items()])
