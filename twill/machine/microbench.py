@@ -167,6 +167,27 @@ def _elementwise_kernel(x_ptr, out_ptr, stats_ptr, reps, GROUPS: gl.constexpr, O
 
 
 @gluon.jit
+def _online_step(s, m_i, l_i, SCALE: gl.constexpr):
+    """One online-softmax step on scores ``s`` scaled by ``SCALE`` in base 2: P, alpha, the new row max and
+    the new row sum (what the generated attention forward's ``online_softmax`` computes)."""
+    m_new = gl.maximum(m_i, gl.max(s, 1) * SCALE)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * SCALE - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _store_group_output(out_ptr, slot, o, l_i, HEAD_DIM: gl.constexpr, o_layout: gl.constexpr,
+                        s_layout: gl.constexpr):
+    """Row ``slot`` of ``out`` ([.., 64 * HEAD_DIM + 64] fp32): one warp group's O tile, then its row sums."""
+    orow = gl.arange(0, 64, gl.SliceLayout(1, o_layout))
+    ocol = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    base = out_ptr + slot * (64 * HEAD_DIM + 64)
+    gl.store(base + orow[:, None] * HEAD_DIM + ocol[None, :], o)
+    gl.store(base + 64 * HEAD_DIM + gl.arange(0, 64, gl.SliceLayout(1, s_layout)), l_i)
+
+
+@gluon.jit
 def _softmax_loop(s_ptr, v_smem, out_ptr, stats_ptr, reps, PART: gl.constexpr, GROUPS: gl.constexpr,
                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, PV: gl.constexpr):
     """One warp group: ``reps`` online-softmax steps as the generated attention forward runs them, on a
@@ -193,22 +214,14 @@ def _softmax_loop(s_ptr, v_smem, out_ptr, stats_ptr, reps, PART: gl.constexpr, G
         if PV:
             p_op = gl.convert_layout(p.to(gl.float16), p_layout)
             o_tok = warpgroup_mma(p_op, v_smem, o, is_async=True)
-        m_new = gl.maximum(m_i, gl.max(s, 1) * 0.5)
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s * 0.5 - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, alpha, m_i, l_i = _online_step(s, m_i, l_i, 0.5)
         if PV:
             o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         s = p
     t1 = _clock(pid)
     _record(stats_ptr, pid * GROUPS + PART, t0, t1)
-    orow = gl.arange(0, 64, gl.SliceLayout(1, o_layout))
-    ocol = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
-    base = out_ptr + (pid * GROUPS + PART) * (64 * HEAD_DIM + 64)
-    gl.store(base + orow[:, None] * HEAD_DIM + ocol[None, :], o)
-    gl.store(base + 64 * HEAD_DIM + rows, l_i)
+    _store_group_output(out_ptr, pid * GROUPS + PART, o, l_i, HEAD_DIM, o_layout, s_layout)
 
 
 @gluon.jit
@@ -239,15 +252,6 @@ def _softmax_kernel(s_ptr, v_ptr, out_ptr, stats_ptr, reps, GROUPS: gl.constexpr
 
 
 @gluon.jit
-def _iteration_softmax(s, m_i, l_i, s_layout: gl.constexpr):
-    """The online-softmax step of :func:`_iteration_loop` (scores scaled by 1/16 in base 2)."""
-    m_new = gl.maximum(m_i, gl.max(s, 1) * 0.0625)
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s * 0.0625 - m_new[:, None])
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
-
-
-@gluon.jit
 def _iteration_loop(q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_ptr, reps, PART: gl.constexpr,
                     GROUPS: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """One compute warp group of the generated attention forward with its loads taken away: ``reps``
@@ -270,7 +274,7 @@ def _iteration_loop(q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_
     l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
     s_tok = warpgroup_mma(q, k_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=[s_tok])
-    p, alpha, m_i, l_i = _iteration_softmax(s, m_i, l_i, s_layout)
+    p, alpha, m_i, l_i = _online_step(s, m_i, l_i, 0.0625)
     t0 = _clock(pid)
     for j in range(reps):
         mbarrier.wait(ready, 0)  # K tile j + 1
@@ -284,17 +288,13 @@ def _iteration_loop(q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_
             mbarrier.arrive(turns.index((PART + 1) % GROUPS))
         s, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])
         mbarrier.arrive(empty)  # K tile released
-        p, alpha, m_i, l_i = _iteration_softmax(s, m_i, l_i, s_layout)
+        p, alpha, m_i, l_i = _online_step(s, m_i, l_i, 0.0625)
         o, p_op = warpgroup_mma_wait(0, deps=[o, p_op])
         mbarrier.arrive(empty)  # V tile released
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     t1 = _clock(pid)
     _record(stats_ptr, pid * GROUPS + PART, t0, t1)
-    orow = gl.arange(0, 64, gl.SliceLayout(1, o_layout))
-    ocol = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
-    base = out_ptr + (pid * GROUPS + PART) * (64 * HEAD_DIM + 64)
-    gl.store(base + orow[:, None] * HEAD_DIM + ocol[None, :], o)
-    gl.store(base + 64 * HEAD_DIM + gl.arange(0, 64, gl.SliceLayout(1, s_layout)), l_i)
+    _store_group_output(out_ptr, pid * GROUPS + PART, o, l_i, HEAD_DIM, o_layout, s_layout)
 
 
 @gluon.jit
@@ -517,6 +517,15 @@ def _per_sm(stats: Any, work_per_cta: float) -> dict[str, float]:
             "ctas_per_sm": statistics.median(len(c) for c in by_sm.values())}
 
 
+def _group_buffers(groups: int, *shape: int) -> tuple[int, Any, Any]:
+    """One CTA per SM with ``groups`` warp groups: (grid, an output of ``shape`` per group poisoned with NaN,
+    the zeroed (cycles, smid) stats of every group)."""
+    torch = _torch()
+    grid = sm_count()
+    out = torch.full((grid * groups, *shape), float("nan"), device="cuda")
+    return grid, out, torch.zeros(grid * groups * 2, dtype=torch.int64, device="cuda")
+
+
 def _elapsed_ms(fn) -> float:
     torch = _torch()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -542,9 +551,7 @@ def measure_mma(n: int, dtype: str = "fp16", groups: int = 1, lag: int = 1, reps
     block_k = 64
     a = (torch.randn(64, block_k, device="cuda") / 8).to(tdt)
     b = (torch.randn(block_k, n, device="cuda") / 8).to(tdt)
-    grid = sm_count()
-    out = torch.full((grid * groups, 64, n), float("nan"), device="cuda")
-    stats = torch.zeros(grid * groups * 2, dtype=torch.int64, device="cuda")
+    grid, out, stats = _group_buffers(groups, 64, n)
 
     def launch(r):
         _mma_kernel[(grid,)](a, b, out, stats, r, GROUPS=groups, BLOCK_N=n, BLOCK_K=block_k, LAG=lag,
@@ -568,9 +575,7 @@ def measure_elementwise(op: str, groups: int = 1, cols: int = 128, reps: int = 2
     SM-wide elements per clock. Checked against float64 torch first."""
     torch = _torch()
     x = torch.rand(64, cols, device="cuda") * 0.5 + 0.25
-    grid = sm_count()
-    out = torch.full((grid * groups, 64, cols), float("nan"), device="cuda")
-    stats = torch.zeros(grid * groups * 2, dtype=torch.int64, device="cuda")
+    grid, out, stats = _group_buffers(groups, 64, cols)
 
     def launch(r):
         _elementwise_kernel[(grid,)](x, out, stats, r, GROUPS=groups, OP=ELEMENTWISE_OPS[op], COLS=cols,
@@ -604,10 +609,7 @@ def measure_softmax(groups: int = 1, block_n: int = 128, head_dim: int = 128, pv
     torch = _torch()
     s = torch.rand(64, block_n, device="cuda")
     v = (torch.rand(block_n, head_dim, device="cuda") / block_n).half()
-    grid = sm_count()
-    width = 64 * head_dim + 64
-    out = torch.full((grid * groups, width), float("nan"), device="cuda")
-    stats = torch.zeros(grid * groups * 2, dtype=torch.int64, device="cuda")
+    grid, out, stats = _group_buffers(groups, 64 * head_dim + 64)
 
     def launch(r):
         _softmax_kernel[(grid,)](s, v, out, stats, r, GROUPS=groups, BLOCK_N=block_n, HEAD_DIM=head_dim, PV=pv,
@@ -648,10 +650,7 @@ def measure_attention_iteration(groups: int = 2, block_n: int = 128, head_dim: i
     q = (torch.rand(64 * groups, head_dim, device="cuda") / 2).half()
     k = (torch.rand(block_n, head_dim, device="cuda") / 2).half()
     v = (torch.rand(block_n, head_dim, device="cuda") / block_n).half()
-    grid = sm_count()
-    width = 64 * head_dim + 64
-    out = torch.full((grid * groups, width), float("nan"), device="cuda")
-    stats = torch.zeros(grid * groups * 2, dtype=torch.int64, device="cuda")
+    grid, out, stats = _group_buffers(groups, 64 * head_dim + 64)
 
     def launch(r):
         _iteration_kernel[(grid,)](q, k, v, out, stats, r, GROUPS=groups, BLOCK_N=block_n, HEAD_DIM=head_dim,
