@@ -453,6 +453,29 @@ def markdown_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown_ab_table(result: dict[str, Any]) -> str:
+    """An A/B run of one code change (``{"variant": run, "base": run, ...}``, both ``run`` results of one GPU
+    session, one after the other): per attention kernel and S, TFLOP/s with the change / without it and their
+    ratio; the last row gives cuDNN's TFLOP/s in each run, for the spread between the two runs."""
+    def tflops(run: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
+        return {r["name"]: {t["S"]: t for t in r["timings"]}
+                for r in run["kernels"] if r["kernel"] == "flash-fwd" and "timings" in r}
+
+    variant, base = tflops(result["variant"]), tflops(result["base"])
+    seqs = sorted({s for by_s in variant.values() for s in by_s})
+    lines = ["| kernel: TFLOP/s with / without (ratio) | " + " | ".join(f"S={s}" for s in seqs) + " |",
+             "|---" * (len(seqs) + 1) + "|"]
+    for name, by_s in variant.items():
+        cells = [f"{by_s[s]['tflops']:.0f} / {base[name][s]['tflops']:.0f} ({by_s[s]['tflops'] / base[name][s]['tflops']:.3f})"
+                 if s in by_s and s in base.get(name, {}) else "" for s in seqs]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    name = next(iter(variant))
+    cells = [f"{variant[name][s].get('cudnn_tflops', float('nan')):.0f} / "
+             f"{base[name][s].get('cudnn_tflops', float('nan')):.0f}" for s in seqs]
+    lines.append(f"| cuDNN, with `{name}`'s case: TFLOP/s in each run | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def sanity(kernel_dir: str, only: list[str] | None = None, *, inner: int = 200, seq_len: int = 300) -> int:
     """One small launch per kernel plus its check (for compute-sanitizer runs); returns failures. ``inner``
     (the GEMM's K) and ``seq_len`` set how many loop iterations run: use enough for the rings to wrap."""

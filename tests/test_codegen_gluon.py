@@ -170,6 +170,46 @@ def test_persistent_gemm_stages_c_in_halves_or_is_refused_when_shared_memory_is_
         emit_gluon(deep, persistent=True)
 
 
+# -- the P V wait fence ------------------------------------------------------------------------------------
+FENCE = "keeps ptxas from moving the wait below above the softmax"
+
+
+@pytest.mark.parametrize("options,persistent", [({"subtiles": 2, "head_dim": 128}, False),
+                                                ({"subtiles": 2, "head_dim": 128, "causal": True}, True)])
+def test_pv_wait_follows_the_softmax_it_overlaps(tmp_path, options, persistent):
+    """With S issued ahead, the steady loop's wgmma wait for O += P(j) V(j) stays after the softmax of j+1 in
+    the SASS (ptxas hoists it above the first ex2 unless the emitter fences it: docs/codegen.md)."""
+    sched = flash_schedule(build_kernel("flash-fwd", H100, **options), H100, ahead=1, depth=2)
+    verify(sched, H100)
+    source = emit_gluon(sched, persistent=persistent)
+    assert FENCE in source
+    assert ("mbarrier.wait(q_bar, t & 1)" if persistent else "mbarrier.wait(q_bar, 0)") in source
+    path = tmp_path / "fa_fence.py"
+    path.write_text(source)
+    compiled = aot.compile_sm90(load_emitted(str(path), f"twill_test_fa_fence_{persistent}"))
+    loops = aot.sass_loops(aot.sass(compiled))
+    steady = min((loop for loop in loops if any("HGMMA" in i for i in loop)
+                  and any("MUFU.EX2" in i for i in loop)), key=len)
+    last_ex2 = max(n for n, i in enumerate(steady) if "MUFU.EX2" in i)
+    pv_wait = [n for n, i in enumerate(steady) if i.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0")]
+    assert len(pv_wait) == 1 and pv_wait[0] > last_ex2
+
+
+def test_pv_wait_fence_from_head_dim_128():
+    """D = 64 kernels, bound by the softmax chain, go without the fence (slower with it on the H200)."""
+    from twill.codegen.gluon.flash import PV_WAIT_FENCE_MIN_HEAD_DIM
+
+    assert PV_WAIT_FENCE_MIN_HEAD_DIM == 128
+    for head_dim, fenced in ((64, False), (128, True), (256, True)):
+        options = {"block_n": 64} if head_dim == 256 else {}
+        sched = flash_schedule(build_kernel("flash-fwd", H100, subtiles=2, head_dim=head_dim, **options), H100,
+                               ahead=1, depth=2)
+        assert (FENCE in emit_gluon(sched)) is fenced
+        serial = flash_schedule(build_kernel("flash-fwd", H100, subtiles=2, head_dim=head_dim, **options), H100,
+                                ahead=0, depth=2)
+        assert FENCE not in emit_gluon(serial)        # no P V in flight during the softmax: nothing to keep
+
+
 # -- persistent attention forward -------------------------------------------------------------------------
 PERSISTENT_FLASH_CASES = [  # (kernel options, ahead)
     ({"subtiles": 2, "head_dim": 128, "causal": True}, 1),

@@ -3,7 +3,8 @@
 ``compile_sm90(module)`` builds a :class:`GluonASTSource` from the emitted module's ``KERNEL_FN`` and
 ``compile_signature()`` and compiles it with ``GPUTarget("cuda", 90, 32)``; :func:`ptx_facts` counts what
 the schedule asked for: wgmma instructions and shapes, ``wgmma.wait_group`` depths, ``setmaxnreg`` values,
-TMA copies, mbarrier waits, and the shared memory the kernel reserves.
+TMA copies, mbarrier waits, and the shared memory the kernel reserves. :func:`sass` disassembles a compiled
+kernel and :func:`sass_loops` cuts its loops out, for tests of where ptxas put an instruction.
 """
 
 from __future__ import annotations
@@ -77,3 +78,48 @@ def ptx_facts(compiled: Any) -> PtxFacts:
         tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
         mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)),
     )
+
+
+def sass(compiled: Any) -> str:
+    """The SASS of a compiled kernel, disassembled with the ``nvdisasm`` that ships next to Triton's ptxas."""
+    import os
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    nvdisasm = os.path.join(os.path.dirname(get_ptxas(90).path), "nvdisasm")
+    if not os.path.exists(nvdisasm):
+        raise UnsupportedFeatureError(f"cannot disassemble: no nvdisasm at {nvdisasm}")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        with open(cubin, "wb") as fh:
+            fh.write(compiled.asm["cubin"])
+        return subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
+
+
+def sass_loops(text: str) -> list[list[str]]:
+    """The instructions of every loop in ``text`` (SASS from :func:`sass`): for each backward branch, the
+    instructions from its target label to the branch, in address order."""
+    label_at: dict[str, int] = {}
+    instructions: list[tuple[int, str]] = []
+    pending: list[str] = []
+    for line in text.splitlines():
+        label = re.match(r"^\.(L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        inst = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if inst:
+            address = int(inst.group(1), 16)
+            for name in pending:
+                label_at[name] = address
+            pending = []
+            instructions.append((address, inst.group(2)))
+    loops = []
+    for address, inst in instructions:
+        target = re.search(r"BRA `\(\.(L_x_\d+)\)", inst)
+        if target and label_at.get(target.group(1), address + 1) <= address:
+            start = label_at[target.group(1)]
+            loops.append([i for a, i in instructions if start <= a <= address])
+    return loops
