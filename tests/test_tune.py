@@ -23,6 +23,7 @@ from twill.errors import TwillError
 from twill.ir.builder import GraphBuilder
 from twill.ir.io import graph_to_dict
 from twill.kernels import build_kernel
+from benchmarks.variants import flash_schedule
 from twill.machine.models import H100, B200
 from twill.schedule.result import Schedule, WarpGroup
 from twill.tune.predict import Shape, ctas_per_sm, parse_shape, predict
@@ -55,7 +56,9 @@ def test_default_axes_follow_the_machine_and_the_kernel_budget():
         budgets.setdefault(c.settings()["subtiles"], set()).add(c.reg_limit)
     # offsets from each budget; three sub-tiles at 80 registers cannot hold S (64) + O (32) + bookkeeping (24)
     assert budgets == {1: {240, 200, 160}, 2: {240, 200, 160}, 3: {160, 120}}
-    assert [(c.reg_limit, why.split(" registers")[0]) for c, why in space.rejected] == [(80, "a budget of 80")]
+    assert [(c.reg_limit, c.persistent, why.split(" registers")[0]) for c, why in space.rejected] == [
+        (80, False, "a budget of 80"), (80, True, "a budget of 80")]
+    assert {c.persistent for c in space.candidates} == {False, True}
     assert all(dict(c.options)["head_dim"] == 64 for c in space.candidates)
     blackwell = kernel_space("flash-fwd", B200, {"head_dim": (64,), "block_n": (128,), "streaming_depth": (2,)})
     assert {c.settings()["subtiles"] for c in blackwell.candidates} == {1, 2}
@@ -66,8 +69,9 @@ def test_default_axes_follow_the_machine_and_the_kernel_budget():
 def test_unknown_axis_is_an_error():
     with pytest.raises(TwillError, match="no option 'block_k'"):
         kernel_space("flash-fwd", H100, {"block_k": (64,)})
-    with pytest.raises(TwillError, match="persistent is a GEMM axis"):
-        kernel_space("flash-fwd", H100, {"persistent": (True,)})
+    with pytest.raises(TwillError, match="persistent is an axis of gemm and flash-fwd; there is no persistent "
+                                         "'flash-bwd' kernel"):
+        kernel_space("flash-bwd", H100, {"persistent": (True,)})
     with pytest.raises(TwillError, match="Hopper Gluon generator; b200 has none"):
         kernel_space("gemm", B200, {"persistent": (True,)})
 
@@ -169,6 +173,27 @@ def test_persistent_prediction_hides_all_but_one_fill_and_store_on_a_calibrated_
     assert one_per_tile.breakdown["tile_cycles"] == pytest.approx(fill + 15 * ii_eff + length + staging + store)
     assert persistent.waves == 7                               # 64 tiles over 10 CTAs
     assert persistent.cycles == pytest.approx(fill + 7 * (16 * ii_eff + staging) + length - ii + store)
+
+
+def test_persistent_attention_prediction_pays_the_fill_once_and_each_blocks_pipeline_and_store():
+    """Persistent attention forward: the producer loads the next query block during the current one, so the
+    fill is paid once per CTA; every block still fills and drains its own loop (L − II) and stores its O."""
+    from tests.test_calibration import _rows
+    from twill.machine.calibrate import fit
+
+    machine = replace(fit(_rows(), H100), sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
+    graph = build_kernel("flash-fwd", machine, subtiles=2, head_dim=128)
+    sched = flash_schedule(graph, machine, ahead=1, depth=2)
+    shape = Shape("attention", (1, 4, 2048, 128))              # 4 heads x 16 query blocks of 16 key tiles
+    one_per_block = predict(sched, shape, machine)
+    persistent = predict(sched, shape, machine, persistent=True)
+    fill, store = one_per_block.breakdown["fill_cycles"], one_per_block.breakdown["store_cycles"]
+    assert fill > 0 and store > 0 and "staging_cycles" not in one_per_block.breakdown
+    block = one_per_block.breakdown["tile_cycles"] - fill      # (n − 1)·II_eff + L + store
+    assert (one_per_block.tiles, persistent.waves, one_per_block.waves) == (64, 7, 7)
+    assert persistent.cycles == pytest.approx(fill + 7 * block)
+    assert one_per_block.cycles - persistent.cycles == pytest.approx(6 * fill)
+    assert persistent.breakdown["ctas_per_sm"] == 1
 
 
 def test_warp_specialized_cta_reserves_whole_warp_groups_at_the_largest_budget():
@@ -406,6 +431,36 @@ def test_every_cacheable_status_is_read_back(tmp_path, status):
     assert cache_read(tmp_path, "bad") is None
 
 
+def test_candidates_differing_only_in_persistent_share_one_solve(tmp_path, monkeypatch):
+    """The persistent and the one-CTA-per-tile kernel of a point have one graph and one solve: the sweep solves
+    the first and emits the second from its schedule (its own record and cache entry); a point whose solve
+    fails gives every kernel of it that outcome without another solve."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def inline(jobs, done, *, workers, address):
+        calls.append([(job.candidate.streaming_depth, job.candidate.persistent, job.schedule is not None)
+                      for job in jobs])
+        for i, job in enumerate(jobs):
+            done(i, sweep.run_job(job))
+
+    monkeypatch.setattr(sweep, "_run_pool", inline)
+    jobs = [replace(job, candidate=replace(job.candidate, persistent=p))
+            for p in (False, True) for job in _jobs([2, 3])]
+    records = run_sweep(jobs, workers=2)
+    assert calls == [[(2, False, False), (3, False, False)], [(2, True, True), (3, True, True)]]
+    assert [r["status"] for r in records] == ["ok"] * 4
+    assert [r["ii"] for r in records[2:]] == [r["ii"] for r in records[:2]]
+    assert records[2]["schedule"] == records[0]["schedule"]
+    assert len({r["key"] for r in records}) == 4 and len(list((tmp_path / "twill" / "tune").glob("*.json"))) == 4
+    calls.clear()
+    assert all(r["cached"] for r in run_sweep(jobs, workers=2)) and calls == []
+    broken = [replace(job, graph={"format": "twill-graph/1", "name": "broken"}) for job in jobs[::2]]
+    records = run_sweep(broken, workers=1, use_cache=False)
+    assert calls == [[(2, False, False)]]                   # the second kernel of the point is not solved again
+    assert [r["status"] for r in records] == ["error", "error"] and records[0]["reason"] == records[1]["reason"]
+
+
 def test_jobs_pickle_with_their_read_only_mappings():
     job = _jobs([2])[0]
     again = pickle.loads(pickle.dumps(job))
@@ -495,7 +550,7 @@ def test_tune_end_to_end_with_two_workers(tmp_path, monkeypatch, capsys):
     (["tune", "gemm", "--workers", "0"], "--workers"),
     (["tune", "gemm", "--block-m", "x"], "comma list"),
     (["tune", "gemm", "--persistent", "maybe"], "comma list of bool"),
-    (["tune", "flash-fwd", "--persistent", "true"], "persistent is a GEMM axis"),
+    (["tune", "flash-bwd", "--persistent", "true"], "persistent is an axis of gemm and flash-fwd"),
 ])
 def test_tune_errors_are_one_line_before_any_solve(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

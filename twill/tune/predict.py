@@ -36,6 +36,11 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   store drains during the next loop), the staging once per tile, so the grid takes
   ``fill + w·(n·II_eff + staging) + L − II + store`` cycles (at least ``w·n·max(ResMII, bandwidth bound)``);
   ``waves`` is then ``w``.
+* **Persistent attention forward** (``persistent``): ``min(tiles, machine.sms)`` CTAs each take ``w`` query
+  blocks one after another. The producer loads the next block while the current one runs, so the fill is
+  paid once per CTA; each block's loop fills and drains its own pipeline (its softmax state restarts) and
+  stores its O, so the grid takes ``fill + w·((n − 1)·II_eff + L + store)`` cycles (at least
+  ``w·n·max(ResMII, bandwidth bound)``).
 * **Time**: ``waves · wave cycles / machine.time_clock_ghz + machine.launch_us``.
 
 Problems (:data:`PROBLEMS`): ``gemm`` (``M, N, K``; tiles ``⌈M/block_m⌉·⌈N/block_n⌉``, ``⌈K/block_k⌉``
@@ -373,7 +378,7 @@ def tensor_core_turns(schedule: Schedule) -> int:
 
 def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool = False) -> Prediction:
     """The predicted time of one launch of ``schedule``'s kernel on ``shape`` (formula: module docstring);
-    ``persistent``: the persistent GEMM kernel of the same schedule."""
+    ``persistent``: the persistent kernel of the same schedule (GEMM or attention forward)."""
     scale = cycles_per_unit(schedule)
     ii_raw, length_raw = schedule.ii * scale, schedule.length * scale
     tiles, iterations = loop_extent(schedule.graph, shape)
@@ -389,12 +394,19 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     tile_cycles = fill + (iterations - 1) * ii_eff + length_eff + staging + store
     shared_ii = max(float(schedule.stats.get("res_mii", 0)) * scale, memory.get("bandwidth_ii", 0.0))
     if persistent:
-        # one CTA per SM runs its tiles back to back: the pipeline fills and drains once per CTA, the ring
-        # runs on into the next tile and a tile's store drains while the next one's loop runs
         per_sm = 1
         waves = math.ceil(tiles / min(tiles, machine.sms))
-        loop = waves * (iterations * ii_eff + staging) + length_raw - ii_raw
-        wave_cycles = max(fill + loop + store, waves * iterations * shared_ii)
+        if schedule.graph.attrs.get("kernel") == "flash-fwd":
+            # one CTA per SM takes query blocks one after another: the producer loads the next block while
+            # the current one runs, so only the first block waits for its loads; each block's loop still
+            # fills and drains its own pipeline (the softmax state restarts) and stores its O from registers
+            loop = waves * ((iterations - 1) * ii_eff + length_eff + store)
+            wave_cycles = max(fill + loop, waves * iterations * shared_ii)
+        else:
+            # one CTA per SM runs its tiles back to back: the pipeline fills and drains once per CTA, the
+            # ring runs on into the next tile and a tile's store drains while the next one's loop runs
+            loop = waves * (iterations * ii_eff + staging) + length_raw - ii_raw
+            wave_cycles = max(fill + loop + store, waves * iterations * shared_ii)
         cycles = wave_cycles
     else:
         per_sm = ctas_per_sm(schedule, machine)

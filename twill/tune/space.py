@@ -4,8 +4,8 @@ A *target* is a built-in kernel, a ``twill-graph/1`` file or a Triton kernel ``p
 product of *axes*, each a tuple of values:
 
 * built-in kernels: the kernel options of :func:`twill.kernels.kernel_options` (``block_m``, ``subtiles``...)
-  plus the solver knobs ``streaming_depth`` and ``reg_limit`` and, for the GEMM on Hopper, the code-generator
-  choice ``persistent`` (same graph and schedule, another kernel); :data:`DEFAULT_AXES` gives each kernel's
+  plus the solver knobs ``streaming_depth`` and ``reg_limit`` and, for the GEMM and the attention forward on
+  Hopper, the code-generator choice ``persistent`` (same graph and schedule, another kernel); :data:`DEFAULT_AXES` gives each kernel's
   default sweep, and an axis given on the command line replaces it;
 * graph files: ``streaming_depth`` and ``reg_limit`` only;
 * Triton kernels: the ``tl.constexpr`` values, ``num_warps`` and ``num_stages`` given on the command line.
@@ -29,8 +29,12 @@ from twill.machine.models import Machine
 SOLVER_AXES = ("streaming_depth", "reg_limit")
 
 #: Axes that are code-generator choices (:func:`twill.codegen.gluon.emit_gluon` keywords): they change the
-#: emitted kernel, not the loop graph or the schedule. ``persistent`` is a GEMM axis.
+#: emitted kernel, not the loop graph or the schedule. ``persistent`` is an axis of the kernels in
+#: :data:`PERSISTENT_KERNELS`.
 CODEGEN_AXES = ("persistent",)
+
+#: Built-in kernels whose persistent form the Gluon generator emits and the prediction prices.
+PERSISTENT_KERNELS = ("gemm", "flash-fwd")
 
 #: Axes of a Triton target besides its constexprs.
 TRITON_AXES = ("num_warps", "num_stages")
@@ -42,7 +46,7 @@ DEFAULT_AXES: dict[str, dict[str, tuple[Any, ...]]] = {
     "gemm": {"block_m": (64, 128, 256), "block_n": (64, 128, 256), "block_k": (64, 128), "warps": (4, 8),
              "streaming_depth": (2, 3, 4, 5), "persistent": (False, True)},
     "flash-fwd": {"subtiles": (1, 2, 3), "block_n": (64, 128), "streaming_depth": (2, 3, 4),
-                  "reg_limit": (0, -40, -80)},
+                  "reg_limit": (0, -40, -80), "persistent": (False, True)},
     "flash-bwd": {"streaming_depth": (2, 3)},
 }
 
@@ -58,7 +62,7 @@ class Candidate:
         reg_limit: per-thread register budget of compute warp groups (``None`` = the graph's default).
         num_warps: Triton ``num_warps`` (Triton targets only).
         num_stages: Triton ``num_stages`` (Triton targets only).
-        persistent: a persistent GEMM kernel (``None``: not an axis of the target).
+        persistent: the persistent kernel (GEMM or attention forward; ``None``: not an axis of the target).
     """
 
     options: tuple[tuple[str, Any], ...] = ()
@@ -148,14 +152,14 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
     offsets added to each candidate's own budget, the graph's ``reg_limit``: three attention sub-tiles have
     less than two); candidates the kernel refuses on ``machine`` (three attention sub-tiles on Blackwell) or
     whose shared memory surely exceeds ``machine.smem_per_block`` are rejected with the reason (a persistent
-    GEMM counts its C staging buffer too)."""
+    GEMM counts its C staging buffer too; a persistent attention forward adds no buffer)."""
     from twill.kernels import build_kernel, kernel_options
 
     known = kernel_options(kernel)
     for name in axes:
-        if name in CODEGEN_AXES and kernel != "gemm":
-            raise TwillError(f"{name} is a GEMM axis; the prediction does not price a persistent {kernel!r} "
-                             f"kernel")
+        if name in CODEGEN_AXES and kernel not in PERSISTENT_KERNELS:
+            raise TwillError(f"{name} is an axis of {' and '.join(PERSISTENT_KERNELS)}; there is no persistent "
+                             f"{kernel!r} kernel to price")
         if name in CODEGEN_AXES and machine.mma_accumulates_in == "tmem":
             raise TwillError(f"{name} is a choice of the Hopper Gluon generator; {machine.name} has none")
         if name not in known and name not in SOLVER_AXES and name not in CODEGEN_AXES:
@@ -178,7 +182,7 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
             budget = graph.attrs.get("reg_limit")
             cand = replace(cand, reg_limit=None if budget is None else int(budget) + (cand.reg_limit or 0))
         depth = cand.streaming_depth or int(graph.attrs.get("streaming_depth", 2))
-        need = smem_lower_bound(graph, depth) + (staging_bytes(graph) if cand.persistent else 0)
+        need = smem_lower_bound(graph, depth) + (staging_bytes(graph) if cand.persistent and kernel == "gemm" else 0)
         floor = accumulator_registers(graph, machine)
         if cand.reg_limit is not None and cand.reg_limit < floor:
             rejected.append((cand, f"a budget of {cand.reg_limit} registers is below the {floor} that the "

@@ -10,6 +10,10 @@ named by the SHA-256 of the twill version, the job's graph (its ``twill-graph/1`
 source file's text, signature, constexprs, warps and stages, from which the graph is extracted), the machine
 model's fields and the solve options. Only outcomes of the solver are cached, never unexpected exceptions.
 The shape is not part of the key: predictions are computed from the cached schedules.
+
+Candidates that differ only in a code-generator axis (``persistent``) have the same graph and solve: the sweep
+solves the first of them and hands its schedule to the others (:attr:`Job.schedule`), which only ask the
+generator for their own kernel (and, with ``check_spills``, compile it).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import os
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, TextIO
@@ -52,6 +56,9 @@ class Job:
             for the cache key only).
         check_spills: compile the kernel (Triton injection, or the emitted Gluon kernel) on the CPU and
             read ptxas's spill report.
+        schedule: the solved schedule (``twill-schedule/1``) of a job that differs from this one only in a
+            code-generator axis: this job emits its kernel from it instead of solving again (not part of the
+            cache key: the solve is the same).
     """
 
     candidate: Candidate
@@ -61,6 +68,7 @@ class Job:
     graph: Mapping[str, Any] | None = None
     triton: Mapping[str, str] | None = None
     check_spills: bool = False
+    schedule: Mapping[str, Any] | None = None
 
     def key(self, version: str) -> str:
         """The cache key (module docstring)."""
@@ -70,6 +78,10 @@ class Job:
                    "triton": self.triton}
         text = json.dumps(payload, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
+
+    def solve_key(self, version: str) -> str:
+        """The key of this job's solve: :meth:`key` without the code-generator axes."""
+        return replace(self, candidate=replace(self.candidate, persistent=None)).key(version)
 
 
 def plain_data(value: Any) -> Any:
@@ -141,9 +153,13 @@ def _solve_job(job: Job) -> dict[str, Any]:
         schedule, spills = _solve_triton(job, machine, options)
     else:
         from twill.ir.io import graph_from_dict
+        from twill.schedule.result import Schedule
         from twill.solve import schedule as solve
 
-        schedule = solve(graph_from_dict(dict(job.graph or {})), machine, options)
+        if job.schedule is not None:    # solved by a job that differs only in a code-generator axis
+            schedule = Schedule.from_dict(dict(job.schedule), graph_from_dict(dict(job.schedule["loop_graph"])))
+        else:
+            schedule = solve(graph_from_dict(dict(job.graph or {})), machine, options)
         persistent = bool(cand.persistent)
         unemittable = _gluon_refusal(schedule, machine, persistent)
         if unemittable:
@@ -289,7 +305,9 @@ class Progress:
 def run_sweep(jobs: Iterable[Job], *, workers: int = 2, ray_address: str | None = None, use_cache: bool = True,
               progress: Progress | None = None) -> list[dict[str, Any]]:
     """Solve ``jobs`` (cache first, then a process pool of ``workers``, or Ray at ``ray_address``); the records
-    in job order, each with ``key`` and ``cached`` added."""
+    in job order, each with ``key`` and ``cached`` added. Of the uncached jobs that share a solve
+    (:meth:`Job.solve_key`) the first is solved; the others then start from its schedule, or take its record
+    when it has none (the solver proved there is none, or failed)."""
     jobs = list(jobs)
     version = twill_version()
     keys = [job.key(version) for job in jobs]
@@ -303,17 +321,28 @@ def run_sweep(jobs: Iterable[Job], *, workers: int = 2, ray_address: str | None 
         if progress is not None:
             progress.update(jobs[i].candidate.label(), record, cached)
 
-    todo = []
+    leaders: dict[str, int] = {}
+    followers: list[int] = []
     for i in range(len(jobs)):
         hit = cache_read(directory, keys[i]) if use_cache else None
         if hit is not None:
             finish(i, hit, True)
-        else:
-            todo.append(i)
-    if todo:
-        runner = _run_ray if ray_address else _run_pool
-        runner([jobs[i] for i in todo], lambda j, rec: finish(todo[j], rec, False),
-               workers=workers, address=ray_address)
+        elif jobs[i].schedule is None and leaders.setdefault(jobs[i].solve_key(version), i) != i:
+            followers.append(i)
+    runner = _run_ray if ray_address else _run_pool
+    for todo in (list(leaders.values()), followers):
+        if todo and todo is followers:
+            solved = {jobs[i].solve_key(version): records[i] for i in leaders.values()}
+            for i in list(todo):
+                lead = solved[jobs[i].solve_key(version)] or {}
+                if lead.get("schedule") is not None:
+                    jobs[i] = replace(jobs[i], schedule=lead["schedule"])
+                else:               # no schedule to emit from: the same solve's outcome
+                    todo.remove(i)
+                    finish(i, {k: v for k, v in lead.items() if k not in ("key", "cached")}, False)
+        if todo:
+            runner([jobs[i] for i in todo], lambda j, rec, todo=todo: finish(todo[j], rec, False),
+                   workers=workers, address=ray_address)
     return [r for r in records if r is not None]
 
 
