@@ -466,7 +466,8 @@ def markdown_ab_table(result: dict[str, Any]) -> str:
     lines = ["| kernel: TFLOP/s with / without (ratio) | " + " | ".join(f"S={s}" for s in seqs) + " |",
              "|---" * (len(seqs) + 1) + "|"]
     for name, by_s in variant.items():
-        cells = [f"{by_s[s]['tflops']:.0f} / {base[name][s]['tflops']:.0f} ({by_s[s]['tflops'] / base[name][s]['tflops']:.3f})"
+        cells = [f"{by_s[s]['tflops']:.0f} / {base[name][s]['tflops']:.0f} "
+                 f"({by_s[s]['tflops'] / base[name][s]['tflops']:.3f})"
                  if s in by_s and s in base.get(name, {}) else "" for s in seqs]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     name = next(iter(variant))

@@ -5,8 +5,8 @@ product of *axes*, each a tuple of values:
 
 * built-in kernels: the kernel options of :func:`twill.kernels.kernel_options` (``block_m``, ``subtiles``...)
   plus the solver knobs ``streaming_depth`` and ``reg_limit`` and, for the GEMM and the attention forward on
-  Hopper, the code-generator choice ``persistent`` (same graph and schedule, another kernel); :data:`DEFAULT_AXES` gives each kernel's
-  default sweep, and an axis given on the command line replaces it;
+  Hopper, the code-generator choice ``persistent`` (same graph and schedule, another kernel);
+  :data:`DEFAULT_AXES` gives each kernel's default sweep, and an axis given on the command line replaces it;
 * graph files: ``streaming_depth`` and ``reg_limit`` only;
 * Triton kernels: the ``tl.constexpr`` values, ``num_warps`` and ``num_stages`` given on the command line.
 
@@ -182,7 +182,8 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
             budget = graph.attrs.get("reg_limit")
             cand = replace(cand, reg_limit=None if budget is None else int(budget) + (cand.reg_limit or 0))
         depth = cand.streaming_depth or int(graph.attrs.get("streaming_depth", 2))
-        need = smem_lower_bound(graph, depth) + (staging_bytes(graph) if cand.persistent and kernel == "gemm" else 0)
+        staging = staging_bytes(graph) if cand.persistent and kernel == "gemm" else 0
+        need = smem_lower_bound(graph, depth) + staging
         floor = accumulator_registers(graph, machine)
         if cand.reg_limit is not None and cand.reg_limit < floor:
             rejected.append((cand, f"a budget of {cand.reg_limit} registers is below the {floor} that the "

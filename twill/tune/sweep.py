@@ -330,19 +330,22 @@ def run_sweep(jobs: Iterable[Job], *, workers: int = 2, ray_address: str | None 
         elif jobs[i].schedule is None and leaders.setdefault(jobs[i].solve_key(version), i) != i:
             followers.append(i)
     runner = _run_ray if ray_address else _run_pool
-    for todo in (list(leaders.values()), followers):
-        if todo and todo is followers:
-            solved = {jobs[i].solve_key(version): records[i] for i in leaders.values()}
-            for i in list(todo):
-                lead = solved[jobs[i].solve_key(version)] or {}
-                if lead.get("schedule") is not None:
-                    jobs[i] = replace(jobs[i], schedule=lead["schedule"])
-                else:               # no schedule to emit from: the same solve's outcome
-                    todo.remove(i)
-                    finish(i, {k: v for k, v in lead.items() if k not in ("key", "cached")}, False)
+
+    def run(todo: list[int]) -> None:
         if todo:
-            runner([jobs[i] for i in todo], lambda j, rec, todo=todo: finish(todo[j], rec, False),
+            runner([jobs[i] for i in todo], lambda j, rec: finish(todo[j], rec, False),
                    workers=workers, address=ray_address)
+
+    run(list(leaders.values()))
+    emit_only = []
+    for i in followers:
+        lead = records[leaders[jobs[i].solve_key(version)]] or {}
+        if lead.get("schedule") is not None:
+            jobs[i] = replace(jobs[i], schedule=lead["schedule"])
+            emit_only.append(i)
+        else:                       # no schedule to emit from: the same solve's outcome
+            finish(i, {k: v for k, v in lead.items() if k not in ("key", "cached")}, False)
+    run(emit_only)
     return [r for r in records if r is not None]
 
 

@@ -40,7 +40,8 @@ PERSISTENT_COMPUTE_PARAMS = ("q_smem", "q_bar", "q_empty", "item_smem", "turn_ba
 #: Head dims from which the steady loop puts a scheduling fence before its ``wgmma`` wait for ``O += P V``
 #: (:meth:`_Compute.pv_wait_fence`). Without it ptxas hoists that wait above the softmax it should overlap;
 #: with it the H200 measured +0.4–4.9% at D = 128 and 256 (all 20 shapes of the emitted kernels) and up to
-#: -3% at D = 64, whose loop is bound by the softmax chain, not by the P V (docs/codegen.md, "From schedule to kernel", the P V wait fence).
+#: -3% at D = 64, whose loop is bound by the softmax chain, not by the P V (docs/codegen.md, "From schedule to
+#: kernel", the P V wait fence).
 PV_WAIT_FENCE_MIN_HEAD_DIM = 128
 
 SOFTMAX = """
