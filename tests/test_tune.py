@@ -800,6 +800,11 @@ def test_measure_picks_the_best_of_each_tiling_first():
         "subtiles=2 block_n=128 streaming_depth=2 reg_limit=160",
         "subtiles=2 block_n=64 streaming_depth=3 reg_limit=160"]
     assert len(measure_picks(ranked, 10)) == 5
+    # the persistent form of a tiling is no other tiling: its prediction differs by the fill of a few tiles
+    persistent = [replace(r, candidate=replace(r.candidate, persistent=p)) for r in ranked[:1] for p in (True, False)]
+    picks = measure_picks(persistent + ranked[3:4], 2)
+    assert [(rank, p.candidate.persistent, dict(p.candidate.options)["block_n"]) for rank, p in picks] == [
+        (1, True, 64), (3, None, 128)]
 
 
 def _benchmark(name):

@@ -82,13 +82,14 @@ def rank(candidates: Sequence[Candidate], records: Sequence[Mapping[str, Any]], 
     return solved + failed
 
 
-#: Settings that leave a candidate's tiling alone (ring depth, register budget): candidates differing only in
-#: these often get the same prediction, so :func:`measure_picks` spends measurements on other tilings first.
-TILING_NEUTRAL = ("streaming_depth", "reg_limit", "num_stages")
+#: Settings that leave a candidate's tiling alone (ring depth, register budget, the persistent form of the same
+#: kernel): candidates differing only in these get the same prediction or one within a few percent, well inside
+#: its error, so :func:`measure_picks` spends measurements on other tilings first.
+TILING_NEUTRAL = ("streaming_depth", "reg_limit", "num_stages", "persistent")
 
 
 def tiling(candidate: Candidate) -> tuple[tuple[str, Any], ...]:
-    """``candidate``'s settings without :data:`TILING_NEUTRAL` ones: its tiles, sub-tiles, warps, persistence."""
+    """``candidate``'s settings without :data:`TILING_NEUTRAL` ones: its tiles, sub-tiles and warps."""
     return tuple((k, v) for k, v in candidate.settings().items() if k not in TILING_NEUTRAL)
 
 
