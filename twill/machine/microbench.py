@@ -44,6 +44,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 ELEMENTWISE_OPS = {"exp2": 0, "fma": 1, "rowmax": 2, "rowsum": 3}
 
 
+@gluon.constexpr_function
+def _acc_layout(n):
+    """The wgmma accumulator layout of one warp group's [64, n] tile (``m64nNk16``, warps along M)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
 @gluon.jit
 def _clock(anchor):
     """The SM cycle counter; ``anchor`` only gives the asm a scalar operand."""
@@ -69,8 +75,7 @@ def _mma_loop(a_smem, b_smem, out_ptr, stats_ptr, reps, PART: gl.constexpr, GROU
               BLOCK_N: gl.constexpr, LAG: gl.constexpr):
     """One warp group: acc[64, BLOCK_N] += A @ B ``reps`` times (BLOCK_K/16 ``m64nNk16`` per group), timed."""
     pid = gl.program_id(0)
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_N, 16])
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_N)
     acc = gl.zeros([64, BLOCK_N], gl.float32, acc_layout)
     t0 = _clock(pid)
     for _ in range(reps):
@@ -126,8 +131,7 @@ def _elementwise_loop(x_ptr, out_ptr, stats_ptr, reps, PART: gl.constexpr, GROUP
     wgmma accumulator layout: OP 0 ``x = exp2(-x)``; 1 ``x = x*a + b``; 2 ``x = x - rowmax(x)*a``;
     3 ``x = x - rowsum(x)*a``; timed."""
     pid = gl.program_id(0)
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                     instr_shape=[16, COLS, 16])
+    layout: gl.constexpr = _acc_layout(COLS)
     rows = gl.arange(0, 64, gl.SliceLayout(1, layout))
     cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
     offs = rows[:, None] * COLS + cols[None, :]
@@ -197,10 +201,8 @@ def _softmax_loop(s_ptr, v_smem, out_ptr, stats_ptr, reps, PART: gl.constexpr, G
     keeps ``O += P V`` (A from registers, V in shared memory) in flight while the softmax runs, as the
     kernel does; timed."""
     pid = gl.program_id(0)
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _acc_layout(BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows = gl.arange(0, 64, gl.SliceLayout(1, s_layout))
     cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
@@ -262,10 +264,8 @@ def _iteration_loop(q_smem, k_smem, v_smem, turns, ready, empty, out_ptr, stats_
     (``empty``), run the online softmax while ``O += P V`` is in flight, retire it, release V and rescale O;
     timed."""
     pid = gl.program_id(0)
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _acc_layout(BLOCK_N)
+    o_layout: gl.constexpr = _acc_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     q = q_smem.index(PART)
     s_zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
