@@ -125,6 +125,10 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
     ("fa_causal_d64_sub3_solver_d2", "flash-fwd", {"subtiles": 3, "head_dim": 64, "causal": True},
      {"solver": True, "depth": 2}),
     ("fa_d128_sub3_solver_d2", "flash-fwd", {"subtiles": 3, "head_dim": 128}, {"solver": True, "depth": 2}),
+    ("fa_d64_sub3_solver_d2_persistent", "flash-fwd", {"subtiles": 3, "head_dim": 64},
+     {"solver": True, "depth": 2, "persistent": True}),
+    ("fa_causal_d64_sub3_solver_d2_persistent", "flash-fwd", {"subtiles": 3, "head_dim": 64, "causal": True},
+     {"solver": True, "depth": 2, "persistent": True}),
 )
 
 
@@ -456,7 +460,8 @@ def markdown_table(result: dict[str, Any]) -> str:
 def markdown_ab_table(result: dict[str, Any]) -> str:
     """An A/B run of one code change (``{"variant": run, "base": run, ...}``, both ``run`` results of one GPU
     session, one after the other): per attention kernel and S, TFLOP/s with the change / without it and their
-    ratio; the last row gives cuDNN's TFLOP/s in each run, for the spread between the two runs."""
+    ratio (kernels the base run lacks have no row); the last row gives cuDNN's TFLOP/s in each run, for the
+    spread between the two runs."""
     def tflops(run: dict[str, Any]) -> dict[str, dict[int, dict[str, float]]]:
         return {r["name"]: {t["S"]: t for t in r["timings"]}
                 for r in run["kernels"] if r["kernel"] == "flash-fwd" and "timings" in r}
@@ -466,6 +471,8 @@ def markdown_ab_table(result: dict[str, Any]) -> str:
     lines = ["| kernel: TFLOP/s with / without (ratio) | " + " | ".join(f"S={s}" for s in seqs) + " |",
              "|---" * (len(seqs) + 1) + "|"]
     for name, by_s in variant.items():
+        if name not in base:
+            continue
         cells = [f"{by_s[s]['tflops']:.0f} / {base[name][s]['tflops']:.0f} "
                  f"({by_s[s]['tflops'] / base[name][s]['tflops']:.3f})"
                  if s in by_s and s in base.get(name, {}) else "" for s in seqs]

@@ -258,7 +258,10 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("maskcopy-table", "gluon_bench_h200_maskcopy.json", _ab_table),
                       ("overlap-table", "gluon_bench_h200_overlap.json", _ab_table),
                       ("fence-table", "gluon_bench_h200_fence.json", _ab_table),
-                      ("fence-patched-table", "gluon_bench_h200_fence_patched.json", _ab_table)]
+                      ("fence-patched-table", "gluon_bench_h200_fence_patched.json", _ab_table),
+                      ("pearly-table", "gluon_bench_h200_pearly.json", _ab_table),
+                      ("pearly-variant-table", "gluon_bench_h200_pearly.json",
+                       lambda result: _gluon_bench_table(result["variant"]))]
 
 
 @pytest.mark.parametrize("marker,results,render", PERFORMANCE_TABLES, ids=[t[0] for t in PERFORMANCE_TABLES])

@@ -210,6 +210,23 @@ def test_pv_wait_fence_from_head_dim_128():
         assert FENCE not in emit_gluon(serial)        # no P V in flight during the softmax: nothing to keep
 
 
+def test_three_subtile_d64_128_key_kernel_does_not_spill(tmp_path):
+    """With S issued ahead, P(j+1) is converted to the wgmma operand once P(j) V(j) has retired, so its fp32
+    copy is dead before S(j+2) lands: the three-group D = 64 kernel with 128-key tiles (FA3's D = 64 tile)
+    fits its 160 registers (it spilled 3.5 KB with P converted after S(j+1) was issued)."""
+    if not HAS_ORTOOLS:
+        pytest.skip("the three-group schedule with S issued ahead comes from the solver (ortools, extra 'solve')")
+    sched = solved_kernel("flash-fwd", "h100", {"subtiles": 3, "head_dim": 64}, streaming_depth=2)
+    assert all(p.qk_ahead == 1 for p in gluon_plan(sched).compute)
+    source = emit_gluon(sched)
+    assert "P(j+1), once P(j) V(j) retired" in source
+    path = tmp_path / "fa_sub3_d64.py"
+    path.write_text(source)
+    compiled = aot.compile_sm90(load_emitted(str(path), "twill_test_fa_sub3_d64_p"))
+    report = ptxas_report(compiled.asm["ptx"], 90)
+    assert report["spill_bytes"] == 0 and report["serialized_wgmma"] == 0
+
+
 # -- persistent attention forward -------------------------------------------------------------------------
 PERSISTENT_FLASH_CASES = [  # (kernel options, ahead)
     ({"subtiles": 2, "head_dim": 128, "causal": True}, 1),

@@ -301,11 +301,17 @@ class _Compute:
         return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, seq_len, qk_scale,",
                 f"{ind}                                    gl.SliceLayout(0, s_layout))"]
 
-    def issue_pv(self, j: str, ind: str, counter: str | None) -> list[str]:
-        """``counter`` None: outside the steady state, where tensor-core turns are not taken."""
+    def convert_p(self, ind: str, when: str = "") -> list[str]:
+        """P to the register A operand of ``O += P V`` (it never leaves registers)."""
+        return [f"{ind}p_op = gl.convert_layout(p.to(DTYPE), p_layout)  # P stays in registers: wgmma A operand"
+                + (f"; {when}" if when else "")]
+
+    def issue_pv(self, j: str, ind: str, counter: str | None, convert: bool = True) -> list[str]:
+        """``counter`` None: outside the steady state, where tensor-core turns are not taken. ``convert``:
+        convert P to the wgmma operand first (the loop with S issued ahead converts it earlier)."""
         index, phase = self.slot(j, "v")
         return [
-            f"{ind}p_op = gl.convert_layout(p.to(DTYPE), p_layout)  # P stays in registers: wgmma A operand",
+            *(self.convert_p(ind) if convert else []),
             f"{ind}mbarrier.wait(v_ready.index({index}), {phase})  # ready: V tile {j} ({self.whys('ready', 'pv')})",
             *self.turn_before("pv", ind, counter),
             f"{ind}# {self.placed('pv')}",
@@ -329,10 +335,11 @@ class _Compute:
             f"{ind}s_cur = warpgroup_mma_wait(0, deps=[s_tok])",
             f"{ind}mbarrier.arrive(k_empty.index({first}))  # empty: K tile 0 consumed",
             *self.softmax("0", "0", ind),
+            *self.convert_p(ind),
             f"{ind}for j in range(0, n_tiles - 1):",
             f"{i2}jn = j + 1",
             *self.issue_qk("jn", i2, "j"),
-            *self.issue_pv("j", i2, "j"),
+            *self.issue_pv("j", i2, "j", convert=False),
             f"{i2}# S(j+1) complete (wgmma groups retire in order; {self.whys('wgmma', 'qk')});",
             f"{i2}# O += P(j) V(j) still in flight",
             f"{i2}s_cur, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])",
@@ -343,10 +350,12 @@ class _Compute:
             f"({self.whys('wgmma', 'pv')})",
             f"{i2}mbarrier.arrive(v_empty.index({self.slot('j', 'v')[0]}))  # empty: V tile j consumed",
             f"{i2}{rescale}",
+            *self.convert_p(i2, "P(j+1), once P(j) V(j) retired: its fp32 copy dies before S(j+2) is "
+                                "issued"),
             *(ind + line for line in q_done),
             f"{ind}# epilogue: pv of the last iteration",
             f"{ind}j = n_tiles - 1",
-            *self.issue_pv("j", ind, None),
+            *self.issue_pv("j", ind, None, convert=False),
             f"{ind}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])",
             f"{ind}mbarrier.arrive(v_empty.index({self.slot('j', 'v')[0]}))  # empty: V tile consumed",
         ]
