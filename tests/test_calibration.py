@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import time
 
 import pytest
 
@@ -432,3 +434,28 @@ def test_attention_iteration_microbenchmark_compiles_with_turns_and_both_mmas():
         assert facts.wgmma == groups * (2 * per_mma + block_n // 16)
         assert facts.wait_depths == (0, 1)
         assert facts.mbarrier_waits == groups * (2 + (groups > 1))  # K and V ready, and the turn
+
+
+def test_clock_sampler_keeps_every_reading_of_a_long_run(tmp_path, monkeypatch):
+    """nvidia-smi's readings go to a file while the block runs: through an unread pipe, the sampler lost
+    every reading after the first 64 KB (about 80 s at 20 readings a second), so the later shapes of a long
+    benchmark had no clock. A stand-in nvidia-smi writes 6000 readings (about 170 KB) at once."""
+    from twill.machine.microbench import ClockSampler
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!" + sys.executable + "\n"
+                    "import signal, sys, time\n"
+                    "signal.signal(signal.SIGINT, lambda *a: sys.exit(0))\n"
+                    "for i in range(6000):\n"
+                    "    print(f'2026/12/02 04:{i // 600 % 60:02d}:{i // 10 % 60:02d}.{i % 10}00, {1000 + i % 900}')\n"
+                    "sys.stdout.flush()\n"
+                    f"open({str(tmp_path / 'written')!r}, 'w').close()\n"
+                    "time.sleep(60)\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with ClockSampler() as sampler:
+        deadline = time.time() + 20
+        while time.time() < deadline and not (tmp_path / "written").exists():
+            time.sleep(0.05)
+    assert len(sampler.samples) == 6000
+    assert sampler.samples[-1][1] == 1000 + 5999 % 900

@@ -809,36 +809,41 @@ class ClockSampler:
         self.interval_ms = interval_ms
         self.samples: list[tuple[float, float]] = []
         self._proc: Any = None
+        self._log: Any = None
 
     def __enter__(self) -> "ClockSampler":
-        import subprocess
-
         import shutil
+        import subprocess
+        import tempfile
 
-        # Line-buffered: nvidia-smi's block-buffered pipe loses its last readings when it is stopped.
+        # Line-buffered: nvidia-smi's block-buffered output loses its last readings when it is stopped. Into a
+        # file, not a pipe: nobody reads the pipe until the end, and once its 64 KB filled (about 80 s of
+        # readings) nvidia-smi blocked and every later window had no sample.
         line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
+        self._log = tempfile.TemporaryFile(mode="w+")
         try:
             self._proc = subprocess.Popen(
                 [*line_buffered, "nvidia-smi", "--query-gpu=timestamp,clocks.sm", "--format=csv,noheader,nounits",
-                 "-i", "0", f"-lms={self.interval_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                 "-i", "0", f"-lms={self.interval_ms}"], stdout=self._log, stderr=subprocess.DEVNULL, text=True)
         except OSError:
             self._proc = None
         return self
 
     def __exit__(self, *exc: Any) -> None:
         import datetime
-
-        if self._proc is None:
-            return
         import signal
         import subprocess
 
-        self._proc.send_signal(signal.SIGINT)  # lets nvidia-smi flush what it has read
-        try:
-            out, _ = self._proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            out, _ = self._proc.communicate()
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGINT)  # lets nvidia-smi flush what it has read
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._log.seek(0)
+        out = self._log.read()
+        self._log.close()
         for line in out.splitlines():
             stamp, _, mhz = line.partition(",")
             try:
