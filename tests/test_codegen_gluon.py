@@ -227,6 +227,58 @@ def test_three_subtile_d64_128_key_kernel_does_not_spill(tmp_path):
     assert report["spill_bytes"] == 0 and report["serialized_wgmma"] == 0
 
 
+def test_a_group_issuing_s_ahead_takes_one_tensor_core_turn():
+    """The calibrated H200 model's three-group D = 64 schedule orders the wgmmas qk_a pv_a | qk_c | pv_b |
+    pv_c | qk_b: five turns. The groups issue S(j+1) and P(j) V(j) at one point, so the plan gives each one
+    turn, at its qk's place (cyclically qk_b -> qk_a -> qk_c), and the kernel waits once per iteration."""
+    if not HAS_ORTOOLS:
+        pytest.skip("the schedule comes from the solver (ortools, extra 'solve')")
+    from twill.codegen.plan import _turns
+    from twill.machine.calibration import load_machine
+    from twill.solve import schedule as solve
+    from twill.solve.options import SolveOptions
+
+    machine = load_machine(str(Path(__file__).parent.parent / "benchmarks/results/calibration_h200.machine.json"))
+    graph = build_kernel("flash-fwd", machine, subtiles=3, head_dim=64, block_n=128)
+    sched = solve(graph, machine, SolveOptions(streaming_depth=2, reg_limit=160))
+    plan = gluon_plan(sched)
+    tc = [op.name for op in sched.graph.ops if op.usage("tc")]
+    raw = _turns(sched, plan.compute, tc)
+    assert all(p.qk_ahead == 1 for p in plan.compute)
+    assert len(raw) > 3                                     # the schedule's order splits some group's issues
+    assert sorted(t.partition for t in plan.turns) == [0, 1, 2]
+    for t in plan.turns:
+        assert {sched.graph.op(op).attrs["role"] for op in t.ops} == {"qk", "pv"}
+    # the cyclic order of the groups' qk ops in the schedule is the order of the turns
+    order = [t.partition for t in raw if any(sched.graph.op(op).attrs["role"] == "qk" for op in t.ops)]
+    start = order.index(plan.turns[0].partition)
+    assert [t.partition for t in plan.turns] == order[start:] + order[:start]
+    source = emit_gluon(sched)
+    assert "PV_TURN" not in source and "QK_PASS" not in source
+
+
+def test_split_turns_stay_for_a_group_that_issues_s_and_pv_apart():
+    """With S not issued ahead (stage(pv) = stage(qk)), S and P V are issued at two points of the program:
+    that group keeps the schedule's split turns; only the groups issuing S ahead are merged."""
+    from twill.codegen.plan import _one_turn_when_ahead
+
+    graph = build_kernel("flash-fwd", H100, subtiles=3, head_dim=64)
+    compute = gluon_plan(solved_kernel("flash-fwd", "h100", {"subtiles": 3, "head_dim": 64},
+                                       streaming_depth=2)).compute
+
+    def merged(turns, ahead):
+        return _one_turn_when_ahead(graph, turns, tuple(replace(p, qk_ahead=a) for p, a in zip(compute, ahead)))
+
+    turns = (Turn(0, ("qk_a",)), Turn(1, ("qk_b",)), Turn(0, ("pv_a",)), Turn(2, ("qk_c",)), Turn(1, ("pv_b",)),
+             Turn(2, ("pv_c",)))
+    assert merged(turns, (0, 1, 1)) == (Turn(0, ("qk_a",)), Turn(1, ("qk_b", "pv_b")), Turn(0, ("pv_a",)),
+                                        Turn(2, ("qk_c", "pv_c")))
+    assert merged(turns, (0, 0, 0)) == turns
+    # merging a group can leave two turns of another side by side (here around the cycle): they become one
+    two = (Turn(0, ("qk_a",)), Turn(1, ("qk_b",)), Turn(0, ("pv_a",)), Turn(1, ("pv_b",)))
+    assert merged(two, (0, 1, 1)) == (Turn(0, ("pv_a", "qk_a")), Turn(1, ("qk_b", "pv_b")))
+
+
 # -- persistent attention forward -------------------------------------------------------------------------
 PERSISTENT_FLASH_CASES = [  # (kernel options, ahead)
     ({"subtiles": 2, "head_dim": 128, "causal": True}, 1),

@@ -29,7 +29,8 @@ Policy (documented in ``docs/codegen.md``):
   tensor core to the owner of the next turn (a round robin over two or three partitions, in the order the
   schedule chose); within a turn it issues its ops in program order (``qk`` before ``pv``). Every
   partition takes its turns in program order: the cyclic order starts where each partition's ``qk`` turn
-  comes before its ``pv`` turn.
+  comes before its ``pv`` turn. A partition with ``qk_ahead`` 1 issues both at one program point, so it
+  takes one turn, at its ``qk``'s place in that order.
 * **Attention variants.** ``causal`` and ``kv_heads`` (graph attributes) do not change the loop body or the
   schedule; they are carried to the renderer, which bounds each query block's trip count at its diagonal
   and masks the diagonal iterations, and maps query heads onto K/V heads. The Q tile and the K/V rings must
@@ -427,19 +428,40 @@ def _turns(schedule: Schedule, compute: tuple[Partition, ...], tc_ops: list[str]
     if len(compute) < 2:
         return ()
     index = {p.group: i for i, p in enumerate(compute)}
-    runs: list[list[Any]] = []
-    for name in schedule.steady_state_order():
-        if name not in tc_ops:
-            continue
-        part = index[schedule.assignment[name]]
-        if runs and runs[-1][0] == part:
-            runs[-1][1].append(name)
+    return _merge_runs([Turn(index[schedule.assignment[name]], (name,))
+                        for name in schedule.steady_state_order() if name in tc_ops])
+
+
+def _merge_runs(turns: list[Turn]) -> tuple[Turn, ...]:
+    """Adjacent turns of one partition as one turn (cyclically: the last merges into the first)."""
+    out: list[Turn] = []
+    for t in turns:
+        if out and out[-1].partition == t.partition:
+            out[-1] = Turn(t.partition, out[-1].ops + t.ops)
         else:
-            runs.append([part, [name]])
-    if len(runs) > 1 and runs[0][0] == runs[-1][0]:
-        runs[0][1] = runs[-1][1] + runs[0][1]
-        runs.pop()
-    return tuple(Turn(p, tuple(ops)) for p, ops in runs)
+            out.append(t)
+    if len(out) > 1 and out[0].partition == out[-1].partition:
+        out[0] = Turn(out[0].partition, out[-1].ops + out[0].ops)
+        out.pop()
+    return tuple(out)
+
+
+def _one_turn_when_ahead(graph: LoopGraph, turns: tuple[Turn, ...],
+                         compute: tuple[Partition, ...]) -> tuple[Turn, ...]:
+    """A partition that issues ``S`` ahead (``qk_ahead`` 1) issues ``S(j+1)`` and ``O += P(j) V(j)`` at one
+    point of its program, so it takes one turn per iteration: its ops join the turn of its ``qk``, where the
+    schedule's order puts the issue. Split into two turns, it would stop between the two issues until every
+    partition in between had issued, and its softmax of ``j + 1`` (after both issues) would wait for theirs:
+    the groups' softmaxes, which the schedule runs side by side, would chain (docs/codegen.md)."""
+    ahead = {i for i, p in enumerate(compute) if p.qk_ahead == 1}
+    home: dict[int, int] = {}
+    for k, t in enumerate(turns):
+        if t.partition in ahead and any(graph.op(op).attrs.get("role") == "qk" for op in t.ops):
+            home[t.partition] = k
+    gathered = {i: tuple(op for t in turns if t.partition == i for op in t.ops) for i in home}
+    kept = [Turn(t.partition, gathered[t.partition]) if home.get(t.partition) == k else t
+            for k, t in enumerate(turns) if t.partition not in home or home[t.partition] == k]
+    return _merge_runs(kept)
 
 
 def _in_program_order(graph: LoopGraph, turns: tuple[Turn, ...], backend: str) -> tuple[Turn, ...]:
@@ -609,7 +631,8 @@ def flash_plan(schedule: Schedule, backend: str, persistent: bool = False) -> Ke
     if any(p.num_warps != compute[0].num_warps for p in compute):
         raise _unsupported(backend, "compute warp groups of different sizes")
     compute = _flash_compute(schedule, compute, qks, pvs, backend)
-    turns = _in_program_order(graph, _turns(schedule, compute, tc_ops), backend)
+    turns = _one_turn_when_ahead(graph, _turns(schedule, compute, tc_ops), compute)
+    turns = _in_program_order(graph, turns, backend)
     compute = tuple(_with_turn_points(graph, p, turns, i) for i, p in enumerate(compute)) if turns else compute
     rings = []
     for load_role, name, readers in (("load_k", "k", qks), ("load_v", "v", pvs)):

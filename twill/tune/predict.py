@@ -368,9 +368,20 @@ def softmax_step(steps: dict[str, float], groups: int, block_n: int, head_dim: i
 def tensor_core_turns(schedule: Schedule) -> int:
     """How often per iteration the tensor core passes from one warp group to another: the steady-state
     order of the ops that use it, read around the cycle, changes warp group this many times. Each change is
-    an mbarrier hand-off during which the tensor core waits (the ping-pong of two compute groups: 2)."""
+    an mbarrier hand-off during which the tensor core waits (the ping-pong of two compute groups: 2). For the
+    attention forward, the turns of its kernel plan: a group that issues S ahead takes one turn per iteration
+    (:func:`twill.codegen.plan.flash_plan`)."""
     if not schedule.warps:
         return 0
+    if schedule.graph.attrs.get("kernel") == "flash-fwd":
+        from twill.codegen.plan import flash_plan
+        from twill.errors import UnsupportedFeatureError
+        try:
+            turns = flash_plan(schedule, "gluon").turns
+        except UnsupportedFeatureError:
+            pass
+        else:
+            return len(turns) if len(turns) > 1 else 0
     groups = [schedule.assignment.get(op.name) for op in sorted(
         (o for o in schedule.graph.ops if o.usage("tc")), key=lambda o: schedule.residue(o.name))]
     return sum(1 for i, g in enumerate(groups) if g != groups[i - 1]) if len(groups) > 1 else 0
