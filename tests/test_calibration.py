@@ -377,6 +377,19 @@ def test_readme_tuned_rows_show_the_committed_results():
         assert row in readme, row
 
 
+def test_readme_three_group_d64_row_shows_the_committed_result():
+    """The README's three-group D = 64 row is benchmarks/results/gluon_bench_h200_pearly.json's (the run with
+    P converted once P V retired): fa_d64_sub3_solver_d2 at S = 8192 against cuDNN in the same run."""
+    with open(os.path.join(RESULTS, "gluon_bench_h200_pearly.json")) as fh:
+        run = json.load(fh)["variant"]
+    (kernel,) = [k for k in run["kernels"] if k["name"] == "fa_d64_sub3_solver_d2"]
+    (t,) = [t for t in kernel["timings"] if t["S"] == 8192]
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as fh:
+        readme = fh.read()
+    row = f"| S=8192 | {t['tflops']:.0f} | cuDNN {t['cudnn_tflops']:.0f} | {t['ratio_vs_cudnn']:.2f}× |"
+    assert row in readme, row
+
+
 def test_readme_backward_rows_show_the_committed_results():
     """The README's attention-backward rows are the committed measurement (benchmarks/results/flash_bwd_h200.json):
     TFLOP/s of the generated kernel and of cuDNN, and their ratio, at the S each row names."""
