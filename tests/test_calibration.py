@@ -263,7 +263,10 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("fence-patched-table", "gluon_bench_h200_fence_patched.json", _ab_table),
                       ("pearly-table", "gluon_bench_h200_pearly.json", _ab_table),
                       ("pearly-variant-table", "gluon_bench_h200_pearly.json",
-                       lambda result: _gluon_bench_table(result["variant"]))]
+                       lambda result: _gluon_bench_table(result["variant"])),
+                      ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
+                       lambda result: "with the fence:\n" + _backward_table(result["variant"]) + "\nmain:\n"
+                       + _backward_table(result["base"]))]
 
 
 @pytest.mark.parametrize("marker,results,render", PERFORMANCE_TABLES, ids=[t[0] for t in PERFORMANCE_TABLES])
