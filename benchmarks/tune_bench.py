@@ -17,6 +17,8 @@
 
     python benchmarks/tune_bench.py generate out/tune --machine benchmarks/results/calibration_h200.machine.json
     python benchmarks/tune_bench.py run out/tune --out $OUT          # GPU, carrying out/tune
+    python benchmarks/tune_bench.py repredict benchmarks/results/tune_bench_h200.json \
+        --out benchmarks/results/tune_bench_h200_repredicted.json       # CPU: today's model, same measurement
 """
 
 from __future__ import annotations
@@ -326,10 +328,66 @@ def markdown_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def repredict(results_path: str, machine_path: str, out_path: str, workers: int) -> dict[str, Any]:
+    """Today's model against a committed measurement (CPU): every measured candidate of ``results_path`` (a
+    ``run`` result) is solved again (the sweep's cache makes a repeat fast) and predicted with the current
+    :func:`twill.tune.predict.predict`; writes ``{"rows": [...], "within_15_percent": ..., ...}`` to
+    ``out_path`` with each candidate's measured time, the prediction stored at ``generate`` time and today's.
+    A kernel the code generator would now emit differently was measured in its old form: compare such rows
+    with care (``docs/performance.md`` says which)."""
+    from twill.ir.io import graph_to_dict
+    from twill.kernels import build_kernel
+    from twill.machine.calibration import load_machine
+    from twill.tune.predict import Shape
+    from twill.tune.rank import rank
+    from twill.tune.space import kernel_space
+    from twill.tune.sweep import Job, run_sweep
+
+    machine = load_machine(machine_path)
+    doc = json.load(open(results_path))
+    rows = []
+    for entry in doc["results"]:
+        shape = Shape(entry.get("problem") or ("gemm" if entry["kernel"] == "gemm" else "attention"),
+                      tuple(entry["sizes"]))
+        axes: dict[str, tuple[Any, ...]] = {"dtype": (entry["dtype"],)}
+        if entry["kernel"] == "flash-fwd":
+            axes["head_dim"] = (shape["D"],)
+        measured = {k["candidate"]: k for k in entry["kernels"] if k.get("tflops")}
+        chosen = [c for c in kernel_space(entry["kernel"], machine, axes).candidates if c.label() in measured]
+        jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(entry["kernel"], machine, **dict(c.options))),
+                    machine=machine, time_limit=60.0) for c in chosen]
+        for result in rank(chosen, run_sweep(jobs, workers=workers), shape, machine):
+            kern = measured[result.candidate.label()]
+            measured_us = entry["flops"] / (kern["tflops"] * 1e12) * 1e6
+            rows.append({"name": entry["name"], "candidate": kern["candidate"], "measured_us": measured_us,
+                         "predicted_us_then": kern["predicted_us"], "predicted_us": result.prediction.microseconds,
+                         "ratio": measured_us / result.prediction.microseconds})
+    out = {"results": os.path.basename(results_path), "machine_file": os.path.basename(machine_path),
+           "rows": rows,
+           "within_15_percent": sum(abs(r["ratio"] - 1) <= 0.15 for r in rows),
+           "within_15_percent_then": sum(abs(r["measured_us"] / r["predicted_us_then"] - 1) <= 0.15 for r in rows)}
+    with open(out_path, "w") as fh:
+        json.dump(out, fh, indent=1)
+    return out
+
+
+def repredict_table(doc: dict[str, Any]) -> str:
+    """Measured / predicted per measured candidate, with the prediction of ``generate`` time and today's."""
+    lines = ["| shape | candidate | measured µs | predicted then (ratio) | predicted now (ratio) |",
+             "|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        then = r["measured_us"] / r["predicted_us_then"]
+        lines.append(f"| {r['name']} | `{r['candidate']}` | {r['measured_us']:.0f} | "
+                     f"{r['predicted_us_then']:.0f} ({then:.2f}) | {r['predicted_us']:.0f} ({r['ratio']:.2f}) |")
+    lines.append(f"| within ±15% | | | {doc['within_15_percent_then']} of {len(doc['rows'])} | "
+                 f"{doc['within_15_percent']} of {len(doc['rows'])} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("generate", "run", "table"))
-    parser.add_argument("path", help="kernel folder (generate, run) or tune_bench.json (table)")
+    parser.add_argument("step", choices=("generate", "run", "table", "repredict"))
+    parser.add_argument("path", help="kernel folder (generate, run) or tune_bench.json (table, repredict)")
     parser.add_argument("--machine", default=os.path.join(HERE, "results", "calibration_h200.machine.json"))
     parser.add_argument("--top", type=int, default=3, help="candidates emitted and measured per shape")
     parser.add_argument("--workers", type=int, default=2)
@@ -339,6 +397,9 @@ def main() -> None:
         generate(args.path, args.machine, args.top, args.workers)
     elif args.step == "run":
         run(args.path, args.out)
+    elif args.step == "repredict":
+        out = os.path.join(args.out, "tune_bench_repredicted.json") if os.path.isdir(args.out) else args.out
+        print(repredict_table(repredict(args.path, args.machine, out, args.workers)))
     else:
         print(markdown_table(json.load(open(args.path))))
 

@@ -241,6 +241,12 @@ def _tune_table(result):
     return markdown_table(result)
 
 
+def _repredict_table(result):
+    from benchmarks.tune_bench import repredict_table
+
+    return repredict_table(result)
+
+
 def _backward_table(result):
     from benchmarks.flash_bwd_check import table
 
@@ -255,6 +261,7 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("flash-bwd-table", "flash_bwd_h200.json", _backward_table),
                       ("persistent-gemm-table", "persistent_gemm_h200.json", _persistent_table),
                       ("tune-table", "tune_bench_h200.json", _tune_table),
+                      ("tune-repredict-table", "tune_bench_h200_repredicted.json", _repredict_table),
                       ("sub3-table", "gluon_bench_h200_sub3.json", _gluon_bench_table),
                       ("persistent-attention-table", "gluon_bench_h200_persistent.json", _gluon_bench_table),
                       ("maskcopy-table", "gluon_bench_h200_maskcopy.json", _ab_table),

@@ -196,6 +196,29 @@ def test_persistent_attention_prediction_pays_the_fill_once_and_each_blocks_pipe
     assert persistent.breakdown["ctas_per_sm"] == 1
 
 
+def test_a_group_that_issues_s_and_pv_apart_waits_for_its_pv_in_the_chain(monkeypatch):
+    """With ``qk_ahead`` 0 the kernel waits for S = Q Kᵀ and, before its next iteration, for O += P V: the
+    chain bound adds the P V latency to such a group's chain. With S issued ahead the P V runs under the next
+    softmax and only the S wait counts. The tensor-core turns are the plan's in both cases."""
+    from twill.machine.calibration import load_machine
+    from twill.tune import predict as model
+
+    machine = load_machine(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results",
+                                        "calibration_h200.machine.json"))
+    graph = build_kernel("flash-fwd", machine, subtiles=2, head_dim=128)
+    for ahead in (0, 1):
+        sched = flash_schedule(graph, machine, ahead=ahead, depth=2)
+        chain, turns = model.chain_bound(sched, machine)["chain_ii"], model.tensor_core_turns(sched)
+        with monkeypatch.context() as patch:
+            patch.setattr(model, "_flash_plan", lambda schedule: None)
+            plain = model.chain_bound(sched, machine)["chain_ii"]
+            assert model.tensor_core_turns(sched) == turns
+        pv = sched.graph.op("pv_a")
+        latency = (pv.latency if pv.latency is not None else pv.cycles) * model.cycles_per_unit(sched)
+        assert chain - plain == pytest.approx(latency if ahead == 0 else 0.0)
+        assert latency > 0
+
+
 def test_warp_specialized_cta_reserves_whole_warp_groups_at_the_largest_budget():
     # a 1-warp producer at 24 registers and a 4-warp consumer at 240: the CTA launches 8 warps at 240
     # registers (61440 of 65536), so a second CTA never fits, however little shared memory it needs

@@ -319,8 +319,10 @@ def chain_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     online-softmax step of one 64-row warp group (``Calibration.softmax_step_cycles``: row max, exp, row
     sum, rescale and the P conversion, measured with ``O += P V`` in flight and as many warp groups running
     it at once as the kernel has, ``Σ compute warps / 4``), ``wait`` the latency of the MMA whose result the
-    group waits for in the same iteration (S = Q Kᵀ before the row max), ``issue`` the issue cycles of the
-    group's asynchronous ops and ``turn`` its share of the tensor-core hand-offs. The solver's schedule
+    group waits for in the same iteration (S = Q Kᵀ before the row max; a group that issues S and P V apart,
+    ``qk_ahead`` 0 in its kernel plan, also waits for ``O += P V`` before its next iteration, so its latency
+    is added), ``issue`` the issue cycles of the group's asynchronous ops and ``turn`` its share of the
+    tensor-core hand-offs. The solver's schedule
     keeps the groups' softmax ops apart on MUFU and the FP32 pipes, but nothing in the kernel enforces that:
     the groups run them at once and slow each other down, which the measured step includes.
     """
@@ -335,14 +337,34 @@ def chain_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
         return {}
     scale = cycles_per_unit(schedule)
     turn = tensor_core_turns(schedule) * handoff_cycles(machine) / len(compute)
+    plan = _flash_plan(schedule)
+    apart = {p.group for p in plan.compute if p.qk_ahead == 0} if plan is not None else set()
     chains = []
     for g in compute:
         mine = set(g.ops)
         waits = [e.delay * scale for e in graph.edges if e.src in mine and e.dst in mine and e.distance == 0
                  and graph.op(e.src).kind == "mma" and graph.op(e.dst).kind != "mma"]
+        wait = max(waits, default=0.0)
+        if g.id in apart:
+            pv = [graph.op(n) for n in g.ops if graph.op(n).attrs.get("role") == "pv"]
+            wait += sum((op.latency if op.latency is not None else op.cycles) * scale for op in pv)
         issue = sum(ASYNC_ISSUE_CYCLES for n in g.ops if graph.op(n).kind == "mma")
-        chains.append(step + max(waits, default=0.0) + issue + turn)
+        chains.append(step + wait + issue + turn)
     return {"chain_ii": max(chains)}
+
+
+def _flash_plan(schedule: Schedule) -> Any:
+    """The attention forward's kernel plan (:func:`twill.codegen.plan.flash_plan`), or ``None`` for another
+    kernel or a schedule the code generator does not emit."""
+    if schedule.graph.attrs.get("kernel") != "flash-fwd":
+        return None
+    from twill.codegen.plan import flash_plan
+    from twill.errors import UnsupportedFeatureError
+
+    try:
+        return flash_plan(schedule, "gluon")
+    except UnsupportedFeatureError:
+        return None
 
 
 def softmax_step(steps: dict[str, float], groups: int, block_n: int, head_dim: int) -> float | None:
@@ -373,15 +395,9 @@ def tensor_core_turns(schedule: Schedule) -> int:
     (:func:`twill.codegen.plan.flash_plan`)."""
     if not schedule.warps:
         return 0
-    if schedule.graph.attrs.get("kernel") == "flash-fwd":
-        from twill.codegen.plan import flash_plan
-        from twill.errors import UnsupportedFeatureError
-        try:
-            turns = flash_plan(schedule, "gluon").turns
-        except UnsupportedFeatureError:
-            pass
-        else:
-            return len(turns) if len(turns) > 1 else 0
+    plan = _flash_plan(schedule)
+    if plan is not None:
+        return len(plan.turns) if len(plan.turns) > 1 else 0
     groups = [schedule.assignment.get(op.name) for op in sorted(
         (o for o in schedule.graph.ops if o.usage("tc")), key=lambda o: schedule.residue(o.name))]
     return sum(1 for i, g in enumerate(groups) if g != groups[i - 1]) if len(groups) > 1 else 0
