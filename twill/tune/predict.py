@@ -322,9 +322,9 @@ def chain_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     group waits for in the same iteration (S = Q Kᵀ before the row max; a group that issues S and P V apart,
     ``qk_ahead`` 0 in its kernel plan, also waits for ``O += P V`` before its next iteration, so its latency
     is added), ``issue`` the issue cycles of the group's asynchronous ops and ``turn`` its share of the
-    tensor-core hand-offs. The solver's schedule
-    keeps the groups' softmax ops apart on MUFU and the FP32 pipes, but nothing in the kernel enforces that:
-    the groups run them at once and slow each other down, which the measured step includes.
+    tensor-core hand-offs. The solver's schedule keeps the groups' softmax ops apart on MUFU and the FP32
+    pipes, but nothing in the kernel enforces that: the groups run them at once and slow each other down,
+    which the measured step includes.
     """
     cal = machine.calibration
     graph = schedule.graph
