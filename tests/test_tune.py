@@ -940,3 +940,35 @@ def test_a_persistent_candidate_is_emitted_persistent_and_refused_when_it_overfl
     assert plain["status"] == "ok"
     assert persistent["status"] == "cannot_emit" and "persistent GEMM" in persistent["reason"]
     assert persistent["schedule"]["ii"] == plain["schedule"]["ii"]
+
+
+def test_repredict_puts_todays_prediction_beside_a_committed_measurement(tmp_path, monkeypatch):
+    """``benchmarks/tune_bench.py repredict`` (CPU): each measured candidate of a ``run`` result is solved again,
+    predicted with today's model and set beside its measured time and the prediction stored with it."""
+    pytest.importorskip("ortools", reason="re-predicting solves the candidates (ortools)")
+    from benchmarks.tune_bench import repredict, repredict_table
+    from twill.machine.calibration import load_machine
+    from twill.tune.predict import Shape
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    machine_file = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results",
+                                "calibration_h200.machine.json")
+    machine = load_machine(machine_file)
+    (candidate,) = [c for c in kernel_space("gemm", machine, {"dtype": ("fp16",)}).candidates
+                    if c.label() == "block_m=128 block_n=256 block_k=64 warps=8 dtype=fp16 streaming_depth=3 "
+                                    "persistent=True"]
+    flops = Shape("gemm", (4096, 4096, 4096)).flops("gemm")
+    doc = {"results": [{"name": "gemm_fp16_4096x4096x4096", "kernel": "gemm", "dtype": "fp16",
+                        "sizes": [4096, 4096, 4096], "flops": flops,
+                        "kernels": [{"candidate": candidate.label(), "predicted_us": 100.0, "tflops": 500.0},
+                                    {"candidate": "not measured", "predicted_us": 1.0, "tflops": None}]}]}
+    results = tmp_path / "tune_bench.json"
+    results.write_text(json.dumps(doc))
+    out = repredict(str(results), machine_file, str(tmp_path / "re.json"), workers=1)
+    (row,) = out["rows"]
+    measured_us = flops / 500e12 * 1e6
+    assert row["measured_us"] == pytest.approx(measured_us) and row["predicted_us_then"] == 100.0
+    assert row["ratio"] == pytest.approx(measured_us / row["predicted_us"]) and row["predicted_us"] > 0
+    assert json.loads((tmp_path / "re.json").read_text()) == out
+    assert out["within_15_percent_then"] == int(abs(measured_us / 100.0 - 1) <= 0.15)
+    assert f"{len(out['rows'])} |" in repredict_table(out).splitlines()[-1]
