@@ -326,6 +326,11 @@ def chain_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     pipes, but nothing in the kernel enforces that: the groups run them at once and slow each other down,
     which the measured step includes.
     """
+    return _chain_bound(schedule, machine, _flash_plan(schedule))
+
+
+def _chain_bound(schedule: Schedule, machine: Machine, plan: Any) -> dict[str, float]:
+    """:func:`chain_bound` with the schedule's kernel plan (:func:`_flash_plan`) already made."""
     cal = machine.calibration
     graph = schedule.graph
     if cal is None or not cal.softmax_step_cycles or graph.attrs.get("kernel") != "flash-fwd" or not schedule.warps:
@@ -336,8 +341,7 @@ def chain_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     if step is None:
         return {}
     scale = cycles_per_unit(schedule)
-    turn = tensor_core_turns(schedule) * handoff_cycles(machine) / len(compute)
-    plan = _flash_plan(schedule)
+    turn = _turn_count(schedule, plan) * handoff_cycles(machine) / len(compute)
     apart = {p.group for p in plan.compute if p.qk_ahead == 0} if plan is not None else set()
     chains = []
     for g in compute:
@@ -393,9 +397,13 @@ def tensor_core_turns(schedule: Schedule) -> int:
     an mbarrier hand-off during which the tensor core waits (the ping-pong of two compute groups: 2). For the
     attention forward, the turns of its kernel plan: a group that issues S ahead takes one turn per iteration
     (:func:`twill.codegen.plan.flash_plan`)."""
+    return _turn_count(schedule, _flash_plan(schedule))
+
+
+def _turn_count(schedule: Schedule, plan: Any) -> int:
+    """:func:`tensor_core_turns` with the schedule's kernel plan (:func:`_flash_plan`) already made."""
     if not schedule.warps:
         return 0
-    plan = _flash_plan(schedule)
     if plan is not None:
         return len(plan.turns) if len(plan.turns) > 1 else 0
     groups = [schedule.assignment.get(op.name) for op in sorted(
@@ -410,9 +418,10 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     ii_raw, length_raw = schedule.ii * scale, schedule.length * scale
     tiles, iterations = loop_extent(schedule.graph, shape)
     memory = stream_bound(schedule, machine)
+    plan = _flash_plan(schedule)    # an attention forward's kernel: its turns and waits (made once)
     # the hand-offs of the tensor core between warp groups, on a calibrated machine (measured cost)
-    turns = tensor_core_turns(schedule) * handoff_cycles(machine) if machine.calibration is not None else 0
-    chain = chain_bound(schedule, machine)
+    turns = _turn_count(schedule, plan) * handoff_cycles(machine) if machine.calibration is not None else 0
+    chain = _chain_bound(schedule, machine, plan)
     ii_eff = max([ii_raw + turns, *memory.values(), *chain.values()])
     ends = tile_ends(schedule, machine)
     fill, staging, store = (ends.get(k, 0.0) for k in ("fill_cycles", "staging_cycles", "store_cycles"))
