@@ -475,7 +475,7 @@ def markdown_ab_table(result: dict[str, Any]) -> str:
             continue
         cells = [f"{by_s[s]['tflops']:.0f} / {base[name][s]['tflops']:.0f} "
                  f"({by_s[s]['tflops'] / base[name][s]['tflops']:.3f})"
-                 if s in by_s and s in base.get(name, {}) else "" for s in seqs]
+                 if s in by_s and s in base[name] else "" for s in seqs]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     name = next(iter(variant))
     cells = [f"{variant[name][s].get('cudnn_tflops', float('nan')):.0f} / "

@@ -58,15 +58,33 @@ def _name(target: dict[str, Any]) -> str:
     return f"{target['kernel']}_{target['dtype']}_" + "x".join(str(v) for v in target["sizes"])
 
 
-def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
-    from twill.codegen.gluon import emit_gluon
+def _candidates(kernel: str, dtype: str, shape: Any, machine: Any) -> list[Any]:
+    """The candidates ``twill tune`` sweeps for ``kernel`` on ``shape``: the kernel's default axes at one dtype
+    (and, for attention, the shape's head dimension)."""
+    from twill.tune.space import kernel_space
+
+    axes: dict[str, tuple[Any, ...]] = {"dtype": (dtype,)}
+    if kernel == "flash-fwd":
+        axes["head_dim"] = (shape["D"],)
+    return list(kernel_space(kernel, machine, axes).candidates)
+
+
+def _jobs(kernel: str, candidates: list[Any], machine: Any, *, check_spills: bool) -> list[Any]:
+    """One sweep job per candidate: its loop graph, solved with a 60 s limit."""
     from twill.ir.io import graph_to_dict
     from twill.kernels import build_kernel
+    from twill.tune.sweep import Job
+
+    return [Job(candidate=c, graph=graph_to_dict(build_kernel(kernel, machine, **dict(c.options))),
+                machine=machine, time_limit=60.0, check_spills=check_spills) for c in candidates]
+
+
+def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
+    from twill.codegen.gluon import emit_gluon
     from twill.machine.calibration import load_machine
     from twill.tune.predict import Shape
     from twill.tune.rank import measure_picks, rank
-    from twill.tune.space import kernel_space
-    from twill.tune.sweep import Job, run_sweep
+    from twill.tune.sweep import run_sweep
 
     machine = load_machine(machine_path)
     os.makedirs(outdir, exist_ok=True)
@@ -74,13 +92,9 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
     for target in _targets():
         started = time.perf_counter()
         shape = Shape(target["problem"], tuple(target["sizes"]))
-        axes: dict[str, tuple[Any, ...]] = {"dtype": (target["dtype"],)}
-        if target["problem"] == "attention":
-            axes["head_dim"] = (shape["D"],)
-        space = kernel_space(target["kernel"], machine, axes)
-        jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(target["kernel"], machine, **dict(c.options))),
-                    machine=machine, time_limit=60.0, check_spills=True) for c in space.candidates]
-        results = rank(space.candidates, run_sweep(jobs, workers=workers), shape, machine)
+        candidates = _candidates(target["kernel"], target["dtype"], shape, machine)
+        jobs = _jobs(target["kernel"], candidates, machine, check_spills=True)
+        results = rank(candidates, run_sweep(jobs, workers=workers), shape, machine)
         kernels, sources = [], set()
         for rank_, result in measure_picks(results, len(results)):  # what `twill tune --measure` would measure
             source = emit_gluon(result.schedule, persistent=bool(result.candidate.persistent))
@@ -335,13 +349,10 @@ def repredict(results_path: str, machine_path: str, out_path: str, workers: int)
     ``out_path`` with each candidate's measured time, the prediction stored at ``generate`` time and today's.
     A kernel the code generator would now emit differently was measured in its old form: compare such rows
     with care (``docs/performance.md`` says which)."""
-    from twill.ir.io import graph_to_dict
-    from twill.kernels import build_kernel
     from twill.machine.calibration import load_machine
     from twill.tune.predict import Shape
     from twill.tune.rank import rank
-    from twill.tune.space import kernel_space
-    from twill.tune.sweep import Job, run_sweep
+    from twill.tune.sweep import run_sweep
 
     machine = load_machine(machine_path)
     doc = json.load(open(results_path))
@@ -349,13 +360,9 @@ def repredict(results_path: str, machine_path: str, out_path: str, workers: int)
     for entry in doc["results"]:
         shape = Shape(entry.get("problem") or ("gemm" if entry["kernel"] == "gemm" else "attention"),
                       tuple(entry["sizes"]))
-        axes: dict[str, tuple[Any, ...]] = {"dtype": (entry["dtype"],)}
-        if entry["kernel"] == "flash-fwd":
-            axes["head_dim"] = (shape["D"],)
         measured = {k["candidate"]: k for k in entry["kernels"] if k.get("tflops")}
-        chosen = [c for c in kernel_space(entry["kernel"], machine, axes).candidates if c.label() in measured]
-        jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(entry["kernel"], machine, **dict(c.options))),
-                    machine=machine, time_limit=60.0) for c in chosen]
+        chosen = [c for c in _candidates(entry["kernel"], entry["dtype"], shape, machine) if c.label() in measured]
+        jobs = _jobs(entry["kernel"], chosen, machine, check_spills=False)
         for result in rank(chosen, run_sweep(jobs, workers=workers), shape, machine):
             kern = measured[result.candidate.label()]
             measured_us = entry["flops"] / (kern["tflops"] * 1e12) * 1e6

@@ -459,8 +459,8 @@ def _one_turn_when_ahead(graph: LoopGraph, turns: tuple[Turn, ...],
         if t.partition in ahead and any(graph.op(op).attrs.get("role") == "qk" for op in t.ops):
             home[t.partition] = k
     gathered = {i: tuple(op for t in turns if t.partition == i for op in t.ops) for i in home}
-    kept = [Turn(t.partition, gathered[t.partition]) if home.get(t.partition) == k else t
-            for k, t in enumerate(turns) if t.partition not in home or home[t.partition] == k]
+    kept = [Turn(t.partition, gathered[t.partition]) if t.partition in home else t
+            for k, t in enumerate(turns) if home.get(t.partition, k) == k]
     return _merge_runs(kept)
 
 
