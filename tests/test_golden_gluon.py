@@ -11,6 +11,7 @@ The full benchmark suite is regenerated, not committed: ``python benchmarks/gluo
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -94,4 +95,25 @@ def test_attention_probes_still_apply_to_the_emitted_forward(name):
     counted = instrument(text)
     assert counted.count("_phase_clock(j)") == 7
     assert all(f"_acc{i} += " in counted for i in range(len(PHASES)))
-    assert counted.count("gl.store(lse_ptr + _base + ") == len(PHASES) + 1
+    assert counted.count("gl.store(lse_ptr + _base + ") == len(PHASES) + 3  # phases, iterations, span
+    assert counted.count("_global_ns(n_tiles)") == 2
+
+
+@pytest.mark.parametrize("name", ["gemm_128x256x64_lag1_d4", "gemm_128x256x64_lag1_d4_persistent",
+                                  "fa_d128_sub2_ahead1_d2", "fa_d64_sub3_ahead0_d2"])
+def test_kernel_clock_probe_still_applies_to_the_emitted_kernels(name):
+    """benchmarks/kernel_clock.py edits an emitted module by exact text: the kernel function gains the span
+    buffer, reads the counters at its start and end, and the launcher passes the buffer."""
+    from benchmarks.kernel_clock import instrument
+
+    text = (GOLDEN / f"{name}.py.golden").read_text()
+    counted = instrument(text)
+    compile(counted, name, "exec")
+    kernel = re.search(r"^KERNEL_FN = (\w+)$", text, flags=re.M).group(1)
+    assert re.search(rf"^def {kernel}\(.*, clk_ptr\):$", counted, flags=re.M)
+    assert counted.count("_span_clock(gl.program_id(0))") == 2 and counted.count("_span_ns(gl.program_id(0))") == 2
+    assert counted.count("clk_ptr=_CLK[0], num_warps=NUM_WARPS)") == 1
+    # the end reads come after the kernel's last statement and before the next top-level definition
+    body = counted[counted.index(f"def {kernel}("):]
+    body = body[:re.search(r"\n(?=\S)", body).start()]
+    assert body.rstrip().endswith("(_g1 - _g0).to(gl.float32))")
