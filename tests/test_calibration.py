@@ -11,15 +11,16 @@ import time
 import pytest
 
 from twill.cli import main
-from twill.errors import FormatError
+from twill.errors import FormatError, TwillError
 from twill.machine import costs
-from twill.machine.calibrate import fit, plan
+from twill.machine.calibrate import fit, fit_clock_model, plan
 from twill.machine.calibration import load_machine, machine_from_dict, machine_to_dict, softmax_key
 from twill.machine.models import H100, H200
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
 H200_RAW = os.path.join(RESULTS, "calibration_h200_raw.json")
 H200_MODEL = os.path.join(RESULTS, "calibration_h200.machine.json")
+H200_CLOCK = os.path.join(RESULTS, "kernel_clock_h200.json")
 
 
 def _rows() -> list[dict]:
@@ -187,6 +188,104 @@ def test_committed_h200_model_is_the_fit_of_its_raw_data():
     committed = load_machine(H200_MODEL)
     assert committed.calibration == refit.calibration
     assert committed.sustained_clock_ghz == refit.sustained_clock_ghz
+    with open(H200_CLOCK) as fh:
+        clocks = json.load(fh)
+    model = fit_clock_model(clocks["rows"], refit)
+    assert dict(committed.clock_model) == {**model, "fitted_on": committed.clock_model["fitted_on"]}
+
+
+def _clock_rows(machine, line=(0.43, 0.37), duties=(0.3, 0.5, 0.7, 0.9), kernel="gemm"):
+    """Kernel-clock rows of kernels at ``duties`` whose clocks follow ``1/f = line[0] + line[1] u`` exactly."""
+    rate = machine.calibration.mma_rate("fp16", 256)
+    rows = []
+    for u in duties:
+        f = 1 / (line[0] + line[1] * u)
+        ms = 1.0
+        rows.append({"kernel": kernel, "ms": ms, "clock_ghz": f,
+                     "flops": u * ms * 1e-3 * f * 1e9 * machine.sms * rate})
+    return rows
+
+
+def test_clock_model_fit_recovers_the_line_and_sets_the_clock_by_duty():
+    from dataclasses import replace
+
+    from twill.machine.calibration import clock_model_from_dict
+
+    machine = fit(_rows(), H200)
+    model = fit_clock_model(_clock_rows(machine) + _clock_rows(machine, (0.1, 0.0), kernel="flash-fwd"), machine)
+    assert math.isclose(model["ns_per_clk"], 0.43) and math.isclose(model["ns_per_tensor_clk"], 0.37)
+    assert "4 gemm kernel runs" in model["fitted_on"]          # the attention rows are not fitted
+    clocked = replace(machine, clock_model=clock_model_from_dict(model, "clock model"))
+    assert math.isclose(clocked.clock_at(1.0), 1 / 0.80)
+    assert clocked.clock_at(0.0) == H200.clock_ghz             # capped at the datasheet clock
+    assert clocked.clock_at(0.2) > clocked.clock_at(0.6) > clocked.clock_at(1.0)
+    assert machine.clock_at(0.9) == machine.sustained_clock_ghz  # no clock model: one clock
+    again = machine_from_dict(machine_to_dict(clocked))
+    assert again.clock_model == clocked.clock_model
+
+
+def test_clock_model_fit_refuses_data_it_cannot_fit():
+    machine = fit(_rows(), H200)
+    with pytest.raises(TwillError, match="at least 3"):
+        fit_clock_model(_clock_rows(machine)[:2], machine)
+    with pytest.raises(TwillError, match="duty spans"):
+        fit_clock_model(_clock_rows(machine, duties=(0.5, 0.52, 0.55)), machine)
+    with pytest.raises(TwillError, match="do not fall"):
+        fit_clock_model(_clock_rows(machine, line=(0.6, -0.2)), machine)
+    with pytest.raises(TwillError, match="calibrated machine"):
+        fit_clock_model(_clock_rows(machine), H200)
+
+
+def test_clock_model_field_is_validated():
+    doc = machine_to_dict(fit(_rows(), H200))
+    for bad, message in (({"ns_per_clk": 0.4}, "ns_per_tensor_clk"), ({"ns_per_clk": -1, "ns_per_tensor_clk": 0.3},
+                                                                          "ns_per_clk"),
+                         ({"ns_per_clk": 0.4, "ns_per_tensor_clk": 0.3, "x": 1}, "unknown field"), (3, "object")):
+        with pytest.raises(FormatError, match=message):
+            machine_from_dict({**doc, "clock_model": bad})
+
+
+def test_prediction_runs_a_busier_tensor_core_at_a_lower_clock():
+    """With a clock model the same schedule's prediction uses the clock at its tensor-core duty: a shape that
+    keeps the tensor core busier (more tiles per wave) runs at a lower clock."""
+    from dataclasses import replace
+
+    from twill.kernels import build_kernel
+    from twill.machine.calibration import clock_model_from_dict
+    from twill.solve import SolveOptions, schedule
+    from twill.tune.predict import Shape, predict
+
+    machine = fit(_rows(), H200)
+    clocked = replace(machine, clock_model=clock_model_from_dict({"ns_per_clk": 0.43, "ns_per_tensor_clk": 0.37},
+                                                                 "clock model"))
+    sched = schedule(build_kernel("gemm", clocked, block_m=128, block_n=256, block_k=64), clocked,
+                     SolveOptions(streaming_depth=3))
+    small, large = (predict(sched, Shape("gemm", s), clocked) for s in ((128, 256, 4096), (8192, 8192, 4096)))
+    assert 0 < small.breakdown["tensor_duty"] < large.breakdown["tensor_duty"] <= 1
+    assert small.breakdown["clock_ghz"] > large.breakdown["clock_ghz"]
+    for p in (small, large):
+        assert math.isclose(p.breakdown["clock_ghz"], clocked.clock_at(p.breakdown["tensor_duty"]))
+        assert math.isclose(p.seconds, p.cycles / (p.breakdown["clock_ghz"] * 1e9) + clocked.launch_us * 1e-6)
+    plain = predict(sched, Shape("gemm", (8192, 8192, 4096)), machine)
+    assert plain.breakdown["clock_ghz"] == machine.sustained_clock_ghz
+
+
+def test_cli_fits_the_clock_model(tmp_path, capsys):
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps({"format": "twill-calibration-raw/1", "base": "h200", "measured": "x",
+                               "software": {"device": "NVIDIA H200"}, "measurements": _rows()}))
+    clocks = tmp_path / "clock.json"
+    clocks.write_text(json.dumps({"format": "twill-kernel-clock/1", "gpu": "NVIDIA H200",
+                                  "rows": _clock_rows(fit(_rows(), H200))}))
+    model = tmp_path / "h200.json"
+    assert main(["calibrate", "--from-raw", str(raw), "--clock-fit", str(clocks), "-o", str(model)]) == 0
+    assert "clock model: 1/f = 0.4300 + 0.3700" in capsys.readouterr().out
+    assert math.isclose(load_machine(str(model)).clock_model["ns_per_tensor_clk"], 0.37)
+    clocks.write_text(json.dumps({"format": "twill-kernel-clock/1", "rows": [{"kernel": "gemm"}]}))
+    assert main(["calibrate", "--from-raw", str(raw), "--clock-fit", str(clocks), "-o", str(tmp_path / "m.json")]) == 2
+    err = capsys.readouterr().err
+    assert "twill-kernel-clock/1" in err and "Traceback" not in err
+    assert not (tmp_path / "m.json").exists()
 
 
 @pytest.mark.skipif(not os.path.exists(H200_MODEL), reason="no committed H200 calibration")
@@ -270,6 +369,9 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("fence-patched-table", "gluon_bench_h200_fence_patched.json", _ab_table),
                       ("pearly-table", "gluon_bench_h200_pearly.json", _ab_table),
                       ("pearly-variant-table", "gluon_bench_h200_pearly.json",
+                       lambda result: _gluon_bench_table(result["variant"])),
+                      ("turns-table", "gluon_bench_h200_turns.json", _ab_table),
+                      ("turns-variant-table", "gluon_bench_h200_turns.json",
                        lambda result: _gluon_bench_table(result["variant"])),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
                        lambda result: "with the fence:\n" + _backward_table(result["variant"]) + "\nmain:\n"

@@ -2,6 +2,7 @@
 
     twill calibrate --arch h200 -o h200.machine.json --raw h200.raw.json     # on the GPU machine
     twill calibrate --from-raw h200.raw.json -o h200.machine.json             # re-fit recorded data (CPU)
+    twill calibrate --from-raw h200.raw.json --clock-fit kernel_clock.json -o h200.machine.json   # + clock model
     twill schedule flash-fwd --machine h200.machine.json                      # use it
 """
 
@@ -24,12 +25,28 @@ def _read_raw(path: str) -> dict:
     return raw
 
 
+def _read_kernel_clock(path: str) -> dict:
+    from twill.ir.io import read_json_file
+
+    doc = read_json_file(path, "kernel clock")
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    keys = ("kernel", "ms", "clock_ghz", "flops")
+    if not isinstance(doc, dict) or doc.get("format") != "twill-kernel-clock/1" or not isinstance(rows, list) \
+            or not all(isinstance(r, dict) and all(isinstance(r.get(k), (int, float, str)) for k in keys)
+                       for r in rows):
+        raise FormatError(f"{path}: not a 'twill-kernel-clock/1' file written by benchmarks/kernel_clock.py")
+    return doc
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from twill.machine.calibrate import calibrate, fit
-    from twill.machine.calibration import format_calibration, machine_to_dict
+    from dataclasses import replace
+
+    from twill.machine.calibrate import calibrate, fit, fit_clock_model
+    from twill.machine.calibration import clock_model_from_dict, format_calibration, machine_to_dict
     from twill.machine.models import get_machine
 
     check_outputs(files=[args.output, args.raw])
+    clocks = _read_kernel_clock(args.clock_fit) if args.clock_fit else None
     if args.from_raw:
         if args.raw:
             raise TwillError("--raw writes new measurements; it cannot be combined with --from-raw")
@@ -43,6 +60,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         machine, raw = calibrate(args.arch or "h100", quick=args.quick, progress=progress)
         if args.raw:
             write_json_output(args.raw, raw)
+    if clocks is not None:
+        source = f"{clocks.get('gpu', '')} {clocks.get('date', '')}".strip()
+        model = fit_clock_model(clocks["rows"], machine, source=source)
+        machine = replace(machine, clock_model=clock_model_from_dict(model, "clock model"))
     doc = machine_to_dict(machine, gpu=raw.get("software", {}).get("device", ""), measured=raw.get("measured", ""),
                           software=raw.get("software"), name=args.name)
     write_json_output(args.output, doc)
@@ -51,6 +72,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
           f"{machine.sustained_clock_ghz:.3f} GHz, fp16 wgmma n256 {cal.mma_rate('fp16', 256):.0f} FLOP/clk/SM "
           f"({cal.mma_rate('fp16', 256) / machine.tc_flops_per_clk['fp16']:.0%} of datasheet), ex2 "
           f"{cal.ex2_per_clk:.1f}/clk, handoff {cal.barrier_handoff_cycles:.0f} clk")
+    if machine.clock_model:
+        print(f"clock model: 1/f = {machine.clock_model['ns_per_clk']:.4f} + "
+              f"{machine.clock_model['ns_per_tensor_clk']:.4f} x tensor-core duty ns per cycle "
+              f"({machine.clock_at(0.5):.3f} GHz at duty 0.5, {machine.clock_at(1.0):.3f} at 1.0)")
     if args.table:
         print(format_calibration(machine))
     return 0
@@ -64,6 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--raw", default=None, metavar="FILE.json", help="also write every raw measurement here")
     p.add_argument("--from-raw", default=None, metavar="FILE.json",
                    help="fit from measurements recorded with --raw instead of measuring (no GPU needed)")
+    p.add_argument("--clock-fit", default=None, metavar="FILE.json",
+                   help="also fit the clock model (SM clock vs tensor-core duty) to the GEMM rows of a "
+                        "benchmarks/kernel_clock.py measurement")
     p.add_argument("--name", default=None, help="model name written in the file (default '<arch>-calibrated')")
     p.add_argument("--table", action="store_true", help="print the fitted rates beside the datasheet's")
     p.add_argument("--quick", action="store_true", help="fewer instruction widths and dtypes (about a minute)")

@@ -179,6 +179,47 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
                    sustained_clock_ghz=statistics.median(_need(clocks, "the sustained clock")), launch_us=launch)
 
 
+#: Kernel-clock rows a clock model needs, and the spread of tensor-core duty among them.
+CLOCK_FIT_MIN_ROWS = 3
+CLOCK_FIT_MIN_SPREAD = 0.1
+
+
+def tensor_duty(row: dict[str, Any], machine: Machine) -> float:
+    """Tensor-core duty of one measured kernel run: its FLOP over the cycles it ran (time x its own clock) on
+    every SM at the calibrated fp16 wgmma rate (what the cost model prices a tensor-core cycle at)."""
+    rate = machine.calibration.mma_rate("fp16", 256)
+    cycles = row["ms"] * 1e-3 * row["clock_ghz"] * 1e9
+    return row["flops"] / (cycles * machine.sms * rate)
+
+
+def fit_clock_model(rows: list[dict[str, Any]], machine: Machine, kernels: tuple[str, ...] = ("gemm",),
+                    source: str = "") -> dict[str, Any]:
+    """The clock model (:attr:`Machine.clock_model`) that fits the ``kernels`` rows of a
+    ``benchmarks/kernel_clock.py`` measurement: least squares of the nanoseconds per cycle, ``1 / clock``,
+    on the tensor-core duty (:func:`tensor_duty`). ``machine`` must be calibrated (its wgmma rate and SM count
+    define the duty); ``source`` names the measurement in the model's ``fitted_on`` note."""
+    if machine.calibration is None:
+        raise TwillError("a clock model is fitted on top of a calibrated machine (twill calibrate first)")
+    used = [r for r in rows if r.get("kernel") in kernels]
+    if len(used) < CLOCK_FIT_MIN_ROWS:
+        raise TwillError(f"a clock model needs at least {CLOCK_FIT_MIN_ROWS} measured {'/'.join(kernels)} "
+                         f"kernels, got {len(used)}")
+    xs = [tensor_duty(r, machine) for r in used]
+    ys = [1.0 / r["clock_ghz"] for r in used]
+    if max(xs) - min(xs) < CLOCK_FIT_MIN_SPREAD:
+        raise TwillError(f"the measured kernels' tensor-core duty spans {min(xs):.2f}..{max(xs):.2f}; a clock "
+                         f"model needs kernels at least {CLOCK_FIT_MIN_SPREAD} apart (other tiles, ring depths)")
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    intercept = my - slope * mx
+    if intercept <= 0 or slope < 0:
+        raise TwillError(f"the measured clocks do not fall with tensor-core duty (fit {intercept:.3f} + "
+                         f"{slope:.3f} u ns per cycle); no clock model")
+    return {"ns_per_clk": intercept, "ns_per_tensor_clk": slope,
+            "fitted_on": f"{len(used)} {'/'.join(kernels)} kernel runs, tensor-core duty "
+                         f"{min(xs):.2f}..{max(xs):.2f}" + (f", {source}" if source else "")}
+
+
 def software_versions() -> dict[str, str]:
     """Versions of what the measurements ran on."""
     import torch

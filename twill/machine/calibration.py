@@ -10,6 +10,7 @@ present and the datasheet rates otherwise. Format (every rate per SM; see docs/m
     {"format": "twill-machine/1", "name": "h200-calibrated", "base": "h200",
      "gpu": "NVIDIA H200", "measured": "2026-12-01T12:00:00Z", "software": {...},
      "sustained_clock_ghz": 1.76, "launch_us": 2.9,
+     "clock_model": {"ns_per_clk": 0.43, "ns_per_tensor_clk": 0.37, "fitted_on": "..."},   # optional
      "calibration": {"mma_flops_per_clk": {"fp16": {"64": 3500.0, "128": ..., "256": ...}, "bf16": {...}},
                      "mma_flops_per_clk_one_group": {...}, "mma_group_latency": {"64": 140.0, ...},
                      "ex2_per_clk": 15.8, "ex2_per_clk_one_group": 15.1, "fma_per_clk": 120.3,
@@ -186,6 +187,30 @@ class Calibration:
         return cls(**kwargs)
 
 
+#: The fields of a ``clock_model`` (:attr:`~twill.machine.models.Machine.clock_model`).
+CLOCK_MODEL_FIELDS = ("ns_per_clk", "ns_per_tensor_clk")
+
+
+def clock_model_from_dict(data: Any, where: str) -> Mapping[str, Any]:
+    """A validated ``clock_model``: positive ``ns_per_clk``, non-negative ``ns_per_tensor_clk`` and an
+    optional ``fitted_on`` note (what the coefficients were fitted on)."""
+    if not isinstance(data, Mapping):
+        raise FormatError(f"{where} must be an object with {' and '.join(CLOCK_MODEL_FIELDS)}")
+    unknown = sorted(set(data) - {*CLOCK_MODEL_FIELDS, "fitted_on"})
+    if unknown:
+        raise FormatError(f"{where}: unknown field {unknown[0]!r}")
+    out: dict[str, Any] = {"ns_per_clk": _positive(f"{where}.ns_per_clk", data.get("ns_per_clk"))}
+    tensor = data.get("ns_per_tensor_clk")
+    if tensor != 0:
+        tensor = _positive(f"{where}.ns_per_tensor_clk", tensor)
+    out["ns_per_tensor_clk"] = float(tensor)
+    if "fitted_on" in data:
+        if not isinstance(data["fitted_on"], str):
+            raise FormatError(f"{where}.fitted_on must be a string")
+        out["fitted_on"] = data["fitted_on"]
+    return MappingProxyType(out)
+
+
 def machine_to_dict(machine: Any, *, gpu: str = "", measured: str = "", software: Mapping[str, str] | None = None,
                     name: str | None = None) -> dict[str, Any]:
     """The ``twill-machine/1`` document of a calibrated ``machine`` (its base is ``machine.name``)."""
@@ -194,6 +219,7 @@ def machine_to_dict(machine: Any, *, gpu: str = "", measured: str = "", software
     return {"format": MACHINE_FORMAT, "name": name or machine.model, "base": machine.name,
             "gpu": gpu, "measured": measured, "software": dict(software or {}),
             "sustained_clock_ghz": machine.sustained_clock_ghz, "launch_us": machine.launch_us,
+            **({"clock_model": dict(machine.clock_model)} if machine.clock_model else {}),
             "calibration": machine.calibration.to_dict()}
 
 
@@ -210,7 +236,9 @@ def machine_from_dict(data: Any, where: str = "machine file") -> Any:
     if not isinstance(name, str) or not name:
         raise FormatError(f"{where}: name must be a non-empty string")
     calibration = Calibration.from_dict(data.get("calibration"), f"{where}: calibration")
-    return replace(MACHINES[base], model=name,
+    clock_model = (clock_model_from_dict(data["clock_model"], f"{where}: clock_model")
+                   if "clock_model" in data else None)
+    return replace(MACHINES[base], model=name, clock_model=clock_model,
                    sustained_clock_ghz=_positive(f"{where}: sustained_clock_ghz", data.get("sustained_clock_ghz")),
                    launch_us=_positive(f"{where}: launch_us", data.get("launch_us")),
                    calibration=calibration,
@@ -277,6 +305,9 @@ def format_calibration(machine: Any) -> str:
           for key, c in (cal.attention_iteration_cycles or {}).items() for g, n, d in [key.split("x")]],
         ("sustained SM clock under tensor-core load (GHz)", f"{machine.sustained_clock_ghz:.3f}",
          f"{machine.clock_ghz}"),
+        *([("SM clock at tensor-core duty 0.4 / 0.7 / 1.0, clock model (GHz)",
+            " / ".join(f"{machine.clock_at(u):.3f}" for u in (0.4, 0.7, 1.0)), f"{machine.clock_ghz}")]
+          if machine.clock_model else []),
         ("launch, back to back (us)", f"{machine.launch_us:.2f}", "4.0 (estimate)"),
     ]
     width = [max(len(r[i]) for r in rows) for i in range(3)]

@@ -76,6 +76,11 @@ class Machine:
         mma_accumulates_in: ``"registers"`` (wgmma) or ``"tmem"`` (tcgen05).
         sustained_clock_ghz: SM clock the GPU holds under sustained tensor-core load (power-capped parts run
             below ``clock_ghz``); used to turn cycles into time. ``None`` = ``clock_ghz``.
+        clock_model: the power-capped clock as a function of the tensor-core duty ``u`` (tensor-core busy
+            cycles over all cycles, averaged over the SMs): ``1 / f = ns_per_clk + ns_per_tensor_clk · u``
+            nanoseconds per cycle, at most ``clock_ghz`` (:meth:`clock_at`). Fitted by ``twill calibrate
+            --clock-fit`` from the clocks generated kernels measured on themselves; ``None`` = one clock,
+            ``sustained_clock_ghz``, for every kernel.
         launch_us: fixed cost of one kernel launch in microseconds (launch latency plus the grid's ramp-up),
             added once per launch when cycles are turned into time.
         model: where the rates come from: ``"datasheet"`` for the built-in models, else the name of the
@@ -111,6 +116,7 @@ class Machine:
     mma_accumulates_in: str = "registers"
     sustained_clock_ghz: float | None = None
     launch_us: float = 4.0
+    clock_model: Mapping[str, float] | None = None
     model: str = "datasheet"
     calibration: Any = None
     notes: Mapping[str, str] = field(default_factory=dict)
@@ -128,6 +134,15 @@ class Machine:
     def time_clock_ghz(self) -> float:
         """The clock that turns cycles into time: the sustained clock when known, else the nominal one."""
         return self.sustained_clock_ghz or self.clock_ghz
+
+    def clock_at(self, tensor_duty: float) -> float:
+        """The SM clock (GHz) a kernel runs at whose tensor core is busy ``tensor_duty`` (0..1) of its cycles:
+        under the power cap each cycle costs ``ns_per_clk + ns_per_tensor_clk · duty`` nanoseconds, and the
+        clock never exceeds ``clock_ghz``. Without a clock model: :attr:`time_clock_ghz`."""
+        if not self.clock_model:
+            return self.time_clock_ghz
+        ns = self.clock_model["ns_per_clk"] + self.clock_model["ns_per_tensor_clk"] * min(max(tensor_duty, 0.0), 1.0)
+        return min(self.clock_ghz, 1.0 / ns)
 
     def round_regs(self, regs: int) -> int:
         """Round a per-thread register count up to a legal ``setmaxnreg`` value."""

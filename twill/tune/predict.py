@@ -41,7 +41,12 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   paid once per CTA; each block's loop fills and drains its own pipeline (its softmax state restarts) and
   stores its O, so the grid takes ``fill + w·((n − 1)·II_eff + L + store)`` cycles (at least
   ``w·n·max(ResMII, bandwidth bound)``).
-* **Time**: ``waves · wave cycles / machine.time_clock_ghz + machine.launch_us``.
+* **Clock** (:func:`tensor_duty`): the GPU is power-capped, so its clock falls as its tensor cores work
+  harder. The tensor-core duty ``u`` is the launch's tensor-core busy cycles (every tile's iterations at the
+  cost model's wgmma cycles) over ``cycles · machine.sms``; on a machine with a clock model the clock is
+  :meth:`Machine.clock_at(u) <twill.machine.models.Machine.clock_at>` (``1 / f = a + b·u`` ns per cycle,
+  fitted to generated GEMMs' own clock readings), otherwise the one sustained clock.
+* **Time**: ``waves · wave cycles / clock + machine.launch_us``.
 
 Problems (:data:`PROBLEMS`): ``gemm`` (``M, N, K``; tiles ``⌈M/block_m⌉·⌈N/block_n⌉``, ``⌈K/block_k⌉``
 iterations), ``attention`` (``B, H, S, D``, non-causal). The attention loop depends on the kernel: the forward
@@ -411,6 +416,13 @@ def _turn_count(schedule: Schedule, plan: Any) -> int:
     return sum(1 for i, g in enumerate(groups) if g != groups[i - 1]) if len(groups) > 1 else 0
 
 
+def tensor_duty(schedule: Schedule, iterations: int, cycles: float, machine: Machine) -> float:
+    """The share of the SMs' cycles their tensor cores are busy when ``iterations`` loop iterations (over all
+    tiles) take ``cycles`` on each SM: each iteration holds the tensor core for its ops' ``tc`` usage."""
+    busy = sum(op.usage("tc") for op in schedule.graph.ops) * cycles_per_unit(schedule)
+    return min(1.0, iterations * busy / (cycles * machine.sms)) if cycles > 0 else 0.0
+
+
 def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool = False) -> Prediction:
     """The predicted time of one launch of ``schedule``'s kernel on ``shape`` (formula: module docstring);
     ``persistent``: the persistent kernel of the same schedule (GEMM or attention forward)."""
@@ -451,10 +463,12 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
         wave_cycles = max(tile_cycles, resident * iterations * shared_ii)
         waves = math.ceil(tiles / (machine.sms * per_sm))
         cycles = waves * wave_cycles
-    seconds = cycles / (machine.time_clock_ghz * 1e9) + machine.launch_us * 1e-6
+    duty = tensor_duty(schedule, tiles * iterations, cycles, machine)
+    clock = machine.clock_at(duty)
+    seconds = cycles / (clock * 1e9) + machine.launch_us * 1e-6
     breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain, **ends,
                  "length_raw": length_raw, "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw,
                  "ctas_per_sm": per_sm, "wave_cycles": wave_cycles, "persistent": float(persistent),
-                 "clock_ghz": machine.time_clock_ghz, "launch_us": machine.launch_us}
+                 "tensor_duty": duty, "clock_ghz": clock, "launch_us": machine.launch_us}
     return Prediction(seconds=seconds, cycles=cycles, iterations=iterations, tiles=tiles, waves=waves,
                       breakdown=breakdown)
