@@ -41,8 +41,8 @@ from benchmarks._common import load_module, torch_references  # noqa: E402
 GEMM_CANDIDATES = [(128, bn, bk, d) for bn, bk in ((256, 64), (128, 64), (128, 128)) for d in (2, 3, 4)] \
     + [(128, 256, 32, d) for d in (3, 4, 5)] + [(64, 256, 64, d) for d in (3, 4)]
 GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
-#: Attention candidates: (head_dim, sub-tiles, streaming depth).
-ATTN_CANDIDATES = [(d, s, depth) for d in (128, 64) for s in (2, 1) for depth in (2, 3)]
+#: Attention candidates: (head_dim, sub-tiles, streaming depth); three groups (sub-tiles 3) fit depth 2 only.
+ATTN_CANDIDATES = [(d, s, depth) for d in (128, 64) for s in (2, 1) for depth in (2, 3)] + [(128, 3, 2), (64, 3, 2)]
 ATTN_SEQS = (2048, 4096, 8192, 16384)
 ATTN_BATCH, ATTN_HEADS = 4, 32
 ROUNDS = 3
@@ -230,8 +230,18 @@ def _spearman(xs: list[float], ys: list[float]) -> float:
     return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
 
 
-def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: str) -> None:
-    """Predictions of every schedule on every measured shape, against the measurements."""
+def _kernel_clocks(path: str | None) -> dict[tuple[str, str], dict[str, Any]]:
+    """(candidate, shape) -> its row of a ``benchmarks/kernel_clock.py`` measurement (none without ``path``)."""
+    if not path:
+        return {}
+    return {(r["name"], json.dumps(r["shape"])): r for r in json.load(open(path))["rows"]}
+
+
+def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: str,
+           kernel_clock: str | None = None) -> None:
+    """Predictions of every schedule on every measured shape, against the measurements; with ``kernel_clock``
+    (a ``kernel_clock.py`` measurement of the same kernels) also the cycles each ran, time x its own clock,
+    against the predicted cycles: the cycle model alone, without the clock."""
     from twill.commands.common import load_schedule_document
     from twill.machine.calibration import load_machine
     from twill.machine.models import get_machine
@@ -244,6 +254,7 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
     entries = {e["name"]: e for e in manifest["entries"] if "file" in e}
     schedules = {(n, label): load_schedule_document(os.path.join(kernel_dir, f"{n}.{label}.schedule.json"))
                  for n in entries for label in ("calibrated", "datasheet")}
+    own_clock = _kernel_clocks(kernel_clock)
     rows, references, correlations = [], [], []
     for t in measured["timings"]:
         kernel, shape_d = t["kernel"], t["shape"]
@@ -272,6 +283,11 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
                    "measured_over_predicted_at_clock": ms * 1e3 / at_clock if at_clock else None,
                    "measured_over_datasheet": ms * 1e3 / ds.microseconds,
                    **{f"vs_{n}": r / ms for n, r in refs.items()}}
+            timed = own_clock.get((name, json.dumps(shape_d)))
+            if timed:
+                cycles = (timed["ms"] * 1e3 - calibrated.launch_us) * timed["clock_ghz"] * 1e3
+                row.update(kernel_clock_ghz=timed["clock_ghz"], predicted_clock_ghz=pred.breakdown["clock_ghz"],
+                           measured_over_predicted_cycles=cycles / pred.cycles)
             rows.append(row)
             group.append(row)
         if len(group) >= 3:
@@ -280,11 +296,17 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
                                  "spearman_datasheet": _spearman([r["datasheet_predicted_us"] for r in group],
                                                                  [r["ms"] for r in group])})
     ratios = [r["measured_over_predicted"] for r in rows]
+    cycle_ratios = [r["measured_over_predicted_cycles"] for r in rows if "measured_over_predicted_cycles" in r]
+    clock_ratios = [r["kernel_clock_ghz"] / r["predicted_clock_ghz"] for r in rows if "kernel_clock_ghz" in r]
     summary = {"rows": len(rows), "within_15_percent": sum(1 for x in ratios if abs(x - 1) <= 0.15),
+               **({"cycles_within_15_percent": sum(1 for x in cycle_ratios if abs(x - 1) <= 0.15),
+                   "clock_measured_over_predicted": [min(clock_ratios), statistics.median(clock_ratios),
+                                                     max(clock_ratios)]} if cycle_ratios else {}),
                "median_ratio": statistics.median(ratios) if ratios else None,
                "median_ratio_datasheet": statistics.median(r["measured_over_datasheet"] for r in rows) if rows else None}
     result = {**{k: measured[k] for k in ("gpu", "torch", "triton", "cuda", "cudnn", "date", "rounds", "checks")},
               "machine_model": calibrated.model, "machine_file": os.path.basename(machine_path),
+              **({"kernel_clock_file": os.path.basename(kernel_clock)} if kernel_clock else {}),
               "command": "python benchmarks/model_fidelity.py generate|run|report", "summary": summary,
               "correlations": correlations, "references": references, "rows": rows}
     with open(report_path, "w") as fh:
@@ -306,9 +328,11 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
 def markdown_summary(result: dict[str, Any]) -> str:
     """One row per kernel and shape of a ``report`` result: measured / predicted (calibrated and datasheet
     models), the Spearman rank correlation over the candidates, and the best candidate against the reference."""
-    lines = ["| kernel | shape | candidates | measured / predicted: median (range) | datasheet model | "
+    cycles = any("measured_over_predicted_cycles" in r for r in result["rows"])
+    lines = ["| kernel | shape | candidates | measured / predicted: median (range) | "
+             + ("cycles, at the kernel's own clock | " if cycles else "") + "datasheet model | "
              "Spearman (datasheet) | best candidate | best vs reference |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|" + ("---|" if cycles else "") + "---|---|---|---|"]
     correlations = {(c["kernel"], json.dumps(c["shape"])): c for c in result["correlations"]}
     keys = sorted({(r["kernel"], json.dumps(r["shape"])) for r in result["rows"]})
     for kernel, key in keys:
@@ -319,8 +343,10 @@ def markdown_summary(result: dict[str, Any]) -> str:
         corr = correlations.get((kernel, key))
         spearman = f"{corr['spearman']:.2f} ({corr['spearman_datasheet']:.2f})" if corr else "-"
         shape = ",".join(f"{k}={v}" for k, v in json.loads(key).items())
+        own = [r["measured_over_predicted_cycles"] for r in group if "measured_over_predicted_cycles" in r]
+        own_cell = f"{statistics.median(own):.2f} ({min(own):.2f}-{max(own):.2f}) | " if own else "- | "
         lines.append(f"| {kernel} | {shape} | {len(group)} | {statistics.median(ratios):.2f} "
-                     f"({min(ratios):.2f}-{max(ratios):.2f}) | "
+                     f"({min(ratios):.2f}-{max(ratios):.2f}) | " + (own_cell if cycles else "") +
                      f"{statistics.median(r['measured_over_datasheet'] for r in group):.2f} | {spearman} | "
                      f"`{best['name']}` {best['tflops']:.0f} TFLOP/s | {best[f'vs_{ref}']:.2f}x {ref} |")
     return "\n".join(lines)
@@ -335,6 +361,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="substrings of candidate names")
     parser.add_argument("--measured", default=None, help="report: the fidelity_measured.json of a run")
     parser.add_argument("--report", default=None, help="report: where to write (default OUT/model_fidelity.json)")
+    parser.add_argument("--kernel-clock", default=None,
+                        help="report: a benchmarks/kernel_clock.py measurement of the same kernels (their own clocks)")
     args = parser.parse_args()
     if args.step == "generate":
         generate(args.kernel_dir, args.machine)
@@ -344,7 +372,7 @@ def main() -> None:
         run(args.kernel_dir, args.out, args.only)
     else:
         report(args.kernel_dir, args.measured or os.path.join(args.out, "fidelity_measured.json"), args.machine,
-               args.report or os.path.join(args.out, "model_fidelity.json"))
+               args.report or os.path.join(args.out, "model_fidelity.json"), args.kernel_clock)
 
 
 if __name__ == "__main__":
