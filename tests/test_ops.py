@@ -18,8 +18,9 @@ def _fake_version(monkeypatch, version: str = "test+0") -> None:
 
 @pytest.mark.parametrize("spec", [KernelSpec("flash-fwd", 128, "fp16", False, 0),
                                   KernelSpec("flash-fwd", 64, "bf16", True, 2),
+                                  KernelSpec("flash-fwd", 64, "fp16", False, 2),
                                   KernelSpec("flash-fwd", 256, "fp16", True, 0)],
-                         ids=["d128", "d64_bf16_causal_gqa", "d256_causal"])
+                         ids=["d128", "d64_bf16_causal_gqa", "d64_gqa", "d256_causal"])
 def test_forward_kernels_of_the_op_compile_for_sm90(tmp_path, monkeypatch, spec):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     _fake_version(monkeypatch)
@@ -31,6 +32,7 @@ def test_forward_kernels_of_the_op_compile_for_sm90(tmp_path, monkeypatch, spec)
     assert ("causal" in path.read_text()) == spec.causal
     assert ("\n# persistent:" in path.read_text()) == spec.persistent() == spec.causal
     assert (module.KV_HEADS.value if hasattr(module, "KV_HEADS") else 0) == spec.kv_heads
+    assert module.NUM_COMPUTE.value == spec.subtiles()
     facts = aot.ptx_facts(aot.compile_sm90(load_emitted(str(path), f"twill_test_ops_{spec.head_dim}")))
     assert facts.wgmma > 0 and facts.tma_loads > 0
 
@@ -68,6 +70,10 @@ def test_cache_key_follows_every_option_and_the_sources():
 def test_forward_spec_options():
     assert KernelSpec("flash-fwd", 256, "fp16", True, 0).kernel_options()["block_n"] == 64
     assert KernelSpec("flash-fwd", 128, "fp16", False, 0).streaming_depth() == 3
+    # three 64-row groups at D = 64 without a causal mask, with a 2-buffer ring; two groups otherwise
+    plain, causal = KernelSpec("flash-fwd", 64, "fp16", False, 0), KernelSpec("flash-fwd", 64, "fp16", True, 0)
+    assert (plain.kernel_options()["subtiles"], plain.streaming_depth()) == (3, 2)
+    assert (causal.kernel_options()["subtiles"], causal.streaming_depth()) == (2, 3)
     assert KernelSpec("flash-bwd", 128, "fp16", False, 0).streaming_depth() is None
 
 
@@ -89,9 +95,9 @@ def test_a_loop_that_differs_only_in_mask_or_kv_groups_is_solved_once(monkeypatc
     real = twill.solve.schedule
     monkeypatch.setattr(twill.solve, "schedule", lambda *a, **k: solves.append(a[0].name) or real(*a, **k))
     monkeypatch.setattr(flash, "_SOLVED", {})
-    full, causal, grouped = (flash._generate(KernelSpec("flash-fwd", 64, "fp16", c, g))
+    full, causal, grouped = (flash._generate(KernelSpec("flash-fwd", 128, "fp16", c, g))
                              for c, g in ((False, 0), (True, 0), (True, 2)))
     assert len(solves) == 1
     assert "causal mask" in causal and "causal mask" not in full and grouped != causal
-    other = flash._generate(KernelSpec("flash-fwd", 128, "fp16", False, 0))
+    other = flash._generate(KernelSpec("flash-fwd", 64, "fp16", False, 0))   # three groups: another loop
     assert len(solves) == 2 and "HEAD_DIM" in other

@@ -54,16 +54,24 @@ class KernelSpec:
         options: dict[str, Any] = {"head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal,
                                    "kv_heads": self.kv_heads}
         if self.kernel == "flash-fwd":
-            # Two ping-pong sub-tiles; 64-key blocks at D=256, where two 128-key K/V stages do not fit.
-            options.update(subtiles=2, block_n=64 if self.head_dim == 256 else 128)
+            # 64-key blocks at D=256, where two 128-key K/V stages do not fit.
+            options.update(subtiles=self.subtiles(), block_n=64 if self.head_dim == 256 else 128)
         return options
 
+    def subtiles(self) -> int:
+        """Compute warp groups of the forward, each on 64 query rows: three at D = 64 without a causal mask
+        (FA3's D = 64 tile; on the H200 1.00-1.09x cuDNN at S = 2k..16k against 0.89-0.97x with two,
+        docs/performance.md, "P converted once P V retired"), else two (the causal D = 64 kernel runs
+        persistent with two: 0.95-1.00x at S <= 8192, where three groups measured 0.89-1.06x)."""
+        return 3 if self.kernel == "flash-fwd" and self.head_dim == 64 and not self.causal else 2
+
     def streaming_depth(self) -> int | None:
-        """Ring depth of the streaming loads: 3 for the forward at D <= 128 (measured best on the H200,
-        docs/performance.md), 2 at D = 256; the backward keeps its kernel's default."""
+        """Ring depth of the streaming loads: 3 for the two-group forward at D <= 128 (measured best on the
+        H200, docs/performance.md), 2 with three groups and at D = 256; the backward keeps its kernel's
+        default."""
         if self.kernel != "flash-fwd":
             return None
-        return 2 if self.head_dim == 256 else 3
+        return 2 if self.head_dim == 256 or self.subtiles() == 3 else 3
 
     def persistent(self) -> bool:
         """The causal forward runs persistent (one CTA per SM claiming query blocks, heaviest first): on the
