@@ -11,13 +11,15 @@ SMs is how much of the run the SMs held a block. The instrumented copy is made b
 module (its ``KERNEL_FN`` gains a ``clk_ptr`` argument, which its ``launch`` passes); each edit must match
 once, so the probe stops with a message rather than timing an unchanged kernel when the generator changes.
 
-For the candidates of a ``model_fidelity.py generate`` directory, on every shape of its manifest: the plain
+For the candidates of a ``model_fidelity.py generate`` directory, on every shape of its manifest (or the
+kernels of a ``gluon_bench.py generate`` directory: attention at B = 4, H = 32 and ``--seq``): the plain
 and the instrumented kernel timed with the fidelity benchmark's ``do_bench`` (warm-up 25 ms, 150 ms), and the
 instrumented kernel's clock. Writes ``$OUT/kernel_clock.json`` (``twill-kernel-clock/1``: per kernel and
 shape its FLOP, times, clock and SM busy share) and prints a table; ``twill calibrate --clock-fit`` fits the
 machine's clock model to its GEMM rows.
 
     python benchmarks/kernel_clock.py out/fidelity --out $OUT [--only fa_d128 gemm_128x256x64_d3]
+    python benchmarks/kernel_clock.py benchmarks/gluon_kernels --only fa_causal_d64_sub3 --seq 2048 8192 --out $OUT
 """
 
 from __future__ import annotations
@@ -79,12 +81,37 @@ def instrument(text: str) -> str:
     return out + "\n#: The span buffer the instrumented launch passes (kernel_clock.py sets it).\n_CLK = [None]\n"
 
 
-def measure(kernel_dir: str, only: list[str] | None) -> list[dict[str, Any]]:
+#: Shapes of a ``gluon_bench.py generate`` directory's kernels (its manifest names no shapes): GEMM M, N, K;
+#: attention B and H (S from ``--seq``, D from the kernel).
+GEMM_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024))
+ATTENTION_BH = (4, 32)
+
+
+def _entries(kernel_dir: str, seqs: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The kernels of a ``model_fidelity.py generate`` directory (its manifest's shapes) or of a
+    ``gluon_bench.py generate`` directory (forward attention and GEMM kernels at ``seqs`` / GEMM_SHAPES)."""
+    manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
+    if isinstance(manifest, dict):
+        return [e for e in manifest["entries"] if "file" in e]
+    entries = []
+    for e in manifest:
+        if e["kernel"] == "gemm":
+            shapes = [{"problem": "gemm", "sizes": list(s)} for s in GEMM_SHAPES]
+        elif e["kernel"] == "flash-fwd":
+            shapes = [{"problem": "attention", "sizes": [*ATTENTION_BH, s, e["options"].get("head_dim", 128)]}
+                      for s in seqs]
+        else:
+            continue
+        entries.append({**e, "shapes": shapes})
+    return entries
+
+
+def measure(kernel_dir: str, only: list[str] | None, seqs: tuple[int, ...] = (2048, 8192)
+            ) -> list[dict[str, Any]]:
     """Plain and instrumented time and the kernel's own clock for every candidate and shape."""
     import torch
 
-    manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
-    entries = [e for e in manifest["entries"] if "file" in e and (not only or any(o in e["name"] for o in only))]
+    entries = [e for e in _entries(kernel_dir, seqs) if not only or any(o in e["name"] for o in only)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.zeros(2 * MAX_CTAS, device="cuda")
     rows = []
@@ -106,15 +133,20 @@ def measure(kernel_dir: str, only: list[str] | None) -> list[dict[str, Any]]:
                 spans = spans[spans[:, 1] > 0]
                 cycles, ns = spans[:, 0].sum().item(), spans[:, 1].sum().item()
                 flops = (2 * dims["M"] * dims["N"] * dims["K"] if entry["kernel"] == "gemm"
-                         else 4 * dims["B"] * dims["H"] * dims["S"] ** 2 * dims["D"])
+                         else 4 * dims["B"] * dims["H"] * dims["S"] ** 2 * dims["D"]
+                         // (2 if entry.get("options", {}).get("causal") else 1))
                 rows.append({"name": entry["name"], "kernel": entry["kernel"], "shape": dims, "ctas": len(spans),
                              "flops": float(flops),
                              "ms": ms_plain, "ms_instrumented": ms_counted, "clock_ghz": cycles / ns,
                              "cta_cycles": cycles / len(spans),
-                             "sm_busy": ns / (ms_counted * 1e6 * sms)})
+                             "sm_busy": ns / (ms_counted * 1e6 * sms),
+                             # the CTAs' own spans: how unevenly the work fell on them
+                             "cta_us": [spans[:, 1].min().item() / 1e3, spans[:, 1].median().item() / 1e3,
+                                        spans[:, 1].max().item() / 1e3]})
                 r = rows[-1]
                 print(f"{entry['name']:24s} {','.join(str(v) for v in dims.values()):18s} {ms_plain:9.4f} ms "
-                      f"x{ms_counted / ms_plain:.3f}  {r['clock_ghz']:.3f} GHz  busy {r['sm_busy']:.3f}", flush=True)
+                      f"x{ms_counted / ms_plain:.3f}  {r['clock_ghz']:.3f} GHz  busy {r['sm_busy']:.3f}  CTA us "
+                      + "/".join(f"{v:.0f}" for v in r["cta_us"]), flush=True)
                 del args
                 torch.cuda.empty_cache()
     return rows
@@ -122,14 +154,17 @@ def measure(kernel_dir: str, only: list[str] | None) -> list[dict[str, Any]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel_dir", help="a model_fidelity.py generate directory (manifest.json and modules)")
+    ap.add_argument("kernel_dir", help="a model_fidelity.py or gluon_bench.py generate directory (manifest.json "
+                                       "and modules)")
+    ap.add_argument("--seq", type=int, nargs="+", default=[2048, 8192],
+                    help="attention S of a gluon_bench directory's kernels (B = 4, H = 32)")
     ap.add_argument("--only", nargs="*", default=None, help="substrings of candidate names")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     import torch
     import triton
 
-    rows = measure(args.kernel_dir, args.only)
+    rows = measure(args.kernel_dir, args.only, tuple(args.seq))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernel_clock.json"), "w") as fh:
         json.dump({"format": "twill-kernel-clock/1", "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
