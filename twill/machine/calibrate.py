@@ -48,12 +48,15 @@ def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
             steps.append(("elementwise", {"op": op, "groups": groups}))
     for groups in (1, 2):  # one plain CTA of 4 or 8 warps (num_warps must be a power of two)
         steps.append(("smem", {"groups": groups}))
+    # rates need data in flight: 4 tiles (64 KiB) over a ~1000-cycle L2 latency allow at most ~60 bytes per
+    # clock, so the bandwidth rows go to 8 tiles (128 KiB), as deep as a GEMM ring keeps its loads
     steps.append(("tma", {"depth": 1, "reps": 512}))
-    for depth in (2, 4):
+    for depth in (2, 4, 8):
         steps.append(("tma", {"depth": depth}))
     for hot_mb in (1, 16):
         steps.append(("tma", {"depth": 1, "hot_mb": hot_mb, "reps": 512}))
-        steps.append(("tma", {"depth": 4, "hot_mb": hot_mb}))
+        for depth in (4, 8):
+            steps.append(("tma", {"depth": depth, "hot_mb": hot_mb}))
     for block_n in (64, 128):  # the attention backward's dQ tiles at D = 64 and 128
         steps.append(("tma_reduce", {"block_n": block_n, "share": 1}))
         for depth in (1, 2):
