@@ -117,8 +117,9 @@ def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> st
         if r.prediction is None or r.schedule is None:
             break
         rows.append([i + 1, r.candidate.label(), r.schedule.ii, f"{r.prediction.breakdown['ii_raw']:.0f}",
-                     f"{r.prediction.microseconds:.1f}", f"{r.tflops:.0f}", r.schedule.status])
-    header = ["rank", "candidate", "II", "II raw", "predicted us", "TFLOP/s", "status"]
+                     f"{r.prediction.microseconds:.1f}", f"{r.prediction.breakdown['clock_ghz']:.2f}",
+                     f"{r.tflops:.0f}", r.schedule.status])
+    header = ["rank", "candidate", "II", "II raw", "predicted us", "GHz", "TFLOP/s", "status"]
     lines = _table(header, rows) if rows else ["  no candidate was scheduled"]
     counts: dict[str, int] = {}
     for r in results:
