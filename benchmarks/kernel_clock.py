@@ -57,6 +57,7 @@ END = ("    _c1 = _span_clock(gl.program_id(0))\n    _g1 = _span_ns(gl.program_i
        "    _cta = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)\n"
        "    gl.store(clk_ptr + 2 * _cta, (_c1 - _c0).to(gl.float32))\n"
        "    gl.store(clk_ptr + 2 * _cta + 1, (_g1 - _g0).to(gl.float32))\n")
+CLK_SLOT = "\n#: The span buffer the instrumented launch passes (kernel_clock.py sets it).\n_CLK = [None]\n"
 #: Side-buffer floats: two per CTA, for up to this many CTAs.
 MAX_CTAS = 1 << 20
 
@@ -71,14 +72,18 @@ def _once(pattern: str, text: str) -> re.Match[str]:
 def instrument(text: str) -> str:
     """The module text with the kernel's span counters (see the module docstring)."""
     name = _once(r"^KERNEL_FN = (\w+)$", text).group(1)
-    head = _once(rf"^@gluon\.jit\ndef {name}\((.*?)\):\n(    \"\"\".*?\"\"\"\n)?", text)
-    body_end = re.compile(r"\n(?=\S)").search(text, head.end()).start() + 1  # the next top-level line
+    head = _once(rf"^@gluon\.jit\ndef {name}\((.*?)\):\n(    \"\"\".*?\"\"\"\n)?", text)  # signature, docstring
+    after = re.compile(r"\n(?=\S)").search(text, head.end())  # the next top-level line ends the body
+    if after is None:
+        raise SystemExit(f"kernel_clock: nothing follows {name}'s body")
+    body_end = after.start() + 1
     launch = _once(rf"^(    {name}\[grid\]\(.*?)num_warps=NUM_WARPS\)$", text)
-    out = (text[:head.start()] + HELPERS + text[head.start():head.end()].replace(
-        f"def {name}({head.group(1)}):", f"def {name}({head.group(1)}, clk_ptr):") + START
-           + text[head.end():body_end].rstrip("\n") + "\n" + END + "\n" + text[body_end:launch.start()]
-           + launch.group(1) + "clk_ptr=_CLK[0], num_warps=NUM_WARPS)" + text[launch.end():])
-    return out + "\n#: The span buffer the instrumented launch passes (kernel_clock.py sets it).\n_CLK = [None]\n"
+    params = head.group(1)
+    signature = text[head.start():head.end()].replace(f"def {name}({params}):", f"def {name}({params}, clk_ptr):")
+    body = text[head.end():body_end].rstrip("\n") + "\n"
+    call = launch.group(1) + "clk_ptr=_CLK[0], num_warps=NUM_WARPS)"
+    return "".join([text[:head.start()], HELPERS, signature, START, body, END, "\n",
+                    text[body_end:launch.start()], call, text[launch.end():], CLK_SLOT])
 
 
 #: Shapes of a ``gluon_bench.py generate`` directory's kernels (its manifest names no shapes): GEMM M, N, K;
