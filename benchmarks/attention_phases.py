@@ -68,7 +68,8 @@ STORE = '''    _base = seq_len * gl.num_programs(1) + ((gl.program_id(1) * gl.nu
 '''
 
 #: Passing the tensor-core turn on (to partition SUB + 1 with two groups, SUB + 2 in some three-group orders).
-PASS_TURN = re.compile(r"        mbarrier\.arrive\(turn_bars\.index\(\(SUB \+ \d\) % NUM_COMPUTE\)\)  # pass the tensor core on\n")
+PASS_TURN = re.compile(r"        mbarrier\.arrive\(turn_bars\.index\(\(SUB \+ \d\) % NUM_COMPUTE\)\)"
+                       r"  # pass the tensor core on\n")
 #: The loop's last line: P(j+1) converted to the wgmma operand once P(j) V(j) retired and O was rescaled.
 P_CONVERT = re.compile(r"        p_op = gl\.convert_layout\(p\.to\(DTYPE\), p_layout\).*\n")
 #: The accumulators, set before the main loop.

@@ -172,7 +172,8 @@ def main() -> None:
     rows = measure(args.kernel_dir, args.only, tuple(args.seq))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "kernel_clock.json"), "w") as fh:
-        json.dump({"format": "twill-kernel-clock/1", "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+        json.dump({"format": "twill-kernel-clock/1", "gpu": torch.cuda.get_device_name(0),
+                   "torch": torch.__version__, "triton": triton.__version__,
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                    "timing": "triton.testing.do_bench median, warm-up 25 ms, rep 150 ms; clock from the "
                              "instrumented kernel's last launch", "rows": rows}, fh, indent=1)

@@ -187,7 +187,7 @@ CLOCK_FIT_MIN_ROWS = 3
 CLOCK_FIT_MIN_SPREAD = 0.1
 
 
-def tensor_duty(row: dict[str, Any], machine: Machine) -> float:
+def measured_tensor_duty(row: dict[str, Any], machine: Machine) -> float:
     """Tensor-core duty of one measured kernel run: its FLOP over the cycles it ran (time x its own clock) on
     every SM at the calibrated fp16 wgmma rate (what the cost model prices a tensor-core cycle at)."""
     rate = machine.calibration.mma_rate("fp16", 256)
@@ -199,15 +199,15 @@ def fit_clock_model(rows: list[dict[str, Any]], machine: Machine, kernels: tuple
                     source: str = "") -> dict[str, Any]:
     """The clock model (:attr:`Machine.clock_model`) that fits the ``kernels`` rows of a
     ``benchmarks/kernel_clock.py`` measurement: least squares of the nanoseconds per cycle, ``1 / clock``,
-    on the tensor-core duty (:func:`tensor_duty`). ``machine`` must be calibrated (its wgmma rate and SM count
-    define the duty); ``source`` names the measurement in the model's ``fitted_on`` note."""
+    on the tensor-core duty (:func:`measured_tensor_duty`). ``machine`` must be calibrated (its wgmma rate
+    and SM count define the duty); ``source`` names the measurement in the model's ``fitted_on`` note."""
     if machine.calibration is None:
         raise TwillError("a clock model is fitted on top of a calibrated machine (twill calibrate first)")
     used = [r for r in rows if r.get("kernel") in kernels]
     if len(used) < CLOCK_FIT_MIN_ROWS:
         raise TwillError(f"a clock model needs at least {CLOCK_FIT_MIN_ROWS} measured {'/'.join(kernels)} "
                          f"kernels, got {len(used)}")
-    xs = [tensor_duty(r, machine) for r in used]
+    xs = [measured_tensor_duty(r, machine) for r in used]
     ys = [1.0 / r["clock_ghz"] for r in used]
     if max(xs) - min(xs) < CLOCK_FIT_MIN_SPREAD:
         raise TwillError(f"the measured kernels' tensor-core duty spans {min(xs):.2f}..{max(xs):.2f}; a clock "

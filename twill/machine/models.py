@@ -141,7 +141,8 @@ class Machine:
         clock never exceeds ``clock_ghz``. Without a clock model: :attr:`time_clock_ghz`."""
         if not self.clock_model:
             return self.time_clock_ghz
-        ns = self.clock_model["ns_per_clk"] + self.clock_model["ns_per_tensor_clk"] * min(max(tensor_duty, 0.0), 1.0)
+        duty = min(max(tensor_duty, 0.0), 1.0)
+        ns = self.clock_model["ns_per_clk"] + self.clock_model["ns_per_tensor_clk"] * duty
         return min(self.clock_ghz, 1.0 / ns)
 
     def round_regs(self, regs: int) -> int:
