@@ -19,6 +19,24 @@ def load_module(path: str, prefix: str) -> ModuleType:
     return load_emitted(path, prefix + os.path.splitext(os.path.basename(path))[0].replace("-", "_"))
 
 
+#: Gluon functions that read the SM cycle counter and the global nanosecond timer, as the text the probes
+#: (attention_phases.py, kernel_clock.py) insert into an emitted module; ``anchor`` only gives the asm a
+#: scalar operand.
+COUNTER_READERS = '''@gluon.jit
+def _clock64(anchor):
+    """The SM cycle counter (benchmark instrumentation)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+@gluon.jit
+def _globaltimer(anchor):
+    """The global nanosecond timer (benchmark instrumentation)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64,
+                                     is_pure=False, pack=1)
+
+'''
+
+
 def without_waits(text: str, barrier: str = r"\w+_empty") -> tuple[str, int]:
     """The emitted kernel ``text`` without its waits on the barriers whose name matches ``barrier`` (a
     regular expression; by default every producer wait on an empty ring buffer) and how many were removed: a

@@ -40,26 +40,13 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import event_times, load_module  # noqa: E402
+from benchmarks._common import COUNTER_READERS, event_times, load_module  # noqa: E402
 from benchmarks.attention_probe import apply  # noqa: E402
 
 PHASES = ("turn", "issue", "s_wait", "softmax", "pv_wait", "rescale")
 SLOTS = 10  # floats per partition in the stats area: PHASES, the iteration count, span cycles, span ns
 
-CLOCK_FN = '''@gluon.jit
-def _phase_clock(anchor):
-    """The SM cycle counter (instrumentation of attention_phases.py)."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
-                                     pack=1)
-
-@gluon.jit
-def _global_ns(anchor):
-    """The global nanosecond timer (instrumentation of attention_phases.py)."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64,
-                                     is_pure=False, pack=1)
-
-@gluon.jit
-def online_softmax('''
+CLOCK_FN = COUNTER_READERS + "@gluon.jit\ndef online_softmax("
 
 STORE = '''    _base = seq_len * gl.num_programs(1) + ((gl.program_id(1) * gl.num_programs(0) + gl.program_id(0))
                                             * NUM_COMPUTE + SUB) * {slots}
@@ -77,21 +64,21 @@ INIT = "".join(f"    _acc{i} = (n_tiles * 0).to(gl.int64)\n" for i in range(len(
 LOOP = "    for j in range(0, n_tiles - 1):\n"
 #: (anchor text, text inserted after it); each anchor must occur exactly once in the compute partition.
 INSERTS = [
-    ("        jn = j + 1\n", "        _t0 = _phase_clock(j)\n"),
+    ("        jn = j + 1\n", "        _t0 = _clock64(j)\n"),
     ("        mbarrier.wait(turn_bars.index(SUB), (j * TURNS) & 1)\n",
-     "        _t1 = _phase_clock(j)\n        _acc0 += _t1 - _t0\n"),
-    (PASS_TURN, "        _t2 = _phase_clock(j)\n        _acc1 += _t2 - _t1\n"),
+     "        _t1 = _clock64(j)\n        _acc0 += _t1 - _t0\n"),
+    (PASS_TURN, "        _t2 = _clock64(j)\n        _acc1 += _t2 - _t1\n"),
     ("        s_cur, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])\n",
-     "        _t3 = _phase_clock(j)\n        _acc2 += _t3 - _t2\n"),
-    (P_CONVERT, "        _t6 = _phase_clock(j)\n        _acc5 += _t6 - _t5\n"),
+     "        _t3 = _clock64(j)\n        _acc2 += _t3 - _t2\n"),
+    (P_CONVERT, "        _t6 = _clock64(j)\n        _acc5 += _t6 - _t5\n"),
 ]
 
 
 #: The partition's span: its start (before its wait for Q) and its end (after its last store, the LSE's).
 SPAN_START = ("    mbarrier.wait(q_bar, 0)  # Q sub-tile loaded by load_partition\n",
-              "    _c0 = _phase_clock(n_tiles)\n    _g0 = _global_ns(n_tiles)\n")
+              "    _c0 = _clock64(n_tiles)\n    _g0 = _globaltimer(n_tiles)\n")
 SPAN_END = ("        gl.store(lse_ptr + (row0 + rows_s).to(gl.int64), lse, mask=lse_mask)\n",
-            "        _c1 = _phase_clock(n_tiles)\n        _g1 = _global_ns(n_tiles)\n"
+            "        _c1 = _clock64(n_tiles)\n        _g1 = _globaltimer(n_tiles)\n"
             "        gl.store(lse_ptr + _base + {n}, (_c1 - _c0).to(gl.float32))\n"
             "        gl.store(lse_ptr + _base + {n1}, (_g1 - _g0).to(gl.float32))\n")
 
@@ -121,8 +108,8 @@ def instrument(text: str) -> str:
         raise SystemExit("phases: the loop's wait for O += P V was not found")
     start = text.index(pv_line)
     end = text.index("\n", start) + 1
-    text = (text[:start] + "        _t4 = _phase_clock(j)\n        _acc3 += _t4 - _t3\n" + text[start:end]
-            + "        _t5 = _phase_clock(j)\n        _acc4 += _t5 - _t4\n" + text[end:])
+    text = (text[:start] + "        _t4 = _clock64(j)\n        _acc3 += _t4 - _t3\n" + text[start:end]
+            + "        _t5 = _clock64(j)\n        _acc4 += _t5 - _t4\n" + text[end:])
     stores = "".join(f"    gl.store(lse_ptr + _base + {i}, _acc{i}.to(gl.float32))\n" for i in range(len(PHASES)))
     epilogue = "    # epilogue: pv of the last iteration\n"
     if text.count(epilogue) != 1:

@@ -36,24 +36,11 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import load_module  # noqa: E402
+from benchmarks._common import COUNTER_READERS, load_module  # noqa: E402
 from benchmarks.model_fidelity import _inputs, _launcher, _shape_dict, _time  # noqa: E402
 
-HELPERS = '''@gluon.jit
-def _span_clock(anchor):
-    """The SM cycle counter (instrumentation of kernel_clock.py)."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
-                                     pack=1)
-
-@gluon.jit
-def _span_ns(anchor):
-    """The global nanosecond timer (instrumentation of kernel_clock.py)."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64,
-                                     is_pure=False, pack=1)
-
-'''
-START = "    _c0 = _span_clock(gl.program_id(0))\n    _g0 = _span_ns(gl.program_id(0))\n"
-END = ("    _c1 = _span_clock(gl.program_id(0))\n    _g1 = _span_ns(gl.program_id(0))\n"
+START = "    _c0 = _clock64(gl.program_id(0))\n    _g0 = _globaltimer(gl.program_id(0))\n"
+END = ("    _c1 = _clock64(gl.program_id(0))\n    _g1 = _globaltimer(gl.program_id(0))\n"
        "    _cta = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)\n"
        "    gl.store(clk_ptr + 2 * _cta, (_c1 - _c0).to(gl.float32))\n"
        "    gl.store(clk_ptr + 2 * _cta + 1, (_g1 - _g0).to(gl.float32))\n")
@@ -82,7 +69,7 @@ def instrument(text: str) -> str:
     signature = text[head.start():head.end()].replace(f"def {name}({params}):", f"def {name}({params}, clk_ptr):")
     body = text[head.end():body_end].rstrip("\n") + "\n"
     call = launch.group(1) + "clk_ptr=_CLK[0], num_warps=NUM_WARPS)"
-    return "".join([text[:head.start()], HELPERS, signature, START, body, END, "\n",
+    return "".join([text[:head.start()], COUNTER_READERS, signature, START, body, END, "\n",
                     text[body_end:launch.start()], call, text[launch.end():], CLK_SLOT])
 
 

@@ -93,10 +93,10 @@ def test_attention_probes_still_apply_to_the_emitted_forward(name):
         if kernel == "flash-fwd":
             assert apply(text, probe) != text, probe
     counted = instrument(text)
-    assert counted.count("_phase_clock(j)") == 7
+    assert counted.count("_clock64(j)") == 7
     assert all(f"_acc{i} += " in counted for i in range(len(PHASES)))
     assert counted.count("gl.store(lse_ptr + _base + ") == len(PHASES) + 3  # phases, iterations, span
-    assert counted.count("_global_ns(n_tiles)") == 2
+    assert counted.count("_globaltimer(n_tiles)") == 2
 
 
 @pytest.mark.parametrize("name", ["gemm_128x256x64_lag1_d4", "gemm_128x256x64_lag1_d4_persistent",
@@ -111,7 +111,7 @@ def test_kernel_clock_probe_still_applies_to_the_emitted_kernels(name):
     compile(counted, name, "exec")
     kernel = re.search(r"^KERNEL_FN = (\w+)$", text, flags=re.M).group(1)
     assert re.search(rf"^def {kernel}\(.*, clk_ptr\):$", counted, flags=re.M)
-    assert counted.count("_span_clock(gl.program_id(0))") == 2 and counted.count("_span_ns(gl.program_id(0))") == 2
+    assert counted.count("_clock64(gl.program_id(0))") == 2 and counted.count("_globaltimer(gl.program_id(0))") == 2
     assert counted.count("clk_ptr=_CLK[0], num_warps=NUM_WARPS)") == 1
     # the end reads come after the kernel's last statement and before the next top-level definition
     body = counted[counted.index(f"def {kernel}("):]
