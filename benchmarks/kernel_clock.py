@@ -103,6 +103,8 @@ def measure(kernel_dir: str, only: list[str] | None, seqs: tuple[int, ...] = (20
     """Plain and instrumented time and the kernel's own clock for every candidate and shape."""
     import torch
 
+    from twill.tune.predict import Shape
+
     entries = [e for e in _entries(kernel_dir, seqs) if not only or any(o in e["name"] for o in only)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.zeros(2 * MAX_CTAS, device="cuda")
@@ -124,11 +126,11 @@ def measure(kernel_dir: str, only: list[str] | None, seqs: tuple[int, ...] = (20
                 spans = buf.view(-1, 2).double()
                 spans = spans[spans[:, 1] > 0]
                 cycles, ns = spans[:, 0].sum().item(), spans[:, 1].sum().item()
-                flops = (2 * dims["M"] * dims["N"] * dims["K"] if entry["kernel"] == "gemm"
-                         else 4 * dims["B"] * dims["H"] * dims["S"] ** 2 * dims["D"]
-                         // (2 if entry.get("options", {}).get("causal") else 1))
+                flops = Shape(shape["problem"], tuple(shape["sizes"])).flops(entry["kernel"])
+                if entry.get("options", {}).get("causal"):
+                    flops /= 2  # the keys after each query are never multiplied
                 rows.append({"name": entry["name"], "kernel": entry["kernel"], "shape": dims, "ctas": len(spans),
-                             "flops": float(flops),
+                             "flops": flops,
                              "ms": ms_plain, "ms_instrumented": ms_counted, "clock_ghz": cycles / ns,
                              "cta_cycles": cycles / len(spans),
                              "sm_busy": ns / (ms_counted * 1e6 * sms),
