@@ -281,11 +281,14 @@ def test_cli_fits_the_clock_model(tmp_path, capsys):
     assert main(["calibrate", "--from-raw", str(raw), "--clock-fit", str(clocks), "-o", str(model)]) == 0
     assert "clock model: 1/f = 0.4300 + 0.3700" in capsys.readouterr().out
     assert math.isclose(load_machine(str(model)).clock_model["ns_per_tensor_clk"], 0.37)
-    clocks.write_text(json.dumps({"format": "twill-kernel-clock/1", "rows": [{"kernel": "gemm"}]}))
-    assert main(["calibrate", "--from-raw", str(raw), "--clock-fit", str(clocks), "-o", str(tmp_path / "m.json")]) == 2
-    err = capsys.readouterr().err
-    assert "twill-kernel-clock/1" in err and "Traceback" not in err
-    assert not (tmp_path / "m.json").exists()
+    for bad_row in ({"kernel": "gemm"}, {"kernel": "gemm", "ms": "1", "clock_ghz": 1.5, "flops": 1e9},
+                    {"kernel": "gemm", "ms": 1.0, "clock_ghz": 0, "flops": 1e9}):
+        clocks.write_text(json.dumps({"format": "twill-kernel-clock/1", "rows": [bad_row]}))
+        assert main(["calibrate", "--from-raw", str(raw), "--clock-fit", str(clocks),
+                     "-o", str(tmp_path / "m.json")]) == 2
+        err = capsys.readouterr().err
+        assert "twill-kernel-clock/1" in err and "Traceback" not in err
+        assert not (tmp_path / "m.json").exists()
 
 
 @pytest.mark.skipif(not os.path.exists(H200_MODEL), reason="no committed H200 calibration")

@@ -30,10 +30,14 @@ def _read_kernel_clock(path: str) -> dict:
 
     doc = read_json_file(path, "kernel clock")
     rows = doc.get("rows") if isinstance(doc, dict) else None
-    keys = ("kernel", "ms", "clock_ghz", "flops")
+
+    def valid(row: object) -> bool:
+        return isinstance(row, dict) and isinstance(row.get("kernel"), str) and all(
+            isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool) and row[k] > 0
+            for k in ("ms", "clock_ghz", "flops"))
+
     if not isinstance(doc, dict) or doc.get("format") != "twill-kernel-clock/1" or not isinstance(rows, list) \
-            or not all(isinstance(r, dict) and all(isinstance(r.get(k), (int, float, str)) for k in keys)
-                       for r in rows):
+            or not all(valid(r) for r in rows):
         raise FormatError(f"{path}: not a 'twill-kernel-clock/1' file written by benchmarks/kernel_clock.py")
     return doc
 
