@@ -394,6 +394,21 @@ def test_performance_doc_shows_the_committed_results(marker, results, render):
         assert shown.strip() == render(json.load(fh)).strip()
 
 
+def test_one_sms_intake_is_the_best_hot_mib_rate_and_optional():
+    """``tma_sm_bytes_per_clk`` is the best rate over the ring depths of every SM reading one hot MiB; raw
+    files without those rows fit without it, and machine files without it load."""
+    machine = fit(_rows() + [{"bench": "tma", "args": {"depth": 8, "hot_mb": 1},
+                              "result": {"depth": 8, "hot_mb": 1, "bytes_per_clk": 86.0}},
+                             {"bench": "tma", "args": {"depth": 1, "hot_mb": 1},
+                              "result": {"depth": 1, "hot_mb": 1, "bytes_per_clk": 300.0}}], H200)
+    assert machine.calibration.tma_sm_bytes_per_clk == 86.0      # depth 1 is a latency row, not a rate
+    assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration
+    without = fit([r for r in _rows() if r["args"].get("hot_mb") != 1], H200)
+    assert without.calibration.tma_sm_bytes_per_clk is None
+    assert "tma_sm_bytes_per_clk" not in machine_to_dict(without)["calibration"]
+    assert machine_from_dict(machine_to_dict(without)).calibration == without.calibration
+
+
 def test_reduce_add_rate_is_optional_and_prices_the_dq_reduce_when_measured():
     """Machine files without the TMA reduce-add rate still load and price a reduce-add as a store; with it,
     the fit takes the shared-rows, one-in-flight measurement and the reduce costs bytes over that rate."""

@@ -23,7 +23,7 @@ from twill.errors import TwillError
 from twill.ir.builder import GraphBuilder
 from twill.ir.io import graph_to_dict
 from twill.kernels import build_kernel
-from benchmarks.variants import flash_schedule
+from benchmarks.variants import flash_schedule, gemm_schedule
 from twill.machine.models import H100, B200
 from twill.schedule.result import Schedule, WarpGroup
 from twill.tune.predict import Shape, ctas_per_sm, parse_shape, predict
@@ -266,6 +266,48 @@ def test_streaming_loads_bound_the_loop_on_a_calibrated_machine():
     # the datasheet machine prices the loads as the solver does: free
     plain = predict(_streaming_schedule(2), shape, replace(H100, launch_us=0.0))
     assert "latency_ii" not in plain.breakdown and plain.cycles == 99 * 10 + 10
+
+
+def test_wave_readers_follow_the_generated_kernels_launch_order():
+    """A wave's CTAs in launch order: a GEMM's grouped order puts 8 rows of output tiles side by side, so an A
+    tile has as many readers as the wave has columns and a B tile as many as it has rows; an attention
+    forward's query blocks of one head run together and share its K/V tiles (the backward: its Q/dO tiles)."""
+    from twill.tune.predict import gemm_tile, wave_readers
+
+    gemm = build_kernel("gemm", H100, block_m=128, block_n=256, block_k=64)
+    readers = wave_readers(gemm, Shape("gemm", (8192, 8192, 8192)), 132)
+    assert readers == {"load_a": 132 / 8, "load_b": 132 / 17}   # 8 rows by 16.5 columns of tiles
+    assert [gemm_tile(t, 64, 32) for t in (0, 7, 8, 255, 256)] == [(0, 0), (7, 0), (0, 1), (7, 31), (8, 0)]
+    # fewer tiles than SMs: the whole grid is the wave; a grid of one row shares its A tile only
+    assert wave_readers(gemm, Shape("gemm", (128, 1024, 64)), 132) == {"load_a": 4.0, "load_b": 1.0}
+    fwd = build_kernel("flash-fwd", H100, head_dim=128)
+    assert wave_readers(fwd, Shape("attention", (4, 32, 2048, 128)), 132) == {"load_k": 132 / 9, "load_v": 132 / 9}
+    bwd = build_kernel("flash-bwd", H100, head_dim=128)
+    assert set(wave_readers(bwd, Shape("attention", (1, 1, 4096, 128)), 132).values()) == {32.0}
+    # a load of a role the launch order says nothing about (a Triton kernel's) has one reader
+    assert wave_readers(_streaming_schedule(2).graph, Shape("gemm", (4096, 4096, 4096)), 132) == {"load_a": 1.0}
+
+
+def test_a_wave_reading_the_same_tiles_shares_their_l2_traffic():
+    """On a machine that measured one SM's intake (``tma_sm_bytes_per_clk``) the bandwidth bound is the larger
+    of the SM's share of the L2's traffic (bytes over readers at the L2 rate) and its own intake; the latency
+    bound keeps the unshared transfer. Without the intake it prices every byte at the L2 rate."""
+    from tests.test_calibration import _rows
+    from twill.machine.calibrate import fit
+
+    machine = replace(fit(_rows(), H100), launch_us=0.0)
+    cal = machine.calibration
+    assert cal.tma_sm_bytes_per_clk == 80.0
+    graph = build_kernel("gemm", H100, block_m=128, block_n=256, block_k=64)
+    sched = gemm_schedule(graph, H100, depth=4)
+    shape = Shape("gemm", (8192, 8192, 8192))
+    got = predict(sched, shape, machine).breakdown
+    unique = 16384 / (132 / 8) + 32768 / (132 / 17)
+    assert got["bandwidth_ii"] == pytest.approx(max(unique / cal.tma_l2_bytes_per_clk, 49152 / 80.0))
+    alone = predict(sched, shape, replace(machine, calibration=replace(cal, tma_sm_bytes_per_clk=None))).breakdown
+    assert alone["bandwidth_ii"] == pytest.approx(49152 / cal.tma_l2_bytes_per_clk)
+    assert got["latency_ii"] == alone["latency_ii"]
+    assert got["bandwidth_ii"] < alone["bandwidth_ii"]
 
 
 def test_tensor_core_turns_count_the_changes_of_warp_group_around_the_cycle():

@@ -31,6 +31,8 @@ SOFTMAX_STEPS = tuple((g, n, d) for d in (64, 128) for n in (64, 128) for g in (
                                                                                            (2, 64, 256))
 #: Size of the L2-resident tile set the L2 rates are fitted from: about one wave's shared operand tiles.
 L2_HOT_MB = 16
+#: The hot set every SM reads for the ceiling on one SM's TMA intake (``tma_sm_bytes_per_clk``).
+SHARED_HOT_MB = 1
 
 
 def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
@@ -49,11 +51,12 @@ def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
     for groups in (1, 2):  # one plain CTA of 4 or 8 warps (num_warps must be a power of two)
         steps.append(("smem", {"groups": groups}))
     # rates need data in flight: 4 tiles (64 KiB) over a ~1000-cycle L2 latency allow at most ~60 bytes per
-    # clock, so the bandwidth rows go to 8 tiles (128 KiB), as deep as a GEMM ring keeps its loads
+    # clock, so the bandwidth rows go to 8 tiles (128 KiB), as deep as a GEMM ring keeps its loads (on the
+    # H200 the 16 MiB rate was the same with 8 as with 4: the L2, not the ring, limits it)
     steps.append(("tma", {"depth": 1, "reps": 512}))
     for depth in (2, 4, 8):
         steps.append(("tma", {"depth": depth}))
-    for hot_mb in (1, 16):
+    for hot_mb in (SHARED_HOT_MB, L2_HOT_MB):
         steps.append(("tma", {"depth": 1, "hot_mb": hot_mb, "reps": 512}))
         for depth in (4, 8):
             steps.append(("tma", {"depth": depth, "hot_mb": hot_mb}))
@@ -156,6 +159,8 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
                    "TMA latency from L2")[0]
     l2_bw = max(_need([r["bytes_per_clk"] for r in _results(rows, "tma", hot_mb=L2_HOT_MB) if r["depth"] > 1],
                       "TMA bandwidth from L2"))
+    # optional (raw files of earlier versions lack it): every SM reading one hot MiB, tiles shared in flight
+    sm_rate = [r["bytes_per_clk"] for r in _results(rows, "tma", hot_mb=SHARED_HOT_MB) if r["depth"] > 1]
     handoff = _need([r["cycles_per_handoff"] for r in _results(rows, "handoff", worker_warps=4)],
                     "mbarrier hand-off")[0]
     launch = _need([r["launch_us"] for r in _results(rows, "launch")], "launch cost")[0]
@@ -175,7 +180,8 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
         ex2_per_clk=ex2, ex2_per_clk_one_group=ex2_one, fma_per_clk=fma, fma_per_clk_one_group=fma_one,
         rowmax_per_clk=rowmax, rowsum_per_clk=rowsum, smem_bytes_per_clk=smem, barrier_handoff_cycles=handoff,
         tma_latency_cycles=tma_lat, tma_bytes_per_clk=tma_bw, tma_l2_latency_cycles=l2_lat,
-        tma_l2_bytes_per_clk=l2_bw, tma_reduce_bytes_per_clk=statistics.median(reduce) if reduce else None,
+        tma_l2_bytes_per_clk=l2_bw, tma_sm_bytes_per_clk=max(sm_rate) if sm_rate else None,
+        tma_reduce_bytes_per_clk=statistics.median(reduce) if reduce else None,
         softmax_step_cycles=steps or None, attention_iteration_cycles=iterations or None)
     calibration = Calibration.from_dict(calibration.to_dict())  # normalised, validated mappings
     return replace(base, model=f"{base.name}-calibrated", calibration=calibration,

@@ -73,7 +73,7 @@ def lookup_n(table: Mapping[int, float], n: int) -> float:
 
 
 #: Calibration fields a machine file may leave out (measured by later versions of ``twill calibrate``).
-OPTIONAL_FIELDS = frozenset({"tma_reduce_bytes_per_clk", "softmax_step_cycles", "attention_iteration_cycles"})
+OPTIONAL_FIELDS = frozenset({"tma_sm_bytes_per_clk", "tma_reduce_bytes_per_clk", "softmax_step_cycles", "attention_iteration_cycles"})
 #: Calibration fields keyed by :func:`softmax_key` (groups x keys x head dimension -> cycles).
 STEP_TABLES = ("softmax_step_cycles", "attention_iteration_cycles")
 
@@ -105,6 +105,11 @@ class Calibration:
         tma_bytes_per_clk: bytes per clock per SM of TMA tile loads streaming from DRAM with every SM loading.
         tma_l2_latency_cycles / tma_l2_bytes_per_clk: the same for tiles that every SM reads from one
             L2-resident set of 16 MiB (operand tiles shared by the CTAs of a wave).
+        tma_sm_bytes_per_clk: bytes per clock one SM's TMA loads received when every SM reads from one
+            L2-resident MiB, best over the ring depths measured: the ceiling on what one SM takes in when the
+            CTAs of a wave read the same tiles together (a lower bound on the SM's own port; the L2 delivers
+            each tile once to many readers). Optional: without it the prediction prices every tile an SM
+            loads at ``tma_l2_bytes_per_clk``, shared or not.
         tma_reduce_bytes_per_clk: bytes per clock per SM of fp32 TMA reduce-adds from shared memory, every SM
             adding, 32 CTAs at a time into the same L2-resident rows (the attention backward's dQ), counted
             until the TMA has read each tile (when its staging buffer may be reused). Optional: machine files
@@ -138,6 +143,7 @@ class Calibration:
     tma_bytes_per_clk: float
     tma_l2_latency_cycles: float
     tma_l2_bytes_per_clk: float
+    tma_sm_bytes_per_clk: float | None = None
     tma_reduce_bytes_per_clk: float | None = None
     softmax_step_cycles: Mapping[str, float] | None = None
     attention_iteration_cycles: Mapping[str, float] | None = None
@@ -295,6 +301,8 @@ def format_calibration(machine: Any) -> str:
          f"{cal.tma_latency_cycles:.0f} / {cal.tma_l2_latency_cycles:.0f}", "-"),
         ("TMA bytes/clk per SM, DRAM / L2", f"{cal.tma_bytes_per_clk:.1f} / {cal.tma_l2_bytes_per_clk:.1f}",
          f"{machine.dram_bytes_per_s / (machine.sms * machine.clock_ghz * 1e9):.1f} / -"),
+        *([("TMA bytes/clk one SM takes in, every SM reading one hot MiB", f"{cal.tma_sm_bytes_per_clk:.1f}",
+            "-")] if cal.tma_sm_bytes_per_clk else []),
         *([("TMA fp32 reduce-add bytes/clk per SM, 32 SMs into the same rows",
             f"{cal.tma_reduce_bytes_per_clk:.1f}", "priced as a store")] if cal.tma_reduce_bytes_per_clk else []),
         *[(f"online-softmax step, {g} warp group(s), N={n} D={d}, P V in flight (clk)", f"{c:.0f}",

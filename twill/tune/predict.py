@@ -8,7 +8,9 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
 * **Streaming loads** (calibrated machines only, :func:`stream_bound`): the solver treats TMA loads as
   free (paper §5.3); the hardware does not. The loop runs no faster than the load latency over the ring
   buffers that hide it, nor than its bytes per iteration over the L2 bandwidth per SM, so the effective
-  ``II_eff = max(II, latency / (depth − 1), bytes / bandwidth)``.
+  ``II_eff = max(II, latency / (depth − 1), bytes / bandwidth)``. The CTAs of a wave that read the same
+  tile at the same step (:func:`wave_readers`: a GEMM's row and column of output tiles, the query blocks of
+  one attention head) share its L2 traffic, up to what one SM can take in.
 * **Per-group chains** (attention forward on a calibrated machine that measured the softmax step,
   :func:`chain_bound`): each compute warp group must wait for its S, run its online-softmax step at the speed
   measured with the other groups running theirs, and pass the tensor core on, every iteration; ``II_eff``
@@ -256,7 +258,43 @@ def first_byte_latency(cal: Any) -> float:
     return max(0.0, cal.tma_l2_latency_cycles - MICROBENCH_TILE_BYTES / cal.tma_l2_bytes_per_clk)
 
 
-def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
+def gemm_tile(tile: int, num_m: int, num_n: int) -> tuple[int, int]:
+    """(row, column) of GEMM output tile ``tile`` in the generated kernels' grouped order: ``GROUP_M`` rows
+    of tiles at a time, down the rows first (``tile_offsets`` in twill/codegen/gluon/gemm.py)."""
+    from twill.codegen.gluon.gemm import GROUP_M
+
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    rows = min(num_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % rows, (tile % per_group) // rows
+
+
+def wave_readers(graph: LoopGraph, shape: Shape, wave: int) -> dict[str, float]:
+    """Streaming load -> how many CTAs of a wave of ``wave`` resident CTAs read each of its tiles at the same
+    loop step (module docstring): the first ``wave`` tiles in launch order, over how many distinct tiles of
+    the load they read. GEMM (grouped order, :func:`gemm_tile`): an A tile is read by the CTAs on its row of
+    output tiles, a B tile by those on its column. Attention: the grid's fastest index is the query block
+    (forward) or key block (backward) of one (batch, head), so the CTAs of one head read its K/V (forward) or
+    Q/dO/statistics (backward) tiles together. Loads of any other role (a Triton kernel's) count 1."""
+    tiles, _ = loop_extent(graph, shape)
+    wave = max(1, min(wave, tiles))
+    if shape.problem == "gemm":
+        attrs = graph.attrs
+        num_m, num_n = math.ceil(shape["M"] / attrs["block_m"]), math.ceil(shape["N"] / attrs["block_n"])
+        coords = [gemm_tile(t, num_m, num_n) for t in range(wave)]
+        shared = {"load_a": wave / len({m for m, _ in coords}), "load_b": wave / len({n for _, n in coords})}
+    else:
+        per_head = tiles // (shape["B"] * shape["H"])
+        together = wave / len({t // per_head for t in range(wave)})
+        roles = ("load_q", "load_do", "load_stats") if graph.attrs.get("kernel") == "flash-bwd" else ("load_k",
+                                                                                                      "load_v")
+        shared = dict.fromkeys(roles, together)
+    return {op.name: shared.get(str(op.attrs.get("role", "")), 1.0)
+            for op in graph.ops if graph.is_streaming(op.name)}
+
+
+def stream_bound(schedule: Schedule, machine: Machine, readers: Mapping[str, float] | None = None
+                 ) -> dict[str, float]:
     """Raw cycles per iteration below which the streaming loads cannot keep up, on a calibrated machine;
     ``{}`` on a datasheet one (whose loads are free, as in the solver's model):
 
@@ -264,9 +302,14 @@ def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
       stages, so with ``d`` buffers a load is issued ``d − s + 1`` iterations before its data is used, and an
       iteration's tiles take ``fill = base + bytes / tma_l2_bytes_per_clk`` cycles to land: the loaded
       latency of the first byte (the calibrated L2 tile latency less that tile's own transfer) plus the
-      iteration's bytes at the SM's share of L2 bandwidth. The loop runs no faster than ``fill / (d − s + 1)``.
-    * ``bandwidth_ii``: the bytes the loop streams per iteration over ``tma_l2_bytes_per_clk``, the rate at
-      which every SM pulls the operand tiles that the CTAs of a wave share through the L2.
+      iteration's bytes at the rate one SM streams them when every SM streams its own. The loop runs no
+      faster than ``fill / (d − s + 1)``.
+    * ``bandwidth_ii``: the L2 delivers a tile that ``r`` CTAs of a wave read at the same loop step
+      (``readers``, :func:`wave_readers`) once for all of them, so each SM's share of the L2's traffic is
+      ``Σ bytes / r`` per iteration, at ``tma_l2_bytes_per_clk``; and no SM takes in more than
+      ``tma_sm_bytes_per_clk``: ``bandwidth_ii = max(Σ bytes / r / tma_l2_bytes_per_clk, Σ bytes /
+      tma_sm_bytes_per_clk)``. A machine file without ``tma_sm_bytes_per_clk``, or no ``readers``, prices
+      every byte at ``tma_l2_bytes_per_clk``.
     """
     cal = machine.calibration
     graph = schedule.graph
@@ -274,14 +317,18 @@ def stream_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     if cal is None or not loads:
         return {}
     nbytes = sum(op.smem for op in loads)
-    bandwidth_ii = nbytes / cal.tma_l2_bytes_per_clk
+    transfer = nbytes / cal.tma_l2_bytes_per_clk
+    bandwidth_ii = transfer
+    if readers and cal.tma_sm_bytes_per_clk:
+        unique = sum(op.smem / readers.get(op.name, 1.0) for op in loads)
+        bandwidth_ii = max(unique / cal.tma_l2_bytes_per_clk, nbytes / cal.tma_sm_bytes_per_clk)
     base = first_byte_latency(cal)
     lookahead = []
     for op in loads:
         consumers = [e.dst for e in graph.out_edges(op.name) if e.dst != op.name]
         span = max((_release_stage(schedule, c) - schedule.stage(op.name) + 1 for c in consumers), default=1)
         lookahead.append(max(1, schedule.result_depth(op.name) - span + 1))
-    return {"latency_ii": (base + bandwidth_ii) / min(lookahead), "bandwidth_ii": bandwidth_ii}
+    return {"latency_ii": (base + transfer) / min(lookahead), "bandwidth_ii": bandwidth_ii}
 
 
 def tile_ends(schedule: Schedule, machine: Machine) -> dict[str, float]:
@@ -429,7 +476,8 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     scale = cycles_per_unit(schedule)
     ii_raw, length_raw = schedule.ii * scale, schedule.length * scale
     tiles, iterations = loop_extent(schedule.graph, shape)
-    memory = stream_bound(schedule, machine)
+    wave = machine.sms * (1 if persistent else ctas_per_sm(schedule, machine))
+    memory = stream_bound(schedule, machine, wave_readers(schedule.graph, shape, wave))
     plan = _flash_plan(schedule)    # an attention forward's kernel: its turns and waits (made once)
     # the hand-offs of the tensor core between warp groups, on a calibrated machine (measured cost)
     turns = _turn_count(schedule, plan) * handoff_cycles(machine) if machine.calibration is not None else 0
