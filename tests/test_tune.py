@@ -284,8 +284,11 @@ def test_wave_readers_follow_the_generated_kernels_launch_order():
     assert wave_readers(fwd, Shape("attention", (4, 32, 2048, 128)), 132) == {"load_k": 132 / 9, "load_v": 132 / 9}
     bwd = build_kernel("flash-bwd", H100, head_dim=128)
     assert set(wave_readers(bwd, Shape("attention", (1, 1, 4096, 128)), 132).values()) == {32.0}
-    # a load of a role the launch order says nothing about (a Triton kernel's) has one reader
+    # a load of no known role has one reader, and so has every load of a kernel whose launch order Twill does
+    # not set (a Triton kernel's, which names its loads by the same roles)
     assert wave_readers(_streaming_schedule(2).graph, Shape("gemm", (4096, 4096, 4096)), 132) == {"load_a": 1.0}
+    triton = replace(gemm, attrs={**gemm.attrs, "kernel": "matmul_kernel", "triton": "3.6.0"})
+    assert wave_readers(triton, Shape("gemm", (8192, 8192, 8192)), 132) == {"load_a": 1.0, "load_b": 1.0}
 
 
 def test_a_wave_reading_the_same_tiles_shares_their_l2_traffic():

@@ -275,10 +275,14 @@ def wave_readers(graph: LoopGraph, shape: Shape, wave: int) -> dict[str, float]:
     the load they read. GEMM (grouped order, :func:`gemm_tile`): an A tile is read by the CTAs on its row of
     output tiles, a B tile by those on its column. Attention: the grid's fastest index is the query block
     (forward) or key block (backward) of one (batch, head), so the CTAs of one head read its K/V (forward) or
-    Q/dO/statistics (backward) tiles together. Loads of any other role (a Triton kernel's) count 1."""
+    Q/dO/statistics (backward) tiles together. The loads of any other kernel (a Triton kernel's, whose launch
+    order its own source sets) count 1 reader each, as do loads of any other role."""
+    kernel = graph.attrs.get("kernel")
+    if kernel not in ("gemm", "flash-fwd", "flash-bwd"):
+        return {op.name: 1.0 for op in graph.ops if graph.is_streaming(op.name)}
     tiles, _ = loop_extent(graph, shape)
     wave = max(1, min(wave, tiles))
-    if shape.problem == "gemm":
+    if kernel == "gemm":
         attrs = graph.attrs
         num_m, num_n = math.ceil(shape["M"] / attrs["block_m"]), math.ceil(shape["N"] / attrs["block_n"])
         coords = [gemm_tile(t, num_m, num_n) for t in range(wave)]
@@ -286,8 +290,7 @@ def wave_readers(graph: LoopGraph, shape: Shape, wave: int) -> dict[str, float]:
     else:
         per_head = tiles // (shape["B"] * shape["H"])
         together = wave / len({t // per_head for t in range(wave)})
-        roles = ("load_q", "load_do", "load_stats") if graph.attrs.get("kernel") == "flash-bwd" else ("load_k",
-                                                                                                      "load_v")
+        roles = ("load_q", "load_do", "load_stats") if kernel == "flash-bwd" else ("load_k", "load_v")
         shared = dict.fromkeys(roles, together)
     return {op.name: shared.get(str(op.attrs.get("role", "")), 1.0)
             for op in graph.ops if graph.is_streaming(op.name)}
