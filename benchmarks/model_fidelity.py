@@ -164,8 +164,9 @@ def _launcher(kernel: str, module: Any, args: tuple[Any, ...]) -> Any:
     return lambda: module.launch(args[0], args[1], args[2], out=args[3])
 
 
-def run(kernel_dir: str, out: str, only: list[str] | None) -> None:
-    """Check, then time every correct candidate and every reference per shape in ROUNDS interleaved rounds."""
+def run(kernel_dir: str, out: str, only: list[str] | None, gemm_shapes: list[tuple[int, ...]] | None = None) -> None:
+    """Check, then time every correct candidate and every reference per shape in ROUNDS interleaved rounds;
+    ``gemm_shapes`` replaces the GEMM candidates' shapes (shapes the model was not fitted on)."""
     import torch
     import triton
 
@@ -173,6 +174,9 @@ def run(kernel_dir: str, out: str, only: list[str] | None) -> None:
 
     manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
     entries = [e for e in manifest["entries"] if "file" in e and (not only or any(o in e["name"] for o in only))]
+    if gemm_shapes:
+        entries = [{**e, "shapes": [{"problem": "gemm", "sizes": list(s)} for s in gemm_shapes]}
+                   if e["kernel"] == "gemm" else e for e in entries]
     modules, checks = {}, {}
     for entry in entries:
         try:
@@ -359,6 +363,8 @@ def main() -> None:
     parser.add_argument("--machine", default=os.path.join(HERE, "results", "calibration_h200.machine.json"))
     parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
     parser.add_argument("--only", nargs="*", default=None, help="substrings of candidate names")
+    parser.add_argument("--gemm-shapes", nargs="*", default=None, metavar="M,N,K",
+                        help="run: time the GEMM candidates at these shapes instead of the manifest's")
     parser.add_argument("--measured", default=None, help="report: the fidelity_measured.json of a run")
     parser.add_argument("--report", default=None, help="report: where to write (default OUT/model_fidelity.json)")
     parser.add_argument("--kernel-clock", default=None,
@@ -369,7 +375,15 @@ def main() -> None:
     elif args.step == "summary":
         print(markdown_summary(json.load(open(args.kernel_dir))))
     elif args.step == "run":
-        run(args.kernel_dir, args.out, args.only)
+        shapes = None
+        if args.gemm_shapes:
+            try:
+                shapes = [tuple(int(v) for v in text.split(",")) for text in args.gemm_shapes]
+            except ValueError:
+                parser.error("--gemm-shapes takes M,N,K triples of integers")
+            if any(len(s) != 3 or min(s) <= 0 for s in shapes):
+                parser.error("--gemm-shapes takes M,N,K triples of positive integers")
+        run(args.kernel_dir, args.out, args.only, shapes)
     else:
         report(args.kernel_dir, args.measured or os.path.join(args.out, "fidelity_measured.json"), args.machine,
                args.report or os.path.join(args.out, "model_fidelity.json"), args.kernel_clock)

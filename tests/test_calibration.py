@@ -357,6 +357,7 @@ def _backward_table(result):
 
 #: (marker in docs/performance.md, committed results file, what the doc shows of it)
 PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity_summary),
+                      ("fidelity-heldout", "model_fidelity_h200_heldout.json", _fidelity_summary),
                       ("pallas-table", "pallas_bench_h200.json", _pallas_table),
                       ("pallas-same-tile", "pallas_bench_h200_same_tile.json", _pallas_table),
                       ("tilelang-table", "tilelang_bench_h200.json", _tilelang_table),
