@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -220,18 +219,9 @@ def run(kernel_dir: str, out: str, only: list[str] | None, gemm_shapes: list[tup
 
 # ---------------------------------------------------------------------------------------------------- report
 
-def _spearman(xs: list[float], ys: list[float]) -> float:
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        for position, i in enumerate(order):
-            r[i] = float(position)
-        return r
-
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.mean(rx), statistics.mean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+def _rho(value: float | None) -> str:
+    """A rank correlation for the tables: two decimals, or "-" where a sample was constant."""
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _kernel_clocks(path: str | None) -> dict[tuple[str, str], dict[str, Any]]:
@@ -249,6 +239,7 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
     from twill.commands.common import load_schedule_document
     from twill.machine.calibration import load_machine
     from twill.machine.models import get_machine
+    from twill.tune.measure import spearman
     from twill.tune.predict import Shape, predict
 
     calibrated = load_machine(machine_path)
@@ -296,8 +287,8 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
             group.append(row)
         if len(group) >= 3:
             correlations.append({"kernel": kernel, "shape": shape_d, "candidates": len(group),
-                                 "spearman": _spearman([r["predicted_us"] for r in group], [r["ms"] for r in group]),
-                                 "spearman_datasheet": _spearman([r["datasheet_predicted_us"] for r in group],
+                                 "spearman": spearman([r["predicted_us"] for r in group], [r["ms"] for r in group]),
+                                 "spearman_datasheet": spearman([r["datasheet_predicted_us"] for r in group],
                                                                  [r["ms"] for r in group])})
     ratios = [r["measured_over_predicted"] for r in rows]
     cycle_ratios = [r["measured_over_predicted_cycles"] for r in rows if "measured_over_predicted_cycles" in r]
@@ -324,8 +315,8 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
         print(f"{r['name']:24s} {shape:22s} {r['tflops']:8.0f} {r['measured_over_predicted']:9.2f} {at:7.2f} "
               f"{r['measured_over_datasheet']:9.2f} {(r['clock_ghz'] or 0):5.2f} {ref:7.2f}")
     for c in correlations:
-        print(f"spearman {c['kernel']} {c['shape']}: {c['spearman']:.2f} (datasheet model "
-              f"{c['spearman_datasheet']:.2f}, {c['candidates']} candidates)")
+        print(f"spearman {c['kernel']} {c['shape']}: {_rho(c['spearman'])} (datasheet model "
+              f"{_rho(c['spearman_datasheet'])}, {c['candidates']} candidates)")
     print(f"summary: {summary}")
 
 
@@ -345,7 +336,7 @@ def markdown_summary(result: dict[str, Any]) -> str:
         best = max(group, key=lambda r: r["tflops"])
         ref = "cublas" if kernel == "gemm" else "cudnn"
         corr = correlations.get((kernel, key))
-        spearman = f"{corr['spearman']:.2f} ({corr['spearman_datasheet']:.2f})" if corr else "-"
+        spearman = f"{_rho(corr['spearman'])} ({_rho(corr['spearman_datasheet'])})" if corr else "-"
         shape = ",".join(f"{k}={v}" for k, v in json.loads(key).items())
         own = [r["measured_over_predicted_cycles"] for r in group if "measured_over_predicted_cycles" in r]
         own_cell = f"{statistics.median(own):.2f} ({min(own):.2f}-{max(own):.2f}) | " if own else "- | "
