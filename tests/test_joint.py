@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from solved import solved_kernel
 
-from twill.errors import InfeasibleScheduleError
+from twill.errors import InfeasibleScheduleError, TwillError
 from twill.ir.builder import GraphBuilder
 from twill.kernels import build_kernel
 from twill.machine import get_machine
@@ -218,3 +218,43 @@ def test_default_gemm_tile_is_one_8_warp_consumer_with_a_lagged_wait():
     mma = result.warp_of("mma")
     assert mma.num_warps == 8 and set(mma.ops) == {"mma", "mma_wait"}
     assert result.stage("mma_wait") - result.stage("mma") == 1
+
+
+def _calibrated_h200():
+    import os
+
+    from twill.machine.calibration import load_machine
+
+    return load_machine(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results",
+                                     "calibration_h200.machine.json"))
+
+
+def test_one_extra_copy_finds_the_hoisted_d256_schedule_below_algorithm_1s_ii():
+    """Algorithm 1 takes the copies from phase 1 (n = ⌈LEN(M)/I⌉) and never tries more. On the calibrated
+    H200 model the D = 256 forward's modulo-only schedule fits one stage, so every II below 137 is proved
+    infeasible with one copy and the answer issues S and P V in one stage; with one extra copy the search
+    finds II 132 with each group's next S issued a stage ahead (measured 7-9% faster, docs/performance.md)."""
+    from twill.schedule.verify import verify
+    from twill.solve.attempt import row_proven_infeasible
+
+    machine = _calibrated_h200()
+    graph = build_kernel("flash-fwd", machine, head_dim=256, block_n=64, subtiles=2, causal=True)
+    paper = schedule(graph, machine, SolveOptions(streaming_depth=2))
+    more = schedule(graph, machine, SolveOptions(streaming_depth=2, extra_copies=1))
+    assert (paper.ii, more.ii) == (137, 132) and more.ii_lower_bound == 132
+    assert paper.stage("pv_a") == paper.stage("qk_a") and more.stage("pv_a") == more.stage("qk_a") + 1
+    assert more.stats["copies"] == 2 and str(more.status) == "optimal"
+    verify(more, machine)
+    last, found = more.stats["tried"][-2:]
+    assert (last["ii"], last["copies"], last["joint"]) == (132, 1, "infeasible")
+    assert (found["by"], found["copies"], found["joint"]) == ("extra_copies", 2, "optimal")
+    # an extra-copies row proves its II infeasible only when the joint problem with those copies is
+    assert row_proven_infeasible({"ii": 5, "by": "extra_copies", "joint": "infeasible", "copies": 3})
+    assert not row_proven_infeasible({"ii": 5, "by": "extra_copies", "joint": "unknown", "copies": 3})
+
+
+def test_extra_copies_is_a_non_negative_integer():
+    with pytest.raises(TwillError, match="extra copies"):
+        SolveOptions(extra_copies=-1)
+    with pytest.raises(TwillError, match="extra copies"):
+        SolveOptions(extra_copies=1.5)

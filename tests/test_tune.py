@@ -619,6 +619,8 @@ def test_tune_end_to_end_with_two_workers(tmp_path, monkeypatch, capsys):
     (["tune", "gemm", "--block-m", "x"], "comma list"),
     (["tune", "gemm", "--persistent", "maybe"], "comma list of bool"),
     (["tune", "flash-bwd", "--persistent", "true"], "persistent is an axis of gemm and flash-fwd"),
+    (["tune", "gemm", "--extra-copies", "-1"], "--extra-copies must be >= 0"),
+    (["tune", "k.py:fn", "--signature", "a=i32", "--extra-copies", "1"], "--extra-copies applies to built-in"),
 ])
 def test_tune_errors_are_one_line_before_any_solve(argv, message, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -1017,3 +1019,26 @@ def test_repredict_puts_todays_prediction_beside_a_committed_measurement(tmp_pat
     assert json.loads((tmp_path / "re.json").read_text()) == out
     assert out["within_15_percent_then"] == int(abs(measured_us / 100.0 - 1) <= 0.15)
     assert f"{len(out['rows'])} |" in repredict_table(out).splitlines()[-1]
+
+
+def test_the_attention_forward_sweep_gives_the_solver_one_extra_copy():
+    """Built-in flash-fwd jobs solve with one copy more than Algorithm 1 (``DEFAULT_EXTRA_COPIES``), other
+    kernels with none unless ``--extra-copies`` says so; the count is part of the cache key."""
+    from twill.cli import build_parser
+    from twill.commands.tune import _plan
+    from twill.tune.space import DEFAULT_EXTRA_COPIES
+
+    def _parse(argv):
+        return build_parser().parse_args(argv)
+
+    assert DEFAULT_EXTRA_COPIES == {"flash-fwd": 1}
+    parser_args = ["tune", "flash-fwd", "--subtiles", "2", "--block-n", "128", "--streaming-depth", "2",
+                   "--reg-limit", "240", "--persistent", "false"]
+    args = _parse(parser_args)
+    _, jobs, _ = _plan(args, H100)
+    assert [j.extra_copies for j in jobs] == [1]
+    _, jobs0, _ = _plan(_parse(parser_args + ["--extra-copies", "0"]), H100)
+    assert jobs0[0].extra_copies == 0 and jobs0[0].key("v") != jobs[0].key("v")
+    _, gemm, _ = _plan(_parse(["tune", "gemm", "--block-m", "128", "--block-n", "256", "--block-k", "64",
+                               "--warps", "8", "--streaming-depth", "3", "--persistent", "false"]), H100)
+    assert [j.extra_copies for j in gemm] == [0]

@@ -124,6 +124,9 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
                    help="forbid values crossing warp groups (paper's ablation)")
     g.add_argument("--streaming-depth", type=int, default=None, metavar="D",
                    help="buffers in flight for streaming TMA loads (default: the kernel's, else 2)")
+    g.add_argument("--extra-copies", type=int, default=0, metavar="N",
+                   help="copies beyond Algorithm 1's that the search may try at an II before moving on "
+                        "(default 0, the paper's; 1 finds schedules that need one more stage)")
     g.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
     g.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
     g.add_argument("--progress", action="store_true",
@@ -149,7 +152,7 @@ def solve_options(args: argparse.Namespace) -> Any:
                         normalize=args.normalize, resolution=args.resolution, reg_limit=args.reg_limit,
                         max_warps=args.max_warps, cross_warp=args.cross_warp,
                         streaming_depth=args.streaming_depth, workers=args.workers, seed=args.seed,
-                        progress=progress_printer(args.progress))
+                        extra_copies=args.extra_copies, progress=progress_printer(args.progress))
 
 
 def machine_of(args: argparse.Namespace) -> Machine:

@@ -78,7 +78,7 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
     (its problem is known only once its graph is extracted)."""
     from twill.ir.io import graph_to_dict
     from twill.tune.predict import default_shape, parse_shape
-    from twill.tune.space import graph_space, kernel_space, triton_space
+    from twill.tune.space import DEFAULT_EXTRA_COPIES, graph_space, kernel_space, triton_space
     from twill.tune.sweep import Job
 
     match = _TRITON_TARGET.match(args.target)
@@ -92,6 +92,9 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
         if kernel_axes:
             raise TwillError(f"--{next(iter(kernel_axes)).replace('_', '-')} applies to built-in kernels and "
                              f"graphs; use --constexpr NAME=V1,V2 for a Triton target")
+        if args.extra_copies:
+            raise TwillError("--extra-copies applies to built-in kernels and graphs (a Triton kernel's search "
+                             "is Triton's own modulo schedule)")
         if not os.path.isfile(match["path"]):
             raise TwillError(f"cannot read Triton source {match['path']!r}: no such file")
         if not args.signature:
@@ -116,7 +119,8 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
         space = graph_space(kernel_axes)
         shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem,
                                                                                    graph.attrs.get("head_dim"))
-        jobs = [Job(candidate=c, graph=graph_to_dict(graph), **common) for c in space.candidates]
+        jobs = [Job(candidate=c, graph=graph_to_dict(graph), extra_copies=args.extra_copies or 0, **common)
+                for c in space.candidates]
         return space, jobs, shape
     from twill.kernels import build_kernel, kernel_options
 
@@ -136,8 +140,9 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
     else:
         shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem)
     space = kernel_space(args.target, machine, kernel_axes)
-    jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(args.target, machine, **dict(c.options))), **common)
-            for c in space.candidates]
+    extra = DEFAULT_EXTRA_COPIES.get(args.target, 0) if args.extra_copies is None else args.extra_copies
+    jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(args.target, machine, **dict(c.options))),
+                extra_copies=extra, **common) for c in space.candidates]
     return space, jobs, shape
 
 
@@ -176,6 +181,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise TwillError(f"--workers must be >= 1, got {args.workers}")
     if args.time_limit <= 0:
         raise TwillError(f"--time-limit must be positive, got {args.time_limit}")
+    if args.extra_copies is not None and args.extra_copies < 0:
+        raise TwillError(f"--extra-copies must be >= 0, got {args.extra_copies}")
     if args.top < 1 or (args.measure is not None and args.measure < 1):
         raise TwillError("--top and --measure take a positive count")
     check_outputs(files=[args.json, args.output])
@@ -271,6 +278,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--ray", default=None, metavar="ADDRESS", help="run the sweep on the Ray cluster at ADDRESS")
     run.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S",
                      help=f"seconds per candidate (default {DEFAULT_TIME_LIMIT:g})")
+    run.add_argument("--extra-copies", type=int, default=None, metavar="N",
+                     help="copies beyond Algorithm 1's that each solve may try at an II (default: "
+                          "1 for flash-fwd, 0 otherwise; see docs/tuning.md)")
     run.add_argument("--no-cache", dest="cache", action="store_false", help="solve everything again")
     run.add_argument("--progress", action="store_true", help="one progress line per candidate when stderr "
                                                              "is not a terminal")

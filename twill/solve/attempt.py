@@ -72,7 +72,10 @@ class Attempt:
 
 def row_proven_infeasible(row: Mapping[str, Any]) -> bool:
     """Whether a ``tried`` row of the joint search proves its II infeasible: phase 1 infeasible, or the
-    joint problem infeasible at the proven copies (phase 1 ``optimal``), or the warp-issue bound."""
+    joint problem infeasible at the proven copies (phase 1 ``optimal``) or with the extra copies after
+    them (``by = extra_copies``), or the warp-issue bound."""
     if row.get("modulo") == Status.INFEASIBLE or row.get("by") == "warp_issue_bound":
         return True
+    if row.get("by") == "extra_copies":
+        return row.get("joint") == Status.INFEASIBLE
     return row.get("joint") == Status.INFEASIBLE and row.get("modulo") == Status.OPTIMAL

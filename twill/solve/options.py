@@ -71,6 +71,10 @@ class SolveOptions:
             bound; the default) or ``window`` (steps of 1/8 of the bound, then bisection; Triton's sm_90
             window, :func:`twill.codegen.triton.solve_for_triton`). See :mod:`twill.solve.strategies`.
         window_ii_limit: seconds the ``window`` strategy gives one II at most. Default 20.
+        extra_copies: copies beyond Algorithm 1's ``n = ⌈LEN(M)/I⌉`` that the joint search may use at an II
+            before it moves on (docs/model.md §5, "Copies"). The paper never tries more (0); 1 also finds the
+            schedules that need one more stage, such as a compute group issuing the next S ahead when the
+            modulo-only schedule fits in one stage.
         cycles_per_unit: raw machine cycles per schedule time unit, set by ``schedule`` once the costs are
             normalized, so that progress lines and messages show raw cycles beside an II; ``None`` = raw.
         progress: called with a one-line status string while searching (current II, bound, elapsed).
@@ -90,6 +94,7 @@ class SolveOptions:
     seed: int = 0
     strategy: str = "linear"
     window_ii_limit: float = WINDOW_II_LIMIT
+    extra_copies: int = 0
     progress: Callable[[str], None] | None = field(default=None, compare=False)
     cycles_per_unit: float | None = field(default=None, compare=False)
 
@@ -114,6 +119,8 @@ class SolveOptions:
             raise TwillError(f"streaming depth must be >= 1, got {self.streaming_depth}")
         if self.workers < 1:
             raise TwillError(f"workers must be >= 1, got {self.workers}")
+        if not isinstance(self.extra_copies, int) or self.extra_copies < 0:
+            raise TwillError(f"extra copies must be a non-negative integer, got {self.extra_copies!r}")
 
     def for_graph(self, graph: LoopGraph) -> "SolveOptions":
         """These options with ``streaming_depth`` resolved for ``graph`` (the graph's default, else 2)."""

@@ -59,6 +59,8 @@ class Job:
         schedule: the solved schedule (``twill-schedule/1``) of a job that differs from this one only in a
             code-generator axis: this job emits its kernel from it instead of solving again (not part of the
             cache key: the solve is the same).
+        extra_copies: :attr:`SolveOptions.extra_copies <twill.solve.options.SolveOptions.extra_copies>` of the
+            solve (built-in kernels and graph files).
     """
 
     candidate: Candidate
@@ -69,12 +71,14 @@ class Job:
     triton: Mapping[str, str] | None = None
     check_spills: bool = False
     schedule: Mapping[str, Any] | None = None
+    extra_copies: int = 0
 
     def key(self, version: str) -> str:
         """The cache key (module docstring)."""
         payload = {"version": version, "graph": self.graph, "machine": plain_data(self.machine),
                    "options": {"time_limit": self.time_limit, "resolution": self.resolution,
-                               "check_spills": self.check_spills, **self.candidate.settings()},
+                               "check_spills": self.check_spills, "extra_copies": self.extra_copies,
+                               **self.candidate.settings()},
                    "triton": self.triton}
         text = json.dumps(payload, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()
@@ -148,7 +152,7 @@ def _solve_job(job: Job) -> dict[str, Any]:
     machine = job.machine
     cand = job.candidate
     options = SolveOptions(time_limit=job.time_limit, resolution=job.resolution, reg_limit=cand.reg_limit,
-                           streaming_depth=cand.streaming_depth, workers=1)
+                           streaming_depth=cand.streaming_depth, workers=1, extra_copies=job.extra_copies)
     if job.triton is not None:
         schedule, spills = _solve_triton(job, machine, options)
     else:

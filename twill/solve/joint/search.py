@@ -414,6 +414,10 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
                 tried[-1] = replace(row, length_min=length_min, copies=math.ceil(length_min / ii),
                                     joint=Status.INFEASIBLE, by="relaxation", relaxed=tuple(sorted(relaxed[0])))
                 options.report(f"II {options.ii_text(ii)}: joint infeasible (relaxation)")
+                more = search.more_copies(ii, math.ceil(length_min / ii), reserved)
+                if more is not None:
+                    return search.finish(*more, proven_below=all(a.proves_infeasible for a in tried[:-1]),
+                                         length_proven=more[1].status == Status.OPTIMAL)
                 continue
         least = relaxed[1] if relaxed is not None and relaxed[1].found else None
         # the relaxation's least L is a proved lower end of the joint L at the same copies (docs/model.md §5)
@@ -444,6 +448,11 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         if ii == search.modulo_ii and row.proves_infeasible:
             search.explain(model)
         model.close()
+        if outcome.status == Status.INFEASIBLE:
+            more = search.more_copies(ii, row.copies, reserved)
+            if more is not None:
+                return search.finish(*more, proven_below=all(a.proves_infeasible for a in tried[:-1]),
+                                     length_proven=more[1].status == Status.OPTIMAL)
     if tried and tried[-1].ii == max_ii and all(a.proves_infeasible for a in tried):
         raise InfeasibleScheduleError(
             f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {options.ii_text(max_ii)} (II "
@@ -509,6 +518,25 @@ class Search:
 
         self.blocked, self.note = explain_with(model.problem, oracle, deadline)
         self.options.report(self.note)
+
+    def more_copies(self, ii: int, copies: int, deadline: float) -> tuple[JointModel, JointOutcome] | None:
+        """The joint problem at ``ii`` with 1 … ``options.extra_copies`` copies more than the ``copies`` just
+        proved infeasible (``L`` past ``copies·ii``), each solved for the least ``L``; the first with a
+        schedule, else None. Each solve adds a ``tried`` row (``by``: ``extra_copies``)."""
+        graph, options = self.graph, self.options
+        units = effective_units(graph, self.machine.units)
+        for n in range(copies + 1, copies + 1 + options.extra_copies):
+            if deadline - time.perf_counter() <= 0:
+                return None
+            model = new_model(graph, self.machine, options, units, ii=ii, length_min=(n - 1) * ii + 1)
+            outcome = model.solve(Objective.LENGTH, time_limit=share("joint", deadline))
+            self.tried.append(Attempt(ii, joint=outcome.status, by="extra_copies", length_min=(n - 1) * ii + 1,
+                                      copies=n, seconds=outcome.seconds))
+            options.report(f"II {options.ii_text(ii)}: joint with {n} copies {outcome.status}")
+            if outcome.found:
+                return model, outcome
+            model.close()
+        return None
 
     def finish(self, model: JointModel, outcome: JointOutcome, *, proven_below: bool,
                length_proven: bool) -> Schedule:
