@@ -448,3 +448,21 @@ def test_unhoisted_first_agrees_with_cpsat(copies, hoisted):
         assert all(r.proven for r in records)
         found.append({r.name: r.value for r in records})
     assert found[0] == found[1] and found[0][Objective.UNHOISTED] == hoisted
+
+
+def test_yices_backend_tries_the_extra_copies_too():
+    """The extra copies are the search's, not a backend's: Yices finds the same two-copy D = 256 schedule on
+    the calibrated H200 model (II 132, S issued a stage ahead) that CP-SAT finds (tests/test_joint.py)."""
+    import os
+
+    from twill.kernels import build_kernel
+    from twill.machine.calibration import load_machine
+    from twill.solve import schedule
+    from twill.solve.options import SolveOptions
+
+    machine = load_machine(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results",
+                                        "calibration_h200.machine.json"))
+    graph = build_kernel("flash-fwd", machine, head_dim=256, block_n=64, subtiles=2, causal=True)
+    result = schedule(graph, machine, SolveOptions(streaming_depth=2, extra_copies=1, solver="yices"))
+    assert result.ii == 132 and result.stage("pv_a") == result.stage("qk_a") + 1
+    assert result.stats["tried"][-1]["by"] == "extra_copies"
