@@ -73,12 +73,10 @@ def _jobs(kernel: str, candidates: list[Any], machine: Any, *, check_spills: boo
     """One sweep job per candidate: its loop graph, solved with a 60 s limit."""
     from twill.ir.io import graph_to_dict
     from twill.kernels import build_kernel
-    from twill.tune.space import DEFAULT_EXTRA_COPIES
     from twill.tune.sweep import Job
 
     return [Job(candidate=c, graph=graph_to_dict(build_kernel(kernel, machine, **dict(c.options))),
-                machine=machine, time_limit=60.0, check_spills=check_spills,
-                extra_copies=DEFAULT_EXTRA_COPIES.get(kernel, 0)) for c in candidates]
+                machine=machine, time_limit=60.0, check_spills=check_spills) for c in candidates]
 
 
 def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:

@@ -32,14 +32,13 @@ def run(kernel: str, workers: int, arch: str) -> dict[str, Any]:
     from twill.machine.models import get_machine
     from twill.tune.predict import default_shape
     from twill.tune.rank import rank
-    from twill.tune.space import DEFAULT_EXTRA_COPIES, kernel_space
+    from twill.tune.space import kernel_space
     from twill.tune.sweep import Job, run_sweep
 
     machine = get_machine(arch)
     space = kernel_space(kernel, machine, {})
     jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(kernel, machine, **dict(c.options))),
-                machine=machine, time_limit=60.0, extra_copies=DEFAULT_EXTRA_COPIES.get(kernel, 0))
-            for c in space.candidates]
+                machine=machine, time_limit=60.0) for c in space.candidates]
     with tempfile.TemporaryDirectory(prefix="twill-tune-bench-") as cache:
         os.environ["XDG_CACHE_HOME"] = cache
         started = time.perf_counter()

@@ -379,6 +379,7 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                        lambda result: _gluon_bench_table(result["variant"])),
                       ("mask-offset-table", "gluon_bench_h200_mask_offset.json", _ab_table),
                       ("d256-copies-table", "gluon_bench_h200_d256_copies.json", _gluon_bench_table),
+                      ("d128-copies-table", "gluon_bench_h200_d128_copies.json", _gluon_bench_table),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
                        lambda result: "with the fence:\n" + _backward_table(result["variant"]) + "\nmain:\n"
                        + _backward_table(result["base"]))]

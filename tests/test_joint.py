@@ -233,7 +233,7 @@ def test_one_extra_copy_finds_the_hoisted_d256_schedule_below_algorithm_1s_ii():
     """Algorithm 1 takes the copies from phase 1 (n = ⌈LEN(M)/I⌉) and never tries more. On the calibrated
     H200 model the D = 256 forward's modulo-only schedule fits one stage, so every II below 137 is proved
     infeasible with one copy and the answer issues S and P V in one stage; with one extra copy the search
-    finds II 132 with each group's next S issued a stage ahead (measured 7-9% faster, docs/performance.md)."""
+    finds II 132 with each group's next S issued a stage ahead (measured 4-9% faster, docs/performance.md)."""
     from twill.schedule.verify import verify
     from twill.solve.attempt import row_proven_infeasible
 

@@ -1021,24 +1021,36 @@ def test_repredict_puts_todays_prediction_beside_a_committed_measurement(tmp_pat
     assert f"{len(out['rows'])} |" in repredict_table(out).splitlines()[-1]
 
 
-def test_the_attention_forward_sweep_gives_the_solver_one_extra_copy():
-    """Built-in flash-fwd jobs solve with one copy more than Algorithm 1 (``DEFAULT_EXTRA_COPIES``), other
-    kernels with none unless ``--extra-copies`` says so; the count is part of the cache key."""
+def test_extra_copies_reach_every_built_in_job_and_the_cache_key():
+    """``--extra-copies`` (default 0, Algorithm 1's copies) goes to every job of a built-in kernel and is part
+    of its cache key."""
     from twill.cli import build_parser
     from twill.commands.tune import _plan
-    from twill.tune.space import DEFAULT_EXTRA_COPIES
 
-    def _parse(argv):
-        return build_parser().parse_args(argv)
+    argv = ["tune", "flash-fwd", "--subtiles", "2", "--block-n", "128", "--streaming-depth", "2",
+            "--reg-limit", "240", "--persistent", "false"]
+    _, jobs, _ = _plan(build_parser().parse_args(argv), H100)
+    _, more, _ = _plan(build_parser().parse_args(argv + ["--extra-copies", "1"]), H100)
+    assert [j.extra_copies for j in jobs] == [0] and [j.extra_copies for j in more] == [1]
+    assert jobs[0].key("v") != more[0].key("v")
 
-    assert DEFAULT_EXTRA_COPIES == {"flash-fwd": 1}
-    parser_args = ["tune", "flash-fwd", "--subtiles", "2", "--block-n", "128", "--streaming-depth", "2",
-                   "--reg-limit", "240", "--persistent", "false"]
-    args = _parse(parser_args)
-    _, jobs, _ = _plan(args, H100)
-    assert [j.extra_copies for j in jobs] == [1]
-    _, jobs0, _ = _plan(_parse(parser_args + ["--extra-copies", "0"]), H100)
-    assert jobs0[0].extra_copies == 0 and jobs0[0].key("v") != jobs[0].key("v")
-    _, gemm, _ = _plan(_parse(["tune", "gemm", "--block-m", "128", "--block-n", "256", "--block-k", "64",
-                               "--warps", "8", "--streaming-depth", "3", "--persistent", "false"]), H100)
-    assert [j.extra_copies for j in gemm] == [0]
+
+def test_a_job_whose_extra_copies_give_no_buildable_schedule_keeps_algorithm_1s(monkeypatch):
+    """When the extra copies' schedule is one the Gluon generator refuses, the job solves again with
+    Algorithm 1's copies and says so (``extra_copies_dropped``)."""
+    from twill.tune import sweep as sweep_module
+    from twill.tune.sweep import run_job
+
+    calls = []
+    real = sweep_module._gluon_refusal
+
+    def refuse_extra(schedule, machine, persistent):
+        calls.append(schedule.stats.get("copies"))
+        return "made up: no" if len(calls) == 1 else real(schedule, machine, persistent)
+
+    monkeypatch.setattr(sweep_module, "_gluon_refusal", refuse_extra)
+    graph = build_kernel("flash-fwd", H100, subtiles=2, head_dim=128)
+    job = Job(candidate=Candidate(options=(("subtiles", 2), ("head_dim", 128)), streaming_depth=2),
+              machine=H100, time_limit=30, graph=graph_to_dict(graph), extra_copies=1)
+    record = run_job(job)
+    assert record["status"] == "ok" and record["extra_copies_dropped"] == "made up: no"

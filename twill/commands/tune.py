@@ -78,7 +78,7 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
     (its problem is known only once its graph is extracted)."""
     from twill.ir.io import graph_to_dict
     from twill.tune.predict import default_shape, parse_shape
-    from twill.tune.space import DEFAULT_EXTRA_COPIES, graph_space, kernel_space, triton_space
+    from twill.tune.space import graph_space, kernel_space, triton_space
     from twill.tune.sweep import Job
 
     match = _TRITON_TARGET.match(args.target)
@@ -110,6 +110,8 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
         return space, jobs, shape
     if args.constexpr or args.signature or args.num_warps or args.num_stages:
         raise TwillError("--signature, --constexpr, --num-warps and --num-stages apply to Triton targets only")
+    if args.causal and args.target != "flash-fwd":
+        raise TwillError(f"--causal applies to flash-fwd, not {args.target!r}")
     if args.target.endswith(".json") or os.path.sep in args.target:
         from twill.ir.io import load_graph
         from twill.tune.predict import problem_of
@@ -119,7 +121,7 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
         space = graph_space(kernel_axes)
         shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem,
                                                                                    graph.attrs.get("head_dim"))
-        jobs = [Job(candidate=c, graph=graph_to_dict(graph), extra_copies=args.extra_copies or 0, **common)
+        jobs = [Job(candidate=c, graph=graph_to_dict(graph), extra_copies=args.extra_copies, **common)
                 for c in space.candidates]
         return space, jobs, shape
     from twill.kernels import build_kernel, kernel_options
@@ -137,12 +139,13 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
         if given is not None and given[0] != shape["D"]:
             raise TwillError(f"--head-dim {given[0]} does not match the shape's D={shape['D']}")
         kernel_axes["head_dim"] = (shape["D"],)
+        if args.causal:
+            kernel_axes["causal"] = (True,)     # part of the problem, not a choice: one value
     else:
         shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem)
     space = kernel_space(args.target, machine, kernel_axes)
-    extra = DEFAULT_EXTRA_COPIES.get(args.target, 0) if args.extra_copies is None else args.extra_copies
     jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(args.target, machine, **dict(c.options))),
-                extra_copies=extra, **common) for c in space.candidates]
+                extra_copies=args.extra_copies, **common) for c in space.candidates]
     return space, jobs, shape
 
 
@@ -181,7 +184,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise TwillError(f"--workers must be >= 1, got {args.workers}")
     if args.time_limit <= 0:
         raise TwillError(f"--time-limit must be positive, got {args.time_limit}")
-    if args.extra_copies is not None and args.extra_copies < 0:
+    if args.extra_copies < 0:
         raise TwillError(f"--extra-copies must be >= 0, got {args.extra_copies}")
     if args.top < 1 or (args.measure is not None and args.measure < 1):
         raise TwillError("--top and --measure take a positive count")
@@ -264,6 +267,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "clock, launch cost and memory bounds price every candidate")
     p.add_argument("--shape", default=None, help="problem size: M,N,K (GEMM) or B,H,S,D (attention); "
                                                  "default 4096,4096,4096 or 4,32,4096,head_dim")
+    p.add_argument("--causal", action="store_true",
+                   help="flash-fwd: a causal problem (each query attends to the keys up to its own position)")
     axes = p.add_argument_group("search axes (comma lists; built-in kernels, and the solver knobs for graphs)")
     for flag, (dest, typ) in AXIS_FLAGS.items():
         axes.add_argument(flag, dest=dest, type=_values(typ), default=None, metavar="V[,V...]")
@@ -278,9 +283,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--ray", default=None, metavar="ADDRESS", help="run the sweep on the Ray cluster at ADDRESS")
     run.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S",
                      help=f"seconds per candidate (default {DEFAULT_TIME_LIMIT:g})")
-    run.add_argument("--extra-copies", type=int, default=None, metavar="N",
-                     help="copies beyond Algorithm 1's that each solve may try at an II (default: "
-                          "1 for flash-fwd, 0 otherwise; see docs/tuning.md)")
+    run.add_argument("--extra-copies", type=int, default=0, metavar="N",
+                     help="copies beyond Algorithm 1's that each solve may try at an II (default 0; "
+                          "docs/tuning.md says what 1 measured)")
     run.add_argument("--no-cache", dest="cache", action="store_false", help="solve everything again")
     run.add_argument("--progress", action="store_true", help="one progress line per candidate when stderr "
                                                              "is not a terminal")

@@ -51,13 +51,6 @@ DEFAULT_AXES: dict[str, dict[str, tuple[Any, ...]]] = {
 }
 
 
-#: The solver's ``extra_copies`` per built-in kernel when a sweep does not choose it: the attention forward's
-#: search tries one copy more than Algorithm 1 at each II (at D = 256 that finds a schedule with S issued
-#: ahead at a lower II, measured 7-9% faster than the one-copy schedule, docs/tuning.md); for the other
-#: kernels it found nothing better and costs the backward's search up to ten times its time.
-DEFAULT_EXTRA_COPIES: dict[str, int] = {"flash-fwd": 1}
-
-
 @dataclass(frozen=True)
 class Candidate:
     """One point of the space.

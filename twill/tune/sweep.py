@@ -32,7 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
-from twill.errors import TwillError
+from twill.errors import InfeasibleScheduleError, TwillError
 from twill.ir.io import user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
@@ -134,8 +134,6 @@ def run_job(job: Job) -> dict[str, Any]:
     try:
         record = _solve_job(job)
     except TwillError as exc:
-        from twill.errors import InfeasibleScheduleError
-
         status = "infeasible" if isinstance(exc, InfeasibleScheduleError) else "error"
         record = {"status": status, "reason": str(exc), "cacheable": True}
     except Exception as exc:  # noqa: BLE001 - one failed candidate must not stop the sweep
@@ -153,6 +151,7 @@ def _solve_job(job: Job) -> dict[str, Any]:
     cand = job.candidate
     options = SolveOptions(time_limit=job.time_limit, resolution=job.resolution, reg_limit=cand.reg_limit,
                            streaming_depth=cand.streaming_depth, workers=1, extra_copies=job.extra_copies)
+    fallback = None
     if job.triton is not None:
         schedule, spills = _solve_triton(job, machine, options)
     else:
@@ -160,11 +159,22 @@ def _solve_job(job: Job) -> dict[str, Any]:
         from twill.schedule.result import Schedule
         from twill.solve import schedule as solve
 
+        persistent = bool(cand.persistent)
         if job.schedule is not None:    # solved by a job that differs only in a code-generator axis
             schedule = Schedule.from_dict(dict(job.schedule), graph_from_dict(dict(job.schedule["loop_graph"])))
         else:
-            schedule = solve(graph_from_dict(dict(job.graph or {})), machine, options)
-        persistent = bool(cand.persistent)
+            graph = graph_from_dict(dict(job.graph or {}))
+            try:
+                schedule = solve(graph, machine, options)
+                fallback = _gluon_refusal(schedule, machine, persistent) if options.extra_copies else None
+            except InfeasibleScheduleError as exc:
+                if not options.extra_copies:
+                    raise
+                fallback = str(exc)
+            if fallback:
+                # the extra copies' schedule is one the generator cannot build, or their search ran out of
+                # time: Algorithm 1's copies, as without them
+                schedule = solve(graph, machine, replace(options, extra_copies=0))
         unemittable = _gluon_refusal(schedule, machine, persistent)
         if unemittable:
             return {"status": "cannot_emit", "reason": unemittable, "cacheable": True, "ii": schedule.ii,
@@ -173,6 +183,8 @@ def _solve_job(job: Job) -> dict[str, Any]:
     record: dict[str, Any] = {"status": "ok", "reason": None, "cacheable": True, "ii": schedule.ii,
                               "solve_status": schedule.status, "schedule": schedule_document(schedule),
                               "spills": spills}
+    if fallback:
+        record["extra_copies_dropped"] = fallback
     rejected = ptxas_rejection(spills)
     if rejected:
         record.update(status="spills", reason=rejected)
