@@ -18,6 +18,10 @@ Two steps, so that the GPU machine needs neither ortools nor the solver:
     python benchmarks/gluon_bench.py generate benchmarks/gluon_kernels
     python benchmarks/gluon_bench.py run benchmarks/gluon_kernels --out $OUT
     python benchmarks/gluon_bench.py sanity benchmarks/gluon_kernels
+    python benchmarks/gluon_bench.py predict benchmarks/results/gluon_bench_h200_persistent.json ... --out P.json
+
+* ``predict(results...)`` (CPU): today's prediction of the attention kernels of committed runs, against
+  their measured times (causal kernels included).
 """
 
 from __future__ import annotations
@@ -512,6 +516,70 @@ def sanity(kernel_dir: str, only: list[str] | None = None, *, inner: int = 200, 
     return failures
 
 
+# -- the model against committed runs (CPU) -----------------------------------------------------------------
+def predict_runs(paths: list[str], machine_path: str, arch: str = "h100") -> dict[str, Any]:
+    """Today's prediction (``twill.tune.predict`` on the calibrated machine ``machine_path``) of every attention
+    forward kernel of the suite in the committed ``run`` results ``paths`` (an A/B file: its ``base``, the
+    kernels of ``main``), each rebuilt from its suite entry as ``generate`` builds it; kernels not in the suite
+    are listed as skipped. Causal kernels are predicted with their query blocks of unequal length
+    (:func:`twill.tune.predict.causal_iterations`)."""
+    from twill.machine.calibration import load_machine
+    from twill.machine.models import get_machine
+    from twill.tune.predict import Shape, predict
+
+    machine, solve_machine = load_machine(machine_path), get_machine(arch)
+    suite = {name: (kernel, options, shape) for name, kernel, options, shape in SUITE}
+    rows, skipped, schedules = [], [], {}
+    for path in paths:
+        doc = json.load(open(path))
+        run_doc = doc.get("base", doc)
+        for entry in run_doc["kernels"]:
+            if entry["kernel"] != "flash-fwd":
+                continue
+            if entry["name"] not in suite:
+                skipped.append(f"{os.path.basename(path)}: {entry['name']}")
+                continue
+            kernel, options, shape = suite[entry["name"]]
+            if entry["name"] not in schedules:
+                schedules[entry["name"]] = variant_schedule(
+                    kernel, options, {k: v for k, v in shape.items() if k != "persistent"}, solve_machine)
+            causal = bool(options.get("causal"))
+            for t in entry.get("timings", []):
+                if not t.get("tflops"):
+                    continue
+                size = Shape("attention", (t["B"], t["H"], t["S"], t["D"]))
+                measured = size.flops("flash-fwd", causal=causal) / t["tflops"] / 1e9
+                pred = predict(schedules[entry["name"]], size, machine, persistent=bool(shape.get("persistent")))
+                rows.append({"run": os.path.basename(path), "date": run_doc.get("date"), "name": entry["name"],
+                             "causal": causal, "persistent": bool(shape.get("persistent")), "shape": size.as_dict(),
+                             "measured_ms": measured, "predicted_ms": pred.seconds * 1e3,
+                             "measured_over_predicted": measured / (pred.seconds * 1e3)})
+    return {"machine_file": os.path.basename(machine_path), "solved_on": arch, "runs": [os.path.basename(p) for p in paths],
+            "rows": rows, "skipped": skipped}
+
+
+def prediction_table(doc: dict[str, Any]) -> str:
+    """Markdown: per kernel, measured / predicted at each S (the first run a kernel appears in), and the
+    share within ±15%, causal and not."""
+    seqs = sorted({r["shape"]["S"] for r in doc["rows"]})
+    lines = ["| kernel | run | " + " | ".join(f"S={s}" for s in seqs) + " |", "|---" * (len(seqs) + 2) + "|"]
+    seen: dict[str, str] = {}
+    for r in doc["rows"]:
+        seen.setdefault(r["name"], r["run"])
+    for name, run_name in seen.items():
+        cells = {r["shape"]["S"]: r["measured_over_predicted"] for r in doc["rows"]
+                 if r["name"] == name and r["run"] == run_name}
+        lines.append(f"| `{name}` | {run_name.removeprefix('gluon_bench_h200_').removesuffix('.json')} | "
+                     + " | ".join(f"{cells[s]:.2f}" if s in cells else "-" for s in seqs) + " |")
+    for causal in (True, False):
+        group = [r["measured_over_predicted"] for r in doc["rows"] if r["causal"] == causal]
+        if group:
+            within = sum(abs(x - 1) <= 0.15 for x in group)
+            lines.append(f"| {'causal' if causal else 'not causal'}: within ±15% | | {within} of {len(group)}, "
+                         f"{min(group):.2f}-{max(group):.2f} |" + " |" * (len(seqs) - 1))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/gluon_bench.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="step", required=True)
@@ -526,7 +594,18 @@ def main(argv: list[str] | None = None) -> int:
     z = sub.add_parser("sanity", help="one small checked launch per kernel (for compute-sanitizer)")
     z.add_argument("kernel_dir")
     z.add_argument("--only", nargs="*", default=None)
+    q = sub.add_parser("predict", help="today's model against committed runs' attention kernels (CPU)")
+    q.add_argument("results", nargs="+", help="gluon_bench.json files of earlier runs (an A/B file: its base)")
+    q.add_argument("--machine", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                     "calibration_h200.machine.json"))
+    q.add_argument("--out", required=True, help="where to write the predictions (JSON)")
     args = parser.parse_args(argv)
+    if args.step == "predict":
+        doc = predict_runs(args.results, args.machine)
+        with open(args.out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        print(prediction_table(doc))
+        return 0
     if args.step == "sanity":
         return 1 if sanity(args.kernel_dir, args.only) else 0
     if args.step == "generate":

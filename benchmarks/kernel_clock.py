@@ -126,9 +126,8 @@ def measure(kernel_dir: str, only: list[str] | None, seqs: tuple[int, ...] = (20
                 spans = buf.view(-1, 2).double()
                 spans = spans[spans[:, 1] > 0]
                 cycles, ns = spans[:, 0].sum().item(), spans[:, 1].sum().item()
-                flops = Shape(shape["problem"], tuple(shape["sizes"])).flops(entry["kernel"])
-                if entry.get("options", {}).get("causal"):
-                    flops /= 2  # the keys after each query are never multiplied
+                flops = Shape(shape["problem"], tuple(shape["sizes"])).flops(
+                    entry["kernel"], causal=bool(entry.get("options", {}).get("causal")))
                 rows.append({"name": entry["name"], "kernel": entry["kernel"], "shape": dims, "ctas": len(spans),
                              "flops": flops,
                              "ms": ms_plain, "ms_instrumented": ms_counted, "clock_ghz": cycles / ns,

@@ -349,6 +349,12 @@ def _repredict_table(result):
     return repredict_table(result)
 
 
+def _prediction_table(result):
+    from benchmarks.gluon_bench import prediction_table
+
+    return prediction_table(result)
+
+
 def _backward_table(result):
     from benchmarks.flash_bwd_check import table
 
@@ -380,6 +386,7 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("mask-offset-table", "gluon_bench_h200_mask_offset.json", _ab_table),
                       ("d256-copies-table", "gluon_bench_h200_d256_copies.json", _gluon_bench_table),
                       ("d128-copies-table", "gluon_bench_h200_d128_copies.json", _gluon_bench_table),
+                      ("causal-predicted-table", "gluon_bench_h200_predicted.json", _prediction_table),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
                        lambda result: "with the fence:\n" + _backward_table(result["variant"]) + "\nmain:\n"
                        + _backward_table(result["base"]))]

@@ -1054,3 +1054,44 @@ def test_a_job_whose_extra_copies_give_no_buildable_schedule_keeps_algorithm_1s(
               machine=H100, time_limit=30, graph=graph_to_dict(graph), extra_copies=1)
     record = run_job(job)
     assert record["status"] == "ok" and record["extra_copies_dropped"] == "made up: no"
+
+
+def test_causal_query_blocks_run_to_their_diagonal_heaviest_first():
+    """A causal forward's query block i runs ⌈min(S, (i + 1)·block_m) / block_n⌉ key tiles; the launch order
+    takes each head's blocks heaviest first; other loops have no such list."""
+    from twill.tune.predict import causal_iterations, list_schedule
+
+    causal = build_kernel("flash-fwd", H100, head_dim=128, subtiles=2, causal=True)   # 128 x 128 tiles
+    assert causal_iterations(causal, Shape("attention", (1, 2, 300, 128))) == [3, 2, 1] * 2
+    assert causal_iterations(build_kernel("flash-fwd", H100, head_dim=128), Shape("attention", (1, 1, 300, 128))) \
+        is None
+    # greedy list scheduling: each item goes to the slot that frees first
+    assert list_schedule([4.0, 3.0, 2.0, 1.0], 2) == (5.0, [2, 2])
+    assert list_schedule([1.0] * 5, 8) == (1.0, [1, 1, 1, 1, 1, 0, 0, 0])
+    assert Shape("attention", (1, 1, 128, 64)).flops("flash-fwd", causal=True) == 4.0 * 128 ** 2 * 64 / 2
+
+
+def test_a_causal_prediction_schedules_its_unequal_blocks_on_the_sms():
+    """The causal forward's grid is its blocks of unequal length handed to the SMs in launch order; each block
+    pays its fill, loop and store (persistent: one fill per CTA); the same schedule without the mask costs more."""
+    from tests.test_calibration import _rows
+    from twill.machine.calibrate import fit
+    from twill.tune.predict import causal_iterations, list_schedule
+
+    machine = replace(fit(_rows(), H100), launch_us=0.0)
+    shape = Shape("attention", (2, 16, 4096, 128))
+    causal = flash_schedule(build_kernel("flash-fwd", H100, head_dim=128, subtiles=2, causal=True), H100)
+    full = flash_schedule(build_kernel("flash-fwd", H100, head_dim=128, subtiles=2), H100)
+    for persistent in (False, True):
+        p = predict(causal, shape, machine, persistent=persistent)
+        b = p.breakdown
+        blocks = causal_iterations(causal.graph, shape)
+        body = [(n - 1) * b["ii_effective"] + b["length_raw"] * max(1.0, b.get("chain_ii", 0) / b["ii_raw"])
+                + b["store_cycles"] for n in blocks]
+        if persistent:
+            expect = list_schedule(body, 132)[0] + b["fill_cycles"]
+        else:
+            expect = list_schedule([b["fill_cycles"] + d for d in body], 132 * b["ctas_per_sm"])[0]
+        assert b["causal"] == 1.0 and p.cycles == pytest.approx(expect)
+        assert p.iterations == 32 and p.tiles == 2 * 16 * 32
+        assert predict(full, shape, machine, persistent=persistent).cycles > 1.6 * p.cycles

@@ -43,6 +43,13 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   paid once per CTA; each block's loop fills and drains its own pipeline (its softmax state restarts) and
   stores its O, so the grid takes ``fill + w·((n − 1)·II_eff + L + store)`` cycles (at least
   ``w·n·max(ResMII, bandwidth bound)``).
+* **Causal attention forward** (:func:`causal_iterations`): query block ``i`` runs its key tiles up to its
+  last query, ``n_i = ⌈min(S, (i + 1)·block_m) / block_n⌉`` iterations, so the blocks differ in length; the
+  kernel launches each head's blocks heaviest first, and the block scheduler (one CTA per block) or the
+  persistent kernel's work counter hands them in that order to whichever CTA slot frees first
+  (:func:`list_schedule`): each block takes ``fill + (n_i − 1)·II_eff + L + store`` (persistent: the fill once
+  per CTA), and the grid the makespan (at least ``Σ n_i · max(ResMII, bandwidth bound)`` per SM). The masked
+  diagonal tiles cost what the others do.
 * **Clock** (:func:`tensor_duty`): the GPU is power-capped, so its clock falls as its tensor cores work
   harder. The tensor-core duty ``u`` is the launch's tensor-core busy cycles (every tile's iterations at the
   cost model's wgmma cycles) over ``cycles · machine.sms``; on a machine with a clock model the clock is
@@ -51,7 +58,8 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
 * **Time**: ``waves · wave cycles / clock + machine.launch_us``.
 
 Problems (:data:`PROBLEMS`): ``gemm`` (``M, N, K``; tiles ``⌈M/block_m⌉·⌈N/block_n⌉``, ``⌈K/block_k⌉``
-iterations), ``attention`` (``B, H, S, D``, non-causal). The attention loop depends on the kernel: the forward
+iterations), ``attention`` (``B, H, S, D``; causal when the kernel's graph is). The attention loop depends on
+the kernel: the forward
 pass (``flash-fwd``, Triton attention kernels) has ``B·H·⌈S/block_m⌉`` tiles of ``⌈S/block_n⌉`` iterations;
 the backward pass (``flash-bwd``: a resident K/V block, a loop over query blocks) has ``B·H·⌈S/block_n⌉`` tiles
 of ``⌈S/block_m⌉`` iterations.
@@ -59,6 +67,7 @@ of ``⌈S/block_m⌉`` iterations.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -109,12 +118,13 @@ class Shape:
         """``M=4096,N=4096,K=4096``."""
         return ",".join(f"{k}={v}" for k, v in self.as_dict().items())
 
-    def flops(self, kernel: str = "") -> float:
-        """Useful FLOPs: ``2·M·N·K``; attention forward ``4·B·H·S²·D``, backward 2.5× that (5 GEMMs, not 2)."""
+    def flops(self, kernel: str = "", causal: bool = False) -> float:
+        """Useful FLOPs: ``2·M·N·K``; attention forward ``4·B·H·S²·D``, backward 2.5× that (5 GEMMs, not 2),
+        half of it with a causal mask (the convention of FlashAttention's and cuDNN's benchmarks)."""
         if self.problem == "gemm":
             return 2.0 * self["M"] * self["N"] * self["K"]
         forward = 4.0 * self["B"] * self["H"] * self["S"] ** 2 * self["D"]
-        return 2.5 * forward if kernel == "flash-bwd" else forward
+        return (2.5 * forward if kernel == "flash-bwd" else forward) / (2.0 if causal else 1.0)
 
 
 def problem_of(graph: LoopGraph) -> str:
@@ -159,9 +169,9 @@ class Prediction:
     Attributes:
         seconds: predicted wall time of the launch.
         cycles: raw SM cycles of the whole grid (``waves`` × wave cycles), without the launch cost.
-        iterations: loop iterations per tile (CTA).
+        iterations: loop iterations per tile (CTA); of the longest query block of a causal forward.
         tiles: CTAs of the grid.
-        waves: ``⌈tiles / (sms · ctas_per_sm)⌉``.
+        waves: ``⌈tiles / (sms · ctas_per_sm)⌉``; of a causal forward, the most blocks one CTA slot ran.
         breakdown: the terms of the formula (module docstring): ``ii_raw``, ``ii_effective`` (with the
             streaming bounds ``latency_ii`` and ``bandwidth_ii`` and the attention chain bound ``chain_ii``
             on a calibrated machine), the tile ends ``fill_cycles``, ``staging_cycles``, ``store_cycles``
@@ -210,6 +220,32 @@ def loop_extent(graph: LoopGraph, shape: Shape) -> tuple[int, int]:
     if attrs.get("kernel") == "flash-bwd":
         return heads * math.ceil(seq / attrs["block_n"]), math.ceil(seq / attrs["block_m"])
     return heads * math.ceil(seq / attrs["block_m"]), math.ceil(seq / attrs["block_n"])
+
+
+def causal_iterations(graph: LoopGraph, shape: Shape) -> list[int] | None:
+    """Loop iterations of each query block of a causal attention forward, in launch order, or None for any
+    other loop: the blocks of one (batch, head) after another, each head's heaviest block first (the kernel
+    reverses the block index), and block ``i`` runs its key tiles up to its last query,
+    ``⌈min(S, (i + 1)·block_m) / block_n⌉`` (the loop stops at the diagonal)."""
+    attrs = graph.attrs
+    if not attrs.get("causal") or attrs.get("kernel") != "flash-fwd" or shape.problem != "attention":
+        return None
+    seq, block_m, block_n = shape["S"], attrs["block_m"], attrs["block_n"]
+    per_head = [math.ceil(min(seq, (i + 1) * block_m) / block_n) for i in reversed(range(math.ceil(seq / block_m)))]
+    return per_head * (shape["B"] * shape["H"])
+
+
+def list_schedule(durations: list[float], slots: int) -> tuple[float, list[int]]:
+    """Greedy list scheduling, as the block scheduler (one CTA per block) or the persistent kernel's work
+    counter hands out work: each item in order goes to the slot that frees first. Returns the makespan and
+    the number of items each slot ran."""
+    heap = [(0.0, k) for k in range(slots)]
+    counts = [0] * slots
+    for d in durations:
+        free, k = heapq.heappop(heap)
+        counts[k] += 1
+        heapq.heappush(heap, (free + d, k))
+    return max(t for t, _ in heap), counts
 
 
 def shared_memory(schedule: Schedule) -> int:
@@ -492,6 +528,30 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     length_eff = length_raw * chain["chain_ii"] / ii_raw if chain and chain["chain_ii"] > ii_raw else length_raw
     tile_cycles = fill + (iterations - 1) * ii_eff + length_eff + staging + store
     shared_ii = max(float(schedule.stats.get("res_mii", 0)) * scale, memory.get("bandwidth_ii", 0.0))
+    blocks = causal_iterations(schedule.graph, shape)
+    if blocks is not None:
+        # query blocks of unequal length, handed out in launch order to the SMs' CTA slots
+        body = [(n - 1) * ii_eff + length_eff + store for n in blocks]
+        if persistent:
+            per_sm = 1
+            cycles, counts = list_schedule(body, min(tiles, machine.sms))
+            cycles += fill                 # the producer runs on into the next block: one fill per CTA
+        else:
+            per_sm = ctas_per_sm(schedule, machine)
+            cycles, counts = list_schedule([fill + b for b in body], min(tiles, machine.sms * per_sm))
+        # co-resident CTAs share their SM's units and L2 bandwidth
+        cycles = max(cycles, sum(blocks) * shared_ii * per_sm / min(tiles, machine.sms * per_sm))
+        wave_cycles, waves = cycles, max(counts)
+        tile_cycles = fill + (max(blocks) - 1) * ii_eff + length_eff + store
+        duty = tensor_duty(schedule, sum(blocks), cycles, machine)
+        clock = machine.clock_at(duty)
+        seconds = cycles / (clock * 1e9) + machine.launch_us * 1e-6
+        breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain, **ends,
+                     "length_raw": length_raw, "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw,
+                     "ctas_per_sm": per_sm, "wave_cycles": wave_cycles, "persistent": float(persistent),
+                     "causal": 1.0, "tensor_duty": duty, "clock_ghz": clock, "launch_us": machine.launch_us}
+        return Prediction(seconds=seconds, cycles=cycles, iterations=max(blocks), tiles=tiles, waves=waves,
+                          breakdown=breakdown)
     if persistent:
         per_sm = 1
         waves = math.ceil(tiles / min(tiles, machine.sms))

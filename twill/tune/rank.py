@@ -76,7 +76,8 @@ def rank(candidates: Sequence[Candidate], records: Sequence[Mapping[str, Any]], 
         except TwillError as exc:
             failed.append(Result(cand, {**record, "status": "error", "reason": str(exc)}, schedule))
             continue
-        solved.append(Result(cand, record, schedule, pred, shape.flops(kernel) / pred.seconds / 1e12))
+        flops = shape.flops(kernel, causal=bool(schedule.graph.attrs.get("causal")))
+        solved.append(Result(cand, record, schedule, pred, flops / pred.seconds / 1e12))
     solved.sort(key=lambda r: (r.prediction.seconds, r.prediction.tiles, r.candidate.label())
                 if r.prediction else (0.0, 0, ""))
     return solved + failed
