@@ -1054,6 +1054,10 @@ def test_a_job_whose_extra_copies_give_no_buildable_schedule_keeps_algorithm_1s(
               machine=H100, time_limit=30, graph=graph_to_dict(graph), extra_copies=1)
     record = run_job(job)
     assert record["status"] == "ok" and record["extra_copies_dropped"] == "made up: no"
+    from twill.tune.rank import rank
+
+    ranked = rank([job.candidate], [record], Shape("attention", (1, 4, 2048, 128)), H100)
+    assert ranked[0].to_dict()["extra_copies_dropped"] == "made up: no"     # and so in the --json sweep
 
 
 def test_causal_query_blocks_run_to_their_diagonal_heaviest_first():

@@ -39,6 +39,8 @@ class Result:
                                "solve_seconds": self.record.get("seconds")}
         if self.record.get("spills") is not None:
             out["spills"] = self.record["spills"]
+        if self.record.get("extra_copies_dropped"):
+            out["extra_copies_dropped"] = self.record["extra_copies_dropped"]
         if self.schedule is not None:
             out.update(ii=self.schedule.ii, solve_status=self.schedule.status,
                        stages=self.schedule.num_stages,
