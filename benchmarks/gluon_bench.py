@@ -601,6 +601,11 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--out", required=True, help="where to write the predictions (JSON)")
     args = parser.parse_args(argv)
     if args.step == "predict":
+        missing = [path for path in [*args.results, args.machine] if not os.path.isfile(path)]
+        if missing:
+            parser.error(f"cannot read {missing[0]!r}: no such file")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+            parser.error(f"cannot write {args.out!r}: no directory {os.path.dirname(args.out)!r}")
         doc = predict_runs(args.results, args.machine)
         with open(args.out, "w") as fh:
             json.dump(doc, fh, indent=1)
