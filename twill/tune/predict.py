@@ -528,31 +528,23 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     length_eff = length_raw * chain["chain_ii"] / ii_raw if chain and chain["chain_ii"] > ii_raw else length_raw
     tile_cycles = fill + (iterations - 1) * ii_eff + length_eff + staging + store
     shared_ii = max(float(schedule.stats.get("res_mii", 0)) * scale, memory.get("bandwidth_ii", 0.0))
+    worked = tiles * iterations          # loop iterations over the whole grid
     blocks = causal_iterations(schedule.graph, shape)
     if blocks is not None:
         # query blocks of unequal length, handed out in launch order to the SMs' CTA slots
         body = [(n - 1) * ii_eff + length_eff + store for n in blocks]
-        if persistent:
-            per_sm = 1
-            cycles, counts = list_schedule(body, min(tiles, machine.sms))
-            cycles += fill                 # the producer runs on into the next block: one fill per CTA
+        per_sm = 1 if persistent else ctas_per_sm(schedule, machine)
+        slots = min(tiles, machine.sms * per_sm)
+        if persistent:              # the producer runs on into the next block: one fill per CTA
+            cycles, counts = list_schedule(body, slots)
+            cycles += fill
         else:
-            per_sm = ctas_per_sm(schedule, machine)
-            cycles, counts = list_schedule([fill + b for b in body], min(tiles, machine.sms * per_sm))
+            cycles, counts = list_schedule([fill + b for b in body], slots)
         # co-resident CTAs share their SM's units and L2 bandwidth
-        cycles = max(cycles, sum(blocks) * shared_ii * per_sm / min(tiles, machine.sms * per_sm))
-        wave_cycles, waves = cycles, max(counts)
-        tile_cycles = fill + (max(blocks) - 1) * ii_eff + length_eff + store
-        duty = tensor_duty(schedule, sum(blocks), cycles, machine)
-        clock = machine.clock_at(duty)
-        seconds = cycles / (clock * 1e9) + machine.launch_us * 1e-6
-        breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain, **ends,
-                     "length_raw": length_raw, "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw,
-                     "ctas_per_sm": per_sm, "wave_cycles": wave_cycles, "persistent": float(persistent),
-                     "causal": 1.0, "tensor_duty": duty, "clock_ghz": clock, "launch_us": machine.launch_us}
-        return Prediction(seconds=seconds, cycles=cycles, iterations=max(blocks), tiles=tiles, waves=waves,
-                          breakdown=breakdown)
-    if persistent:
+        cycles = wave_cycles = max(cycles, sum(blocks) * shared_ii * per_sm / slots)
+        waves, iterations, worked = max(counts), max(blocks), sum(blocks)
+        tile_cycles = fill + (iterations - 1) * ii_eff + length_eff + store
+    elif persistent:
         per_sm = 1
         waves = math.ceil(tiles / min(tiles, machine.sms))
         if schedule.graph.attrs.get("kernel") == "flash-fwd":
@@ -574,12 +566,13 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
         wave_cycles = max(tile_cycles, resident * iterations * shared_ii)
         waves = math.ceil(tiles / (machine.sms * per_sm))
         cycles = waves * wave_cycles
-    duty = tensor_duty(schedule, tiles * iterations, cycles, machine)
+    duty = tensor_duty(schedule, worked, cycles, machine)
     clock = machine.clock_at(duty)
     seconds = cycles / (clock * 1e9) + machine.launch_us * 1e-6
     breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain, **ends,
                  "length_raw": length_raw, "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw,
                  "ctas_per_sm": per_sm, "wave_cycles": wave_cycles, "persistent": float(persistent),
+                 **({"causal": 1.0} if blocks is not None else {}),
                  "tensor_duty": duty, "clock_ghz": clock, "launch_us": machine.launch_us}
     return Prediction(seconds=seconds, cycles=cycles, iterations=iterations, tiles=tiles, waves=waves,
                       breakdown=breakdown)
