@@ -554,8 +554,8 @@ def predict_runs(paths: list[str], machine_path: str, arch: str = "h100") -> dic
                              "causal": causal, "persistent": bool(shape.get("persistent")), "shape": size.as_dict(),
                              "measured_ms": measured, "predicted_ms": pred.seconds * 1e3,
                              "measured_over_predicted": measured / (pred.seconds * 1e3)})
-    return {"machine_file": os.path.basename(machine_path), "solved_on": arch, "runs": [os.path.basename(p) for p in paths],
-            "rows": rows, "skipped": skipped}
+    return {"machine_file": os.path.basename(machine_path), "solved_on": arch,
+            "runs": [os.path.basename(p) for p in paths], "rows": rows, "skipped": skipped}
 
 
 def prediction_table(doc: dict[str, Any]) -> str:

@@ -366,15 +366,14 @@ def main() -> None:
     elif args.step == "summary":
         print(markdown_summary(json.load(open(args.kernel_dir))))
     elif args.step == "run":
-        shapes = None
-        if args.gemm_shapes:
-            try:
-                shapes = [tuple(int(v) for v in text.split(",")) for text in args.gemm_shapes]
-            except ValueError:
-                parser.error("--gemm-shapes takes M,N,K triples of integers")
-            if any(len(s) != 3 or min(s) <= 0 for s in shapes):
-                parser.error("--gemm-shapes takes M,N,K triples of positive integers")
-        run(args.kernel_dir, args.out, args.only, shapes)
+        from twill.errors import TwillError
+        from twill.tune.predict import parse_shape
+
+        try:
+            shapes = [parse_shape(text, "gemm").sizes for text in args.gemm_shapes or ()]
+        except TwillError as exc:
+            parser.error(str(exc))
+        run(args.kernel_dir, args.out, args.only, shapes or None)
     else:
         report(args.kernel_dir, args.measured or os.path.join(args.out, "fidelity_measured.json"), args.machine,
                args.report or os.path.join(args.out, "model_fidelity.json"), args.kernel_clock)

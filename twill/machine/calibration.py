@@ -73,7 +73,8 @@ def lookup_n(table: Mapping[int, float], n: int) -> float:
 
 
 #: Calibration fields a machine file may leave out (measured by later versions of ``twill calibrate``).
-OPTIONAL_FIELDS = frozenset({"tma_sm_bytes_per_clk", "tma_reduce_bytes_per_clk", "softmax_step_cycles", "attention_iteration_cycles"})
+OPTIONAL_FIELDS = frozenset({"tma_sm_bytes_per_clk", "tma_reduce_bytes_per_clk", "softmax_step_cycles",
+                             "attention_iteration_cycles"})
 #: Calibration fields keyed by :func:`softmax_key` (groups x keys x head dimension -> cycles).
 STEP_TABLES = ("softmax_step_cycles", "attention_iteration_cycles")
 

@@ -126,6 +126,10 @@ class Shape:
         forward = 4.0 * self["B"] * self["H"] * self["S"] ** 2 * self["D"]
         return (2.5 * forward if kernel == "flash-bwd" else forward) / (2.0 if causal else 1.0)
 
+    def flops_of(self, graph: LoopGraph) -> float:
+        """:meth:`flops` of the kernel ``graph`` is a loop of (its ``kernel`` and ``causal`` attributes)."""
+        return self.flops(str(graph.attrs.get("kernel", "")), causal=bool(graph.attrs.get("causal")))
+
 
 def problem_of(graph: LoopGraph) -> str:
     """The problem a loop graph belongs to, read from its attributes: ``head_dim`` means attention,
@@ -515,8 +519,8 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     scale = cycles_per_unit(schedule)
     ii_raw, length_raw = schedule.ii * scale, schedule.length * scale
     tiles, iterations = loop_extent(schedule.graph, shape)
-    wave = machine.sms * (1 if persistent else ctas_per_sm(schedule, machine))
-    memory = stream_bound(schedule, machine, wave_readers(schedule.graph, shape, wave))
+    per_sm = 1 if persistent else ctas_per_sm(schedule, machine)      # resident CTAs per SM
+    memory = stream_bound(schedule, machine, wave_readers(schedule.graph, shape, machine.sms * per_sm))
     plan = _flash_plan(schedule)    # an attention forward's kernel: its turns and waits (made once)
     # the hand-offs of the tensor core between warp groups, on a calibrated machine (measured cost)
     turns = _turn_count(schedule, plan) * handoff_cycles(machine) if machine.calibration is not None else 0
@@ -533,7 +537,6 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     if blocks is not None:
         # query blocks of unequal length, handed out in launch order to the SMs' CTA slots
         body = [(n - 1) * ii_eff + length_eff + store for n in blocks]
-        per_sm = 1 if persistent else ctas_per_sm(schedule, machine)
         slots = min(tiles, machine.sms * per_sm)
         if persistent:              # the producer runs on into the next block: one fill per CTA
             cycles, counts = list_schedule(body, slots)
@@ -545,7 +548,6 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
         waves, iterations, worked = max(counts), max(blocks), sum(blocks)
         tile_cycles = fill + (iterations - 1) * ii_eff + length_eff + store
     elif persistent:
-        per_sm = 1
         waves = math.ceil(tiles / min(tiles, machine.sms))
         if schedule.graph.attrs.get("kernel") == "flash-fwd":
             # one CTA per SM takes query blocks one after another: the producer loads the next block while
@@ -560,7 +562,6 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
             wave_cycles = max(fill + loop + store, waves * iterations * shared_ii)
         cycles = wave_cycles
     else:
-        per_sm = ctas_per_sm(schedule, machine)
         # co-resident CTAs (as many as fit, and as the grid has per SM) share the units and the L2 bandwidth
         resident = min(per_sm, math.ceil(tiles / machine.sms))
         wave_cycles = max(tile_cycles, resident * iterations * shared_ii)

@@ -70,7 +70,6 @@ def rank(candidates: Sequence[Candidate], records: Sequence[Mapping[str, Any]], 
             failed.append(Result(cand, record))
             continue
         schedule = _schedule_of(record)
-        kernel = str(schedule.graph.attrs.get("kernel", ""))
         try:
             if problem_of(schedule.graph) != shape.problem:
                 raise TwillError(f"the kernel is a {problem_of(schedule.graph)} loop, the shape a {shape.problem}")
@@ -78,8 +77,7 @@ def rank(candidates: Sequence[Candidate], records: Sequence[Mapping[str, Any]], 
         except TwillError as exc:
             failed.append(Result(cand, {**record, "status": "error", "reason": str(exc)}, schedule))
             continue
-        flops = shape.flops(kernel, causal=bool(schedule.graph.attrs.get("causal")))
-        solved.append(Result(cand, record, schedule, pred, flops / pred.seconds / 1e12))
+        solved.append(Result(cand, record, schedule, pred, shape.flops_of(schedule.graph) / pred.seconds / 1e12))
     solved.sort(key=lambda r: (r.prediction.seconds, r.prediction.tiles, r.candidate.label())
                 if r.prediction else (0.0, 0, ""))
     return solved + failed
