@@ -129,6 +129,15 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
     ("fa_causal_d64_sub3_solver_d2", "flash-fwd", {"subtiles": 3, "head_dim": 64, "causal": True},
      {"solver": True, "depth": 2}),
     ("fa_d128_sub3_solver_d2", "flash-fwd", {"subtiles": 3, "head_dim": 128}, {"solver": True, "depth": 2}),
+    # one extra copy (SolveOptions.extra_copies = 1): at the II the search stops at, the second copy lets S be
+    # issued a stage ahead (the ``unhoisted`` objective); twill.ops.attention's D = 256 forward
+    ("fa_d256_bn64_sub2_solver_copies2_d2", "flash-fwd", {"subtiles": 2, "head_dim": 256, "block_n": 64},
+     {"solver": True, "depth": 2, "extra_copies": 1}),
+    ("fa_causal_d256_bn64_sub2_solver_copies2_d2", "flash-fwd",
+     {"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True}, {"solver": True, "depth": 2, "extra_copies": 1}),
+    ("fa_causal_d256_bn64_sub2_solver_copies2_d2_persistent", "flash-fwd",
+     {"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True},
+     {"solver": True, "depth": 2, "extra_copies": 1, "persistent": True}),
     ("fa_d64_sub3_solver_d2_persistent", "flash-fwd", {"subtiles": 3, "head_dim": 64},
      {"solver": True, "depth": 2, "persistent": True}),
     ("fa_causal_d64_sub3_solver_d2_persistent", "flash-fwd", {"subtiles": 3, "head_dim": 64, "causal": True},
@@ -139,7 +148,7 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
 # -- generation (CPU) ------------------------------------------------------------------------------------
 def variant_schedule(kernel: str, options: dict[str, Any], shape: dict[str, Any], machine: Any) -> Any:
     """The schedule of one suite entry (verified): the joint solver's (``shape["solver"]``, streaming depth
-    ``shape["depth"]``) or a hand-built one."""
+    ``shape["depth"]``, ``shape["extra_copies"]``) or a hand-built one."""
     from benchmarks import variants
     from twill.kernels import build_kernel
     from twill.schedule.verify import verify
@@ -149,7 +158,8 @@ def variant_schedule(kernel: str, options: dict[str, Any], shape: dict[str, Any]
         from twill.solve import schedule
         from twill.solve.options import SolveOptions
 
-        return schedule(graph, machine, SolveOptions(time_limit=120, streaming_depth=shape.get("depth", 2)))
+        return schedule(graph, machine, SolveOptions(time_limit=120, streaming_depth=shape.get("depth", 2),
+                                                     extra_copies=shape.get("extra_copies", 0)))
     if kernel == "gemm":
         warps = 8 if options.get("block_m", 128) == 128 else 4
         sched = variants.gemm_schedule(graph, machine, warps=warps, **shape)

@@ -58,7 +58,7 @@ def _inputs(b, h, hkv, s, d, dtype, grad=False):
 
 CASES = [(2, 4, 4, 1000, 128, torch.float16, False), (1, 4, 4, 77, 64, torch.float16, True),
          (2, 8, 2, 513, 128, torch.bfloat16, True), (1, 2, 2, 300, 256, torch.float16, True),
-         (1, 4, 1, 2048, 64, torch.bfloat16, False)]
+         (1, 4, 1, 2048, 64, torch.bfloat16, False), (1, 2, 2, 1000, 256, torch.bfloat16, False)]
 
 
 @pytest.mark.parametrize("b,h,hkv,s,d,dtype,causal", CASES)

@@ -253,6 +253,30 @@ def test_one_extra_copy_finds_the_hoisted_d256_schedule_below_algorithm_1s_ii():
     assert not row_proven_infeasible({"ii": 5, "by": "extra_copies", "joint": "unknown", "copies": 3})
 
 
+def test_extra_copies_also_serve_unhoisted_at_the_ii_the_search_stops_at():
+    """On the datasheet H200 model the D = 256 forward stops at II 228 with one copy, S and P V in one stage
+    (2 pairs unhoisted, proved least with one copy). One extra copy at that II hoists both at the same II:
+    ``unhoisted`` is minimised over the copies tried, before L."""
+    from twill.schedule.verify import verify
+    from twill.solve.attempt import row_proven_infeasible
+
+    machine = get_machine("h200")
+    graph = build_kernel("flash-fwd", machine, head_dim=256, block_n=64, subtiles=2)
+    paper = schedule(graph, machine, SolveOptions(streaming_depth=2))
+    more = schedule(graph, machine, SolveOptions(streaming_depth=2, extra_copies=1))
+    unhoisted = [{r["name"]: (r["value"], r["proven"]) for r in s.stats["objectives"]}["unhoisted"]
+                 for s in (paper, more)]
+    assert (paper.ii, more.ii) == (228, 228) and unhoisted == [(2, True), (0, True)]
+    assert (paper.stats["copies"], more.stats["copies"]) == (1, 2) and str(more.status) == "optimal"
+    assert paper.stage("pv_a") == paper.stage("qk_a") and more.stage("pv_a") == more.stage("qk_a") + 1
+    verify(more, machine)
+    row = more.stats["tried"][-1]
+    assert (row["ii"], row["by"], row["copies"], row["unhoisted_below"], row["joint"]) == (
+        228, "extra_copies", 2, 2, "optimal")
+    # such a row asked for fewer unhoisted pairs: its answer says nothing about the II's feasibility
+    assert not row_proven_infeasible({**row, "joint": "infeasible"})
+
+
 def test_extra_copies_is_a_non_negative_integer():
     with pytest.raises(TwillError, match="extra copies"):
         SolveOptions(extra_copies=-1)

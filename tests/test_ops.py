@@ -75,6 +75,20 @@ def test_forward_spec_options():
     assert (plain.kernel_options()["subtiles"], plain.streaming_depth()) == (3, 2)
     assert (causal.kernel_options()["subtiles"], causal.streaming_depth()) == (2, 3)
     assert KernelSpec("flash-bwd", 128, "fp16", False, 0).streaming_depth() is None
+    assert KernelSpec("flash-fwd", 64, "fp16", False, 0).extra_copies() == 1
+    assert KernelSpec("flash-bwd", 64, "fp16", False, 0).extra_copies() == 0
+
+
+def test_the_d256_forward_of_the_op_issues_s_a_stage_ahead(monkeypatch):
+    """With one extra copy the op's D = 256 schedule (datasheet H200 model) hoists S and P V into different
+    stages at the same II, where one copy leaves both pairs in one stage."""
+    pytest.importorskip("ortools", reason="generating needs the solver (ortools)")
+    monkeypatch.setattr(flash, "_SOLVED", {})
+    flash._generate(KernelSpec("flash-fwd", 256, "fp16", False, 0))
+    (solved,) = flash._SOLVED.values()
+    objectives = {r["name"]: (r["value"], r["proven"]) for r in solved.stats["objectives"]}
+    assert objectives["unhoisted"] == (0, True) and solved.stats["copies"] == 2
+    assert solved.stage("pv_a") == solved.stage("qk_a") + 1
 
 
 @pytest.mark.parametrize("shape,match", [((1, 2, 16, 64), "CUDA"), ((2, 16, 64), "4-D")])

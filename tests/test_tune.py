@@ -291,6 +291,32 @@ def test_wave_readers_follow_the_generated_kernels_launch_order():
     assert wave_readers(triton, Shape("gemm", (8192, 8192, 8192)), 132) == {"load_a": 1.0, "load_b": 1.0}
 
 
+@pytest.mark.parametrize("golden", ["gemm_128x256x64_lag1_d4", "gemm_128x256x64_lag1_d4_persistent"])
+def test_gemm_tile_is_the_generated_kernels_tile_order(golden):
+    """``gemm_tile`` mirrors the jitted ``tile_offsets`` of the generated GEMM kernels, which Python cannot
+    call: that function and its ``GROUP_M``, taken from the pinned emitted source (tests/golden/), run here
+    as plain Python (``gl.minimum`` is ``min`` on integers) and give every tile's offsets, ragged groups
+    included."""
+    import ast
+    import pathlib
+    import types
+
+    from twill.tune.predict import gemm_tile
+
+    source = (pathlib.Path(__file__).parent / "golden" / f"{golden}.py.golden").read_text()
+    tree = ast.parse(source)
+    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "tile_offsets"]
+    (group_m,) = [n for n in tree.body if isinstance(n, ast.Assign)
+                  and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["GROUP_M"]]
+    fn.decorator_list = []
+    env = {"gl": types.SimpleNamespace(minimum=min, constexpr=int), "BLOCK_M": 1, "BLOCK_N": 1}
+    exec(compile(ast.Module([group_m, fn], []), golden, "exec"), env)
+    assert env["GROUP_M"] > 1
+    for num_m, num_n in ((64, 32), (13, 5), (8, 1), (1, 7), (17, 17)):
+        assert [gemm_tile(t, num_m, num_n) for t in range(num_m * num_n)] == [
+            env["tile_offsets"](t, num_m, num_n) for t in range(num_m * num_n)]
+
+
 def test_a_wave_reading_the_same_tiles_shares_their_l2_traffic():
     """On a machine that measured one SM's intake (``tma_sm_bytes_per_clk``) the bandwidth bound is the larger
     of the SM's share of the L2's traffic (bytes over readers at the L2 rate) and its own intake; the latency

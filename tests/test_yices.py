@@ -466,3 +466,20 @@ def test_yices_backend_tries_the_extra_copies_too():
     result = schedule(graph, machine, SolveOptions(streaming_depth=2, extra_copies=1, solver="yices"))
     assert result.ii == 132 and result.stage("pv_a") == result.stage("qk_a") + 1
     assert result.stats["tried"][-1]["by"] == "extra_copies"
+
+
+def test_yices_extra_copies_also_serve_unhoisted():
+    """The bound on ``unhoisted`` is the protocol's (``JointModel.bound``): Yices, like CP-SAT
+    (tests/test_joint.py), hoists both D = 256 pairs at II 228 on the datasheet H200 model with one extra copy."""
+    from twill.kernels import build_kernel
+    from twill.machine.models import get_machine
+    from twill.solve import schedule
+    from twill.solve.options import SolveOptions
+
+    machine = get_machine("h200")
+    graph = build_kernel("flash-fwd", machine, head_dim=256, block_n=64, subtiles=2)
+    result = schedule(graph, machine, SolveOptions(streaming_depth=2, extra_copies=1, solver="yices"))
+    objectives = {r["name"]: (r["value"], r["proven"]) for r in result.stats["objectives"]}
+    assert result.ii == 228 and objectives["unhoisted"] == (0, True) and result.stats["copies"] == 2
+    assert result.stage("pv_a") == result.stage("qk_a") + 1
+    assert result.stats["tried"][-1]["unhoisted_below"] == 2

@@ -29,6 +29,8 @@ class Attempt:
         fixed_starts: the answer of the warp assignment solved alone for greedy start times, or ``no greedy
             placement``.
         bound: the warp-issue bound (``ii``, ``warps``, ``groups``, ``busy``) that decided the row.
+        unhoisted_below: on an ``extra_copies`` row at the II the search stopped at, the ``unhoisted`` value
+            of the best schedule so far: the row's problem asks for fewer unhoisted pairs (docs/model.md §5).
         seconds: time of the solve that decided the row.
     """
 
@@ -44,6 +46,7 @@ class Attempt:
     copies: int | None = None
     fixed_starts: str | None = None
     bound: Mapping[str, int] | None = None
+    unhoisted_below: int | None = None
     seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,9 +76,10 @@ class Attempt:
 def row_proven_infeasible(row: Mapping[str, Any]) -> bool:
     """Whether a ``tried`` row of the joint search proves its II infeasible: phase 1 infeasible, or the
     joint problem infeasible at the proven copies (phase 1 ``optimal``) or with the extra copies after
-    them (``by = extra_copies``), or the warp-issue bound."""
+    them (``by = extra_copies``, unless the row only asked for fewer unhoisted pairs), or the warp-issue
+    bound."""
     if row.get("modulo") == Status.INFEASIBLE or row.get("by") == "warp_issue_bound":
         return True
     if row.get("by") == "extra_copies":
-        return row.get("joint") == Status.INFEASIBLE
+        return row.get("joint") == Status.INFEASIBLE and "unhoisted_below" not in row
     return row.get("joint") == Status.INFEASIBLE and row.get("modulo") == Status.OPTIMAL

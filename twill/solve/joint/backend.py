@@ -1,7 +1,7 @@
 """The protocol every joint solver backend implements, and the one place that picks a backend.
 
 Algorithm 1 (:mod:`twill.solve.joint.search`) builds one :class:`JointModel` per II it tries and speaks to
-it only through this protocol: seed it with start times, pin start times, fix an objective at a value,
+it only through this protocol: seed it with start times, pin start times, fix an objective at a value or bound it from above,
 minimise one objective, ask whether the problem is feasible without some constraint families (the UNSAT
 explanation) and read its size. CP-SAT (:class:`twill.solve.joint.cpsat.CpsatJoint`) and Yices
 (:class:`twill.solve.joint.yices_joint.YicesJoint`, which minimises by its own binary search over ``objective ≤ k``
@@ -62,6 +62,9 @@ class JointModel(Protocol):
 
     def fix(self, objective: Objective, value: int) -> None:
         """Keep ``objective`` at ``value`` in every later solve."""
+
+    def bound(self, objective: Objective, value: int) -> None:
+        """Keep ``objective`` at ``value`` or below in every later solve."""
 
     def solve(self, objective: Objective, *, time_limit: float, workers: int | None = None) -> JointOutcome:
         """Minimise ``objective`` with the objectives fixed so far, within ``time_limit`` seconds."""

@@ -511,6 +511,10 @@ class CpsatJoint:
         """Keep ``objective`` at ``value`` in later solves (lexicographic order)."""
         self.builder.model.add(self.builder.v.objective[objective] == value)
 
+    def bound(self, objective: Objective, value: int) -> None:
+        """``objective ≤ value`` in later solves."""
+        self.builder.model.add(self.builder.v.objective[objective] <= value)
+
     def hint_solution(self, solution: JointSolution) -> None:
         """Suggest every start, stage, residue, slot and width of ``solution`` (a schedule of this problem with
         other families relaxed) to the next solve, L at the closest value of this model's window. A hint only

@@ -538,12 +538,63 @@ class Search:
             model.close()
         return None
 
+    def hoist_with_more_copies(self, problem: JointProblem, solution: JointSolution,
+                               records: list[ObjectiveRecord]
+                               ) -> tuple[JointModel, JointSolution, list[ObjectiveRecord]] | None:
+        """At the II the search stops at, the extra copies (``options.extra_copies``) also serve ``unhoisted``:
+        when the schedule found with ``problem.copies`` copies leaves pairs unhoisted, the joint problem with
+        1 … ``extra_copies`` copies more is solved under ``unhoisted ≤ best − 1``, each answer lowering the
+        bound for the next. The model, solution and records of the schedule with the fewest unhoisted pairs
+        (its records after the secondary objectives; ``unhoisted`` proved least over all the copies tried
+        when every solve was decided), or None when none has fewer. Each solve adds a ``tried`` row (``by``:
+        ``extra_copies``, ``unhoisted_below``: the bound + 1)."""
+        options = self.options
+        record = next((r for r in records if r.name == Objective.UNHOISTED), None)
+        if not options.extra_copies or record is None or record.value == 0:
+            return None
+        graph, ii = self.graph, problem.ii
+        units = effective_units(graph, self.machine.units)
+        best: tuple[JointModel, JointSolution, list[ObjectiveRecord]] | None = None
+        value, decided = record.value, record.proven
+        for n in range(problem.copies + 1, problem.copies + 1 + options.extra_copies):
+            if value == 0:
+                break
+            if self.deadline - time.perf_counter() <= 0:
+                decided = False
+                break
+            model = new_model(graph, self.machine, options, units, ii=ii, length_min=(n - 1) * ii + 1)
+            model.bound(Objective.UNHOISTED, value - 1)
+            outcome = model.solve(Objective.LENGTH, time_limit=share("joint", self.deadline))
+            self.tried.append(Attempt(ii, joint=outcome.status, by="extra_copies", length_min=(n - 1) * ii + 1,
+                                      copies=n, unhoisted_below=value, seconds=outcome.seconds))
+            options.report(f"II {options.ii_text(ii)}: joint with {n} copies and fewer than {value} unhoisted "
+                           f"pairs {outcome.status}")
+            decided = decided and outcome.status in (Status.OPTIMAL, Status.FEASIBLE, Status.INFEASIBLE)
+            if not outcome.found:
+                model.close()
+                continue
+            found, found_records = _secondary(model, outcome, self.deadline, outcome.status == Status.OPTIMAL)
+            if best is not None:
+                best[0].close()
+            best = model, found, found_records
+            value = found.objectives[Objective.UNHOISTED]
+        if best is None:
+            return None
+        model, found, found_records = best
+        # unhoisted is proved least over the copies tried only when every bounded solve was decided
+        return model, found, [replace(r, proven=r.proven and decided) if r.name == Objective.UNHOISTED else r
+                              for r in found_records]
+
     def finish(self, model: JointModel, outcome: JointOutcome, *, proven_below: bool,
                length_proven: bool) -> Schedule:
         """The :class:`Schedule` of the joint solution ``outcome`` after the secondary objectives; ``stats``
         records the length and copies of its start times (the verifier recomputes both)."""
-        graph, problem = self.graph, model.problem
         solution, records = _secondary(model, outcome, self.deadline, length_proven)
+        fewer = self.hoist_with_more_copies(model.problem, solution, records)
+        if fewer is not None:
+            model.close()
+            model, solution, records = fewer
+        graph, problem = self.graph, model.problem
         size = model.size()
         model.close()
         length = max(solution.starts[op.name] + op.cycles for op in graph.ops)

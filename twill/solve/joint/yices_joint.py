@@ -199,6 +199,10 @@ class YicesJoint:
                                                                             self.model.integer(value))])
         self.fixed[objective] = value
 
+    def bound(self, objective: Objective, value: int) -> None:
+        """Assert ``objective ≤ value`` (the first solve's searches run under it)."""
+        self.model.add("objective_bounds", [self.model.leq(self.model.objective[objective], self.model.integer(value))])
+
     def solve(self, objective: Objective, *, time_limit: float, workers: int | None = None) -> JointOutcome:
         began = time.perf_counter()
         deadline = began + time_limit
