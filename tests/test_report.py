@@ -55,6 +55,17 @@ def test_tried_iis_with_the_same_outcome_are_merged_into_ranges():
             "14 (modulo optimal, joint optimal)") in format_report(s, H100).splitlines()
 
 
+def test_extra_copies_rows_say_their_copies_and_what_they_asked_for():
+    g = build_kernel("paper-example", H100)
+    tried = [{"ii": 5, "modulo": "optimal", "joint": "infeasible", "copies": 1},
+             {"ii": 5, "joint": "optimal", "by": "extra_copies", "copies": 2},
+             {"ii": 5, "joint": "optimal", "by": "extra_copies", "copies": 3, "unhoisted_below": 1}]
+    s = Schedule(graph=g, arch="h100", solver="manual", status="optimal", ii=5, ii_lower_bound=5,
+                 starts={"S": 0, "P": 1, "O": 2}, stats={"tried": tried})
+    assert ("IIs tried: 5 (modulo optimal, joint infeasible), 5 (joint optimal, by extra_copies: 2 copies), "
+            "5 (joint optimal, by extra_copies: 3 copies, unhoisted < 1)") in format_report(s, H100).splitlines()
+
+
 def test_raw_cycles_beside_every_normalized_time():
     from twill.kernels import build_kernel
     from twill.machine.models import H100

@@ -30,12 +30,16 @@ def _normalization_line(norm: Mapping[str, Any] | None) -> str:
 
 
 def _tried_outcome(row: Mapping[str, Any]) -> str:
-    """``optimal`` for a modulo search row; ``(modulo optimal, joint infeasible)`` for a joint one."""
+    """``optimal`` for a modulo search row; ``(modulo optimal, joint infeasible)`` for a joint one;
+    ``(joint optimal, by extra_copies: 2 copies, unhoisted < 2)`` for a row of the extra copies."""
     if "status" in row:
         return str(row["status"])
     phases = [f"{key} {row[key]}" for key in ("modulo", "joint") if key in row]
     if "by" in row:
         phases.append(f"by {row['by']}")
+    if row.get("by") == "extra_copies":
+        phases[-1] += f": {row.get('copies')} copies" + (f", unhoisted < {row['unhoisted_below']}"
+                                                          if "unhoisted_below" in row else "")
     return f"({', '.join(phases)})" if phases else ""
 
 
