@@ -355,6 +355,12 @@ def _prediction_table(result):
     return prediction_table(result)
 
 
+def _loop_instructions_table(result):
+    from benchmarks.loop_instructions import table
+
+    return table(result)
+
+
 def _backward_table(result):
     from benchmarks.flash_bwd_check import table
 
@@ -387,6 +393,7 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("d256-copies-table", "gluon_bench_h200_d256_copies.json", _gluon_bench_table),
                       ("d128-copies-table", "gluon_bench_h200_d128_copies.json", _gluon_bench_table),
                       ("causal-predicted-table", "gluon_bench_h200_predicted.json", _prediction_table),
+                      ("loop-instructions-table", "loop_instructions.json", _loop_instructions_table),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
                        lambda result: "with the fence:\n" + _backward_table(result["variant"]) + "\nmain:\n"
                        + _backward_table(result["base"]))]

@@ -732,3 +732,23 @@ def test_cli_emits_a_causal_grouped_kernel(tmp_path):
     module = load_emitted(str(out), "twill_test_cli_causal")
     assert module.KV_HEADS.value == 8 and module.DTYPE.value == triton.language.bfloat16
     assert "online_softmax(s_cur, m_i, l_i, 0, q_first, qk_scale, s_layout)" in out.read_text()
+
+
+def test_main_loops_of_sass_are_the_conditional_back_edges_around_a_wgmma():
+    """benchmarks/loop_instructions.py counts a compute warp's main loop: a loop closed by a conditional
+    backward branch that holds an HGMMA; mbarrier spin loops (no HGMMA) and the unconditional retry branches
+    from the end of the function do not count."""
+    from benchmarks.loop_instructions import main_loops
+
+    sass = """
+.L_x_1:
+        /*0100*/                   HGMMA.64x64x16.F32 R24, gdesc[UR4], RZ ;
+.L_x_2:
+        /*0110*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8], R3 ;
+        /*0120*/              @!P0 BRA `(.L_x_2) ;
+        /*0130*/                   FMUL R4, R4, R5 ;
+        /*0140*/               @P1 BRA `(.L_x_1) ;
+        /*0150*/                   EXIT ;
+        /*0160*/                   BRA `(.L_x_1) ;
+"""
+    assert main_loops(sass) == [5]
