@@ -392,6 +392,8 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("mask-offset-table", "gluon_bench_h200_mask_offset.json", _ab_table),
                       ("d256-copies-table", "gluon_bench_h200_d256_copies.json", _gluon_bench_table),
                       ("d128-copies-table", "gluon_bench_h200_d128_copies.json", _gluon_bench_table),
+                      ("d256-op-table", "gluon_bench_h200_d256_op.json", _gluon_bench_table),
+                      ("d128-sub3-depth-table", "gluon_bench_h200_d128_sub3_depth.json", _gluon_bench_table),
                       ("causal-predicted-table", "gluon_bench_h200_predicted.json", _prediction_table),
                       ("loop-instructions-table", "loop_instructions.json", _loop_instructions_table),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",

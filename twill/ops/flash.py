@@ -76,7 +76,7 @@ class KernelSpec:
     def extra_copies(self) -> int:
         """:attr:`SolveOptions.extra_copies <twill.solve.options.SolveOptions.extra_copies>` of the solve: 1 for
         the forward, where at D = 256 the one-copy schedule issues ``S`` and ``P V`` in one stage and the second
-        copy lets the solver issue ``S`` a stage ahead at the same II (measured on the H200 4-9% faster,
+        copy lets the solver issue ``S`` a stage ahead at the same II (measured on the H200 5-9% faster,
         docs/performance.md); at D = 64 and 128 the solver's answer is the same either way. 0 for the
         backward."""
         return 1 if self.kernel == "flash-fwd" else 0
