@@ -772,3 +772,21 @@ def test_the_producer_issues_its_loads_by_start_time():
     assert gluon_plan(solved, False).load.ops == ("load_k", "load_v")
     producer = emit_gluon(solved).split("def load_partition")[1].split("@gluon.jit")[0]
     assert producer.index("k_desc, [kv_row + j * BLOCK_N") < producer.index("v_desc, [kv_row + j * BLOCK_N")
+
+
+@pytest.mark.slow
+def test_a_warp_group_holding_two_sub_tiles_is_refused_with_the_ops_and_a_remedy():
+    """With one extra copy the three-group D = 128 forward hoists its pairs with a warp group that runs the
+    softmax of two sub-tiles and another their P V: the generator refuses it, naming the ops and what to try."""
+    pytest.importorskip("ortools", reason="needs the solver (ortools)")
+    from twill.codegen.gluon import emit_gluon
+    from twill.errors import UnsupportedFeatureError
+    from twill.machine.models import get_machine
+    from twill.solve import schedule
+    from twill.solve.options import SolveOptions
+
+    machine = get_machine("h100")
+    solved = schedule(build_kernel("flash-fwd", machine, subtiles=3), machine,
+                      SolveOptions(streaming_depth=2, extra_copies=1))
+    with pytest.raises(UnsupportedFeatureError, match=r"warp group \d runs .*pv_a.*one sub-tile.*--extra-copies"):
+        emit_gluon(solved)

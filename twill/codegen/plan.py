@@ -364,7 +364,12 @@ def _partitions(schedule: Schedule, tc_ops: list[str], subtile_of: dict[str, int
         subtiles = {subtile_of[n] for n in ops if n in subtile_of}
         subtile = min(subtiles) if subtiles else 0
         if subtile != index:
-            raise _unsupported(backend, f"sub-tile {subtile} on compute partition {index}")
+            mixed = sorted(n for n in ops if subtile_of.get(n, index) != index)
+            raise _unsupported(backend, f"sub-tile {subtile} on compute partition {index} (warp group {gid} runs "
+                                        f"{', '.join(mixed[:4])}{' ...' if len(mixed) > 4 else ''})",
+                               "each compute warp group must run the ops of one sub-tile, in sub-tile order; "
+                               "the solver's warp assignment split them: try another --subtiles, --reg-limit "
+                               "or --extra-copies")
         roles = {str(graph.op(n).attrs.get("role")): n for n in ops}
         parts.append(Partition(f"compute{index}", "compute", gid, group.role, group.num_warps, group.regs, ops,
                                roles, subtile))
