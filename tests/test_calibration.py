@@ -396,6 +396,9 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("d128-sub3-depth-table", "gluon_bench_h200_d128_sub3_depth.json", _gluon_bench_table),
                       ("causal-predicted-table", "gluon_bench_h200_predicted.json", _prediction_table),
                       ("loop-instructions-table", "loop_instructions.json", _loop_instructions_table),
+                      ("causal-order-table", "flash_bwd_h200_causal_order.json",
+                       lambda result: "with the chunked order:\n" + _backward_table(result["variant"]) + "\nmain:\n"
+                       + _backward_table(result["base"])),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
                        lambda result: "with the fence:\n" + _backward_table(result["variant"]) + "\nmain:\n"
                        + _backward_table(result["base"]))]
@@ -535,11 +538,26 @@ def test_readme_backward_rows_show_the_committed_results():
         variants = {v["name"]: v for v in json.load(fh)["variants"]}
     with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as fh:
         readme = fh.read()
-    for name, seq in (("bwd_d128_solver", 8192), ("bwd_d128_solver", 4096), ("bwd_d128_causal_solver", 8192)):
-        t = next(t for t in variants[name]["timings"] if t["S"] == seq)
+    with open(os.path.join(RESULTS, "flash_bwd_h200_causal_order.json")) as fh:   # the causal launch order
+        causal = {v["name"]: v for v in json.load(fh)["variant"]["variants"]}
+    for source, name, seq in ((variants, "bwd_d128_solver", 8192), (variants, "bwd_d128_solver", 4096),
+                              (causal, "bwd_d128_causal_solver", 8192), (causal, "bwd_d128_causal_gqa4_solver", 8192)):
+        t = next(t for t in source[name]["timings"] if t["S"] == seq)
         row = (f"| S={seq} | {t['twill_bwd_tflops']:.0f} | cuDNN {t['cudnn_bwd_tflops']:.0f} | "
                f"{t['ratio_bwd_vs_cudnn']:.2f}× |")
         assert row in readme, row
+
+
+def test_readme_d256_row_shows_the_committed_result():
+    """The README's D = 256 causal forward row is the op's kernel (the persistent two-copy schedule) in
+    benchmarks/results/gluon_bench_h200_d256_op.json."""
+    with open(os.path.join(RESULTS, "gluon_bench_h200_d256_op.json")) as fh:
+        kernels = {k["name"]: k for k in json.load(fh)["kernels"]}
+    t = next(t for t in kernels["fa_causal_d256_bn64_sub2_solver_copies2_d2_persistent"]["timings"] if t["S"] == 8192)
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as fh:
+        readme = fh.read()
+    row = f"| S=8192 | {t['tflops']:.0f} | cuDNN {t['cudnn_tflops']:.0f} | {t['ratio_vs_cudnn']:.2f}× |"
+    assert row in readme, row
 
 
 def test_attention_iterations_are_fitted_keyed_and_left_out_of_the_prediction():

@@ -257,3 +257,64 @@ def test_emit_backward_from_the_solver(tmp_path, capsys):
     facts = aot.ptx_facts(aot.compile_sm90(module))
     assert module.KV_HEADS.value == 4 and "cpsat" in path.read_text().splitlines()[3]
     assert "m64n128k16" in facts.wgmma_shapes
+
+
+@pytest.mark.parametrize("blocks,heads,per_chunk", [(16, 32, 8), (32, 16, 4), (64, 8, 2), (32, 13, 4), (16, 5, 9)])
+def test_causal_backward_hands_out_each_chunks_heaviest_key_blocks_first(blocks, heads, per_chunk):
+    """The causal backward's program-id mapping (``CAUSAL_ORDER``, run here as Python on every CTA of the
+    grid in launch order) is a bijection onto (key block, head), goes chunk by chunk of ``heads_per_chunk``
+    heads, and within a chunk puts every head's key block n before any key block n + 1 (a smaller key block
+    meets more query blocks: the heaviest work first)."""
+    import types
+
+    from twill.codegen.gluon.flash_bwd import CAUSAL_ORDER
+
+    code = "\n".join(line[4:] for line in CAUSAL_ORDER)
+    order = []
+    for pid1 in range(heads):
+        for pid0 in range(blocks):
+            gl = types.SimpleNamespace(num_programs=(blocks, heads).__getitem__, minimum=min,
+                                       program_id=(pid0, pid1).__getitem__)
+            env = {"gl": gl, "heads_per_chunk": per_chunk, "BLOCK_N": 1}
+            exec(code, env)
+            order.append((env["n_start"], env["bh_kv"]))
+    assert sorted(order) == [(n, h) for n in range(blocks) for h in range(heads)]
+    chunks = [order[i:i + per_chunk * blocks] for i in range(0, len(order), per_chunk * blocks)]
+    for k, chunk in enumerate(chunks):
+        assert {h for _, h in chunk} == set(range(k * per_chunk, min(heads, (k + 1) * per_chunk)))
+        assert [n for n, _ in chunk] == sorted(n for n, _ in chunk)
+
+
+def test_only_the_causal_backward_passes_heads_per_chunk():
+    causal, full = (emit_gluon(_schedule(causal=c)) for c in (True, False))
+    assert "heads_per_chunk" in causal and "max(1, _sm_count(q.device.index) // grid[0])" in causal
+    assert "heads_per_chunk" not in full and "n_start = gl.program_id(0) * BLOCK_N" in full
+
+
+@pytest.mark.parametrize("seq,kv_heads,launch_order,chunked", [(2048, 4, 1.30, 1.03), (4096, 4, 1.28, 1.00),
+                                                              (8192, 4, 1.24, 1.02), (4096, 16, 1.07, 1.00)])
+def test_the_causal_order_balances_the_backward_in_list_scheduling(seq, kv_heads, launch_order, chunked):
+    """docs/performance.md, "The causal backward's launch order": the benchmark's causal backward (16384 tokens,
+    16 query heads of D = 128, 132 SMs, one CTA each) handed out greedily in the grid's own order finishes
+    ``launch_order`` x the ideal, in the order of ``CAUSAL_ORDER`` ``chunked`` x."""
+    import types
+
+    from twill.codegen.gluon.flash_bwd import CAUSAL_ORDER
+    from twill.tune.predict import list_schedule
+
+    sms, block_m, block_n = 132, 64, 128
+    heads, blocks = (16384 // seq) * kv_heads, seq // block_n
+    work = {n: (16 // kv_heads) * (seq // block_m - n * block_n // block_m) for n in range(blocks)}
+    code = "\n".join(line[4:] for line in CAUSAL_ORDER)
+    ours = []
+    for pid1 in range(heads):
+        for pid0 in range(blocks):
+            env = {"gl": types.SimpleNamespace(num_programs=(blocks, heads).__getitem__, minimum=min,
+                                               program_id=(pid0, pid1).__getitem__),
+                   "heads_per_chunk": max(1, sms // blocks), "BLOCK_N": 1}
+            exec(code, env)
+            ours.append(work[env["n_start"]])
+    grid = [work[n] for _ in range(heads) for n in range(blocks)]
+    ideal = sum(grid) / sms
+    assert list_schedule(grid, sms)[0] / ideal == pytest.approx(launch_order, abs=0.01)
+    assert list_schedule(ours, sms)[0] / ideal == pytest.approx(chunked, abs=0.01)

@@ -29,7 +29,7 @@ every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/
 from __future__ import annotations
 
 from twill.codegen.gluon.flash import TORCH_DTYPES, kv_shape_source
-from twill.codegen.gluon.render import KernelBody, compute_def
+from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def
 from twill.codegen.plan import KernelPlan
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
@@ -196,7 +196,7 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     dq_desc = _descriptor(dq_acc, [BLOCK_M.value, D], gl.float32)
     grid = (triton.cdiv(S, BLOCK_N.value), B * kv_shape[1])
     backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk, dv, S, sm_scale * LOG2E.value,
-                          sm_scale, H // kv_shape[1], num_warps=NUM_WARPS)
+                          sm_scale, H // kv_shape[1]{chunk_arg}, num_warps=NUM_WARPS)
     dq_convert_kernel[(triton.cdiv(S, PRE_ROWS.value), B * H)](dq_acc, dq, S, s_pad, sm_scale, num_warps=4)
     return dq, dk, dv
 
@@ -388,17 +388,39 @@ def launch_source(plan: KernelPlan) -> str:
     kv_check = kv_shape_source(plan, "HEAD_DIM.value")
     kv, gqa_doc = (("KV_HEADS", " dk, dv are summed over the query heads of each K/V head's group.")
                    if plan.kv_heads else ("H", ""))
-    return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
-                         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc)
+    chunk_arg = ",\n                          max(1, _sm_count(q.device.index) // grid[0])" if plan.causal else ""
+    launch = LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
+                           torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc,
+                           chunk_arg=chunk_arg)
+    return (SM_COUNT.strip("\n") + "\n\n" + launch) if plan.causal else launch
+
+
+#: Where a CTA of the causal backward finds its key block and (batch, K/V head). Key block ``n`` meets the query
+#: blocks from its diagonal on, so in the grid's own order (one head's key blocks after another, heaviest first)
+#: the last heads' heavy blocks start near the end and run on alone. The CTAs go out in chunks of
+#: ``heads_per_chunk`` heads (the SMs over the key blocks, so a chunk is about one wave and its CTAs read about as
+#: few heads' Q and dO as the grid order's), and within a chunk key block by key block, every head's heaviest
+#: first: greedy list scheduling of the heaviest work first, as the persistent causal forward hands it out.
+CAUSAL_ORDER = (
+    "    # causal: chunks of heads_per_chunk heads, each chunk's key blocks heaviest first across its heads",
+    "    n_blocks = gl.num_programs(0)",
+    "    linear = gl.program_id(0) + gl.program_id(1) * n_blocks",
+    "    chunk = linear // (heads_per_chunk * n_blocks)",
+    "    heads = gl.minimum(heads_per_chunk, gl.num_programs(1) - chunk * heads_per_chunk)",
+    "    rest = linear - chunk * heads_per_chunk * n_blocks",
+    "    n_start = (rest // heads) * BLOCK_N",
+    "    bh_kv = chunk * heads_per_chunk + rest % heads  # batch * K/V heads",
+)
 
 
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
     """Program ids, the key block, the query blocks it meets, the resident and staging buffers."""
     first = ("    m_first = n_start // BLOCK_M  # causal: query blocks before the key block see none of its keys"
              if plan.causal else "    m_first = 0")
+    order = CAUSAL_ORDER if plan.causal else ("    n_start = gl.program_id(0) * BLOCK_N",
+                                               "    bh_kv = gl.program_id(1)  # batch * K/V heads")
     return (
-        "    n_start = gl.program_id(0) * BLOCK_N",
-        "    bh_kv = gl.program_id(1)  # batch * K/V heads",
+        *order,
         "    kv_row = bh_kv * seq_len + n_start",
         first,
         "    n_m = gl.cdiv(seq_len, BLOCK_M) - m_first",
@@ -471,7 +493,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
         functions=helpers_source(plan).strip("\n") + "\n\n\n" + _Compute(plan).render(),
         kernel="backward_kernel",
         kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk_ptr, dv_ptr, seq_len, qk_scale, "
-                      "sm_scale, group",
+                      "sm_scale, group" + (", heads_per_chunk" if plan.causal else ""),
         kernel_doc=("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to "
                     "dq_ptr, [B*H*S_pad, D]); Q, dO, dQ are [B*H*S, D], K, V, dK, dV [B*KV_HEADS*S, D]; stats "
                     "[2, B*H*S_pad] holds LSE and D (S_pad: seq_len rounded up to BLOCK_M)."),
@@ -497,11 +519,12 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                    ("stats_desc", "_desc_type([2, BLOCK_M.value], gl.float32, STATS_LAYOUT)"),
                    ("dq_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value], gl.float32)"),
                    ("dk_ptr", '"*" + str(DTYPE.value)'), ("dv_ptr", '"*" + str(DTYPE.value)'),
-                   ("seq_len", '"i32"'), ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"')),
+                   ("seq_len", '"i32"'), ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"'),
+                   *((("heads_per_chunk", '"i32"'),) if plan.causal else ())),
         launch=launch_source(plan),
         buffer_dtypes={"stats": "gl.float32"},
         load_iteration=(f"        row, prow, m_start = query_block(j, {BLOCK_ARGS})",),
         load_ops=load_ops,
         load_after=load_after,
-        imports=IMPORTS,
+        imports=("import functools\n" if plan.causal else "") + IMPORTS,
     )
