@@ -790,3 +790,33 @@ def test_a_warp_group_holding_two_sub_tiles_is_refused_with_the_ops_and_a_remedy
                       SolveOptions(streaming_depth=2, extra_copies=1))
     with pytest.raises(UnsupportedFeatureError, match=r"warp group \d runs .*pv_a.*one sub-tile.*--extra-copies"):
         emit_gluon(solved)
+
+
+@pytest.mark.parametrize("seq,launch_order,chunked", [(2048, 1.069, 1.016), (4096, 1.035, 1.000),
+                                                      (8192, 1.015, 1.003)])
+def test_the_causal_forward_order_balances_its_blocks_in_list_scheduling(seq, launch_order, chunked):
+    """docs/performance.md, "The causal launch order (forward)": the benchmark's causal forward (B = 4, H = 32,
+    128-row blocks of 128-key tiles, 132 SMs, one CTA each) handed out greedily one head after another, each
+    heaviest first, finishes ``launch_order`` x the ideal; in the emitted order (the kernel's own lines, run
+    here as Python on every CTA in launch order), ``chunked`` x; and the emitted order is a bijection."""
+    import types
+
+    from twill.codegen.gluon.flash import _setup
+    from twill.tune.predict import list_schedule
+
+    sms, blocks, heads = 132, seq // 128, 4 * 32
+    code = "\n".join(line[4:] for line in _setup(types.SimpleNamespace(causal=True, kv_heads=0)))
+    order, ours = [], []
+    for pid1 in range(heads):
+        for pid0 in range(blocks):
+            env = {"gl": types.SimpleNamespace(num_programs=(blocks, heads).__getitem__, minimum=min,
+                                               program_id=(pid0, pid1).__getitem__, cdiv=lambda a, b: -(-a // b)),
+                   "heads_per_chunk": max(1, sms // blocks), "seq_len": seq, "BLOCK_M": 128, "BLOCK_N": 128}
+            exec(code, env)
+            order.append((env["pid_m"], env["bh"]))
+            ours.append(env["n_tiles"])                   # query block m runs m + 1 key tiles
+    assert sorted(order) == [(m, h) for m in range(blocks) for h in range(heads)]
+    grid = [m + 1 for _ in range(heads) for m in reversed(range(blocks))]
+    ideal = sum(grid) / sms
+    assert list_schedule(grid, sms)[0] / ideal == pytest.approx(launch_order, abs=0.002)
+    assert list_schedule(ours, sms)[0] / ideal == pytest.approx(chunked, abs=0.002)

@@ -1088,13 +1088,16 @@ def test_a_job_whose_extra_copies_give_no_buildable_schedule_keeps_algorithm_1s(
 
 def test_causal_query_blocks_run_to_their_diagonal_heaviest_first():
     """A causal forward's query block i runs ⌈min(S, (i + 1)·block_m) / block_n⌉ key tiles; the launch order
-    takes each head's blocks heaviest first; other loops have no such list."""
+    takes chunks of heads, heaviest first across each chunk; other loops have no such list."""
     from twill.tune.predict import causal_iterations, list_schedule
 
     causal = build_kernel("flash-fwd", H100, head_dim=128, subtiles=2, causal=True)   # 128 x 128 tiles
-    assert causal_iterations(causal, Shape("attention", (1, 2, 300, 128))) == [3, 2, 1] * 2
-    assert causal_iterations(build_kernel("flash-fwd", H100, head_dim=128), Shape("attention", (1, 1, 300, 128))) \
-        is None
+    # chunks of sms // blocks heads, heaviest first across each chunk
+    assert causal_iterations(causal, Shape("attention", (1, 2, 300, 128)), 132) == [3, 3, 2, 2, 1, 1]
+    assert causal_iterations(causal, Shape("attention", (1, 3, 300, 128)), 6) == [3, 3, 2, 2, 1, 1, 3, 2, 1]
+    assert causal_iterations(causal, Shape("attention", (1, 2, 300, 128)), 2) == [3, 2, 1] * 2
+    assert causal_iterations(build_kernel("flash-fwd", H100, head_dim=128), Shape("attention", (1, 1, 300, 128)),
+                             132) is None
     # greedy list scheduling: each item goes to the slot that frees first
     assert list_schedule([4.0, 3.0, 2.0, 1.0], 2) == (5.0, [2, 2])
     assert list_schedule([1.0] * 5, 8) == (1.0, [1, 1, 1, 1, 1, 0, 0, 0])
@@ -1115,7 +1118,7 @@ def test_a_causal_prediction_schedules_its_unequal_blocks_on_the_sms():
     for persistent in (False, True):
         p = predict(causal, shape, machine, persistent=persistent)
         b = p.breakdown
-        blocks = causal_iterations(causal.graph, shape)
+        blocks = causal_iterations(causal.graph, shape, 132)
         body = [(n - 1) * b["ii_effective"] + b["length_raw"] * max(1.0, b.get("chain_ii", 0) / b["ii_raw"])
                 + b["store_cycles"] for n in blocks]
         if persistent:

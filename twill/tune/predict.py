@@ -45,7 +45,8 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   ``w·n·max(ResMII, bandwidth bound)``).
 * **Causal attention forward** (:func:`causal_iterations`): query block ``i`` runs its key tiles up to its
   last query, ``n_i = ⌈min(S, (i + 1)·block_m) / block_n⌉`` iterations, so the blocks differ in length; the
-  kernel launches each head's blocks heaviest first, and the block scheduler (one CTA per block) or the
+  kernel launches them in chunks of about one wave of heads, heaviest first across each chunk, and the block
+  scheduler (one CTA per block) or the
   persistent kernel's work counter hands them in that order to whichever CTA slot frees first
   (:func:`list_schedule`): each block takes ``fill + (n_i − 1)·II_eff + L + store`` (persistent: the fill once
   per CTA), and the grid the makespan (at least ``Σ n_i · max(ResMII, bandwidth bound)`` per SM). The masked
@@ -226,17 +227,20 @@ def loop_extent(graph: LoopGraph, shape: Shape) -> tuple[int, int]:
     return heads * math.ceil(seq / attrs["block_m"]), math.ceil(seq / attrs["block_n"])
 
 
-def causal_iterations(graph: LoopGraph, shape: Shape) -> list[int] | None:
+def causal_iterations(graph: LoopGraph, shape: Shape, sms: int) -> list[int] | None:
     """Loop iterations of each query block of a causal attention forward, in launch order, or None for any
-    other loop: the blocks of one (batch, head) after another, each head's heaviest block first (the kernel
-    reverses the block index), and block ``i`` runs its key tiles up to its last query,
-    ``⌈min(S, (i + 1)·block_m) / block_n⌉`` (the loop stops at the diagonal)."""
+    other loop. Block ``i`` runs its key tiles up to its last query, ``⌈min(S, (i + 1)·block_m) / block_n⌉``
+    (the loop stops at the diagonal). The kernel hands its blocks out in chunks of ``max(1, sms // blocks per
+    head)`` heads, each chunk block by block from the heaviest, every head's block before any lighter one
+    (``heaviest_first_chunks`` in twill/codegen/gluon/render.py)."""
     attrs = graph.attrs
     if not attrs.get("causal") or attrs.get("kernel") != "flash-fwd" or shape.problem != "attention":
         return None
     seq, block_m, block_n = shape["S"], attrs["block_m"], attrs["block_n"]
-    per_head = [math.ceil(min(seq, (i + 1) * block_m) / block_n) for i in reversed(range(math.ceil(seq / block_m)))]
-    return per_head * (shape["B"] * shape["H"])
+    blocks = math.ceil(seq / block_m)
+    heaviest_first = [math.ceil(min(seq, (i + 1) * block_m) / block_n) for i in reversed(range(blocks))]
+    heads, chunk = shape["B"] * shape["H"], max(1, sms // blocks)
+    return [n for first in range(0, heads, chunk) for n in heaviest_first for _ in range(min(chunk, heads - first))]
 
 
 def list_schedule(durations: list[float], slots: int) -> tuple[float, list[int]]:
@@ -533,7 +537,7 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     tile_cycles = fill + (iterations - 1) * ii_eff + length_eff + staging + store
     shared_ii = max(float(schedule.stats.get("res_mii", 0)) * scale, memory.get("bandwidth_ii", 0.0))
     worked = tiles * iterations          # loop iterations over the whole grid
-    blocks = causal_iterations(schedule.graph, shape)
+    blocks = causal_iterations(schedule.graph, shape, machine.sms)
     if blocks is not None:
         # query blocks of unequal length, handed out in launch order to the SMs' CTA slots
         body = [(n - 1) * ii_eff + length_eff + store for n in blocks]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, wrap
+from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, heaviest_first_chunks, wrap
 from twill.codegen.plan import FLASH_PROGRAM_ORDER, KernelPlan
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
@@ -160,9 +160,11 @@ def launch_source(plan: KernelPlan) -> str:
             "    # work items claimed after each CTA's first: zeroed for every launch (nothing carries over)\n"
             "    work_counter = torch.zeros(1, dtype=torch.int32, device=q.device)"
             if plan.persistent else "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)")
+    chunks = (",\n                           max(1, _sm_count(q.device.index) // triton.cdiv(S, BLOCK_M.value))"
+              if plan.causal else "")   # heads_per_chunk: about one wave of heads
     return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
                          torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
-                         extra_args=(", B * H, work_counter" if plan.persistent else "") + group_arg)
+                         extra_args=(", B * H, work_counter" if plan.persistent else "") + group_arg + chunks)
 
 
 class _Knobs:
@@ -426,7 +428,8 @@ class _Compute:
         comp = plan.compute
         groups = ", ".join(f"{p.subtile}: warp group {p.group}" for p in comp)
         if plan.persistent:
-            params = PERSISTENT_COMPUTE_PARAMS + (("group",) if plan.kv_heads else ())
+            params = (PERSISTENT_COMPUTE_PARAMS + (("group",) if plan.kv_heads else ())
+                      + (("n_bh", "heads_per_chunk") if plan.causal else ()))
             doc = (f"Sub-tile SUB ({groups}; {comp[0].num_warps} warps each): for each query block of this CTA, "
                    f"online softmax over its K/V tiles, then its O (and LSE) rows.")
         else:
@@ -496,6 +499,7 @@ def flash_body(plan: KernelPlan) -> KernelBody:
     if plan.turns and "TURNS" not in compute.knobs.params:
         extra.append(("TURNS", plan.turn_counts[0], "tensor-core turns per partition per iteration"))
     group = (("group",) if plan.kv_heads else ())
+    chunked = (("n_bh", "heads_per_chunk") if plan.causal else ())   # block_coords' causal order
     # the kernel's parameters and their types for compile_signature, in the order the launcher passes them
     signature = (("q_desc", "_desc_type([SUB_M.value, HEAD_DIM.value])"),
                  ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
@@ -503,7 +507,8 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                  ("o_ptr", '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'), ("seq_len", '"i32"'),
                  ("qk_scale", '"fp32"'),
                  *((("n_bh", '"i32"'), ("work_counter", '"*i32"')) if plan.persistent else ()),
-                 *((("group", '"i32"'),) if plan.kv_heads else ()))
+                 *((("group", '"i32"'),) if plan.kv_heads else ()),
+                 *((("heads_per_chunk", '"i32"'),) if plan.causal else ()))
     q_load = ("mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
               "for sub in gl.static_range(NUM_COMPUTE):",
               "    tma.async_copy_global_to_shared(q_desc, [q_row + sub * SUB_M, 0], q_bar, q_smem.index(sub))")
@@ -525,7 +530,7 @@ def flash_body(plan: KernelPlan) -> KernelBody:
             trip="n_items",
             coords={"k": "[kv_row + (j - first) * BLOCK_N, 0]", "v": "[kv_row + (j - first) * BLOCK_N, 0]"},
             load_params=("q_desc", "q_smem", "q_bar", "q_empty", "item_smem", "work_counter", "n_m", "seq_len",
-                         *group),
+                         *group, *chunked),
             load_setup=("    first = 0  # ring iteration of the block's first K/V tile: the rings run on across "
                         "query blocks",
                         "    t = 0  # blocks done: the parity of q_empty",
@@ -550,7 +555,7 @@ def flash_body(plan: KernelPlan) -> KernelBody:
                         "    mbarrier.wait(q_empty, (t & 1) ^ 1)",
                         "    write_item(item_smem, item)",
                         "    mbarrier.arrive(q_bar)"),
-            compute_params=PERSISTENT_COMPUTE_PARAMS + group,
+            compute_params=PERSISTENT_COMPUTE_PARAMS + group + chunked,
             launch=SM_COUNT.strip("\n") + "\n\n" + launch_source(plan),
             imports="import functools\n",
         )
@@ -564,8 +569,8 @@ def flash_body(plan: KernelPlan) -> KernelBody:
             load_setup=tuple("    " + line for line in q_load),
             load_loop=(),
             compute_params=COMPUTE_PARAMS,
-            launch=launch_source(plan),
-            imports="",
+            launch=(SM_COUNT.strip("\n") + "\n\n" if plan.causal else "") + launch_source(plan),
+            imports="import functools\n" if plan.causal else "",
         )
     return KernelBody(
         title="Warp-specialized attention forward for Hopper (sm_90), Gluon / Triton 3.6.",
@@ -619,11 +624,14 @@ def _kernel_doc(plan: KernelPlan) -> str:
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
     """Program ids, the Q and K/V rows of the CTA and its trip count (see docs/codegen.md for causal and GQA)."""
     if plan.causal:
-        pid = ["    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # causal: the heaviest query blocks "
-               "(most key tiles) first"]
+        pid = ["    # causal: chunks of heads_per_chunk heads, each chunk's query blocks heaviest (most key tiles) "
+               "first across its heads",
+               "    n_m = gl.num_programs(0)",
+               *heaviest_first_chunks("(gl.program_id(0) + gl.program_id(1) * n_m)", "n_m", "gl.num_programs(1)",
+                                      "heavy", "bh"),
+               "    pid_m = n_m - 1 - heavy"]
     else:
-        pid = ["    pid_m = gl.program_id(0)"]
-    pid.append("    bh = gl.program_id(1)")
+        pid = ["    pid_m = gl.program_id(0)", "    bh = gl.program_id(1)"]
     return tuple(pid + _rows(plan) + _trip(plan))
 
 
@@ -649,17 +657,16 @@ def _trip(plan: KernelPlan) -> list[str]:
 def block_coords_source(plan: KernelPlan) -> str:
     """The persistent kernel's ``block_coords``: the query block of one work item, shared by the producer and
     the compute partitions."""
-    group = ", group" if plan.kv_heads else ""
-    order = ("query blocks of one (batch, head) after another, heaviest first (causal: most key tiles)"
-             if plan.causal else "query blocks of one (batch, head) after another")
+    order = ("chunks of heads_per_chunk heads, each chunk's heaviest query blocks first" if plan.causal
+             else "query blocks of one (batch, head) after another")
     lines = ["@gluon.jit",
-             f"def block_coords(item, n_m, seq_len{group}):",
+             f"def block_coords(item, n_m, seq_len{_coords_args(plan)}):",
              '    """The query block of work item ``item`` in the order of the kernel with one CTA per block',
-             f'    ({order}): its first query, its Q and K/V rows and its key tiles."""',
-             "    pid_m = item % n_m",
-             "    bh = item // n_m"]
+             f'    ({order}): its first query, its Q and K/V rows and its key tiles."""']
     if plan.causal:
-        lines.append("    pid_m = n_m - 1 - pid_m  # causal: the heaviest query blocks (most key tiles) first")
+        lines += [*heaviest_first_chunks("item", "n_m", "n_bh", "heavy", "bh"), "    pid_m = n_m - 1 - heavy"]
+    else:
+        lines += ["    pid_m = item % n_m", "    bh = item // n_m"]
     lines += _rows(plan) + _trip(plan) + ["    return q_start, q_row, kv_row, n_tiles"]
     return "\n".join(lines) + "\n"
 
@@ -667,8 +674,12 @@ def block_coords_source(plan: KernelPlan) -> str:
 def _block_coords_call(plan: KernelPlan) -> str:
     """The persistent kernel's line (in the loop over the CTA's blocks) that finds the block of work item
     ``item``."""
-    group = ", group" if plan.kv_heads else ""
-    return f"        q_start, q_row, kv_row, n_tiles = block_coords(item, n_m, seq_len{group})"
+    return f"        q_start, q_row, kv_row, n_tiles = block_coords(item, n_m, seq_len{_coords_args(plan)})"
+
+
+def _coords_args(plan: KernelPlan) -> str:
+    """``block_coords``'s parameters after ``seq_len``: the heads and their chunks (causal), the K/V grouping."""
+    return (", n_bh, heads_per_chunk" if plan.causal else "") + (", group" if plan.kv_heads else "")
 
 
 def _persistent_decisions(plan: KernelPlan) -> tuple[str, ...]:

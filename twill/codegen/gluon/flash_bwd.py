@@ -29,7 +29,7 @@ every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/
 from __future__ import annotations
 
 from twill.codegen.gluon.flash import TORCH_DTYPES, kv_shape_source
-from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def
+from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, heaviest_first_chunks
 from twill.codegen.plan import KernelPlan
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
@@ -395,21 +395,14 @@ def launch_source(plan: KernelPlan) -> str:
     return (SM_COUNT.strip("\n") + "\n\n" + launch) if plan.causal else launch
 
 
-#: Where a CTA of the causal backward finds its key block and (batch, K/V head). Key block ``n`` meets the query
-#: blocks from its diagonal on, so in the grid's own order (one head's key blocks after another, heaviest first)
-#: the last heads' heavy blocks start near the end and run on alone. The CTAs go out in chunks of
-#: ``heads_per_chunk`` heads (the SMs over the key blocks, so a chunk is about one wave and its CTAs read about as
-#: few heads' Q and dO as the grid order's), and within a chunk key block by key block, every head's heaviest
-#: first: greedy list scheduling of the heaviest work first, as the persistent causal forward hands it out.
+#: Where a CTA of the causal backward finds its key block and (batch, K/V head): key block ``n`` meets the query
+#: blocks from its diagonal on, so key block 0 is the heaviest (:func:`heaviest_first_chunks`).
 CAUSAL_ORDER = (
     "    # causal: chunks of heads_per_chunk heads, each chunk's key blocks heaviest first across its heads",
     "    n_blocks = gl.num_programs(0)",
-    "    linear = gl.program_id(0) + gl.program_id(1) * n_blocks",
-    "    chunk = linear // (heads_per_chunk * n_blocks)",
-    "    heads = gl.minimum(heads_per_chunk, gl.num_programs(1) - chunk * heads_per_chunk)",
-    "    rest = linear - chunk * heads_per_chunk * n_blocks",
-    "    n_start = (rest // heads) * BLOCK_N",
-    "    bh_kv = chunk * heads_per_chunk + rest % heads  # batch * K/V heads",
+    *heaviest_first_chunks("(gl.program_id(0) + gl.program_id(1) * n_blocks)", "n_blocks", "gl.num_programs(1)",
+                           "key_block", "bh_kv"),
+    "    n_start = key_block * BLOCK_N",
 )
 
 

@@ -72,6 +72,22 @@ def _sm_count(device):
 '''
 
 
+def heaviest_first_chunks(linear: str, blocks: str, heads: str, block: str, head: str,
+                          indent: str = "    ") -> tuple[str, ...]:
+    """Lines that hand out a causal attention grid heaviest first: launch index ``linear`` -> ``block`` (0 = the
+    heaviest of each head) and ``head``, for ``blocks`` blocks per head and ``heads`` heads. The grid goes out in
+    chunks of ``heads_per_chunk`` heads (a kernel parameter: the SMs over the blocks per head, about one wave,
+    so its CTAs read about as few heads' tiles as one head after another would), and within a chunk block by
+    block, every head's block ``b`` before any block ``b + 1``: greedy list scheduling of the heaviest work
+    first. In one head's blocks after another, the last heads' heaviest blocks would start near the end of the
+    grid and run on while the other SMs idle (docs/codegen.md)."""
+    return (f"{indent}chunk = {linear} // (heads_per_chunk * {blocks})",
+            f"{indent}chunk_heads = gl.minimum(heads_per_chunk, {heads} - chunk * heads_per_chunk)",
+            f"{indent}rest = {linear} - chunk * heads_per_chunk * {blocks}",
+            f"{indent}{block} = rest // chunk_heads",
+            f"{indent}{head} = chunk * heads_per_chunk + rest % chunk_heads")
+
+
 @dataclass(frozen=True, kw_only=True)
 class KernelBody:
     """What one kernel adds to the shared module: its compute partition and the kernel-specific lines.
