@@ -360,6 +360,55 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# -- prediction (CPU) -------------------------------------------------------------------------------------
+def predict_runs(sources: list[str], machine_path: str) -> dict[str, Any]:
+    """Today's prediction (``twill.tune.predict`` on the calibrated machine ``machine_path``) of every timed
+    backward of the committed ``run`` results ``sources``, each variant's schedule rebuilt as ``generate``
+    builds it (on the ``ARCH`` datasheet model, as the kernels were), against its measured time. A source is a
+    results file (an A/B file: its ``variant``), or ``FILE#full`` for its variants without the causal mask only
+    (a run made before the causal launch order that the model prices)."""
+    from twill.machine.calibration import load_machine
+    from twill.tune.predict import Shape, predict
+
+    machine = load_machine(machine_path)
+    shapes = {name: shape for name, _, shape in VARIANTS}
+    rows, skipped, schedules = [], [], {}
+    for source in sources:
+        path, _, only = source.partition("#")
+        if only not in ("", "full"):
+            raise SystemExit(f"error: {source}: the only suffix is '#full'")
+        doc = json.load(open(path))
+        run_doc = doc.get("variant", doc)
+        for v in run_doc["variants"]:
+            causal = bool(v["options"].get("causal"))
+            if v["name"] not in shapes or (causal and only == "full"):
+                skipped.append(f"{os.path.basename(path)}: {v['name']}")
+                continue
+            if v["name"] not in schedules:
+                schedules[v["name"]] = _schedules(v["options"], shapes[v["name"]])[0]
+            for t in v["timings"]:
+                size = Shape("attention", (t["B"], t["H"], t["S"], v["options"]["head_dim"]))
+                pred = predict(schedules[v["name"]], size, machine)
+                measured = t["ms"]["twill_bwd"]
+                rows.append({"run": os.path.basename(path), "name": v["name"], "causal": causal,
+                             "shape": size.as_dict(), "clock_ghz": t.get("clock_ghz"), "measured_ms": measured,
+                             "predicted_ms": pred.seconds * 1e3,
+                             "measured_over_predicted": measured / (pred.seconds * 1e3)})
+    return {"machine_file": os.path.basename(machine_path), "solved_on": ARCH, "sources": sources, "rows": rows,
+            "skipped": skipped}
+
+
+def prediction_table(doc: dict[str, Any]) -> str:
+    """Measured over predicted time per variant and S, then how many rows lie within ±15%."""
+    lines = [f"{'variant':38s} {'S':>5s} {'measured ms':>11s} {'predicted ms':>12s} {'ratio':>6s}"]
+    for r in doc["rows"]:
+        lines.append(f"{r['name']:38s} {r['shape']['S']:>5d} {r['measured_ms']:11.3f} {r['predicted_ms']:12.3f} "
+                     f"{r['measured_over_predicted']:6.2f}")
+    within = sum(abs(r["measured_over_predicted"] - 1) <= 0.15 for r in doc["rows"])
+    lines.append(f"within ±15%: {within} of {len(doc['rows'])}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -373,7 +422,23 @@ def main() -> None:
     z.add_argument("--modules", required=True)
     z.add_argument("names", nargs="*", help="variants to launch (default: all)")
     z.add_argument("--control", action="store_true", help="then a copy that does not wait for its Q tiles")
+    q = sub.add_parser("predict", help="today's prediction of committed runs against their times (CPU)")
+    q.add_argument("results", nargs="+", help="results files (FILE#full: its variants without the mask only)")
+    q.add_argument("--machine", default=os.path.join(ROOT, "benchmarks", "results", "calibration_h200.machine.json"))
+    q.add_argument("--out", required=True, help="where to write the predictions (JSON)")
     args = ap.parse_args()
+    if args.cmd == "predict":
+        missing = [s for s in args.results if not os.path.exists(s.partition("#")[0])] + (
+            [] if os.path.isdir(os.path.dirname(os.path.abspath(args.out))) else [os.path.dirname(args.out)])
+        if missing:
+            sys.exit(f"error: not found: {', '.join(missing)}")
+        doc = predict_runs(args.results, args.machine)
+        doc["command"] = "python benchmarks/flash_bwd_check.py predict " + " ".join(args.results) + \
+            f" --out {args.out}"
+        with open(args.out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        print(prediction_table(doc))
+        return
     if args.cmd == "generate":
         generate(args.out)
     elif args.cmd == "sanitize":

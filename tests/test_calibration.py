@@ -361,6 +361,12 @@ def _loop_instructions_table(result):
     return table(result)
 
 
+def _bwd_prediction_table(result):
+    from benchmarks.flash_bwd_check import prediction_table
+
+    return prediction_table(result)
+
+
 def _backward_table(result):
     from benchmarks.flash_bwd_check import table
 
@@ -399,6 +405,7 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("d128-sub3-depth-table", "gluon_bench_h200_d128_sub3_depth.json", _gluon_bench_table),
                       ("causal-predicted-table", "gluon_bench_h200_predicted.json", _prediction_table),
                       ("loop-instructions-table", "loop_instructions.json", _loop_instructions_table),
+                      ("bwd-predicted-table", "flash_bwd_h200_predicted.json", _bwd_prediction_table),
                       ("causal-order-table", "flash_bwd_h200_causal_order.json",
                        lambda result: "with the chunked order:\n" + _backward_table(result["variant"]) + "\nmain:\n"
                        + _backward_table(result["base"])),

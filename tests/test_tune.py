@@ -1128,3 +1128,20 @@ def test_a_causal_prediction_schedules_its_unequal_blocks_on_the_sms():
         assert b["causal"] == 1.0 and p.cycles == pytest.approx(expect)
         assert p.iterations == 32 and p.tiles == 2 * 16 * 32
         assert predict(full, shape, machine, persistent=persistent).cycles > 1.6 * p.cycles
+
+
+def test_the_causal_and_grouped_backward_grid_is_its_kernels():
+    """The backward's CTAs are (key block, batch x K/V head); each loops over its group's query heads times the
+    query blocks from its key block's diagonal on (causal), handed out in chunks of heads heaviest first."""
+    from twill.tune.predict import causal_iterations, grid_heads, loop_extent
+
+    gqa = build_kernel("flash-bwd", H100, head_dim=128, kv_heads=4, causal=True)    # 128 keys x 64 queries
+    shape = Shape("attention", (2, 16, 512, 128))
+    assert grid_heads(gqa, shape) == (8, 4) and loop_extent(gqa, shape) == (8 * 4, 4 * 8)
+    blocks = causal_iterations(gqa, shape, 8)            # 4 key blocks per head: chunks of 2 heads
+    assert blocks[:8] == [32, 32, 24, 24, 16, 16, 8, 8] and len(blocks) == 32
+    assert sum(blocks) == 8 * 4 * (8 + 6 + 4 + 2)
+    plain = build_kernel("flash-bwd", H100, head_dim=128)
+    assert grid_heads(plain, shape) == (32, 1) and causal_iterations(plain, shape, 8) is None
+    with pytest.raises(TwillError, match="not a multiple of the kernel's 4 K/V heads"):
+        grid_heads(gqa, Shape("attention", (2, 6, 512, 128)))

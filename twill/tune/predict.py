@@ -43,10 +43,10 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   paid once per CTA; each block's loop fills and drains its own pipeline (its softmax state restarts) and
   stores its O, so the grid takes ``fill + w·((n − 1)·II_eff + L + store)`` cycles (at least
   ``w·n·max(ResMII, bandwidth bound)``).
-* **Causal attention forward** (:func:`causal_iterations`): query block ``i`` runs its key tiles up to its
-  last query, ``n_i = ⌈min(S, (i + 1)·block_m) / block_n⌉`` iterations, so the blocks differ in length; the
-  kernel launches them in chunks of about one wave of heads, heaviest first across each chunk, and the block
-  scheduler (one CTA per block) or the
+* **Causal attention** (:func:`causal_iterations`): forward query block ``i`` runs its key tiles up to its
+  last query, ``n_i = ⌈min(S, (i + 1)·block_m) / block_n⌉`` iterations; backward key block ``k`` its group's
+  query blocks from its diagonal on. The blocks differ in length; the kernel launches them in chunks of about
+  one wave of heads, heaviest first across each chunk, and the block scheduler (one CTA per block) or the
   persistent kernel's work counter hands them in that order to whichever CTA slot frees first
   (:func:`list_schedule`): each block takes ``fill + (n_i − 1)·II_eff + L + store`` (persistent: the fill once
   per CTA), and the grid the makespan (at least ``Σ n_i · max(ResMII, bandwidth bound)`` per SM). The masked
@@ -63,7 +63,8 @@ iterations), ``attention`` (``B, H, S, D``; causal when the kernel's graph is). 
 the kernel: the forward
 pass (``flash-fwd``, Triton attention kernels) has ``B·H·⌈S/block_m⌉`` tiles of ``⌈S/block_n⌉`` iterations;
 the backward pass (``flash-bwd``: a resident K/V block, a loop over query blocks) has ``B·H·⌈S/block_n⌉`` tiles
-of ``⌈S/block_m⌉`` iterations.
+of ``⌈S/block_m⌉`` iterations, and with grouped K/V heads ``B·H_kv·⌈S/block_n⌉`` tiles of ``(H/H_kv)·⌈S/block_m⌉``
+(:func:`grid_heads`).
 """
 
 from __future__ import annotations
@@ -221,25 +222,45 @@ def loop_extent(graph: LoopGraph, shape: Shape) -> tuple[int, int]:
                 math.ceil(shape["K"] / attrs["block_k"]))
     if int(attrs["head_dim"]) != shape["D"]:
         raise TwillError(f"shape D={shape['D']} does not match the kernel's head_dim {attrs['head_dim']}")
-    heads, seq = shape["B"] * shape["H"], shape["S"]
+    (heads, group), seq = grid_heads(graph, shape), shape["S"]
     if attrs.get("kernel") == "flash-bwd":
-        return heads * math.ceil(seq / attrs["block_n"]), math.ceil(seq / attrs["block_m"])
+        return heads * math.ceil(seq / attrs["block_n"]), group * math.ceil(seq / attrs["block_m"])
     return heads * math.ceil(seq / attrs["block_m"]), math.ceil(seq / attrs["block_n"])
 
 
+def grid_heads(graph: LoopGraph, shape: Shape) -> tuple[int, int]:
+    """``(heads, group)``: the (batch, head) pairs an attention grid spans and the query heads each CTA's loop
+    runs over. A forward CTA takes a block of one query head; a grouped-query backward CTA (``kv_heads``) takes a
+    key block of one K/V head and loops over the ``H / kv_heads`` query heads that read it."""
+    kv_heads = int(graph.attrs.get("kv_heads") or 0)
+    if graph.attrs.get("kernel") != "flash-bwd" or not kv_heads:
+        return shape["B"] * shape["H"], 1
+    if shape["H"] % kv_heads:
+        raise TwillError(f"shape H={shape['H']} is not a multiple of the kernel's {kv_heads} K/V heads")
+    return shape["B"] * kv_heads, shape["H"] // kv_heads
+
+
 def causal_iterations(graph: LoopGraph, shape: Shape, sms: int) -> list[int] | None:
-    """Loop iterations of each query block of a causal attention forward, in launch order, or None for any
-    other loop. Block ``i`` runs its key tiles up to its last query, ``⌈min(S, (i + 1)·block_m) / block_n⌉``
-    (the loop stops at the diagonal). The kernel hands its blocks out in chunks of ``max(1, sms // blocks per
-    head)`` heads, each chunk block by block from the heaviest, every head's block before any lighter one
-    (``heaviest_first_chunks`` in twill/codegen/gluon/render.py)."""
+    """Loop iterations of each CTA of a causal attention kernel, in launch order, or None for any other loop.
+    Forward: query block ``i`` runs its key tiles up to its last query, ``⌈min(S, (i + 1)·block_m) /
+    block_n⌉`` (the loop stops at the diagonal). Backward: key block ``k`` meets the query blocks from its
+    diagonal on, ``group·(⌈S / block_m⌉ − ⌊k·block_n / block_m⌋)`` iterations (:func:`grid_heads`). Both
+    kernels hand their blocks out in chunks of ``max(1, sms // blocks per head)`` heads, each chunk block by
+    block from the heaviest, every head's block before any lighter one (``heaviest_first_chunks`` in
+    twill/codegen/gluon/render.py)."""
     attrs = graph.attrs
-    if not attrs.get("causal") or attrs.get("kernel") != "flash-fwd" or shape.problem != "attention":
+    kernel = attrs.get("kernel")
+    if not attrs.get("causal") or kernel not in ("flash-fwd", "flash-bwd") or shape.problem != "attention":
         return None
     seq, block_m, block_n = shape["S"], attrs["block_m"], attrs["block_n"]
-    blocks = math.ceil(seq / block_m)
-    heaviest_first = [math.ceil(min(seq, (i + 1) * block_m) / block_n) for i in reversed(range(blocks))]
-    heads, chunk = shape["B"] * shape["H"], max(1, sms // blocks)
+    heads, group = grid_heads(graph, shape)
+    if kernel == "flash-fwd":
+        blocks = math.ceil(seq / block_m)
+        heaviest_first = [math.ceil(min(seq, (i + 1) * block_m) / block_n) for i in reversed(range(blocks))]
+    else:
+        blocks = math.ceil(seq / block_n)
+        heaviest_first = [group * (math.ceil(seq / block_m) - k * block_n // block_m) for k in range(blocks)]
+    chunk = max(1, sms // blocks)
     return [n for first in range(0, heads, chunk) for n in heaviest_first for _ in range(min(chunk, heads - first))]
 
 
@@ -332,7 +353,7 @@ def wave_readers(graph: LoopGraph, shape: Shape, wave: int) -> dict[str, float]:
         coords = [gemm_tile(t, num_m, num_n) for t in range(wave)]
         shared = {"load_a": wave / len({m for m, _ in coords}), "load_b": wave / len({n for _, n in coords})}
     else:
-        per_head = tiles // (shape["B"] * shape["H"])
+        per_head = tiles // grid_heads(graph, shape)[0]
         together = wave / len({t // per_head for t in range(wave)})
         roles = ("load_q", "load_do", "load_stats") if kernel == "flash-bwd" else ("load_k", "load_v")
         shared = dict.fromkeys(roles, together)
