@@ -538,11 +538,11 @@ class Search:
             model.close()
         return None
 
-    def hoist_with_more_copies(self, problem: JointProblem, solution: JointSolution,
-                               records: list[ObjectiveRecord]
+    def hoist_with_more_copies(self, problem: JointProblem, records: list[ObjectiveRecord]
                                ) -> tuple[JointModel, JointSolution, list[ObjectiveRecord]] | None:
         """At the II the search stops at, the extra copies (``options.extra_copies``) also serve ``unhoisted``:
-        when the schedule found with ``problem.copies`` copies leaves pairs unhoisted, the joint problem with
+        when the schedule found with ``problem.copies`` copies (its objective ``records``) leaves pairs
+        unhoisted, the joint problem with
         1 … ``extra_copies`` copies more is solved under ``unhoisted ≤ best − 1``, each answer lowering the
         bound for the next. The model, solution and records of the schedule with the fewest unhoisted pairs
         (its records after the secondary objectives; ``unhoisted`` proved least over all the copies tried
@@ -590,7 +590,7 @@ class Search:
         """The :class:`Schedule` of the joint solution ``outcome`` after the secondary objectives; ``stats``
         records the length and copies of its start times (the verifier recomputes both)."""
         solution, records = _secondary(model, outcome, self.deadline, length_proven)
-        fewer = self.hoist_with_more_copies(model.problem, solution, records)
+        fewer = self.hoist_with_more_copies(model.problem, records)
         if fewer is not None:
             model.close()
             model, solution, records = fewer
