@@ -375,8 +375,6 @@ def predict_runs(sources: list[str], machine_path: str) -> dict[str, Any]:
     rows, skipped, schedules = [], [], {}
     for source in sources:
         path, _, only = source.partition("#")
-        if only not in ("", "full"):
-            raise SystemExit(f"error: {source}: the only suffix is '#full'")
         doc = json.load(open(path))
         run_doc = doc.get("variant", doc)
         for v in run_doc["variants"]:
@@ -428,6 +426,9 @@ def main() -> None:
     q.add_argument("--out", required=True, help="where to write the predictions (JSON)")
     args = ap.parse_args()
     if args.cmd == "predict":
+        suffixes = [s for s in args.results if s.partition("#")[2] not in ("", "full")]
+        if suffixes:
+            sys.exit(f"error: {suffixes[0]}: the only suffix is '#full'")
         missing = [s for s in args.results if not os.path.exists(s.partition("#")[0])] + (
             [] if os.path.isdir(os.path.dirname(os.path.abspath(args.out))) else [os.path.dirname(args.out)])
         if missing:

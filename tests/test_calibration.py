@@ -638,3 +638,21 @@ def test_clock_sampler_keeps_every_reading_of_a_long_run(tmp_path, monkeypatch):
             time.sleep(0.05)
     assert len(sampler.samples) == 6000
     assert sampler.samples[-1][1] == 1000 + 5999 % 900
+
+
+def test_backward_predict_refuses_unknown_sources_with_one_line(tmp_path, capsys):
+    """``flash_bwd_check.py predict`` checks its inputs before solving anything: a missing results file or an
+    unknown suffix is one error line and a non-zero exit."""
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "flash_bwd_check.py")
+    missing = subprocess.run([sys.executable, script, "predict", str(tmp_path / "none.json"), "--out",
+                              str(tmp_path / "p.json")], capture_output=True, text=True)
+    assert missing.returncode != 0 and missing.stderr.strip().splitlines() == [
+        f"error: not found: {tmp_path / 'none.json'}"]
+    good = os.path.join(RESULTS, "flash_bwd_h200.json")
+    suffix = subprocess.run([sys.executable, script, "predict", good + "#causal", "--out", str(tmp_path / "p.json")],
+                            capture_output=True, text=True)
+    assert suffix.returncode != 0 and suffix.stderr.strip().splitlines()[-1].endswith("the only suffix is '#full'")
+    assert not (tmp_path / "p.json").exists()
