@@ -1145,3 +1145,15 @@ def test_the_causal_and_grouped_backward_grid_is_its_kernels():
     assert grid_heads(plain, shape) == (32, 1) and causal_iterations(plain, shape, 8) is None
     with pytest.raises(TwillError, match="not a multiple of the kernel's 4 K/V heads"):
         grid_heads(gqa, Shape("attention", (2, 6, 512, 128)))
+
+
+def test_the_backward_prediction_adds_its_memory_passes():
+    """The generated backward also runs a pre-pass, two zeroing launches and the dQ conversion: 14 bytes per
+    query row and head-dim element at the device's memory bandwidth, plus a launch each; other kernels none."""
+    from twill.tune.predict import backward_passes
+
+    shape = Shape("attention", (2, 4, 1024, 128))
+    passes = backward_passes(build_kernel("flash-bwd", H100, head_dim=128), shape, H100)
+    assert passes["passes_us"] == pytest.approx(14 * 2 * 4 * 1024 * 128 / H100.dram_bytes_per_s * 1e6
+                                                + 4 * H100.launch_us)
+    assert backward_passes(build_kernel("flash-fwd", H100, head_dim=128), shape, H100) == {}

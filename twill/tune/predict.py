@@ -56,7 +56,8 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   cost model's wgmma cycles) over ``cycles · machine.sms``; on a machine with a clock model the clock is
   :meth:`Machine.clock_at(u) <twill.machine.models.Machine.clock_at>` (``1 / f = a + b·u`` ns per cycle,
   fitted to generated GEMMs' own clock readings), otherwise the one sustained clock.
-* **Time**: ``waves · wave cycles / clock + machine.launch_us``.
+* **Time**: ``waves · wave cycles / clock + machine.launch_us``; the generated backward adds its other launches
+  (:func:`backward_passes`).
 
 Problems (:data:`PROBLEMS`): ``gemm`` (``M, N, K``; tiles ``⌈M/block_m⌉·⌈N/block_n⌉``, ``⌈K/block_k⌉``
 iterations), ``attention`` (``B, H, S, D``; causal when the kernel's graph is). The attention loop depends on
@@ -262,6 +263,24 @@ def causal_iterations(graph: LoopGraph, shape: Shape, sms: int) -> list[int] | N
         heaviest_first = [group * (math.ceil(seq / block_m) - k * block_n // block_m) for k in range(blocks)]
     chunk = max(1, sms // blocks)
     return [n for first in range(0, heads, chunk) for n in heaviest_first for _ in range(min(chunk, heads - first))]
+
+
+#: Launches of the generated backward besides its main kernel (twill/codegen/gluon/flash_bwd.py): the dO·O
+#: pre-pass, the zeroed statistics and fp32 dQ accumulator, and the dQ conversion.
+BACKWARD_PASSES = 4
+#: Bytes per (row, head-dim element) those launches move: the pre-pass reads O and dO (2 + 2), the dQ
+#: accumulator is zeroed (4), the conversion reads it (4) and writes dQ (2).
+BACKWARD_PASS_BYTES = 14
+
+
+def backward_passes(graph: LoopGraph, shape: Shape, machine: Machine) -> dict[str, float]:
+    """``{"passes_us": …}``: what the generated backward's other launches cost beside its main kernel, each a
+    streaming pass over device memory (``BACKWARD_PASS_BYTES`` per query row and head-dim element at
+    ``machine.dram_bytes_per_s``) plus its launch; ``{}`` for any other kernel."""
+    if graph.attrs.get("kernel") != "flash-bwd" or shape.problem != "attention":
+        return {}
+    moved = BACKWARD_PASS_BYTES * shape["B"] * shape["H"] * shape["S"] * shape["D"]
+    return {"passes_us": moved / machine.dram_bytes_per_s * 1e6 + BACKWARD_PASSES * machine.launch_us}
 
 
 def list_schedule(durations: list[float], slots: int) -> tuple[float, list[int]]:
@@ -594,8 +613,9 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
         cycles = waves * wave_cycles
     duty = tensor_duty(schedule, worked, cycles, machine)
     clock = machine.clock_at(duty)
-    seconds = cycles / (clock * 1e9) + machine.launch_us * 1e-6
-    breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain, **ends,
+    passes = backward_passes(schedule.graph, shape, machine)
+    seconds = cycles / (clock * 1e9) + machine.launch_us * 1e-6 + passes.get("passes_us", 0.0) * 1e-6
+    breakdown = {"ii_raw": ii_raw, "ii_effective": ii_eff, "turn_cycles": turns, **memory, **chain, **ends, **passes,
                  "length_raw": length_raw, "tile_cycles": tile_cycles, "overhead_cycles": length_raw - ii_raw,
                  "ctas_per_sm": per_sm, "wave_cycles": wave_cycles, "persistent": float(persistent),
                  **({"causal": 1.0} if blocks is not None else {}),
