@@ -10,7 +10,10 @@ Forward probes (``twill emit gluon flash-fwd`` modules):
 * ``no-exp``: ``P = S·c − m`` instead of ``exp2(S·c − m)`` (no MUFU work for P);
 * ``no-softmax``: ``P = S`` and no row max, row sum or alpha;
 * ``no-pv``: the ``O += P V`` wgmma of the main loop not issued;
-* ``no-rescale``: no ``O *= alpha``.
+* ``no-rescale``: no ``O *= alpha``;
+* ``no-loads``: the producer loads each ring's first ``DEPTH`` tiles, then only arrives on the ``ready``
+  barrier (no TMA copy): the compute partitions run on tiles already in shared memory, as the calibration's
+  attention-iteration microbenchmark does, while the ring's ``empty`` hand-offs stay.
 
 Backward probe (``twill emit gluon flash-bwd`` modules):
 
@@ -50,14 +53,26 @@ SOFTMAX = ("""    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # rowmax (m 
     l_new = l_i * alpha + gl.sum(p, 1)                # rowsum
 """)
 PV = "        o_tok = warpgroup_mma(p_op, v_ring.index(j % V_DEPTH), o, is_async=True)\n"
+#: A producer's TMA load of one ring buffer (its expect and copy), in any emitted attention forward.
+LOAD = re.compile(r"( +)mbarrier\.expect\((\w+)_ready\.index\(buffer\), (.+)\)\n\1(tma\.async_copy_global_to_shared\(.+\))\n")
+
+
+def _first_fill_only(match: re.Match) -> str:
+    """The load of ``match`` for the ring's first pass only; later passes arrive on ``ready`` without a copy."""
+    pad, ring, nbytes, copy = match.groups()
+    return (f"{pad}if j < {ring.upper()}_DEPTH:  # probe no-loads: the first fill only\n"
+            f"{pad}    mbarrier.expect({ring}_ready.index(buffer), {nbytes})\n{pad}    {copy}\n"
+            f"{pad}else:\n{pad}    mbarrier.arrive({ring}_ready.index(buffer))\n")
 RESCALE = "        o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale\n"
 
 #: probe -> (kernel, [(old, new), ...]) substitutions: exact text, or a compiled pattern and its replacement
-PROBES: dict[str, tuple[str, list[tuple[Any, str]]]] = {
+#: (a template or a function of the match)
+PROBES: dict[str, tuple[str, list[tuple[Any, Any]]]] = {
     "no-exp": ("flash-fwd", [("p = gl.exp2(s * qk_scale - m_new[:, None])", "p = s * qk_scale - m_new[:, None]")]),
     "no-softmax": ("flash-fwd", [(SOFTMAX, "    m_new = m_i\n    alpha = m_i\n    p = s\n    l_new = l_i\n")]),
     "no-pv": ("flash-fwd", [(PV, "        o_tok = o\n")]),
     "no-rescale": ("flash-fwd", [(RESCALE, "")]),
+    "no-loads": ("flash-fwd", [(LOAD, _first_fill_only)]),
     "rotate": ("flash-bwd", [(re.compile(r"m_start = \(m_first \+ (\w+) % n_m\) \* BLOCK_M"),
                               r"m_start = (m_first + (\1 + gl.program_id(0) * 2) % n_m) * BLOCK_M")]),
 }
@@ -73,6 +88,10 @@ def apply(text: str, probe: str) -> str:
         text, count = pattern.subn(new.replace("\\", "\\\\") if pattern is not old else new, text)
         if not count:
             raise SystemExit(f"probe {probe}: {pattern.pattern.strip()[:60]!r} not found")
+    if probe == "no-loads":
+        copies = len(re.findall(r"tma\.async_copy_global_to_shared\([kv]_desc", text))
+        if copies != text.count("probe no-loads"):
+            raise SystemExit("probe no-loads: a K/V copy without its own expect (rings sharing a barrier)")
     return text
 
 

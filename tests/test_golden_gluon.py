@@ -81,7 +81,7 @@ def test_lines_quoted_in_the_docs_come_from_the_golden_files():
 
 
 @pytest.mark.parametrize("name", ["fa_d128_sub2_ahead1_d2", "fa_d128_sub2_ahead1_d2_causal"])
-def test_attention_probes_still_apply_to_the_emitted_forward(name):
+def test_attention_probes_still_apply_to_the_emitted_forward(name, tmp_path):
     """benchmarks/attention_probe.py and attention_phases.py edit emitted modules by exact text; every forward
     probe and the phase counters must still find their text in what the generator emits today (a probe that
     stops matching exits with its name rather than timing an unchanged kernel)."""
@@ -92,6 +92,13 @@ def test_attention_probes_still_apply_to_the_emitted_forward(name):
     for probe, (kernel, _) in PROBES.items():
         if kernel == "flash-fwd":
             assert apply(text, probe) != text, probe
+    # the producer without its loads (after the first fill) is still a kernel: it compiles for sm_90
+    from twill.codegen.gluon import aot, load_emitted
+
+    probed = tmp_path / f"{name}_no_loads.py"
+    probed.write_text(apply(text, "no-loads"))
+    facts = aot.ptx_facts(aot.compile_sm90(load_emitted(str(probed), f"twill_probe_{name}")))
+    assert facts.wgmma > 0 and facts.tma_loads > 0 and "mbarrier.arrive(k_ready.index(buffer))" in probed.read_text()
     counted = instrument(text)
     assert counted.count("_clock64(j)") == 7
     assert all(f"_acc{i} += " in counted for i in range(len(PHASES)))
