@@ -214,11 +214,13 @@ def time_gemm(mod: Any, dtype: str, sizes: tuple[int, ...]) -> list[dict[str, An
         c = torch.full((n, n), float("nan"), device="cuda", dtype=_dtype(dtype))
         mod.launch(a, b, c)
         err = _relerr(c, a.float() @ b.float())
+        started = time.time()
         ms = do_bench(lambda: mod.launch(a, b, c), warmup=100, rep=400, return_mode="median")
         ms_ref = do_bench(lambda: torch.matmul(a, b), warmup=100, rep=400, return_mode="median")
         flops = 2 * n ** 3
         rows.append({"M": n, "N": n, "K": n, "relerr": err, "tflops": flops / ms / 1e9,
-                     "cublas_tflops": flops / ms_ref / 1e9, "ratio_vs_cublas": ms_ref / ms})
+                     "cublas_tflops": flops / ms_ref / 1e9, "ratio_vs_cublas": ms_ref / ms,
+                     "window": [started, time.time()]})
     return rows
 
 
@@ -289,10 +291,11 @@ def time_attention(mod: Any, case: tuple[str, int, bool, int], seqs: tuple[int, 
         q, k, v = _attention_inputs(ATTN_BATCH, ATTN_HEADS, S, case)
         out = torch.full_like(q, float("nan"))
         mod.launch(q, k, v, out=out)
+        started = time.time()
         ms = do_bench(lambda: mod.launch(q, k, v, out=out), warmup=50, rep=200, return_mode="median")
         flops = attention_flops(ATTN_BATCH, ATTN_HEADS, S, case[1], case[2])
         rows.append({"B": ATTN_BATCH, "H": ATTN_HEADS, "S": S, "D": case[1], "finite": bool(torch.isfinite(out).all()),
-                     "tflops": flops / ms / 1e9})
+                     "tflops": flops / ms / 1e9, "window": [started, time.time()]})
     return rows
 
 
@@ -311,7 +314,7 @@ def attention_references(case: tuple[str, int, bool, int], seqs: tuple[int, ...]
         if kv:
             k, v = (t.repeat_interleave(ATTN_HEADS // kv, dim=1) for t in (k, v))
         flops = attention_flops(ATTN_BATCH, ATTN_HEADS, S, head_dim, causal)
-        row: dict[str, Any] = {}
+        row: dict[str, Any] = {"window": [time.time()]}
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             try:
                 with sdpa_kernel([backend]):
@@ -320,6 +323,7 @@ def attention_references(case: tuple[str, int, bool, int], seqs: tuple[int, ...]
                 row[name] = flops / ms / 1e9
             except Exception as exc:  # a backend missing on this stack is recorded, not fatal
                 row[name] = f"ERR {type(exc).__name__}: {str(exc)[:100]}"
+        row["window"].append(time.time())
         refs[S] = row
         del q, k, v
         torch.cuda.empty_cache()
@@ -379,8 +383,9 @@ def _versions() -> dict[str, Any]:
 
 
 def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool = False) -> dict[str, Any]:
-    """Check and time every kernel of ``kernel_dir/manifest.json``; write ``out/gluon_bench.json``."""
-    from twill.codegen.gluon import load_emitted
+    """Check and time every kernel of ``kernel_dir/manifest.json``; write ``out/gluon_bench.json``. The SM
+    clock is sampled throughout (``nvidia-smi``), and each timing records its median (``clock_ghz``)."""
+    from twill.machine.microbench import ClockSampler
 
     with open(os.path.join(kernel_dir, "manifest.json")) as fh:
         manifest = json.load(fh)
@@ -389,6 +394,34 @@ def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool
     result: dict[str, Any] = {"versions": _versions(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                               "kernels": [], "attention_references": {}}
     seqs = ATTN_SEQS[:2] if quick else ATTN_SEQS
+    with ClockSampler() as sampler:
+        _run_kernels(result, manifest, kernel_dir, seqs, GEMM_SIZES[:1] if quick else GEMM_SIZES)
+        for case in sorted({attention_case(e["options"]) for e in manifest if e["kernel"] == "flash-fwd"}):
+            result["attention_references"][reference_key(case)] = attention_references(case, seqs)
+    attach_clocks(result, sampler)
+    _attach_ratios(result)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gluon_bench.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(table(result))
+    return result
+
+
+def attach_clocks(result: dict[str, Any], sampler: Any) -> None:
+    """Replace every timing's and reference row's ``window`` (the unix times its timing ran between) by
+    ``clock_ghz``, the median SM clock ``sampler`` read in it (None where it read none)."""
+    rows = [t for k in result["kernels"] for t in k.get("timings", [])]
+    rows += [r for refs in result["attention_references"].values() for r in refs.values()]
+    for row in rows:
+        if "window" in row:
+            row["clock_ghz"] = sampler.median_ghz(*row.pop("window"))
+
+
+def _run_kernels(result: dict[str, Any], manifest: list[dict[str, Any]], kernel_dir: str,
+                 seqs: tuple[int, ...], gemm_sizes: tuple[int, ...]) -> None:
+    """Check and time every kernel of ``manifest`` into ``result["kernels"]``; a failing kernel is recorded."""
+    from twill.codegen.gluon import load_emitted
+
     for entry in manifest:
         row = dict(entry)
         t0 = time.time()
@@ -397,7 +430,7 @@ def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool
             dtype = entry["options"].get("dtype", "fp16")
             if entry["kernel"] == "gemm":
                 row["checks"] = check_gemm(mod, dtype)
-                row["timings"] = time_gemm(mod, dtype, GEMM_SIZES[:1] if quick else GEMM_SIZES)
+                row["timings"] = time_gemm(mod, dtype, gemm_sizes)
             else:
                 case = attention_case(entry["options"])
                 row["checks"] = check_attention(mod, case)
@@ -407,14 +440,6 @@ def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool
         row["seconds"] = round(time.time() - t0, 1)
         result["kernels"].append(row)
         print(json.dumps({k: row.get(k) for k in ("name", "checks", "timings", "error")}), flush=True)
-    for case in sorted({attention_case(e["options"]) for e in manifest if e["kernel"] == "flash-fwd"}):
-        result["attention_references"][reference_key(case)] = attention_references(case, seqs)
-    _attach_ratios(result)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "gluon_bench.json"), "w") as fh:
-        json.dump(result, fh, indent=1)
-    print(table(result))
-    return result
 
 
 def _attach_ratios(result: dict[str, Any]) -> None:
@@ -446,7 +471,8 @@ def table(result: dict[str, Any]) -> str:
             else:
                 refs = "  ".join(f"{n} {t[f'{n}_tflops']:4.0f} x{t[f'ratio_vs_{n}']:.2f}"
                                  for n in ("cudnn", "fa2", "pallas_mgpu") if f"{n}_tflops" in t)
-                lines.append(f"{row['name']:32s} S={t['S']:>5d}  {t['tflops']:6.0f} TF  {refs}  err {worst:.1e}")
+                clock = f"  {t['clock_ghz']:.2f} GHz" if t.get("clock_ghz") else ""
+                lines.append(f"{row['name']:32s} S={t['S']:>5d}  {t['tflops']:6.0f} TF  {refs}  err {worst:.1e}{clock}")
     return "\n".join(lines)
 
 

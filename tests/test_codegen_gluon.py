@@ -820,3 +820,62 @@ def test_the_causal_forward_order_balances_its_blocks_in_list_scheduling(seq, la
     ideal = sum(grid) / sms
     assert list_schedule(grid, sms)[0] / ideal == pytest.approx(launch_order, abs=0.002)
     assert list_schedule(ours, sms)[0] / ideal == pytest.approx(chunked, abs=0.002)
+
+
+def test_gluon_bench_records_the_clock_of_every_timing():
+    """benchmarks/gluon_bench.py run samples the SM clock throughout and gives every kernel timing and reference
+    row the median clock of the window it ran in (None where nvidia-smi read nothing); the text table shows it."""
+    from benchmarks.gluon_bench import attach_clocks, table
+
+    class Sampler:
+        def median_ghz(self, start, end):
+            return {(0.0, 1.0): 1.75, (1.0, 2.0): 1.5}.get((start, end))
+
+    result = {"versions": {"gpu": "GPU", "torch": "t", "triton": "3.6.0"}, "attention_references": {
+                  "fp16_d128": {2048: {"cudnn": 500.0, "window": [1.0, 2.0]}}},
+              "kernels": [{"name": "fa", "kernel": "flash-fwd", "checks": [{"relerr": 1e-4}],
+                           "timings": [{"S": 2048, "tflops": 450.0, "window": [0.0, 1.0]},
+                                       {"S": 4096, "tflops": 470.0, "window": [5.0, 6.0]}]}]}
+    attach_clocks(result, Sampler())
+    first, second = result["kernels"][0]["timings"]
+    assert (first["clock_ghz"], second["clock_ghz"]) == (1.75, None) and "window" not in first
+    assert result["attention_references"]["fp16_d128"][2048] == {"cudnn": 500.0, "clock_ghz": 1.5}
+    assert "1.75 GHz" in table(result).splitlines()[1]
+
+
+def test_gluon_bench_run_wires_kernels_references_clocks_and_ratios(tmp_path, monkeypatch):
+    """``run`` on the CPU with the GPU steps replaced: it times the kernels and the references inside one clock
+    sampler, attaches the clocks and the ratios, and writes gluon_bench.json."""
+    import json
+
+    from benchmarks import gluon_bench
+    from twill.machine import microbench
+
+    class Sampler:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def median_ghz(self, start, end):
+            return 1.6
+
+    def kernels(result, manifest, kernel_dir, seqs, gemm_sizes):
+        result["kernels"] = [{**m, "checks": [{"relerr": 1e-4}],
+                              "timings": [{"S": s, "tflops": 400.0, "window": [0.0, 1.0]} for s in seqs]}
+                             for m in manifest]
+
+    monkeypatch.setattr(microbench, "ClockSampler", Sampler)
+    monkeypatch.setattr(gluon_bench, "_run_kernels", kernels)
+    monkeypatch.setattr(gluon_bench, "attention_references",
+                        lambda case, seqs: {s: {"cudnn": 500.0, "window": [0.0, 1.0]} for s in seqs})
+    monkeypatch.setattr(gluon_bench, "_versions", lambda: {"gpu": "GPU", "torch": "t", "triton": "3.6.0"})
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "manifest.json").write_text(json.dumps(
+        [{"name": "fa_x", "file": "fa_x.py", "kernel": "flash-fwd", "options": {"head_dim": 128}}]))
+    gluon_bench.run(str(tmp_path / "k"), str(tmp_path / "out"), quick=True)
+    doc = json.loads((tmp_path / "out" / "gluon_bench.json").read_text())
+    timing = doc["kernels"][0]["timings"][0]
+    assert timing["clock_ghz"] == 1.6 and timing["ratio_vs_cudnn"] == pytest.approx(0.8)
+    assert doc["attention_references"]["fp16_d128"]["2048"]["clock_ghz"] == 1.6
