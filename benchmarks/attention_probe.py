@@ -54,7 +54,8 @@ SOFTMAX = ("""    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # rowmax (m 
 """)
 PV = "        o_tok = warpgroup_mma(p_op, v_ring.index(j % V_DEPTH), o, is_async=True)\n"
 #: A producer's TMA load of one ring buffer (its expect and copy), in any emitted attention forward.
-LOAD = re.compile(r"( +)mbarrier\.expect\((\w+)_ready\.index\(buffer\), (.+)\)\n\1(tma\.async_copy_global_to_shared\(.+\))\n")
+LOAD = re.compile(r"( +)mbarrier\.expect\((\w+)_ready\.index\(buffer\), (.+)\)\n"
+                  r"\1(tma\.async_copy_global_to_shared\(.+\))\n")
 
 
 def _first_fill_only(match: re.Match) -> str:

@@ -64,8 +64,8 @@ iterations), ``attention`` (``B, H, S, D``; causal when the kernel's graph is). 
 the kernel: the forward
 pass (``flash-fwd``, Triton attention kernels) has ``B·H·⌈S/block_m⌉`` tiles of ``⌈S/block_n⌉`` iterations;
 the backward pass (``flash-bwd``: a resident K/V block, a loop over query blocks) has ``B·H·⌈S/block_n⌉`` tiles
-of ``⌈S/block_m⌉`` iterations, and with grouped K/V heads ``B·H_kv·⌈S/block_n⌉`` tiles of ``(H/H_kv)·⌈S/block_m⌉``
-(:func:`grid_heads`).
+of ``⌈S/block_m⌉`` iterations, and with grouped K/V heads ``B·H_kv·⌈S/block_n⌉`` tiles of
+``(H/H_kv)·⌈S/block_m⌉`` (:func:`grid_heads`).
 """
 
 from __future__ import annotations

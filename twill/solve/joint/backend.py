@@ -1,8 +1,8 @@
 """The protocol every joint solver backend implements, and the one place that picks a backend.
 
 Algorithm 1 (:mod:`twill.solve.joint.search`) builds one :class:`JointModel` per II it tries and speaks to
-it only through this protocol: seed it with start times, pin start times, fix an objective at a value or bound it from above,
-minimise one objective, ask whether the problem is feasible without some constraint families (the UNSAT
+it only through this protocol: seed it with start times, pin start times, fix an objective at a value or
+bound it from above, minimise one objective, ask whether the problem is feasible without some constraint families (the UNSAT
 explanation) and read its size. CP-SAT (:class:`twill.solve.joint.cpsat.CpsatJoint`) and Yices
 (:class:`twill.solve.joint.yices_joint.YicesJoint`, which minimises by its own binary search over ``objective ≤ k``
 queries) implement it. Adding a backend means one class with these methods and one line in
