@@ -71,10 +71,11 @@ def event_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int
             {n: [min(s), max(s)] for n, s in samples.items()}, window)
 
 
-def torch_references(problem: str, args: tuple[Any, ...], flash: str = "flash") -> dict[str, Callable[[], Any]]:
+def torch_references(problem: str, args: tuple[Any, ...], flash: str = "flash",
+                     causal: bool = False) -> dict[str, Callable[[], Any]]:
     """The torch references of one problem's inputs ``args`` (the generated kernel's, output last): cuBLAS
-    (``torch.matmul``) for ``gemm``; otherwise SDPA on its cuDNN backend and on its flash (FA2) backend,
-    the latter under the key ``flash``."""
+    (``torch.matmul``) for ``gemm``; otherwise SDPA (``is_causal=causal``) on its cuDNN backend and on its
+    flash (FA2) backend, the latter under the key ``flash``."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -87,7 +88,7 @@ def torch_references(problem: str, args: tuple[Any, ...], flash: str = "flash") 
     def sdpa(backend: Any) -> Callable[[], Any]:
         def call() -> Any:
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return call
 
     return {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), flash: sdpa(SDPBackend.FLASH_ATTENTION)}

@@ -282,7 +282,10 @@ def check_attention(mod: Any, case: tuple[str, int, bool, int]) -> list[dict[str
     return rows
 
 
-def time_attention(mod: Any, case: tuple[str, int, bool, int], seqs: tuple[int, ...]) -> list[dict[str, Any]]:
+def time_attention(mod: Any, case: tuple[str, int, bool, int], seqs: tuple[int, ...],
+                   rounds: int = 0) -> list[dict[str, Any]]:
+    """TFLOP/s of the kernel at each S (``do_bench`` median); with ``rounds``, timed instead in that many rounds
+    interleaved with cuDNN and FA2 on the same inputs (:func:`interleaved_row`)."""
     import torch
     from triton.testing import do_bench
 
@@ -291,12 +294,49 @@ def time_attention(mod: Any, case: tuple[str, int, bool, int], seqs: tuple[int, 
         q, k, v = _attention_inputs(ATTN_BATCH, ATTN_HEADS, S, case)
         out = torch.full_like(q, float("nan"))
         mod.launch(q, k, v, out=out)
+        if rounds:
+            rows.append(interleaved_row(lambda: mod.launch(q, k, v, out=out), (q, k, v), case, S, rounds))
+            rows[-1]["finite"] = bool(torch.isfinite(out).all())
+            continue
         started = time.time()
         ms = do_bench(lambda: mod.launch(q, k, v, out=out), warmup=50, rep=200, return_mode="median")
         flops = attention_flops(ATTN_BATCH, ATTN_HEADS, S, case[1], case[2])
         rows.append({"B": ATTN_BATCH, "H": ATTN_HEADS, "S": S, "D": case[1], "finite": bool(torch.isfinite(out).all()),
                      "tflops": flops / ms / 1e9, "window": [started, time.time()]})
     return rows
+
+
+#: Calls per sample of an interleaved round (``--rounds``): CUDA events around this many back-to-back calls.
+ROUND_CALLS = 10
+
+
+def interleaved_row(kernel: Any, inputs: tuple[Any, Any, Any], case: tuple[str, int, bool, int], S: int,
+                    rounds: int) -> dict[str, Any]:
+    """One timing of ``kernel`` on ``inputs`` in ``rounds`` rounds interleaved with SDPA's cuDNN and flash (FA2)
+    backends on the same inputs (K/V heads expanded for grouped-query cases; a backend that refuses the shape
+    is left out): medians, their ``[min, max]`` over the rounds, the ratios of the same rounds and the
+    rounds' time window (for the SM clock)."""
+    from benchmarks._common import event_times, torch_references
+
+    q, k, v = inputs
+    _, head_dim, causal, kv = case
+    if kv:
+        k, v = (t.repeat_interleave(ATTN_HEADS // kv, dim=1) for t in (k, v))
+    fns: dict[str, Any] = {"twill": kernel}
+    for name, fn in torch_references("attention", (q, k, v, None), flash="fa2", causal=causal).items():
+        try:
+            fn()
+            fns[name] = fn
+        except RuntimeError:     # the backend refuses this shape on this stack
+            continue
+    ms, spread, window = event_times(fns, ROUND_CALLS, rounds)
+    flops = attention_flops(ATTN_BATCH, ATTN_HEADS, S, head_dim, causal)
+    row: dict[str, Any] = {"B": ATTN_BATCH, "H": ATTN_HEADS, "S": S, "D": head_dim, "tflops": flops / ms["twill"] / 1e9,
+                           "ms": ms, "ms_spread": spread, "rounds": rounds, "window": window}
+    for name in fns.keys() - {"twill"}:
+        row[f"{name}_tflops"] = flops / ms[name] / 1e9
+        row[f"ratio_vs_{name}"] = ms[name] / ms["twill"]
+    return row
 
 
 def attention_references(case: tuple[str, int, bool, int], seqs: tuple[int, ...]) -> dict[int, dict[str, Any]]:
@@ -382,7 +422,8 @@ def _versions() -> dict[str, Any]:
     return out
 
 
-def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool = False) -> dict[str, Any]:
+def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool = False,
+        rounds: int = 0) -> dict[str, Any]:
     """Check and time every kernel of ``kernel_dir/manifest.json``; write ``out/gluon_bench.json``. The SM
     clock is sampled throughout (``nvidia-smi``), and each timing records its median (``clock_ghz``)."""
     from twill.machine.microbench import ClockSampler
@@ -395,7 +436,7 @@ def run(kernel_dir: str, out: str, *, only: list[str] | None = None, quick: bool
                               "kernels": [], "attention_references": {}}
     seqs = ATTN_SEQS[:2] if quick else ATTN_SEQS
     with ClockSampler() as sampler:
-        _run_kernels(result, manifest, kernel_dir, seqs, GEMM_SIZES[:1] if quick else GEMM_SIZES)
+        _run_kernels(result, manifest, kernel_dir, seqs, GEMM_SIZES[:1] if quick else GEMM_SIZES, rounds)
         for case in sorted({attention_case(e["options"]) for e in manifest if e["kernel"] == "flash-fwd"}):
             result["attention_references"][reference_key(case)] = attention_references(case, seqs)
     attach_clocks(result, sampler)
@@ -418,7 +459,7 @@ def attach_clocks(result: dict[str, Any], sampler: Any) -> None:
 
 
 def _run_kernels(result: dict[str, Any], manifest: list[dict[str, Any]], kernel_dir: str,
-                 seqs: tuple[int, ...], gemm_sizes: tuple[int, ...]) -> None:
+                 seqs: tuple[int, ...], gemm_sizes: tuple[int, ...], rounds: int = 0) -> None:
     """Check and time every kernel of ``manifest`` into ``result["kernels"]``; a failing kernel is recorded."""
     from twill.codegen.gluon import load_emitted
 
@@ -434,7 +475,7 @@ def _run_kernels(result: dict[str, Any], manifest: list[dict[str, Any]], kernel_
             else:
                 case = attention_case(entry["options"])
                 row["checks"] = check_attention(mod, case)
-                row["timings"] = time_attention(mod, case, seqs)
+                row["timings"] = time_attention(mod, case, seqs, rounds)
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
         row["seconds"] = round(time.time() - t0, 1)
@@ -450,7 +491,7 @@ def _attach_ratios(result: dict[str, Any]) -> None:
         for t in row["timings"]:
             ref = refs.get(t["S"], {})
             for name in ("cudnn", "fa2", "pallas_mgpu"):
-                if isinstance(ref.get(name), float):
+                if isinstance(ref.get(name), float) and f"ratio_vs_{name}" not in t:   # same-round ratios stay
                     t[f"{name}_tflops"] = ref[name]
                     t[f"ratio_vs_{name}"] = t["tflops"] / ref[name]
 
@@ -627,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", default=os.environ.get("OUT") or "out")
     r.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
     r.add_argument("--quick", action="store_true", help="fewer sizes")
+    r.add_argument("--rounds", type=int, default=0,
+                   help="time each attention kernel in this many rounds interleaved with cuDNN and FA2 (ratios "
+                        "of the same rounds, medians and spread) instead of one do_bench median each")
     z = sub.add_parser("sanity", help="one small checked launch per kernel (for compute-sanitizer)")
     z.add_argument("kernel_dir")
     z.add_argument("--only", nargs="*", default=None)
@@ -654,7 +698,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['name']:32s} {row['solver']:7s} II {row['ii']:5d} (~{row['ii_cycles']} cycles) "
                   f"rings {row['rings']}")
         return 0
-    run(args.kernel_dir, args.out, only=args.only, quick=args.quick)
+    if args.rounds < 0:
+        parser.error(f"--rounds must be >= 0, got {args.rounds}")
+    run(args.kernel_dir, args.out, only=args.only, quick=args.quick, rounds=args.rounds)
     return 0
 
 

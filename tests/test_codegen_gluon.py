@@ -861,7 +861,7 @@ def test_gluon_bench_run_wires_kernels_references_clocks_and_ratios(tmp_path, mo
         def median_ghz(self, start, end):
             return 1.6
 
-    def kernels(result, manifest, kernel_dir, seqs, gemm_sizes):
+    def kernels(result, manifest, kernel_dir, seqs, gemm_sizes, rounds):
         result["kernels"] = [{**m, "checks": [{"relerr": 1e-4}],
                               "timings": [{"S": s, "tflops": 400.0, "window": [0.0, 1.0]} for s in seqs]}
                              for m in manifest]
@@ -879,3 +879,33 @@ def test_gluon_bench_run_wires_kernels_references_clocks_and_ratios(tmp_path, mo
     timing = doc["kernels"][0]["timings"][0]
     assert timing["clock_ghz"] == 1.6 and timing["ratio_vs_cudnn"] == pytest.approx(0.8)
     assert doc["attention_references"]["fp16_d128"]["2048"]["clock_ghz"] == 1.6
+
+
+def test_an_interleaved_timing_keeps_the_ratios_of_its_own_rounds(monkeypatch):
+    """``gluon_bench.py run --rounds N``: the kernel and SDPA's cuDNN and FA2 are timed in the same rounds; a
+    backend that refuses the shape is left out; the ratios come from those rounds and survive the references
+    timed apart for the table."""
+    from benchmarks import _common, gluon_bench
+
+    seen = {}
+
+    def event_times(fns, calls, rounds):
+        seen.update(names=sorted(fns), calls=calls, rounds=rounds)
+        ms = {"twill": 2.0, "cudnn": 2.2}
+        return ms, {n: [m, m] for n, m in ms.items()}, [0.0, 1.0]
+
+    def refuse():
+        raise RuntimeError("no kernel for this shape")
+
+    monkeypatch.setattr(_common, "event_times", event_times)
+    monkeypatch.setattr(_common, "torch_references", lambda problem, args, flash, causal: {
+        "cudnn": lambda: None, flash: refuse})
+    row = gluon_bench.interleaved_row(lambda: None, (None, None, None), ("fp16", 128, True, 0), 4096, 7)
+    assert seen == {"names": ["cudnn", "twill"], "calls": gluon_bench.ROUND_CALLS, "rounds": 7}
+    assert row["ratio_vs_cudnn"] == pytest.approx(1.1) and "ratio_vs_fa2" not in row
+    flops = gluon_bench.attention_flops(gluon_bench.ATTN_BATCH, gluon_bench.ATTN_HEADS, 4096, 128, True)
+    assert row["tflops"] == pytest.approx(flops / 2.0 / 1e9) and row["window"] == [0.0, 1.0]
+    result = {"kernels": [{"kernel": "flash-fwd", "options": {"causal": True}, "timings": [row]}],
+              "attention_references": {"fp16_d128_causal": {4096: {"cudnn": 1.0, "fa2": 300.0}}}}
+    gluon_bench._attach_ratios(result)
+    assert row["ratio_vs_cudnn"] == pytest.approx(1.1) and row["fa2_tflops"] == 300.0
