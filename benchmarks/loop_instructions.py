@@ -35,31 +35,13 @@ KERNELS = (
 
 
 def main_loops(sass_text: str) -> list[int]:
-    """Instructions in each loop of ``sass_text`` that ends in a conditional backward branch and holds a
-    wgmma (``HGMMA``), in address order: one per compute warp's main loop."""
-    label_at: dict[str, int] = {}
-    instructions: list[tuple[int, str]] = []
-    pending: list[str] = []
-    for line in sass_text.splitlines():
-        label = re.match(r"^\.(L_x_\d+):", line)
-        if label:
-            pending.append(label.group(1))
-            continue
-        inst = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
-        if inst:
-            address = int(inst.group(1), 16)
-            label_at.update((name, address) for name in pending)
-            pending = []
-            instructions.append((address, inst.group(2)))
-    position = {address: k for k, (address, _) in enumerate(instructions)}
-    loops = []
-    for address, inst in instructions:
-        branch = re.match(r"@!?U?P\d+ BRA `\(\.(L_x_\d+)\)", inst)
-        if branch and label_at.get(branch.group(1), address + 1) <= address:
-            body = instructions[position[label_at[branch.group(1)]]:position[address] + 1]
-            if any("HGMMA" in text for _, text in body):
-                loops.append(len(body))
-    return loops
+    """Instructions in each loop of ``sass_text`` (:func:`twill.codegen.gluon.aot.sass_loops`) that ends in a
+    conditional backward branch and holds a wgmma (``HGMMA``), in address order: one per compute warp's main
+    loop."""
+    from twill.codegen.gluon.aot import sass_loops
+
+    return [len(loop) for loop in sass_loops(sass_text)
+            if re.match(r"@!?U?P\d+ BRA ", loop[-1]) and any("HGMMA" in inst for inst in loop)]
 
 
 def kernel_loops(options: dict[str, Any], depth: int, reg_limit: int | None, extra_copies: int,
