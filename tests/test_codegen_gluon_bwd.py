@@ -259,12 +259,9 @@ def test_emit_backward_from_the_solver(tmp_path, capsys):
     assert "m64n128k16" in facts.wgmma_shapes
 
 
-@pytest.mark.parametrize("blocks,heads,per_chunk", [(16, 32, 8), (32, 16, 4), (64, 8, 2), (32, 13, 4), (16, 5, 9)])
-def test_causal_backward_hands_out_each_chunks_heaviest_key_blocks_first(blocks, heads, per_chunk):
-    """The causal backward's program-id mapping (``CAUSAL_ORDER``, run here as Python on every CTA of the
-    grid in launch order) is a bijection onto (key block, head), goes chunk by chunk of ``heads_per_chunk``
-    heads, and within a chunk puts every head's key block n before any key block n + 1 (a smaller key block
-    meets more query blocks: the heaviest work first)."""
+def _causal_order(blocks: int, heads: int, per_chunk: int) -> list[tuple[int, int]]:
+    """(key block, batch x K/V head) of every CTA of a (blocks, heads) grid in launch order, from the causal
+    backward's own lines (``CAUSAL_ORDER``) run as Python (``BLOCK_N`` = 1: ``n_start`` is the key block)."""
     import types
 
     from twill.codegen.gluon.flash_bwd import CAUSAL_ORDER
@@ -273,11 +270,21 @@ def test_causal_backward_hands_out_each_chunks_heaviest_key_blocks_first(blocks,
     order = []
     for pid1 in range(heads):
         for pid0 in range(blocks):
-            gl = types.SimpleNamespace(num_programs=(blocks, heads).__getitem__, minimum=min,
-                                       program_id=(pid0, pid1).__getitem__)
-            env = {"gl": gl, "heads_per_chunk": per_chunk, "BLOCK_N": 1}
+            env = {"gl": types.SimpleNamespace(num_programs=(blocks, heads).__getitem__, minimum=min,
+                                               program_id=(pid0, pid1).__getitem__),
+                   "heads_per_chunk": per_chunk, "BLOCK_N": 1}
             exec(code, env)
             order.append((env["n_start"], env["bh_kv"]))
+    return order
+
+
+@pytest.mark.parametrize("blocks,heads,per_chunk", [(16, 32, 8), (32, 16, 4), (64, 8, 2), (32, 13, 4), (16, 5, 9)])
+def test_causal_backward_hands_out_each_chunks_heaviest_key_blocks_first(blocks, heads, per_chunk):
+    """The causal backward's program-id mapping (``CAUSAL_ORDER``, run here as Python on every CTA of the
+    grid in launch order) is a bijection onto (key block, head), goes chunk by chunk of ``heads_per_chunk``
+    heads, and within a chunk puts every head's key block n before any key block n + 1 (a smaller key block
+    meets more query blocks: the heaviest work first)."""
+    order = _causal_order(blocks, heads, per_chunk)
     assert sorted(order) == [(n, h) for n in range(blocks) for h in range(heads)]
     chunks = [order[i:i + per_chunk * blocks] for i in range(0, len(order), per_chunk * blocks)]
     for k, chunk in enumerate(chunks):
@@ -297,23 +304,12 @@ def test_the_causal_order_balances_the_backward_in_list_scheduling(seq, kv_heads
     """docs/performance.md, "The causal backward's launch order": the benchmark's causal backward (16384 tokens,
     16 query heads of D = 128, 132 SMs, one CTA each) handed out greedily in the grid's own order finishes
     ``launch_order`` x the ideal, in the order of ``CAUSAL_ORDER`` ``chunked`` x."""
-    import types
-
-    from twill.codegen.gluon.flash_bwd import CAUSAL_ORDER
     from twill.tune.predict import list_schedule
 
     sms, block_m, block_n = 132, 64, 128
     heads, blocks = (16384 // seq) * kv_heads, seq // block_n
     work = {n: (16 // kv_heads) * (seq // block_m - n * block_n // block_m) for n in range(blocks)}
-    code = "\n".join(line[4:] for line in CAUSAL_ORDER)
-    ours = []
-    for pid1 in range(heads):
-        for pid0 in range(blocks):
-            env = {"gl": types.SimpleNamespace(num_programs=(blocks, heads).__getitem__, minimum=min,
-                                               program_id=(pid0, pid1).__getitem__),
-                   "heads_per_chunk": max(1, sms // blocks), "BLOCK_N": 1}
-            exec(code, env)
-            ours.append(work[env["n_start"]])
+    ours = [work[n] for n, _ in _causal_order(blocks, heads, max(1, sms // blocks))]
     grid = [work[n] for _ in range(heads) for n in range(blocks)]
     ideal = sum(grid) / sms
     assert list_schedule(grid, sms)[0] / ideal == pytest.approx(launch_order, abs=0.01)
