@@ -523,20 +523,32 @@ class Search:
         """The joint problem at ``ii`` with 1 … ``options.extra_copies`` copies more than the ``copies`` just
         proved infeasible (``L`` past ``copies·ii``), each solved for the least ``L``; the first with a
         schedule, else None. Each solve adds a ``tried`` row (``by``: ``extra_copies``)."""
-        graph, options = self.graph, self.options
-        units = effective_units(graph, self.machine.units)
-        for n in range(copies + 1, copies + 1 + options.extra_copies):
+        for n in range(copies + 1, copies + 1 + self.options.extra_copies):
             if deadline - time.perf_counter() <= 0:
                 return None
-            model = new_model(graph, self.machine, options, units, ii=ii, length_min=(n - 1) * ii + 1)
-            outcome = model.solve(Objective.LENGTH, time_limit=share("joint", deadline))
-            self.tried.append(Attempt(ii, joint=outcome.status, by="extra_copies", length_min=(n - 1) * ii + 1,
-                                      copies=n, seconds=outcome.seconds))
-            options.report(f"II {options.ii_text(ii)}: joint with {n} copies {outcome.status}")
+            model, outcome = self.solve_copies(ii, n, deadline)
             if outcome.found:
                 return model, outcome
             model.close()
         return None
+
+    def solve_copies(self, ii: int, copies: int, deadline: float,
+                     unhoisted_below: int | None = None) -> tuple[JointModel, JointOutcome]:
+        """The joint problem at ``ii`` with exactly ``copies`` copies (``L`` in ``((copies − 1)·ii, copies·ii]``),
+        with ``unhoisted < unhoisted_below`` when given, solved for the least ``L`` within the joint share of
+        the time to ``deadline``; adds its ``tried`` row (``by``: ``extra_copies``) and reports it."""
+        graph, options = self.graph, self.options
+        length_min = (copies - 1) * ii + 1
+        model = new_model(graph, self.machine, options, effective_units(graph, self.machine.units), ii=ii,
+                          length_min=length_min)
+        if unhoisted_below is not None:
+            model.bound(Objective.UNHOISTED, unhoisted_below - 1)
+        outcome = model.solve(Objective.LENGTH, time_limit=share("joint", deadline))
+        self.tried.append(Attempt(ii, joint=outcome.status, by="extra_copies", length_min=length_min, copies=copies,
+                                  unhoisted_below=unhoisted_below, seconds=outcome.seconds))
+        fewer = "" if unhoisted_below is None else f" and fewer than {unhoisted_below} unhoisted pairs"
+        options.report(f"II {options.ii_text(ii)}: joint with {copies} copies{fewer} {outcome.status}")
+        return model, outcome
 
     def hoist_with_more_copies(self, problem: JointProblem, records: list[ObjectiveRecord]
                                ) -> tuple[JointModel, JointSolution, list[ObjectiveRecord]] | None:
@@ -552,8 +564,6 @@ class Search:
         record = next((r for r in records if r.name == Objective.UNHOISTED), None)
         if not options.extra_copies or record is None or record.value == 0:
             return None
-        graph, ii = self.graph, problem.ii
-        units = effective_units(graph, self.machine.units)
         best: tuple[JointModel, JointSolution, list[ObjectiveRecord]] | None = None
         value, decided = record.value, record.proven
         for n in range(problem.copies + 1, problem.copies + 1 + options.extra_copies):
@@ -562,13 +572,7 @@ class Search:
             if self.deadline - time.perf_counter() <= 0:
                 decided = False
                 break
-            model = new_model(graph, self.machine, options, units, ii=ii, length_min=(n - 1) * ii + 1)
-            model.bound(Objective.UNHOISTED, value - 1)
-            outcome = model.solve(Objective.LENGTH, time_limit=share("joint", self.deadline))
-            self.tried.append(Attempt(ii, joint=outcome.status, by="extra_copies", length_min=(n - 1) * ii + 1,
-                                      copies=n, unhoisted_below=value, seconds=outcome.seconds))
-            options.report(f"II {options.ii_text(ii)}: joint with {n} copies and fewer than {value} unhoisted "
-                           f"pairs {outcome.status}")
+            model, outcome = self.solve_copies(problem.ii, n, self.deadline, unhoisted_below=value)
             decided = decided and outcome.status in (Status.OPTIMAL, Status.FEASIBLE, Status.INFEASIBLE)
             if not outcome.found:
                 model.close()
