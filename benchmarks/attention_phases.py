@@ -232,17 +232,25 @@ def main() -> None:
     with open(os.path.join(args.out, "attention_phases.json"), "w") as fh:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, fh,
                   indent=1)
-    print(f"{'file':30s} {'S':>6s} {'variant':11s} " + " ".join(f"{p:>7s}" for p in PHASES)
-          + "    sum  meas(smi) meas(span) x(instr) GHz(smi) GHz(span) outside busy")
-    for r in results:
+    print(table({"results": results}))
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The phases of a run (``attention_phases.json``) as the script prints them and docs/performance.md shows
+    them: mean cycles per iteration per phase and their sum, the kernel's cycles per iteration from its time at
+    the sampled clock and at the partitions' own clock, the instrumented/plain time ratio, both clocks, the
+    cycles per block outside the loop and the SMs' busy share."""
+    lines = [f"{'file':34s} {'S':>5s} {'variant':9s} " + " ".join(f"{p:>7s}" for p in PHASES)
+             + "    sum  meas(smi) meas(span) x(instr) GHz(smi) GHz(span) outside busy"]
+    for r in doc["results"]:
         for name, row in r["variants"].items():
             cyc = row["cycles_per_iteration"] or 0
-            print(f"{r['file']:30s} {r['shape']['S']:6d} {name:11s} "
-                  + " ".join(f"{row['phases'][p]:7.0f}" for p in PHASES)
-                  + f" {row['iteration']:6.0f} {cyc:9.0f} {row['cycles_per_iteration_span_clock']:10.0f}"
-                  f" {row['ms_instrumented'] / row['ms']:8.3f} {r['clock_ghz'] or 0:8.3f} {row['span_clock_ghz']:9.3f}"
-                  f" {row['outside_loop_cycles']:7.0f} {row['sm_busy']:.3f}")
-
+            lines.append(f"{r['file']:34s} {r['shape']['S']:5d} {name:9s} "
+                         + " ".join(f"{row['phases'][p]:7.0f}" for p in PHASES)
+                         + f" {row['iteration']:6.0f} {cyc:9.0f} {row['cycles_per_iteration_span_clock']:10.0f}"
+                         f" {row['ms_instrumented'] / row['ms']:8.3f} {r['clock_ghz'] or 0:8.3f}"
+                         f" {row['span_clock_ghz']:9.3f} {row['outside_loop_cycles']:7.0f} {row['sm_busy']:.3f}")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()

@@ -538,6 +538,22 @@ def markdown_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown_rounds_table(result: dict[str, Any]) -> str:
+    """The attention kernels of a ``--rounds`` run: per kernel and S, TFLOP/s (median over the rounds), the
+    ratio to cuDNN and to FA2 of the same rounds, the kernel's and cuDNN's spread (max/min of the rounds' times)
+    and the median SM clock of its rounds."""
+    lines = ["| kernel | S | TFLOP/s | vs cuDNN | vs FA2 | spread (twill / cuDNN) | GHz |", "|---" * 7 + "|"]
+    for r in result["kernels"]:
+        for t in r.get("timings", []):
+            if "rounds" not in t:
+                continue
+            spread = " / ".join(f"{hi / lo - 1:.1%}" for lo, hi in (t["ms_spread"][n] for n in ("twill", "cudnn")))
+            clock = f"{t['clock_ghz']:.2f}" if t.get("clock_ghz") else "-"
+            lines.append(f"| `{r['name']}` | {t['S']} | {t['tflops']:.0f} | {t.get('ratio_vs_cudnn', 0):.2f} | "
+                         f"{t.get('ratio_vs_fa2', 0):.2f} | {spread} | {clock} |")
+    return "\n".join(lines)
+
+
 def markdown_ab_table(result: dict[str, Any]) -> str:
     """An A/B run of one code change (``{"variant": run, "base": run, ...}``, both ``run`` results of one GPU
     session, one after the other): per attention kernel and S, TFLOP/s with the change / without it and their

@@ -373,6 +373,24 @@ def _backward_table(result):
     return table(result)
 
 
+def _phases_table(result):
+    from benchmarks.attention_phases import table
+
+    return table(result)
+
+
+def _rounds_table(result):
+    from benchmarks.gluon_bench import markdown_rounds_table
+
+    return markdown_rounds_table(result)
+
+
+def _launch_table(result):
+    from benchmarks.launch_overhead import table
+
+    return table(result)
+
+
 #: (marker in docs/performance.md, committed results file, what the doc shows of it)
 PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity_summary),
                       ("fidelity-heldout", "model_fidelity_h200_heldout.json", _fidelity_summary),
@@ -405,6 +423,9 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("d128-sub3-depth-table", "gluon_bench_h200_d128_sub3_depth.json", _gluon_bench_table),
                       ("causal-predicted-table", "gluon_bench_h200_predicted.json", _prediction_table),
                       ("loop-instructions-table", "loop_instructions.json", _loop_instructions_table),
+                      ("no-loads-table", "attention_phases_h200_no_loads.json", _phases_table),
+                      ("rounds-table", "gluon_bench_h200_rounds.json", _rounds_table),
+                      ("launch-overhead-table", "launch_overhead_h200.json", _launch_table),
                       ("bwd-predicted-table", "flash_bwd_h200_predicted.json", _bwd_prediction_table),
                       ("causal-order-table", "flash_bwd_h200_causal_order.json",
                        lambda result: "with the chunked order:\n" + _backward_table(result["variant"]) + "\nmain:\n"

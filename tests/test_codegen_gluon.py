@@ -909,3 +909,33 @@ def test_an_interleaved_timing_keeps_the_ratios_of_its_own_rounds(monkeypatch):
               "attention_references": {"fp16_d128_causal": {4096: {"cudnn": 1.0, "fa2": 300.0}}}}
     gluon_bench._attach_ratios(result)
     assert row["ratio_vs_cudnn"] == pytest.approx(1.1) and row["fa2_tflops"] == 300.0
+
+
+def test_launch_overhead_refuses_a_folder_without_a_manifest_or_an_unknown_kernel(tmp_path):
+    """``benchmarks/launch_overhead.py`` checks its folder and kernel names before it touches the GPU: one
+    clear line and a non-zero exit each."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "launch_overhead.py")
+    run = subprocess.run([sys.executable, script, str(tmp_path), "--only", "fa_x"], capture_output=True, text=True)
+    assert run.returncode == 2 and "no manifest.json" in run.stderr and "Traceback" not in run.stderr
+    (tmp_path / "manifest.json").write_text(json.dumps([{"name": "fa_a", "file": "fa_a.py"}]))
+    from benchmarks import launch_overhead
+
+    with pytest.raises(SystemExit, match="no kernel fa_x"):
+        launch_overhead.run(str(tmp_path), ["fa_x"], [2048])
+
+
+def test_the_rounds_table_shows_medians_same_round_ratios_spread_and_clock():
+    """``markdown_rounds_table`` renders only ``--rounds`` timings: TFLOP/s, the same-round ratios, each
+    contender's max/min spread and the clock."""
+    from benchmarks.gluon_bench import markdown_rounds_table
+
+    timing = {"S": 4096, "tflops": 600.4, "rounds": 5, "ratio_vs_cudnn": 1.04, "ratio_vs_fa2": 2.0,
+              "ms_spread": {"twill": [1.0, 1.05], "cudnn": [1.0, 1.1], "fa2": [2.0, 2.0]}, "clock_ghz": 1.73}
+    result = {"kernels": [{"name": "fa_x", "timings": [timing, {"S": 2048, "tflops": 1.0}]}]}
+    rows = markdown_rounds_table(result).splitlines()
+    assert rows[2] == "| `fa_x` | 4096 | 600 | 1.04 | 2.00 | 5.0% / 10.0% | 1.73 |" and len(rows) == 3
