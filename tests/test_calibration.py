@@ -430,6 +430,9 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("causal-order-table", "flash_bwd_h200_causal_order.json",
                        lambda result: "with the chunked order:\n" + _backward_table(result["variant"]) + "\nmain:\n"
                        + _backward_table(result["base"])),
+                      ("bm128-first-table", "flash_bwd_h200_d64_bm128_first.json", _backward_table),
+                      ("bm128-table", "flash_bwd_h200_d64_bm128.json", _backward_table),
+                      ("bm128-predicted-table", "flash_bwd_h200_d64_bm128_predicted.json", _bwd_prediction_table),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
                        lambda result: "with the fence:\n" + _backward_table(result["variant"]) + "\nmain:\n"
                        + _backward_table(result["base"]))]

@@ -25,6 +25,9 @@ CASES = [
     ({"head_dim": 128, "causal": True, "kv_heads": 2}, {"depth": 2, "dq_lag": 1}),
     ({"head_dim": 64, "dtype": "bf16"}, {"depth": 3, "dq_lag": 2}),
     ({"head_dim": 64, "causal": True}, {"depth": 2, "dq_lag": 1, "late": ("p_cvt", "dv", "dq_store")}),
+    # FA3's head-dim-64 tile: 128 query rows per iteration, dQ on warps [8, 1]
+    ({"head_dim": 64, "block_m": 128}, {"depth": 2, "dq_lag": 1}),
+    ({"head_dim": 64, "block_m": 128, "causal": True, "kv_heads": 2, "dtype": "bf16"}, {"depth": 2, "dq_lag": 1}),
 ]
 
 

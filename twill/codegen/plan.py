@@ -727,8 +727,9 @@ def flash_bwd_plan(schedule: Schedule, backend: str) -> KernelPlan:
         raise _unsupported(backend, f"head dim {head_dim}", ", ".join(map(str, FLASH_BWD_HEAD_DIMS)))
     tile = {"block_m": int(graph.attrs.get("block_m", 64)), "block_n": int(graph.attrs.get("block_n", 128)),
             "head_dim": head_dim}
-    if tile["block_m"] != 64 or tile["block_n"] != 128:
-        raise _unsupported(backend, f"block_m {tile['block_m']}, block_n {tile['block_n']}", "64 and 128")
+    if tile["block_m"] not in (64, 128) or tile["block_n"] != 128:
+        raise _unsupported(backend, f"block_m {tile['block_m']}, block_n {tile['block_n']}",
+                           "block_m 64 or 128, block_n 128")
     _check_bwd_smem(schedule, tile, rings, dq_depth, backend)
     kv_heads = int(graph.attrs.get("kv_heads", 0))
     waits = _ring_waits(graph, rings) + [_retire_wait(graph, op[r]) for r in FLASH_BWD_MMAS]

@@ -13,7 +13,8 @@ S^T = K Q^T, dP^T     [BLOCK_N, BLOCK_M] fp32       wgmma accumulator, warps [8,
 P^T, dS^T (fp16)      [BLOCK_N, BLOCK_M]            DotOperandLayout(0, dK/dV layout): wgmma A      registers
 dS^T                  [BLOCK_N, BLOCK_M] fp16       NVMMA shared (A of dQ, transposed view)         smem
 dK, dV                [BLOCK_N, HEAD_DIM] fp32      wgmma accumulator, warps [8, 1]                 registers
-dQ                    [BLOCK_M, HEAD_DIM] fp32      wgmma accumulator, warps [4, 2] (N split)       registers
+dQ                    [BLOCK_M, HEAD_DIM] fp32      wgmma accumulator, warps [4, 2] at BLOCK_M 64   registers
+                                                    (N split), [8, 1] at 128
 dQ staging            [DQ_DEPTH, BLOCK_M, HEAD_DIM] NVMMA shared fp32 (the TMA reduce's source)     smem
 LSE, D rows           [2, BLOCK_M] fp32 per buffer    SliceLayout(0, S^T) (one value per query)       smem ring
 ====================  ============================  =============================================  ===========
@@ -348,6 +349,8 @@ class _Compute:
 
     def render(self) -> str:
         part = self.part
+        dq_warps = dq_warps_of(self.plan)
+        dq_n = "HEAD_DIM" if dq_warps[1] == 1 else f"HEAD_DIM // {dq_warps[1]}"
         head = compute_def(self.plan, COMPUTE_PARAMS, (),
                            f"Warp group {part.group} ({part.num_warps} warps, two wgmma warp groups cooperating on "
                            f"every tile): dK and dV of the key block over its query blocks.")
@@ -356,8 +359,8 @@ class _Compute:
             "                                                        instr_shape=[16, BLOCK_M, 16])",
             "    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
             "                                                        instr_shape=[16, HEAD_DIM, 16])",
-            "    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],",
-            "                                                        instr_shape=[16, HEAD_DIM // 2, 16])",
+            f"    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta={list(dq_warps)},",
+            f"                                                        instr_shape=[16, {dq_n}, 16])",
             "    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)",
             "    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
             "    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
@@ -374,6 +377,13 @@ class _Compute:
             "    gl.store(dv_ptr + offs, dv.to(DTYPE), mask=mask)",
         ]
         return "\n".join(lines) + "\n"
+
+
+def dq_warps_of(plan: KernelPlan) -> tuple[int, int]:
+    """The 8 compute warps of dQ = dS K [BLOCK_M, HEAD_DIM]: along M as far as its rows allow (a wgmma warp
+    group takes 64 rows), the rest along the head dimension: [4, 2] at BLOCK_M 64, [8, 1] at 128."""
+    along_m = min(8, plan.tile["block_m"] // 16)
+    return along_m, 8 // along_m
 
 
 def helpers_source(plan: KernelPlan) -> str:
@@ -469,7 +479,7 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                  f"its first reader; dQ staged in {plan.dq_depth} fp32 buffer(s), added by the producer warp with one "
                  f"TMA reduce-add per tile {plan.dq_lag} producer iteration(s) after its loads",
                  "layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
-                 "register A operands of dV, dK; dS^T in shared memory for dQ = dS K (warps [4, 2])"]
+                 f"register A operands of dV, dK; dS^T in shared memory for dQ = dS K (warps {list(dq_warps_of(plan))})"]
     if plan.causal:
         decisions.append("causal: a key block meets the query blocks from its diagonal on (m_first); tiles "
                          "reaching into the key block are masked (key <= query)")
