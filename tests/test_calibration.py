@@ -379,6 +379,12 @@ def _phases_table(result):
     return table(result)
 
 
+def _bwd_phases_table(result):
+    from benchmarks.bwd_phases import table
+
+    return table(result)
+
+
 def _rounds_table(result):
     from benchmarks.gluon_bench import markdown_rounds_table
 
@@ -433,6 +439,7 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("bm128-first-table", "flash_bwd_h200_d64_bm128_first.json", _backward_table),
                       ("bm128-table", "flash_bwd_h200_d64_bm128.json", _backward_table),
                       ("bm128-predicted-table", "flash_bwd_h200_d64_bm128_predicted.json", _bwd_prediction_table),
+                      ("bwd-phases-table", "bwd_phases_h200.json", _bwd_phases_table),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
                        lambda result: "with the fence:\n" + _backward_table(result["variant"]) + "\nmain:\n"
                        + _backward_table(result["base"]))]

@@ -106,6 +106,27 @@ def test_attention_probes_still_apply_to_the_emitted_forward(name, tmp_path):
     assert counted.count("_globaltimer(n_tiles)") == 2
 
 
+def test_the_backward_phase_probe_still_applies_and_compiles(tmp_path):
+    """benchmarks/bwd_phases.py edits the emitted backward by exact text: the probe argument reaches the kernel,
+    its compute partition and the launcher; a mark opens every phase (at each wait and partition barrier) of
+    the main loop and closes the last, and the instrumented kernel still compiles for sm_90."""
+    from benchmarks.bwd_phases import PHASE_START, instrument
+    from twill.codegen.gluon import aot, load_emitted
+
+    text = (GOLDEN / "fa_bwd_d128_d2_lag1.py.golden").read_text()
+    counted, labels = instrument(text)
+    loop = text.split("    for j in range(0, n_iters):\n")[1].split("\n    # dK = sm_scale")[0]
+    first = loop.splitlines()[0]
+    starts = [line.strip() for line in loop.splitlines() if PHASE_START.match(line)]
+    assert labels == ([] if PHASE_START.match(first) else [first.strip()]) + starts and len(labels) > 5
+    assert counted.count("_clock32(j))") == len(labels) + 1
+    assert "probe_ptr):" in counted and "_PROBE, num_warps=NUM_WARPS)" in counted
+    path = tmp_path / "bwd_probe.py"
+    path.write_text(counted)
+    facts = aot.ptx_facts(aot.compile_sm90(load_emitted(str(path), "twill_bwd_probe")))
+    assert facts.wgmma > 0
+
+
 @pytest.mark.parametrize("name", ["gemm_128x256x64_lag1_d4", "gemm_128x256x64_lag1_d4_persistent",
                                   "fa_d128_sub2_ahead1_d2", "fa_d64_sub3_ahead0_d2"])
 def test_kernel_clock_probe_still_applies_to_the_emitted_kernels(name):
