@@ -147,8 +147,8 @@ def test_calibrated_costs_follow_the_measured_rates():
 
 def test_plan_covers_every_fitted_quantity():
     benches = {bench for bench, _ in plan()}
-    assert benches == {"mma", "elementwise", "smem", "tma", "tma_reduce", "softmax", "attention_iteration", "handoff",
-                       "launch", "clock"}
+    assert benches == {"mma", "elementwise", "smem", "tma", "tma_reduce", "softmax", "attention_iteration",
+                       "bwd_iteration", "handoff", "launch", "clock"}
     assert len(plan(quick=True)) < len(plan())
 
 
@@ -688,3 +688,63 @@ def test_backward_predict_refuses_unknown_sources_with_one_line(tmp_path, capsys
                             capture_output=True, text=True)
     assert suffix.returncode != 0 and suffix.stderr.strip().splitlines()[-1].endswith("the only suffix is '#full'")
     assert not (tmp_path / "p.json").exists()
+
+
+def test_backward_iterations_are_fitted_keyed_and_bound_the_backward():
+    """The attention-backward iteration is kept per query rows x keys x head dimension, round-trips through the
+    machine file, and bounds a flash-bwd loop of a measured tile from below (``backward_chain``); a tile it did
+    not measure, or a forward, gets no bound from it."""
+    from benchmarks.variants import flash_bwd_schedule
+    from twill.kernels import build_kernel
+    from twill.tune.predict import Shape, backward_chain, predict
+
+    key = {"block_m": 64, "head_dim": 64}
+    measured = [{"bench": "bwd_iteration", "args": key,
+                 "result": {**key, "block_n": 128, "cycles_per_iteration": 30000.0}}]
+    plain, machine = fit(_rows(), H200), fit(_rows() + measured, H200)
+    assert plain.calibration.backward_iteration_cycles is None
+    assert dict(machine.calibration.backward_iteration_cycles) == {"64x128x64": 30000.0}
+    assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration
+    d64 = flash_bwd_schedule(build_kernel("flash-bwd", H200, head_dim=64), H200)
+    d128 = flash_bwd_schedule(build_kernel("flash-bwd", H200, head_dim=128), H200)
+    assert backward_chain(d64, machine) == {"chain_ii": 30000.0}
+    assert backward_chain(d128, machine) == backward_chain(d64, plain) == {}
+    shape = Shape("attention", (2, 8, 4096, 64))
+    bound, free = predict(d64, shape, machine), predict(d64, shape, plain)
+    iterations = 4096 // 64
+    assert bound.seconds > free.seconds
+    # every iteration of every CTA runs at least at the measured pace (at the machine's clock)
+    assert bound.seconds * machine.clock_at(0.0) * 1e9 * machine.sms >= 0.9 * 30000.0 * iterations * (
+        2 * 8 * 4096 // 128)
+
+
+@pytest.mark.slow
+def test_backward_iteration_microbenchmark_compiles_without_spills():
+    """The backward-iteration microbenchmark compiles for sm_90 (no GPU) for every tile ``twill calibrate``
+    measures: five GEMMs per iteration (S^T, dP^T with K = head dim; dV, dK with K = query rows; dQ with K =
+    128 keys), wgmma waits of depth 1 and 0 as the generated loop, the four ring waits, and no spill (a spill
+    would time something the kernel does not do; with loop-invariant Q/dO operands ptxas hoisted their wgmma
+    descriptors out of the loop and spilled)."""
+    pytest.importorskip("triton")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from twill.codegen.gluon.aot import ptx_facts
+    from twill.machine import microbench
+    from twill.machine.calibrate import BACKWARD_ITERATIONS
+    from twill.tune.spills import ptxas_report
+
+    signature = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "do_ptr": "*fp16", "rows_ptr": "*fp32",
+                 "out_ptr": "*fp32", "stats_ptr": "*i64", "reps": "i32", "qk_scale": "fp32", "BLOCK_M": "constexpr",
+                 "BLOCK_N": "constexpr", "HEAD_DIM": "constexpr", "DQ_WARPS_M": "constexpr"}
+    for block_m, head_dim in BACKWARD_ITERATIONS:
+        src = GluonASTSource(microbench._bwd_iteration_kernel, signature,
+                             constexprs={"BLOCK_M": block_m, "BLOCK_N": 128, "HEAD_DIM": head_dim,
+                                         "DQ_WARPS_M": min(8, block_m // 16)},
+                             attrs={(i,): [["tt.divisibility", 16]] for i in range(7)})
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+        facts = ptx_facts(compiled)
+        assert facts.wgmma == 2 * head_dim // 16 + 2 * block_m // 16 + 128 // 16
+        assert facts.wait_depths == (0, 1) and facts.mbarrier_waits == 4
+        assert ptxas_report(compiled.asm["ptx"], 90)["spill_bytes"] == 0, (block_m, head_dim)

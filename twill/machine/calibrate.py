@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 from twill.errors import TwillError
-from twill.machine.calibration import Calibration, softmax_key
+from twill.machine.calibration import Calibration, backward_key, softmax_key
 from twill.machine.models import Machine, get_machine
 
 #: wgmma instruction widths measured (``m64nNk16``).
@@ -33,6 +33,9 @@ SOFTMAX_STEPS = tuple((g, n, d) for d in (64, 128) for n in (64, 128) for g in (
 L2_HOT_MB = 16
 #: The hot set every SM reads for the ceiling on one SM's TMA intake (``tma_sm_bytes_per_clk``).
 SHARED_HOT_MB = 1
+#: (query rows, head dimension) of the attention-backward iterations measured (128 keys): the generated
+#: backward's 64-row tiles at head dim 64 and 128, and FA3's 128-row tile at head dim 64.
+BACKWARD_ITERATIONS = ((64, 64), (128, 64), (64, 128))
 
 
 def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
@@ -69,6 +72,8 @@ def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
         for pv in (True, False):
             steps.append(("softmax", {"groups": groups, "block_n": block_n, "head_dim": head_dim, "pv": pv}))
         steps.append(("attention_iteration", {"groups": groups, "block_n": block_n, "head_dim": head_dim}))
+    for block_m, head_dim in BACKWARD_ITERATIONS:
+        steps.append(("bwd_iteration", {"block_m": block_m, "head_dim": head_dim}))
     steps.append(("handoff", {"worker_warps": 4}))
     steps.append(("handoff", {"worker_warps": 1}))
     steps.append(("launch", {}))
@@ -85,6 +90,7 @@ def run(steps: Iterable[tuple[str, dict[str, Any]]],
                  "smem": microbench.measure_smem, "tma": microbench.measure_tma,
                  "tma_reduce": microbench.measure_tma_reduce, "softmax": microbench.measure_softmax,
                  "attention_iteration": microbench.measure_attention_iteration,
+                 "bwd_iteration": microbench.measure_bwd_iteration,
                  "handoff": microbench.measure_handoff, "launch": microbench.measure_launch,
                  "clock": microbench.measure_clock}
     steps = list(steps)
@@ -106,7 +112,7 @@ def _summary(bench: str, result: dict[str, Any]) -> str:
     keys = {"mma": ("flops_per_clk", "cycles_per_group", "clock_ghz"), "elementwise": ("elements_per_clk",),
             "smem": ("bytes_per_clk",), "tma": ("bytes_per_clk", "cycles_per_tile"),
             "tma_reduce": ("cycles_per_tile", "bytes_per_clk"), "softmax": ("cycles_per_step",),
-            "attention_iteration": ("cycles_per_iteration",),
+            "attention_iteration": ("cycles_per_iteration",), "bwd_iteration": ("cycles_per_iteration",),
             "handoff": ("cycles_per_handoff",), "launch": ("launch_us",), "clock": ("clock_ghz", "wgmma_clock_ghz", "gemm_tflops")}[bench]
     return ", ".join(f"{k} {result[k]:.4g}" for k in keys)
 
@@ -172,6 +178,9 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
     # optional as well: the compute side of a whole loop iteration, tensor-core turns included
     iterations = {softmax_key(r["groups"], r["block_n"], r["head_dim"]): r["cycles_per_iteration"]
                   for r in _results(rows, "attention_iteration")}
+    # optional as well: the compute side of an attention-backward iteration, per (query rows, keys, head dim)
+    backward = {backward_key(r["block_m"], r["block_n"], r["head_dim"]): r["cycles_per_iteration"]
+                for r in _results(rows, "bwd_iteration")}
     # the SM's own cycle counter over event time under full tensor-core load; nvidia-smi's reading
     # (``clock_ghz`` of the row) can stay at the boost clock while the SM runs slower
     clocks = [r["wgmma_clock_ghz"] for r in _results(rows, "clock")]
@@ -182,7 +191,8 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
         tma_latency_cycles=tma_lat, tma_bytes_per_clk=tma_bw, tma_l2_latency_cycles=l2_lat,
         tma_l2_bytes_per_clk=l2_bw, tma_sm_bytes_per_clk=max(sm_rate) if sm_rate else None,
         tma_reduce_bytes_per_clk=statistics.median(reduce) if reduce else None,
-        softmax_step_cycles=steps or None, attention_iteration_cycles=iterations or None)
+        softmax_step_cycles=steps or None, attention_iteration_cycles=iterations or None,
+        backward_iteration_cycles=backward or None)
     calibration = Calibration.from_dict(calibration.to_dict())  # normalised, validated mappings
     return replace(base, model=f"{base.name}-calibrated", calibration=calibration,
                    sustained_clock_ghz=statistics.median(_need(clocks, "the sustained clock")), launch_us=launch)

@@ -54,14 +54,16 @@ def _rate_table(where: str, value: Any) -> Mapping[int, float]:
 
 
 def _step_table(where: str, value: Any) -> Mapping[str, float]:
-    """``{"2x128x128": cycles, ...}`` validated (keys of :func:`softmax_key`)."""
+    """``{"2x128x128": cycles, ...}`` validated (keys of :func:`softmax_key` or :func:`backward_key`)."""
+    sizes = ("query rows x keys x head dimension (e.g. '64x128x64')" if where.endswith("backward_iteration_cycles")
+             else "groups x keys x head dimension (e.g. '2x128x128')")
     if not isinstance(value, Mapping) or not value:
-        raise FormatError(f"{where} must be a non-empty object of groups x keys x head dimension -> cycles")
+        raise FormatError(f"{where} must be a non-empty object of {sizes.split(' (')[0]} -> cycles")
     out = {}
     for key, cycles in value.items():
         parts = str(key).split("x")
         if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise FormatError(f"{where}: key {key!r} is not groups x keys x head dimension (e.g. '2x128x128')")
+            raise FormatError(f"{where}: key {key!r} is not {sizes}")
         out[str(key)] = _positive(f"{where}[{key}]", cycles)
     return MappingProxyType(dict(sorted(out.items())))
 
@@ -74,14 +76,21 @@ def lookup_n(table: Mapping[int, float], n: int) -> float:
 
 #: Calibration fields a machine file may leave out (measured by later versions of ``twill calibrate``).
 OPTIONAL_FIELDS = frozenset({"tma_sm_bytes_per_clk", "tma_reduce_bytes_per_clk", "softmax_step_cycles",
-                             "attention_iteration_cycles"})
-#: Calibration fields keyed by :func:`softmax_key` (groups x keys x head dimension -> cycles).
-STEP_TABLES = ("softmax_step_cycles", "attention_iteration_cycles")
+                             "attention_iteration_cycles", "backward_iteration_cycles"})
+#: Calibration fields keyed by three sizes: :func:`softmax_key` (groups x keys x head dimension -> cycles), and
+#: :func:`backward_key` (query rows x keys x head dimension) for ``backward_iteration_cycles``.
+STEP_TABLES = ("softmax_step_cycles", "attention_iteration_cycles", "backward_iteration_cycles")
 
 
 def softmax_key(groups: int, block_n: int, head_dim: int) -> str:
     """The key of one measured online-softmax step: ``"2x128x128"`` (groups x keys x head dimension)."""
     return f"{groups}x{block_n}x{head_dim}"
+
+
+def backward_key(block_m: int, block_n: int, head_dim: int) -> str:
+    """The key of one measured attention-backward iteration: ``"64x128x64"`` (query rows x keys x head
+    dimension)."""
+    return f"{block_m}x{block_n}x{head_dim}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +136,12 @@ class Calibration:
             resident in shared memory (so no load ever waits). Optional, and a diagnostic: the prediction
             does not use it (docs/calibration.md says why: on the kernels measured it ranks the tiles the
             wrong way round, so the gap is in the kernels' own instruction stream, not in this mechanism).
+        backward_iteration_cycles: :func:`backward_key` -> cycles per loop iteration of the attention
+            backward's compute side as the generator emits it in FA3's order (one 8-warp partition: S and dP
+            issued and retired, P, dS, their fp16 operands, dS stored behind a barrier, dV, dK and dQ issued and
+            retired, dQ staged behind a barrier, the ring waits and releases) with Q, dO, K and V resident in
+            shared memory. Optional: the attention backward's chain bound in the prediction
+            (:func:`twill.tune.predict.backward_chain`); without it, or for a tile it lacks, there is none.
     """
 
     mma_flops_per_clk: Mapping[str, Mapping[int, float]]
@@ -148,6 +163,7 @@ class Calibration:
     tma_reduce_bytes_per_clk: float | None = None
     softmax_step_cycles: Mapping[str, float] | None = None
     attention_iteration_cycles: Mapping[str, float] | None = None
+    backward_iteration_cycles: Mapping[str, float] | None = None
 
     def mma_rate(self, dtype: str, n: int, *, one_group: bool = False) -> float | None:
         """FLOP per clock for a ``dtype`` wgmma of width ``n``, or None when ``dtype`` was not measured."""
@@ -312,6 +328,9 @@ def format_calibration(machine: Any) -> str:
         *[(f"attention iteration, {g} warp group(s) taking turns, N={n} D={d} (clk)", f"{c:.0f}",
            f"{_tensor_core_cycles(machine, int(g), int(n), int(d)):.0f} (tensor core)")
           for key, c in (cal.attention_iteration_cycles or {}).items() for g, n, d in [key.split("x")]],
+        *[(f"attention backward iteration, M={m} N={n} D={d}, loads resident (clk)", f"{c:.0f}",
+           f"{5 * 2 * int(m) * int(n) * int(d) / machine.tc_flops_per_clk['fp16']:.0f} (tensor core)")
+          for key, c in (cal.backward_iteration_cycles or {}).items() for m, n, d in [key.split("x")]],
         ("sustained SM clock under tensor-core load (GHz)", f"{machine.sustained_clock_ghz:.3f}",
          f"{machine.clock_ghz}"),
         *([("SM clock at tensor-core duty 0.4 / 0.7 / 1.0, clock model (GHz)",

@@ -680,6 +680,170 @@ def measure_attention_iteration(groups: int = 2, block_n: int = 128, head_dim: i
             "rel_error": err}
 
 
+@gluon.jit
+def _bwd_iteration_loop(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_stage, stats_smem, ready, empty, out_ptr,
+                        stats_ptr, reps, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        HEAD_DIM: gl.constexpr, DQ_WARPS_M: gl.constexpr):
+    """The timed loop of :func:`_bwd_iteration_kernel`, in the default partition as in the generated kernel
+    (so that it gets the same register budget)."""
+    pid = gl.program_id(0)
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[DQ_WARPS_M, 8 // DQ_WARPS_M],
+                                                        instr_shape=[16, HEAD_DIM * DQ_WARPS_M // 8, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)
+    gl.store(stats_ptr + pid * 2, _clock(pid))  # the start, kept in memory: no register held over the loop
+    for j in range(reps):
+        mbarrier.wait(ready, 0)  # the Q tile
+        st_tok = warpgroup_mma(k_smem, q_smem.index(j % 2).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        mbarrier.wait(ready, 0)  # the dO tile
+        dpt_tok = warpgroup_mma(v_smem, do_smem.index(j % 2).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        mbarrier.wait(ready, 0)  # the LSE and D rows
+        st = warpgroup_mma_wait(1, deps=[st_tok])
+        lse = gl.max(stats_smem.slice(0, 1).load(st_layout), 0)  # read per iteration, as the kernel's ring
+        p = gl.exp2(st * qk_scale - lse[None, :])
+        dpt = warpgroup_mma_wait(0, deps=[dpt_tok])
+        delta = gl.max(stats_smem.slice(1, 1).load(st_layout), 0)
+        ds = p * (dpt - delta[None, :])
+        p16 = gl.convert_layout(p.to(gl.float16), op_layout)
+        ds_smem.store(ds.to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()
+        dv_tok = warpgroup_mma(p16, do_smem.index(j % 2), dv, is_async=True)
+        ds16 = gl.convert_layout(ds.to(gl.float16), op_layout)
+        dk_tok = warpgroup_mma(ds16, q_smem.index(j % 2), dk, is_async=True)
+        dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
+        dv, dk, dqv, p16, ds16 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p16, ds16])
+        mbarrier.wait(ready, 0)  # the dQ staging tile is free
+        dq_stage.store(dqv)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(empty)  # dQ staged
+        gl.thread_barrier()
+        mbarrier.arrive(empty)  # the Q, dO and stats buffers released
+        mbarrier.arrive(empty)
+        mbarrier.arrive(empty)
+    t1 = _clock(pid)
+    _record(stats_ptr, pid, gl.load(stats_ptr + pid * 2), t1)
+    base = out_ptr + pid * (2 * BLOCK_N + BLOCK_M) * HEAD_DIM
+    kr = gl.arange(0, BLOCK_N, gl.SliceLayout(1, kv_layout))
+    kc = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))
+    gl.store(base + kr[:, None] * HEAD_DIM + kc[None, :], dk)
+    gl.store(base + (BLOCK_N + kr[:, None]) * HEAD_DIM + kc[None, :], dv)
+    # the last dQ, from its staging tile (kept out of the loop's registers, as in the kernel)
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, blocked))
+    m_rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, blocked))
+    gl.store(base + (2 * BLOCK_N + m_rows[:, None]) * HEAD_DIM + cols[None, :], dq_stage.load(blocked))
+
+
+
+
+@gluon.jit
+def _idle_worker(ready):
+    """A one-warp partition with nothing to do: the generated backward's producer warp, without its loads."""
+    pass
+
+
+@gluon.jit
+def _bwd_iteration_kernel(q_ptr, k_ptr, v_ptr, do_ptr, rows_ptr, out_ptr, stats_ptr, reps, qk_scale,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                          DQ_WARPS_M: gl.constexpr):
+    """The compute side of one loop iteration of the generated attention backward (FA3's order, one 8-warp
+    partition, every wgmma retired before the back edge) with its loads taken away: Q and dO [BLOCK_M,
+    HEAD_DIM] (two copies each, used in turn as the kernel's 2-deep rings) and K, V [BLOCK_N, HEAD_DIM]
+    resident in shared memory, the LSE and D rows too (``rows_ptr``: [2, BLOCK_M], read each iteration as
+    from the kernel's stats ring), and each ring wait on a barrier that is always complete. Per iteration: S^T = K Q^T and dP^T = V dO^T issued, S^T retired, P^T = exp2(S^T * scale - LSE), dP^T retired,
+    dS^T = P^T * (dP^T - D), P^T and dS^T converted to fp16 register operands, dS^T stored to shared memory
+    behind a fence and a partition barrier, dV += P^T dO, dK += dS^T Q and dQ = dS K issued and retired,
+    dQ stored to its fp32 staging tile behind a fence and a barrier (no producer reduces it), the buffers
+    released; timed. A one-warp partition beside it does nothing (the kernel's producer, without its loads),
+    so that the loop runs with the register budget the kernel's compute partition gets."""
+    blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, blocked))
+    n_rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, blocked))
+    m_rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, blocked))
+    n_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.float16)
+    m_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float16)
+    k_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, HEAD_DIM], n_layout,
+                                       gl.load(k_ptr + n_rows[:, None] * HEAD_DIM + cols[None, :]))
+    v_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, HEAD_DIM], n_layout,
+                                       gl.load(v_ptr + n_rows[:, None] * HEAD_DIM + cols[None, :]))
+    # two copies of Q and dO, taken in turn, as the kernel's 2-deep rings (the wgmma operands then change
+    # every iteration, as in the kernel, instead of being hoisted out of the loop)
+    q_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_M, HEAD_DIM], m_layout)
+    do_smem = gl.allocate_shared_memory(gl.float16, [2, BLOCK_M, HEAD_DIM], m_layout)
+    q_tile = gl.load(q_ptr + m_rows[:, None] * HEAD_DIM + cols[None, :])
+    do_tile = gl.load(do_ptr + m_rows[:, None] * HEAD_DIM + cols[None, :])
+    for b in gl.static_range(2):
+        q_smem.index(b).store(q_tile)
+        do_smem.index(b).store(do_tile)
+    ds_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], gl.float16))
+    dq_stage = gl.allocate_shared_memory(gl.float32, [BLOCK_M, HEAD_DIM],
+                                         gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.float32))
+    stats_blocked: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 8], [1, 0])
+    stat_rows = gl.arange(0, 2, gl.SliceLayout(1, stats_blocked))
+    stat_cols = gl.arange(0, BLOCK_M, gl.SliceLayout(0, stats_blocked))
+    stats_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M],
+                                           gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2),
+                                           gl.load(rows_ptr + stat_rows[:, None] * BLOCK_M + stat_cols[None, :]))
+    ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(ready, count=1)
+    mbarrier.init(empty, count=1)
+    mbarrier.arrive(ready)  # phase 0 complete: every wait on it returns at once, as on a tile already loaded
+    fence_async_shared()
+    gl.thread_barrier()
+    gl.warp_specialize([
+        (_bwd_iteration_loop, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_stage, stats_smem, ready, empty,
+                               out_ptr, stats_ptr, reps, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, DQ_WARPS_M)),
+        (_idle_worker, (ready,)),
+    ], [1], [24])
+
+
+def measure_bwd_iteration(block_m: int = 64, head_dim: int = 64, reps: int = 512) -> dict[str, float]:
+    """The compute side of one attention-backward loop iteration (:func:`_bwd_iteration_kernel`, 128 keys,
+    ``block_m`` query rows): cycles per iteration, median over SMs, one CTA per SM. Checked against a float64
+    torch replay of the same iterations first."""
+    torch = _torch()
+    block_n, scale = 128, 0.125
+    q, k = ((torch.rand(n, head_dim, device="cuda") - 0.5).half() for n in (block_m, block_n))
+    v, do = ((torch.rand(n, head_dim, device="cuda") - 0.5).half() for n in (block_n, block_m))
+    s = (k.double() @ q.double().T) * scale                       # S^T [keys, queries], base-2 scores
+    rows = torch.stack([s.amax(0), (torch.rand(block_m, device="cuda") - 0.5).double()]).float()
+    grid = sm_count()
+    out = torch.full((grid, (2 * block_n + block_m) * head_dim), float("nan"), device="cuda")
+    stats = torch.zeros(grid * 2, dtype=torch.int64, device="cuda")
+
+    def launch(r):
+        _bwd_iteration_kernel[(grid,)](q, k, v, do, rows, out, stats, r, scale, BLOCK_M=block_m, BLOCK_N=block_n,
+                                       HEAD_DIM=head_dim, DQ_WARPS_M=min(8, block_m // 16), num_warps=8)
+
+    checked = 3
+    launch(checked)
+    p = torch.exp2(s - rows[0].double()[None, :])
+    dp = v.double() @ do.double().T
+    ds = p * (dp - rows[1].double()[None, :])
+    ref = torch.cat([(checked * (ds.half().double() @ q.double())).flatten(),
+                     (checked * (p.half().double() @ do.double())).flatten(),
+                     (ds.half().double().T @ k.double()).flatten()])
+    err = ((out.double() - ref[None, :]).norm(dim=1) / ref.norm()).max().item()
+    if not err < 1e-2:
+        raise RuntimeError(f"backward iteration microbenchmark wrong: relative error {err:.3g}")
+    launch(reps)
+    per_sm = _per_sm(stats, float(reps))
+    return {"block_m": block_m, "block_n": block_n, "head_dim": head_dim,
+            "cycles_per_iteration": per_sm["cycles"] / reps, "ctas_per_sm": per_sm["ctas_per_sm"],
+            "rel_error": err}
+
+
 def measure_smem(groups: int = 1, cols: int = 128, reps: int = 2048) -> dict[str, float]:
     """fp16 register <-> shared-memory round trips: SM-wide bytes moved (store + load) per clock."""
     torch = _torch()

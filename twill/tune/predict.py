@@ -78,7 +78,7 @@ from typing import Any, Mapping
 
 from twill.errors import TwillError
 from twill.ir.graph import LoopGraph
-from twill.machine.calibration import softmax_key
+from twill.machine.calibration import backward_key, softmax_key
 from twill.machine.costs import ASYNC_ISSUE_CYCLES, DTYPE_BYTES, handoff_cycles
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
@@ -464,14 +464,35 @@ def chain_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
     tensor-core hand-offs. The solver's schedule keeps the groups' softmax ops apart on MUFU and the FP32
     pipes, but nothing in the kernel enforces that: the groups run them at once and slow each other down,
     which the measured step includes.
+
+    For the attention backward the bound is :func:`backward_chain`.
     """
     return _chain_bound(schedule, machine, _flash_plan(schedule))
+
+
+def backward_chain(schedule: Schedule, machine: Machine) -> dict[str, float]:
+    """Raw cycles per iteration below which the attention backward's compute partition cannot finish its
+    iteration, on a calibrated machine that measured its tile; ``{}`` otherwise: ``chain_ii`` is the measured
+    iteration (``Calibration.backward_iteration_cycles`` of ``block_m x block_n x head_dim``), the generated
+    loop's compute side with its loads taken away. The generated backward runs every compute op on one 8-warp
+    partition and retires every wgmma before the loop's back edge, so an iteration pays its whole chain (S and
+    dP, the exponentials, dS, the fp16 operands, the dS and dQ stores behind partition barriers, dV, dK and
+    dQ) whatever the schedule overlaps across iterations; a tile the machine file did not measure gets no
+    bound (the per-op rates, optimistic)."""
+    cal, attrs = machine.calibration, schedule.graph.attrs
+    if cal is None or not cal.backward_iteration_cycles or attrs.get("kernel") != "flash-bwd":
+        return {}
+    measured = cal.backward_iteration_cycles.get(
+        backward_key(int(attrs.get("block_m", 64)), int(attrs.get("block_n", 128)), int(attrs.get("head_dim", 128))))
+    return {"chain_ii": measured} if measured else {}
 
 
 def _chain_bound(schedule: Schedule, machine: Machine, plan: Any) -> dict[str, float]:
     """:func:`chain_bound` with the schedule's kernel plan (:func:`_flash_plan`) already made."""
     cal = machine.calibration
     graph = schedule.graph
+    if graph.attrs.get("kernel") == "flash-bwd":
+        return backward_chain(schedule, machine)
     if cal is None or not cal.softmax_step_cycles or graph.attrs.get("kernel") != "flash-fwd" or not schedule.warps:
         return {}
     compute = [g for g in schedule.warps if any(graph.op(n).kind == "mma" for n in g.ops)]
