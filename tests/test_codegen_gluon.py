@@ -939,3 +939,23 @@ def test_the_rounds_table_shows_medians_same_round_ratios_spread_and_clock():
     result = {"kernels": [{"name": "fa_x", "timings": [timing, {"S": 2048, "tflops": 1.0}]}]}
     rows = markdown_rounds_table(result).splitlines()
     assert rows[2] == "| `fa_x` | 4096 | 600 | 1.04 | 2.00 | 5.0% / 10.0% | 1.73 |" and len(rows) == 3
+
+
+def test_bwd_phases_refuses_a_folder_without_a_manifest_an_unknown_variant_or_a_causal_one(tmp_path):
+    """``benchmarks/bwd_phases.py`` checks its folder and variant names before it touches the GPU (one clear
+    line, exit 2 each), and refuses a causal variant, whose CTAs run different iteration counts."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bwd_phases.py")
+    run = subprocess.run([sys.executable, script, "--modules", str(tmp_path), "x"], capture_output=True, text=True)
+    assert run.returncode == 2 and "no manifest.json" in run.stderr and "Traceback" not in run.stderr
+    (tmp_path / "manifest.json").write_text(json.dumps([{"name": "bwd_c", "options": {"causal": True}}]))
+    run = subprocess.run([sys.executable, script, "--modules", str(tmp_path), "x"], capture_output=True, text=True)
+    assert run.returncode == 2 and "no variant x" in run.stderr
+    from benchmarks import bwd_phases
+
+    with pytest.raises(SystemExit, match="causal"):
+        bwd_phases.phases_of(str(tmp_path), {"name": "bwd_c", "options": {"causal": True}}, 4096)
