@@ -257,6 +257,18 @@ def test_backward_shared_memory_overflow_cannot_be_emitted():
         gluon_plan(sched)
 
 
+def test_backward_buffers_that_exactly_fill_shared_memory_are_refused_with_their_barriers():
+    """128-row tiles at head dim 64 with 3-deep rings: the buffers alone are exactly the H200's 232 448 bytes
+    per block, and their 23 mbarriers put the kernel over it (Triton asked for 233 004 at launch, on the H200);
+    the plan refuses it rather than emit a kernel that cannot launch. With 2-deep rings it fits."""
+    from twill.machine.models import H200
+
+    graph = build_kernel("flash-bwd", H200, head_dim=64, block_m=128)
+    with pytest.raises(UnsupportedFeatureError, match="needs 233472 bytes of shared memory, more than the 232448"):
+        gluon_plan(flash_bwd_schedule(graph, H200, depth=3, dq_lag=1))
+    assert gluon_plan(flash_bwd_schedule(graph, H200, depth=2, dq_lag=1)).dq_depth == 2
+
+
 @pytest.mark.skipif(not HAS_ORTOOLS, reason="the B200 schedule comes from the joint solver")
 def test_emit_backward_for_blackwell_is_refused(tmp_path):
     """The session's shared B200 solve (tests/solved.py), written as ``twill schedule -o`` writes it: emitting

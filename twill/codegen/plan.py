@@ -676,17 +676,25 @@ def flash_plan(schedule: Schedule, backend: str, persistent: bool = False) -> Ke
                  kv_heads=kv_heads, persistent=persistent)
 
 
+def smem_bytes(buffers: list[int], barriers: int) -> int:
+    """Shared memory of a kernel's buffers and ``barriers`` mbarriers (8 bytes each), each buffer and the
+    barriers counted in whole KiB: the allocator aligns the swizzled tiles, so buffers that add up to exactly a
+    block's capacity do not fit beside their barriers (Triton then refuses the kernel only at launch)."""
+    return sum(-(-size // 1024) * 1024 for size in (*buffers, 8 * barriers))
+
+
 def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> None:
-    """The Q tile and the K/V rings must fit the machine's shared memory per block (head dim 256 needs
-    ``--block-n 64``)."""
+    """The Q tile, the K/V rings and their barriers (Q, ring ready/empty, a tensor-core turn per compute
+    partition) must fit the machine's shared memory per block (head dim 256 needs ``--block-n 64``)."""
     capacity = get_machine(schedule.arch).smem_per_block
     esize = 2  # fp16 / bf16 bytes
-    need = tile["block_m"] * tile["head_dim"] * esize + sum(
-        r.depth * tile["block_n"] * tile["head_dim"] * esize for r in rings)
+    barriers = 1 + 2 * sum(r.depth for r in rings) + tile["block_m"] // 64     # Q, ring ready/empty, turns
+    need = smem_bytes([tile["block_m"] * tile["head_dim"] * esize,
+                       *(r.depth * tile["block_n"] * tile["head_dim"] * esize for r in rings)], barriers)
     if need > capacity:
         raise UnsupportedFeatureError(
-            f"cannot generate: the Q tile and K/V rings need {need} bytes of shared memory, more than the "
-            f"{capacity} of {schedule.arch} (block_m {tile['block_m']}, block_n {tile['block_n']}, head dim "
+            f"cannot generate: the Q tile, the K/V rings and their barriers need {need} bytes of shared memory, "
+            f"more than the {capacity} of {schedule.arch} (block_m {tile['block_m']}, block_n {tile['block_n']}, head dim "
             f"{tile['head_dim']}, ring depths {'/'.join(str(r.depth) for r in rings)}; {backend} backend); use a "
             f"smaller --block-n or --streaming-depth")
 
@@ -759,11 +767,16 @@ def _check_bwd_stages(schedule: Schedule, compute: Partition, backend: str) -> N
 
 def _check_bwd_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], dq_depth: int,
                     backend: str) -> None:
-    """Resident K and V, the Q/dO/stats rings, the dS tile and the dQ staging buffers must fit shared memory."""
+    """Resident K and V, the Q/dO/stats rings, the dS tile, the dQ staging buffers and the mbarriers must fit
+    shared memory. Each buffer and the barriers are counted in whole KiB (the allocator aligns the swizzled
+    tiles): buffers of exactly the 232 448 bytes of an H200 block (128-row tiles, 3-deep rings) need 233 004
+    with their 23 barriers, and Triton refuses that kernel only at launch."""
     capacity = get_machine(schedule.arch).smem_per_block
     bm, bn, d = tile["block_m"], tile["block_n"], tile["head_dim"]
     buffer = {"q": bm * d * 2, "do": bm * d * 2, "stats": 2 * bm * 4}
-    need = 2 * bn * d * 2 + sum(r.depth * buffer[r.name] for r in rings) + bn * bm * 2 + dq_depth * bm * d * 4
+    barriers = 1 + 2 * dq_depth + 2 * sum(r.depth for r in rings)     # K/V, dQ ready/empty, ring ready/empty
+    need = smem_bytes([2 * bn * d * 2, *(r.depth * buffer[r.name] for r in rings), bn * bm * 2,
+                       dq_depth * bm * d * 4], barriers)
     if need > capacity:
         raise UnsupportedFeatureError(
             f"cannot generate: the attention backward needs {need} bytes of shared memory, more than the "
