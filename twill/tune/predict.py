@@ -15,7 +15,9 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   :func:`chain_bound`): each compute warp group must wait for its S, run its online-softmax step at the speed
   measured with the other groups running theirs, and pass the tensor core on, every iteration; ``II_eff``
   is at least the slowest group's chain, and the partial first and last iterations run at its pace too:
-  ``L`` becomes ``L · chain_ii / II`` when the chain binds.
+  ``L`` becomes ``L · chain_ii / II`` when the chain binds. The attention backward's chain is its measured
+  iteration (:func:`backward_chain`: the generated loop's compute side with the loads taken away, on a
+  machine that measured the tile).
 * **Per tile**: a modulo-scheduled loop of ``n`` iterations starts iteration ``i`` at ``i·II_eff`` and each
   iteration takes ``L``, so the tile takes ``(n − 1)·II_eff + L`` cycles: ``n·II_eff`` in the steady state
   plus the prologue/epilogue overhead ``L − II`` (the ``stages − 1`` partially filled iterations at each end).
