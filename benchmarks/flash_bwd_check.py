@@ -136,18 +136,20 @@ def generate(outdir: str) -> list[dict[str, Any]]:
         except UnsupportedFeatureError as exc:
             print(f"{name}: skipped: {exc}")
             continue
-        sources = {kind: render_plan(gluon_plan(sched)) for kind, sched in (("bwd", bwd), ("fwd", fwd))}
         registers = {}
         if "model_register_violations" in bwd.stats:
-            registers = _ptxas_registers(sources["bwd"], name)
+            from twill.machine.models import get_machine
+            from twill.tune.spills import gluon_spills
+
+            registers = gluon_spills(bwd, get_machine(ARCH))
             if registers["spill_stores"] or registers["spill_loads"]:
                 print(f"{name}: skipped: ptxas spills ({registers}); the model's register rule refused it too: "
                       f"{bwd.stats['model_register_violations'][0]}")
                 continue
             registers["model"] = bwd.stats["model_register_violations"]
-        for kind, text in sources.items():
+        for kind, sched in (("bwd", bwd), ("fwd", fwd)):
             with open(os.path.join(outdir, f"{name}_{kind}.py"), "w") as fh:
-                fh.write(text)
+                fh.write(render_plan(gluon_plan(sched)))
         rows.append({"name": name, "bwd": f"{name}_bwd.py", "fwd": f"{name}_fwd.py", "options": options,
                      "solver": bwd.solver, "ii": bwd.ii, "rings": {r.name: r.depth for r in plan.rings},
                      "dq_depth": plan.dq_depth, "dq_lag": plan.dq_lag, "order": list(plan.compute[0].ops),
@@ -157,19 +159,6 @@ def generate(outdir: str) -> list[dict[str, Any]]:
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
     return rows
-
-
-def _ptxas_registers(source: str, name: str) -> dict[str, Any]:
-    """ptxas's report (registers, spills) for an emitted backward, compiled for sm_90 on the CPU."""
-    from twill.codegen.gluon import load_emitted
-    from twill.codegen.gluon.aot import compile_sm90
-    from twill.tune.spills import ptxas_report
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, f"{name}_bwd.py")
-        with open(path, "w") as fh:
-            fh.write(source)
-        return ptxas_report(compile_sm90(load_emitted(path, f"ptxas_{name}")).asm["ptx"], 90)
 
 
 # -- checks and timing (GPU) -----------------------------------------------------------------------------

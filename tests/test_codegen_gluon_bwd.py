@@ -358,17 +358,18 @@ def test_a_variant_admitted_on_ptxas_is_kept_only_without_spills(tmp_path, monke
     every family but REGISTER LIMIT, its register violation recorded in the manifest with ptxas's report, and
     left out when ptxas reports spills; a violation of any other family still stops it."""
     from benchmarks import flash_bwd_check as fbc
+    from twill.tune import spills
 
     name, options, shape = next(v for v in fbc.VARIANTS if v[0] == "bwd_d64_bm128_hand_d2_lag1")
     bwd, _ = fbc._schedules(options, shape)
     assert [v.split(":")[0] for v in bwd.stats["model_register_violations"]] == ["REGISTER LIMIT"]
     report = {"registers": 168, "spill_stores": 0, "spill_loads": 0, "spill_bytes": 0, "serialized_wgmma": 0}
     monkeypatch.setattr(fbc, "VARIANTS", ((name, options, shape),))
-    monkeypatch.setattr(fbc, "_ptxas_registers", lambda source, n: dict(report))
+    monkeypatch.setattr(spills, "gluon_spills", lambda schedule, machine: dict(report))
     rows = fbc.generate(str(tmp_path / "kept"))
     assert rows[0]["registers"]["model"] == bwd.stats["model_register_violations"]
     assert (tmp_path / "kept" / f"{name}_bwd.py").exists()
-    monkeypatch.setattr(fbc, "_ptxas_registers", lambda source, n: {**report, "spill_stores": 4})
+    monkeypatch.setattr(spills, "gluon_spills", lambda schedule, machine: {**report, "spill_stores": 4})
     assert fbc.generate(str(tmp_path / "spills")) == []
     assert "skipped: ptxas spills" in capsys.readouterr().out
     assert not (tmp_path / "spills" / f"{name}_bwd.py").exists()

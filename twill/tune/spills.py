@@ -12,8 +12,10 @@ import os
 import re
 import subprocess
 import tempfile
+from typing import Any
 
 from twill.errors import TwillError
+from twill.machine.models import Machine
 
 _SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (\d+) registers")
@@ -51,3 +53,18 @@ def ptxas_report(ptx: str, capability: int) -> dict[str, int]:
         first = (proc.stderr.strip().splitlines() or ["no output"])[0][:200]
         raise TwillError(f"ptxas failed ({proc.returncode}): {first}")
     return parse_ptxas_log(proc.stderr + proc.stdout)
+
+
+def gluon_spills(schedule: Any, machine: Machine, persistent: bool = False) -> dict[str, int]:
+    """:func:`ptxas_report` of the Gluon kernel emitted from ``schedule`` (``persistent``: its persistent form),
+    compiled for sm_90 on the CPU."""
+    from twill.codegen.gluon import load_emitted, write_gluon
+    from twill.codegen.gluon.aot import compile_sm90
+
+    if machine.capability // 10 != 9:
+        raise TwillError(f"spill check compiles for sm_90 only, not {machine.arch}")
+    with tempfile.TemporaryDirectory(prefix="twill-spills-") as tmp:
+        path = os.path.join(tmp, "candidate.py")
+        write_gluon(schedule, path, persistent)
+        kernel = compile_sm90(load_emitted(path, f"twill_spills_{os.getpid()}_{abs(hash(path))}"))
+    return ptxas_report(kernel.asm["ptx"], 90)

@@ -36,6 +36,7 @@ from twill.errors import InfeasibleScheduleError, TwillError
 from twill.ir.io import user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
+from twill.tune.spills import gluon_spills
 
 #: Statuses of a job record. ``ok``: a verified schedule; ``infeasible``: the solver proved there is none or
 #: found none in the time limit; ``spills``: the compiled kernel spills registers; ``error``: anything else.
@@ -179,7 +180,7 @@ def _solve_job(job: Job) -> dict[str, Any]:
         if unemittable:
             return {"status": "cannot_emit", "reason": unemittable, "cacheable": True, "ii": schedule.ii,
                     "solve_status": schedule.status, "schedule": schedule_document(schedule), "spills": None}
-        spills = _gluon_spills(schedule, machine, persistent) if job.check_spills else None
+        spills = gluon_spills(schedule, machine, persistent) if job.check_spills else None
     record: dict[str, Any] = {"status": "ok", "reason": None, "cacheable": True, "ii": schedule.ii,
                               "solve_status": schedule.status, "schedule": schedule_document(schedule),
                               "spills": spills}
@@ -241,22 +242,6 @@ def _gluon_refusal(schedule: Any, machine: Machine, persistent: bool) -> str | N
     except UnsupportedFeatureError as exc:
         return str(exc)
     return None
-
-
-def _gluon_spills(schedule: Any, machine: Machine, persistent: bool) -> dict[str, int]:
-    import tempfile
-
-    from twill.codegen.gluon import load_emitted, write_gluon
-    from twill.codegen.gluon.aot import compile_sm90
-    from twill.tune.spills import ptxas_report
-
-    if machine.capability // 10 != 9:
-        raise TwillError(f"spill check compiles for sm_90 only, not {machine.arch}")
-    with tempfile.TemporaryDirectory(prefix="twill-tune-") as tmp:
-        path = os.path.join(tmp, "candidate.py")
-        write_gluon(schedule, path, persistent)
-        kernel = compile_sm90(load_emitted(path, f"twill_tune_{os.getpid()}_{abs(hash(path))}"))
-    return ptxas_report(kernel.asm["ptx"], 90)
 
 
 # -- cache ---------------------------------------------------------------------------------------------
