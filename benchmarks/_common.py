@@ -45,6 +45,19 @@ def without_waits(text: str, barrier: str = r"\w+_empty") -> tuple[str, int]:
                    r"\1pass  # broken on purpose: no wait on \2", text, flags=re.M)
 
 
+def events_ms(fn: Callable[[], Any], calls: int) -> float:
+    """Milliseconds per call of ``fn``: CUDA events around ``calls`` calls issued back to back."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
 def event_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int
                 ) -> tuple[dict[str, float], dict[str, list[float]], list[float]]:
     """Time each function device-side: after one warm-up call each, ``rounds`` rounds interleaved over the
@@ -59,13 +72,7 @@ def event_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int
     window = [time.time()]
     for _ in range(rounds):
         for name, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) / calls)
+            samples[name].append(events_ms(fn, calls))
     window.append(time.time())
     return ({n: statistics.median(s) for n, s in samples.items()},
             {n: [min(s), max(s)] for n, s in samples.items()}, window)

@@ -33,20 +33,10 @@ from typing import Any, Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks._common import events_ms  # noqa: E402
+
 #: Calls per sample, and samples (rounds) per measurement.
 CALLS, ROUNDS = 10, 7
-
-
-def _events_us(fn: Callable[[], Any], calls: int) -> float:
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / calls
 
 
 def _host_us(fn: Callable[[], Any], calls: int) -> float:
@@ -75,7 +65,7 @@ def _graph_us(fn: Callable[[], Any], calls: int) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    return _events_us(graph.replay, 1) / calls
+    return events_ms(graph.replay, 1) * 1e3 / calls
 
 
 def measure(fn: Callable[[], Any]) -> dict[str, Any]:
@@ -86,7 +76,7 @@ def measure(fn: Callable[[], Any]) -> dict[str, Any]:
     samples: dict[str, list[float]] = {"host_us": [], "back_to_back_us": [], "graph_us": []}
     for _ in range(ROUNDS):
         samples["host_us"].append(_host_us(fn, CALLS))
-        samples["back_to_back_us"].append(_events_us(fn, CALLS))
+        samples["back_to_back_us"].append(events_ms(fn, CALLS) * 1e3)
         samples["graph_us"].append(_graph_us(fn, CALLS))
     row: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
     row["spread"] = {k: [min(v), max(v)] for k, v in samples.items()}
