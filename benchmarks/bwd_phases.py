@@ -8,9 +8,10 @@ The instrumented copy is made by exact text edits of the emitted module (``flash
 * ``backward_kernel`` takes one more argument, ``probe_ptr`` (int32), which ``launch`` passes from the module
   global ``_PROBE`` and the kernel hands to its compute partition;
 * at the start of every phase of the compute partition's main loop (a phase runs from a wait or a barrier to
-  the next: :data:`PHASE_START`) and after the last one, the partition reads the low 32 bits of the cycle counter (``%clock``) and stores them at ``probe_ptr[(cta * n_iters + j) * MARKS + k]``.
+  the next: :data:`PHASE_START`) and after the last one, the partition reads the low 32 bits of the cycle
+  counter (``%clock``) and stores them at ``probe_ptr[(cta * n_iters + j) * MARKS + k]``.
 
-A store per mark adds a few instructions per statement; the script times the plain and the instrumented
+A store per mark adds a few instructions per phase; the script times the plain and the instrumented
 kernel to show what that costs. For each module it runs the generated forward (for O and the LSE), then the
 plain and instrumented backward in interleaved rounds, checks that the instrumented kernel's dK and dV equal
 the plain kernel's, and reports, per phase, the mean cycles from its mark to the next over the CTAs and
@@ -44,7 +45,8 @@ TOKENS, HEAD_TOKENS = 16384, 2048
 LOOP = re.compile(r"^    for j in range\((?:0|1), n_iters\):\n", re.M)
 KERNEL_ARGS = ("sm_scale, group):", "sm_scale, group, probe_ptr):")
 COMPUTE_ARGS = ("n_iters, seq_len, qk_scale, sm_scale)", "n_iters, seq_len, qk_scale, sm_scale, probe_ptr)")
-LAUNCH_ARGS = ("sm_scale, H // kv_shape[1], num_warps=NUM_WARPS)", "sm_scale, H // kv_shape[1], _PROBE, num_warps=NUM_WARPS)")
+LAUNCH_ARGS = ("sm_scale, H // kv_shape[1], num_warps=NUM_WARPS)",
+               "sm_scale, H // kv_shape[1], _PROBE, num_warps=NUM_WARPS)")
 COMPUTE_DEF = "@gluon.jit\ndef compute_partition("
 #: The low 32 bits of the SM cycle counter: half the registers of ``%clock64`` in a kernel at its register
 #: budget (differences are taken modulo 2**32 on the host).

@@ -694,9 +694,9 @@ def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring
     if need > capacity:
         raise UnsupportedFeatureError(
             f"cannot generate: the Q tile, the K/V rings and their barriers need {need} bytes of shared memory, "
-            f"more than the {capacity} of {schedule.arch} (block_m {tile['block_m']}, block_n {tile['block_n']}, head dim "
-            f"{tile['head_dim']}, ring depths {'/'.join(str(r.depth) for r in rings)}; {backend} backend); use a "
-            f"smaller --block-n or --streaming-depth")
+            f"more than the {capacity} of {schedule.arch} (block_m {tile['block_m']}, block_n {tile['block_n']}, "
+            f"head dim {tile['head_dim']}, ring depths {'/'.join(str(r.depth) for r in rings)}; {backend} "
+            f"backend); use a smaller --block-n or --streaming-depth")
 
 
 def flash_bwd_plan(schedule: Schedule, backend: str) -> KernelPlan:

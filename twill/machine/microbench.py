@@ -743,8 +743,6 @@ def _bwd_iteration_loop(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_stage, stat
     gl.store(base + (2 * BLOCK_N + m_rows[:, None]) * HEAD_DIM + cols[None, :], dq_stage.load(blocked))
 
 
-
-
 @gluon.jit
 def _idle_worker(ready):
     """A one-warp partition with nothing to do: the generated backward's producer warp, without its loads."""
@@ -759,7 +757,8 @@ def _bwd_iteration_kernel(q_ptr, k_ptr, v_ptr, do_ptr, rows_ptr, out_ptr, stats_
     partition, every wgmma retired before the back edge) with its loads taken away: Q and dO [BLOCK_M,
     HEAD_DIM] (two copies each, used in turn as the kernel's 2-deep rings) and K, V [BLOCK_N, HEAD_DIM]
     resident in shared memory, the LSE and D rows too (``rows_ptr``: [2, BLOCK_M], read each iteration as
-    from the kernel's stats ring), and each ring wait on a barrier that is always complete. Per iteration: S^T = K Q^T and dP^T = V dO^T issued, S^T retired, P^T = exp2(S^T * scale - LSE), dP^T retired,
+    from the kernel's stats ring), and each ring wait on a barrier that is always complete. Per iteration:
+    S^T = K Q^T and dP^T = V dO^T issued, S^T retired, P^T = exp2(S^T * scale - LSE), dP^T retired,
     dS^T = P^T * (dP^T - D), P^T and dS^T converted to fp16 register operands, dS^T stored to shared memory
     behind a fence and a partition barrier, dV += P^T dO, dK += dS^T Q and dQ = dS K issued and retired,
     dQ stored to its fp32 staging tile behind a fence and a barrier (no producer reduces it), the buffers

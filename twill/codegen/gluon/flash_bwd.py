@@ -479,7 +479,8 @@ def flash_bwd_body(plan: KernelPlan) -> KernelBody:
                  f"its first reader; dQ staged in {plan.dq_depth} fp32 buffer(s), added by the producer warp with one "
                  f"TMA reduce-add per tile {plan.dq_lag} producer iteration(s) after its loads",
                  "layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
-                 f"register A operands of dV, dK; dS^T in shared memory for dQ = dS K (warps {list(dq_warps_of(plan))})"]
+                 "register A operands of dV, dK; dS^T in shared memory for dQ = dS K "
+                 f"(warps {list(dq_warps_of(plan))})"]
     if plan.causal:
         decisions.append("causal: a key block meets the query blocks from its diagonal on (m_first); tiles "
                          "reaching into the key block are masked (key <= query)")
