@@ -28,7 +28,7 @@ from twill.machine.models import H100, B200
 from twill.schedule.result import Schedule, WarpGroup
 from twill.tune.predict import Shape, ctas_per_sm, parse_shape, predict
 from twill.tune.space import Candidate, default_axes, kernel_space, triton_space
-from twill.tune.spills import parse_ptxas_log
+from twill.tune.spills import parse_ptxas_log, ptxas_rejection
 from twill.tune import sweep
 from twill.tune.sweep import Job, Progress, cache_dir, run_sweep
 
@@ -478,10 +478,10 @@ def test_ptxas_log_parsing():
                     "start and end of the pipeline stage in the function 'k'\n")
     assert parse_ptxas_log(warned)["serialized_wgmma"] == 1
     # either is a reason not to rank the candidate; a clean report or no compile is not
-    assert "24 bytes of spill" in sweep.ptxas_rejection(parse_ptxas_log(log))
-    assert "serializes the kernel's wgmma" in sweep.ptxas_rejection({**parse_ptxas_log(warned), "spill_bytes": 0})
-    assert sweep.ptxas_rejection({**parse_ptxas_log(log), "spill_bytes": 0}) is None
-    assert sweep.ptxas_rejection(None) is None
+    assert "24 bytes of spill" in ptxas_rejection(parse_ptxas_log(log))
+    assert "serializes the kernel's wgmma" in ptxas_rejection({**parse_ptxas_log(warned), "spill_bytes": 0})
+    assert ptxas_rejection({**parse_ptxas_log(log), "spill_bytes": 0}) is None
+    assert ptxas_rejection(None) is None
 
 
 # -- sweep and cache --------------------------------------------------------------------------------------

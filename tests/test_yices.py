@@ -51,7 +51,7 @@ def joint_problem(graph: LoopGraph, *, ii: int, length: int, slots: int = 3, max
     copies = math.ceil(length / ii)
     return JointProblem(graph=graph, units=dict(graph.units or {}), ii=ii, copies=copies, length_min=length,
                         length_max=copies * ii, slots=slots, max_warps=max_warps, reg_limit=reg_limit,
-                        light_regs=24, regs_per_sm=65536, smem_capacity=smem, tmem_capacity=0,
+                        light_regs=24, reserved_regs=24, regs_per_sm=65536, smem_capacity=smem, tmem_capacity=0,
                         streaming_depth=streaming_depth, cross_warp=cross_warp)
 
 

@@ -23,6 +23,15 @@ def in_place(graph: LoopGraph, name: str) -> bool:
     return any(e.src == e.dst == name and e.distance == 1 for e in graph.edges)
 
 
+def carried_consumers(graph: LoopGraph, name: str) -> list[str]:
+    """The ops that read ``name``'s register value in the same iteration (out-edges of distance 0; none when
+    ``name`` holds no registers). Placed in a later stage than ``name``, each makes the loop body carry the
+    value from one trip into the next (:meth:`Schedule.carried <twill.schedule.result.Schedule.carried>`)."""
+    if graph.op(name).regs <= 0:
+        return []
+    return [e.dst for e in graph.out_edges(name) if e.distance == 0 and e.dst != name]
+
+
 def overwrites(consumer: Op, value: Op) -> bool:
     """``consumer`` writes its result over ``value``'s registers: an accumulator update or an in-place
     elementwise op (``attrs["accumulator"]``/``attrs["in_place"]``) whose result is no larger than the input

@@ -62,7 +62,8 @@ def limit_violation(graph: LoopGraph) -> str | None:
     if len(graph.ops) > MAX_OPS or len(graph.edges) > MAX_EDGES:
         return (f"graph {graph.name!r} has {len(graph.ops)} ops and {len(graph.edges)} edges; Twill supports "
                 f"at most {MAX_OPS} ops and {MAX_EDGES} edges")
-    for key, low, limit in (("streaming_depth", 1, MAX_DEPTH), ("smem_resident", 0, MAX_BYTES)):
+    for key, low, limit in (("streaming_depth", 1, MAX_DEPTH), ("smem_resident", 0, MAX_BYTES),
+                            ("reserved_regs", 0, MAX_REGS)):
         value = graph.attrs.get(key, low)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= limit:
             return f"graph {graph.name!r}: attribute {key!r} must be an integer in [{low}, {limit}], got {value!r}"

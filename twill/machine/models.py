@@ -145,6 +145,12 @@ class Machine:
         ns = self.clock_model["ns_per_clk"] + self.clock_model["ns_per_tensor_clk"] * duty
         return min(self.clock_ghz, 1.0 / ns)
 
+    def reserved_regs(self, attrs: Mapping[str, Any]) -> int:
+        """Registers per thread that REGISTER LIMIT keeps out of a group's budget for the bookkeeping every warp
+        does (addresses, loop counters, barrier phases): the loop graph's ``reserved_regs`` attribute, else
+        ``setmaxnreg_min``, the budget a producer warp runs on (docs/model.md, "Registers")."""
+        return int(attrs.get("reserved_regs", self.setmaxnreg_min))
+
     def round_regs(self, regs: int) -> int:
         """Round a per-thread register count up to a legal ``setmaxnreg`` value."""
         step = self.setmaxnreg_step

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from twill.errors import FormatError
 from twill.ir.graph import Edge, LoopGraph, frozen_attrs
+from twill.ir.semantics import carried_consumers
 from twill.ir.validate import MAX_DEPTH
 from twill.schedule.vocab import SCHEDULE_STATUSES
 
@@ -97,6 +98,21 @@ class Schedule:
     def stage(self, name: str) -> int:
         """Pipeline stage ⌊t / II⌋."""
         return self.starts[name] // self.ii
+
+    def carried(self) -> tuple[str, ...]:
+        """The register values (ops with ``regs > 0``) that a consumer in a later stage reads, over distance-0
+        edges (:func:`~twill.ir.semantics.carried_consumers`), in graph order: values the loop body holds from
+        one trip into the next, beside the accumulators. What :attr:`SolveOptions.excluded_carries
+        <twill.solve.options.SolveOptions.excluded_carries>` names."""
+        return tuple(op.name for op in self.graph.ops
+                     if any(self.stage(u) > self.stage(op.name) for u in carried_consumers(self.graph, op.name)))
+
+    def register_order(self) -> tuple[str, ...]:
+        """The ops with a register result (``regs > 0``) by start time (graph order among equal starts): what
+        :attr:`SolveOptions.excluded_orders <twill.solve.options.SolveOptions.excluded_orders>` names."""
+        index = {op.name: k for k, op in enumerate(self.graph.ops)}
+        return tuple(sorted((op.name for op in self.graph.ops if op.regs > 0),
+                            key=lambda n: (self.starts[n], index[n])))
 
     def residue(self, name: str) -> int:
         """Cycle within the steady state, t mod II."""

@@ -11,7 +11,9 @@ Families (each violation message starts with its name and names the ops involved
   ii_lower_bound``; at most ``MAX_COPIES`` overlapped copies; ``optimal`` implies ``II = ii_lower_bound``
   and every entry of ``stats["proven"]``; recorded length / copies / stage statistics match the start times;
 * warp-specialization families, through ``twill.schedule.verify_ws.ws_violations`` when the schedule has a
-  warp assignment.
+  warp assignment;
+* ``EXCLUDED`` — the schedule carries no set of ``options.excluded_carries`` whole and repeats no order of
+  ``options.excluded_orders``.
 """
 
 from __future__ import annotations
@@ -125,6 +127,19 @@ def consistency_violations(schedule: Schedule) -> list[str]:
     return out
 
 
+def exclusion_violations(schedule: Schedule, options: Any) -> list[str]:
+    """EXCLUDED: no set of ``options.excluded_carries`` has every value carried into a later stage, and no order
+    of ``options.excluded_orders`` has its ops started in that order (each no later than the next)."""
+    carried = set(schedule.carried())
+    out = [f"EXCLUDED: the schedule carries every value of the excluded set {sorted(values)} into a later stage"
+           for values in getattr(options, "excluded_carries", None) or () if set(values) <= carried]
+    starts = schedule.starts
+    out += [f"EXCLUDED: the schedule starts {', '.join(order)} in the excluded order"
+            for order in getattr(options, "excluded_orders", None) or ()
+            if all(starts[a] <= starts[b] for a, b in zip(order, order[1:]))]
+    return out
+
+
 def violations(schedule: Schedule, machine: Machine, options: Any = None) -> list[str]:
     """Every violated constraint of ``schedule`` on ``machine``, one message each (empty when valid)."""
     out = start_violations(schedule)
@@ -139,6 +154,7 @@ def violations(schedule: Schedule, machine: Machine, options: Any = None) -> lis
     out += consistency_violations(schedule)
     if schedule.assignment:
         out += ws_violations(schedule, machine, options)
+    out += exclusion_violations(schedule, options)
     return out
 
 

@@ -134,9 +134,10 @@ def live_intervals(schedule: Schedule) -> list[tuple[str, int, int, int]]:
 
 def register_limit_violations(schedule: Schedule, machine: Machine) -> list[str]:
     """REGISTER LIMIT: per group, at every time, ``Σ regs of live values produced on it ≤ group.regs −
-    setmaxnreg_min`` (the bookkeeping registers every warp keeps)."""
+    reserved_regs`` (the bookkeeping registers every warp keeps: :meth:`Machine.reserved_regs
+    <twill.machine.models.Machine.reserved_regs>`)."""
     out = []
-    reserved = machine.setmaxnreg_min
+    reserved = machine.reserved_regs(schedule.graph.attrs)
     graph = schedule.graph
     by_group: dict[int, list[tuple[int, int, int]]] = {}
     for name, _, start, end in live_intervals(schedule):

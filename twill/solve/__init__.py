@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from twill.errors import InfeasibleScheduleError
+from twill.errors import GraphError, InfeasibleScheduleError
 from twill.ir.graph import LoopGraph
 from twill.ir.validate import validate_graph
 from twill.machine.models import Machine
@@ -91,6 +91,11 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
 
     started = time.perf_counter()
     validate_graph(graph, machine.units)
+    unknown = sorted({name for ops in options.excluded_carries + options.excluded_orders for name in ops}
+                     - set(graph.op_names))
+    if unknown:
+        raise GraphError(f"excluded carried sets or orders name ops that graph {graph.name!r} does not have: "
+                         f"{', '.join(unknown)}")
     options = options.for_graph(graph)
     work, norm = normalized(graph, options)
     if norm.get("enabled"):

@@ -75,6 +75,15 @@ class SolveOptions:
             before it moves on (docs/model.md §5, "Copies"). The paper never tries more (0); 1 also finds the
             schedules that need one more stage, such as a compute group issuing the next S ahead when the
             modulo-only schedule fits in one stage.
+        excluded_carries: sets of register values that no schedule may carry all of into a later stage
+            (:meth:`Schedule.carried <twill.schedule.result.Schedule.carried>`): each set needs one of its
+            values consumed in its own stage. Joint search only.
+            :func:`twill.tune.registers.schedule_without_spills` excludes the carried set of each schedule
+            whose compiled kernel ptxas spills (docs/model.md, "Registers").
+        excluded_orders: start orders of register values (:meth:`Schedule.register_order
+            <twill.schedule.result.Schedule.register_order>`) that no schedule may repeat: each needs two of its
+            consecutive ops started the other way round. Joint search only; the search above adds the order of a
+            spilling schedule that carries nothing.
         cycles_per_unit: raw machine cycles per schedule time unit, set by ``schedule`` once the costs are
             normalized, so that progress lines and messages show raw cycles beside an II; ``None`` = raw.
         progress: called with a one-line status string while searching (current II, bound, elapsed).
@@ -95,6 +104,8 @@ class SolveOptions:
     strategy: str = "linear"
     window_ii_limit: float = WINDOW_II_LIMIT
     extra_copies: int = 0
+    excluded_carries: tuple[tuple[str, ...], ...] = ()
+    excluded_orders: tuple[tuple[str, ...], ...] = ()
     progress: Callable[[str], None] | None = field(default=None, compare=False)
     cycles_per_unit: float | None = field(default=None, compare=False)
 
@@ -121,6 +132,12 @@ class SolveOptions:
             raise TwillError(f"workers must be >= 1, got {self.workers}")
         if not isinstance(self.extra_copies, int) or self.extra_copies < 0:
             raise TwillError(f"extra copies must be a non-negative integer, got {self.extra_copies!r}")
+        for what, minimum, names in (("carried set", 1, self.excluded_carries), ("order", 2, self.excluded_orders)):
+            for ops in names:
+                if len(ops) < minimum or any(not isinstance(op, str) for op in ops):
+                    raise TwillError(f"an excluded {what} must be a tuple of at least {minimum} op names, got {ops!r}")
+        if (self.excluded_carries or self.excluded_orders) and not self.ws:
+            raise TwillError("excluded carried sets and orders apply to the joint search (ws=True) only")
 
     def for_graph(self, graph: LoopGraph) -> "SolveOptions":
         """These options with ``streaming_depth`` resolved for ``graph`` (the graph's default, else 2)."""

@@ -68,3 +68,16 @@ def gluon_spills(schedule: Any, machine: Machine, persistent: bool = False) -> d
         write_gluon(schedule, path, persistent)
         kernel = compile_sm90(load_emitted(path, f"twill_spills_{os.getpid()}_{abs(hash(path))}"))
     return ptxas_report(kernel.asm["ptx"], 90)
+
+
+def ptxas_rejection(report: dict[str, int] | None) -> str | None:
+    """Why a candidate whose compiled kernel has ptxas ``report`` (:func:`twill.tune.spills.ptxas_report`)
+    is not ranked (status ``spills``): it spills registers, or ptxas serialized its wgmma instructions (each
+    then waits for the one before it); None when neither, or when nothing was compiled."""
+    if not report:
+        return None
+    if report["spill_bytes"] > 0:
+        return f"ptxas reports {report['spill_bytes']} bytes of spill stores/loads"
+    if report.get("serialized_wgmma"):
+        return "ptxas serializes the kernel's wgmma instructions (each waits for the one before it)"
+    return None

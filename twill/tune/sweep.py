@@ -36,7 +36,7 @@ from twill.errors import InfeasibleScheduleError, TwillError
 from twill.ir.io import user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
-from twill.tune.spills import gluon_spills
+from twill.tune.spills import gluon_spills, ptxas_rejection
 
 #: Statuses of a job record. ``ok``: a verified schedule; ``infeasible``: the solver proved there is none or
 #: found none in the time limit; ``spills``: the compiled kernel spills registers; ``error``: anything else.
@@ -190,19 +190,6 @@ def _solve_job(job: Job) -> dict[str, Any]:
     if rejected:
         record.update(status="spills", reason=rejected)
     return record
-
-
-def ptxas_rejection(report: dict[str, int] | None) -> str | None:
-    """Why a candidate whose compiled kernel has ptxas ``report`` (:func:`twill.tune.spills.ptxas_report`)
-    is not ranked (status ``spills``): it spills registers, or ptxas serialized its wgmma instructions (each
-    then waits for the one before it); None when neither, or when nothing was compiled."""
-    if not report:
-        return None
-    if report["spill_bytes"] > 0:
-        return f"ptxas reports {report['spill_bytes']} bytes of spill stores/loads"
-    if report.get("serialized_wgmma"):
-        return "ptxas serializes the kernel's wgmma instructions (each waits for the one before it)"
-    return None
 
 
 def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[str, int] | None]:

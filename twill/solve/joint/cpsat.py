@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from twill.ir.semantics import (blocking_in, buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
-                                read_cycles, value_bytes, waited_groups)
+from twill.ir.semantics import (blocking_in, buffer_edges, can_cross, carried_consumers, holds_memory, in_place,
+                                is_accumulator, read_cycles, value_bytes, waited_groups)
 from twill.schedule.vocab import SECONDARY, Family, Objective, Status
 from twill.solve.joint.problem import (WIDTHS, JointOutcome, JointProblem, JointSolution, ModelSize,
                                        most_least_depth)
@@ -261,8 +261,9 @@ def add_register_limit(b: _Builder) -> None:
     """REGISTER LIMIT: for every slot g and time τ, ``Σ_{(v,i) live at τ, a[v,g]} regs(v) ≤ budget_g``.
     Live intervals ``[t_v + i·I, E[v,i])`` (liveness derived from the schedule; an in-place accumulator's
     copy 0 from 0: its initial value is held from loop entry), one optional copy per slot,
-    one Cumulative per slot with capacity ``R − light_regs``: every group keeps the bookkeeping registers a
-    light (producer) warp runs on, so tile values get the rest (light slots hold no register value)."""
+    one Cumulative per slot with capacity ``R − reserved_regs``: every group keeps bookkeeping registers (by
+    default the ``setmaxnreg`` minimum a light, producer, warp runs on), so tile values get the rest (light
+    slots hold no register value)."""
     p, m = b.p, b.model
     before = len(m.proto.constraints)
     if not p.active("register_limit"):
@@ -287,7 +288,7 @@ def add_register_limit(b: _Builder) -> None:
                 per_slot[g][0].append(itv)
                 per_slot[g][1].append(op.regs)
     for g, (intervals, demands) in sorted(per_slot.items()):
-        m.add_cumulative(intervals, demands, p.reg_limit - p.light_regs)
+        m.add_cumulative(intervals, demands, p.reg_limit - p.reserved_regs)
     b.count("register_limit", before)
 
 
@@ -428,6 +429,32 @@ def add_memory_capacity(b: _Builder, staging: Any) -> None:
     b.count("memory_capacity", before)
 
 
+def add_exclusions(b: _Builder) -> None:
+    """EXCLUDED CARRIES (Twill's; not a paper family): for each excluded set X of register values,
+    ``∨_{v∈X} kept[v]`` with ``kept[v] ⇒ k_u ≤ k_v`` for every distance-0 consumer u of v: some value of X is
+    consumed in the stage it is produced in (:meth:`~twill.schedule.result.Schedule.carried`); for each
+    excluded order ``o_1 … o_k``, ``∨_i t_{o_{i+1}} < t_{o_i}``: two consecutive ops start the other way round
+    (:meth:`~twill.schedule.result.Schedule.register_order`)."""
+    m = b.model
+    before = len(m.proto.constraints)
+    for carried in b.p.excluded_carries:
+        kept = []
+        for name in carried:
+            lit = m.new_bool_var(f"kept[{name}]")
+            for u in carried_consumers(b.g, name):
+                m.add(b.v.stage[u] <= b.v.stage[name]).only_enforce_if(lit)
+            kept.append(lit)
+        m.add_bool_or(kept)
+    for order in b.p.excluded_orders:
+        swapped = []
+        for first, second in zip(order, order[1:]):
+            lit = m.new_bool_var(f"swapped[{first},{second}]")
+            m.add(b.v.t[second] < b.v.t[first]).only_enforce_if(lit)
+            swapped.append(lit)
+        m.add_bool_or(swapped)
+    b.count("excluded", before)
+
+
 def add_stage_objective(b: _Builder) -> None:
     """Objective helpers: ``length = L``, ``stages = max_v k_v + 1`` and ``prologue = Σ_v (max_u k_u − k_v)``
     (op-stages issued ahead of the last stage: the work the prologue and epilogue duplicate)."""
@@ -455,6 +482,7 @@ def build_model(problem: JointProblem) -> _Builder:
     add_concurrency(b)
     add_warp_issue(b)
     add_memory_capacity(b, staging)
+    add_exclusions(b)
     add_stage_objective(b)
     return b
 

@@ -41,12 +41,18 @@ class JointProblem:
         max_warps: warp pool size (WARP COUNT).
         reg_limit: R, per-thread budget of register-holding groups.
         light_regs: budget of groups holding no register value (``setmaxnreg`` minimum).
+        reserved_regs: registers per thread of every group kept out of REGISTER LIMIT
+            (:meth:`~twill.machine.models.Machine.reserved_regs`).
         regs_per_sm: 32-bit registers of the SM (REGISTER FILE).
         smem_capacity / tmem_capacity: bytes (TMEM 0 = no tensor memory: the family is skipped).
         smem_resident: bytes of shared memory held outside the loop (Q tiles...).
         streaming_depth: ring depth of streaming loads.
         cross_warp: register values may cross warp groups.
         relaxed: families switched off (UNSAT explanation).
+        excluded_carries: sets of register values no solution may carry all of into a later stage
+            (:attr:`SolveOptions.excluded_carries <twill.solve.options.SolveOptions.excluded_carries>`).
+        excluded_orders: start orders no solution may repeat (:attr:`SolveOptions.excluded_orders
+            <twill.solve.options.SolveOptions.excluded_orders>`).
     """
 
     graph: LoopGraph
@@ -59,6 +65,7 @@ class JointProblem:
     max_warps: int
     reg_limit: int
     light_regs: int
+    reserved_regs: int
     regs_per_sm: int
     smem_capacity: int
     tmem_capacity: int
@@ -66,6 +73,8 @@ class JointProblem:
     streaming_depth: int = 2
     cross_warp: bool = True
     relaxed: frozenset[str] = frozenset()
+    excluded_carries: tuple[tuple[str, ...], ...] = ()
+    excluded_orders: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "units", MappingProxyType(dict(self.units)))

@@ -54,10 +54,11 @@ def make_problem(graph: LoopGraph, machine: Machine, options: SolveOptions, unit
         graph=graph, units=units, ii=ii, copies=copies, length_min=length_min, length_max=copies * ii,
         slots=slot_count(graph), max_warps=options.max_warps or machine.max_warps_per_cta,
         reg_limit=reg_limit_for(graph, machine, options.reg_limit),
-        light_regs=legal_budget(machine, machine.setmaxnreg_min), regs_per_sm=machine.regs_per_sm,
-        smem_capacity=machine.smem_per_block, tmem_capacity=machine.tmem_bytes,
+        light_regs=legal_budget(machine, machine.setmaxnreg_min), reserved_regs=machine.reserved_regs(graph.attrs),
+        regs_per_sm=machine.regs_per_sm, smem_capacity=machine.smem_per_block, tmem_capacity=machine.tmem_bytes,
         smem_resident=int(graph.attrs.get("smem_resident", 0)), streaming_depth=options.streaming_depth,
-        cross_warp=options.cross_warp, relaxed=relaxed)
+        cross_warp=options.cross_warp, relaxed=relaxed,
+        excluded_carries=options.excluded_carries, excluded_orders=options.excluded_orders)
 
 
 def hoist_pairs(graph: LoopGraph, machine: Machine) -> list[tuple[str, str]]:

@@ -31,8 +31,8 @@ import threading
 from typing import Any, Callable, Iterable, Sequence
 
 from twill.ir.graph import Edge
-from twill.ir.semantics import (blocking_in, buffer_edges, can_cross, holds_memory, in_place, is_accumulator,
-                                read_cycles, value_bytes, waited_groups)
+from twill.ir.semantics import (blocking_in, buffer_edges, can_cross, carried_consumers, holds_memory, in_place,
+                                is_accumulator, read_cycles, value_bytes, waited_groups)
 from twill.schedule.vocab import RELAXABLE, Family, Objective
 from twill.solve.joint.problem import WIDTHS, JointProblem, most_least_depth
 
@@ -585,23 +585,24 @@ def add_register_file(m: YicesModel) -> None:
 
 
 def add_register_limit(m: YicesModel) -> None:
-    """REGISTER LIMIT (Fig. 6): ∀ t, g: Σ_{v,i} (live[v,i,t] ∨ op[v,i,t])·opw[v,g]·regs(v) ≤ R − light_regs
-    (docs/model.md: every group keeps the bookkeeping registers a light warp runs on; tile values get the
-    rest). An in-place accumulator counts at every t: its copies are live back to back from its initial
-    value (held from loop entry until copy 0 issues) to T, so their union is the whole of Q.
+    """REGISTER LIMIT (Fig. 6): ∀ t, g: Σ_{v,i} (live[v,i,t] ∨ op[v,i,t])·opw[v,g]·regs(v) ≤ R −
+    reserved_regs (docs/model.md: every group keeps bookkeeping registers, by default the ``setmaxnreg``
+    minimum a light warp runs on; tile values get the rest). An in-place accumulator counts at every t: its
+    copies are live back to back from its initial value (held from loop entry until copy 0 issues) to T, so
+    their union is the whole of Q.
 
     Stated at the issue times only, which is the same constraint: every other value occupies one interval
     ``[t_{v,i}, E_{v,i})`` (LIVENESS), so a slot's sum can only rise where a copy issues, and its maximum over
     t is at some ``t_{v,i}``. Per copy (v, i) of a register result, ``covers[u,j,v,i] ⇐ op[v,i,t] ∧
     (live[u,j,t] ∨ op[u,j,t])`` for every t (the sum only asks covers to be false, so one direction is
     exact), and ``regs(v) + Σ_{(u,j)} covers·same[u,v]·regs(u) + Σ_{in place u} same[u,v]·regs(u) ≤ R −
-    light_regs``; a slot of in-place accumulators alone: ``Σ opw[u,g]·regs(u) ≤ R − light_regs``. 20 atoms
-    on H100 flash-fwd ``--subtiles 2`` where one per (t, g) made 8544, the model's slowest family."""
+    reserved_regs``; a slot of in-place accumulators alone: ``Σ opw[u,g]·regs(u) ≤ R − reserved_regs``. 20
+    atoms on H100 flash-fwd ``--subtiles 2`` where one per (t, g) made 8544, the model's slowest family."""
     p = m.problem
     if not p.active("register_limit"):
         return
     out = []
-    budget = p.reg_limit - p.light_regs
+    budget = p.reg_limit - p.reserved_regs
     holders = [op.name for op in m.graph.ops if op.regs > 0]
     placed = [v for v in holders if in_place(m.graph, v)]
     interval = [(v, i) for v in holders if v not in placed for i in range(m.copies)]
@@ -723,6 +724,27 @@ def add_objective_terms(m: YicesModel) -> None:
     m.objective["prologue"] = T.sum([T.sub(top, k) for k in m.stage.values()])
 
 
+def add_exclusions(m: YicesModel) -> None:
+    """EXCLUDED CARRIES (Twill's; not a paper family): for each excluded set X of register values,
+    ``∨_{v∈X} ∧_u k_u ≤ k_v`` over the distance-0 consumers u of v; for each excluded order ``o_1 … o_k``,
+    ``∨_i t_{o_{i+1}} < t_{o_i}`` with the start ``t_v = Σ_t ¬issued[v,0,t]`` (the cycles before copy 0
+    issues)."""
+    T = m.y.Terms
+    formulas = [m.any([m.all([T.arith_leq_atom(m.stage[u], m.stage[v]) for u in carried_consumers(m.graph, v)])
+                       for v in carried]) for carried in m.problem.excluded_carries]
+    starts: dict[str, int] = {}
+
+    def start(v: str) -> int:
+        if v not in starts:
+            starts[v] = m.linear([(m.neg(m.issued_by[(v, 0, t)]), 1) for t in range(m.span)])
+        return starts[v]
+
+    formulas += [m.any([T.arith_lt_atom(start(b), start(a)) for a, b in zip(order, order[1:])])
+                 for order in m.problem.excluded_orders]
+    if formulas:
+        m.add("excluded", formulas)
+
+
 def add_hoist_term(m: YicesModel, pairs: Sequence[tuple[str, str]]) -> None:
     """The ``unhoisted`` term over the pairs of :func:`twill.solve.joint.search.hoist_pairs`:
     ``Σ_(u,v) ite(k_v ≥ k_u + 1, 0, 1)``."""
@@ -758,6 +780,7 @@ def build_model(yices: Any, problem: JointProblem, families: Iterable[str] = FAM
             FAMILY_FUNCTIONS[name](m)
     m.objective.setdefault("warps", m.y.Terms.sum(m.width))
     m.objective.setdefault("smem", m.zero)
+    add_exclusions(m)
     add_objective_terms(m)
     m.seal()
     return m

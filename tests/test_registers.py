@@ -1,0 +1,172 @@
+"""Registers decided by ptxas: the register reserve (graph attribute ``reserved_regs``), the excluded carried
+sets and orders of the joint search (both backends, and the verifier), and the ptxas-checked search of
+``twill.tune.registers`` built on them (here with ptxas's verdicts given by the test; the real compile runs in
+tests/test_ops.py's backward test)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from solved import solved_kernel
+
+from twill.errors import GraphError, InfeasibleScheduleError, TwillError, UnsupportedFeatureError
+from twill.ir.validate import validate_graph
+from twill.kernels import build_kernel
+from twill.machine.models import get_machine
+from twill.schedule.verify import violations
+from twill.schedule.verify_ws import register_limit_violations
+from twill.solve import SolveOptions, schedule
+from twill.solve._yices_loader import INSTALL_HINT, yices_available
+from twill.tune import registers
+
+#: Cost resolution of these solves: at U = 20 the H200 backward solves in under a second.
+RESOLUTION = 20
+H200 = get_machine("h200")
+SOLVERS = ["cpsat", pytest.param("yices", marks=pytest.mark.skipif(not yices_available(), reason=INSTALL_HINT))]
+
+
+def _backward(**options):
+    return build_kernel("flash-bwd", H200, **options)
+
+
+# -- the register reserve ----------------------------------------------------------------------------------
+def test_reserved_regs_defaults_to_the_setmaxnreg_minimum_and_is_validated():
+    assert H200.reserved_regs({}) == H200.setmaxnreg_min == 24
+    assert H200.reserved_regs({"reserved_regs": 16}) == 16
+    graph = _backward()
+    for bad in (-8, "16", True):
+        with pytest.raises(GraphError, match="reserved_regs"):
+            validate_graph(replace(graph, attrs={**graph.attrs, "reserved_regs": bad}), H200.units)
+
+
+def test_register_limit_counts_against_the_graphs_reserve():
+    """FA3's 128-row tile at D = 64 holds 224 registers per thread at dS: over 240 - 24, within 240 - 16."""
+    first = solved_kernel("flash-bwd", "h200", {"head_dim": 64}, resolution=RESOLUTION)
+    assert register_limit_violations(first, H200) == []
+    squeezed = replace(first, graph=replace(first.graph, attrs={**first.graph.attrs, "reserved_regs": 200}))
+    (found,) = register_limit_violations(squeezed, H200)
+    assert found.startswith("REGISTER LIMIT") and "minus 200 reserved" in found
+    with pytest.raises(InfeasibleScheduleError):
+        schedule(_backward(head_dim=64, block_m=128), H200, SolveOptions(resolution=RESOLUTION))
+    graph = _backward(head_dim=64, block_m=128)
+    roomier = schedule(replace(graph, attrs={**graph.attrs, "reserved_regs": 16}), H200,
+                       SolveOptions(resolution=RESOLUTION))
+    assert violations(roomier, H200) == []
+    assert any("holds 224 registers" in v for v in register_limit_violations(
+        replace(roomier, graph=replace(roomier.graph, attrs={**roomier.graph.attrs, "reserved_regs": 24})), H200))
+
+
+# -- excluded carried sets and orders ----------------------------------------------------------------------
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_an_excluded_carried_set_is_never_carried_whole(solver):
+    first = solved_kernel("flash-bwd", "h200", resolution=RESOLUTION)
+    carried = first.carried()
+    assert carried and all(op.regs > 0 for op in first.graph.ops if op.name in carried)
+    options = SolveOptions(solver=solver, resolution=RESOLUTION, excluded_carries=(carried,))
+    again = schedule(_backward(), H200, options)
+    assert not set(carried) <= set(again.carried())
+    assert again.ii == first.ii                     # another schedule at the same II exists
+    assert violations(again, H200, options) == []
+    (found,) = violations(first, H200, options)
+    assert found.startswith("EXCLUDED: the schedule carries every value")
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_an_excluded_order_is_never_repeated(solver):
+    first = solved_kernel("flash-bwd", "h200", resolution=RESOLUTION)
+    order = first.register_order()
+    assert [first.starts[n] for n in order] == sorted(first.starts[n] for n in order)
+    options = SolveOptions(solver=solver, resolution=RESOLUTION, excluded_orders=(order,))
+    again = schedule(_backward(), H200, options)
+    assert again.register_order() != order
+    assert violations(again, H200, options) == []
+    (found,) = violations(first, H200, options)
+    assert found.startswith("EXCLUDED: the schedule starts") and "excluded order" in found
+
+
+def test_carried_values_are_register_values_read_in_a_later_stage():
+    first = solved_kernel("flash-bwd", "h200", resolution=RESOLUTION)
+    for op in first.graph.ops:
+        later = [e.dst for e in first.graph.out_edges(op.name)
+                 if e.distance == 0 and e.dst != op.name and first.stage(e.dst) > first.stage(op.name)]
+        assert (op.name in first.carried()) == (op.regs > 0 and bool(later))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"excluded_carries": ((),)}, "excluded carried set"),
+    ({"excluded_carries": (("qk", 3),)}, "excluded carried set"),
+    ({"excluded_orders": (("qk",),)}, "excluded order must be a tuple of at least 2"),
+    ({"excluded_orders": (("qk", "dp"),), "ws": False}, "joint search"),
+])
+def test_bad_exclusions_are_one_line_errors(options, message):
+    with pytest.raises(TwillError, match=message):
+        SolveOptions(**options)
+
+
+def test_exclusions_naming_unknown_ops_are_refused():
+    with pytest.raises(GraphError, match="does not have: nope"):
+        schedule(_backward(), H200, SolveOptions(resolution=RESOLUTION, excluded_carries=(("qk", "nope"),)))
+
+
+# -- the ptxas-checked search ------------------------------------------------------------------------------
+def _ptxas(verdicts):
+    """A stand-in for ``gluon_spills``: the next verdict (spill bytes) per call, recording each schedule."""
+    seen = []
+
+    def report(schedule, machine, persistent=False):
+        spill = verdicts[len(seen)] if len(seen) < len(verdicts) else 0
+        seen.append(schedule)
+        return {"registers": 168, "spill_stores": spill, "spill_loads": 0, "spill_bytes": spill,
+                "serialized_wgmma": 0}
+    return report, seen
+
+
+def test_search_excludes_what_each_spilling_schedule_carries_then_its_order(monkeypatch):
+    report, seen = _ptxas([64] * 5)
+    monkeypatch.setattr(registers, "gluon_spills", report)
+    heard = []
+    found = registers.schedule_without_spills(_backward(), H200, SolveOptions(resolution=RESOLUTION,
+                                                                              progress=heard.append))
+    steps = found.stats["registers"]["steps"]
+    assert len(seen) == len(steps) == 6 and steps[-1]["verdict"] == "clean" and found is not seen[-1]
+    assert found.starts == seen[-1].starts and found.stats["registers"]["reserved_regs"] == 24
+    carries = orders = ()
+    for rejected, later in zip(seen, seen[1:]):
+        if rejected.carried():
+            carries += (rejected.carried(),)
+        else:
+            orders += (rejected.register_order(),)
+        assert violations(later, H200, SolveOptions(excluded_carries=carries, excluded_orders=orders)) == []
+    lines = [line for line in heard if line.startswith("registers:")]
+    assert len(lines) == 5 and all("ptxas reports 64 bytes of spill stores/loads" in line for line in lines)
+
+
+def test_search_lowers_the_reserve_while_no_schedule_exists(monkeypatch):
+    report, seen = _ptxas([])
+    monkeypatch.setattr(registers, "gluon_spills", report)
+    heard = []
+    found = registers.schedule_without_spills(_backward(head_dim=64, block_m=128), H200,
+                                              SolveOptions(resolution=RESOLUTION, progress=heard.append))
+    assert found.stats["registers"]["reserved_regs"] == 16 == found.graph.attrs["reserved_regs"]
+    assert [s["ii"] is None for s in found.stats["registers"]["steps"]] == [True, False]
+    assert "registers: no schedule with 24 reserved registers; trying 16" in heard
+    assert violations(found, H200) == []        # the reserve travels with the graph
+
+
+def test_search_gives_up_with_one_line_naming_each_step(monkeypatch):
+    report, _ = _ptxas([8] * 10)
+    monkeypatch.setattr(registers, "gluon_spills", report)
+    with pytest.raises(InfeasibleScheduleError) as caught:
+        registers.schedule_without_spills(_backward(), H200, SolveOptions(resolution=RESOLUTION), attempts=3)
+    message = str(caught.value)
+    assert "\n" not in message and message.count("ptxas reports 8 bytes") == 3 and "3 schedules rejected" in message
+    with pytest.raises(InfeasibleScheduleError, match=r"\(24 reserved: no schedule\); graph 'flash-bwd' has no"):
+        registers.schedule_without_spills(_backward(head_dim=64, block_m=128), H200,
+                                          SolveOptions(resolution=RESOLUTION), floor=17)
+
+
+def test_search_is_for_hopper():
+    b200 = get_machine("b200")
+    with pytest.raises(UnsupportedFeatureError, match="sm_90 only"):
+        registers.schedule_without_spills(build_kernel("flash-bwd", b200), b200)

@@ -1,0 +1,107 @@
+"""Registers decided by ptxas: a schedule search that compiles each schedule it finds and searches on when the
+kernel spills.
+
+The model counts registers per thread (REGISTER LIMIT, docs/model.md "Registers"); ptxas allocates them, and the
+two disagree in both directions. On the H200 attention backward at head dim 64 with 128-row query blocks (FA3's
+tile), the model's count is 224 where 216 are allowed, yet ptxas fits the hand-built kernel without spilling;
+with 8 registers more for tile values, the solver's first schedule at the same count spills 1632 bytes. A
+per-thread count cannot tell such schedules apart, so :func:`schedule_without_spills` asks ptxas:
+
+1. solve at the graph's register reserve (:meth:`Machine.reserved_regs
+   <twill.machine.models.Machine.reserved_regs>`); while no schedule exists, lower the reserve by one
+   ``setmaxnreg`` step, down to ``floor`` (the model's count is an estimate: this lets tile values use
+   registers it keeps for bookkeeping);
+2. render the schedule's Gluon kernel and compile it for sm_90 on the CPU (:func:`~twill.tune.spills.gluon_spills`);
+3. when ptxas spills or serializes the wgmmas, or the generator cannot build the kernel, exclude what the
+   schedule's register pressure comes from and solve again, up to ``attempts`` schedules:
+
+   * the set of register values it carries into a later stage (:meth:`Schedule.carried
+     <twill.schedule.result.Schedule.carried>`, :attr:`SolveOptions.excluded_carries
+     <twill.solve.options.SolveOptions.excluded_carries>`): a later schedule must keep one of them in its own
+     stage, so every schedule that carries that set or more is excluded;
+   * when it carries none, the order its register values start in (:meth:`Schedule.register_order
+     <twill.schedule.result.Schedule.register_order>`, :attr:`SolveOptions.excluded_orders
+     <twill.solve.options.SolveOptions.excluded_orders>`): a later schedule must start two consecutive ones
+     the other way round.
+
+   What is excluded stays excluded if the reserve is lowered later.
+
+On the H200 backward at head dim 64 with 128-row blocks there is no schedule at 24 reserved registers; at 16
+the search compiles 13 (about two minutes on two cores), excluding seven carried sets and five orders, and
+the kernel it ends with runs as fast as the hand-built one (docs/performance.md).
+
+The first schedule whose kernel compiles cleanly is returned; its ``stats["registers"]`` records every step.
+Each solve is the joint search with every other family in force, and the result is verified as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from twill.errors import InfeasibleScheduleError, UnsupportedFeatureError
+from twill.ir.graph import LoopGraph
+from twill.machine.models import Machine
+from twill.tune.spills import gluon_spills, ptxas_rejection
+
+#: Schedules compiled at most before the search gives up.
+ATTEMPTS = 16
+
+#: Lowest register reserve the search goes down to (registers per thread).
+FLOOR = 0
+
+
+def schedule_without_spills(graph: LoopGraph, machine: Machine, options: Any = None, *, persistent: bool = False,
+                            attempts: int = ATTEMPTS, floor: int = FLOOR) -> Any:
+    """The best schedule of ``graph`` (a built-in kernel on Hopper) whose Gluon kernel ptxas compiles without
+    spilling, found as the module docstring says. ``options`` are the :class:`~twill.solve.options.SolveOptions`
+    of every solve (their ``progress`` hears each step). Raises :class:`InfeasibleScheduleError` when no
+    schedule exists down to ``floor``, or every one of ``attempts`` schedules is rejected."""
+    from twill.solve import schedule as solve
+    from twill.solve.options import SolveOptions
+
+    if machine.capability // 10 != 9:
+        raise UnsupportedFeatureError(f"the ptxas-checked search compiles for sm_90 only, not {machine.arch}")
+    options = options or SolveOptions()
+    reserved = machine.reserved_regs(graph.attrs)
+    steps: list[dict[str, Any]] = []
+    carries, orders = tuple(options.excluded_carries), tuple(options.excluded_orders)
+    while True:
+        work = replace(graph, attrs={**graph.attrs, "reserved_regs": reserved})
+        try:
+            found = solve(work, machine, replace(options, excluded_carries=carries, excluded_orders=orders))
+        except InfeasibleScheduleError as exc:
+            steps.append({"reserved_regs": reserved, "ii": None, "verdict": "no schedule"})
+            lower = reserved - machine.setmaxnreg_step
+            if lower < floor:
+                raise InfeasibleScheduleError(_failure(graph, steps, str(exc))) from None
+            options.report(f"registers: no schedule with {reserved} reserved registers; trying {lower}")
+            reserved = lower
+            continue
+        try:
+            report = gluon_spills(found, machine, persistent)
+            verdict = ptxas_rejection(report)
+        except UnsupportedFeatureError as exc:
+            report, verdict = None, f"the generator cannot build it: {exc}"
+        steps.append({"reserved_regs": reserved, "ii": found.ii, "carried": list(found.carried()), "ptxas": report,
+                      "verdict": verdict or "clean"})
+        if verdict is None:
+            return replace(found, stats={**found.stats, "registers": {"reserved_regs": reserved, "steps": steps}})
+        rejected = sum(s["ii"] is not None for s in steps)
+        carried = found.carried()
+        cut = f"carrying {', '.join(carried)} together" if carried else f"the order {', '.join(found.register_order())}"
+        options.report(f"registers: schedule {rejected} (II {found.ii}, {reserved} reserved registers) rejected: "
+                       f"{verdict}; {cut} is excluded")
+        if rejected >= attempts:
+            raise InfeasibleScheduleError(_failure(graph, steps, f"{attempts} schedules rejected"))
+        if carried:
+            carries += (carried,)
+        else:
+            orders += (found.register_order(),)
+
+
+def _failure(graph: LoopGraph, steps: list[dict[str, Any]], last: str) -> str:
+    """One line: why the search ended without a schedule, with its steps."""
+    tried = "; ".join(f"{s['reserved_regs']} reserved: " + ("no schedule" if s["ii"] is None
+                                                             else f"II {s['ii']} {s['verdict']}") for s in steps)
+    return f"graph {graph.name!r}: no schedule whose kernel ptxas compiles without spilling ({tried}); {last}"
