@@ -376,3 +376,32 @@ def test_a_variant_admitted_on_ptxas_is_kept_only_without_spills(tmp_path, monke
     with pytest.raises(VerificationError) as failed:      # 4-deep rings overflow shared memory
         fbc._schedules(options, {**shape, "depth": 4})
     assert [v.split(":")[0] for v in failed.value.violations] == ["REGISTER LIMIT", "MEMORY CAPACITY"]
+
+
+def test_a_ptxas_variant_takes_the_searched_schedule_and_records_the_search(tmp_path, monkeypatch):
+    """``flash_bwd_check.py generate``: a ``"ptxas"`` variant is the schedule of
+    ``twill.tune.registers.schedule_without_spills`` (here answered by the test: the real search compiles 13
+    schedules, tests/test_ops.py), verified, and the manifest records the reserve, the schedules compiled and
+    ptxas's report of the last."""
+    from benchmarks import flash_bwd_check as fbc
+    from twill.solve import schedule
+    from twill.tune import registers
+
+    name, options, shape = next(v for v in fbc.VARIANTS if v[0] == "bwd_d64_bm128_ptxas")
+    assert shape == "ptxas" and options["block_m"] == 128
+    clean = {"registers": 168, "spill_stores": 0, "spill_loads": 0, "spill_bytes": 0, "serialized_wgmma": 0}
+    asked = []
+
+    def search(graph, machine, options):
+        asked.append(graph.attrs["block_m"])
+        found = schedule(graph, machine, options)
+        steps = [{"reserved_regs": 24, "ii": None, "verdict": "no schedule"},
+                 {"reserved_regs": 16, "ii": found.ii, "ptxas": {**clean, "spill_bytes": 32}, "verdict": "spills"},
+                 {"reserved_regs": 16, "ii": found.ii, "ptxas": clean, "verdict": "clean"}]
+        return replace(found, stats={**found.stats, "registers": {"reserved_regs": 16, "steps": steps}})
+
+    monkeypatch.setattr(registers, "schedule_without_spills", search)
+    monkeypatch.setattr(fbc, "VARIANTS", ((name, {**options, "block_m": 64}, shape),))
+    (row,) = fbc.generate(str(tmp_path))
+    assert asked == [64] and row["search"] == {"reserved_regs": 16, "schedules": 2, "ptxas": clean}
+    assert (tmp_path / f"{name}_bwd.py").exists()

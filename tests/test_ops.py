@@ -8,6 +8,7 @@ import pytest
 from twill.codegen.gluon import aot, load_emitted
 from twill.ops import flash
 from twill.ops.flash import KernelSpec
+from twill.tune.spills import ptxas_report
 
 
 def _fake_version(monkeypatch, version: str = "test+0") -> None:
@@ -40,10 +41,19 @@ def test_forward_kernels_of_the_op_compile_for_sm90(tmp_path, monkeypatch, spec)
 @pytest.mark.slow
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_kernels_of_the_op_are_emitted(head_dim, causal):
-    """Every backward the op can ask for is a schedule the Gluon generator emits (solved, verified, planned)."""
-    source = flash._generate(KernelSpec("flash-bwd", head_dim, "fp16", causal, 0))
+def test_backward_kernels_of_the_op_are_emitted(tmp_path, head_dim, causal):
+    """Every backward the op can ask for is a schedule the Gluon generator emits (solved, verified, planned),
+    with FA3's tile (128 query rows at D = 64, which the model's register count refuses: the ptxas-checked
+    search finds it), and ptxas compiles it without spilling."""
+    spec = KernelSpec("flash-bwd", head_dim, "fp16", causal, 0)
+    source = flash._generate(spec)
     assert "def launch(" in source and "def preprocess(" in source
+    assert f"tile block_m={spec.block_m()} block_n=128 head_dim={head_dim}" in source
+    path = tmp_path / "bwd.py"
+    path.write_text(source)
+    kernel = aot.compile_sm90(load_emitted(str(path), f"twill_test_ops_bwd_{head_dim}_{causal}"))
+    report = ptxas_report(kernel.asm["ptx"], 90)
+    assert report["spill_bytes"] == 0 and not report["serialized_wgmma"]
 
 
 def test_cached_module_is_imported_without_solving(tmp_path, monkeypatch):
@@ -77,6 +87,10 @@ def test_forward_spec_options():
     assert KernelSpec("flash-bwd", 128, "fp16", False, 0).streaming_depth() is None
     assert KernelSpec("flash-fwd", 64, "fp16", False, 0).extra_copies() == 1
     assert KernelSpec("flash-bwd", 64, "fp16", False, 0).extra_copies() == 0
+    # the backward's query rows: FA3's 128 at D = 64, 64 at D = 128; the forward has no such option
+    assert KernelSpec("flash-bwd", 64, "bf16", True, 2).kernel_options()["block_m"] == 128
+    assert KernelSpec("flash-bwd", 128, "fp16", False, 0).kernel_options()["block_m"] == 64
+    assert "block_m" not in KernelSpec("flash-fwd", 64, "fp16", False, 0).kernel_options()
 
 
 def test_the_d256_forward_of_the_op_issues_s_a_stage_ahead(monkeypatch):

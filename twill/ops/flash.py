@@ -56,7 +56,15 @@ class KernelSpec:
         if self.kernel == "flash-fwd":
             # 64-key blocks at D=256, where two 128-key K/V stages do not fit.
             options.update(subtiles=self.subtiles(), block_n=64 if self.head_dim == 256 else 128)
+        else:
+            options.update(block_m=self.block_m())
         return options
+
+    def block_m(self) -> int:
+        """Query rows per iteration of the backward: 128 at D = 64 (FA3's tile; the calibrated model prices it
+        9% faster than 64 rows, and on the H200 it measured 1.20-1.29x the 64-row kernels,
+        docs/performance.md), 64 at D = 128 (FA3's; 128 rows overflow shared memory)."""
+        return 128 if self.head_dim == 64 else 64
 
     def subtiles(self) -> int:
         """Compute warp groups of the forward, each on 64 query rows: three at D = 64 without a causal mask
@@ -122,31 +130,56 @@ def _solve_key(graph: Any, streaming_depth: int | None, extra_copies: int) -> st
                       sort_keys=True, default=str)
 
 
+def _report(message: str) -> None:
+    """Progress of the ptxas-checked backward search, on stderr."""
+    if message.startswith("registers:"):
+        print(f"twill.ops: {message}", file=sys.stderr)
+
+
+def _solve(spec: KernelSpec, graph: Any, machine: Any) -> Any:
+    """The verified schedule of ``graph``: the forward as the solver finds it; the backward from the
+    ptxas-checked search (:func:`twill.tune.registers.schedule_without_spills`), whose kernel compiles without
+    spilling registers (at D = 64 the model's own register count refuses FA3's 128-row tile)."""
+    from twill.solve import schedule
+    from twill.solve.options import SolveOptions
+
+    options = SolveOptions(streaming_depth=spec.streaming_depth(), extra_copies=spec.extra_copies(),
+                           progress=_report)
+    if spec.kernel == "flash-fwd":
+        return schedule(graph, machine, options)
+    from twill.tune.registers import schedule_without_spills
+
+    return schedule_without_spills(graph, machine, options)
+
+
 def _generate(spec: KernelSpec) -> str:
     """Solve, verify and emit the Gluon module of ``spec`` (needs the solver: ortools). A loop this process
     already solved (the same kernel with another mask or K/V grouping) is not solved again: its schedule
-    gets this kernel's code-generator attributes and is verified again."""
+    gets this kernel's code-generator attributes and is verified again (a backward's kernel is compiled
+    again too, and searched for anew if this one spills)."""
     from dataclasses import replace
 
     from twill.codegen.gluon import emit_gluon
     from twill.kernels import build_kernel
     from twill.machine.models import get_machine
     from twill.schedule.verify import verify
-    from twill.solve import schedule
-    from twill.solve.options import SolveOptions
 
     machine = get_machine(MACHINE)
     graph = build_kernel(spec.kernel, machine, **spec.kernel_options())
     key = _solve_key(graph, spec.streaming_depth(), spec.extra_copies())
     if key not in _SOLVED:  # solved and verified by the search
-        _SOLVED[key] = schedule(graph, machine, SolveOptions(streaming_depth=spec.streaming_depth(),
-                                                             extra_copies=spec.extra_copies()))
+        _SOLVED[key] = _solve(spec, graph, machine)
         return emit_gluon(_SOLVED[key], persistent=spec.persistent())
     solved = _SOLVED[key]
     attrs = {k: v for k, v in solved.graph.attrs.items() if k not in CODEGEN_ONLY_ATTRS}
     attrs.update((k, v) for k, v in graph.attrs.items() if k in CODEGEN_ONLY_ATTRS)
     solved = replace(solved, graph=replace(solved.graph, attrs=attrs))  # the solved (normalized) loop
     verify(solved, machine)
+    if spec.kernel == "flash-bwd":
+        from twill.tune.spills import gluon_spills, ptxas_rejection
+
+        if ptxas_rejection(gluon_spills(solved, machine)):
+            solved = _solve(spec, graph, machine)
     return emit_gluon(solved, persistent=spec.persistent())
 
 
