@@ -170,3 +170,46 @@ def test_search_is_for_hopper():
     b200 = get_machine("b200")
     with pytest.raises(UnsupportedFeatureError, match="sm_90 only"):
         registers.schedule_without_spills(build_kernel("flash-bwd", b200), b200)
+
+
+def test_emit_check_spills_builds_the_tile_the_model_refuses(tmp_path, monkeypatch, capsys):
+    """``twill emit gluon ... --check-spills`` solves with the ptxas-checked search (ptxas's verdict given by the
+    test here); without it the 128-row tile is one infeasible line; with ``--schedule`` it is refused."""
+    from twill.cli import main
+
+    report, seen = _ptxas([])
+    monkeypatch.setattr(registers, "gluon_spills", report)
+    args = ["emit", "gluon", "flash-bwd", "--arch", "h200", "--head-dim", "64", "--block-m", "128",
+            "--resolution", str(RESOLUTION)]
+    assert main([*args, "--check-spills", "-o", str(tmp_path / "bwd.py")]) == 0
+    assert len(seen) == 1 and "tile block_m=128 block_n=128 head_dim=64" in (tmp_path / "bwd.py").read_text()
+    capsys.readouterr()
+    assert main([*args, "-o", str(tmp_path / "refused.py")]) != 0
+    err = capsys.readouterr().err
+    assert "no joint SWP+WS schedule" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "refused.py").exists()
+    assert main(["emit", "gluon", "--schedule", str(tmp_path / "x.json"), "--check-spills", "-o", "-"]) != 0
+    assert "a --schedule FILE is emitted as it is" in capsys.readouterr().err
+
+
+def test_tune_check_spills_ranks_what_the_search_admits(tmp_path, monkeypatch):
+    """The sweep solves a built-in Hopper kernel by the ptxas-checked search when spills are checked: the
+    128-row backward tile, infeasible to the model alone, becomes a ranked candidate with the search's report;
+    a candidate whose every schedule spills is ``spills``."""
+    from twill.tune.space import Candidate
+    from twill.tune.sweep import Job, run_job
+    from twill.ir.io import graph_to_dict
+
+    report, _ = _ptxas([])
+    monkeypatch.setattr(registers, "gluon_spills", report)
+    graph = graph_to_dict(_backward(head_dim=64, block_m=128))
+    job = Job(candidate=Candidate(options=(("block_m", 128), ("head_dim", 64))), machine=H200, time_limit=60,
+              resolution=RESOLUTION, graph=graph)
+    assert run_job(job)["status"] == "infeasible"
+    record = run_job(replace(job, check_spills=True))
+    assert record["status"] == "ok" and record["spills"]["spill_bytes"] == 0
+    assert record["schedule"]["loop_graph"]["attrs"]["reserved_regs"] == 16
+    spilling, _ = _ptxas([8] * 40)
+    monkeypatch.setattr(registers, "gluon_spills", spilling)
+    record = run_job(replace(job, check_spills=True))
+    assert record["status"] == "spills" and "no schedule whose kernel ptxas compiles" in record["reason"]

@@ -28,6 +28,11 @@ class InfeasibleScheduleError(TwillError):
     """No schedule exists within the limits that were asked for (max II, time limit)."""
 
 
+class SpillsError(InfeasibleScheduleError):
+    """Every schedule the ptxas-checked search (:mod:`twill.tune.registers`) found compiles to a kernel that
+    spills registers (or that the generator cannot build)."""
+
+
 class VerificationError(TwillError):
     """A schedule violates a constraint of the model. ``violations`` lists every violated constraint."""
 

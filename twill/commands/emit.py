@@ -5,6 +5,7 @@ TileLang module source.
     twill emit gluon gemm --streaming-depth 3 --persistent -o gemm_persistent.py   # at most one CTA per SM
     twill emit gluon flash-fwd --subtiles 2 --head-dim 128 --streaming-depth 3 -o fa_ws.py
     twill emit gluon --schedule fa.schedule.json -o fa_ws.py       # a schedule written by 'twill schedule -o'
+    twill emit gluon flash-bwd --head-dim 64 --block-m 128 --check-spills -o bwd.py   # registers checked by ptxas
     twill emit pallas gemm --streaming-depth 4 -o gemm_pallas.py
     twill emit tilelang flash-fwd --schedule fa.schedule.json -o fa_tilelang.py
 """
@@ -27,6 +28,9 @@ def _schedule_for(args: argparse.Namespace):
     if args.schedule:
         if args.target:
             raise TwillError("give either a target or --schedule FILE, not both")
+        if getattr(args, "check_spills", False):
+            raise TwillError("--check-spills solves the target with ptxas's checks; a --schedule FILE is emitted as "
+                             "it is (check its kernel with 'twill tune --check-spills')")
         return load_schedule_document(args.schedule)
     if not args.target:
         raise TwillError("emit needs a target (built-in kernel, graph .json) or --schedule FILE")
@@ -42,6 +46,11 @@ def _schedule_for(args: argparse.Namespace):
         from twill.codegen.tilelang import solve_for_tilelang
 
         return solve_for_tilelang(graph, machine, solve_options(args))
+    if getattr(args, "check_spills", False):
+        from twill.tune.registers import schedule_without_spills
+
+        return schedule_without_spills(graph, machine, solve_options(args),
+                                       persistent=getattr(args, "persistent", False))
     return schedule(graph, machine, solve_options(args))
 
 
@@ -101,6 +110,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="emit from a schedule file written by 'twill schedule -o' instead of solving")
         g.add_argument("-o", "--output", required=True, metavar="FILE.py", help="output file ('-' for stdout)")
         if name == "gluon":
+            g.add_argument("--check-spills", action="store_true",
+                           help="solve with registers checked by ptxas: compile each schedule for sm_90 on the CPU "
+                                "and search on while the kernel spills (lowering the model's register reserve "
+                                "while no schedule exists); needs Triton")
             g.add_argument("--persistent", action="store_true",
                            help="GEMM, attention forward: a persistent kernel (at most one CTA per SM, each "
                                 "walking output tiles or query blocks; the next tile's loads overlap the previous "

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from twill.errors import InfeasibleScheduleError, UnsupportedFeatureError
+from twill.errors import InfeasibleScheduleError, SpillsError, UnsupportedFeatureError
 from twill.ir.graph import LoopGraph
 from twill.machine.models import Machine
 from twill.tune.spills import gluon_spills, ptxas_rejection
@@ -56,7 +56,8 @@ def schedule_without_spills(graph: LoopGraph, machine: Machine, options: Any = N
     """The best schedule of ``graph`` (a built-in kernel on Hopper) whose Gluon kernel ptxas compiles without
     spilling, found as the module docstring says. ``options`` are the :class:`~twill.solve.options.SolveOptions`
     of every solve (their ``progress`` hears each step). Raises :class:`InfeasibleScheduleError` when no
-    schedule exists down to ``floor``, or every one of ``attempts`` schedules is rejected."""
+    schedule exists down to ``floor``, and :class:`~twill.errors.SpillsError` (a subclass) when schedules were
+    found but ptxas rejected every one (``attempts`` of them, or all there were)."""
     from twill.solve import schedule as solve
     from twill.solve.options import SolveOptions
 
@@ -74,7 +75,8 @@ def schedule_without_spills(graph: LoopGraph, machine: Machine, options: Any = N
             steps.append({"reserved_regs": reserved, "ii": None, "verdict": "no schedule"})
             lower = reserved - machine.setmaxnreg_step
             if lower < floor:
-                raise InfeasibleScheduleError(_failure(graph, steps, str(exc))) from None
+                error = SpillsError if any(s["ii"] is not None for s in steps) else InfeasibleScheduleError
+                raise error(_failure(graph, steps, str(exc))) from None
             options.report(f"registers: no schedule with {reserved} reserved registers; trying {lower}")
             reserved = lower
             continue
@@ -93,7 +95,7 @@ def schedule_without_spills(graph: LoopGraph, machine: Machine, options: Any = N
         options.report(f"registers: schedule {rejected} (II {found.ii}, {reserved} reserved registers) rejected: "
                        f"{verdict}; {cut} is excluded")
         if rejected >= attempts:
-            raise InfeasibleScheduleError(_failure(graph, steps, f"{attempts} schedules rejected"))
+            raise SpillsError(_failure(graph, steps, f"{attempts} schedules rejected"))
         if carried:
             carries += (carried,)
         else:

@@ -47,7 +47,7 @@ DEFAULT_AXES: dict[str, dict[str, tuple[Any, ...]]] = {
              "streaming_depth": (2, 3, 4, 5), "persistent": (False, True)},
     "flash-fwd": {"subtiles": (1, 2, 3), "block_n": (64, 128), "streaming_depth": (2, 3, 4),
                   "reg_limit": (0, -40, -80), "persistent": (False, True)},
-    "flash-bwd": {"streaming_depth": (2, 3)},
+    "flash-bwd": {"block_m": (64, 128), "streaming_depth": (2, 3)},
 }
 
 
@@ -96,12 +96,16 @@ def default_axes(kernel: str, machine: Machine) -> dict[str, tuple[Any, ...]]:
     each candidate's default budget (:func:`kernel_space` adds them). On Blackwell (accumulators in TMEM) the
     ``warps`` axis does not exist and ``reg_limit`` is not swept: below the kernel's budget of 160 the joint
     search runs into its time limit instead of finding or refuting a schedule; nor is ``persistent`` (a choice
-    of the Hopper Gluon generator)."""
+    of the Hopper Gluon generator), nor the backward's ``block_m`` (FA4's 128 rows, its only tile there). On
+    Hopper the backward's 128-row tile at head dim 64 is refused by the model's register count and found by
+    ``--check-spills`` (the ptxas-checked search)."""
     axes = dict(DEFAULT_AXES.get(kernel, {"streaming_depth": (2, 3)}))
     if machine.mma_accumulates_in == "tmem":
         axes.pop("warps", None)
         axes.pop("reg_limit", None)
         axes.pop("persistent", None)
+        if kernel == "flash-bwd":
+            axes.pop("block_m", None)
     return axes
 
 

@@ -14,6 +14,11 @@ The shape is not part of the key: predictions are computed from the cached sched
 Candidates that differ only in a code-generator axis (``persistent``) have the same graph and solve: the sweep
 solves the first of them and hands its schedule to the others (:attr:`Job.schedule`), which only ask the
 generator for their own kernel (and, with ``check_spills``, compile it).
+
+With ``check_spills`` a built-in kernel on Hopper is solved by the ptxas-checked search
+(:func:`twill.tune.registers.schedule_without_spills`): a schedule whose kernel spills is excluded and the
+search goes on, so a candidate is ``spills`` only when every schedule the search found spilled, and one the
+model's register count refuses (FA3's 128-row backward tile at head dim 64) can still be ranked.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
-from twill.errors import InfeasibleScheduleError, TwillError
+from twill.errors import InfeasibleScheduleError, SpillsError, TwillError
 from twill.ir.io import user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
@@ -56,7 +61,7 @@ class Job:
         triton: for a Triton kernel, ``{"path", "fn", "signature", "source"}`` (``source``: the file's text,
             for the cache key only).
         check_spills: compile the kernel (Triton injection, or the emitted Gluon kernel) on the CPU and
-            read ptxas's spill report.
+            read ptxas's spill report; a built-in Hopper kernel is solved by the ptxas-checked search.
         schedule: the solved schedule (``twill-schedule/1``) of a job that differs from this one only in a
             code-generator axis: this job emits its kernel from it instead of solving again (not part of the
             cache key: the solve is the same).
@@ -135,7 +140,8 @@ def run_job(job: Job) -> dict[str, Any]:
     try:
         record = _solve_job(job)
     except TwillError as exc:
-        status = "infeasible" if isinstance(exc, InfeasibleScheduleError) else "error"
+        status = ("spills" if isinstance(exc, SpillsError) else "infeasible"
+                  if isinstance(exc, InfeasibleScheduleError) else "error")
         record = {"status": status, "reason": str(exc), "cacheable": True}
     except Exception as exc:  # noqa: BLE001 - one failed candidate must not stop the sweep
         first = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -165,8 +171,19 @@ def _solve_job(job: Job) -> dict[str, Any]:
             schedule = Schedule.from_dict(dict(job.schedule), graph_from_dict(dict(job.schedule["loop_graph"])))
         else:
             graph = graph_from_dict(dict(job.graph or {}))
+            searched = job.check_spills and _gluon_kernel(graph, machine)
+
+            def solve_one(opts: Any) -> Any:
+                """The solver's schedule; with ``check_spills``, the ptxas-checked search's
+                (:mod:`twill.tune.registers`), which searches on while the compiled kernel spills."""
+                if not searched:
+                    return solve(graph, machine, opts)
+                from twill.tune.registers import schedule_without_spills
+
+                return schedule_without_spills(graph, machine, opts, persistent=persistent)
+
             try:
-                schedule = solve(graph, machine, options)
+                schedule = solve_one(options)
                 fallback = _gluon_refusal(schedule, machine, persistent) if options.extra_copies else None
             except InfeasibleScheduleError as exc:
                 if not options.extra_copies:
@@ -175,12 +192,15 @@ def _solve_job(job: Job) -> dict[str, Any]:
             if fallback:
                 # the extra copies' schedule is one the generator cannot build, or their search ran out of
                 # time: Algorithm 1's copies, as without them
-                schedule = solve(graph, machine, replace(options, extra_copies=0))
+                schedule = solve_one(replace(options, extra_copies=0))
         unemittable = _gluon_refusal(schedule, machine, persistent)
         if unemittable:
             return {"status": "cannot_emit", "reason": unemittable, "cacheable": True, "ii": schedule.ii,
                     "solve_status": schedule.status, "schedule": schedule_document(schedule), "spills": None}
-        spills = gluon_spills(schedule, machine, persistent) if job.check_spills else None
+        if "registers" in schedule.stats and job.schedule is None:   # the search compiled it already
+            spills = dict(schedule.stats["registers"]["steps"][-1]["ptxas"])
+        else:
+            spills = gluon_spills(schedule, machine, persistent) if job.check_spills else None
     record: dict[str, Any] = {"status": "ok", "reason": None, "cacheable": True, "ii": schedule.ii,
                               "solve_status": schedule.status, "schedule": schedule_document(schedule),
                               "spills": spills}
@@ -211,6 +231,12 @@ def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[s
 
     kernel = inject(spec, schedule, machine).kernel
     return schedule, ptxas_report(kernel.asm["ptx"], spec.capability)
+
+
+def _gluon_kernel(graph: Any, machine: Machine) -> bool:
+    """Whether ``graph`` is a built-in kernel the Hopper Gluon generator emits, so that the ptxas-checked search
+    can compile its schedules."""
+    return machine.capability // 10 == 9 and "kernel" in graph.attrs
 
 
 def _gluon_refusal(schedule: Any, machine: Machine, persistent: bool) -> str | None:
