@@ -388,12 +388,13 @@ def test_a_ptxas_variant_takes_the_searched_schedule_and_records_the_search(tmp_
     from twill.tune import registers
 
     name, options, shape = next(v for v in fbc.VARIANTS if v[0] == "bwd_d64_bm128_ptxas")
+    started = next(v for v in fbc.VARIANTS if v[0] == "bwd_d128_r16_ptxas")   # the search from reserve 16
     assert shape == "ptxas" and options["block_m"] == 128
     clean = {"registers": 168, "spill_stores": 0, "spill_loads": 0, "spill_bytes": 0, "serialized_wgmma": 0}
     asked = []
 
     def search(graph, machine, options):
-        asked.append(graph.attrs["block_m"])
+        asked.append((graph.attrs["block_m"], graph.attrs.get("reserved_regs")))
         found = schedule(graph, machine, options)
         steps = [{"reserved_regs": 24, "ii": None, "verdict": "no schedule"},
                  {"reserved_regs": 16, "ii": found.ii, "ptxas": {**clean, "spill_bytes": 32}, "verdict": "spills"},
@@ -403,5 +404,7 @@ def test_a_ptxas_variant_takes_the_searched_schedule_and_records_the_search(tmp_
     monkeypatch.setattr(registers, "schedule_without_spills", search)
     monkeypatch.setattr(fbc, "VARIANTS", ((name, {**options, "block_m": 64}, shape),))
     (row,) = fbc.generate(str(tmp_path))
-    assert asked == [64] and row["search"] == {"reserved_regs": 16, "schedules": 2, "ptxas": clean}
+    assert asked == [(64, None)] and row["search"] == {"reserved_regs": 16, "schedules": 2, "ptxas": clean}
     assert (tmp_path / f"{name}_bwd.py").exists()
+    fbc._schedules(started[1], started[2])
+    assert asked[-1] == (64, 16)
