@@ -430,7 +430,7 @@ def add_memory_capacity(b: _Builder, staging: Any) -> None:
 
 
 def add_exclusions(b: _Builder) -> None:
-    """EXCLUDED CARRIES (Twill's; not a paper family): for each excluded set X of register values,
+    """EXCLUDED (Twill's; not a paper family): for each excluded carried set X of register values,
     ``∨_{v∈X} kept[v]`` with ``kept[v] ⇒ k_u ≤ k_v`` for every distance-0 consumer u of v: some value of X is
     consumed in the stage it is produced in (:meth:`~twill.schedule.result.Schedule.carried`); for each
     excluded order ``o_1 … o_k``, ``∨_i t_{o_{i+1}} < t_{o_i}``: two consecutive ops start the other way round

@@ -725,7 +725,7 @@ def add_objective_terms(m: YicesModel) -> None:
 
 
 def add_exclusions(m: YicesModel) -> None:
-    """EXCLUDED CARRIES (Twill's; not a paper family): for each excluded set X of register values,
+    """EXCLUDED (Twill's; not a paper family): for each excluded carried set X of register values,
     ``∨_{v∈X} ∧_u k_u ≤ k_v`` over the distance-0 consumers u of v; for each excluded order ``o_1 … o_k``,
     ``∨_i t_{o_{i+1}} < t_{o_i}`` with the start ``t_v = Σ_t ¬issued[v,0,t]`` (the cycles before copy 0
     issues)."""
