@@ -441,6 +441,7 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("bm128-predicted-table", "flash_bwd_h200_d64_bm128_predicted.json", _bwd_prediction_table),
                       ("ptxas-search-table", "flash_bwd_h200_d64_ptxas.json", _backward_table),
                       ("reserve16-table", "flash_bwd_h200_d128_reserve16.json", _backward_table),
+                      ("bwd-ptxas-predicted-table", "flash_bwd_h200_ptxas_predicted.json", _bwd_prediction_table),
                       ("bwd-phases-table", "bwd_phases_h200.json", _bwd_phases_table),
                       ("dq-defer-table", "flash_bwd_h200_dq_defer.json", _backward_table),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
