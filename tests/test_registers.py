@@ -6,11 +6,12 @@ tests/test_ops.py's backward test)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from solved import solved_kernel
 
-from twill.errors import GraphError, InfeasibleScheduleError, TwillError, UnsupportedFeatureError
+from twill.errors import GraphError, InfeasibleScheduleError, SpillsError, TwillError, UnsupportedFeatureError
 from twill.ir.validate import validate_graph
 from twill.kernels import build_kernel
 from twill.machine.models import get_machine
@@ -20,6 +21,7 @@ from twill.solve import SolveOptions, schedule
 from twill.solve._yices_loader import INSTALL_HINT, yices_available
 from twill.tune import registers
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "graphs"
 #: Cost resolution of these solves: at U = 20 the H200 backward solves in under a second.
 RESOLUTION = 20
 H200 = get_machine("h200")
@@ -161,9 +163,30 @@ def test_search_gives_up_with_one_line_naming_each_step(monkeypatch):
         registers.schedule_without_spills(_backward(), H200, SolveOptions(resolution=RESOLUTION), attempts=3)
     message = str(caught.value)
     assert "\n" not in message and message.count("ptxas reports 8 bytes") == 3 and "3 schedules rejected" in message
-    with pytest.raises(InfeasibleScheduleError, match=r"\(24 reserved: no schedule\); graph 'flash-bwd' has no"):
+    with pytest.raises(InfeasibleScheduleError) as caught:     # the solver's own message at the graph's reserve
         registers.schedule_without_spills(_backward(head_dim=64, block_m=128), H200,
                                           SolveOptions(resolution=RESOLUTION), floor=17)
+    assert str(caught.value).startswith("graph 'flash-bwd' has no joint SWP+WS schedule")
+    assert not isinstance(caught.value, SpillsError) and "reserved" not in str(caught.value)
+
+
+def test_search_ends_with_the_generators_refusal_or_when_nothing_is_left_to_exclude(monkeypatch):
+    """A graph the Gluon generator does not build is refused with its own error (as without the search); a
+    spilling schedule with no carried value and fewer than two register values leaves nothing to exclude; a
+    graph with no schedule at any reserve gets the solver's message, naming the reserves tried."""
+    from twill.ir.io import load_graph
+
+    example = load_graph(str(EXAMPLES / "dual-issue.json"))
+    with pytest.raises(UnsupportedFeatureError, match="not supported by the Gluon backend"):
+        registers.schedule_without_spills(example, H200, SolveOptions(resolution=RESOLUTION))
+    report, seen = _ptxas([8])
+    monkeypatch.setattr(registers, "gluon_spills", report)
+    with pytest.raises(SpillsError, match="nothing is left to exclude"):
+        registers.schedule_without_spills(example, H200, SolveOptions(resolution=RESOLUTION))
+    assert len(seen) == 1 and seen[0].carried() == () and len(seen[0].register_order()) < 2
+    toy = load_graph(str(EXAMPLES / "fa-forward-toy.json"))
+    with pytest.raises(InfeasibleScheduleError, match=r"\(nor with 16, 8, 0 registers reserved\)$"):
+        registers.schedule_without_spills(toy, H200, SolveOptions(resolution=RESOLUTION, time_limit=60))
 
 
 def test_search_is_for_hopper():

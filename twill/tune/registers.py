@@ -24,7 +24,10 @@ per-thread count cannot tell such schedules apart, so :func:`schedule_without_sp
      <twill.solve.options.SolveOptions.excluded_orders>`): a later schedule must start two consecutive ones
      the other way round.
 
-   What is excluded stays excluded if the reserve is lowered later.
+   What is excluded stays excluded if the reserve is lowered later. The search ends without a schedule when
+   ``attempts`` are rejected, when a rejected schedule leaves nothing to exclude, or (re-raising the generator's
+   error) when the generator refuses two schedules in a row for the same reason: that is its answer for the
+   graph, not for a schedule.
 
 On the H200 backward at head dim 64 with 128-row blocks there is no schedule at 24 reserved registers; at 16
 the search compiles 13 (about two minutes on two cores), excluding seven carried sets and five orders, and
@@ -55,9 +58,10 @@ def schedule_without_spills(graph: LoopGraph, machine: Machine, options: Any = N
                             attempts: int = ATTEMPTS, floor: int = FLOOR) -> Any:
     """The best schedule of ``graph`` (a built-in kernel on Hopper) whose Gluon kernel ptxas compiles without
     spilling, found as the module docstring says. ``options`` are the :class:`~twill.solve.options.SolveOptions`
-    of every solve (their ``progress`` hears each step). Raises :class:`InfeasibleScheduleError` when no
-    schedule exists down to ``floor``, and :class:`~twill.errors.SpillsError` (a subclass) when schedules were
-    found but ptxas rejected every one (``attempts`` of them, or all there were)."""
+    of every solve (their ``progress`` hears each step). Raises :class:`InfeasibleScheduleError` (the solver's
+    message at the graph's own reserve) when no schedule exists down to ``floor``,
+    :class:`~twill.errors.SpillsError` (a subclass) when schedules were found but ptxas rejected every one, and
+    the generator's :class:`UnsupportedFeatureError` when it refuses the graph whatever the schedule."""
     from twill.solve import schedule as solve
     from twill.solve.options import SolveOptions
 
@@ -67,31 +71,44 @@ def schedule_without_spills(graph: LoopGraph, machine: Machine, options: Any = N
     reserved = machine.reserved_regs(graph.attrs)
     steps: list[dict[str, Any]] = []
     carries, orders = tuple(options.excluded_carries), tuple(options.excluded_orders)
+    refused = None     # the generator's last refusal: the same one twice is its answer for the graph
+    first_error = None
     while True:
         work = replace(graph, attrs={**graph.attrs, "reserved_regs": reserved})
         try:
             found = solve(work, machine, replace(options, excluded_carries=carries, excluded_orders=orders))
         except InfeasibleScheduleError as exc:
             steps.append({"reserved_regs": reserved, "ii": None, "verdict": "no schedule"})
+            first_error = first_error or str(exc)
             lower = reserved - machine.setmaxnreg_step
+            if lower < floor and all(s["ii"] is None for s in steps):
+                others = ", ".join(str(s["reserved_regs"]) for s in steps[1:])
+                raise InfeasibleScheduleError(first_error + (f" (nor with {others} registers reserved)" if others
+                                                             else "")) from None
             if lower < floor:
-                error = SpillsError if any(s["ii"] is not None for s in steps) else InfeasibleScheduleError
-                raise error(_failure(graph, steps, str(exc))) from None
+                raise SpillsError(_failure(graph, steps, str(exc))) from None
             options.report(f"registers: no schedule with {reserved} reserved registers; trying {lower}")
             reserved = lower
             continue
         try:
             report = gluon_spills(found, machine, persistent)
-            verdict = ptxas_rejection(report)
+            verdict, refused = ptxas_rejection(report), None
         except UnsupportedFeatureError as exc:
-            report, verdict = None, f"the generator cannot build it: {exc}"
+            if str(exc) == refused:
+                raise
+            report, verdict, refused = None, f"the generator cannot build it: {exc}", str(exc)
         steps.append({"reserved_regs": reserved, "ii": found.ii, "carried": list(found.carried()), "ptxas": report,
                       "verdict": verdict or "clean"})
         if verdict is None:
             return replace(found, stats={**found.stats, "registers": {"reserved_regs": reserved, "steps": steps}})
         rejected = sum(s["ii"] is not None for s in steps)
-        carried = found.carried()
-        cut = f"carrying {', '.join(carried)} together" if carried else f"the order {', '.join(found.register_order())}"
+        carried, order = found.carried(), found.register_order()
+        if not carried and len(order) < 2:
+            if refused is not None:
+                raise UnsupportedFeatureError(refused)
+            raise SpillsError(_failure(graph, steps, "the last schedule carries no register value and has fewer "
+                                       "than two to start in another order: nothing is left to exclude"))
+        cut = f"carrying {', '.join(carried)} together" if carried else f"the order {', '.join(order)}"
         options.report(f"registers: schedule {rejected} (II {found.ii}, {reserved} reserved registers) rejected: "
                        f"{verdict}; {cut} is excluded")
         if rejected >= attempts:
@@ -99,7 +116,7 @@ def schedule_without_spills(graph: LoopGraph, machine: Machine, options: Any = N
         if carried:
             carries += (carried,)
         else:
-            orders += (found.register_order(),)
+            orders += (order,)
 
 
 def _failure(graph: LoopGraph, steps: list[dict[str, Any]], last: str) -> str:
