@@ -236,3 +236,34 @@ def test_tune_check_spills_ranks_what_the_search_admits(tmp_path, monkeypatch):
     monkeypatch.setattr(registers, "gluon_spills", spilling)
     record = run_job(replace(job, check_spills=True))
     assert record["status"] == "spills" and "no schedule whose kernel ptxas compiles" in record["reason"]
+
+
+def test_a_kernel_ptxas_cannot_compile_is_rejected_and_the_same_failure_twice_ends_the_search(monkeypatch):
+    from twill.tune.spills import ptxas_reason, ptxas_rejection
+
+    message = ("Internal Triton PTX codegen error\n`ptxas` stderr:\nptxas info    : (C7512) wgmma serialized\n"
+               "ptxas fatal   : (C7600) Register allocation failed with register count of 120\n.version 8.7\n")
+    reason = ptxas_reason(message)
+    assert reason.startswith("ptxas fatal   : (C7600) Register allocation failed")
+    failed = {"registers": 0, "spill_stores": 0, "spill_loads": 0, "spill_bytes": 0, "serialized_wgmma": 0,
+              "ptxas_error": reason}
+    assert ptxas_rejection(failed) == f"ptxas cannot compile it: {reason}"
+    seen = []
+    monkeypatch.setattr(registers, "gluon_spills", lambda schedule, machine, persistent=False: seen.append(1) or failed)
+    with pytest.raises(SpillsError, match="ptxas fails the same way on two schedules in a row"):
+        registers.schedule_without_spills(_backward(), H200, SolveOptions(resolution=RESOLUTION))
+    assert len(seen) == 2
+
+
+def test_tune_reports_a_graph_the_generator_refuses_as_cannot_emit():
+    """With spills checked, a candidate whose schedules the Gluon generator refuses (two 64-row sub-tiles on
+    160 registers: the solver splits a sub-tile's ops over two groups) is ``cannot_emit``, as without."""
+    from twill.ir.io import graph_to_dict
+    from twill.tune.space import Candidate
+    from twill.tune.sweep import Job, run_job
+
+    graph = build_kernel("flash-fwd", H200, head_dim=128, subtiles=2)
+    job = Job(candidate=Candidate(options=(("subtiles", 2),), reg_limit=160), machine=H200, time_limit=60,
+              graph=graph_to_dict(graph), check_spills=True)
+    record = run_job(job)
+    assert record["status"] == "cannot_emit" and "not supported by the Gluon backend" in record["reason"]

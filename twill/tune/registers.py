@@ -25,9 +25,10 @@ per-thread count cannot tell such schedules apart, so :func:`schedule_without_sp
      the other way round.
 
    What is excluded stays excluded if the reserve is lowered later. The search ends without a schedule when
-   ``attempts`` are rejected, when a rejected schedule leaves nothing to exclude, or (re-raising the generator's
-   error) when the generator refuses two schedules in a row for the same reason: that is its answer for the
-   graph, not for a schedule.
+   ``attempts`` are rejected, when a rejected schedule leaves nothing to exclude, when ptxas fails to compile
+   two schedules in a row with the same error (its register allocation cannot meet the budget), or (re-raising
+   the generator's error) when the generator refuses two schedules in a row for the same reason: that is its
+   answer for the graph, not for a schedule.
 
 On the H200 backward at head dim 64 with 128-row blocks there is no schedule at 24 reserved registers; at 16
 the search compiles 13 (about two minutes on two cores), excluding seven carried sets and five orders, and
@@ -102,6 +103,9 @@ def schedule_without_spills(graph: LoopGraph, machine: Machine, options: Any = N
         if verdict is None:
             return replace(found, stats={**found.stats, "registers": {"reserved_regs": reserved, "steps": steps}})
         rejected = sum(s["ii"] is not None for s in steps)
+        if report and report.get("ptxas_error") and len(steps) > 1 and steps[-2].get("verdict") == verdict:
+            raise SpillsError(_failure(graph, steps, "ptxas fails the same way on two schedules in a row: the "
+                                       "register budget, not the schedule, is what it cannot meet"))
         carried, order = found.carried(), found.register_order()
         if not carried and len(order) < 2:
             if refused is not None:

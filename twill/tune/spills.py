@@ -8,6 +8,8 @@ the ptxas that Triton ships, and the ``-v`` lines are read: ``Used N registers``
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import subprocess
@@ -55,9 +57,10 @@ def ptxas_report(ptx: str, capability: int) -> dict[str, int]:
     return parse_ptxas_log(proc.stderr + proc.stdout)
 
 
-def gluon_spills(schedule: Any, machine: Machine, persistent: bool = False) -> dict[str, int]:
+def gluon_spills(schedule: Any, machine: Machine, persistent: bool = False) -> dict[str, Any]:
     """:func:`ptxas_report` of the Gluon kernel emitted from ``schedule`` (``persistent``: its persistent form),
-    compiled for sm_90 on the CPU."""
+    compiled for sm_90 on the CPU. When ptxas fails on the kernel inside Triton's compile (it does when the
+    register budget cannot hold the wgmma operands), the report's ``ptxas_error`` holds ptxas's reason."""
     from twill.codegen.gluon import load_emitted, write_gluon
     from twill.codegen.gluon.aot import compile_sm90
 
@@ -66,8 +69,24 @@ def gluon_spills(schedule: Any, machine: Machine, persistent: bool = False) -> d
     with tempfile.TemporaryDirectory(prefix="twill-spills-") as tmp:
         path = os.path.join(tmp, "candidate.py")
         write_gluon(schedule, path, persistent)
-        kernel = compile_sm90(load_emitted(path, f"twill_spills_{os.getpid()}_{abs(hash(path))}"))
+        try:
+            # Triton prints the whole PTX to stdout before it raises PTXASError: it is not this command's output
+            with contextlib.redirect_stdout(io.StringIO()):
+                kernel = compile_sm90(load_emitted(path, f"twill_spills_{os.getpid()}_{abs(hash(path))}"))
+        except Exception as exc:  # noqa: BLE001 - Triton's PTXASError, without importing Triton's internals
+            if type(exc).__name__ != "PTXASError":
+                raise
+            return {"registers": 0, "spill_stores": 0, "spill_loads": 0, "spill_bytes": 0, "serialized_wgmma": 0,
+                    "ptxas_error": ptxas_reason(str(exc))}
     return ptxas_report(kernel.asm["ptx"], 90)
+
+
+def ptxas_reason(message: str) -> str:
+    """The line of a failed ptxas run that says why (its ``error`` or ``fatal`` line), else the first line,
+    at most 200 characters: Triton's PTXASError carries the whole PTX after it."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    reasons = [line for line in lines if line.startswith("ptxas") and ("error" in line or "fatal" in line)]
+    return (reasons or lines or ["ptxas failed"])[0][:200]
 
 
 def ptxas_rejection(report: dict[str, int] | None) -> str | None:
@@ -76,6 +95,8 @@ def ptxas_rejection(report: dict[str, int] | None) -> str | None:
     then waits for the one before it); None when neither, or when nothing was compiled."""
     if not report:
         return None
+    if report.get("ptxas_error"):
+        return f"ptxas cannot compile it: {report['ptxas_error']}"
     if report["spill_bytes"] > 0:
         return f"ptxas reports {report['spill_bytes']} bytes of spill stores/loads"
     if report.get("serialized_wgmma"):

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
-from twill.errors import InfeasibleScheduleError, SpillsError, TwillError
+from twill.errors import InfeasibleScheduleError, SpillsError, TwillError, UnsupportedFeatureError
 from twill.ir.io import user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
@@ -180,7 +180,10 @@ def _solve_job(job: Job) -> dict[str, Any]:
                     return solve(graph, machine, opts)
                 from twill.tune.registers import schedule_without_spills
 
-                return schedule_without_spills(graph, machine, opts, persistent=persistent)
+                try:
+                    return schedule_without_spills(graph, machine, opts, persistent=persistent)
+                except UnsupportedFeatureError:   # the generator refuses the graph: ``cannot_emit`` below
+                    return solve(graph, machine, opts)
 
             try:
                 schedule = solve_one(options)
