@@ -143,7 +143,7 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
             kernel_axes["causal"] = (True,)     # part of the problem, not a choice: one value
     else:
         shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem)
-    space = kernel_space(args.target, machine, kernel_axes)
+    space = kernel_space(args.target, machine, kernel_axes, check_spills=common["check_spills"])
     jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(args.target, machine, **dict(c.options))),
                 extra_copies=args.extra_copies, **common) for c in space.candidates]
     return space, jobs, shape

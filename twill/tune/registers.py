@@ -10,7 +10,8 @@ per-thread count cannot tell such schedules apart, so :func:`schedule_without_sp
 1. solve at the graph's register reserve (:meth:`Machine.reserved_regs
    <twill.machine.models.Machine.reserved_regs>`); while no schedule exists, lower the reserve by one
    ``setmaxnreg`` step, down to ``floor`` (the model's count is an estimate: this lets tile values use
-   registers it keeps for bookkeeping);
+   registers it keeps for bookkeeping). The first time, the floor is solved first: when it has no schedule
+   either, something other than the registers stands in the way, and the search ends at once;
 2. render the schedule's Gluon kernel and compile it for sm_90 on the CPU (:func:`~twill.tune.spills.gluon_spills`);
 3. when ptxas spills or serializes the wgmmas, or the generator cannot build the kernel, exclude what the
    schedule's register pressure comes from and solve again, up to ``attempts`` schedules:
@@ -74,14 +75,27 @@ def schedule_without_spills(graph: LoopGraph, machine: Machine, options: Any = N
     carries, orders = tuple(options.excluded_carries), tuple(options.excluded_orders)
     refused = None     # the generator's last refusal: the same one twice is its answer for the graph
     first_error = None
+
+    def attempt(regs: int) -> Any:
+        work = replace(graph, attrs={**graph.attrs, "reserved_regs": regs})
+        return solve(work, machine, replace(options, excluded_carries=carries, excluded_orders=orders))
+
     while True:
-        work = replace(graph, attrs={**graph.attrs, "reserved_regs": reserved})
         try:
-            found = solve(work, machine, replace(options, excluded_carries=carries, excluded_orders=orders))
+            found = attempt(reserved)
         except InfeasibleScheduleError as exc:
             steps.append({"reserved_regs": reserved, "ii": None, "verdict": "no schedule"})
-            first_error = first_error or str(exc)
             lower = reserved - machine.setmaxnreg_step
+            if first_error is None and floor < lower:
+                # before walking down, ask the floor: when even it has no schedule, the registers are not what
+                # stands in the way, and the reserves between need no proof each
+                first_error = str(exc)
+                try:
+                    attempt(floor)
+                except InfeasibleScheduleError:
+                    steps.append({"reserved_regs": floor, "ii": None, "verdict": "no schedule"})
+                    raise InfeasibleScheduleError(f"{first_error} (nor with {floor} registers reserved)") from None
+            first_error = first_error or str(exc)
             if lower < floor and all(s["ii"] is None for s in steps):
                 others = ", ".join(str(s["reserved_regs"]) for s in steps[1:])
                 raise InfeasibleScheduleError(first_error + (f" (nor with {others} registers reserved)" if others

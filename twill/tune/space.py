@@ -50,6 +50,11 @@ DEFAULT_AXES: dict[str, dict[str, tuple[Any, ...]]] = {
     "flash-bwd": {"block_m": (64, 128), "streaming_depth": (2, 3)},
 }
 
+#: Default axis values that only a sweep with spills checked can use: the model's register count refuses them
+#: on Hopper, so without the ptxas-checked search each would be an infeasibility proof (45 s for the backward's
+#: 128-row tile at head dim 64 on two cores) and nothing else.
+CHECKED_ONLY: dict[str, dict[str, tuple[Any, ...]]] = {"flash-bwd": {"block_m": (128,)}}
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -91,15 +96,19 @@ class Space:
     rejected: tuple[tuple[Candidate, str], ...] = ()
 
 
-def default_axes(kernel: str, machine: Machine) -> dict[str, tuple[Any, ...]]:
+def default_axes(kernel: str, machine: Machine, check_spills: bool = False) -> dict[str, tuple[Any, ...]]:
     """The default sweep of a built-in kernel on ``machine``: :data:`DEFAULT_AXES`, ``reg_limit`` as offsets from
     each candidate's default budget (:func:`kernel_space` adds them). On Blackwell (accumulators in TMEM) the
     ``warps`` axis does not exist and ``reg_limit`` is not swept: below the kernel's budget of 160 the joint
     search runs into its time limit instead of finding or refuting a schedule; nor is ``persistent`` (a choice
     of the Hopper Gluon generator), nor the backward's ``block_m`` (FA4's 128 rows, its only tile there). On
     Hopper the backward's 128-row tile at head dim 64 is refused by the model's register count and found by
-    ``--check-spills`` (the ptxas-checked search)."""
+    ``--check-spills`` (the ptxas-checked search): values in :data:`CHECKED_ONLY` are swept only with
+    ``check_spills``."""
     axes = dict(DEFAULT_AXES.get(kernel, {"streaming_depth": (2, 3)}))
+    if not check_spills:
+        for name, values in CHECKED_ONLY.get(kernel, {}).items():
+            axes[name] = tuple(v for v in axes[name] if v not in values)
     if machine.mma_accumulates_in == "tmem":
         axes.pop("warps", None)
         axes.pop("reg_limit", None)
@@ -151,8 +160,10 @@ def accumulator_registers(graph: LoopGraph, machine: Machine) -> int:
     return int(attrs["block_n"]) // 2 + int(attrs["head_dim"]) // 2 + machine.setmaxnreg_min
 
 
-def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]]) -> Space:
-    """The space of built-in ``kernel``: :func:`default_axes` with ``axes`` overriding (the default ``reg_limit``
+def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]],
+                 check_spills: bool = False) -> Space:
+    """The space of built-in ``kernel``: :func:`default_axes` (for a sweep with ``check_spills`` or not) with
+    ``axes`` overriding (the default ``reg_limit``
     offsets added to each candidate's own budget, the graph's ``reg_limit``: three attention sub-tiles have
     less than two); candidates the kernel refuses on ``machine`` (three attention sub-tiles on Blackwell) or
     whose shared memory surely exceeds ``machine.smem_per_block`` are rejected with the reason (a persistent
@@ -168,7 +179,7 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
             raise TwillError(f"{name} is a choice of the Hopper Gluon generator; {machine.name} has none")
         if name not in known and name not in SOLVER_AXES and name not in CODEGEN_AXES:
             raise TwillError(f"kernel {kernel!r} has no option {name!r} (options: {', '.join(known) or 'none'})")
-    merged = {k: tuple(v) for k, v in default_axes(kernel, machine).items() if k not in axes}
+    merged = {k: tuple(v) for k, v in default_axes(kernel, machine, check_spills).items() if k not in axes}
     offsets = "reg_limit" in merged
     merged.update({k: tuple(v) for k, v in axes.items()})
     kept: list[Candidate] = []
