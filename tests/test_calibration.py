@@ -367,6 +367,12 @@ def _bwd_prediction_table(result):
     return prediction_table(result)
 
 
+def _format_measured(rows):
+    from twill.tune.measure import format_measured
+
+    return format_measured(rows)
+
+
 def _backward_table(result):
     from benchmarks.flash_bwd_check import table
 
@@ -442,6 +448,8 @@ PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity
                       ("ptxas-search-table", "flash_bwd_h200_d64_ptxas.json", _backward_table),
                       ("reserve16-table", "flash_bwd_h200_d128_reserve16.json", _backward_table),
                       ("bwd-ptxas-predicted-table", "flash_bwd_h200_ptxas_predicted.json", _bwd_prediction_table),
+                      ("tune-bwd-measure-table", "tune_flash_bwd_h200_measure.json",
+                       lambda result: _format_measured(result["measured"])),
                       ("bwd-phases-table", "bwd_phases_h200.json", _bwd_phases_table),
                       ("dq-defer-table", "flash_bwd_h200_dq_defer.json", _backward_table),
                       ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",

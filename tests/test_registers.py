@@ -279,3 +279,19 @@ def test_the_backwards_128_row_tile_is_swept_only_with_spills_checked():
     assert sorted({dict(c.options)["block_m"] for c in checked.candidates}) == [64, 128]
     assert {dict(c.options)["block_m"] for c in kernel_space("flash-bwd", H200, {"head_dim": (64,)}).candidates} \
         == {64}
+
+
+def test_measure_checks_and_times_a_backward_by_its_gradients(monkeypatch):
+    """``twill tune --measure`` on flash-bwd: the check is the backward's (gradients), not the forward's; the
+    GPU half runs in benchmarks (tune_flash_bwd_h200_measure.json)."""
+    from twill.codegen.gluon import check
+    from twill.tune import measure
+    from twill.tune.predict import Shape
+
+    asked = []
+    monkeypatch.setattr(check, "check_attention_backward",
+                        lambda module, dtype, d: asked.append(("bwd", dtype, d)) or [{"relerr": 1e-4}])
+    monkeypatch.setattr(check, "check_attention", lambda module, dtype, d: pytest.fail("the forward's check"))
+    shape = Shape("attention", (4, 16, 4096, 64))
+    assert measure._check(object(), shape, {"kernel": "flash-bwd", "dtype": "bf16", "head_dim": 64}) == 1e-4
+    assert asked == [("bwd", "bf16", 64)]

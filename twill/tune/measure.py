@@ -3,7 +3,8 @@ imported only when it runs.
 
 For each of the top ``k`` solved candidates: emit the Gluon kernel (:func:`twill.codegen.gluon.emit_gluon`),
 check it against torch on ragged shapes with the output poisoned with NaN and fresh random data
-(:func:`twill.codegen.gluon.check.check_gemm` / ``check_attention``), then time it on the tuning shape,
+(:func:`twill.codegen.gluon.check.check_gemm` / ``check_attention`` / ``check_attention_backward``), then
+time it on the tuning shape (an attention backward with the fp32 forward's O and LSE),
 device-side, with ``triton.testing.do_bench`` (median). A kernel that fails the check is reported, not
 timed. The lead's scripts call :func:`measure_candidates` directly.
 
@@ -51,31 +52,59 @@ def _inputs(shape: Shape, dtype: Any) -> tuple[Any, ...]:
     return q, k, v, torch.full_like(q, float("nan"))
 
 
+def _backward_inputs(shape: Shape, dtype: Any) -> tuple[Any, ...]:
+    """q, k, v, the forward's O and LSE (fp32, :func:`~twill.codegen.gluon.check.attention_statistics`), dO,
+    and dq, dk, dv poisoned with NaN."""
+    import torch
+
+    from twill.codegen.gluon.check import attention_statistics
+
+    q, k, v, do = (torch.randn(shape["B"], shape["H"], shape["S"], shape["D"], device="cuda", dtype=dtype)
+                   for _ in range(4))
+    o, lse = attention_statistics(q, k, v)
+    return (q, k, v, o, do, lse, *(torch.full_like(q, float("nan")) for _ in range(3)))
+
+
 def time_kernel(module: Any, shape: Shape, dtype: str) -> float:
-    """Median device time in seconds of one launch of an emitted kernel on ``shape``."""
+    """Median device time in seconds of one launch of an emitted kernel on ``shape`` (an attention backward's:
+    the main kernel with its dO·O pre-pass, as ``launch`` runs them)."""
     import torch
     from triton.testing import do_bench
 
-    args = _inputs(shape, {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype])
-    if shape.problem == "gemm":
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    if getattr(module, "KERNEL", None) == "flash-bwd":
+        args = _backward_inputs(shape, torch_dtype)
+
+        def launch() -> Any:
+            return module.launch(*args[:6], dq=args[6], dk=args[7], dv=args[8])
+    elif shape.problem == "gemm":
+        args = _inputs(shape, torch_dtype)
+
         def launch() -> Any:
             return module.launch(*args)
     else:
+        args = _inputs(shape, torch_dtype)
+
         def launch() -> Any:
             return module.launch(*args[:3], out=args[3])
     launch()
     torch.cuda.synchronize()
-    if not torch.isfinite(args[-1]).all():
+    outputs = args[6:] if getattr(module, "KERNEL", None) == "flash-bwd" else args[-1:]
+    if not all(torch.isfinite(out).all() for out in outputs):
         raise TwillError("the kernel left non-finite values in its output")
     return do_bench(launch, warmup=50, rep=200, return_mode="median") * 1e-3
 
 
 def _check(module: Any, shape: Shape, attrs: Mapping[str, Any]) -> float:
-    from twill.codegen.gluon.check import check_attention, check_gemm
+    from twill.codegen.gluon.check import check_attention, check_attention_backward, check_gemm
 
     dtype = str(attrs.get("dtype", "fp16"))
-    rows = (check_gemm(module, dtype) if shape.problem == "gemm"
-            else check_attention(module, dtype, int(attrs["head_dim"])))
+    if shape.problem == "gemm":
+        rows = check_gemm(module, dtype)
+    elif attrs.get("kernel") == "flash-bwd":
+        rows = check_attention_backward(module, dtype, int(attrs["head_dim"]))
+    else:
+        rows = check_attention(module, dtype, int(attrs["head_dim"]))
     return max(float(r["relerr"]) for r in rows)
 
 

@@ -66,3 +66,39 @@ def check_attention(module: Any, dtype: str, head_dim: int) -> list[dict[str, An
         torch.cuda.synchronize()
         rows.append({"B": b, "H": h, "S": s, "D": head_dim, "relerr": relative_error(out, attention_reference(q, k, v))})
     return rows
+
+
+def attention_statistics(q: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """The forward's output (in q's dtype) and its log-sum-exp rows (fp32, natural log), computed in fp32 one
+    (batch, head) at a time: what a backward kernel is given."""
+    import torch
+
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            s = (q[b, h].float() @ k[b, h].float().T) / q.shape[-1] ** 0.5
+            lse[b, h] = torch.logsumexp(s, dim=-1)
+            out[b, h] = (torch.softmax(s, dim=-1) @ v[b, h].float()).to(q.dtype)
+    return out, lse
+
+
+def check_attention_backward(module: Any, dtype: str, head_dim: int) -> list[dict[str, Any]]:
+    """Largest relative error of dq, dk, dv from an emitted backward's ``module.launch(q, k, v, o, do, lse,
+    dq=..., dk=..., dv=...)`` (outputs poisoned with NaN) against fp32 torch autograd of
+    :func:`attention_reference`, on :data:`ATTN_RAGGED`; O and LSE are the fp32 forward's."""
+    import torch
+
+    rows = []
+    for b, h, s in ATTN_RAGGED:
+        q, k, v, do = (torch.randn(b, h, s, head_dim, device="cuda", dtype=torch_dtype(dtype)) for _ in range(4))
+        o, lse = attention_statistics(q, k, v)
+        grads = [torch.full_like(q, float("nan")) for _ in range(3)]
+        module.launch(q, k, v, o, do, lse, dq=grads[0], dk=grads[1], dv=grads[2])
+        torch.cuda.synchronize()
+        leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+        refs = torch.autograd.grad(attention_reference(*leaves), leaves, do.float())
+        rows.append({"B": b, "H": h, "S": s, "D": head_dim,
+                     "relerr": max(relative_error(got, ref) for got, ref in zip(grads, refs))})
+    return rows
+
