@@ -671,12 +671,20 @@ def measure_attention_iteration(groups: int = 2, block_n: int = 128, head_dim: i
             l = l + p.sum(1)
         ref = torch.cat([o.flatten(), l])
         err = max(err, ((out[g].double() - ref).norm() / ref.norm()).item())
-    if not err < 1e-3:
-        raise RuntimeError(f"attention iteration microbenchmark wrong: relative error {err:.3g}")
+    return _timed_iteration(launch, stats, reps, err, 1e-3, "attention iteration",
+                            groups=groups, block_n=block_n, head_dim=head_dim)
+
+
+def _timed_iteration(launch: Any, stats: Any, reps: int, err: float, tolerance: float, what: str,
+                     **keys: Any) -> dict[str, Any]:
+    """The end of an iteration microbenchmark whose checked launch gave relative error ``err``: refuse it over
+    ``tolerance``, else time ``reps`` iterations; ``keys`` (the tile), then cycles per iteration, CTAs per SM
+    and the error."""
+    if not err < tolerance:
+        raise RuntimeError(f"{what} microbenchmark wrong: relative error {err:.3g}")
     launch(reps)
     per_sm = _per_sm(stats, float(reps))
-    return {"groups": groups, "block_n": block_n, "head_dim": head_dim,
-            "cycles_per_iteration": per_sm["cycles"] / reps, "ctas_per_sm": per_sm["ctas_per_sm"],
+    return {**keys, "cycles_per_iteration": per_sm["cycles"] / reps, "ctas_per_sm": per_sm["ctas_per_sm"],
             "rel_error": err}
 
 
@@ -834,13 +842,8 @@ def measure_bwd_iteration(block_m: int = 64, head_dim: int = 64, reps: int = 512
                      (checked * (p.half().double() @ do.double())).flatten(),
                      (ds.half().double().T @ k.double()).flatten()])
     err = ((out.double() - ref[None, :]).norm(dim=1) / ref.norm()).max().item()
-    if not err < 1e-2:
-        raise RuntimeError(f"backward iteration microbenchmark wrong: relative error {err:.3g}")
-    launch(reps)
-    per_sm = _per_sm(stats, float(reps))
-    return {"block_m": block_m, "block_n": block_n, "head_dim": head_dim,
-            "cycles_per_iteration": per_sm["cycles"] / reps, "ctas_per_sm": per_sm["ctas_per_sm"],
-            "rel_error": err}
+    return _timed_iteration(launch, stats, reps, err, 1e-2, "backward iteration",
+                            block_m=block_m, block_n=block_n, head_dim=head_dim)
 
 
 def measure_smem(groups: int = 1, cols: int = 128, reps: int = 2048) -> dict[str, float]:

@@ -72,7 +72,8 @@ def time_kernel(module: Any, shape: Shape, dtype: str) -> float:
     from triton.testing import do_bench
 
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    if getattr(module, "KERNEL", None) == "flash-bwd":
+    backward = getattr(module, "KERNEL", None) == "flash-bwd"
+    if backward:
         args = _backward_inputs(shape, torch_dtype)
 
         def launch() -> Any:
@@ -89,7 +90,7 @@ def time_kernel(module: Any, shape: Shape, dtype: str) -> float:
             return module.launch(*args[:3], out=args[3])
     launch()
     torch.cuda.synchronize()
-    outputs = args[6:] if getattr(module, "KERNEL", None) == "flash-bwd" else args[-1:]
+    outputs = args[6:] if backward else args[-1:]
     if not all(torch.isfinite(out).all() for out in outputs):
         raise TwillError("the kernel left non-finite values in its output")
     return do_bench(launch, warmup=50, rep=200, return_mode="median") * 1e-3
