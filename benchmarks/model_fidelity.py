@@ -19,6 +19,11 @@ from a new machine model without the GPU:
     python benchmarks/model_fidelity.py run out/fidelity --out $OUT          # GPU
     python benchmarks/model_fidelity.py report out/fidelity --measured benchmarks/results/fidelity_measured_h200.json \
         --report benchmarks/results/model_fidelity_h200.json
+
+``generate --sweep`` takes instead every kernel of ``twill tune flash-fwd``'s sweep at each tiling's default
+register budget (:func:`_sweep_entries`), for a rank correlation over the candidates the tuner chooses among;
+``run --only fa_d128_`` and ``--only fa_d64_`` time them in two GPU calls, ``report --measured A B`` reads both,
+and ``sweep-summary`` prints what the tuner would have got per shape.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
 ATTN_CANDIDATES = [(d, s, depth) for d in (128, 64) for s in (2, 1) for depth in (2, 3)] + [(128, 3, 2), (64, 3, 2)]
 ATTN_SEQS = (2048, 4096, 8192, 16384)
 ATTN_BATCH, ATTN_HEADS = 4, 32
+#: Head dimensions of the ``--sweep`` candidate set (every distinct kernel of ``twill tune flash-fwd``).
+SWEEP_HEAD_DIMS = (128, 64)
 ROUNDS = 3
 
 
@@ -55,7 +62,7 @@ def _solve(kernel: str, machine: Any, opts: dict[str, Any], depth: int) -> Any:
     return schedule(graph, machine, SolveOptions(streaming_depth=depth, time_limit=120))
 
 
-def generate(outdir: str, machine_path: str) -> None:
+def generate(outdir: str, machine_path: str, sweep: bool = False, workers: int = 2) -> None:
     from twill.codegen.gluon import emit_gluon
     from twill.commands.common import schedule_document
     from twill.machine.calibration import load_machine
@@ -64,6 +71,12 @@ def generate(outdir: str, machine_path: str) -> None:
     calibrated = load_machine(machine_path)
     datasheet = get_machine(calibrated.name)
     os.makedirs(outdir, exist_ok=True)
+    if sweep:
+        entries = _sweep_entries(outdir, calibrated, workers)
+        with open(os.path.join(outdir, "manifest.json"), "w") as fh:
+            json.dump({"machine_file": os.path.basename(machine_path), "sweep": True, "entries": entries}, fh,
+                      indent=1)
+        return
     entries = []
     jobs = [("gemm", f"gemm_{bm}x{bn}x{bk}_d{d}", {"block_m": bm, "block_n": bn, "block_k": bk}, d,
              [{"problem": "gemm", "sizes": list(s)} for s in GEMM_SHAPES]) for bm, bn, bk, d in GEMM_CANDIDATES]
@@ -92,6 +105,55 @@ def generate(outdir: str, machine_path: str) -> None:
         print(f"{name:24s} II {cal.ii} ({cal.status}), datasheet II {ds.ii}, {time.perf_counter() - started:.1f} s")
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
         json.dump({"machine_file": os.path.basename(machine_path), "entries": entries}, fh, indent=1)
+
+
+def _sweep_entries(outdir: str, machine: Any, workers: int) -> list[dict[str, Any]]:
+    """The kernels of ``twill tune flash-fwd``'s default sweep with spills checked, at each head dimension of
+    :data:`SWEEP_HEAD_DIMS`, at each tiling's default register budget (every sub-tile count, key tile, ring
+    depth, persistent or not; the lower budgets, whose spilling schedules the ptxas-checked search compiles
+    up to 16 times each, would take over an hour on two cores): each solved candidate (status ``ok``) is
+    emitted with its ``persistent`` choice. The sweep's candidates do not depend on the sequence length, so
+    one set is timed at every ``ATTN_SEQS``."""
+    from benchmarks.tune_bench import _candidates, _jobs
+    from twill.codegen.gluon import emit_gluon
+    from twill.commands.common import schedule_document
+    from twill.kernels import build_kernel
+    from twill.tune.predict import Shape
+    from twill.tune.rank import rank
+    from twill.tune.sweep import run_sweep
+
+    entries: list[dict[str, Any]] = []
+    for hd in SWEEP_HEAD_DIMS:
+        shape = Shape("attention", (ATTN_BATCH, ATTN_HEADS, ATTN_SEQS[0], hd))
+        candidates = [c for c in _candidates("flash-fwd", "fp16", shape, machine)
+                      if c.reg_limit == build_kernel("flash-fwd", machine, **dict(c.options)).attrs.get("reg_limit")]
+        results = rank(candidates, run_sweep(_jobs("flash-fwd", candidates, machine, check_spills=True),
+                                             workers=workers), shape, machine)
+        sources: set[str] = set()
+        for result in results:
+            if result.schedule is None or result.status != "ok":
+                continue
+            settings = result.candidate.settings()
+            persistent = bool(result.candidate.persistent)
+            source = emit_gluon(result.schedule, persistent=persistent)
+            if source in sources:
+                continue
+            sources.add(source)
+            name = (f"fa_d{hd}_sub{settings['subtiles']}_bn{settings['block_n']}_d{settings['streaming_depth']}"
+                    + ("_p" if persistent else ""))
+            with open(os.path.join(outdir, f"{name}.py"), "w") as fh:
+                fh.write(source)
+            with open(os.path.join(outdir, f"{name}.calibrated.schedule.json"), "w") as fh:
+                json.dump(schedule_document(result.schedule), fh)
+            entries.append({"name": name, "kernel": "flash-fwd", "options": dict(result.candidate.options),
+                            "depth": settings["streaming_depth"], "persistent": persistent,
+                            "candidate": result.candidate.label(), "file": f"{name}.py", "ii": result.schedule.ii,
+                            "status": result.schedule.status,
+                            "shapes": [{"problem": "attention", "sizes": [ATTN_BATCH, ATTN_HEADS, s, hd]}
+                                       for s in ATTN_SEQS]})
+        print(f"head dim {hd}: {len(candidates)} candidates, {sum(r.status == 'ok' for r in results)} solved, "
+              f"{sum(e['options']['head_dim'] == hd for e in entries)} distinct kernels", flush=True)
+    return entries
 
 
 # ---------------------------------------------------------------------------------------------------- GPU
@@ -231,7 +293,18 @@ def _kernel_clocks(path: str | None) -> dict[tuple[str, str], dict[str, Any]]:
     return {(r["name"], json.dumps(r["shape"])): r for r in json.load(open(path))["rows"]}
 
 
-def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: str,
+def _merged(paths: list[str]) -> dict[str, Any]:
+    """One measurement from the ``run`` results of several GPU calls on the same kernel folder: the first one's
+    metadata (GPU, versions, the date of each kept in ``dates``), every call's checks and timings."""
+    docs = [json.load(open(p)) for p in paths]
+    merged = {**docs[0], "checks": {}, "timings": [], "dates": [d["date"] for d in docs]}
+    for doc in docs:
+        merged["checks"].update(doc["checks"])
+        merged["timings"] += doc["timings"]
+    return merged
+
+
+def report(kernel_dir: str, measured_path: str | list[str], machine_path: str, report_path: str,
            kernel_clock: str | None = None) -> None:
     """Predictions of every schedule on every measured shape, against the measurements; with ``kernel_clock``
     (a ``kernel_clock.py`` measurement of the same kernels) also the cycles each ran, time x its own clock,
@@ -245,10 +318,10 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
     calibrated = load_machine(machine_path)
     datasheet = get_machine(calibrated.name)
     manifest = json.load(open(os.path.join(kernel_dir, "manifest.json")))
-    measured = json.load(open(measured_path))
+    measured = _merged([measured_path] if isinstance(measured_path, str) else measured_path)
     entries = {e["name"]: e for e in manifest["entries"] if "file" in e}
-    schedules = {(n, label): load_schedule_document(os.path.join(kernel_dir, f"{n}.{label}.schedule.json"))
-                 for n in entries for label in ("calibrated", "datasheet")}
+    schedules = {(n, label): load_schedule_document(path) for n in entries for label in ("calibrated", "datasheet")
+                 if os.path.exists(path := os.path.join(kernel_dir, f"{n}.{label}.schedule.json"))}
     own_clock = _kernel_clocks(kernel_clock)
     rows, references, correlations = [], [], []
     for t in measured["timings"]:
@@ -266,17 +339,20 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
             ms = medians[name]
             clocks = [r["clock_ghz"] for r in runs if r["clock_ghz"]]
             clock = statistics.median(clocks) if clocks else None
-            pred = predict(schedules[name, "calibrated"], shape, calibrated)
-            ds = predict(schedules[name, "datasheet"], shape, datasheet)
+            persistent = bool(entries[name].get("persistent"))
+            pred = predict(schedules[name, "calibrated"], shape, calibrated, persistent=persistent)
+            # a --sweep set has no datasheet schedules: the datasheet columns are left out
+            ds = (predict(schedules[name, "datasheet"], shape, datasheet, persistent=persistent)
+                  if (name, "datasheet") in schedules else None)
             at_clock = pred.cycles / (clock * 1e3) + calibrated.launch_us if clock else None
             row = {"name": name, "kernel": kernel, "options": entries[name]["options"],
                    "depth": entries[name]["depth"], "shape": shape_d, "ms": ms,
                    "ms_min": min(r["ms"] for r in runs), "ms_max": max(r["ms"] for r in runs), "clock_ghz": clock,
                    "tflops": flops / ms / 1e9, "predicted_us": pred.microseconds, "predicted_us_at_clock": at_clock,
-                   "datasheet_predicted_us": ds.microseconds, "prediction": pred.to_dict(),
-                   "measured_over_predicted": ms * 1e3 / pred.microseconds,
+                   "prediction": pred.to_dict(), "measured_over_predicted": ms * 1e3 / pred.microseconds,
                    "measured_over_predicted_at_clock": ms * 1e3 / at_clock if at_clock else None,
-                   "measured_over_datasheet": ms * 1e3 / ds.microseconds,
+                   **({"datasheet_predicted_us": ds.microseconds, "measured_over_datasheet": ms * 1e3 / ds.microseconds}
+                      if ds else {}),
                    **{f"vs_{n}": r / ms for n, r in refs.items()}}
             timed = own_clock.get((name, json.dumps(shape_d)))
             if timed:
@@ -289,8 +365,10 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
             correlations.append({"kernel": kernel, "shape": shape_d, "candidates": len(group),
                                  "spearman": spearman([r["predicted_us"] for r in group], [r["ms"] for r in group]),
                                  "spearman_datasheet": spearman([r["datasheet_predicted_us"] for r in group],
-                                                                 [r["ms"] for r in group])})
+                                                                 [r["ms"] for r in group])
+                                 if all("datasheet_predicted_us" in r for r in group) else None})
     ratios = [r["measured_over_predicted"] for r in rows]
+    ds_ratios = [r["measured_over_datasheet"] for r in rows if "measured_over_datasheet" in r]
     cycle_ratios = [r["measured_over_predicted_cycles"] for r in rows if "measured_over_predicted_cycles" in r]
     clock_ratios = [r["kernel_clock_ghz"] / r["predicted_clock_ghz"] for r in rows if "kernel_clock_ghz" in r]
     summary = {"rows": len(rows), "within_15_percent": sum(1 for x in ratios if abs(x - 1) <= 0.15),
@@ -298,8 +376,9 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
                    "clock_measured_over_predicted": [min(clock_ratios), statistics.median(clock_ratios),
                                                      max(clock_ratios)]} if cycle_ratios else {}),
                "median_ratio": statistics.median(ratios) if ratios else None,
-               "median_ratio_datasheet": statistics.median(r["measured_over_datasheet"] for r in rows) if rows else None}
-    result = {**{k: measured[k] for k in ("gpu", "torch", "triton", "cuda", "cudnn", "date", "rounds", "checks")},
+               "median_ratio_datasheet": statistics.median(ds_ratios) if ds_ratios else None}
+    result = {**{k: measured[k] for k in ("gpu", "torch", "triton", "cuda", "cudnn", "date", "dates", "rounds",
+                                          "checks")},
               "machine_model": calibrated.model, "machine_file": os.path.basename(machine_path),
               **({"kernel_clock_file": os.path.basename(kernel_clock)} if kernel_clock else {}),
               "command": "python benchmarks/model_fidelity.py generate|run|report", "summary": summary,
@@ -313,7 +392,7 @@ def report(kernel_dir: str, measured_path: str, machine_path: str, report_path: 
         at = r["measured_over_predicted_at_clock"] or float("nan")
         shape = ",".join(str(v) for v in r["shape"].values())
         print(f"{r['name']:24s} {shape:22s} {r['tflops']:8.0f} {r['measured_over_predicted']:9.2f} {at:7.2f} "
-              f"{r['measured_over_datasheet']:9.2f} {(r['clock_ghz'] or 0):5.2f} {ref:7.2f}")
+              f"{r.get('measured_over_datasheet', float('nan')):9.2f} {(r['clock_ghz'] or 0):5.2f} {ref:7.2f}")
     for c in correlations:
         print(f"spearman {c['kernel']} {c['shape']}: {_rho(c['spearman'])} (datasheet model "
               f"{_rho(c['spearman_datasheet'])}, {c['candidates']} candidates)")
@@ -347,24 +426,64 @@ def markdown_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def sweep_summary(result: dict[str, Any]) -> str:
+    """For a ``--sweep`` set, one row per head dimension and sequence length: how many candidates, how many
+    predicted within ±15%, the Spearman rank correlation, and what the tuner would have got: the model's first
+    candidate and the best of the three that ``twill tune --measure 3`` measures (the best-ranked of each tiling
+    first, :func:`twill.tune.rank.measure_picks`), each against the fastest candidate measured, and the fastest
+    against the best reference of the run (cuDNN or PyTorch flash)."""
+    correlations = {json.dumps(c["shape"]): c for c in result["correlations"]}
+    lines = ["| shape | candidates | within ±15% | measured / predicted: median (range) | Spearman | "
+             "model's first: vs fastest | best of 3 measured: vs fastest | fastest candidate | fastest vs reference |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    refs = {json.dumps(r["shape"]): r for r in result["references"]}
+    for key in sorted({json.dumps(r["shape"]) for r in result["rows"]}, key=lambda k: tuple(json.loads(k).values())
+                      [::-1]):
+        group = sorted((r for r in result["rows"] if json.dumps(r["shape"]) == key), key=lambda r: r["predicted_us"])
+        ratios = [r["measured_over_predicted"] for r in group]
+        fastest = min(group, key=lambda r: r["ms"])
+        picks, seen = [], set()
+        for r in group:                   # measure_picks: the best-ranked of each tiling first
+            tiling = json.dumps(r["options"], sort_keys=True)
+            if tiling not in seen:
+                seen.add(tiling)
+                picks.append(r)
+        picked = min(picks[:3], key=lambda r: r["ms"])
+        ref = refs[key]
+        best_ref = min((n[:-3] for n in ref if n.endswith("_ms")), key=lambda n: ref[f"{n}_ms"])
+        shape = ",".join(f"{k}={v}" for k, v in json.loads(key).items())
+        lines.append(
+            f"| {shape} | {len(group)} | {sum(abs(x - 1) <= 0.15 for x in ratios)} | {statistics.median(ratios):.2f} "
+            f"({min(ratios):.2f}-{max(ratios):.2f}) | {_rho(correlations[key]['spearman'])} | "
+            f"{fastest['ms'] / group[0]['ms']:.3f} | {fastest['ms'] / picked['ms']:.3f} | `{fastest['name']}` "
+            f"{fastest['tflops']:.0f} TFLOP/s | {ref[f'{best_ref}_ms'] / fastest['ms']:.3f}x {best_ref} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("generate", "run", "report", "summary"))
+    parser.add_argument("step", choices=("generate", "run", "report", "summary", "sweep-summary"))
     parser.add_argument("kernel_dir")
     parser.add_argument("--machine", default=os.path.join(HERE, "results", "calibration_h200.machine.json"))
     parser.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
     parser.add_argument("--only", nargs="*", default=None, help="substrings of candidate names")
+    parser.add_argument("--sweep", action="store_true",
+                        help="generate: the attention candidates of twill tune's sweep (every distinct kernel)")
+    parser.add_argument("--workers", type=int, default=2, help="generate --sweep: solver processes")
     parser.add_argument("--gemm-shapes", nargs="*", default=None, metavar="M,N,K",
                         help="run: time the GEMM candidates at these shapes instead of the manifest's")
-    parser.add_argument("--measured", default=None, help="report: the fidelity_measured.json of a run")
+    parser.add_argument("--measured", nargs="+", default=None,
+                        help="report: the fidelity_measured.json of a run (several: GPU calls of one kernel folder)")
     parser.add_argument("--report", default=None, help="report: where to write (default OUT/model_fidelity.json)")
     parser.add_argument("--kernel-clock", default=None,
                         help="report: a benchmarks/kernel_clock.py measurement of the same kernels (their own clocks)")
     args = parser.parse_args()
     if args.step == "generate":
-        generate(args.kernel_dir, args.machine)
+        generate(args.kernel_dir, args.machine, args.sweep, args.workers)
     elif args.step == "summary":
         print(markdown_summary(json.load(open(args.kernel_dir))))
+    elif args.step == "sweep-summary":
+        print(sweep_summary(json.load(open(args.kernel_dir))))
     elif args.step == "run":
         from twill.errors import TwillError
         from twill.tune.predict import parse_shape

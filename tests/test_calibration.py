@@ -307,6 +307,44 @@ def _fidelity_summary(result):
     return markdown_summary(result)
 
 
+def _fidelity_sweep(result):
+    from benchmarks.model_fidelity import sweep_summary
+
+    return sweep_summary(result)
+
+
+def test_sweep_summary_scores_the_model_and_the_measure_picks_against_the_fastest(tmp_path):
+    """One shape of a --sweep report: the model ranks a 2-deep kernel first, its 3-deep twin (same tiling)
+    measures fastest; --measure 3 takes one kernel per tiling, so it misses the twin."""
+    from benchmarks.model_fidelity import _merged, sweep_summary
+
+    shape = {"B": 1, "H": 1, "S": 2048, "D": 128}
+
+    def row(name, tiling, predicted, ms):
+        return {"name": name, "options": {"subtiles": tiling}, "shape": shape, "predicted_us": predicted,
+                "ms": ms, "measured_over_predicted": ms * 1e3 / predicted, "tflops": 1.0 / ms}
+
+    rows = [row("a_d2", 2, 100.0, 0.110), row("a_d3", 2, 100.0, 0.100), row("b", 3, 105.0, 0.120),
+            row("c", 1, 130.0, 0.150)]
+    result = {"rows": rows, "correlations": [{"shape": shape, "spearman": 0.8}],
+              "references": [{"shape": shape, "cudnn_ms": 0.105, "flash_ms": 0.2}]}
+    line = sweep_summary(result).splitlines()[-1]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:3] == ["B=1,H=1,S=2048,D=128", "4", "3"]       # c is 1.15 over: outside ±15% by a hair
+    assert cells[4] == "0.80" and cells[5] == "0.909" and cells[6] == "0.909"
+    assert cells[7].startswith("`a_d3`") and cells[8] == "1.050x cudnn"
+
+    # the run of each head dimension is one call: the report reads them as one measurement
+    docs = [{"date": "d1", "gpu": "g", "checks": {"a": 1}, "timings": [1]}, {"date": "d2", "checks": {"b": 2},
+                                                                            "timings": [2]}]
+    paths = [tmp_path / f"measured_{i}.json" for i in range(len(docs))]
+    for path, doc in zip(paths, docs):
+        path.write_text(json.dumps(doc))
+    merged = _merged([str(p) for p in paths])
+    assert merged["checks"] == {"a": 1, "b": 2} and merged["timings"] == [1, 2] and merged["dates"] == ["d1", "d2"]
+    assert merged["gpu"] == "g"
+
+
 def _pallas_table(result):
     from benchmarks.pallas_bench import table
 
@@ -406,6 +444,7 @@ def _launch_table(result):
 #: (marker in docs/performance.md, committed results file, what the doc shows of it)
 PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity_summary),
                       ("fidelity-heldout", "model_fidelity_h200_heldout.json", _fidelity_summary),
+                      ("fidelity-sweep", "model_fidelity_sweep_h200.json", _fidelity_sweep),
                       ("pallas-table", "pallas_bench_h200.json", _pallas_table),
                       ("pallas-same-tile", "pallas_bench_h200_same_tile.json", _pallas_table),
                       ("tilelang-table", "tilelang_bench_h200.json", _tilelang_table),
