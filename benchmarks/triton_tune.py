@@ -132,7 +132,8 @@ def prepare(cases: dict[str, tuple], out_path: Path, machine_path: Path, time_li
 # -- run (GPU) --------------------------------------------------------------------------------------------
 def run_case(case: str, entry: dict[str, Any], machine: Any, *, reps: int, top: int, workdir: str) -> list[dict]:
     """Every configuration of one case, both variants, every shape; then the comparison per shape."""
-    from twill.tune.measure import autotune_choice, compare_with_autotune, launch_hook, measure_triton_config
+    from twill.tune.measure import (HEAD_TO_HEAD_REPS, autotune_choice, compare_with_autotune, head_to_head,
+                                    launch_hook, measure_triton_config)
 
     base = getattr(_module(entry["module"]), entry["fn"])
     hook = launch_hook(base)
@@ -154,8 +155,16 @@ def run_case(case: str, entry: dict[str, Any], machine: Any, *, reps: int, top: 
                 for i, cfg in enumerate(entry["configs"])]
         ran = [entry["configs"][r["config"]]["settings"] for r in rows if r.get("triton_us") is not None]
         autotune = autotune_choice(base, hook, ran, shape, reps) if ran else {"status": "no configuration ran"}
+        comparison = {**compare_with_autotune(rows, top), "autotune": autotune}
+        if comparison["autotune_choice"] and comparison["twill_tuned"]:
+            by_label = {_label(cfg["settings"]): cfg for cfg in entry["configs"]}
+            auto = by_label[comparison["autotune_choice"]["label"]]
+            tuned = by_label[comparison["twill_tuned"]["label"]]
+            comparison["head_to_head"] = head_to_head(
+                base, hook, auto["settings"], tuned["settings"], _load_schedule(tuned["schedule"]), machine, shape,
+                reps=max(reps, HEAD_TO_HEAD_REPS), workdir=workdir)
         out.append({"case": case, "shape": shape.as_dict(), "flops": shape.flops(), "rows": rows,
-                    "comparison": {**compare_with_autotune(rows, top), "autotune": autotune}})
+                    "comparison": comparison})
         print(json.dumps({"case": case, "shape": shape.text(), **out[-1]["comparison"]}), flush=True)
     return out
 
@@ -163,9 +172,12 @@ def run_case(case: str, entry: dict[str, Any], machine: Any, *, reps: int, top: 
 def run(schedules: Path, out_path: Path, reps: int, top: int, only: list[str]) -> None:
     """The GPU step over every prepared case (``only``: just these, keeping the other cases already in
     ``out_path``, so that each case can run in a command of its own)."""
+    import time
+
     import torch
     import triton
 
+    from twill.machine.microbench import ClockSampler
     from twill.tune.measure import triton_runtime
 
     doc = json.loads(schedules.read_text())
@@ -175,10 +187,19 @@ def run(schedules: Path, out_path: Path, reps: int, top: int, only: list[str]) -
         "machine": doc["machine"], "top_k": top,
         "timing": f"triton.testing.do_bench median (warmup 25 ms, rep 100 ms), A and B interleaved x{reps}, best run",
         "cases": []}
-    with triton_runtime() as workdir:
+    windows = []
+    with triton_runtime() as workdir, ClockSampler() as sampler:   # the sampler's readings arrive when it stops
         for case, entry in doc["cases"].items():
             if not only or case in only:
-                results["cases"] += run_case(case, entry, machine, reps=reps, top=top, workdir=workdir)
+                start = time.time()
+                rows = run_case(case, entry, machine, reps=reps, top=top, workdir=workdir)
+                windows.append((rows, start, time.time()))
+                results["cases"] += rows
+    for rows, start, end in windows:    # nvidia-smi's SM clock while the case ran (all its shapes)
+        clock = [mhz for when, mhz in sampler.samples if start <= when <= end]
+        for row in rows:
+            row["clock_mhz"] = ({"min": min(clock), "median": sorted(clock)[len(clock) // 2], "max": max(clock),
+                                 "samples": len(clock)} if clock else None)
     if only and out_path.exists():
         kept = [c for c in json.loads(out_path.read_text())["cases"] if c["case"] not in only]
         results["cases"] = kept + results["cases"]
@@ -193,8 +214,8 @@ def format_table(results: dict[str, Any]) -> str:
              f"{results['timing']}. Twill-tuned = best Twill schedule of the top {results['top_k']} predicted; "
              f"ratio = autotune's choice time / Twill-tuned time (> 1: Twill faster).", "",
              "| case | shape | autotune's choice | us | @triton.autotune picked | Twill-tuned | us | ratio | "
-             "ratio (best B) | B slower than A | Spearman |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ratio (best B) | B slower than A | Spearman | the two picks timed again: ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["cases"]:
         c = r["comparison"]
         auto, tuned, cross = c["autotune_choice"] or {}, c["twill_tuned"] or {}, c["autotune"]
@@ -202,8 +223,18 @@ def format_table(results: dict[str, Any]) -> str:
         shape = "x".join(str(v) for v in r["shape"].values())
         lines.append(f"| {r['case']} | {shape} | {auto.get('label', '-')} | {auto.get('us', '-')} | {picked} | "
                      f"{tuned.get('label', '-')} | {tuned.get('us', '-')} | {c.get('ratio', '-')} | "
-                     f"{c.get('ratio_best', '-')} | {len(c['slower_than_triton'])} | {c['spearman']} |")
+                     f"{c.get('ratio_best', '-')} | {len(c['slower_than_triton'])} | {c['spearman']} | "
+                     f"{_again(c.get('head_to_head'))} |")
     return "\n".join(lines)
+
+
+def _again(both: dict[str, Any] | None) -> str:
+    """The head-to-head cell: autotune's choice over Twill-tuned, both timed again together, with the rounds."""
+    if not both:
+        return "-"
+    if both["status"] != "ok":
+        return both["status"]
+    return f"{both['ratio']} ({both['autotune_us']} / {both['twill_us']} us, {both['reps']} rounds)"
 
 
 def main(argv: list[str] | None = None) -> int:

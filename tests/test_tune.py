@@ -137,6 +137,34 @@ def test_prediction_shares_the_sm_between_coresident_ctas():
     assert p.seconds == pytest.approx(p.waves * busy / 2e9)
 
 
+def _triton_schedule(num_warps, stats):
+    """A schedule without warp groups (a Triton kernel's) of ``num_warps`` warps."""
+    b = GraphBuilder("triton", attrs={"kernel": "matmul_kernel", "num_warps": num_warps, "block_m": 64,
+                                      "block_n": 64, "block_k": 64})
+    b.op("mma", cycles=25, uses={"tc": 1})
+    return Schedule(graph=b.build(), arch="h100", solver="manual", status="optimal", ii=10, ii_lower_bound=10,
+                    starts={"mma": 0}, stats=stats)
+
+
+def test_a_compiled_triton_kernel_counts_its_registers_and_shared_memory_per_sm():
+    """Without the compile, a 4-warp Triton kernel of 50 000 model bytes fits 4 CTAs per SM (shared memory);
+    compiled, its 115 000 bytes fit 2, and 138 registers per thread (allocated as 144) on 4 warps allow 3."""
+    model_only = _triton_schedule(4, {"smem_bytes": 50_000})
+    assert ctas_per_sm(model_only, H100) == 233472 // 50_000
+    compiled = _triton_schedule(4, {"smem_bytes": 50_000, "compiled": {"registers": 138, "shared_bytes": 115_000}})
+    assert ctas_per_sm(compiled, H100) == min(233472 // 115_000, 65536 // (4 * 32 * 144)) == 2
+    # 8 warps at 138 (144) registers: 65536 // 36864 = 1 CTA, whatever the shared memory
+    wide = _triton_schedule(8, {"compiled": {"registers": 138, "shared_bytes": 60_000}})
+    assert ctas_per_sm(wide, H100) == 1
+
+
+def test_a_triton_kernel_over_the_shared_memory_of_a_block_cannot_launch():
+    fits = _triton_schedule(8, {"compiled": {"registers": 90, "shared_bytes": H100.smem_per_block}})
+    over = _triton_schedule(8, {"compiled": {"registers": 90, "shared_bytes": H100.smem_per_block + 1}})
+    assert sweep._shared_overflow(fits, H100) is None
+    assert f"needs {H100.smem_per_block + 1} bytes of shared memory" in sweep._shared_overflow(over, H100)
+
+
 def test_persistent_prediction_pays_the_pipeline_fill_and_drain_once_per_cta():
     """Persistent: min(tiles, SMs) CTAs, each running ceil(tiles / grid) tiles back to back: the K loops of
     all its tiles in a row plus one L - II, against one (n - 1)·II + L per tile and wave."""
@@ -689,6 +717,13 @@ def test_triton_matmul_spill_check_discards_the_spilling_config(tmp_path, monkey
     assert by_m[256]["status"] == "spills" and by_m[256]["spills"]["spill_bytes"] > 0
     assert by_m[128]["status"] == "ok" and by_m[128]["spills"]["spill_bytes"] == 0
     assert "M=4096,N=4096,K=4096" in out
+    # the compiled kernel's registers and shared memory are what the prediction counts CTAs per SM with
+    records = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "twill" / "tune").glob("*.json")]
+    ok = [r for r in records if r["status"] == "ok"]
+    assert len(ok) == 1
+    compiled = ok[0]["schedule"]["stats"]["compiled"]
+    assert compiled["registers"] == ok[0]["spills"]["registers"] > 0
+    assert compiled["shared_bytes"] >= 3 * (128 * 64 + 64 * 256) * 2     # at least Triton's 3-deep A/B rings
 
 
 # -- measuring Triton targets: the launch convention and the comparison with @triton.autotune ---------------
@@ -853,6 +888,9 @@ def test_measure_triton_times_every_config_with_triton_and_the_top_k_with_twill(
     monkeypatch.setattr(measure, "measure_triton_config", fake_config)
     monkeypatch.setattr(measure, "autotune_choice", lambda base, hook, metas, shape, reps:
                         {"status": "ok", "settings": dict(metas[0]), "us": 20.0, "configurations": len(metas)})
+    again = []
+    monkeypatch.setattr(measure, "head_to_head", lambda base, hook, auto, tuned, schedule, machine, shape, *, reps,
+                        workdir: again.append((auto["BLOCK"], tuned["BLOCK"], schedule, reps)) or {"status": "ok"})
 
     def result(block, us):
         cand = candidate_of({"BLOCK": block, "num_warps": 4, "num_stages": 3})
@@ -870,6 +908,35 @@ def test_measure_triton_times_every_config_with_triton_and_the_top_k_with_twill(
     assert comp["autotune_choice"] == {"label": "BLOCK=32 num_warps=4 num_stages=3", "us": 20.0}
     assert comp["twill_tuned"] == {"label": "BLOCK=64 num_warps=4 num_stages=3", "us": 20.0}
     assert comp["ratio"] == 1.0 and comp["autotune"]["configurations"] == 4
+    # the two picks are timed again together: autotune's choice with Triton's schedule, Twill-tuned with Twill's
+    assert again == [(32, 64, "schedule-64", measure.HEAD_TO_HEAD_REPS)] and comp["head_to_head"] == {"status": "ok"}
+
+
+def test_head_to_head_times_both_picks_together_and_refuses_a_wrong_one(monkeypatch, tmp_path):
+    """The final comparison builds autotune's choice with Triton's schedule and Twill-tuned with Twill's, checks
+    both, times them interleaved and reports the best of each; a wrong result is a status, not a time."""
+    pytest.importorskip("triton", reason="the head-to-head builds a Triton JITFunction")
+    from twill.kernels.triton import matmul
+    from twill.tune import measure
+
+    built, errors = [], {"autotune": 0.0, "twill": 0.0}
+
+    def hook(fn, shape, **meta):
+        name = "twill" if isinstance(fn, measure.HookedKernel) else "autotune"
+        built.append((name, meta["BLOCK_N"]))
+        return name, (lambda: errors[name])
+
+    monkeypatch.setattr(measure, "time_interleaved", lambda launches, reps: {
+        name: [10.0 + i for i in range(reps)] if name == "autotune" else [8.0 + i for i in range(reps)]
+        for name in launches})
+    shape = Shape("gemm", (256, 256, 256))
+    args = (matmul.matmul_kernel, hook, {"BLOCK_N": 128}, {"BLOCK_N": 256}, None, H100, shape)
+    out = measure.head_to_head(*args, reps=3, workdir=str(tmp_path))
+    assert built == [("autotune", 128), ("twill", 256)]
+    assert out == {"status": "ok", "reps": 3, "autotune_us_runs": [10.0, 11.0, 12.0], "twill_us_runs": [8.0, 9.0, 10.0],
+                   "autotune_us": 10.0, "twill_us": 8.0, "ratio": 1.25}
+    errors["twill"] = 0.5
+    assert measure.head_to_head(*args, reps=3, workdir=str(tmp_path))["status"].startswith("twill: wrong")
 
 
 def test_measure_picks_the_best_of_each_tiling_first():

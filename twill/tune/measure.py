@@ -328,6 +328,42 @@ def autotune_choice(base: Any, hook: Any, metas: Sequence[Mapping[str, Any]], sh
             "relerr": relerr, "us": round(min(times), 3)}
 
 
+#: Interleaved rounds of the final head-to-head between autotune's choice and Twill-tuned.
+HEAD_TO_HEAD_REPS = 7
+
+
+def head_to_head(base: Any, hook: Any, auto_meta: Mapping[str, Any], tuned_meta: Mapping[str, Any],
+                 schedule: Any, machine: Any, shape: Shape, *, reps: int, workdir: str) -> dict[str, Any]:
+    """Autotune's choice (its configuration with Triton's own schedule) and Twill-tuned (its configuration with
+    Twill's schedule injected), built again, checked on fresh data and timed together, interleaved ``reps``
+    times. Each pick was the fastest of its own measurements, and the fastest of many noisy measurements reads
+    low (autotune's the more: it picks among every configuration, Twill among its top K), so the two picks are
+    compared on new measurements. Returns both runs, their best and ``ratio`` (autotune's time over
+    Twill-tuned's, > 1 = Twill faster); a failure is recorded in ``status``, not raised."""
+    import triton
+
+    from twill.codegen.triton import default_load_lead, make_jit_hook
+
+    try:
+        twill_fn = HookedKernel(triton.jit(base.fn), make_jit_hook(
+            base.__name__, schedule, machine, workdir=workdir,
+            load_lead=default_load_lead(tuned_meta.get("num_stages")), capability=machine.capability))
+        launches = {}
+        for name, fn, meta in (("autotune", base, auto_meta), ("twill", twill_fn, tuned_meta)):
+            launch, check = hook(fn, shape.as_dict(), **meta)
+            relerr = max(check(), check())
+            if relerr > MAX_RELERR:
+                return {"status": f"{name}: wrong: relative error {relerr:.3g} over {MAX_RELERR:g}"}
+            launches[name] = launch
+        times = time_interleaved(launches, reps)
+    except Exception as exc:  # noqa: BLE001 - the head-to-head must not stop the run
+        return {"status": f"error: {_failure(exc)}"}
+    auto, tuned = min(times["autotune"]), min(times["twill"])
+    return {"status": "ok", "reps": reps, "autotune_us_runs": [round(t, 3) for t in times["autotune"]],
+            "twill_us_runs": [round(t, 3) for t in times["twill"]], "autotune_us": round(auto, 3),
+            "twill_us": round(tuned, 3), "ratio": round(auto / tuned, 3)}
+
+
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Spearman rank correlation of two equally long samples (average ranks for ties); ``None`` below 3
     points or when a sample is constant."""
@@ -409,7 +445,15 @@ def measure_triton(fn: Any, results: Sequence[Any], shape: Shape, k: int, machin
             rows.append(row)
         ran = [triton_meta(r.candidate) for r, row in zip(results, rows) if row.get("triton_us") is not None]
         autotune = autotune_choice(fn, hook, ran, shape, reps) if ran else {"status": "no configuration ran"}
-    return {"rows": rows, "comparison": {**compare_with_autotune(rows, k), "autotune": autotune}}
+        comparison = {**compare_with_autotune(rows, k), "autotune": autotune}
+        if comparison["autotune_choice"] and comparison["twill_tuned"]:
+            by_label = {r.candidate.label(): r for r in results}
+            auto = by_label[comparison["autotune_choice"]["label"]]
+            tuned = by_label[comparison["twill_tuned"]["label"]]
+            comparison["head_to_head"] = head_to_head(
+                fn, hook, triton_meta(auto.candidate), triton_meta(tuned.candidate), tuned.schedule, machine, shape,
+                reps=max(reps, HEAD_TO_HEAD_REPS), workdir=workdir)
+    return {"rows": rows, "comparison": comparison}
 
 
 def format_triton_measured(measured: Mapping[str, Any]) -> str:
@@ -440,4 +484,10 @@ def format_triton_measured(measured: Mapping[str, Any]) -> str:
     if tuned and auto:
         lines.append(f"Twill-tuned (best Twill schedule of the top {comp['top_k']} predicted): {tuned['label']}, "
                      f"{tuned['us']} us: {comp['ratio']:.3f}x autotune's choice")
+    both = comp.get("head_to_head")
+    if both and both["status"] == "ok":
+        lines.append(f"the two picks timed again together ({both['reps']} interleaved rounds): autotune's choice "
+                     f"{both['autotune_us']} us, Twill-tuned {both['twill_us']} us: {both['ratio']:.3f}x")
+    elif both:
+        lines.append(f"the two picks timed again together: {both['status']}")
     return "\n".join(lines)

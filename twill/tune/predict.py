@@ -26,7 +26,9 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   registers over the schedule's warp groups (``setmaxnreg`` needs one register count for the whole CTA at
   launch, so a warp-specialized CTA reserves its warps, rounded up to whole warp groups, times the largest
   budget any group asks for: ``regs_per_sm // (⌈Σ warps⌉₄ · 32 · max regs)``); a schedule without
-  warp groups (a Triton kernel) counts the graph's ``num_warps`` and no register limit. Co-resident CTAs share
+  warp groups (a Triton kernel) counts the graph's ``num_warps``. A kernel the sweep compiled
+  (``stats["compiled"]``) counts its compiled shared memory and, without warp groups, ptxas's registers per
+  thread (in steps of 8): ``regs_per_sm // (num_warps · 32 · regs)``. Co-resident CTAs share
   the SM's units and its L2 bandwidth, so a wave of ``c`` CTAs takes ``max(tile, c·n·max(ResMII,
   bandwidth bound))`` cycles: the busiest unit is busy ``ResMII`` raw cycles per iteration of every CTA.
 * **Tile ends** (calibrated machines only, :func:`tile_ends`): a tile's first loads arrive ``fill`` cycles
@@ -309,18 +311,29 @@ def shared_memory(schedule: Schedule) -> int:
     return buffers + int(graph.attrs.get("smem_resident", 0))
 
 
+#: Registers are allocated to a warp in units of 256, so a thread's count is taken in steps of 8.
+REGISTER_STEP = 8
+
+
 def ctas_per_sm(schedule: Schedule, machine: Machine) -> int:
     """CTAs that fit on one SM together (module docstring). Warps and registers come from the warp groups;
-    a schedule without warp groups (a Triton kernel) counts ``attrs["num_warps"]`` and no register limit."""
+    a schedule without warp groups (a Triton kernel) counts ``attrs["num_warps"]``. When the sweep compiled the
+    kernel (``stats["compiled"]``: ptxas's registers per thread and the shared memory the compiled kernel
+    asks for), those are counted instead of the model's: Triton's pipeliner allocates buffers the loop graph
+    does not show, and a kernel without warp groups has no register budget in the model."""
+    compiled = schedule.stats.get("compiled") or {}
     limits = []
     if schedule.warps:
         warps = -(-sum(g.num_warps for g in schedule.warps) // 4) * 4
         limits.append(machine.regs_per_sm // (warps * 32 * max(g.regs for g in schedule.warps)))
     else:
         warps = int(schedule.graph.attrs.get("num_warps", 0))
+        regs = -(-int(compiled.get("registers") or 0) // REGISTER_STEP) * REGISTER_STEP
+        if warps and regs:
+            limits.append(machine.regs_per_sm // (warps * 32 * regs))
     if warps:
         limits.append(machine.max_warps_per_sm // warps)
-    smem = shared_memory(schedule)
+    smem = int(compiled.get("shared_bytes") or 0) or shared_memory(schedule)
     if smem:
         limits.append(machine.smem_per_sm // smem)
     return max(1, min(limits, default=1))

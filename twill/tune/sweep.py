@@ -161,6 +161,10 @@ def _solve_job(job: Job) -> dict[str, Any]:
     fallback = None
     if job.triton is not None:
         schedule, spills = _solve_triton(job, machine, options)
+        unlaunchable = _shared_overflow(schedule, machine)
+        if unlaunchable:
+            return {"status": "cannot_emit", "reason": unlaunchable, "cacheable": True, "ii": schedule.ii,
+                    "solve_status": schedule.status, "schedule": schedule_document(schedule), "spills": spills}
     else:
         from twill.ir.io import graph_from_dict
         from twill.schedule.result import Schedule
@@ -216,8 +220,9 @@ def _solve_job(job: Job) -> dict[str, Any]:
 
 
 def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[str, int] | None]:
-    from dataclasses import replace
-
+    """The window schedule of a Triton configuration; with ``check_spills`` the kernel is compiled with it
+    injected, its ptxas report returned and its registers and shared memory kept in ``stats["compiled"]``
+    (what the prediction counts for CTAs per SM, :func:`twill.tune.predict.ctas_per_sm`)."""
     from twill.codegen.triton import inject, solve_for_triton
     from twill.frontends.triton import kernel_spec, lower_function
     from twill.frontends.triton.compile import load_kernel
@@ -233,7 +238,19 @@ def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[s
     from twill.tune.spills import ptxas_report
 
     kernel = inject(spec, schedule, machine).kernel
-    return schedule, ptxas_report(kernel.asm["ptx"], spec.capability)
+    report = ptxas_report(kernel.asm["ptx"], spec.capability)
+    compiled = {"registers": report["registers"], "shared_bytes": int(kernel.metadata.shared)}
+    return replace(schedule, stats={**schedule.stats, "compiled": compiled}), report
+
+
+def _shared_overflow(schedule: Any, machine: Machine) -> str | None:
+    """Why a compiled Triton kernel cannot launch: it asks for more shared memory than a block may have (Triton
+    compiles it and refuses it at launch), or None."""
+    shared = int((schedule.stats.get("compiled") or {}).get("shared_bytes") or 0)
+    if shared > machine.smem_per_block:
+        return (f"the compiled kernel needs {shared} bytes of shared memory, more than the {machine.smem_per_block} "
+                f"a block may have on {machine.name}")
+    return None
 
 
 def _gluon_kernel(graph: Any, machine: Machine) -> bool:
