@@ -91,11 +91,8 @@ def model_triton_order(time_limit: float) -> None:
     """For each case, the model II of *Triton's own* emission order: the compute ops chained (delay-0 edges) in
     the (cluster, program) order of Triton's schedule, solved like Twill's (``solve_for_triton``). Stored in
     SCHEDULES under ``triton_ab.triton_order``."""
-    from dataclasses import replace
-
-    from twill.codegen.triton import heuristic_plan, solve_for_triton
+    from twill.codegen.triton import solve_for_triton, triton_order
     from twill.frontends.triton import kernel_spec, lower_function
-    from twill.ir.graph import Edge
     from twill.machine import get_machine
     from twill.solve import SolveOptions
 
@@ -106,12 +103,8 @@ def model_triton_order(time_limit: float) -> None:
         spec = kernel_spec(getattr(mod, fn_name), signature=mod.SIGNATURE, constexprs=_constexprs(case),
                            num_warps=mod.NUM_WARPS, num_stages=mod.NUM_STAGES, machine=machine)
         lowered, text = lower_function(spec, machine)
-        plan, graph = heuristic_plan(text), lowered.graph
-        order = sorted((i for i, n in lowered.owner.items() if graph.op(n).kind not in ("tma_load", "load")),
-                       key=lambda i: (plan[i][1], i))
-        names = [lowered.owner[i] for i in order]
-        chained = replace(graph, edges=graph.edges + tuple(Edge(a, b, 0, 0) for a, b in zip(names, names[1:])))
-        sched = solve_for_triton(chained, machine, spec.capability, SolveOptions(ws=False, time_limit=time_limit),
+        sched = solve_for_triton(triton_order(lowered, text), machine, spec.capability,
+                                 SolveOptions(ws=False, time_limit=time_limit),
                                  per_ii_limit=30.0)
         per_unit = sched.stats["normalization"]["cycles_per_unit"]
         docs[case]["triton_ab"]["triton_order"] = {

@@ -4,7 +4,12 @@ For the tutorial-style TMA matmul and attention forward of ``twill/kernels/trito
 (tile-size constexprs, ``num_warps``, ``num_stages``) is compiled twice: with Triton's own software-pipelining
 schedule (A) and with the schedule Twill solves for it, injected (B). ``@triton.autotune`` times every
 configuration's A and keeps the fastest, so *autotune's choice* is the best measured A; *Twill-tuned* is the
-best measured B among the K configurations Twill's model predicts fastest (K = 3 by default, ``--top``).
+fastest kernel Twill ships among the K configurations its model predicts fastest (K = 3 by default,
+``--top``): B where Twill's schedule is injected, A where Twill keeps Triton's own because the model predicts
+its own schedule no faster than Triton's order (:data:`twill.codegen.triton.INJECT_MIN_GAIN`). The two picks
+are then built again and timed together in 8 interleaved rounds, the order reversed every other round
+(:func:`twill.tune.measure.head_to_head`): each was the fastest of its own noisy measurements, autotune's of
+every configuration's. nvidia-smi's SM clock is sampled during each case.
 
 Two steps, because the GPU machine has no OR-Tools:
 
@@ -17,8 +22,9 @@ configurations whose injected kernel spills (ptxas, :mod:`twill.tune.spills`) ke
 schedules and the per-shape rankings to ``SCHEDULES``. ``run`` checks and times A and B of every configuration
 on every shape, interleaved (:func:`twill.tune.measure.measure_triton_config`: fresh random data, NaN-poisoned
 outputs, float32 reference), runs a real ``@triton.autotune`` over the configurations as a cross-check, and
-writes per shape: autotune's choice, Twill-tuned, the best B overall, their ratios, the configurations where
-B is slower than A, and the rank correlation of predicted and measured B. A failing configuration is recorded.
+writes per shape: autotune's choice, Twill-tuned, the best kernel Twill ships overall, their ratios, the
+configurations where an injected B is slower than A, those where Twill keeps A, the rank correlation of
+predicted and measured times of what Twill ships, and the head-to-head. A failing configuration is recorded.
 """
 
 from __future__ import annotations
@@ -102,7 +108,7 @@ def prepare_case(case: str, spec: tuple, machine: Any, time_limit: float, worker
     for sizes in shapes:
         shape = _shape(sizes)
         ranking[shape.text()] = [{"config": cands.index(r.candidate),
-                                  "predicted_us": round(r.prediction.microseconds, 3)}
+                                  "predicted_us": round(r.prediction.microseconds, 3), "injected": r.injected}
                                  for r in rank(cands, records, shape, machine) if r.prediction is not None]
     out = [{"settings": c.settings(), "status": rec["status"], "reason": rec.get("reason"), "spills": rec.get("spills"),
             "solve_seconds": rec.get("seconds"), "schedule": rec.get("schedule") if rec["status"] == "ok" else None}
@@ -149,9 +155,11 @@ def run_case(case: str, entry: dict[str, Any], machine: Any, *, reps: int, top: 
             for r in rows), flush=True)
     out = []
     for j, shape in enumerate(shapes):
-        ranks = {r["config"]: (k, r["predicted_us"]) for k, r in enumerate(entry["ranking"][shape.text()])}
+        ranking = {r["config"]: (k, r) for k, r in enumerate(entry["ranking"][shape.text()])}
         rows = [{**measured[i][j], "config": i, "label": _label(cfg["settings"]), "sweep_status": cfg["status"],
-                 "predicted_rank": ranks.get(i, (None, None))[0], "predicted_us": ranks.get(i, (None, None))[1]}
+                 "predicted_rank": ranking[i][0] if i in ranking else None,
+                 "predicted_us": ranking[i][1]["predicted_us"] if i in ranking else None,
+                 **({"injected": ranking[i][1]["injected"]} if i in ranking else {})}
                 for i, cfg in enumerate(entry["configs"])]
         ran = [entry["configs"][r["config"]]["settings"] for r in rows if r.get("triton_us") is not None]
         autotune = autotune_choice(base, hook, ran, shape, reps) if ran else {"status": "no configuration ran"}
@@ -160,9 +168,10 @@ def run_case(case: str, entry: dict[str, Any], machine: Any, *, reps: int, top: 
             by_label = {_label(cfg["settings"]): cfg for cfg in entry["configs"]}
             auto = by_label[comparison["autotune_choice"]["label"]]
             tuned = by_label[comparison["twill_tuned"]["label"]]
-            comparison["head_to_head"] = head_to_head(
-                base, hook, auto["settings"], tuned["settings"], _load_schedule(tuned["schedule"]), machine, shape,
-                reps=max(reps, HEAD_TO_HEAD_REPS), workdir=workdir)
+            schedule = _load_schedule(tuned["schedule"]) if comparison["twill_tuned"]["injected"] else None
+            comparison["head_to_head"] = head_to_head(base, hook, auto["settings"], tuned["settings"], schedule,
+                                                      machine, shape, reps=max(reps, HEAD_TO_HEAD_REPS),
+                                                      workdir=workdir)
         out.append({"case": case, "shape": shape.as_dict(), "flops": shape.flops(), "rows": rows,
                     "comparison": comparison})
         print(json.dumps({"case": case, "shape": shape.text(), **out[-1]["comparison"]}), flush=True)
@@ -185,7 +194,8 @@ def run(schedules: Path, out_path: Path, reps: int, top: int, only: list[str]) -
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__,
         "machine": doc["machine"], "top_k": top,
-        "timing": f"triton.testing.do_bench median (warmup 25 ms, rep 100 ms), A and B interleaved x{reps}, best run",
+        "timing": f"triton.testing.do_bench median (warmup 25 ms, rep 100 ms), A and B interleaved x{reps} (the order "
+                  f"reversed every other round), best run",
         "cases": []}
     windows = []
     with triton_runtime() as workdir, ClockSampler() as sampler:   # the sampler's readings arrive when it stops
@@ -211,20 +221,23 @@ def run(schedules: Path, out_path: Path, reps: int, top: int, only: list[str]) -
 def format_table(results: dict[str, Any]) -> str:
     """Markdown table of a results document: one line per case and shape."""
     lines = [f"Device: {results['device']}, Triton {results['triton']}, torch {results['torch']}; "
-             f"{results['timing']}. Twill-tuned = best Twill schedule of the top {results['top_k']} predicted; "
-             f"ratio = autotune's choice time / Twill-tuned time (> 1: Twill faster).", "",
+             f"{results['timing']}. Twill-tuned = the fastest kernel Twill ships (its schedule injected, or "
+             f"Triton's kept) of the top {results['top_k']} predicted; ratio = autotune's choice time / "
+             f"Twill-tuned time (> 1: Twill faster).", "",
              "| case | shape | autotune's choice | us | @triton.autotune picked | Twill-tuned | us | ratio | "
-             "ratio (best B) | B slower than A | Spearman | the two picks timed again: ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ratio (best) | injected B slower than A | Triton's kept | Spearman | the two picks timed again: "
+             "ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["cases"]:
         c = r["comparison"]
         auto, tuned, cross = c["autotune_choice"] or {}, c["twill_tuned"] or {}, c["autotune"]
         picked = _label(cross["settings"]) if cross.get("settings") else cross["status"]
         shape = "x".join(str(v) for v in r["shape"].values())
+        kept = " (Triton's kept)" if tuned and not tuned.get("injected", True) else ""
         lines.append(f"| {r['case']} | {shape} | {auto.get('label', '-')} | {auto.get('us', '-')} | {picked} | "
-                     f"{tuned.get('label', '-')} | {tuned.get('us', '-')} | {c.get('ratio', '-')} | "
-                     f"{c.get('ratio_best', '-')} | {len(c['slower_than_triton'])} | {c['spearman']} | "
-                     f"{_again(c.get('head_to_head'))} |")
+                     f"{tuned.get('label', '-')}{kept} | {tuned.get('us', '-')} | {c.get('ratio', '-')} | "
+                     f"{c.get('ratio_best', '-')} | {len(c['slower_than_triton'])} | {len(c.get('kept', []))} | "
+                     f"{c['spearman']} | {_again(c.get('head_to_head'))} |")
     return "\n".join(lines)
 
 

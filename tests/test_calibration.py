@@ -345,6 +345,12 @@ def test_sweep_summary_scores_the_model_and_the_measure_picks_against_the_fastes
     assert merged["gpu"] == "g"
 
 
+def _triton_tune_table(result):
+    from benchmarks.triton_tune import format_table
+
+    return "\n".join(format_table(result).splitlines()[2:])     # the table, without its caption
+
+
 def _pallas_table(result):
     from benchmarks.pallas_bench import table
 
@@ -445,6 +451,7 @@ def _launch_table(result):
 PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity_summary),
                       ("fidelity-heldout", "model_fidelity_h200_heldout.json", _fidelity_summary),
                       ("fidelity-sweep", "model_fidelity_sweep_h200.json", _fidelity_sweep),
+                      ("triton-tune-table", "triton_tune_h200.json", _triton_tune_table),
                       ("pallas-table", "pallas_bench_h200.json", _pallas_table),
                       ("pallas-same-tile", "pallas_bench_h200_same_tile.json", _pallas_table),
                       ("tilelang-table", "tilelang_bench_h200.json", _tilelang_table),

@@ -158,6 +158,30 @@ def test_a_compiled_triton_kernel_counts_its_registers_and_shared_memory_per_sm(
     assert ctas_per_sm(wide, H100) == 1
 
 
+def test_ranking_keeps_tritons_schedule_unless_twills_is_predicted_faster():
+    """A Triton record carries the schedule of Triton's own order: a Twill schedule predicted less than
+    INJECT_MIN_GAIN faster is not injected and the candidate is priced as Triton's kernel."""
+    from twill.codegen.triton import INJECT_MIN_GAIN
+    from twill.commands.common import schedule_document
+    from twill.tune.rank import rank
+
+    machine = replace(H100, sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
+    stats = {"res_mii": 1, "compiled": {"registers": 90, "shared_bytes": 150_000}}
+    twill = replace(_triton_schedule(8, stats), ii=10)
+    shape = Shape("gemm", (640, 640, 640))
+    cands = [Candidate(options=(("BLOCK", b),), num_warps=8) for b in (1, 2, 3)]
+    records = [{"status": "ok", "schedule": schedule_document(twill),
+                "triton_order": schedule_document(replace(twill, ii=ii))} for ii in (10, 12)]
+    records.append({"status": "ok", "schedule": schedule_document(twill), "triton_order": None})
+    by_block = {dict(r.candidate.options)["BLOCK"]: r for r in rank(cands, records, shape, machine)}
+    assert by_block[1].injected is False                       # a tie: Triton's own schedule is kept
+    assert by_block[2].injected is True                        # Twill's order predicted faster: injected
+    assert by_block[3].injected is True                        # Triton's order has no schedule: Twill's
+    own = predict(replace(twill, ii=12), shape, machine)    # block 2's Triton order, which Twill's beats
+    assert by_block[2].prediction.seconds < own.seconds * (1 - INJECT_MIN_GAIN)
+    assert by_block[1].to_dict()["injected"] is False
+
+
 def test_a_triton_kernel_over_the_shared_memory_of_a_block_cannot_launch():
     fits = _triton_schedule(8, {"compiled": {"registers": 90, "shared_bytes": H100.smem_per_block}})
     over = _triton_schedule(8, {"compiled": {"registers": 90, "shared_bytes": H100.smem_per_block + 1}})
@@ -839,7 +863,7 @@ def test_comparison_with_autotune_takes_twill_tuned_from_the_top_k_predicted_onl
             _row("c2", 2, 130.0, 118.0, 90.0), _row("c3", None, None, 95.0, None)]
     comp = compare_with_autotune(rows, top=2)
     assert comp["autotune_choice"] == {"label": "c3", "us": 95.0}            # best Triton schedule of all
-    assert comp["twill_tuned"] == {"label": "c1", "us": 104.0}               # c2 is faster but ranked 3rd
+    assert comp["twill_tuned"] == {"label": "c1", "us": 104.0, "injected": True}  # c2: faster, ranked 3rd
     assert comp["twill_best"] == {"label": "c2", "us": 90.0}
     assert comp["ratio"] == round(95.0 / 104.0, 3) and comp["ratio_best"] == round(95.0 / 90.0, 3)
     assert comp["slower_than_triton"] == ["c1"]
@@ -856,7 +880,23 @@ def test_triton_measurement_table_shows_both_schedules_and_the_autotune_comparis
                                                                 "autotune": autotune}})
     assert "autotune's choice (best Triton schedule of 2 configurations): BLOCK_M=128, 120.0 us" in text
     assert "@triton.autotune picked BLOCK_M=128 num_warps=4 num_stages=3, 121.0 us" in text
-    assert "Twill-tuned (best Twill schedule of the top 3 predicted): BLOCK_M=128, 100.0 us: 1.200x" in text
+    assert "faster than Triton's): BLOCK_M=128 (Twill's schedule), 100.0 us: 1.200x autotune's choice" in text
+
+
+def test_where_twill_keeps_tritons_schedule_the_shipped_kernel_is_tritons():
+    """A configuration whose Twill schedule the model does not predict faster than Triton's order keeps Triton's
+    own schedule: Twill-tuned is then Triton's kernel of that configuration, and its (slower) Twill schedule
+    counts neither as Twill-tuned nor as 'slower than Triton'."""
+    from twill.tune.measure import compare_with_autotune, format_triton_measured
+
+    rows = [{**_row("BLOCK_M=64", 0, 90.0, 100.0, 106.0), "injected": False},
+            {**_row("BLOCK_M=128", 1, 95.0, 104.0, 101.0), "injected": True},
+            _row("BLOCK_M=32", None, None, 130.0, None)]
+    comp = compare_with_autotune(rows, 2)
+    assert comp["twill_tuned"] == {"label": "BLOCK_M=64", "us": 100.0, "injected": False}
+    assert comp["ratio"] == 1.0 and comp["slower_than_triton"] == [] and comp["kept"] == ["BLOCK_M=64"]
+    text = format_triton_measured({"rows": rows, "comparison": {**comp, "autotune": {"status": "skipped"}}})
+    assert "Triton's kept" in text and "BLOCK_M=64 (Triton's own schedule, kept), 100.0 us: 1.000x" in text
 
 
 def test_measure_triton_times_every_config_with_triton_and_the_top_k_with_twill(monkeypatch, tmp_path):
@@ -900,16 +940,31 @@ def test_measure_triton_times_every_config_with_triton_and_the_top_k_with_twill(
         return Result(cand, {"status": "ok"}, schedule=f"schedule-{block}", prediction=pred)
 
     ranked = [result(64, 10.0), result(16, 11.0), result(32, 12.0), result(128, None)]
+    ranked[1] = replace(ranked[1], injected=False)     # the model sees no gain in Twill's order: Triton's kept
     out = measure.measure_triton(fn, ranked, Shape("gemm", (64, 64, 64)), 2, H100)
-    # Triton's schedule for all four configurations, Twill's for the two best predicted only
-    assert calls == [(64, "schedule-64"), (16, "schedule-16"), (32, None), (128, None)]
+    # Triton's schedule for all four configurations, Twill's for the two best predicted where it is injected
+    assert calls == [(64, "schedule-64"), (16, None), (32, None), (128, None)]
     assert [r["predicted_rank"] for r in out["rows"]] == [0, 1, 2, None]
+    assert [r.get("injected") for r in out["rows"]] == [None, False, None, None]
     comp = out["comparison"]
     assert comp["autotune_choice"] == {"label": "BLOCK=32 num_warps=4 num_stages=3", "us": 20.0}
-    assert comp["twill_tuned"] == {"label": "BLOCK=64 num_warps=4 num_stages=3", "us": 20.0}
+    assert comp["twill_tuned"] == {"label": "BLOCK=64 num_warps=4 num_stages=3", "us": 20.0, "injected": True}
+    assert comp["kept"] == ["BLOCK=16 num_warps=4 num_stages=3"]
     assert comp["ratio"] == 1.0 and comp["autotune"]["configurations"] == 4
     # the two picks are timed again together: autotune's choice with Triton's schedule, Twill-tuned with Twill's
     assert again == [(32, 64, "schedule-64", measure.HEAD_TO_HEAD_REPS)] and comp["head_to_head"] == {"status": "ok"}
+
+
+def test_interleaved_timing_reverses_the_order_every_other_round(monkeypatch):
+    pytest.importorskip("triton", reason="the timing calls triton.testing.do_bench")
+    import triton.testing
+
+    from twill.tune import measure
+
+    order = []
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: order.append(fn()) or 1.0)
+    times = measure.time_interleaved({"a": lambda: "a", "b": lambda: "b"}, 4)
+    assert "".join(order) == "abbaabba" and times == {"a": [1e3] * 4, "b": [1e3] * 4}
 
 
 def test_head_to_head_times_both_picks_together_and_refuses_a_wrong_one(monkeypatch, tmp_path):
@@ -929,8 +984,16 @@ def test_head_to_head_times_both_picks_together_and_refuses_a_wrong_one(monkeypa
     monkeypatch.setattr(measure, "time_interleaved", lambda launches, reps: {
         name: [10.0 + i for i in range(reps)] if name == "autotune" else [8.0 + i for i in range(reps)]
         for name in launches})
+    import twill.codegen.triton as injection
+
+    monkeypatch.setattr(injection, "make_jit_hook", lambda *args, **kwargs: "hook")
     shape = Shape("gemm", (256, 256, 256))
-    args = (matmul.matmul_kernel, hook, {"BLOCK_N": 128}, {"BLOCK_N": 256}, None, H100, shape)
+    kept = measure.head_to_head(matmul.matmul_kernel, hook, {"BLOCK_N": 128}, {"BLOCK_N": 256}, None, H100, shape,
+                                reps=3, workdir=str(tmp_path))
+    assert built == [("autotune", 128), ("autotune", 256)]      # no schedule: Triton's own kernel, kept
+    assert kept["status"] == "ok"
+    built.clear()
+    args = (matmul.matmul_kernel, hook, {"BLOCK_N": 128}, {"BLOCK_N": 256}, "schedule", H100, shape)
     out = measure.head_to_head(*args, reps=3, workdir=str(tmp_path))
     assert built == [("autotune", 128), ("twill", 256)]
     assert out == {"status": "ok", "reps": 3, "autotune_us_runs": [10.0, 11.0, 12.0], "twill_us_runs": [8.0, 9.0, 10.0],

@@ -493,3 +493,22 @@ def heuristic_plan(text: str, loop: int | str | None = None) -> dict[int, tuple[
     from twill.frontends.triton.mlir import location_table
 
     return read_schedule_attrs(text, select_loop(find_loops(text), loop, location_table(text)))
+
+
+#: Twill's schedule replaces Triton's own only when the model predicts it at least this much faster. Below,
+#: the two are the same kernel to the model (a matmul's Twill order is Triton's, to the byte of PTX; co-resident
+#: CTAs that share their SM's units gain nothing from a reordering inside one), and a reordering the model
+#: does not price can only cost.
+INJECT_MIN_GAIN = 0.01
+
+
+def triton_order(lowered: LoweredLoop, text: str, loop: int | str | None = None) -> LoopGraph:
+    """``lowered``'s loop graph with its compute ops chained (delay-0 edges) in the order of Triton's own
+    schedule, (cluster, program order) from ``text`` (the pre-pipeline TTGIR): solved like Twill's graph
+    (:func:`solve_for_triton`), it prices the kernel Triton builds without Twill."""
+    plan, graph = heuristic_plan(text, loop), lowered.graph
+    order = sorted((i for i, n in lowered.owner.items() if graph.op(n).kind not in LOAD_KINDS and i in plan),
+                   key=lambda i: (plan[i][1], i))
+    names = [lowered.owner[i] for i in order]
+    chain = tuple(Edge(a, b, 0, 0) for a, b in zip(names, names[1:]) if a != b)
+    return replace(graph, edges=graph.edges + chain)

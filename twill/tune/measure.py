@@ -239,14 +239,15 @@ def _first_launch(launch: Any) -> dict[str, int]:
 
 
 def time_interleaved(launches: Mapping[str, Any], reps: int) -> dict[str, list[float]]:
-    """``do_bench`` medians in µs of each launch, interleaved ``reps`` times (A, B, A, B...), so that clock
-    and thermal drift hit every variant alike."""
+    """``do_bench`` medians in µs of each launch, interleaved ``reps`` times, the order reversed every other
+    round (A, B, B, A, A, B...), so that clock and thermal drift, and whatever favours the first of a round,
+    hit every variant alike."""
     from triton.testing import do_bench
 
     times: dict[str, list[float]] = {name: [] for name in launches}
-    for _ in range(reps):
-        for name, launch in launches.items():
-            times[name].append(do_bench(launch, warmup=25, rep=100, return_mode="median") * 1e3)
+    for rep in range(reps):
+        for name in (list(launches) if rep % 2 == 0 else list(launches)[::-1]):
+            times[name].append(do_bench(launches[name], warmup=25, rep=100, return_mode="median") * 1e3)
     return times
 
 
@@ -329,13 +330,14 @@ def autotune_choice(base: Any, hook: Any, metas: Sequence[Mapping[str, Any]], sh
 
 
 #: Interleaved rounds of the final head-to-head between autotune's choice and Twill-tuned.
-HEAD_TO_HEAD_REPS = 7
+HEAD_TO_HEAD_REPS = 8
 
 
 def head_to_head(base: Any, hook: Any, auto_meta: Mapping[str, Any], tuned_meta: Mapping[str, Any],
                  schedule: Any, machine: Any, shape: Shape, *, reps: int, workdir: str) -> dict[str, Any]:
     """Autotune's choice (its configuration with Triton's own schedule) and Twill-tuned (its configuration with
-    Twill's schedule injected), built again, checked on fresh data and timed together, interleaved ``reps``
+    Twill's ``schedule`` injected, or Triton's own where it is None: kept), built again, checked on fresh data
+    and timed together, interleaved ``reps``
     times. Each pick was the fastest of its own measurements, and the fastest of many noisy measurements reads
     low (autotune's the more: it picks among every configuration, Twill among its top K), so the two picks are
     compared on new measurements. Returns both runs, their best and ``ratio`` (autotune's time over
@@ -345,7 +347,7 @@ def head_to_head(base: Any, hook: Any, auto_meta: Mapping[str, Any], tuned_meta:
     from twill.codegen.triton import default_load_lead, make_jit_hook
 
     try:
-        twill_fn = HookedKernel(triton.jit(base.fn), make_jit_hook(
+        twill_fn = base if schedule is None else HookedKernel(triton.jit(base.fn), make_jit_hook(
             base.__name__, schedule, machine, workdir=workdir,
             load_lead=default_load_lead(tuned_meta.get("num_stages")), capability=machine.capability))
         launches = {}
@@ -390,37 +392,51 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return None if vx == 0 or vy == 0 else round(cov / (vx * vy) ** 0.5, 3)
 
 
+def _shipped(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` with ``tuned_us``: the time of the kernel Twill would ship for its configuration, Twill's schedule
+    (``twill_us``) where it is injected, Triton's own (``triton_us``) where Twill keeps it (``injected`` False)."""
+    out = dict(row)
+    out["tuned_us"] = row.get("twill_us") if row.get("injected", True) else row.get("triton_us")
+    return out
+
+
 def compare_with_autotune(rows: Sequence[Mapping[str, Any]], top: int) -> dict[str, Any]:
     """The comparison of one shape from its per-configuration rows (``label``, ``predicted_rank`` — ``None``
     when Twill has no schedule for it —, ``predicted_us``, ``triton_us``, ``twill_us``):
 
     * ``autotune_choice``: the configuration with the best Triton schedule (``@triton.autotune``'s pick);
-    * ``twill_tuned``: the best Twill schedule among the ``top`` best predicted configurations;
-    * ``twill_best``: the best Twill schedule of all configurations;
+    * ``twill_tuned``: the best kernel Twill ships among the ``top`` best predicted configurations: Twill's
+      schedule where it is injected, Triton's own where a row's ``injected`` is False (:func:`_shipped`);
+    * ``twill_best``: the best kernel Twill ships of all configurations;
     * ``ratio`` and ``ratio_best``: autotune's time over Twill-tuned's (and over the best), > 1 = Twill faster;
-    * ``slower_than_triton``: the configurations whose Twill schedule is slower than Triton's own;
-    * ``spearman``: rank correlation of predicted and measured Twill times.
+    * ``slower_than_triton``: the configurations whose injected Twill schedule is slower than Triton's own;
+    * ``kept``: the configurations where Twill keeps Triton's own schedule;
+    * ``spearman``: rank correlation of predicted and measured times of the kernels Twill ships.
     """
     def best(key: str, keep: Any) -> Mapping[str, Any] | None:
         timed = [r for r in rows if r.get(key) is not None and keep(r)]
         return min(timed, key=lambda r: r[key], default=None)
 
+    rows = [_shipped(r) for r in rows]
     auto = best("triton_us", lambda r: True)
-    tuned = best("twill_us", lambda r: r.get("predicted_rank") is not None and r["predicted_rank"] < top)
-    overall = best("twill_us", lambda r: True)
-    paired = [r for r in rows if r.get("twill_us") is not None and r.get("predicted_us") is not None]
+    tuned = best("tuned_us", lambda r: r.get("predicted_rank") is not None and r["predicted_rank"] < top)
+    overall = best("tuned_us", lambda r: True)
+    paired = [r for r in rows if r.get("tuned_us") is not None and r.get("predicted_us") is not None]
     out: dict[str, Any] = {
         "top_k": top,
         "autotune_choice": auto and {"label": auto["label"], "us": auto["triton_us"]},
-        "twill_tuned": tuned and {"label": tuned["label"], "us": tuned["twill_us"]},
-        "twill_best": overall and {"label": overall["label"], "us": overall["twill_us"]},
-        "slower_than_triton": [r["label"] for r in rows if r.get("speedup") is not None and r["speedup"] < 1.0],
-        "spearman": spearman([r["predicted_us"] for r in paired], [r["twill_us"] for r in paired]),
+        "twill_tuned": tuned and {"label": tuned["label"], "us": tuned["tuned_us"],
+                                  "injected": tuned.get("injected", True)},
+        "twill_best": overall and {"label": overall["label"], "us": overall["tuned_us"]},
+        "slower_than_triton": [r["label"] for r in rows if r.get("injected", True) and r.get("speedup") is not None
+                               and r["speedup"] < 1.0],
+        "kept": [r["label"] for r in rows if r.get("injected") is False],
+        "spearman": spearman([r["predicted_us"] for r in paired], [r["tuned_us"] for r in paired]),
     }
     if auto and tuned:
-        out["ratio"] = round(auto["triton_us"] / tuned["twill_us"], 3)
+        out["ratio"] = round(auto["triton_us"] / tuned["tuned_us"], 3)
     if auto and overall:
-        out["ratio_best"] = round(auto["triton_us"] / overall["twill_us"], 3)
+        out["ratio_best"] = round(auto["triton_us"] / overall["tuned_us"], 3)
     return out
 
 
@@ -437,11 +453,14 @@ def measure_triton(fn: Any, results: Sequence[Any], shape: Shape, k: int, machin
     with triton_runtime() as workdir:
         for result in results:
             rank = next((i for i, r in enumerate(solved) if r is result), None)
-            schedule = result.schedule if rank is not None and rank < k else None
+            top = rank is not None and rank < k
+            schedule = result.schedule if top and result.injected is not False else None
             row = measure_triton_config(fn, hook, triton_meta(result.candidate), schedule, machine, [shape],
                                         reps=reps, workdir=workdir)[0]
             row.update(label=result.candidate.label(), settings=result.candidate.settings(), predicted_rank=rank,
                        predicted_us=round(result.prediction.microseconds, 3) if rank is not None else None)
+            if top and result.injected is not None:
+                row["injected"] = result.injected
             rows.append(row)
         ran = [triton_meta(r.candidate) for r, row in zip(results, rows) if row.get("triton_us") is not None]
         autotune = autotune_choice(fn, hook, ran, shape, reps) if ran else {"status": "no configuration ran"}
@@ -451,22 +470,25 @@ def measure_triton(fn: Any, results: Sequence[Any], shape: Shape, k: int, machin
             auto = by_label[comparison["autotune_choice"]["label"]]
             tuned = by_label[comparison["twill_tuned"]["label"]]
             comparison["head_to_head"] = head_to_head(
-                fn, hook, triton_meta(auto.candidate), triton_meta(tuned.candidate), tuned.schedule, machine, shape,
+                fn, hook, triton_meta(auto.candidate), triton_meta(tuned.candidate),
+                tuned.schedule if tuned.injected is not False else None, machine, shape,
                 reps=max(reps, HEAD_TO_HEAD_REPS), workdir=workdir)
     return {"rows": rows, "comparison": comparison}
 
 
 def format_triton_measured(measured: Mapping[str, Any]) -> str:
     """Predicted vs measured per configuration, then autotune's choice against Twill-tuned."""
+    from twill.codegen.triton import INJECT_MIN_GAIN
     from twill.schedule.report import _table
 
     table = []
     for row in measured["rows"]:
         bad = [row[f"{v}_status"] for v in VARIANTS if row.get(f"{v}_status", "ok") != "ok"]
         rank = row["predicted_rank"]
+        kept = row.get("injected") is False
         table.append(["-" if rank is None else rank + 1, row["label"], row["predicted_us"] or "-",
-                      row.get("triton_us", "-"), row.get("twill_us", "-"), row.get("speedup", "-"),
-                      "; ".join(bad) or "ok"])
+                      row.get("triton_us", "-"), "Triton's kept" if kept else row.get("twill_us", "-"),
+                      row.get("speedup", "-"), "; ".join(bad) or "ok"])
     comp = measured["comparison"]
     lines = ["predicted vs measured (us, do_bench medians; Triton = Triton's own schedule, Twill = Twill's "
              "schedule injected):"]
@@ -482,8 +504,10 @@ def format_triton_measured(measured: Mapping[str, Any]) -> str:
     else:
         lines.append(f"@triton.autotune: {cross['status']}")
     if tuned and auto:
-        lines.append(f"Twill-tuned (best Twill schedule of the top {comp['top_k']} predicted): {tuned['label']}, "
-                     f"{tuned['us']} us: {comp['ratio']:.3f}x autotune's choice")
+        which = "Twill's schedule" if tuned.get("injected", True) else "Triton's own schedule, kept"
+        lines.append(f"Twill-tuned (best of the top {comp['top_k']} predicted, each with Twill's schedule where "
+                     f"the model predicts it {INJECT_MIN_GAIN:.0%} faster than Triton's): {tuned['label']} "
+                     f"({which}), {tuned['us']} us: {comp['ratio']:.3f}x autotune's choice")
     both = comp.get("head_to_head")
     if both and both["status"] == "ok":
         lines.append(f"the two picks timed again together ({both['reps']} interleaved rounds): autotune's choice "

@@ -19,13 +19,18 @@ TUNE_FORMAT = "twill-tune/1"
 @dataclass(frozen=True)
 class Result:
     """One candidate after the sweep: its record (:func:`twill.tune.sweep.run_job`), and for a solved one the
-    schedule and the prediction."""
+    schedule and the prediction.
+
+    ``injected`` (Triton targets only, else None): whether Twill's schedule is injected into the kernel, or
+    Triton's own is kept because the model predicts Twill's less than
+    :data:`~twill.codegen.triton.INJECT_MIN_GAIN` faster; the prediction is then that of Triton's order."""
 
     candidate: Candidate
     record: Mapping[str, Any]
     schedule: Schedule | None = None
     prediction: Prediction | None = None
     tflops: float | None = None
+    injected: bool | None = None
 
     @property
     def status(self) -> str:
@@ -47,14 +52,16 @@ class Result:
                        warps=[{"num_warps": g.num_warps, "regs": g.regs} for g in self.schedule.warps])
         if self.prediction is not None:
             out.update(prediction=self.prediction.to_dict(), tflops=round(self.tflops or 0.0, 2))
+        if self.injected is not None:
+            out["injected"] = self.injected
         return out
 
 
-def _schedule_of(record: Mapping[str, Any]) -> Schedule:
-    """The schedule stored in a solved record (``twill-schedule/1`` with its ``loop_graph``)."""
+def _schedule_of(record: Mapping[str, Any], key: str = "schedule") -> Schedule:
+    """The schedule stored in a solved record under ``key`` (``twill-schedule/1`` with its ``loop_graph``)."""
     from twill.ir.io import graph_from_dict
 
-    doc = record["schedule"]
+    doc = record[key]
     return Schedule.from_dict(doc, graph_from_dict(doc["loop_graph"]))
 
 
@@ -74,10 +81,20 @@ def rank(candidates: Sequence[Candidate], records: Sequence[Mapping[str, Any]], 
             if problem_of(schedule.graph) != shape.problem:
                 raise TwillError(f"the kernel is a {problem_of(schedule.graph)} loop, the shape a {shape.problem}")
             pred = predict(schedule, shape, machine, persistent=bool(cand.persistent))
+            injected = None
+            if "triton_order" in record:       # a Triton target: Twill's schedule, or Triton's own kept
+                injected = True
+                if record["triton_order"] is not None:
+                    from twill.codegen.triton import INJECT_MIN_GAIN
+
+                    own = predict(_schedule_of(record, "triton_order"), shape, machine)
+                    injected = pred.seconds < own.seconds * (1 - INJECT_MIN_GAIN)
+                    pred = pred if injected else own
         except TwillError as exc:
             failed.append(Result(cand, {**record, "status": "error", "reason": str(exc)}, schedule))
             continue
-        solved.append(Result(cand, record, schedule, pred, shape.flops_of(schedule.graph) / pred.seconds / 1e12))
+        solved.append(Result(cand, record, schedule, pred, shape.flops_of(schedule.graph) / pred.seconds / 1e12,
+                             injected))
     solved.sort(key=lambda r: (r.prediction.seconds, r.prediction.tiles, r.candidate.label())
                 if r.prediction else (0.0, 0, ""))
     return solved + failed
@@ -121,6 +138,10 @@ def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> st
                      f"{r.prediction.microseconds:.1f}", f"{r.prediction.breakdown['clock_ghz']:.2f}",
                      f"{r.tflops:.0f}", r.schedule.status])
     header = ["rank", "candidate", "II", "II raw", "predicted us", "GHz", "TFLOP/s", "status"]
+    if any(r.injected is not None for r in results[:len(rows)]):
+        header.append("schedule")
+        for row, r in zip(rows, results):
+            row.append({True: "Twill's", False: "Triton's own", None: "-"}[r.injected])
     lines = _table(header, rows) if rows else ["  no candidate was scheduled"]
     counts: dict[str, int] = {}
     for r in results:

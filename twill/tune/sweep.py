@@ -158,9 +158,9 @@ def _solve_job(job: Job) -> dict[str, Any]:
     cand = job.candidate
     options = SolveOptions(time_limit=job.time_limit, resolution=job.resolution, reg_limit=cand.reg_limit,
                            streaming_depth=cand.streaming_depth, workers=1, extra_copies=job.extra_copies)
-    fallback = None
+    fallback, own = None, None
     if job.triton is not None:
-        schedule, spills = _solve_triton(job, machine, options)
+        schedule, own, spills = _solve_triton(job, machine, options)
         unlaunchable = _shared_overflow(schedule, machine)
         if unlaunchable:
             return {"status": "cannot_emit", "reason": unlaunchable, "cacheable": True, "ii": schedule.ii,
@@ -213,17 +213,21 @@ def _solve_job(job: Job) -> dict[str, Any]:
                               "spills": spills}
     if fallback:
         record["extra_copies_dropped"] = fallback
+    if job.triton is not None:     # None: Triton's order has no schedule, Twill's is injected
+        record["triton_order"] = schedule_document(own) if own is not None else None
     rejected = ptxas_rejection(spills)
     if rejected:
         record.update(status="spills", reason=rejected)
     return record
 
 
-def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[str, int] | None]:
-    """The window schedule of a Triton configuration; with ``check_spills`` the kernel is compiled with it
-    injected, its ptxas report returned and its registers and shared memory kept in ``stats["compiled"]``
+def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, Any, dict[str, int] | None]:
+    """The window schedule of a Triton configuration and the schedule of Triton's own order under the same
+    constraints (:func:`twill.codegen.triton.triton_order`; None if that order has none), which the ranking
+    weighs Twill's against. With ``check_spills`` the kernel is compiled with Twill's schedule injected, its
+    ptxas report returned and its registers and shared memory kept in both schedules' ``stats["compiled"]``
     (what the prediction counts for CTAs per SM, :func:`twill.tune.predict.ctas_per_sm`)."""
-    from twill.codegen.triton import inject, solve_for_triton
+    from twill.codegen.triton import inject, solve_for_triton, triton_order
     from twill.frontends.triton import kernel_spec, lower_function
     from twill.frontends.triton.compile import load_kernel
 
@@ -231,16 +235,23 @@ def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, dict[s
     fn = load_kernel(info["path"], info["fn"]).fn
     spec = kernel_spec(fn, signature=info["signature"], constexprs=dict(cand.options),
                        num_warps=cand.num_warps or 4, num_stages=cand.num_stages, machine=machine)
-    lowered, _ = lower_function(spec, machine)
-    schedule = solve_for_triton(lowered.graph, machine, spec.capability, replace(options, ws=False))
+    lowered, text = lower_function(spec, machine)
+    options = replace(options, ws=False)
+    schedule = solve_for_triton(lowered.graph, machine, spec.capability, options)
+    try:
+        own: Any = solve_for_triton(triton_order(lowered, text), machine, spec.capability, options)
+    except TwillError:   # Triton's order has no schedule under the window constraint: Twill's is the one
+        own = None
     if not job.check_spills:
-        return schedule, None
+        return schedule, own, None
     from twill.tune.spills import ptxas_report
 
     kernel = inject(spec, schedule, machine).kernel
     report = ptxas_report(kernel.asm["ptx"], spec.capability)
     compiled = {"registers": report["registers"], "shared_bytes": int(kernel.metadata.shared)}
-    return replace(schedule, stats={**schedule.stats, "compiled": compiled}), report
+    schedule = replace(schedule, stats={**schedule.stats, "compiled": compiled})
+    own = own and replace(own, stats={**own.stats, "compiled": compiled})
+    return schedule, own, report
 
 
 def _shared_overflow(schedule: Any, machine: Machine) -> str | None:
