@@ -337,11 +337,11 @@ def head_to_head(base: Any, hook: Any, auto_meta: Mapping[str, Any], tuned_meta:
                  schedule: Any, machine: Any, shape: Shape, *, reps: int, workdir: str) -> dict[str, Any]:
     """Autotune's choice (its configuration with Triton's own schedule) and Twill-tuned (its configuration with
     Twill's ``schedule`` injected, or Triton's own where it is None: kept), built again, checked on fresh data
-    and timed together, interleaved ``reps``
-    times. Each pick was the fastest of its own measurements, and the fastest of many noisy measurements reads
-    low (autotune's the more: it picks among every configuration, Twill among its top K), so the two picks are
-    compared on new measurements. Returns both runs, their best and ``ratio`` (autotune's time over
-    Twill-tuned's, > 1 = Twill faster); a failure is recorded in ``status``, not raised."""
+    and timed together, interleaved ``reps`` times. Each pick was the fastest of its own measurements, and the
+    fastest of many noisy measurements reads low (autotune's the more: it picks among every configuration,
+    Twill among its top K), so the two picks are compared on new measurements. Returns both runs, their best
+    and ``ratio`` (autotune's time over Twill-tuned's, > 1 = Twill faster); a failure is recorded in
+    ``status``, not raised."""
     import triton
 
     from twill.codegen.triton import default_load_lead, make_jit_hook
