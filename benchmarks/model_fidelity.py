@@ -49,7 +49,7 @@ GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
 ATTN_CANDIDATES = [(d, s, depth) for d in (128, 64) for s in (2, 1) for depth in (2, 3)] + [(128, 3, 2), (64, 3, 2)]
 ATTN_SEQS = (2048, 4096, 8192, 16384)
 ATTN_BATCH, ATTN_HEADS = 4, 32
-#: Head dimensions of the ``--sweep`` candidate set (every distinct kernel of ``twill tune flash-fwd``).
+#: Head dimensions of the ``--sweep`` candidate set (``twill tune flash-fwd``'s kernels, :func:`_sweep_entries`).
 SWEEP_HEAD_DIMS = (128, 64)
 ROUNDS = 3
 
