@@ -4,6 +4,7 @@ lazy (docs/architecture.md)."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,31 @@ def test_code_generation_and_the_cli_import_no_solver():
             "print(sorted(m for m in ('ortools', 'yices') if m in sys.modules))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert run.stdout.strip() == "[]"
+
+
+_WITHOUT_ORTOOLS = (
+    "import sys\n"
+    "class Block:\n"
+    "    def find_spec(self, name, path, target=None):\n"
+    "        if name == 'ortools' or name.startswith('ortools.'):\n"
+    "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+    "sys.meta_path.insert(0, Block())\n"
+    "from twill.cli import main\n"
+    "sys.exit(main(sys.argv[1:]))\n")
+
+
+def test_solving_without_or_tools_says_what_to_install_in_one_line(tmp_path):
+    """Where OR-Tools is absent (a GPU machine running a checkout), a solve stops with one line, and a tune
+    sweep records the reason without caching it (installing OR-Tools changes the answer)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", _WITHOUT_ORTOOLS, "schedule", "gemm"], capture_output=True,
+                         text=True, cwd=ROOT, env=env)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.count("\n") == 1 and "solving needs OR-Tools' CP-SAT" in run.stderr
+    assert "pip install 'ortools" in run.stderr
+    run = subprocess.run([sys.executable, "-c", _WITHOUT_ORTOOLS, "tune", "gemm", "--block-m", "128",
+                          "--block-n", "128", "--block-k", "64", "--warps", "8", "--streaming-depth", "2",
+                          "--persistent", "false"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert run.returncode == 0 and "Traceback" not in run.stderr
+    assert "no candidate was scheduled; the first reason: solving needs OR-Tools' CP-SAT" in run.stdout
+    assert not list((tmp_path / "twill" / "tune").glob("*.json"))

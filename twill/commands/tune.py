@@ -207,6 +207,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                         progress=progress)
     shape = shape or _shape_from_results(records)
     results = rank(space.candidates, records, shape, machine)
+    if args.measure and not any(r.prediction is not None for r in results):
+        first = next((r.record.get("reason") for r in results if r.record.get("reason")), None)
+        raise TwillError("no candidate was scheduled, nothing to measure" + (f": {first}" if first else ""))
     measured: list[dict[str, Any]] = []
     triton_measured: dict[str, Any] | None = None
     if args.measure and triton_fn is not None:

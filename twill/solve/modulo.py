@@ -184,8 +184,9 @@ def projection_feasible(graph: LoopGraph, units: Mapping[str, int], ii: int, kep
     """Solve the projection onto the units ``kept`` (module docstring): ``"sat"``, ``"unsat"`` or
     ``"unknown"``. Starts are ``t_v = k_v·II + s_v`` with ``s_v ∈ [0, II)`` and ``k_v ∈ [0, k_max]``, a
     superset of the full model's start domain (:func:`start_horizon`), so the relaxation loses no schedule."""
-    from ortools.sat.python import cp_model
+    from twill.solve._ortools_loader import load_cp_model
 
+    cp_model = load_cp_model()
     ops = [op.name for op in graph.ops if any(op.usage(unit) for unit in kept)]
     model = cp_model.CpModel()
     top = stage_limit(graph, ii)
@@ -270,8 +271,9 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
         raise ValueError(f"minimise must be 'length' or 'copies', got {minimise!r}")
     import time
 
-    from ortools.sat.python import cp_model
+    from twill.solve._ortools_loader import load_cp_model
 
+    cp_model = load_cp_model()
     began = time.perf_counter()
     asap = asap_starts(graph, ii)
     if asap is None:

@@ -99,7 +99,9 @@ def solve_normalization(costs: list[int], resolution: int, *, time_limit: float 
     if resolution < n:
         raise TwillError(f"normalization resolution U={resolution} is below the {n} distinct cycle counts of "
                          f"the graph; raise --resolution to at least {n} or use --no-normalize")
-    from ortools.sat.python import cp_model
+    from twill.solve._ortools_loader import load_cp_model
+
+    cp_model = load_cp_model()
 
     def build() -> tuple[Any, list[Any], Any]:
         model = cp_model.CpModel()

@@ -142,7 +142,9 @@ def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> st
         header.append("schedule")
         for row, r in zip(rows, results):
             row.append({True: "Twill's", False: "Triton's own", None: "-"}[r.injected])
-    lines = _table(header, rows) if rows else ["  no candidate was scheduled"]
+    first = next((r.record.get("reason") for r in results if r.record.get("reason")), None)
+    lines = (_table(header, rows) if rows else
+             ["  no candidate was scheduled" + (f"; the first reason: {first}" if first else "")])
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1

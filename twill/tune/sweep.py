@@ -37,7 +37,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
-from twill.errors import InfeasibleScheduleError, SpillsError, TwillError, UnsupportedFeatureError
+from twill.errors import (InfeasibleScheduleError, SolverUnavailableError, SpillsError, TwillError,
+                          UnsupportedFeatureError)
 from twill.ir.io import user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
@@ -139,6 +140,8 @@ def run_job(job: Job) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         record = _solve_job(job)
+    except SolverUnavailableError as exc:   # not cached: installing the solver changes the answer
+        record = {"status": "error", "reason": str(exc), "cacheable": False}
     except TwillError as exc:
         status = ("spills" if isinstance(exc, SpillsError) else "infeasible"
                   if isinstance(exc, InfeasibleScheduleError) else "error")

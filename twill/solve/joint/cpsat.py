@@ -50,9 +50,9 @@ class _Builder:
     """Holds the model while the ``add_*`` families are added and counts constraints per family."""
 
     def __init__(self, problem: JointProblem):
-        from ortools.sat.python import cp_model
+        from twill.solve._ortools_loader import load_cp_model
 
-        self.cp_model = cp_model
+        cp_model = self.cp_model = load_cp_model()
         self.p = problem
         self.g = problem.graph
         self.model = cp_model.CpModel()
