@@ -11,6 +11,15 @@ from types import ModuleType
 from typing import Any, Callable
 
 
+def clock_summary(samples: list[tuple[float, float]], start: float, end: float) -> dict[str, float] | None:
+    """Min, median and max SM clock (MHz, nvidia-smi: ``ClockSampler.samples``) sampled between ``start`` and
+    ``end`` (unix times), and how many readings; None when there was none."""
+    window = [mhz for when, mhz in samples if start <= when <= end]
+    if not window:
+        return None
+    return {"min": min(window), "median": statistics.median(window), "max": max(window), "samples": len(window)}
+
+
 def load_module(path: str, prefix: str) -> ModuleType:
     """Import the Python file ``path`` as module ``prefix + its stem`` (registered in ``sys.modules``, which
     Gluon's and TileLang's compilers need to find the kernel's source)."""

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import clock_summary  # noqa: E402
 from triton_ab import ROOT, _load_schedule, _module  # noqa: E402 - the A/B benchmark's helpers
 
 SCHEDULES = ROOT / "benchmarks" / "results" / "triton_tune_schedules.json"
@@ -206,10 +207,9 @@ def run(schedules: Path, out_path: Path, reps: int, top: int, only: list[str]) -
                 windows.append((rows, start, time.time()))
                 results["cases"] += rows
     for rows, start, end in windows:    # nvidia-smi's SM clock while the case ran (all its shapes)
-        clock = [mhz for when, mhz in sampler.samples if start <= when <= end]
+        clock = clock_summary(sampler.samples, start, end)
         for row in rows:
-            row["clock_mhz"] = ({"min": min(clock), "median": sorted(clock)[len(clock) // 2], "max": max(clock),
-                                 "samples": len(clock)} if clock else None)
+            row["clock_mhz"] = clock
     if only and out_path.exists():
         kept = [c for c in json.loads(out_path.read_text())["cases"] if c["case"] not in only]
         results["cases"] = kept + results["cases"]

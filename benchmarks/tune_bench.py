@@ -35,7 +35,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks._common import torch_references  # noqa: E402
+from benchmarks._common import clock_summary, torch_references  # noqa: E402
 
 GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024)]
 ATTN_SHAPES = [(4, 32, s, d) for d in (128, 64) for s in (2048, 4096, 8192, 16384)]
@@ -222,7 +222,7 @@ def run(kernel_dir: str, out: str) -> None:
     with ClockSampler() as sampler:  # its readings arrive when it stops
         results = _run_entries(kernel_dir, manifest)
     for row in results:
-        row["clock_mhz"] = _clock_summary(sampler.samples, *row.pop("window"))
+        row["clock_mhz"] = clock_summary(sampler.samples, *row.pop("window"))   # while the shape's rounds ran
     doc = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": ROUNDS,
@@ -236,14 +236,6 @@ def run(kernel_dir: str, out: str) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "tune_bench.json"), "w") as fh:
         json.dump(doc, fh, indent=1)
-
-
-def _clock_summary(samples: list[tuple[float, float]], start: float, end: float) -> dict[str, float] | None:
-    """Min, median and max SM clock (MHz, nvidia-smi) sampled while one shape's rounds ran."""
-    window = [mhz for when, mhz in samples if start <= when <= end]
-    if not window:
-        return None
-    return {"min": min(window), "median": statistics.median(window), "max": max(window), "samples": len(window)}
 
 
 def _run_entries(kernel_dir: str, manifest: dict[str, Any]) -> list[dict[str, Any]]:

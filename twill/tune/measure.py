@@ -228,6 +228,18 @@ class HookedKernel:
         return run
 
 
+def _injected(base: Any, schedule: Any, meta: Mapping[str, Any], machine: Any, workdir: str) -> HookedKernel:
+    """A fresh ``JITFunction`` of ``base``'s source whose launches compile with ``schedule`` injected (the load
+    lead of ``meta``'s ``num_stages``, as Triton's own schedule uses)."""
+    import triton
+
+    from twill.codegen.triton import default_load_lead, make_jit_hook
+
+    return HookedKernel(triton.jit(base.fn), make_jit_hook(
+        base.__name__, schedule, machine, workdir=workdir, load_lead=default_load_lead(meta.get("num_stages")),
+        capability=machine.capability))
+
+
 def _first_launch(launch: Any) -> dict[str, int]:
     """Launch once (compiling); the kernel's registers, spills and shared memory."""
     import torch
@@ -262,15 +274,9 @@ def measure_triton_config(base: Any, hook: Any, meta: Mapping[str, Any], schedul
     ``schedule`` is given, Twill's injected into a fresh ``JITFunction`` of the same source; each checked
     (:data:`MAX_RELERR`) and timed, interleaved. One row per shape; a variant that fails to build, run or
     check is recorded (``<variant>_status``) and not timed. Call inside :func:`triton_runtime`."""
-    import triton
-
-    from twill.codegen.triton import default_load_lead, make_jit_hook
-
     fns: dict[str, Any] = {"triton": base}
     if schedule is not None:
-        fns["twill"] = HookedKernel(triton.jit(base.fn), make_jit_hook(
-            base.__name__, schedule, machine, workdir=workdir, load_lead=default_load_lead(meta.get("num_stages")),
-            capability=machine.capability))
+        fns["twill"] = _injected(base, schedule, meta, machine, workdir)
     failed: dict[str, str] = {}
     built: set[str] = set()
     rows = []
@@ -342,14 +348,8 @@ def head_to_head(base: Any, hook: Any, auto_meta: Mapping[str, Any], tuned_meta:
     Twill among its top K), so the two picks are compared on new measurements. Returns both runs, their best
     and ``ratio`` (autotune's time over Twill-tuned's, > 1 = Twill faster); a failure is recorded in
     ``status``, not raised."""
-    import triton
-
-    from twill.codegen.triton import default_load_lead, make_jit_hook
-
     try:
-        twill_fn = base if schedule is None else HookedKernel(triton.jit(base.fn), make_jit_hook(
-            base.__name__, schedule, machine, workdir=workdir,
-            load_lead=default_load_lead(tuned_meta.get("num_stages")), capability=machine.capability))
+        twill_fn = base if schedule is None else _injected(base, schedule, tuned_meta, machine, workdir)
         launches = {}
         for name, fn, meta in (("autotune", base, auto_meta), ("twill", twill_fn, tuned_meta)):
             launch, check = hook(fn, shape.as_dict(), **meta)

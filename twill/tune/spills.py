@@ -76,8 +76,7 @@ def gluon_spills(schedule: Any, machine: Machine, persistent: bool = False) -> d
         except Exception as exc:  # noqa: BLE001 - Triton's PTXASError, without importing Triton's internals
             if type(exc).__name__ != "PTXASError":
                 raise
-            return {"registers": 0, "spill_stores": 0, "spill_loads": 0, "spill_bytes": 0, "serialized_wgmma": 0,
-                    "ptxas_error": ptxas_reason(str(exc))}
+            return {**parse_ptxas_log(""), "ptxas_error": ptxas_reason(str(exc))}   # the report's keys, all 0
     return ptxas_report(kernel.asm["ptx"], 90)
 
 
