@@ -62,7 +62,7 @@ def test_cached_module_is_imported_without_solving(tmp_path, monkeypatch):
     spec = KernelSpec("flash-fwd", 64, "fp16", False, 0)
     path = flash.cache_dir() / spec.file_name("test+0")
     path.parent.mkdir(parents=True)
-    path.write_text("import triton\nMARK = 'cached'\n")
+    path.write_text(flash.cache_text("import triton\nMARK = 'cached'\n"))
     flash.kernel_module.cache_clear()
     monkeypatch.setattr(flash, "_generate", lambda spec: pytest.fail("solved although the module is cached"))
     assert flash.kernel_module(spec).MARK == "cached"

@@ -155,8 +155,10 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
     ``min(U, WINDOW_RESOLUTION)``. ``status`` is ``optimal`` only when every II below was proved infeasible
     and L is optimal; otherwise ``feasible`` with ``ii_lower_bound`` the smallest II not proved infeasible.
     ``stats["res_mii_cycles"]`` is the resource bound of the raw constrained graph in cycles
-    (:func:`ii_cycles`).
+    (:func:`ii_cycles`); ``graph_digest`` is that of ``graph`` as given (:func:`check_schedule_fits` compares
+    it with the kernel a schedule file is injected into).
     """
+    from twill.ir.digest import graph_digest
     from twill.ir.validate import validate_graph
     from twill.solve import schedule as solve
     from twill.ir.bounds import res_mii
@@ -168,7 +170,34 @@ def solve_for_triton(graph: LoopGraph, machine: Machine, capability: int, option
     result = solve(constrained, machine, replace(base, resolution=min(base.resolution, WINDOW_RESOLUTION),
                                                  strategy="window", window_ii_limit=per_ii_limit))
     raw = res_mii(constrained, validate_graph(constrained, machine.units))
-    return replace(result, stats={**dict(result.stats), "res_mii_cycles": raw, "triton_sm90_window": True})
+    return replace(result, stats={**dict(result.stats), "res_mii_cycles": raw, "triton_sm90_window": True},
+                   graph_digest=graph_digest(graph))
+
+
+def check_schedule_fits(schedule: Schedule, graph: LoopGraph, spec: KernelSpec) -> None:
+    """Refuse ``schedule`` (read from a file) for ``graph``, the loop of ``spec`` about to be compiled, unless
+    it was solved for that loop: its ``graph_digest`` must be ``graph``'s (:func:`twill.ir.digest.graph_digest`:
+    ops, costs, edges, constexprs, ``num_warps``, ``num_stages``), and the graph it carries must be ``graph``
+    as the solver saw it (normalized by the schedule's own record, on sm_90 after :func:`constrain_for_triton`;
+    :func:`twill.schedule.provenance.derivation_problem`). A :class:`TwillError` names what differs: the
+    configurations, when they differ."""
+    from twill.ir.digest import configuration, configuration_text, graph_digest
+    from twill.schedule.provenance import derivation_problem
+
+    names = list(spec.constexprs)
+    have, want = configuration(schedule.graph.attrs, names), configuration(graph.attrs, names)
+    if have != want:
+        raise TwillError(f"the schedule was solved for {configuration_text(have)}; this kernel compiles with "
+                         f"{configuration_text(want)}")
+    if schedule.graph_digest is not None and schedule.graph_digest != graph_digest(graph):
+        raise TwillError("the schedule was solved for another loop graph than this kernel's (its graph_digest "
+                         "differs: ops, costs or edges)")
+    constrain = (lambda g: constrain_for_triton(g, spec.capability),) if spec.capability // 10 == 9 else ()
+    problem = derivation_problem(schedule, graph, transforms=constrain)
+    if problem is not None:
+        raise TwillError(f"the schedule is not one of this kernel's loop: {problem}")
+
+
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def _inject_tilelang(args: argparse.Namespace, machine, path: str, fn: str) -> i
 
 
 def _cmd_inject(args: argparse.Namespace) -> int:
-    from twill.codegen.triton import inject, solve_for_triton, tune, write_outputs
+    from twill.codegen.triton import check_schedule_fits, inject, solve_for_triton, tune, write_outputs
     from twill.frontends.triton import lower_function
 
     tilelang = tilelang_target(args)
@@ -91,11 +91,15 @@ def _cmd_inject(args: argparse.Namespace) -> int:
         spec, schedule = specs[tuning.best], tuning.schedule
     else:
         spec = _kernel_spec(args, machine, args.config)
-        if args.schedule:
-            schedule = load_schedule_document(args.schedule)
-        else:
-            lowered, _ = lower_function(spec, machine, loop=args.loop)
+        schedule = load_schedule_document(args.schedule) if args.schedule else None
+        lowered, _ = lower_function(spec, machine, loop=args.loop)
+        if schedule is None:
             schedule = solve_for_triton(lowered.graph, machine, spec.capability, solve_options(args))
+        else:   # a schedule of this very loop: its graph digest and its graph are checked against the kernel's
+            try:
+                check_schedule_fits(schedule, lowered.graph, spec)
+            except TwillError as exc:
+                raise TwillError(f"{args.schedule}: {exc}") from None
     result = inject(spec, schedule, machine, load_lead=args.load_lead, loop=args.loop)
     summary = write_outputs(result, schedule, args.output, schedule_document(schedule),
                             tuning={"config": tuning.best, "configs": list(tuning.rows)} if tuning else None)

@@ -4,7 +4,9 @@ The first call for a given head dimension, dtype, mask and K/V head count solves
 when a gradient is needed, the ``flash-bwd``) loop on the Hopper machine model, verifies the schedule and
 emits the Gluon kernel module (:mod:`twill.codegen.gluon`); the module is written to the kernel cache
 (``$XDG_CACHE_HOME/twill/ops``, default ``~/.cache/twill/ops``), keyed on the options and a digest of
-Twill's sources, so a later process imports it without solving. Triton caches the compiled kernels itself.
+Twill's sources, so a later process imports it without solving. The file's first line holds the SHA-256 of
+the module under it; a file whose digest does not match (empty, truncated, edited) is generated again, never
+imported. Triton caches the compiled kernels itself.
 
 Inputs the kernels do not cover raise :class:`~twill.errors.UnsupportedFeatureError` with the reason,
 before any work: tensors off a Hopper GPU, dtypes other than fp16/bf16, a head dimension other than 64,
@@ -183,21 +185,51 @@ def _generate(spec: KernelSpec) -> str:
     return emit_gluon(solved, persistent=spec.persistent())
 
 
+#: First line of a kernel cache file: this prefix and the SHA-256 of the rest of the file (the emitted module).
+DIGEST_PREFIX = "# twill.ops kernel sha256="
+
+
+def cache_text(source: str) -> str:
+    """The kernel cache file of an emitted module: a first line holding the SHA-256 of ``source``, then
+    ``source`` (one file, written atomically: the digest and the code it covers cannot be torn apart)."""
+    return f"{DIGEST_PREFIX}{hashlib.sha256(source.encode()).hexdigest()}\n{source}"
+
+
+def cached_source(path: Path) -> str | None:
+    """The emitted module in the kernel cache file ``path`` when its first line holds the SHA-256 of the rest
+    of the file, else None (missing, unreadable, not UTF-8, empty, truncated, edited, or without the line)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head, newline, body = data.partition(b"\n")
+    if not newline or not head.startswith(DIGEST_PREFIX.encode()):
+        return None
+    if head[len(DIGEST_PREFIX):].decode("ascii", "replace") != hashlib.sha256(body).hexdigest():
+        return None
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_module(spec: KernelSpec) -> ModuleType:
-    """The emitted module of ``spec``: from the kernel cache, or generated once and written there
-    atomically (a concurrent process never reads a half-written file)."""
+    """The emitted module of ``spec``: from the kernel cache when the file's digest line matches the code
+    under it (:func:`cached_source`), else generated and written there atomically (a concurrent process
+    never reads a half-written file; a damaged or edited file is replaced, never imported)."""
     from twill.codegen.gluon import load_emitted
     from twill.ir.io import write_text_atomic
     from twill.tune.sweep import twill_version
 
     path = cache_dir() / spec.file_name(twill_version())
-    if not path.exists():
-        print(f"twill.ops: generating the {spec.kernel} kernel ({spec.kernel_options()}) into {path}",
+    if cached_source(path) is None:
+        what = "regenerating" if path.exists() else "generating"
+        print(f"twill.ops: {what} the {spec.kernel} kernel ({spec.kernel_options()}) into {path}",
               file=sys.stderr)
         source = _generate(spec)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, source)
+        write_text_atomic(path, cache_text(source))
     return load_emitted(str(path))
 
 

@@ -61,6 +61,9 @@ class Schedule:
         streaming_depth: buffers in flight for streaming (TMA) loads, a tuning parameter (paper §5.3).
         stats: solver statistics and explanations (``res_mii``, ``rec_mii``, ``normalization``, ``gap``,
             ``blocked_by``, ``tried``, ``objectives``, ``variables``, ``constraints``...).
+        graph_digest: the SHA-256 (hex) of the loop graph the schedule was solved for, before normalization
+            (:func:`twill.ir.digest.graph_digest`), or None when not known (a schedule written by hand or by
+            an older Twill).
     """
 
     graph: LoopGraph
@@ -75,6 +78,7 @@ class Schedule:
     solve_seconds: float = 0.0
     streaming_depth: int = 2
     stats: Mapping[str, Any] = field(default_factory=dict)
+    graph_digest: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "starts", MappingProxyType(dict(self.starts)))
@@ -194,6 +198,8 @@ class Schedule:
                              "ops": list(w.ops)} for w in self.warps]
         if self.stats:
             out["stats"] = _jsonable(dict(self.stats))
+        if self.graph_digest is not None:
+            out["graph_digest"] = self.graph_digest
         return out
 
     @classmethod
@@ -224,7 +230,8 @@ class Schedule:
                         status=data["status"], ii=_integer(data["ii"], "ii"),
                         ii_lower_bound=_integer(data["ii_lower_bound"], "ii_lower_bound"), starts=starts,
                         assignment=assignment, warps=warps, solve_seconds=float(seconds),
-                        streaming_depth=_integer(data.get("streaming_depth", 2), "streaming_depth"), stats=stats)
+                        streaming_depth=_integer(data.get("streaming_depth", 2), "streaming_depth"), stats=stats,
+                        graph_digest=_digest(data.get("graph_digest")))
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"malformed {SCHEDULE_FORMAT} object: {exc!r}") from None
         for o in data["ops"]:
@@ -238,6 +245,15 @@ def _integer(value: Any, what: str) -> int:
     """``value`` when it is a JSON integer (not a boolean, float or string), else a :class:`FormatError`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise FormatError(f"{what} must be an integer, got {value!r}")
+    return value
+
+
+def _digest(value: Any) -> str | None:
+    """``graph_digest``: absent (None), or 64 lowercase hex digits."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) != 64 or value.strip("0123456789abcdef"):
+        raise FormatError(f"'graph_digest' must be 64 lowercase hex digits, got {value!r}")
     return value
 
 

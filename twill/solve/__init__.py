@@ -81,13 +81,15 @@ def proof(result: Schedule) -> dict[str, bool]:
 def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOptions()) -> Schedule:
     """Schedule ``graph`` on ``machine``: validate → normalize → bounds → search → verify.
 
-    The returned :class:`Schedule` refers to the (normalized) graph the solver saw; ``stats`` holds
+    The returned :class:`Schedule` refers to the (normalized) graph the solver saw, and records the digest of
+    ``graph`` (:attr:`Schedule.graph_digest`); ``stats`` holds
     ``res_mii``, ``rec_mii``, ``normalization`` (raw -> normalized map, F, U, cycles per unit), the IIs tried
     and the L gap. Raises :class:`InfeasibleScheduleError` (no schedule up to max II or within the time
     limit), :class:`~twill.errors.GraphError` (malformed graph) or :class:`VerificationError` (a solver bug).
     """
-    from twill.schedule.verify import verify
     from twill.ir.bounds import rec_mii, res_mii
+    from twill.ir.digest import graph_digest
+    from twill.schedule.verify import verify
 
     started = time.perf_counter()
     validate_graph(graph, machine.units)
@@ -117,6 +119,6 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
         result = _modulo_schedule(work, machine, units, options, res=res, rec=rec, started=started)
         result = replace(result, stats={**dict(result.stats), "normalization": norm},
                          solve_seconds=_elapsed(started))
-    result = replace(result, stats={**dict(result.stats), "proven": proof(result)})
+    result = replace(result, stats={**dict(result.stats), "proven": proof(result)}, graph_digest=graph_digest(graph))
     verify(result, machine, options)
     return result

@@ -9,7 +9,9 @@ The cache holds one JSON file per job under ``$XDG_CACHE_HOME/twill/tune/`` (def
 named by the SHA-256 of the twill version, the job's graph (its ``twill-graph/1`` JSON; for a Triton kernel the
 source file's text, signature, constexprs, warps and stages, from which the graph is extracted), the machine
 model's fields and the solve options. Only outcomes of the solver are cached, never unexpected exceptions.
-The shape is not part of the key: predictions are computed from the cached schedules.
+The shape is not part of the key: predictions are computed from the cached schedules. A record read back is
+verified, not trusted (:func:`record_problem`): one that does not parse, is not of the shape :func:`run_job`
+writes, or holds a schedule that does not verify against the job's graph and machine, is a miss.
 
 Candidates that differ only in a code-generator axis (``persistent``) have the same graph and solve: the sweep
 solves the first of them and hands its schedule to the others (:attr:`Job.schedule`), which only ask the
@@ -297,14 +299,116 @@ def cache_dir() -> Path:
     return user_cache_dir("tune")
 
 
-def cache_read(directory: Path, key: str) -> dict[str, Any] | None:
-    """The cached record of ``key``, or None (missing or unreadable files are misses)."""
+def cache_read(directory: Path, key: str, job: Job) -> dict[str, Any] | None:
+    """The cached record of ``key`` when it is a record of ``job`` (:func:`record_problem`), else None: a
+    missing, unreadable or unparsable file, or a record that is malformed or does not verify, is a miss (the
+    job is solved again and its file overwritten)."""
     try:
-        with open(directory / f"{key}.json") as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError):
+        data = json.loads((directory / f"{key}.json").read_bytes())
+    except (OSError, ValueError, RecursionError):   # ValueError: not UTF-8 text, or not JSON
         return None
-    return data if isinstance(data, dict) and data.get("status") in STATUSES else None
+    return data if record_problem(data, job) is None else None
+
+
+#: Keys a cached record may have (:func:`run_job`'s record less ``key`` and ``cached``).
+RECORD_KEYS = frozenset({"status", "reason", "cacheable", "seconds", "ii", "solve_status", "schedule", "spills",
+                         "extra_copies_dropped", "triton_order"})
+
+
+def record_problem(record: Any, job: Job) -> str | None:
+    """Why ``record`` (read from the cache) is not a record :func:`run_job` could have returned for ``job``, or
+    None. Its shape and types are checked (a status of :data:`STATUSES`, a reason that is a string unless
+    ``ok``, ...) and every schedule it holds is rebuilt and verified against ``job``'s graph and machine
+    (:func:`schedule_problem`); a record whose ``ii`` or ``solve_status`` is not its schedule's is refused."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    unknown = sorted(set(record) - RECORD_KEYS, key=str)
+    if unknown:
+        return f"unknown key {unknown[0]!r}"
+    status, reason = record.get("status"), record.get("reason")
+    if status not in STATUSES:
+        return f"unknown status {status!r}"
+    if record.get("cacheable") is not True:
+        return "not a cacheable record"
+    if (reason is not None) if status == "ok" else not isinstance(reason, str):
+        return f"reason {reason!r} does not fit status {status!r}"
+    seconds = record.get("seconds", 0.0)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        return f"seconds {seconds!r} is not a duration"
+    spills = record.get("spills")
+    if spills is not None and not (isinstance(spills, dict) and all(isinstance(k, str) for k in spills)):
+        return "spills is not a ptxas report"
+    if not isinstance(record.get("extra_copies_dropped", ""), str):
+        return "extra_copies_dropped is not a reason"
+    if "schedule" not in record:
+        if status == "ok" or {"ii", "solve_status", "triton_order"} & set(record):
+            return "a solved record without its schedule"
+        return None
+    if "triton_order" in record and job.triton is None:
+        return "Triton's own schedule in the record of a job that is not a Triton kernel"
+    problem = schedule_problem(record["schedule"], job)
+    if problem is None and record.get("triton_order") is not None:
+        problem = schedule_problem(record["triton_order"], job)
+    if problem is not None:
+        return problem
+    doc = record["schedule"]
+    if record.get("ii") != doc["ii"] or record.get("solve_status") != doc["status"]:
+        return (f"the record says II {record.get('ii')!r} ({record.get('solve_status')!r}), its schedule "
+                f"II {doc['ii']} ({doc['status']})")
+    return None
+
+
+def schedule_problem(doc: Any, job: Job) -> str | None:
+    """Why ``doc`` (a ``twill-schedule/1`` object with its ``loop_graph``, from a cached record) is not a valid
+    schedule of ``job``, or None. It must load, its graph must pass validation and the schedule the verifier
+    (:func:`twill.schedule.verify.violations`, warp specialization included) on ``job``'s machine with
+    ``job``'s register limit and streaming depth, and its graph must be ``job``'s: for a built-in kernel or a
+    graph file, ``job.graph`` normalized by the schedule's own record
+    (:func:`twill.schedule.provenance.derivation_problem`; the ptxas-checked search's reserved registers may
+    differ, as its ``stats["registers"]`` says); for a Triton kernel, whose graph is extracted in the solve,
+    a graph of the candidate's constexprs, ``num_warps`` and ``num_stages``, and no warp assignment."""
+    from twill.ir.io import graph_from_dict
+    from twill.ir.validate import validate_graph
+    from twill.schedule.result import Schedule
+    from twill.schedule.verify import violations
+    from twill.solve.options import SolveOptions
+
+    cand, machine = job.candidate, job.machine
+    options = SolveOptions(time_limit=job.time_limit, resolution=job.resolution, reg_limit=cand.reg_limit,
+                           streaming_depth=cand.streaming_depth, workers=1, extra_copies=job.extra_copies)
+    try:
+        if not isinstance(doc, dict) or not isinstance(doc.get("loop_graph"), dict):
+            return "a schedule without its loop_graph"
+        schedule = Schedule.from_dict(doc, graph_from_dict(doc["loop_graph"]))
+        validate_graph(schedule.graph, machine.units)
+        found = violations(schedule, machine, options)
+        raw = None if job.graph is None else graph_from_dict(dict(job.graph))
+    except Exception as exc:  # noqa: BLE001 - a record that cannot be rebuilt is a miss, whatever it holds
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"the schedule does not load: {type(exc).__name__}: {first}"
+    if found:
+        return found[0]
+    if schedule.arch != machine.name:
+        return f"a schedule for {schedule.arch!r}, not {machine.name!r}"
+    if raw is None:
+        attrs = schedule.graph.attrs
+        want = {k.lower(): v for k, v in cand.options if isinstance(v, (int, float, bool, str))}
+        want.update(num_warps=cand.num_warps or 4, **({"num_stages": cand.num_stages} if cand.num_stages else {}))
+        wrong = next((k for k, v in want.items() if attrs.get(k) != v), None)
+        if wrong is not None:
+            return f"a schedule of another configuration ({wrong} {attrs.get(wrong)!r}, not {want[wrong]!r})"
+        return "a warp-specialized schedule of a Triton kernel" if schedule.assignment else None
+    from twill.schedule.provenance import derivation_problem
+    from twill.tune.registers import FLOOR
+
+    if schedule.streaming_depth != options.for_graph(raw).streaming_depth:
+        return f"a schedule at streaming depth {schedule.streaming_depth}, not {options.for_graph(raw).streaming_depth}"
+    registers = schedule.stats.get("registers")
+    reserved = schedule.graph.attrs.get("reserved_regs")
+    searched = (isinstance(registers, dict) and registers.get("reserved_regs") == reserved
+                and isinstance(reserved, int) and not isinstance(reserved, bool) and reserved >= FLOOR)
+    problem = derivation_problem(schedule, raw, allowed_attrs=("reserved_regs",) if searched else ())
+    return None if problem is None else f"not a schedule of this job's graph: {problem}"
 
 
 def cache_write(directory: Path, key: str, record: Mapping[str, Any]) -> None:
@@ -372,7 +476,7 @@ def run_sweep(jobs: Iterable[Job], *, workers: int = 2, ray_address: str | None 
     leaders: dict[str, int] = {}
     followers: list[int] = []
     for i in range(len(jobs)):
-        hit = cache_read(directory, keys[i]) if use_cache else None
+        hit = cache_read(directory, keys[i], jobs[i]) if use_cache else None
         if hit is not None:
             finish(i, hit, True)
         elif jobs[i].schedule is None and leaders.setdefault(jobs[i].solve_key(version), i) != i:
