@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from twill.commands.common import check_outputs, write_json_output
+from twill.commands.common import check_outputs, input_files, message_stream, write_json_output
 from twill.errors import FormatError, TwillError
 
 
@@ -49,7 +49,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from twill.machine.calibration import clock_model_from_dict, format_calibration, machine_to_dict
     from twill.machine.models import get_machine
 
-    check_outputs(files=[args.output, args.raw])
+    if args.output == "-" and args.raw == "-":
+        raise TwillError("-o and --raw cannot both be '-' (stdout); give one of them a file")
+    check_outputs(files=[args.output, args.raw], inputs=input_files(args))
+    out = message_stream(args.output, args.raw)     # stderr when stdout carries an output
     clocks = _read_kernel_clock(args.clock_fit) if args.clock_fit else None
     if args.from_raw:
         if args.raw:
@@ -72,16 +75,17 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                           software=raw.get("software"), name=args.name)
     write_json_output(args.output, doc)
     cal = machine.calibration
-    print(f"wrote {args.output}: {doc['name']} ({doc['gpu'] or machine.name}), sustained clock "
+    where = "stdout" if args.output == "-" else args.output
+    print(f"wrote {where}: {doc['name']} ({doc['gpu'] or machine.name}), sustained clock "
           f"{machine.sustained_clock_ghz:.3f} GHz, fp16 wgmma n256 {cal.mma_rate('fp16', 256):.0f} FLOP/clk/SM "
           f"({cal.mma_rate('fp16', 256) / machine.tc_flops_per_clk['fp16']:.0%} of datasheet), ex2 "
-          f"{cal.ex2_per_clk:.1f}/clk, handoff {cal.barrier_handoff_cycles:.0f} clk")
+          f"{cal.ex2_per_clk:.1f}/clk, handoff {cal.barrier_handoff_cycles:.0f} clk", file=out)
     if machine.clock_model:
         print(f"clock model: 1/f = {machine.clock_model['ns_per_clk']:.4f} + "
               f"{machine.clock_model['ns_per_tensor_clk']:.4f} x tensor-core duty ns per cycle "
-              f"({machine.clock_at(0.5):.3f} GHz at duty 0.5, {machine.clock_at(1.0):.3f} at 1.0)")
+              f"({machine.clock_at(0.5):.3f} GHz at duty 0.5, {machine.clock_at(1.0):.3f} at 1.0)", file=out)
     if args.table:
-        print(format_calibration(machine))
+        print(format_calibration(machine), file=out)
     return 0
 
 
@@ -89,8 +93,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure the GPU and write a calibrated machine model (GPU)")
     p.add_argument("--arch", default=None, type=str.lower,
                    help="built-in machine the measurements refine (h100, h200; default h100, or the raw file's)")
-    p.add_argument("-o", "--output", required=True, metavar="FILE.json", help="machine model to write")
-    p.add_argument("--raw", default=None, metavar="FILE.json", help="also write every raw measurement here")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.json",
+                   help="machine model to write ('-' for stdout)")
+    p.add_argument("--raw", default=None, metavar="FILE.json",
+                   help="also write every raw measurement here ('-' for stdout)")
     p.add_argument("--from-raw", default=None, metavar="FILE.json",
                    help="fit from measurements recorded with --raw instead of measuring (no GPU needed)")
     p.add_argument("--clock-fit", default=None, metavar="FILE.json",

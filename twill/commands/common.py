@@ -15,7 +15,6 @@ A *target* is one of
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -231,7 +230,7 @@ def tilelang_target(args: argparse.Namespace) -> tuple[str, str] | None:
 
 
 def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine) -> LoopGraph:
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FormatError(f"cannot read Triton source {path!r}: no such file")
     try:
         from twill.frontends.triton import graph_from_target
@@ -267,13 +266,25 @@ def load_schedule_document(path: str) -> Any:
     return admit(schedule, get_machine(schedule.arch))
 
 
-def check_outputs(files: Iterable[str | None] = (), folders: Iterable[str | None] = ()) -> None:
+def input_files(args: argparse.Namespace) -> list[str]:
+    """The files a command reads, as named on its command line: the target's file (a graph, a Triton or
+    TileLang source, a TTGIR dump), ``--machine``, ``--schedule``, ``--from-raw`` and ``--clock-fit``."""
+    names = [getattr(args, dest, None) for dest in ("machine", "schedule", "from_raw", "clock_fit")]
+    target = getattr(args, "target", None)
+    if target:
+        match = _TRITON_TARGET.match(target)
+        names.append(match["path"] if match else target)
+    return [name for name in names if name and name != "-" and os.path.isfile(name)]
+
+
+def check_outputs(files: Iterable[str | None] = (), folders: Iterable[str | None] = (),
+                  inputs: Iterable[str | None] = ()) -> None:
     """Before any work: every output file (``None`` and ``-`` skipped) can be written (its folder exists and
     is writable, it is not a folder) and every output folder exists as a writable folder or can be created
-    in a writable one. Raises a one-line :class:`TwillError` naming the first that cannot."""
+    in a writable one; no output file is one of the ``inputs`` (the same file by any name: a symbolic or
+    hard link counts) or another output. Raises a one-line :class:`TwillError` naming the first that cannot."""
+    files = [name for name in files if name not in (None, "-")]
     for name in files:
-        if name in (None, "-"):
-            continue
         path = Path(name)
         if path.is_dir():
             raise TwillError(f"cannot write {name!r}: it is a directory")
@@ -281,9 +292,12 @@ def check_outputs(files: Iterable[str | None] = (), folders: Iterable[str | None
             raise TwillError(f"cannot write {name!r}: no directory {str(path.parent)!r}")
         if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
             raise TwillError(f"cannot write {name!r}: permission denied")
+    refuse_inputs_as_outputs(files, inputs)
     for name in folders:
         if name is None:
             continue
+        if name == "-":
+            raise TwillError("'-' (stdout) cannot receive a folder of files; give a directory")
         path = Path(name)
         if path.exists() and not path.is_dir():
             raise TwillError(f"cannot write into {name!r}: it is not a directory")
@@ -292,31 +306,64 @@ def check_outputs(files: Iterable[str | None] = (), folders: Iterable[str | None
             raise TwillError(f"cannot write into {name!r}: {str(existing)!r} is not a writable directory")
 
 
-def write_all(writers: Iterable[Callable[[], Iterable[Path]]]) -> None:
-    """Run ``writers`` in order (each writes its files atomically and returns their paths); when one fails,
-    remove the files the earlier ones wrote, so a command leaves all of its output files or none."""
-    written: list[Path] = []
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: the same inode (links, ``..``), or, for files that do not
+    exist yet, the same resolved path."""
     try:
-        for writer in writers:
-            written.extend(writer())
-    except BaseException:
-        for path in written:
-            with contextlib.suppress(OSError):
-                Path(path).unlink()
-        raise
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_inputs_as_outputs(outputs: Iterable[str | None], inputs: Iterable[str | None]) -> None:
+    """A one-line :class:`TwillError` when an output file is one of the ``inputs`` (writing it would destroy
+    what the command reads) or when two outputs are the same file; ``None`` and ``-`` are skipped."""
+    outputs = [name for name in outputs if name not in (None, "-")]
+    inputs = [name for name in inputs if name not in (None, "-")]
+    for k, name in enumerate(outputs):
+        for source in inputs:
+            if _same_file(name, source):
+                raise TwillError(f"output {name!r} is the input {source!r}; write to another file")
+        for other in outputs[:k]:
+            if _same_file(name, other):
+                raise TwillError(f"outputs {other!r} and {name!r} are the same file; give each its own")
+
+
+def refuse_stdout(name: str | None, flag: str, why: str = "it is binary") -> None:
+    """A one-line :class:`TwillError` when output ``flag`` is given as ``-`` (stdout) but cannot go there."""
+    if name == "-":
+        raise TwillError(f"{flag} cannot be '-' (stdout): {why}; give a file")
+
+
+def write_all(writers: Iterable[Callable[[], Any]]) -> None:
+    """Run ``writers`` in order (each writes its files with :func:`write_text_output` or another writer of
+    :mod:`twill.ir.io`) inside one :func:`~twill.ir.io.output_group`: every file is staged beside its target
+    and renamed into place only when all have been written, so a command leaves all of its outputs or none,
+    and a failure never removes or changes a file that existed before."""
+    from twill.ir.io import output_group
+
+    try:
+        with output_group():
+            for writer in writers:
+                writer()
+    except OSError as exc:          # renaming or writing into place failed
+        raise TwillError(f"cannot write {exc.filename!r}: {exc.strerror or exc}") from None
 
 
 def write_json_output(path: str, data: Any) -> list[Path]:
-    """Write ``data`` as JSON to ``path`` atomically; an unwritable path is a one-line :class:`TwillError`.
-    Returns ``[path]`` (for :func:`write_all`)."""
+    """Write ``data`` as JSON to ``path`` (:func:`write_text_output`; ``-`` is stdout). Returns ``[path]``."""
     return write_text_output(path, json.dumps(data, indent=2) + "\n")
 
 
 def write_text_output(path: str, text: str) -> list[Path]:
-    """Write ``text`` to ``path`` atomically (no partial file, no temporary file left); an unwritable path
-    is a one-line :class:`TwillError`. Returns ``[path]``."""
-    from twill.ir.io import write_text_atomic
+    """Write ``text`` to ``path`` through :func:`twill.ir.io.write_text_atomic` (no partial file, no temporary
+    file left, a special file such as ``/dev/null`` written in place), or print it on stdout when ``path`` is
+    ``-``; an unwritable path is a one-line :class:`TwillError`. Returns ``[path]`` (``[]`` for stdout)."""
+    from twill.ir.io import defer_output, write_text_atomic
 
+    if path == "-":
+        defer_output(lambda: print_output(text, end=""))
+        return []
     try:
         write_text_atomic(path, text)
     except OSError as exc:
@@ -324,10 +371,16 @@ def write_text_output(path: str, text: str) -> list[Path]:
     return [Path(path)]
 
 
-def print_output(text: str) -> None:
+def message_stream(*outputs: str | None) -> Any:
+    """Where a command prints its summary lines: stderr when one of its ``outputs`` is ``-`` (stdout carries
+    that output), else stdout."""
+    return sys.stderr if "-" in outputs else sys.stdout
+
+
+def print_output(text: str, end: str = "\n") -> None:
     """Print ``text`` on stdout; a reader that closed the pipe early (``| head``) ends the command quietly."""
     try:
-        print(text, flush=True)
+        print(text, end=end, flush=True)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs,
+from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
                                    load_schedule_document, machine_of, resolve_target, solve_options,
                                    write_text_output)
 from twill.errors import TwillError
@@ -79,14 +79,12 @@ def _emitter(backend: str):
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:
-    check_outputs(files=[args.output])
+    check_outputs(files=[args.output], inputs=input_files(args))
     options = {"persistent": True} if getattr(args, "persistent", False) else {}  # code-generator choices
     source = _emitter(args.emit_to)(_schedule_for(args), **options)
-    if args.output == "-":
-        print(source, end="")
-        return 0
     write_text_output(args.output, source)
-    print(f"wrote {args.output}")
+    if args.output != "-":
+        print(f"wrote {args.output}")
     return 0
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs,
-                                   load_schedule_document, machine_of, resolve_target, solve_options)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
+                                   load_schedule_document, machine_of, message_stream, resolve_target,
+                                   solve_options, write_text_output)
 from twill.errors import FormatError, TwillError
 
 
@@ -41,18 +42,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from twill.schedule.pipelined import format_pipelined, pipelined_program
     from twill.schedule.report import format_report
 
+    check_outputs(files=[args.output], inputs=input_files(args))
     machine = machine_of(args)
-    check_outputs(files=[args.output])
     result = _schedule(args, machine)
     try:
-        from twill import viz
-
-        path = viz.write_report(result, machine, args.output, text_report=format_report(result, machine),
-                                pipelined=format_pipelined(result, pipelined_program(result)))
+        from twill.viz.report import render_report
     except ImportError as exc:
         raise TwillError(f"the HTML report needs matplotlib ({exc}); pip install matplotlib") from None
-    print(f"wrote {path}: {result.graph.name} on {machine.name}, II {result.ii} ({result.status}), "
-          f"{len(result.warps)} warp groups")
+    page = render_report(result, machine, text_report=format_report(result, machine),
+                         pipelined=format_pipelined(result, pipelined_program(result)))
+    write_text_output(args.output, page)
+    print(f"wrote {'stdout' if args.output == '-' else args.output}: {result.graph.name} on {machine.name}, "
+          f"II {result.ii} ({result.status}), {len(result.warps)} warp groups", file=message_stream(args.output))
     return 0
 
 
@@ -63,5 +64,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "graph, register/memory pressure, tables, text schedule, pipelined program.")
     add_target_arguments(p)
     add_solve_arguments(p)
-    p.add_argument("-o", "--output", metavar="FILE.html", required=True, help="the HTML file to write")
+    p.add_argument("-o", "--output", metavar="FILE.html", required=True, help="the HTML file to write ('-' for stdout)")
     p.set_defaults(func=_cmd_report)

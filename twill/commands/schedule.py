@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, machine_of,
-                                   print_output, resolve_target, schedule_document, solve_options, write_all,
-                                   write_json_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
+                                   machine_of, print_output, refuse_stdout, resolve_target,
+                                   schedule_document, solve_options, write_all, write_json_output)
 from twill.errors import TwillError
 
 
@@ -45,9 +46,11 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     from twill.schedule.report import format_report
     from twill.solve import schedule as solve
 
+    refuse_stdout(args.plot, "--plot", "a picture is a binary file")
+    refuse_stdout(args.plot_all, "--plot-all", "it is a folder of pictures")
+    check_outputs(files=[args.output, args.plot], folders=[args.plot_all], inputs=input_files(args))
     machine = machine_of(args)
     options = solve_options(args)
-    check_outputs(files=[args.output, args.plot], folders=[args.plot_all])
     graph = resolve_target(args, machine)
     tilelang = graph.attrs.get("source") == "tilelang"
     if tilelang:
@@ -75,7 +78,8 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         writers.append(lambda: write_json_output(args.output, doc))
     write_all(writers)
     if args.json:
-        print_output(json.dumps(doc, indent=2))
+        if args.output != "-":          # '-o -' printed the same document
+            print_output(json.dumps(doc, indent=2))
         return 0
     text = format_report(result, machine)
     if tilelang:
@@ -84,7 +88,10 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         from twill.schedule.pipelined import format_pipelined
 
         text += "\n\n" + format_pipelined(result, program)
-    print_output(text)
+    if args.output == "-":
+        print(text, file=sys.stderr)            # stdout carries the JSON
+    else:
+        print_output(text)
     return 0
 
 
@@ -99,7 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_solve_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the twill-schedule/1 JSON instead of the report")
-    out.add_argument("-o", "--output", metavar="FILE", help="also write the twill-schedule/1 JSON to FILE")
+    out.add_argument("-o", "--output", metavar="FILE",
+                     help="also write the twill-schedule/1 JSON to FILE ('-': stdout, the report goes to stderr)")
     out.add_argument("--pipelined", action="store_true",
                      help="also print the pipelined program (prologue / steady state / epilogue)")
     out.add_argument("--plot", metavar="FILE", help="save a timeline picture of the schedule")

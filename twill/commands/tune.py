@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from typing import Any
 
-from twill.commands.common import check_outputs, machine_of, print_output, write_json_output
+from twill.commands.common import (check_outputs, input_files, machine_of, print_output, write_all,
+                                   write_json_output, write_text_output)
 from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
@@ -100,9 +102,10 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
         if not args.signature:
             raise TwillError("a Triton target needs --signature listing every non-constexpr argument")
         space = triton_space(_triton_constexprs(args.constexpr), _axes(args, ("num_warps", "num_stages")))
-        with open(match["path"]) as fh:
-            info = {"path": os.path.abspath(match["path"]), "fn": match["fn"], "signature": args.signature,
-                    "source": fh.read()}
+        from twill.ir.io import read_text_file
+
+        info = {"path": os.path.abspath(match["path"]), "fn": match["fn"], "signature": args.signature,
+                "source": read_text_file(match["path"], "Triton source")}
         jobs = [Job(candidate=c, triton=info, **common) for c in space.candidates]
         shape = None
         if args.shape:
@@ -188,7 +191,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise TwillError(f"--extra-copies must be >= 0, got {args.extra_copies}")
     if args.top < 1 or (args.measure is not None and args.measure < 1):
         raise TwillError("--top and --measure take a positive count")
-    check_outputs(files=[args.json, args.output])
+    if args.json == "-" and args.output == "-":
+        raise TwillError("--json and -o cannot both be '-' (stdout); give one of them a file")
+    check_outputs(files=[args.json, args.output], inputs=input_files(args))
     if args.output and _TRITON_TARGET.match(args.target):
         raise TwillError("-o emits a Gluon kernel from a warp-specialized schedule; for a Triton target run "
                          "'twill inject' with the winning settings")
@@ -221,13 +226,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         from twill.tune.measure import format_measured, measure_candidates
 
         measured = measure_candidates(results, shape, args.measure)
+    writers = []
     if args.json:
         doc = sweep_document(args.target, machine, shape, space, results, measured)
         if triton_measured is not None:
             doc["autotune_comparison"] = triton_measured["comparison"]
-        write_json_output(args.json, doc)
+        writers.append(lambda: write_json_output(args.json, doc))
     if args.output:
-        _emit_winner(results, args.output)
+        winner = _winner_source(results)
+        writers.append(lambda: write_text_output(args.output, winner))
+    write_all(writers)
     text = (f"tune {args.target} on {machine.name}, shape {shape.text()}: {len(jobs)} candidates "
             f"({progress.cached} cached)\n" + format_ranking(results, args.top, len(space.rejected)))
     if triton_measured is not None:
@@ -237,22 +245,22 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     elif measured:
         text += "\n\n" + format_measured(measured)
     if args.output:
-        text += f"\nwinner written to {args.output}"
-    print_output(text)
+        text += f"\nwinner written to {'stdout' if args.output == '-' else args.output}"
+    if "-" in (args.json, args.output):
+        print(text, file=sys.stderr)            # stdout carries an output
+    else:
+        print_output(text)
     return 0
 
 
-def _emit_winner(results: list[Any], path: str) -> None:
-    """Write the best-ranked schedule as a Gluon kernel to ``path``."""
-    from twill.codegen.gluon import write_gluon
+def _winner_source(results: list[Any]) -> str:
+    """The best-ranked schedule as a Gluon kernel's source."""
+    from twill.codegen.gluon import emit_gluon
 
     best = next((r for r in results if r.prediction is not None), None)
     if best is None:
         raise TwillError("no candidate was scheduled; nothing to emit")
-    try:
-        write_gluon(best.schedule, path, bool(best.candidate.persistent))
-    except OSError as exc:
-        raise TwillError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    return emit_gluon(best.schedule, bool(best.candidate.persistent))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -296,8 +304,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="compile each candidate on the CPU and discard those whose kernel spills (slow)")
     out = p.add_argument_group("output")
     out.add_argument("--top", type=int, default=10, metavar="K", help="rows of the ranking (default 10)")
-    out.add_argument("--json", default=None, metavar="FILE", help="write the whole sweep as twill-tune/1 JSON")
-    out.add_argument("-o", "--output", default=None, metavar="FILE.py", help="emit the winner as a Gluon kernel")
+    out.add_argument("--json", default=None, metavar="FILE",
+                     help="write the whole sweep as twill-tune/1 JSON ('-' for stdout)")
+    out.add_argument("-o", "--output", default=None, metavar="FILE.py",
+                     help="emit the winner as a Gluon kernel ('-' for stdout)")
     out.add_argument("--measure", type=int, default=None, metavar="K",
                      help="compile and time the best K on the GPU (needs a CUDA GPU); a Triton target also times "
                           "every configuration with Triton's own schedule and runs @triton.autotune over them")

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
+import sys
 import tempfile
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from twill.errors import FormatError, GraphError
 from twill.ir.graph import Edge, LoopGraph, Op
 from twill.ir.validate import MAX_CYCLES, MAX_EDGES, MAX_OPS, MAX_TOTAL_CYCLES
 
-#: Largest JSON file Twill reads (graph or schedule).
+#: Largest input file Twill reads (graph, schedule, machine, Triton or TileLang source, TTGIR).
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
 #: Deepest nesting of JSON arrays/objects accepted (a graph file needs 4; ``attrs`` may nest a little).
@@ -183,16 +187,79 @@ def nesting_depth(text: str) -> int:
     return deepest
 
 
-def read_json_file(path: str | os.PathLike, what: str) -> Any:
-    """The JSON value in ``path`` (a ``what`` file): at most :data:`MAX_FILE_BYTES`, UTF-8, nested at most
-    :data:`MAX_NESTING` deep; every failure is one :class:`FormatError` line."""
-    path = Path(path)
+def _file_kind(mode: int) -> str:
+    """What a non-regular file is, in words (for error messages)."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _need_regular(mode: int, what: str, name: str) -> None:
+    if not stat.S_ISREG(mode):
+        raise FormatError(f"cannot read {what} file {name!r}: it is {_file_kind(mode)}, not a regular file")
+
+
+def read_file_bytes(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_FILE_BYTES,
+                    stdin: bool = False) -> bytes:
+    """The bytes of the ``what`` file ``path``: a regular file (a FIFO, device, socket or directory is refused
+    before anything is read, so neither ``/dev/zero`` nor a FIFO without a writer can exhaust memory or hang)
+    of at most ``max_bytes``. With ``stdin``, ``-`` reads standard input (at most ``max_bytes`` too). Every
+    failure is one :class:`FormatError` line."""
+    name = str(path)
+    if stdin and name == "-":
+        data = sys.stdin.buffer.read(max_bytes + 1)
+    else:
+        try:
+            _need_regular(os.stat(path).st_mode, what, name)
+            # O_NONBLOCK: a file swapped for a FIFO after the stat above does not block the open
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise FormatError(f"cannot read {what} file {name!r}: {exc.strerror or exc}") from None
+        try:
+            st = os.fstat(fd)
+            _need_regular(st.st_mode, what, name)
+            if st.st_size > max_bytes:
+                raise FormatError(f"{what} file {name!r} is larger than {_size(max_bytes)}")
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "rb") as fh:
+                fd = -1
+                data = fh.read(max_bytes + 1)
+        except OSError as exc:
+            raise FormatError(f"cannot read {what} file {name!r}: {exc.strerror or exc}") from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    if len(data) > max_bytes:
+        raise FormatError(f"{what} file {name!r} is larger than {_size(max_bytes)}")
+    return data
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def read_text_file(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_FILE_BYTES,
+                   stdin: bool = False) -> str:
+    """The text of the ``what`` file ``path`` (:func:`read_file_bytes`: regular, size-capped): UTF-8 without
+    NUL bytes, so a binary file is one :class:`FormatError` line rather than a decoding traceback."""
+    raw = read_file_bytes(path, what, max_bytes=max_bytes, stdin=stdin)
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise FormatError(f"{what} file {str(path)!r} is larger than {MAX_FILE_BYTES // 2**20} MiB")
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise FormatError(f"cannot read {what} file {str(path)!r}: {exc.strerror or exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"{path}: not UTF-8 text (byte {exc.start}); {what} files are UTF-8 text") from None
+    if "\0" in text:
+        raise FormatError(f"{path}: contains a NUL byte (byte {text.index(chr(0))}); {what} files are text, "
+                          f"not binary")
+    return text
+
+
+def read_json_file(path: str | os.PathLike, what: str) -> Any:
+    """The JSON value in ``path`` (a ``what`` file): a regular file of at most :data:`MAX_FILE_BYTES`
+    (:func:`read_file_bytes`), UTF-8, nested at most :data:`MAX_NESTING` deep; every failure is one
+    :class:`FormatError` line."""
+    raw = read_file_bytes(path, what)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -219,19 +286,156 @@ def user_cache_dir(name: str) -> Path:
     return Path(base) / "twill" / name
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, renamed over ``path`` only
-    when complete: a failure leaves neither a half-written file nor the temporary file."""
+class _OutputGroup:
+    """The outputs of one :func:`output_group`: temporary files waiting to be renamed over their targets,
+    writes into special files and deferred actions (stdout), and the folders this run created."""
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[Path, Any]] = []   # (target, temporary Path | bytes for a special file | callable)
+        self.created_dirs: list[Path] = []
+
+    def commit(self) -> None:
+        """Rename every temporary file into place and write the special files and stdout, in order. An
+        ``OSError`` names the output it concerns (``filename``)."""
+        while self.staged:
+            target, item = self.staged.pop(0)
+            try:
+                if isinstance(item, Path):
+                    try:
+                        os.replace(item, target)
+                    except BaseException:
+                        _unlink(item)
+                        raise
+                elif isinstance(item, bytes):
+                    _write_in_place(target, item)
+                else:
+                    item()
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None
+
+    def discard(self) -> None:
+        """Remove the temporary files and the (empty) folders this run created; nothing else is touched."""
+        for _, item in self.staged:
+            if isinstance(item, Path):
+                _unlink(item)
+        self.staged.clear()
+        for folder in reversed(self.created_dirs):
+            with contextlib.suppress(OSError):
+                folder.rmdir()          # only when empty: a folder that received other files stays
+
+
+_group = threading.local()
+
+
+@contextlib.contextmanager
+def output_group() -> Iterator[None]:
+    """All or nothing for the outputs written inside the block (:func:`write_bytes_atomic`,
+    :func:`defer_output`, :func:`make_output_dir`): each file is first written to a temporary file beside
+    it, and only when the block ends normally are they all renamed into place (special files written,
+    stdout printed). When the block raises, the temporary files and the folders it created are removed and
+    every file that existed before is left as it was. Nested groups join the outermost one."""
+    if getattr(_group, "current", None) is not None:
+        yield
+        return
+    group = _group.current = _OutputGroup()
+    try:
+        yield
+        group.commit()
+    except BaseException:
+        group.discard()
+        raise
+    finally:
+        _group.current = None
+
+
+def defer_output(action: Callable[[], None]) -> None:
+    """Run ``action`` (e.g. printing an output on stdout) when the current :func:`output_group` commits, or
+    now outside one."""
+    group = getattr(_group, "current", None)
+    if group is None:
+        action()
+    else:
+        group.staged.append((Path("-"), action))
+
+
+def make_output_dir(path: str | os.PathLike) -> Path:
+    """Create folder ``path`` and its missing parents; inside an :func:`output_group` that fails they are
+    removed again (when still empty). Raises ``OSError``."""
     path = Path(path)
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    group = getattr(_group, "current", None)
+    if group is not None:
+        group.created_dirs.extend(reversed(missing))
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _write_in_place(path: Path, data: bytes) -> None:
+    """Write ``data`` into the existing special file ``path`` (a device such as ``/dev/null``, a FIFO): opened
+    for writing, never truncated, replaced or removed."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path``, the one way Twill writes an output file:
+
+    * a path that exists and is not a regular file (``/dev/null``, a FIFO, a socket) is written in place,
+      never replaced;
+    * otherwise ``data`` goes to a temporary file in the same folder, renamed over ``path`` only when complete:
+      a failure leaves neither a half-written file nor the temporary file. A symbolic link is followed (the file
+      it names is replaced, the link stays). The file keeps the mode of the file it replaces; a new one gets
+      ``0666 & ~umask``, like any file a program creates.
+
+    Inside an :func:`output_group` the rename (or the in-place write) waits until the whole group is written.
+    Raises ``OSError``."""
+    path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    group = getattr(_group, "current", None)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+        if group is None:
+            _write_in_place(path, data)
+        else:
+            group.staged.append((path, bytes(data)))
+        return
+    mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)             # mkstemp creates 0600
+        if group is None:
+            os.replace(tmp, path)
+        else:
+            group.staged.append((path, Path(tmp)))
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        _unlink(Path(tmp))
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` as UTF-8 to ``path`` (:func:`write_bytes_atomic`); text that cannot be encoded fails
+    before anything is written."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:

@@ -4,8 +4,6 @@ backend is switched), deterministic SVG output with text kept as text, and atomi
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -59,41 +57,29 @@ def svg_markup(fig: Figure) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and ``os.replace``, so a
-    failure never leaves a partial file. The directory must exist; an OS error becomes a one-line
-    :class:`~twill.errors.TwillError` naming the path."""
+    """Write ``data`` to ``path`` through :func:`twill.ir.io.write_bytes_atomic` (temporary file + rename, a
+    special file written in place, the usual mode; part of an enclosing output group). The directory must
+    exist; an OS error becomes a one-line :class:`~twill.errors.TwillError` naming the path."""
+    from twill.ir.io import write_bytes_atomic
+
     path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        write_bytes_atomic(path, data)
     except OSError as exc:
         raise TwillError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())         # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, path)
-    except OSError as exc:
-        os.unlink(tmp)
-        raise TwillError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
-    except BaseException:
-        os.unlink(tmp)
-        raise
     return path
 
 
 def make_directory(directory: Path) -> Path:
-    """Create ``directory`` (and parents) if missing; an OS error becomes a one-line TwillError."""
+    """Create ``directory`` (and parents) if missing (removed again when its output group fails); an OS error
+    becomes a one-line TwillError."""
+    from twill.ir.io import make_output_dir
+
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_output_dir(directory)
     except OSError as exc:
         raise TwillError(f"cannot create directory {str(directory)!r}: {exc.strerror or exc}") from None
     return directory
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def save_figure(fig: Figure, path: Path) -> Path:

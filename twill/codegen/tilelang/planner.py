@@ -216,6 +216,7 @@ def inject_tilelang(path: str, fn: str, args: list[str], schedule: Schedule, mac
     from twill.commands.common import write_all, write_text_output
     from twill.errors import TwillError
     from twill.frontends.tilelang import load_loop
+    from twill.ir.io import make_output_dir
 
     plan = pipeline_plan(schedule)
     source = rewritten_kernel(path, fn, plan, schedule)
@@ -239,11 +240,15 @@ def inject_tilelang(path: str, fn: str, args: list[str], schedule: Schedule, mac
                                             for n, lo, hi, r, _ in design.roles],
                                   "pipelines": [{"name": n, "depth": d} for n, _, d, _ in design.pipelines]}
     out = Path(directory)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TwillError(f"cannot create output directory {str(out)!r}: {exc.strerror}") from None
+
+    def make_folder() -> None:
+        try:
+            make_output_dir(out)        # removed again if a file fails
+        except OSError as exc:
+            raise TwillError(f"cannot create output directory {str(out)!r}: {exc.strerror}") from None
+
     texts.update({"schedule.json": json.dumps(schedule_doc, indent=2) + "\n",
                   "summary.json": json.dumps(summary, indent=2) + "\n"})
-    write_all([lambda name=name, text=text: write_text_output(str(out / name), text) for name, text in texts.items()])
+    write_all([make_folder, *(lambda name=name, text=text: write_text_output(str(out / name), text)
+                              for name, text in texts.items())])
     return summary

@@ -36,11 +36,11 @@ def import_tilelang() -> Any:
 
 
 def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"cannot read TileLang source {path!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    """The text of Python source ``path`` (:func:`twill.ir.io.read_text_file`: a regular, size-capped UTF-8
+    file, else one :class:`FormatError` line)."""
+    from twill.ir.io import read_text_file
+
+    return read_text_file(path, "TileLang source")
 
 
 def is_tilelang_source(path: str) -> bool:

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from twill.errors import FormatError, TwillError, UnsupportedFeatureError
+from twill.errors import TwillError, UnsupportedFeatureError
 from twill.frontends.triton.compile import (KernelSpec, capability_of, capture_prepipeline, load_kernel,
                                             parse_constexprs, parse_signature, require_triton)
 from twill.frontends.triton.lower import LoweredLoop, lower_loop
@@ -142,10 +142,9 @@ def graph_from_ttgir(source: str | os.PathLike, machine: Machine | str, *, loop:
     text = str(source)
     if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
                                            and source.endswith((".ttgir", ".mlir"))):
-        try:
-            text = Path(source).read_text()
-        except OSError as exc:
-            raise FormatError(f"cannot read TTGIR file {str(source)!r}: {exc.strerror}") from None
+        from twill.ir.io import read_text_file
+
+        text = read_text_file(source, "TTGIR")    # regular, size-capped UTF-8 text, else one line
     return lower_ttgir(text, machine, loop=loop).graph
 
 

@@ -288,9 +288,10 @@ def unwrap_kernel(obj: Any, triton) -> KernelSource | None:
 def load_kernel(path: str | os.PathLike, fn_name: str) -> KernelSource:
     """Import ``path`` and return its ``@triton.jit`` function ``fn_name`` (under any autotune/heuristics)."""
     triton = require_triton()
+    from twill.ir.io import read_text_file
+
     path = Path(path)
-    if not path.is_file():
-        raise TwillError(f"kernel file {str(path)!r} does not exist")
+    read_text_file(path, "Triton source")     # a regular, size-capped text file, else one line
     mod_name = f"_twill_kernel_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
