@@ -141,7 +141,7 @@ def test_malformed_json(capsys, tmp_path):
     (["schedule", "missing.json", "--no-ws"], "cannot read graph file 'missing.json'"),
     (["schedule", "paper-example", "--no-ws", "--subtiles", "2"], "kernel 'paper-example' has no option"),
     (["schedule", "paper-example", "--no-ws", "--num-warps", "4"], "--num-warps applies to Triton targets"),
-    (["schedule", "paper-example", "--no-ws", "--time-limit", "0"], "time limit must be a positive number"),
+    (["schedule", "paper-example", "--no-ws", "--time-limit", "0"], "--time-limit: must be a positive number"),
     (["schedule", "paper-example", "--no-ws", "--max-ii", "1"], "needs II >= 2 (ResMII 2, RecMII 1)"),
     (["schedule", "paper-example", "--bogus-flag"], "unrecognized arguments: --bogus-flag"),
 ])

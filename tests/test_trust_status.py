@@ -59,7 +59,8 @@ def test_time_limits_that_are_not_positive_numbers_are_refused(limit):
 def test_nan_time_limit_on_the_command_line(capsys):
     assert main(["schedule", "paper-example", "--time-limit", "nan"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("twill: error: time limit must be a positive number") and err.count("\n") == 1
+    assert out == "" and err.startswith("twill: error: argument --time-limit: must be a positive number") \
+        and err.count("\n") == 1
 
 
 def test_a_proven_schedule_records_every_proof():

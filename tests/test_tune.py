@@ -698,7 +698,7 @@ def test_tune_end_to_end_with_two_workers(tmp_path, monkeypatch, capsys):
     (["tune", "gemm", "--block-m", "x"], "comma list"),
     (["tune", "gemm", "--persistent", "maybe"], "comma list of bool"),
     (["tune", "flash-bwd", "--persistent", "true"], "persistent is an axis of gemm and flash-fwd"),
-    (["tune", "gemm", "--extra-copies", "-1"], "--extra-copies must be >= 0"),
+    (["tune", "gemm", "--extra-copies", "-1"], "--extra-copies: must be an integer in [0, 16], got -1"),
     (["tune", "k.py:fn", "--signature", "a=i32", "--extra-copies", "1"], "--extra-copies applies to built-in"),
 ])
 def test_tune_errors_are_one_line_before_any_solve(argv, message, tmp_path, monkeypatch, capsys):

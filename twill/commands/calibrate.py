@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from twill.commands.common import check_outputs, input_files, message_stream, write_json_output
+from twill.commands.common import arch_choice
 from twill.errors import FormatError, TwillError
 
 
@@ -91,7 +92,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure the GPU and write a calibrated machine model (GPU)")
-    p.add_argument("--arch", default=None, type=str.lower,
+    p.add_argument("--arch", default=None, type=arch_choice,
                    help="built-in machine the measurements refine (h100, h200; default h100, or the raw file's)")
     p.add_argument("-o", "--output", required=True, metavar="FILE.json",
                    help="machine model to write ('-' for stdout)")

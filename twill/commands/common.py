@@ -45,7 +45,7 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     """The positional target, ``--arch``, the static kernel options and the Triton target options."""
     parser.add_argument("target", help="built-in kernel name (see 'twill kernels'), a twill-graph/1 .json "
                                        "file, or a Triton or TileLang kernel path.py:fn")
-    parser.add_argument("--arch", default=None, type=str.lower,
+    parser.add_argument("--arch", default=None, type=arch_choice,
                         help=f"target GPU: {', '.join(MACHINES)} (default h100, or the --machine file's)")
     parser.add_argument("--machine", default=None, metavar="FILE",
                         help="calibrated machine model (twill-machine/1, written by 'twill calibrate'); its "
@@ -63,8 +63,8 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
                           "marks divisibility by 16, e.g. 'a_ptr=*fp16:16,M=i32:16' or '*fp16:16,i32:16'")
     tri.add_argument("--constexpr", action="append", default=[], metavar="NAME=VAL",
                      help="a tl.constexpr value (repeatable), read by the Triton frontend")
-    tri.add_argument("--num-warps", type=int, default=None, help="Triton num_warps")
-    tri.add_argument("--num-stages", type=int, default=None, help="Triton num_stages")
+    tri.add_argument("--num-warps", type=integer_in(*NUM_WARPS_RANGE), default=None, help="Triton num_warps")
+    tri.add_argument("--num-stages", type=integer_in(*NUM_STAGES_RANGE), default=None, help="Triton num_stages")
     tri.add_argument("--loop", default=None, metavar="N|line:L",
                      help="the loop to schedule: index N (0 = first scf.for) or line:L (its Python source line); "
                           "needed when several innermost loops have the most dots")
@@ -74,6 +74,58 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     tl = parser.add_argument_group("TileLang target options (path.py:fn whose file imports tilelang)")
     tl.add_argument("--arg", dest="tl_args", action="append", default=[], metavar="NAME=VALUE",
                     help="an argument of the kernel factory (repeatable; a Python literal, else text)")
+
+
+#: Ranges (inclusive) of the Triton options ``--num-warps`` (warps per CTA) and ``--num-stages``.
+NUM_WARPS_RANGE = (1, 32)
+NUM_STAGES_RANGE = (1, 64)
+
+
+def arch_choice(text: str) -> str:
+    """The argparse type of ``--arch``: a built-in machine's name, case-insensitively (an empty name is an
+    error, not the default)."""
+    name = text.lower()
+    if name not in MACHINES:
+        raise argparse.ArgumentTypeError(f"unknown architecture {text!r} (known: {', '.join(MACHINES)})")
+    return name
+
+
+def integer_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type reading an integer in ``[low, high]``; anything else is a one-line usage error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def option_type(name: str) -> Callable[[str], Any]:
+    """The argparse type of the numeric solve option ``name``: the text read as its number (an integer, or
+    seconds for a time limit) and checked against :data:`twill.solve.options.OPTION_RANGES` by
+    :func:`~twill.solve.options.option_problem`, the check :class:`~twill.solve.options.SolveOptions` makes."""
+    from twill.solve.options import SECONDS_OPTIONS, option_problem
+
+    seconds = name in SECONDS_OPTIONS
+
+    def parse(text: str) -> Any:
+        value: Any = text
+        try:
+            value = float(text) if seconds else int(text)
+        except ValueError:
+            pass
+        problem = option_problem(name, value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    parse.__name__ = "seconds" if seconds else "integer"
+    return parse
 
 
 def _config_choice(text: str) -> int | str:
@@ -104,30 +156,31 @@ def add_solve_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("solver options")
     g.add_argument("--no-ws", dest="ws", action="store_false",
                    help="modulo schedule only, no warp specialization")
-    g.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S",
+    g.add_argument("--time-limit", type=option_type("time_limit"), default=DEFAULT_TIME_LIMIT, metavar="S",
                    help=f"wall-clock seconds for the whole search (default {DEFAULT_TIME_LIMIT:g})")
-    g.add_argument("--max-ii", type=int, default=None, metavar="N", help="give up past this II")
+    g.add_argument("--max-ii", type=option_type("max_ii"), default=None, metavar="N", help="give up past this II")
     g.add_argument("--no-normalize", dest="normalize", action="store_false",
                    help="schedule raw cycle counts (no cost normalization)")
-    g.add_argument("--resolution", type=int, default=300, metavar="U",
+    g.add_argument("--resolution", type=option_type("resolution"), default=300, metavar="U",
                    help="cost-normalization budget U = max sum of normalized costs (default 300)")
     g.add_argument("--solver", choices=SOLVERS, default="cpsat",
                    help="solver of the warp-specialization search (default cpsat; the modulo phase always "
                         "uses CP-SAT)")
     g.add_argument("--backend", dest="solver", choices=SOLVERS, action=DeprecatedAlias, new="--solver",
                    help=argparse.SUPPRESS)
-    g.add_argument("--reg-limit", type=int, default=None, metavar="R",
+    g.add_argument("--reg-limit", type=option_type("reg_limit"), default=None, metavar="R",
                    help="per-thread register budget of a compute warp group")
-    g.add_argument("--max-warps", type=int, default=None, metavar="W", help="size of the warp pool")
+    g.add_argument("--max-warps", type=option_type("max_warps"), default=None, metavar="W",
+                   help="size of the warp pool")
     g.add_argument("--no-cross-warp", dest="cross_warp", action="store_false",
                    help="forbid values crossing warp groups (paper's ablation)")
-    g.add_argument("--streaming-depth", type=int, default=None, metavar="D",
+    g.add_argument("--streaming-depth", type=option_type("streaming_depth"), default=None, metavar="D",
                    help="buffers in flight for streaming TMA loads (default: the kernel's, else 2)")
-    g.add_argument("--extra-copies", type=int, default=0, metavar="N",
+    g.add_argument("--extra-copies", type=option_type("extra_copies"), default=0, metavar="N",
                    help="copies beyond Algorithm 1's that the search may try at an II before moving on "
                         "(default 0, the paper's; 1 finds schedules that need one more stage)")
-    g.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
-    g.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    g.add_argument("--workers", type=option_type("workers"), default=2, help="CP-SAT search workers (default 2)")
+    g.add_argument("--seed", type=option_type("seed"), default=0, help="CP-SAT random seed (default 0)")
     g.add_argument("--progress", action="store_true",
                    help="print progress lines on stderr even when it is not a terminal (on a terminal: always)")
 

@@ -10,6 +10,7 @@ import re
 from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, kernel_options_given,
                                    load_schedule_document, machine_of, resolve_target, schedule_document,
                                    solve_options, tilelang_target, write_json_output)
+from twill.commands.common import NUM_STAGES_RANGE, integer_in
 from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
@@ -158,7 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule", default=None, metavar="S.json",
                    help="use this schedule (twill schedule --no-ws -o, or the schedule.json of an earlier "
                         "inject) instead of solving")
-    p.add_argument("--load-lead", type=int, default=None, metavar="N",
+    p.add_argument("--load-lead", type=integer_in(1, NUM_STAGES_RANGE[1]), default=None, metavar="N",
                    help="stages between a streaming load and its first consumer (default num_stages - 1)")
     p.add_argument("--ws", action="store_true",
                    help="TileLang kernels: solve with warp specialization and also write <file>_twill_ws.py, the "

@@ -14,6 +14,7 @@ from typing import Any
 
 from twill.commands.common import (check_outputs, input_files, machine_of, print_output, write_all,
                                    write_json_output, write_text_output)
+from twill.commands.common import NUM_STAGES_RANGE, NUM_WARPS_RANGE, arch_choice, integer_in, option_type
 from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
@@ -32,8 +33,8 @@ _boolean.__name__ = "bool"
 AXIS_FLAGS: dict[str, tuple[str, Any]] = {
     "--subtiles": ("subtiles", int), "--head-dim": ("head_dim", int), "--block-m": ("block_m", int),
     "--block-n": ("block_n", int), "--block-k": ("block_k", int), "--dtype": ("dtype", str),
-    "--warps": ("warps", int), "--streaming-depth": ("streaming_depth", int), "--reg-limit": ("reg_limit", int),
-    "--persistent": ("persistent", _boolean),
+    "--warps": ("warps", int), "--streaming-depth": ("streaming_depth", option_type("streaming_depth")),
+    "--reg-limit": ("reg_limit", option_type("reg_limit")), "--persistent": ("persistent", _boolean),
 }
 
 #: Kernel -> problem it solves (see :data:`twill.tune.predict.PROBLEMS`).
@@ -41,9 +42,13 @@ KERNEL_PROBLEMS = {"gemm": "gemm", "flash-fwd": "attention", "flash-bwd": "atten
 
 DEFAULT_TIME_LIMIT = 60.0
 
+#: The most rows ``--top`` shows and candidates ``--measure`` times.
+MAX_COUNT = 100_000
+
 
 def _values(typ: Any):
-    """An argparse type that reads a comma list of ``typ`` values into a tuple."""
+    """An argparse type that reads a comma list of ``typ`` values into a tuple (a value that ``typ`` refuses with
+    its own message, such as a solve option out of range, is refused with that message)."""
     def parse(text: str) -> tuple[Any, ...]:
         try:
             values = tuple(typ(v.strip()) for v in text.split(",") if v.strip())
@@ -207,6 +212,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if not jobs:
         raise TwillError(f"every candidate was filtered out before solving ({len(space.rejected)}; "
                          f"first: {space.rejected[0][1] if space.rejected else 'none'})")
+    for job in jobs:        # options no solver can take: one line now, rather than a cached error per candidate
+        job.solve_options()
     progress = Progress(total=len(jobs), lines=args.progress)
     records = run_sweep(jobs, workers=args.workers, ray_address=args.ray, use_cache=args.cache,
                         progress=progress)
@@ -272,7 +279,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "default sweep.")
     p.add_argument("target", help="built-in kernel (gemm, flash-fwd, flash-bwd), a twill-graph/1 .json file, "
                                   "or a Triton kernel path.py:fn")
-    p.add_argument("--arch", default=None, type=str.lower, help="target GPU (default h100, or the --machine file's)")
+    p.add_argument("--arch", default=None, type=arch_choice,
+                   help="target GPU (default h100, or the --machine file's)")
     p.add_argument("--machine", default=None, metavar="FILE",
                    help="calibrated machine model (twill-machine/1, from 'twill calibrate'): its measured rates, "
                         "clock, launch cost and memory bounds price every candidate")
@@ -287,14 +295,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     tri.add_argument("--signature", default=None, help="argument types, e.g. 'a_ptr=*fp16:16,M=i32:16'")
     tri.add_argument("--constexpr", action="append", default=[], metavar="NAME=V1,V2",
                      help="values of a tl.constexpr to sweep (repeatable)")
-    tri.add_argument("--num-warps", type=_values(int), default=None, metavar="W[,W...]", help="default 4")
-    tri.add_argument("--num-stages", type=_values(int), default=None, metavar="S[,S...]", help="default 3")
+    tri.add_argument("--num-warps", type=_values(integer_in(*NUM_WARPS_RANGE)), default=None, metavar="W[,W...]",
+                     help="default 4")
+    tri.add_argument("--num-stages", type=_values(integer_in(*NUM_STAGES_RANGE)), default=None,
+                     metavar="S[,S...]", help="default 3")
     run = p.add_argument_group("sweep")
-    run.add_argument("--workers", type=int, default=2, help="parallel solves (processes; default 2)")
+    run.add_argument("--workers", type=option_type("workers"), default=2,
+                     help="parallel solves (processes; default 2)")
     run.add_argument("--ray", default=None, metavar="ADDRESS", help="run the sweep on the Ray cluster at ADDRESS")
-    run.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, metavar="S",
+    run.add_argument("--time-limit", type=option_type("time_limit"), default=DEFAULT_TIME_LIMIT, metavar="S",
                      help=f"seconds per candidate (default {DEFAULT_TIME_LIMIT:g})")
-    run.add_argument("--extra-copies", type=int, default=0, metavar="N",
+    run.add_argument("--extra-copies", type=option_type("extra_copies"), default=0, metavar="N",
                      help="copies beyond Algorithm 1's that each solve may try at an II (default 0; "
                           "docs/tuning.md says what 1 measured)")
     run.add_argument("--no-cache", dest="cache", action="store_false", help="solve everything again")
@@ -303,12 +314,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--check-spills", action="store_true",
                      help="compile each candidate on the CPU and discard those whose kernel spills (slow)")
     out = p.add_argument_group("output")
-    out.add_argument("--top", type=int, default=10, metavar="K", help="rows of the ranking (default 10)")
+    out.add_argument("--top", type=integer_in(1, MAX_COUNT), default=10, metavar="K",
+                     help="rows of the ranking (default 10)")
     out.add_argument("--json", default=None, metavar="FILE",
                      help="write the whole sweep as twill-tune/1 JSON ('-' for stdout)")
     out.add_argument("-o", "--output", default=None, metavar="FILE.py",
                      help="emit the winner as a Gluon kernel ('-' for stdout)")
-    out.add_argument("--measure", type=int, default=None, metavar="K",
+    out.add_argument("--measure", type=integer_in(1, MAX_COUNT), default=None, metavar="K",
                      help="compile and time the best K on the GPU (needs a CUDA GPU); a Triton target also times "
                           "every configuration with Triton's own schedule and runs @triton.autotune over them")
     p.set_defaults(func=_cmd_tune)

@@ -21,6 +21,16 @@ MAX_BYTES = 2**31
 MAX_CAPACITY = 1024
 #: Most buffers of one result (``streaming_depth``, ``ring_depth``).
 MAX_DEPTH = 64
+#: Largest tile side (``block_m``, ``block_n``, ``block_k``, ``head_dim``).
+MAX_TILE = 4096
+#: Graph attributes that size the kernel (tiles, sub-tiles, warps, stages, the register budget): a graph that
+#: has one must give an integer in its range, the code generators size the kernel from it. Attribute ->
+#: (least, most).
+SIZE_ATTRS: dict[str, tuple[int, int]] = {
+    "block_m": (1, MAX_TILE), "block_n": (1, MAX_TILE), "block_k": (1, MAX_TILE), "head_dim": (1, MAX_TILE),
+    "subtiles": (1, 16), "warps": (1, 32), "num_warps": (1, 32), "num_stages": (1, MAX_DEPTH),
+    "reg_limit": (24, 255),
+}
 
 
 def effective_units(graph: LoopGraph, machine_units: Mapping[str, int] | None) -> dict[str, int]:
@@ -66,6 +76,11 @@ def limit_violation(graph: LoopGraph) -> str | None:
                             ("reserved_regs", 0, MAX_REGS)):
         value = graph.attrs.get(key, low)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= limit:
+            return f"graph {graph.name!r}: attribute {key!r} must be an integer in [{low}, {limit}], got {value!r}"
+    for key, (low, limit) in SIZE_ATTRS.items():
+        value = graph.attrs.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not low <= value <= limit):
             return f"graph {graph.name!r}: attribute {key!r} must be an integer in [{low}, {limit}], got {value!r}"
     for unit, cap in (graph.units or {}).items():
         if isinstance(cap, int) and cap > MAX_CAPACITY:

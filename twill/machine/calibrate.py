@@ -14,7 +14,8 @@ from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 from twill.errors import TwillError
-from twill.machine.calibration import Calibration, backward_key, softmax_key
+from twill.machine.calibration import (CLOCK_GHZ_RANGE, LAUNCH_US_RANGE, Calibration, backward_key,
+                                       check_calibration, check_range, softmax_key)
 from twill.machine.models import Machine, get_machine
 
 #: wgmma instruction widths measured (``m64nNk16``).
@@ -194,8 +195,11 @@ def fit(rows: list[dict[str, Any]], base: Machine) -> Machine:
         softmax_step_cycles=steps or None, attention_iteration_cycles=iterations or None,
         backward_iteration_cycles=backward or None)
     calibration = Calibration.from_dict(calibration.to_dict())  # normalised, validated mappings
-    return replace(base, model=f"{base.name}-calibrated", calibration=calibration,
-                   sustained_clock_ghz=statistics.median(_need(clocks, "the sustained clock")), launch_us=launch)
+    check_calibration(calibration, base)    # what --machine would refuse is refused here, before it is written
+    clock = check_range("sustained_clock_ghz", statistics.median(_need(clocks, "the sustained clock")),
+                    *CLOCK_GHZ_RANGE, "GHz")
+    return replace(base, model=f"{base.name}-calibrated", calibration=calibration, sustained_clock_ghz=clock,
+                   launch_us=check_range("launch_us", launch, *LAUNCH_US_RANGE, "us"))
 
 
 #: Kernel-clock rows a clock model needs, and the spread of tensor-core duty among them.

@@ -22,6 +22,7 @@ present and the datasheet rates otherwise. Format (every rate per SM; see docs/m
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -33,10 +34,40 @@ from twill.machine.models import BARRIER_HANDOFF_CYCLES, MACHINES
 MACHINE_FORMAT = "twill-machine/1"
 
 
+#: The SM clocks (GHz) a machine file may give (``sustained_clock_ghz``, and the clock model's at every duty).
+CLOCK_GHZ_RANGE = (0.1, 10.0)
+#: The launch costs (microseconds) a machine file may give.
+LAUNCH_US_RANGE = (0.001, 1000.0)
+#: A measured per-clock rate lies between these multiples of its datasheet reference (:func:`rate_references`).
+RATE_FACTOR_RANGE = (0.001, 4.0)
+#: The cycle counts (latencies, hand-offs, measured steps and iterations) a machine file may give.
+CYCLES_RANGE = (1.0, 1e6)
+#: The instruction widths N of wgmma / tcgen05 (``m64nNk16``): multiples of 8 up to 256.
+INSTRUCTION_NS = range(8, 257, 8)
+#: The sizes in a step-table key (groups, query rows, keys, head dimension) are at most this.
+MAX_STEP_SIZE = 4096
+
+
 def _positive(where: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise FormatError(f"{where} must be a positive number, got {value!r}")
     return float(value)
+
+
+def check_range(where: str, value: float, low: float, high: float, unit: str, why: str = "") -> float:
+    """``value`` when it lies in ``[low, high]``, else a :class:`FormatError` naming ``where`` and the range."""
+    if not low <= value <= high:
+        raise FormatError(f"{where} must be between {low:g} and {high:g} {unit}{f' ({why})' if why else ''}, "
+                          f"got {value!r}")
+    return value
+
+
+def _instruction_n(where: str, key: Any) -> int:
+    """A rate table's key: an instruction width N in :data:`INSTRUCTION_NS` (``"64"`` or 64)."""
+    text = str(key) if isinstance(key, int) and not isinstance(key, bool) else key
+    if not isinstance(text, str) or not re.fullmatch(r"[0-9]{1,3}", text) or int(text) not in INSTRUCTION_NS:
+        raise FormatError(f"{where}: key {key!r} is not an instruction N (a multiple of 8 from 8 to 256)")
+    return int(text)
 
 
 def _rate_table(where: str, value: Any) -> Mapping[int, float]:
@@ -45,11 +76,7 @@ def _rate_table(where: str, value: Any) -> Mapping[int, float]:
         raise FormatError(f"{where} must be a non-empty object of instruction N -> rate")
     out = {}
     for key, rate in value.items():
-        try:
-            n = int(key)
-        except (TypeError, ValueError):
-            raise FormatError(f"{where}: key {key!r} is not an instruction N") from None
-        out[n] = _positive(f"{where}[{key}]", rate)
+        out[_instruction_n(where, key)] = _positive(f"{where}[{key}]", rate)
     return MappingProxyType(dict(sorted(out.items())))
 
 
@@ -61,9 +88,10 @@ def _step_table(where: str, value: Any) -> Mapping[str, float]:
         raise FormatError(f"{where} must be a non-empty object of {sizes.split(' (')[0]} -> cycles")
     out = {}
     for key, cycles in value.items():
-        parts = str(key).split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise FormatError(f"{where}: key {key!r} is not {sizes}")
+        parts = key.split("x") if isinstance(key, str) else []
+        if len(parts) != 3 or not all(re.fullmatch(r"[1-9][0-9]{0,3}", p) and int(p) <= MAX_STEP_SIZE
+                                      for p in parts):
+            raise FormatError(f"{where}: key {key!r} is not {sizes}, each at most {MAX_STEP_SIZE}")
         out[str(key)] = _positive(f"{where}[{key}]", cycles)
     return MappingProxyType(dict(sorted(out.items())))
 
@@ -210,6 +238,75 @@ class Calibration:
         return cls(**kwargs)
 
 
+def rate_references(base: Any) -> dict[str, tuple[float, str]]:
+    """Calibration field -> (the ``base`` machine's datasheet rate it is checked against, that rate's name):
+    MUFU and FP32 rates against theirs, row reductions against the FP32 pipe they run on, and shared-memory and
+    TMA bytes per clock against the shared-memory bandwidth (every TMA byte lands in or leaves shared memory)."""
+    smem = (base.smem_bytes_per_clk, "smem_bytes_per_clk")
+    return {"ex2_per_clk": (base.mufu_ex2_per_clk, "mufu_ex2_per_clk"),
+            "ex2_per_clk_one_group": (base.mufu_ex2_per_clk, "mufu_ex2_per_clk"),
+            **{name: (base.fma_per_clk, "fma_per_clk")
+               for name in ("fma_per_clk", "fma_per_clk_one_group", "rowmax_per_clk", "rowsum_per_clk")},
+            **{name: smem for name in ("smem_bytes_per_clk", "tma_bytes_per_clk", "tma_l2_bytes_per_clk",
+                                       "tma_sm_bytes_per_clk", "tma_reduce_bytes_per_clk")}}
+
+
+#: Calibration fields that count cycles (checked against :data:`CYCLES_RANGE`).
+CYCLE_FIELDS = ("barrier_handoff_cycles", "tma_latency_cycles", "tma_l2_latency_cycles")
+
+
+def _check_rate(where: str, value: float, reference: float, name: str, base: Any) -> None:
+    low, high = RATE_FACTOR_RANGE
+    check_range(where, value, reference * low, reference * high, "per clock",
+            f"{low:g}x to {high:g}x the {base.name} datasheet's {name} {reference:g}")
+
+
+def check_calibration(calibration: Calibration, base: Any, where: str = "calibration") -> None:
+    """Check that ``calibration`` is a plausible measurement of the built-in machine ``base``: the two wgmma
+    tables measure the same dtypes (fp16 among them, each one ``base`` has a tensor-core rate for) at the same
+    instruction widths, no one-group rate exceeds the best over 1-3 groups (which includes one group), every
+    per-clock rate lies within :data:`RATE_FACTOR_RANGE` of its datasheet reference and every cycle count
+    within :data:`CYCLES_RANGE`. Raises a one-line :class:`FormatError` naming the first field that is not."""
+    best, one = calibration.mma_flops_per_clk, calibration.mma_flops_per_clk_one_group
+    if set(best) != set(one):
+        raise FormatError(f"{where}.mma_flops_per_clk_one_group measures dtypes {sorted(one)}, "
+                          f"mma_flops_per_clk {sorted(best)}: the two tables must measure the same")
+    if "fp16" not in best:
+        raise FormatError(f"{where}.mma_flops_per_clk has no 'fp16' table (the wgmma pipeline fill is priced "
+                          f"from it)")
+    for dtype in best:
+        if dtype not in base.tc_flops_per_clk:
+            raise FormatError(f"{where}.mma_flops_per_clk: dtype {dtype!r} has no tensor-core rate on "
+                              f"{base.name} (known: {', '.join(base.tc_flops_per_clk)})")
+        if set(best[dtype]) != set(one[dtype]):
+            raise FormatError(f"{where}.mma_flops_per_clk_one_group.{dtype} measures instruction N "
+                              f"{sorted(one[dtype])}, mma_flops_per_clk.{dtype} {sorted(best[dtype])}: the two "
+                              f"tables must measure the same")
+        reference = base.tc_flops_per_clk[dtype]
+        for n, rate in best[dtype].items():
+            _check_rate(f"{where}.mma_flops_per_clk.{dtype}[{n}]", rate, reference, f"{dtype} FLOP/clk", base)
+            _check_rate(f"{where}.mma_flops_per_clk_one_group.{dtype}[{n}]", one[dtype][n], reference,
+                        f"{dtype} FLOP/clk", base)
+            if one[dtype][n] > rate:
+                raise FormatError(f"{where}.mma_flops_per_clk_one_group.{dtype}[{n}] ({one[dtype][n]!r}) exceeds "
+                                  f"mma_flops_per_clk.{dtype}[{n}] ({rate!r}), the best over 1-3 warp groups")
+    for name, (reference, ref_name) in rate_references(base).items():
+        value = getattr(calibration, name)
+        if value is not None:
+            _check_rate(f"{where}.{name}", value, reference, ref_name, base)
+    for name in ("ex2_per_clk", "fma_per_clk"):
+        if getattr(calibration, f"{name}_one_group") > getattr(calibration, name):
+            raise FormatError(f"{where}.{name}_one_group ({getattr(calibration, f'{name}_one_group')!r}) exceeds "
+                              f"{name} ({getattr(calibration, name)!r}), the best over 1-3 warp groups")
+    low, high = CYCLES_RANGE
+    counts = [(f"{where}.{name}", getattr(calibration, name)) for name in CYCLE_FIELDS]
+    counts += [(f"{where}.mma_group_latency[{n}]", c) for n, c in calibration.mma_group_latency.items()]
+    counts += [(f"{where}.{name}[{key}]", c) for name in STEP_TABLES
+               for key, c in (getattr(calibration, name) or {}).items()]
+    for field_name, cycles in counts:
+        check_range(field_name, cycles, low, high, "cycles")
+
+
 #: The fields of a ``clock_model`` (:attr:`~twill.machine.models.Machine.clock_model`).
 CLOCK_MODEL_FIELDS = ("ns_per_clk", "ns_per_tensor_clk")
 
@@ -224,9 +321,14 @@ def clock_model_from_dict(data: Any, where: str) -> Mapping[str, Any]:
         raise FormatError(f"{where}: unknown field {unknown[0]!r}")
     out: dict[str, Any] = {"ns_per_clk": _positive(f"{where}.ns_per_clk", data.get("ns_per_clk"))}
     tensor = data.get("ns_per_tensor_clk")
-    if tensor != 0:
+    if isinstance(tensor, bool) or tensor != 0:
         tensor = _positive(f"{where}.ns_per_tensor_clk", tensor)
     out["ns_per_tensor_clk"] = float(tensor)
+    low, high = CLOCK_GHZ_RANGE
+    check_range(f"{where}.ns_per_clk", out["ns_per_clk"], 1 / high, 1 / low, "ns",
+            f"an idle clock of {low:g} to {high:g} GHz")
+    check_range(f"{where}.ns_per_clk + ns_per_tensor_clk", out["ns_per_clk"] + out["ns_per_tensor_clk"], 1 / high,
+            1 / low, "ns", f"a clock at full tensor-core duty of {low:g} to {high:g} GHz")
     if "fitted_on" in data:
         if not isinstance(data["fitted_on"], str):
             raise FormatError(f"{where}.fitted_on must be a string")
@@ -258,14 +360,21 @@ def machine_from_dict(data: Any, where: str = "machine file") -> Any:
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise FormatError(f"{where}: name must be a non-empty string")
+    for note in ("gpu", "measured"):
+        if not isinstance(data.get(note, ""), str):
+            raise FormatError(f"{where}: {note} must be a string, got {data[note]!r}")
     calibration = Calibration.from_dict(data.get("calibration"), f"{where}: calibration")
+    check_calibration(calibration, MACHINES[base], f"{where}: calibration")
     clock_model = (clock_model_from_dict(data["clock_model"], f"{where}: clock_model")
                    if "clock_model" in data else None)
-    return replace(MACHINES[base], model=name, clock_model=clock_model,
-                   sustained_clock_ghz=_positive(f"{where}: sustained_clock_ghz", data.get("sustained_clock_ghz")),
-                   launch_us=_positive(f"{where}: launch_us", data.get("launch_us")),
-                   calibration=calibration,
-                   notes={"gpu": str(data.get("gpu", "")), "measured": str(data.get("measured", ""))})
+    clock = check_range(f"{where}: sustained_clock_ghz", _positive(f"{where}: sustained_clock_ghz",
+                                                                data.get("sustained_clock_ghz")),
+                    *CLOCK_GHZ_RANGE, "GHz")
+    launch = check_range(f"{where}: launch_us", _positive(f"{where}: launch_us", data.get("launch_us")),
+                     *LAUNCH_US_RANGE, "us")
+    return replace(MACHINES[base], model=name, clock_model=clock_model, sustained_clock_ghz=clock,
+                   launch_us=launch, calibration=calibration,
+                   notes={"gpu": data.get("gpu", ""), "measured": data.get("measured", "")})
 
 
 def load_machine(path: str) -> Any:

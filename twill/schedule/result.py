@@ -211,7 +211,7 @@ class Schedule:
         try:
             if data["graph"] != graph.name:
                 raise FormatError(f"schedule is for graph {data['graph']!r}, not {graph.name!r}")
-            ops = data["ops"]
+            ops = _objects(data["ops"], "ops")
             names = [_text(o["name"], "op name") for o in ops]
             if sorted(names) != sorted(graph.op_names):
                 raise FormatError(f"schedule ops {_diff(names, graph.op_names)} do not match the graph's ops")
@@ -219,10 +219,12 @@ class Schedule:
             assignment = {o["name"]: _integer(o["warp"], f"warp of op {o['name']!r}") for o in ops if "warp" in o}
             warps = tuple(WarpGroup(_integer(w["id"], "warp group id"), _text(w["role"], "role"),
                                     _integer(w["num_warps"], "num_warps"), _integer(w["regs"], "regs"),
-                                    tuple(_text(n, "op name") for n in w["ops"])) for w in data.get("warps", []))
+                                    tuple(_text(n, "op name") for n in _list(w["ops"], f"warps[{k}].ops")))
+                          for k, w in enumerate(_objects(data.get("warps", []), "warps")))
             stats = data.get("stats", {})
             if not isinstance(stats, dict):
                 raise FormatError("'stats' must be an object")
+            check_stats(stats)
             seconds = data.get("solve_seconds", 0)
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
                 raise FormatError(f"'solve_seconds' must be a number, got {seconds!r}")
@@ -239,6 +241,86 @@ class Schedule:
                 raise FormatError(f"op {o['name']!r}: stage {o['stage']} does not match start {o['start']} "
                                   f"at II {sched.ii}")
         return sched
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    """``value`` when it is a JSON array, else a :class:`FormatError` naming ``what``."""
+    if not isinstance(value, list):
+        raise FormatError(f"'{what}' must be an array, got {type(value).__name__}")
+    return value
+
+
+def _objects(value: Any, what: str) -> list[dict[str, Any]]:
+    """``value`` when it is a JSON array of objects, else a :class:`FormatError` naming ``what``."""
+    for k, item in enumerate(_list(value, what)):
+        if not isinstance(item, dict):
+            raise FormatError(f"'{what}[{k}]' must be an object, got {type(item).__name__}")
+    return value
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+#: ``stats`` entries that Twill reads back (the report, the prediction, the verifier) and that must be
+#: non-negative integers; :func:`check_stats` checks them and the other entries it reads. Entries it does not
+#: read (explanations, ``blocked_by``...) are kept as they are.
+STATS_COUNTS = ("res_mii", "rec_mii", "mii", "modulo_ii", "length", "length_lower_bound", "copies", "stages",
+                "smem_bytes", "res_mii_cycles", "variables", "constraints", "reg_limit", "max_warps")
+
+
+def check_stats(stats: Mapping[str, Any]) -> None:
+    """Check the ``stats`` of a schedule file where Twill reads it back: the :data:`STATS_COUNTS` are
+    non-negative integers, ``gap`` a non-negative number, ``proven`` an object of booleans, ``tried`` and
+    ``objectives`` arrays of objects (a ``tried`` row's ``ii`` an integer), ``normalization`` the record of
+    :meth:`twill.solve.normalize.Normalization.to_dict` (or ``{"enabled": false}``), ``compiled`` an object of
+    counts and ``registers`` an object whose ``steps`` are objects. Raises a :class:`FormatError` naming the
+    first entry that is not."""
+    def bad(key: str, want: str) -> FormatError:
+        return FormatError(f"stats '{key}' must be {want}, got {stats[key]!r}"[:300])
+
+    for key in STATS_COUNTS:
+        if key in stats and not _count(stats[key]):
+            raise bad(key, "a non-negative integer")
+    if "gap" in stats and stats["gap"] is not None and not _number(stats["gap"]):
+        raise bad("gap", "a non-negative number")
+    if "proven" in stats and (not isinstance(stats["proven"], dict)
+                              or not all(isinstance(v, bool) for v in stats["proven"].values())):
+        raise bad("proven", "an object of true/false")
+    for key in ("tried", "objectives"):
+        if key in stats and (not isinstance(stats[key], list) or not all(isinstance(r, dict) for r in stats[key])):
+            raise bad(key, "an array of objects")
+    if any(not _count(row.get("ii", 0)) for row in stats.get("tried", ())):
+        raise bad("tried", "rows whose 'ii' is an integer")
+    norm = stats.get("normalization")
+    if norm is not None:
+        if not isinstance(norm, dict) or not isinstance(norm.get("enabled", True), bool):
+            raise bad("normalization", "an object with 'enabled' true or false")
+        mapping = norm.get("map", {})
+        fields_ok = (all(_count(norm.get(k, 0)) for k in ("F", "U"))
+                     and _number(norm.get("cycles_per_unit", 1)) and norm.get("cycles_per_unit", 1) > 0
+                     and _number(norm.get("max_relative_error", 0))
+                     and isinstance(norm.get("proven", False), bool)
+                     and isinstance(norm.get("floored", []), list) and all(_count(v) for v in norm.get("floored", []))
+                     and isinstance(mapping, dict)
+                     and all(isinstance(k, str) and k.isascii() and k.isdigit() and _count(v) for k, v in mapping.items()))
+        if not fields_ok:
+            raise bad("normalization", "a normalization record (integer 'map', 'F', 'U' and 'floored', a positive "
+                                       "'cycles_per_unit')")
+    compiled = stats.get("compiled")
+    if compiled is not None and (not isinstance(compiled, dict)
+                                 or not all(v is None or _count(v) for v in compiled.values())):
+        raise bad("compiled", "an object of non-negative integers")
+    registers = stats.get("registers")
+    if registers is not None:
+        steps = registers.get("steps", []) if isinstance(registers, dict) else None
+        if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("ptxas", {}), dict)
+                                                  for s in steps):
+            raise bad("registers", "an object whose 'steps' are objects with a 'ptxas' object")
 
 
 def _integer(value: Any, what: str) -> int:

@@ -79,10 +79,14 @@ def variable_latency_violations(schedule: Schedule) -> list[str]:
 
 
 def warp_count_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:
-    """WARP COUNT: ``Σ_g num_warps ≤ max_warps``."""
+    """WARP COUNT: every group has at least one warp, and ``Σ_g num_warps ≤ max_warps``."""
+    out = [f"{Family.WARP_COUNT.heading}: warp group {g.id} has {g.num_warps} warps; a group has at least 1"
+           for g in schedule.warps if g.num_warps < 1]
     limit = _option(options, "max_warps", machine.max_warps_per_cta)
     total = sum(g.num_warps for g in schedule.warps)
-    return [f"{Family.WARP_COUNT.heading}: {total} warps exceed max warps {limit}"] if total > limit else []
+    if total > limit:
+        out.append(f"{Family.WARP_COUNT.heading}: {total} warps exceed max warps {limit}")
+    return out
 
 
 def register_file_violations(schedule: Schedule, machine: Machine, options: Any) -> list[str]:

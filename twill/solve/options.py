@@ -8,6 +8,7 @@ from typing import Callable
 
 from twill.errors import TwillError
 from twill.ir.graph import LoopGraph
+from twill.ir.validate import MAX_DEPTH
 
 #: The solvers of the joint search (``--solver``); the modulo phase always uses CP-SAT.
 SOLVERS = ("cpsat", "yices")
@@ -30,6 +31,42 @@ DEFAULT_STREAMING_DEPTH = 2
 #: --subtiles 1, 87 IIs: 3.8 s -> 2.6 s; a random 60-op graph --no-ws: 120 s with two workers, 4.2 s with
 #: one).
 SMALL_MODULO_OPS = 64
+
+#: Inclusive ranges of the numeric options: :class:`SolveOptions` refuses a value outside them (:func:`option_problem`)
+#: and the command line checks its flags against the same (:func:`twill.commands.common.option_type`). A time limit
+#: must also be above its lower end.
+OPTION_RANGES: dict[str, tuple[float, float]] = {
+    "time_limit": (0.0, 1e6),           # seconds; 11.6 days is no limit in practice, and finite
+    "window_ii_limit": (0.0, 1e6),
+    "max_ii": (1, 10**7),
+    "resolution": (1, 100_000),         # U: the normalized times (and the model) grow with it
+    "reg_limit": (24, 255),             # setmaxnreg's least budget .. the 255-register cap
+    "max_warps": (1, 32),               # 1024 threads per CTA on every machine
+    "streaming_depth": (1, MAX_DEPTH),
+    "workers": (1, 256),
+    "seed": (0, 2**31 - 1),             # CP-SAT's random_seed is a 32-bit integer
+    "extra_copies": (0, 16),
+}
+
+#: The options in seconds (any finite number above the lower end); the others are integers.
+SECONDS_OPTIONS = ("time_limit", "window_ii_limit")
+#: The options that may be None (not given: the graph's or the machine's value).
+_OPTIONAL = ("max_ii", "reg_limit", "max_warps", "streaming_depth")
+
+
+def option_problem(name: str, value: object) -> str | None:
+    """What is wrong with ``value`` for the numeric option ``name`` of :data:`OPTION_RANGES` (``must be an
+    integer in [1, 256], got 100000``), or None when it is in range. Integers must be integers (not booleans or
+    floats); seconds any finite number above the lower end."""
+    low, high = OPTION_RANGES[name]
+    if name in SECONDS_OPTIONS:
+        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+              and low < value <= high)
+        return None if ok else f"must be a positive number of seconds, at most {high:g}, got {value!r}"
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return f"must be an integer in [{low}, {high}], got {value!r}"
+    return None
+
 
 #: Shares of the time left that one phase may use (docs/cli.md, "Statuses, limits and exit codes"): the
 #: phase-1 solve at one II, the joint relaxation and the joint solve at one II, and the UNSAT explanation.
@@ -116,22 +153,15 @@ class SolveOptions:
             raise TwillError(f"unknown search strategy {self.strategy!r} (choose from {', '.join(STRATEGIES)})")
         if self.strategy != "linear" and self.ws:
             raise TwillError(f"the {self.strategy} strategy searches without warp specialization (ws=False)")
-        if not math.isfinite(self.time_limit) or self.time_limit <= 0:
-            raise TwillError(f"time limit must be a positive number of seconds, got {self.time_limit}")
-        if self.max_ii is not None and self.max_ii < 1:
-            raise TwillError(f"max II must be >= 1, got {self.max_ii}")
-        if self.resolution < 1:
-            raise TwillError(f"normalization resolution U must be >= 1, got {self.resolution}")
-        if self.reg_limit is not None and not 24 <= self.reg_limit <= 255:
-            raise TwillError(f"register limit must be in [24, 255], got {self.reg_limit}")
-        if self.max_warps is not None and self.max_warps < 1:
-            raise TwillError(f"max warps must be >= 1, got {self.max_warps}")
-        if self.streaming_depth is not None and self.streaming_depth < 1:
-            raise TwillError(f"streaming depth must be >= 1, got {self.streaming_depth}")
-        if self.workers < 1:
-            raise TwillError(f"workers must be >= 1, got {self.workers}")
-        if not isinstance(self.extra_copies, int) or self.extra_copies < 0:
-            raise TwillError(f"extra copies must be a non-negative integer, got {self.extra_copies!r}")
+        for name, what in (("time_limit", "time limit"), ("window_ii_limit", "window II limit"),
+                           ("max_ii", "max II"), ("resolution", "normalization resolution U"),
+                           ("reg_limit", "register limit"), ("max_warps", "max warps"),
+                           ("streaming_depth", "streaming depth"), ("workers", "workers"), ("seed", "seed"),
+                           ("extra_copies", "extra copies")):
+            value = getattr(self, name)
+            problem = None if value is None and name in _OPTIONAL else option_problem(name, value)
+            if problem:
+                raise TwillError(f"{what} {problem}")
         for what, minimum, names in (("carried set", 1, self.excluded_carries), ("order", 2, self.excluded_orders)):
             for ops in names:
                 if len(ops) < minimum or any(not isinstance(op, str) for op in ops):

@@ -96,6 +96,15 @@ class Job:
         """The key of this job's solve: :meth:`key` without the code-generator axes."""
         return replace(self, candidate=replace(self.candidate, persistent=None)).key(version)
 
+    def solve_options(self) -> Any:
+        """The :class:`~twill.solve.options.SolveOptions` of this job's solve (one CP-SAT worker: the sweep runs
+        jobs in parallel); options out of their ranges are a one-line :class:`TwillError`."""
+        from twill.solve.options import SolveOptions
+
+        return SolveOptions(time_limit=self.time_limit, resolution=self.resolution,
+                            reg_limit=self.candidate.reg_limit, streaming_depth=self.candidate.streaming_depth,
+                            workers=1, extra_copies=self.extra_copies)
+
 
 def plain_data(value: Any) -> Any:
     """``value`` with dataclasses and mappings turned into dicts, recursively (the machine model in the cache
@@ -141,6 +150,10 @@ def run_job(job: Job) -> dict[str, Any]:
     """Solve ``job``; a record with ``status``, ``reason`` and, when solved, the schedule (never raises)."""
     started = time.perf_counter()
     try:
+        job.solve_options()
+    except TwillError as exc:   # not cached: options no solve takes are the caller's mistake, not an outcome
+        return {"status": "error", "reason": str(exc), "cacheable": False, "seconds": 0.0}
+    try:
         record = _solve_job(job)
     except SolverUnavailableError as exc:   # not cached: installing the solver changes the answer
         record = {"status": "error", "reason": str(exc), "cacheable": False}
@@ -157,12 +170,10 @@ def run_job(job: Job) -> dict[str, Any]:
 
 def _solve_job(job: Job) -> dict[str, Any]:
     from twill.commands.common import schedule_document
-    from twill.solve.options import SolveOptions
 
     machine = job.machine
     cand = job.candidate
-    options = SolveOptions(time_limit=job.time_limit, resolution=job.resolution, reg_limit=cand.reg_limit,
-                           streaming_depth=cand.streaming_depth, workers=1, extra_copies=job.extra_copies)
+    options = job.solve_options()
     fallback, own = None, None
     if job.triton is not None:
         schedule, own, spills = _solve_triton(job, machine, options)
