@@ -498,21 +498,27 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
     """Write ``<kernel>.ttgir`` (final), ``<kernel>.scheduled.ttgir`` (pre-pipeline, Twill's attributes),
     ``<kernel>.cubin``, ``<kernel>.ptx``, ``schedule.json`` (``schedule_document``, when given) and
     ``summary.json`` (with the ``tuning`` keys, when given) into ``directory``; returns the summary."""
+    from twill.ir.io import make_output_dir, output_group, write_bytes_atomic
+
     out = Path(directory)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TwillError(f"cannot create output directory {str(out)!r}: {exc.strerror}") from None
     name = result.kernel.name
-    (out / f"{name}.ttgir").write_text(result.kernel.asm["ttgir"])
-    (out / f"{name}.scheduled.ttgir").write_text(result.scheduled_ttgir)
-    (out / f"{name}.ptx").write_text(result.kernel.asm["ptx"])
-    (out / f"{name}.cubin").write_bytes(result.kernel.asm["cubin"])
+    files: dict[str, bytes] = {f"{name}.ttgir": result.kernel.asm["ttgir"].encode(),
+                               f"{name}.scheduled.ttgir": result.scheduled_ttgir.encode(),
+                               f"{name}.ptx": result.kernel.asm["ptx"].encode(),
+                               f"{name}.cubin": bytes(result.kernel.asm["cubin"])}
     if schedule_document is not None:
-        (out / "schedule.json").write_text(json.dumps(schedule_document, indent=2) + "\n")
+        files["schedule.json"] = (json.dumps(schedule_document, indent=2) + "\n").encode()
     summary = {**result.summary(schedule), **dict(tuning or {})}
-    summary["files"] = sorted(p.name for p in out.iterdir() if p.name != "summary.json") + ["summary.json"]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    existing = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    summary["files"] = sorted((existing | set(files)) - {"summary.json"}) + ["summary.json"]
+    files["summary.json"] = (json.dumps(summary, indent=2) + "\n").encode()
+    try:
+        with output_group():            # all of them or none, staged beside their targets
+            make_output_dir(out)
+            for file_name, data in files.items():
+                write_bytes_atomic(out / file_name, data)
+    except OSError as exc:
+        raise TwillError(f"cannot write into {str(out)!r}: {exc.strerror or exc}") from None
     return summary
 
 

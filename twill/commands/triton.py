@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, kernel_options_given,
-                                   load_schedule_document, machine_of, resolve_target, schedule_document,
-                                   solve_options, tilelang_target, write_json_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
+                                   kernel_options_given, load_schedule_document, machine_of, message_stream,
+                                   refuse_inputs_as_outputs, resolve_target, schedule_document, solve_options,
+                                   tilelang_target, write_json_output)
 from twill.commands.common import NUM_STAGES_RANGE, integer_in
 from twill.errors import TwillError
 
 _TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
 
+#: Files ``twill inject`` writes into its folder under fixed names (the others are named after the kernel).
+INJECT_FIXED_FILES = ("schedule.json", "summary.json")
+
 
 def _cmd_graph(args: argparse.Namespace) -> int:
     from twill.ir.io import graph_to_dict
 
+    check_outputs(files=[args.output], inputs=input_files(args))
     machine = machine_of(args)
     graph = resolve_target(args, machine)
     write_json_output(args.output, graph_to_dict(graph))
@@ -26,10 +32,12 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     for op in graph.ops:
         kinds[op.kind] = kinds.get(op.kind, 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    stream = message_stream(args.output)        # stderr when the graph went to stdout
+    where = "stdout" if args.output == "-" else args.output
     print(f"{graph.name}: {len(graph.ops)} ops ({summary}), {len(graph.edges)} edges "
-          f"({sum(e.loop_carried for e in graph.edges)} loop-carried) -> {args.output}")
+          f"({sum(e.loop_carried for e in graph.edges)} loop-carried) -> {where}", file=stream)
     if graph.attrs.get("loop_source"):
-        print(f"loop: {graph.attrs['loop_source']}")
+        print(f"loop: {graph.attrs['loop_source']}", file=stream)
     return 0
 
 
@@ -81,8 +89,10 @@ def _cmd_inject(args: argparse.Namespace) -> int:
 
     tilelang = tilelang_target(args)
     _refuse_ws_options(args, bool(tilelang))
-    machine = machine_of(args)
     check_outputs(folders=[args.output])
+    # the files of the folder an input could be: an earlier inject's schedule.json or summary.json
+    refuse_inputs_as_outputs([os.path.join(args.output, name) for name in INJECT_FIXED_FILES], input_files(args))
+    machine = machine_of(args)
     if tilelang:
         return _inject_tilelang(args, machine, *tilelang)
     tuning = None
@@ -136,7 +146,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Build or extract the loop graph of a target (a built-in kernel, a graph "
                                    "file, or a Triton kernel path.py:fn compiled on this machine) and save it.")
     add_target_arguments(p)
-    p.add_argument("-o", "--output", required=True, metavar="G.json", help="where to write the graph")
+    p.add_argument("-o", "--output", required=True, metavar="G.json",
+                   help="where to write the graph ('-' for stdout)")
     p.set_defaults(func=_cmd_graph)
 
     p = sub.add_parser("inject", help="compile a Triton or TileLang kernel with Twill's software-pipelining "
