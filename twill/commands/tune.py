@@ -188,14 +188,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from twill.tune.rank import format_ranking, rank, sweep_document
     from twill.tune.sweep import Progress, run_sweep
 
-    if args.workers < 1:
-        raise TwillError(f"--workers must be >= 1, got {args.workers}")
-    if args.time_limit <= 0:
-        raise TwillError(f"--time-limit must be positive, got {args.time_limit}")
-    if args.extra_copies < 0:
-        raise TwillError(f"--extra-copies must be >= 0, got {args.extra_copies}")
-    if args.top < 1 or (args.measure is not None and args.measure < 1):
-        raise TwillError("--top and --measure take a positive count")
     if args.json == "-" and args.output == "-":
         raise TwillError("--json and -o cannot both be '-' (stdout); give one of them a file")
     check_outputs(files=[args.json, args.output], inputs=input_files(args))
