@@ -184,7 +184,7 @@ def projection_feasible(graph: LoopGraph, units: Mapping[str, int], ii: int, kep
     """Solve the projection onto the units ``kept`` (module docstring): ``"sat"``, ``"unsat"`` or
     ``"unknown"``. Starts are ``t_v = k_v·II + s_v`` with ``s_v ∈ [0, II)`` and ``k_v ∈ [0, k_max]``, a
     superset of the full model's start domain (:func:`start_horizon`), so the relaxation loses no schedule."""
-    from twill.solve._ortools_loader import load_cp_model
+    from twill.solve._ortools_loader import load_cp_model, new_solver, solve_model
 
     cp_model = load_cp_model()
     ops = [op.name for op in graph.ops if any(op.usage(unit) for unit in kept)]
@@ -200,14 +200,14 @@ def projection_feasible(graph: LoopGraph, units: Mapping[str, int], ii: int, kep
             if u != v and (u, v) in closure:
                 model.add(t[v] - t[u] >= closure[(u, v)])
     add_modulo_capacity(model, graph, {unit: units[unit] for unit in kept}, ii, t, residues)
-    solver = cp_model.CpSolver()
+    solver = new_solver()
     solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
     # No LP relaxation: the refutations are found by propagation and search, and the LP only slows them
     # (B200 flash-bwd, II 195-202: 4.2 s -> 1.0 s of CPU).
     solver.parameters.linearization_level = 0
-    code = solver.solve(model)
+    code = solve_model(solver, model)
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return "sat"
     return "unsat" if code == cp_model.INFEASIBLE else "unknown"
@@ -242,12 +242,14 @@ def fits_copies(solver: Any, model: Any, length: Any, most: int, *, time_limit: 
     CP-SAT wander among schedules with more (Triton ``attn_fwd_subtiled`` on B200 at II 294, no greedy
     placement: 0.1 s instead of about 3 s of CPU). ``infeasible`` proves one copy more; ``unknown`` proves
     nothing and the minimisation decides as before."""
+    from twill.solve._ortools_loader import solve_model
+
     check = model.clone()
     check.add(check.get_int_var_from_proto_index(length.index) <= most)
     solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
-    return solver.solve(check)
+    return solve_model(solver, check)
 
 
 def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_limit: float, workers: int = 2,
@@ -271,7 +273,7 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
         raise ValueError(f"minimise must be 'length' or 'copies', got {minimise!r}")
     import time
 
-    from twill.solve._ortools_loader import load_cp_model
+    from twill.solve._ortools_loader import load_cp_model, new_solver, solve_model
 
     cp_model = load_cp_model()
     began = time.perf_counter()
@@ -308,7 +310,7 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
             model.add_hint(t[name], value)
     least = -(-lo // ii)
     if minimise == "copies":
-        solver = cp_model.CpSolver()
+        solver = new_solver()
         code = fits_copies(solver, model, length, least * ii, time_limit=time_limit / 2, workers=workers, seed=seed)
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             stats = {"intervals": intervals, "horizon": horizon, "branches": solver.num_branches}
@@ -324,11 +326,11 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
     else:
         model.minimize(length)
 
-    solver = cp_model.CpSolver()
+    solver = new_solver()
     solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
-    code = solver.solve(model)
+    code = solve_model(solver, model)
     seconds = time.perf_counter() - began
     stats = {"intervals": intervals, "horizon": horizon, "branches": solver.num_branches}
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):

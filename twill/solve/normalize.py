@@ -99,7 +99,7 @@ def solve_normalization(costs: list[int], resolution: int, *, time_limit: float 
     if resolution < n:
         raise TwillError(f"normalization resolution U={resolution} is below the {n} distinct cycle counts of "
                          f"the graph; raise --resolution to at least {n} or use --no-normalize")
-    from twill.solve._ortools_loader import load_cp_model
+    from twill.solve._ortools_loader import load_cp_model, new_solver, solve_model
 
     cp_model = load_cp_model()
 
@@ -117,10 +117,10 @@ def solve_normalization(costs: list[int], resolution: int, *, time_limit: float 
         return model, scaled, distortion
 
     def run(model: Any) -> Any:
-        solver = cp_model.CpSolver()
+        solver = new_solver()
         solver.parameters.max_time_in_seconds = time_limit
         solver.parameters.num_workers = workers
-        status = solver.solve(model)
+        status = solve_model(solver, model)
         return solver, status in (cp_model.OPTIMAL, cp_model.FEASIBLE), status == cp_model.OPTIMAL
 
     model, scaled, distortion = build()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 
+import contextlib
 import copyreg
 import hashlib
 import json
@@ -519,9 +520,24 @@ def _crashed(exc: BaseException) -> dict[str, Any]:
             "seconds": 0.0}
 
 
+def _worker_signals() -> None:
+    """Signals in a worker process: Ctrl-C (sent to the whole process group) is ignored, the parent decides
+    (:func:`_run_pool`); SIGTERM, by which the parent ends a worker, ends it at once (a worker forked from
+    ``twill`` inherits its SIGTERM handler otherwise)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, workers: int,
               address: str | None) -> None:
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    """Run ``jobs`` in a pool of ``workers`` processes, calling ``done`` with each record as it comes. An
+    exception in this process while they run (Ctrl-C's ``KeyboardInterrupt``, SIGTERM's
+    :class:`~twill.cli.Terminated`) cancels the queued jobs and terminates the workers before it is raised
+    again: the unfinished jobs leave no record (nor cache entry)."""
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_signals)
+    try:
         futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
         pending = set(futures)
         while pending:
@@ -532,6 +548,22 @@ def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, w
                 except Exception as exc:  # noqa: BLE001 - a worker that died (BrokenProcessPool) fails one job
                     record = _crashed(exc)
                 done(futures[fut], record)
+    except BaseException:
+        _stop_pool(pool)
+        raise
+    pool.shutdown()
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued jobs of ``pool`` and terminate its worker processes now (``shutdown`` alone would
+    wait for the running jobs)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())   # no public handle before 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=1.0)
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -567,6 +599,7 @@ def _run_ray(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, wo
     except (ConnectionError, ValueError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         raise TwillError(f"cannot connect to the Ray cluster at {address!r}: {first}") from None
+    pending: list[Any] = []
     try:
         task = ray.remote(num_cpus=1)(run_job)
         refs = {task.remote(job): i for i, job in enumerate(jobs)}
@@ -579,5 +612,10 @@ def _run_ray(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, wo
                 except Exception as exc:  # noqa: BLE001 - a crashed or lost Ray task fails one job
                     record = _crashed(exc)
                 done(refs[ref], record)
+    except BaseException:       # Ctrl-C or SIGTERM: the unfinished tasks are cancelled, not left running
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        raise
     finally:
         ray.shutdown()

@@ -584,17 +584,19 @@ class CpsatJoint:
 
     def solve(self, objective: Objective | None, *, time_limit: float, workers: int | None = None) -> JointOutcome:
         """Minimise ``objective`` (None = satisfiability only) within ``time_limit`` seconds."""
+        from twill.solve._ortools_loader import new_solver, solve_model
+
         cp_model = self.builder.cp_model
         m = self.builder.model
         m.clear_objective()
         if objective is not None:
             m.minimize(self.builder.v.objective[objective])
-        solver = cp_model.CpSolver()
+        solver = new_solver()
         solver.parameters.max_time_in_seconds = max(0.01, float(time_limit))
         solver.parameters.num_workers = workers or self.workers
         solver.parameters.random_seed = self.seed
         began = time.perf_counter()
-        code = solver.solve(m)
+        code = solve_model(solver, m)
         seconds = time.perf_counter() - began
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             proven = code == cp_model.OPTIMAL or objective is None

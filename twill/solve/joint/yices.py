@@ -792,12 +792,15 @@ def query(m: YicesModel, assumptions: Sequence[int] = (), timeout: float | None 
     nothing is asserted, so the clauses Yices learns stay for the next query, where push/pop would drop
     them), stopped after ``timeout`` seconds: ``sat`` (the model is kept in ``m.model``), ``unsat`` or
     ``unknown`` (time out)."""
+    from twill.solve._interrupt import interruptible
+
     y = m.y
     timer = None if timeout is None else threading.Timer(max(0.01, timeout), m.context.stop_search)
     if timer is not None:
         timer.start()
-    try:
-        status = m.context.check_context_with_assumptions(None, list(assumptions))
+    try:    # Ctrl-C and SIGTERM stop the check too (twill.solve._interrupt)
+        status = interruptible(lambda: m.context.check_context_with_assumptions(None, list(assumptions)),
+                               m.context.stop_search)
     finally:
         if timer is not None:
             timer.cancel()
