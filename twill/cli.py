@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from twill.errors import TwillError
+from twill.quote import printable
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT      # 130, as a shell reports a command that Ctrl-C ended
@@ -30,7 +31,7 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"twill: error: {message}", file=sys.stderr)
+    print(f"twill: error: {printable(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 

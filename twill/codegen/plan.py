@@ -53,6 +53,7 @@ from typing import Any
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import LoopGraph
 from twill.machine.models import get_machine
+from twill.quote import text
 from twill.schedule.result import Schedule, WarpGroup
 
 GEMM_ROLES = ("load_a", "load_b", "mma", "mma_wait")
@@ -294,6 +295,33 @@ class KernelPlan:
     def retire(self, mma: str) -> Wait:
         """The wait for the asynchronous ``mma`` to retire."""
         return next(w for w in self.waits if w.kind == "wgmma" and w.source == mma)
+
+
+def quoted_plan(plan: KernelPlan) -> KernelPlan:
+    """``plan`` with every string that came from the graph or schedule file (graph and op names, solver,
+    status, arch, roles, and the ``why`` texts that name ops) passed through :func:`twill.quote.text`:
+    the plan a renderer writes from, so an input name can only be text inside a comment, docstring or string
+    literal of the emitted module. :func:`~twill.quote.text` is one-to-one and leaves plain names as
+    they are, so lookups by name within the plan still work and the built-in kernels render unchanged."""
+    q = text
+
+    def names(ops: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(q(n) for n in ops)
+
+    return replace(
+        plan, kernel=q(plan.kernel), graph=q(plan.graph), arch=q(plan.arch), solver=q(plan.solver),
+        status=q(plan.status), dtype=q(plan.dtype),
+        placements=tuple(replace(p, name=q(p.name), role=q(p.role)) for p in plan.placements),
+        partitions=tuple(replace(p, name=q(p.name), role=q(p.role), group_role=q(p.group_role), ops=names(p.ops),
+                                 roles={q(r): q(n) for r, n in p.roles.items()},
+                                 turn_waits={q(n): k for n, k in p.turn_waits.items()},
+                                 turn_passes={q(n): k for n, k in p.turn_passes.items()})
+                         for p in plan.partitions),
+        rings=tuple(replace(r, name=q(r.name), producer=q(r.producer), consumers=names(r.consumers),
+                            release=q(r.release), why=q(r.why), barrier=q(r.barrier)) for r in plan.rings),
+        barriers=tuple(replace(b, name=q(b.name), rings=names(b.rings)) for b in plan.barriers),
+        waits=tuple(replace(w, kind=q(w.kind), op=q(w.op), source=q(w.source)) for w in plan.waits),
+        turns=tuple(replace(t, ops=names(t.ops)) for t in plan.turns))
 
 
 def ops_with_role(graph: LoopGraph, wanted: str) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from twill.quote import printable
 from twill.schedule.result import Schedule
 
 SECTIONS = ("prologue", "steady", "epilogue")
@@ -104,7 +105,8 @@ def _lines(program: PipelinedProgram, schedule: Schedule, section: str, warp: in
 
 
 def format_pipelined(schedule: Schedule, program: PipelinedProgram | None = None) -> str:
-    """Readable text of ``Q``: sections with issue cycles; per warp group when the schedule has warps."""
+    """Readable text of ``Q``: sections with issue cycles; per warp group when the schedule has warps (names
+    through :func:`twill.quote.printable`)."""
     program = program or pipelined_program(schedule)
     out = [f"pipelined program Q: II={program.ii}, L={program.length}, copies n={program.copies}, "
            f"T=(n-1)*II+L={program.total}"]
@@ -122,7 +124,7 @@ def format_pipelined(schedule: Schedule, program: PipelinedProgram | None = None
             span = f"cycles {begin}-{end - 1}" if end > begin else "empty"
             out.append(f"{indent}{titles[section]} ({span}):")
             out.extend(indent + line for line in _lines(program, schedule, section, warp))
-    return "\n".join(out)
+    return "\n".join(printable(line) for line in out)
 
 
 def program_to_dict(program: PipelinedProgram) -> dict:

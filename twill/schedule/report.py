@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 from twill.ir.validate import effective_units
 from twill.machine.models import Machine
+from twill.quote import printable
 from twill.schedule.result import Schedule
 from twill.schedule.vocab import Objective, Status
 
@@ -120,7 +121,7 @@ def _header(schedule: Schedule) -> list[str]:
     tried = stats.get("tried")
     if tried:
         lines.append(_tried_line(tried, norm))
-    lines.append(_normalization_line(stats.get("normalization")))
+    lines.extend(_normalization_line(stats.get("normalization")).split("\n"))     # one or two lines
     return lines
 
 
@@ -191,7 +192,8 @@ def _blocked_rows(schedule: Schedule) -> list[str]:
 
 def format_report(schedule: Schedule, machine: Machine) -> str:
     """II, bounds, L, stages, status, solve time, normalization, unit utilization, per-op table, buffers,
-    warp groups and ``blocked_by`` explanations, as plain text."""
+    warp groups and ``blocked_by`` explanations, as plain text; names (of the graph, ops, units, groups) are
+    shown through :func:`twill.quote.printable`, so no control character reaches the terminal."""
     sections = [_header(schedule) + [_utilization_line(schedule, machine)], _op_rows(schedule),
                 _buffer_rows(schedule), _warp_rows(schedule), _blocked_rows(schedule)]
     lines: list[str] = []
@@ -202,4 +204,4 @@ def format_report(schedule: Schedule, machine: Machine) -> str:
             lines.extend(block)
     if machine.name != schedule.arch:
         lines.append(f"(note: report rendered for {machine.name}, schedule is for {schedule.arch})")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)

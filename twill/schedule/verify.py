@@ -13,12 +13,16 @@ Families (each violation message starts with its name and names the ops involved
 * warp-specialization families, through ``twill.schedule.verify_ws.ws_violations`` when the schedule has a
   warp assignment;
 * ``EXCLUDED`` — the schedule carries no set of ``options.excluded_carries`` whole and repeats no order of
-  ``options.excluded_orders``.
+  ``options.excluded_orders``;
+* ``VOCABULARY`` — the words a schedule file gives are words Twill writes: ``solver`` (``cpsat``, ``yices``,
+  ``manual``), ``status``, each warp group's ``role`` and the constraint families of ``stats["blocked_by"]``
+  and of the ``relaxed`` field of ``stats["tried"]`` rows (:mod:`twill.schedule.vocab`). Nothing else is
+  checked when one is unknown: its text is not trusted further.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from twill.errors import VerificationError
 from twill.ir.bounds import rec_mii, res_mii
@@ -26,7 +30,7 @@ from twill.ir.validate import effective_units, validate_graph
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 from twill.schedule.verify_ws import ws_violations
-from twill.schedule.vocab import Family, Status
+from twill.schedule.vocab import SCHEDULE_SOLVERS, SCHEDULE_STATUSES, WARP_ROLES, Family, Status
 
 #: Most copies of an iteration (⌈L/II⌉) a schedule may overlap; the built-in kernels need at most 4.
 MAX_COPIES = 256
@@ -140,9 +144,40 @@ def exclusion_violations(schedule: Schedule, options: Any) -> list[str]:
     return out
 
 
+def _known(value: Any, known: tuple[str, ...]) -> bool:
+    return isinstance(value, str) and value in known
+
+
+def vocabulary_violations(schedule: Schedule) -> list[str]:
+    """VOCABULARY: ``solver``, ``status``, warp-group roles and the families of ``stats["blocked_by"]`` (one
+    family or ``a+b``) and ``stats["tried"][i]["relaxed"]`` are words Twill writes (:mod:`twill.schedule.vocab`).
+    Messages quote the unknown word with ``repr``."""
+    out = []
+    if not _known(schedule.solver, SCHEDULE_SOLVERS):
+        out.append(f"VOCABULARY: unknown solver {schedule.solver!r} (known: {', '.join(SCHEDULE_SOLVERS)})")
+    if not _known(schedule.status, SCHEDULE_STATUSES):
+        out.append(f"VOCABULARY: unknown status {schedule.status!r} (known: {', '.join(SCHEDULE_STATUSES)})")
+    out += [f"VOCABULARY: warp group {w.id} has unknown role {w.role!r} (known: {', '.join(WARP_ROLES)})"
+            for w in schedule.warps if not _known(w.role, WARP_ROLES)]
+    families = tuple(str(f) for f in Family)
+    blocked = schedule.stats.get("blocked_by", ())
+    entries = blocked if isinstance(blocked, (list, tuple)) else [blocked]
+    for entry in entries:
+        if not isinstance(entry, str) or not all(_known(f, families) for f in entry.split("+")):
+            out.append(f"VOCABULARY: stats 'blocked_by' names unknown constraint family {entry!r}")
+    tried = schedule.stats.get("tried", ())
+    for row in tried if isinstance(tried, (list, tuple)) else [tried]:
+        relaxed = row.get("relaxed", ()) if isinstance(row, Mapping) else ()
+        for family in relaxed if isinstance(relaxed, (list, tuple)) else [relaxed]:
+            if not _known(family, families):
+                out.append(f"VOCABULARY: stats 'tried' relaxes unknown constraint family {family!r}")
+    return out
+
+
 def violations(schedule: Schedule, machine: Machine, options: Any = None) -> list[str]:
-    """Every violated constraint of ``schedule`` on ``machine``, one message each (empty when valid)."""
-    out = start_violations(schedule)
+    """Every violated constraint of ``schedule`` on ``machine``, one message each (empty when valid). A schedule
+    with an unknown word (:func:`vocabulary_violations`) is not checked further."""
+    out = vocabulary_violations(schedule) or start_violations(schedule)
     if out:
         return out
     if schedule.copies > MAX_COPIES:

@@ -29,6 +29,13 @@ class Status(StrEnum):
 #: Statuses a :class:`~twill.schedule.result.Schedule` document may carry.
 SCHEDULE_STATUSES = (Status.OPTIMAL, Status.FEASIBLE, Status.INFEASIBLE)
 
+#: Solvers a schedule may name: the backends of ``--solver`` (``twill.solve.options.SOLVERS``) and
+#: ``manual`` (a schedule built by hand, e.g. by ``benchmarks/variants.py``).
+SCHEDULE_SOLVERS = ("cpsat", "yices", "manual")
+
+#: Roles a warp group may take (``twill.solve.joint.search.derive_role``; docs/graph-format.md).
+WARP_ROLES = ("load", "mma", "compute", "softmax", "correction")
+
 
 class Objective(StrEnum):
     """Objectives after II, in lexicographic order (docs/model.md §5)."""

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from twill.errors import TwillError
 from twill.machine.models import Machine
+from twill.quote import printable
 from twill.schedule.report import _table
 from twill.schedule.result import Schedule
 from twill.tune.predict import Prediction, Shape, predict, problem_of
@@ -129,7 +130,8 @@ def measure_picks(results: Sequence[Result], k: int) -> list[tuple[int, Result]]
 
 
 def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> str:
-    """The ranking table: the ``top`` best solved candidates, then a count of the others by status."""
+    """The ranking table: the ``top`` best solved candidates, then a count of the others by status (text
+    through :func:`twill.quote.printable`: a cached reason cannot send control characters)."""
     rows = []
     for i, r in enumerate(results[:top]):
         if r.prediction is None or r.schedule is None:
@@ -151,7 +153,7 @@ def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> st
     if rejected:
         counts["filtered out"] = rejected
     summary = ", ".join(f"{n} {status}" for status, n in counts.items())
-    return "\n".join(lines + [f"candidates: {summary}"])
+    return "\n".join(printable(line) for line in lines + [f"candidates: {summary}"])
 
 
 def sweep_document(target: str, machine: Machine, shape: Shape, space: Space, results: Sequence[Result],

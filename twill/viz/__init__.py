@@ -39,9 +39,19 @@ def drawer(picture: str) -> Callable[[Schedule, Machine], Any]:
     return getattr(importlib.import_module(module), function)
 
 
+#: rcParams in force while a picture is drawn: text is shown as written, so a name with ``$`` is not read as
+#: mathtext (a ``$x^$`` op name would stop the drawing with a parse error).
+DRAW_RC = {"text.parse_math": False}
+
+
 def figure(picture: str, schedule: Schedule, machine: Machine):
-    """A matplotlib ``Figure`` of ``picture`` (one of :data:`PICTURES`)."""
-    return drawer(picture)(schedule, machine)
+    """A matplotlib ``Figure`` of ``picture`` (one of :data:`PICTURES`), its text drawn as written
+    (:data:`DRAW_RC`)."""
+    draw = drawer(picture)
+    import matplotlib
+
+    with matplotlib.rc_context(DRAW_RC):
+        return draw(schedule, machine)
 
 
 def save_picture(picture: str, schedule: Schedule, machine: Machine, path: str | Path) -> Path:

@@ -66,18 +66,23 @@ def _dot_id(name: str) -> str:
 def parse_dot_plain(text: str, graph: LoopGraph) -> GraphLayout | None:
     """A layout from ``dot -Tplain`` output: ``node NAME X Y ...`` lines give centres and
     ``edge TAIL HEAD N X1 Y1 ... XN YN ...`` lines the B-spline control points, in inches (scaled here
-    to node cells). Edges between the same pair of ops are matched in order. None if an op is missing."""
+    to node cells). Edges between the same pair of ops are matched in order. None if an op is missing or a
+    line does not split."""
     positions: dict[str, tuple[float, float]] = {}
     splines: dict[tuple[str, str], list[tuple[tuple[float, float], ...]]] = {}
-    for line in text.splitlines():
-        fields = shlex.split(line)
-        if fields[:1] == ["node"] and len(fields) >= 4:
-            positions[fields[1]] = (float(fields[2]) / DOT_SLOT[0], float(fields[3]) / DOT_SLOT[1])
-        elif fields[:1] == ["edge"] and len(fields) >= 4:
-            count = int(fields[3])
-            coords = [float(v) for v in fields[4:4 + 2 * count]]
-            points = tuple((coords[k] / DOT_SLOT[0], coords[k + 1] / DOT_SLOT[1]) for k in range(0, 2 * count, 2))
-            splines.setdefault((fields[1], fields[2]), []).append(points)
+    try:        # an op name with quotes, backslashes or line separators can leave a line that does not parse
+        for line in text.splitlines():
+            fields = shlex.split(line)
+            if fields[:1] == ["node"] and len(fields) >= 4:
+                positions[fields[1]] = (float(fields[2]) / DOT_SLOT[0], float(fields[3]) / DOT_SLOT[1])
+            elif fields[:1] == ["edge"] and len(fields) >= 4:
+                count = int(fields[3])
+                coords = [float(v) for v in fields[4:4 + 2 * count]]
+                points = tuple((coords[k] / DOT_SLOT[0], coords[k + 1] / DOT_SLOT[1])
+                               for k in range(0, 2 * count, 2))
+                splines.setdefault((fields[1], fields[2]), []).append(points)
+    except (ValueError, IndexError):
+        return None
     if set(positions) != set(graph.op_names):
         return None
     bezier: dict[int, tuple[tuple[float, float], ...]] = {}

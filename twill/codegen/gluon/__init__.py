@@ -20,7 +20,7 @@ import os
 import sys
 from types import ModuleType
 
-from twill.codegen.plan import KernelPlan, kernel_plan
+from twill.codegen.plan import KernelPlan, kernel_plan, quoted_plan
 from twill.ir.io import write_text_atomic
 from twill.schedule.result import Schedule
 
@@ -37,8 +37,11 @@ def gluon_plan(schedule: Schedule, persistent: bool = False) -> KernelPlan:
 
 
 def render_plan(plan: KernelPlan) -> str:
-    """Source text of the emitted module for ``plan``."""
+    """Source text of the emitted module for ``plan``, rendered from its :func:`~twill.codegen.plan.quoted_plan`
+    (input names only ever inside comments, docstrings and string literals)."""
     from twill.codegen.gluon.render import render_module
+
+    plan = quoted_plan(plan)
 
     if plan.kernel == "gemm":
         from twill.codegen.gluon.gemm import gemm_body

@@ -14,7 +14,7 @@ does not import JAX; the emitted modules do.
 
 from __future__ import annotations
 
-from twill.codegen.plan import KernelPlan, kernel_plan
+from twill.codegen.plan import KernelPlan, kernel_plan, quoted_plan
 from twill.schedule.result import Schedule
 
 __all__ = ["BACKEND", "emit_pallas", "pallas_plan", "render_plan"]
@@ -29,7 +29,10 @@ def pallas_plan(schedule: Schedule) -> KernelPlan:
 
 
 def render_plan(plan: KernelPlan) -> str:
-    """Source text of the emitted Pallas module for ``plan``."""
+    """Source text of the emitted Pallas module for ``plan``, rendered from its
+    :func:`~twill.codegen.plan.quoted_plan` (input names only ever inside comments, docstrings and string
+    literals)."""
+    plan = quoted_plan(plan)
     if plan.kernel == "gemm":
         from twill.codegen.pallas.gemm import emit_gemm
 

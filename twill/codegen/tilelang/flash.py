@@ -16,6 +16,7 @@ from twill.codegen.tilelang.render import (TL_DTYPES, Statement, cannot_emit, ch
                                            constant_lines, indent, pipelined_annotation, render_header,
                                            render_module, ring_lead, schedule_lines)
 from twill.codegen.tilelang.ws import LOOP_ID, ws_design, ws_schedule_source
+from twill.quote import literal
 from twill.schedule.result import Schedule
 
 #: Statements of each role of the attention graph, in the order the loop body lists them.
@@ -122,9 +123,9 @@ def emit_flash_ws(plan: KernelPlan, schedule: Schedule) -> str:
     check_one_stage(schedule)
     design = ws_design(plan, schedule, {s.op: s for s in statements}, {"k": "K_s", "v": "V_s"}, {})
     ws = ws_schedule_source(design, {"load": [LOOP_ID], "compute0": ["load_q", "init", LOOP_ID, "epilogue"]})
-    loop = [f'for k in T.serial(T.ceildiv(seq_len, BLOCK_N), annotations={{T.WSID: "{LOOP_ID}"}}):']
+    loop = [f"for k in T.serial(T.ceildiv(seq_len, BLOCK_N), annotations={{T.WSID: {literal(LOOP_ID)}}}):"]
     for s in statements:
-        loop += [f'    with T.ws_op("{s.op}"):', *("        " + line for line in s.lines)]
+        loop += [f"    with T.ws_op({literal(s.op)}):", *("        " + line for line in s.lines)]
     body = [*ALLOC, *ws, 'with T.ws_op("load_q"):', *("    " + x for x in LOAD_Q), 'with T.ws_op("init"):',
             *("    " + x for x in INIT), *loop, 'with T.ws_op("epilogue"):', *("    " + x for x in EPILOGUE)]
     comp = plan.compute[0]

@@ -15,6 +15,7 @@ from twill.codegen.tilelang.render import (TL_DTYPES, Statement, cannot_emit, ch
                                            constant_lines, indent, pipelined_annotation, ring_lead,
                                            render_header, render_module, schedule_lines)
 from twill.codegen.tilelang.ws import LOOP_ID, ws_design, ws_schedule_source
+from twill.quote import literal
 from twill.schedule.result import Schedule
 
 ALLOC = ("A_s = T.alloc_shared((BLOCK_M, BLOCK_K), DTYPE)",
@@ -68,7 +69,7 @@ def _statements(schedule: Schedule, ws: bool) -> list[Statement]:
     (load_a,), (load_b,), (mma,) = (ops_with_role(graph, r) for r in ("load_a", "load_b", "mma"))
 
     def ann(op: str) -> str:
-        return f', annotations={{T.WSID: "{op}"}}' if ws else ""
+        return f", annotations={{T.WSID: {literal(op)}}}" if ws else ""
 
     return [Statement(load_a, (f"T.copy(A[by * BLOCK_M, k * BLOCK_K], A_s{ann(load_a)})",), 1),
             Statement(load_b, (f"T.copy(B[k * BLOCK_K, bx * BLOCK_N], B_s{ann(load_b)})",), 1),
@@ -113,7 +114,7 @@ def emit_gemm_ws(plan: KernelPlan, schedule: Schedule) -> str:
     mma, wait = comp.roles["mma"], comp.roles["mma_wait"]
     design = ws_design(plan, schedule, {s.op: s for s in statements}, {"a": "A_s", "b": "B_s"}, {wait: mma})
     ws = ws_schedule_source(design, {"load": [LOOP_ID], "compute0": ["clear", LOOP_ID, "store"]})
-    loop = [f'for k in T.serial(T.ceildiv(K, BLOCK_K), annotations={{T.WSID: "{LOOP_ID}"}}):']
+    loop = [f"for k in T.serial(T.ceildiv(K, BLOCK_K), annotations={{T.WSID: {literal(LOOP_ID)}}}):"]
     loop += ["    " + line for s in statements for line in s.lines]
     body = [*ALLOC, *ws, 'with T.ws_op("clear"):', "    T.clear(C_l)", *loop, 'with T.ws_op("store"):',
             "    T.copy(C_l, C[by * BLOCK_M, bx * BLOCK_N])"]

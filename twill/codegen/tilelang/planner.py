@@ -25,7 +25,8 @@ from typing import Any
 from twill.codegen.plan import ring_depth
 from twill.codegen.tilelang.render import (PRODUCER_WARPGROUP, Statement, cannot_emit, check_one_stage,
                                            pipelined_annotation, ring_lead)
-from twill.codegen.tilelang.ws import LOOP_ID, WSDesign, ws_schedule_source
+from twill.codegen.tilelang.ws import LOOP_ID, Sync, WSDesign, ws_schedule_source
+from twill.quote import printable
 from twill.schedule.result import Schedule
 
 
@@ -75,8 +76,8 @@ def pipeline_plan(schedule: Schedule) -> PipelinePlan:
     return PipelinePlan(tuple(ops), lead, tuple(stage), tuple(order), why, roles)
 
 
-def _sync(kind: str, pipeline: str) -> str:
-    return f'T.WSSync.{kind}("{pipeline}", stage=0)'
+def _sync(kind: str, pipeline: str) -> Sync:
+    return Sync(kind, pipeline, 0)
 
 
 def ws_loop_design(schedule: Schedule, buffers: dict[str, str], threads: int) -> WSDesign:
@@ -139,7 +140,8 @@ def ws_rewritten_kernel(path: str, fn: str, plan: PipelinePlan, design: WSDesign
 
 
 def format_plan(plan: PipelinePlan, schedule: Schedule) -> str:
-    """The report section: the annotation, then one row per statement (op, kind, stage, order, warp group)."""
+    """The report section: the annotation, then one row per statement (op, kind, stage, order, warp group);
+    names through :func:`twill.quote.printable`."""
     own = schedule.graph.attrs.get("tilelang_plan")
     lines = ["TileLang T.Pipelined (Twill's plan):", f"  T.Pipelined(..., {plan.annotation})",
              f"  num_stages: {plan.depth_why}"]
@@ -156,7 +158,7 @@ def format_plan(plan: PipelinePlan, schedule: Schedule) -> str:
         lines += ["", "  warp roles (twill inject --ws writes them as a T.WSSchedule; T.Pipelined keeps "
                       "TileLang's own):"]
         lines += [f"  {g} {role:8s} {w} warps, {regs} regs: {', '.join(ops)}" for g, role, w, regs, ops in plan.roles]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def rewritten_kernel(path: str, fn: str, plan: PipelinePlan, schedule: Schedule) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from twill.codegen.plan import Barrier, KernelPlan
 from twill.codegen.tilelang.render import PRODUCER_WARPGROUP, Statement, cannot_emit, compute_stages
+from twill.quote import identifier, literal, printable
 from twill.schedule.result import Schedule
 
 #: ws id of the pipelined loop.
@@ -31,17 +32,33 @@ class WSDesign:
         num_warps: warps of the kernel (the producer warpgroup plus the compute warps).
         roles: ``(name, warps_lo, warps_hi, max_nreg, why)``.
         pipelines: ``(name, buffers, depth, why)``.
-        loop_bodies: role -> entries of the loop scope (op ids or ``T.WSSync...`` source).
+        loop_bodies: role -> entries of the loop scope: op ids (written as string literals) and :class:`Sync`
+            entries.
     """
 
     num_warps: int
     roles: tuple[tuple[str, int, int, int, str], ...]
     pipelines: tuple[tuple[str, tuple[str, ...], int, str], ...]
-    loop_bodies: dict[str, tuple[str, ...]]
+    loop_bodies: dict[str, tuple[str | Sync, ...]]
 
 
-def _sync(kind: str, pipeline: str, stage: int) -> str:
-    return f'T.WSSync.{kind}("{pipeline}", stage={stage})'
+@dataclass(frozen=True)
+class Sync:
+    """A ``T.WSSync.<kind>("<pipeline>", stage=<stage>)`` entry of a role's op list (``kind``:
+    ``producer_acquire``, ``producer_commit``, ``consumer_wait`` or ``consumer_release``)."""
+
+    kind: str
+    pipeline: str
+    stage: int
+
+    @property
+    def source(self) -> str:
+        """The entry as TileLang source (the pipeline's name a string literal)."""
+        return f"T.WSSync.{self.kind}({literal(self.pipeline)}, stage={self.stage})"
+
+
+def _sync(kind: str, pipeline: str, stage: int) -> Sync:
+    return Sync(kind, pipeline, stage)
 
 
 def _barrier_stage(stage_of: dict[str, int], ops: list[str], what: str) -> int:
@@ -70,8 +87,9 @@ def _compute_body(plan: KernelPlan, statements: dict[str, Statement], retired_by
     after the op it waits for: ``retired_by``)."""
     ring = {r.name: r for r in plan.rings}
     ops = [n for n in plan.compute[0].ops if n in statements]
-    body: list[str] = []
-    waits, releases = {}, {}
+    body: list[str | Sync] = []
+    waits: dict[str, list[Sync]] = {}
+    releases: dict[str, list[Sync]] = {}
     for b in plan.barriers:
         readers = [c for name in b.rings for c in ring[name].consumers]
         first = min(readers, key=ops.index)
@@ -85,19 +103,17 @@ def _compute_body(plan: KernelPlan, statements: dict[str, Statement], retired_by
     return tuple(body)
 
 
-def _check_op_stages(body: list[str], stage_of: dict[str, int]) -> None:
+def _check_op_stages(body: list[str | Sync], stage_of: dict[str, int]) -> None:
     """TileLang runs an op at the stage of the open spans that cover it, else at the role's first sync stage;
     that must be the schedule's stage of the op."""
-    syncs = [e for e in body if e.startswith("T.WSSync")]
-    first = min(int(e.split("stage=")[1].rstrip(")")) for e in syncs)
+    first = min(e.stage for e in body if isinstance(e, Sync))
     open_spans: dict[str, int] = {}
     for entry in body:
-        if entry.startswith("T.WSSync"):
-            name, stage = entry.split('"')[1], int(entry.split("stage=")[1].rstrip(")"))
-            if "wait" in entry:
-                open_spans[name] = stage
+        if isinstance(entry, Sync):
+            if entry.kind == "consumer_wait":
+                open_spans[entry.pipeline] = entry.stage
             else:
-                open_spans.pop(name, None)
+                open_spans.pop(entry.pipeline, None)
             continue
         runs_at = next(iter(open_spans.values()), first)
         if runs_at != stage_of[entry]:
@@ -136,21 +152,25 @@ def ws_design(plan: KernelPlan, schedule: Schedule, statements: dict[str, Statem
 
 def ws_schedule_source(design: WSDesign, root: dict[str, list[str]]) -> list[str]:
     """``T.annotate_ws_schedule(T.WSSchedule(...))`` lines; ``root`` gives each role's root-scope entries
-    (``LOOP_ID`` for the loop)."""
+    (``LOOP_ID`` for the loop). Names are string literals (:func:`~twill.quote.literal`), buffers
+    identifiers (:func:`~twill.quote.identifier`), the reasons comments."""
     lines = ["T.annotate_ws_schedule(T.WSSchedule(",
              f"    num_warps={design.num_warps},  # producer warpgroup + compute warps",
              "    roles=["]
     for name, lo, hi, regs, why in design.roles:
-        lines.append(f'        T.WSRole("{name}", warps_lo={lo}, warps_hi={hi}, max_nreg={regs}),  # {why}')
+        lines.append(f"        T.WSRole({literal(name)}, warps_lo={lo}, warps_hi={hi}, max_nreg={regs}),  "
+                     f"# {printable(why)}")
     lines += ["    ],", "    pipelines=["]
     for name, bufs, depth, why in design.pipelines:
-        lines.append(f'        T.WSPipeline("{name}", [{", ".join(bufs)}], depth={depth}),  # {why}')
-    lines += ["    ],", "    scopes=[", f'        T.WSScope("{LOOP_ID}", {{']
+        buffers = ", ".join(identifier(b, "shared buffer") for b in bufs)
+        lines.append(f"        T.WSPipeline({literal(name)}, [{buffers}], depth={depth}),  # {printable(why)}")
+    lines += ["    ],", "    scopes=[", f"        T.WSScope({literal(LOOP_ID)}, {{"]
     for role, body in design.loop_bodies.items():
-        entries = ", ".join(e if e.startswith("T.") else f'"{e}"' for e in body)
-        lines.append(f'            "{role}": [{entries}],')
+        entries = ", ".join(e.source if isinstance(e, Sync) else literal(e) for e in body)
+        lines.append(f"            {literal(role)}: [{entries}],")
     lines += ["        }),", "        T.WSScope(T.WSScope.ROOT, {"]
-    for role, entries in root.items():
-        lines.append(f'            "{role}": [{", ".join(repr(e) for e in entries)}],')
+    for role, names in root.items():
+        entries = ", ".join(literal(e, quote="'") for e in names)
+        lines.append(f"            {literal(role)}: [{entries}],")
     lines += ["        }),", "    ],", "))"]
     return lines

@@ -15,6 +15,7 @@ import os
 import re
 from typing import Any, Sequence
 
+from twill import quote
 from twill.errors import FormatError, TwillError
 from twill.frontends.tilelang.lower import PipelinedLoop, lower_pipelined
 from twill.machine.models import Machine
@@ -143,7 +144,7 @@ def rewrite_source(path: str, fn: str, stage: list[int], order: list[int], note:
     end = sum(len(x) for x in lines[:call.end_lineno - 1]) + call.end_col_offset
     line_start = sum(len(x) for x in lines[:call.lineno - 1])
     indent = re.match(r"\s*", lines[call.lineno - 1]).group(0)
-    comment = "".join(f"{indent}# {x}\n" for x in note.splitlines())
+    comment = "".join(f"{indent}# {quote.printable(x)}\n" for x in note.splitlines())
     return source[:line_start] + comment + source[line_start:start] + text + source[end:]
 
 
@@ -157,7 +158,7 @@ def _tagged(lines: list[str], stmt: ast.stmt, op: str, indent: str) -> list[str]
     """``with T.ws_op(op):`` over the source lines of ``stmt`` (indented one level more): one op per statement,
     as TileLang wires a barrier only to an asynchronous copy it schedules directly."""
     body = [("    " + x if x.strip() else x) for x in lines[stmt.lineno - 1:stmt.end_lineno]]
-    return [f'{indent}with T.ws_op("{op}"):', *body]
+    return [f"{indent}with T.ws_op({quote.literal(op)}):", *body]
 
 
 def _loop_parts(source: str, fn: str) -> tuple[ast.Call, ast.For, list[ast.stmt], list[ast.stmt]]:
@@ -198,13 +199,13 @@ def rewrite_ws_source(path: str, fn: str, ops: Sequence[str], schedule_lines: Se
     indent = re.match(r"\s*", lines[loop.lineno - 1]).group(0)
     inner = re.match(r"\s*", lines[loop.body[0].lineno - 1]).group(0)
     start = before[0].lineno if before else loop.lineno
-    out = lines[:start - 1] + [f"{indent}# {x}" for x in note.splitlines()]
+    out = lines[:start - 1] + [f"{indent}# {quote.printable(x)}" for x in note.splitlines()]
     out += [indent + x for x in schedule_lines]
     for i, stmt in enumerate(before):
         out += _tagged(lines, stmt, f"prologue{i}", indent)
     extent = ast.get_source_segment(source, call.args[0])
-    out.append(f'{indent}for {ast.get_source_segment(source, loop.target)} in T.serial({extent}, '
-               f'annotations={{T.WSID: "{loop_id}"}}):')
+    out.append(f"{indent}for {ast.get_source_segment(source, loop.target)} in T.serial({extent}, "
+               f"annotations={{T.WSID: {quote.literal(loop_id)}}}):")
     for op, stmt in zip(ops, loop.body):
         out += _tagged(lines, stmt, op, inner)
     for i, stmt in enumerate(after):
