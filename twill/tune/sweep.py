@@ -38,7 +38,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping, TextIO
+from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
 from twill.errors import (InfeasibleScheduleError, SolverUnavailableError, SpillsError, TwillError,
                           UnsupportedFeatureError)
@@ -523,11 +523,31 @@ def _crashed(exc: BaseException) -> dict[str, Any]:
 def _worker_signals() -> None:
     """Signals in a worker process: Ctrl-C (sent to the whole process group) is ignored, the parent decides
     (:func:`_run_pool`); SIGTERM, by which the parent ends a worker, ends it at once (a worker forked from
-    ``twill`` inherits its SIGTERM handler otherwise)."""
+    ``twill`` inherits its SIGTERM handler otherwise). The worker started with both blocked
+    (:func:`_stop_signals_blocked`); they are unblocked once handled so."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread inside the block (held until it ends, then delivered), so
+    that the worker processes started in it inherit them blocked: a Ctrl-C while a worker starts, before
+    :func:`_worker_signals` ran in it, must not print a worker's traceback."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, workers: int,
@@ -538,7 +558,8 @@ def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, w
     again: the unfinished jobs leave no record (nor cache entry)."""
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_signals)
     try:
-        futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
+        with _stop_signals_blocked():       # the workers start in the first submit
+            futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
