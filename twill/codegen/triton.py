@@ -198,8 +198,6 @@ def check_schedule_fits(schedule: Schedule, graph: LoopGraph, spec: KernelSpec) 
         raise TwillError(f"the schedule is not one of this kernel's loop: {problem}")
 
 
-
-
 @dataclass(frozen=True)
 class Tuning:
     """The outcome of :func:`tune`: the index of the chosen spec, its schedule, and one row per spec."""

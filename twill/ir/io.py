@@ -286,6 +286,23 @@ def user_cache_dir(name: str) -> Path:
     return Path(base) / "twill" / name
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM are held back (delivered when the block ends) in the main thread; elsewhere, or
+    where the platform has no signal masks, nothing changes."""
+    import signal
+
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class _OutputGroup:
     """The outputs of one :func:`output_group`: temporary files waiting to be renamed over their targets,
     writes into special files and deferred actions (stdout), and the folders this run created."""
@@ -295,18 +312,21 @@ class _OutputGroup:
         self.created_dirs: list[Path] = []
 
     def commit(self) -> None:
-        """Rename every temporary file into place and write the special files and stdout, in order. An
-        ``OSError`` names the output it concerns (``filename``)."""
+        """Rename every temporary file into place, then write the special files and stdout, in order. The
+        renames run with SIGINT and SIGTERM held back (they take microseconds), so an interrupt leaves all of
+        them done or none. An ``OSError`` names the output it concerns (``filename``)."""
+        renames = [(target, item) for target, item in self.staged if isinstance(item, Path)]
+        with _signals_held():
+            for target, item in renames:
+                try:
+                    os.replace(item, target)
+                except OSError as exc:
+                    raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from None
+                self.staged.remove((target, item))
         while self.staged:
             target, item = self.staged.pop(0)
             try:
-                if isinstance(item, Path):
-                    try:
-                        os.replace(item, target)
-                    except BaseException:
-                        _unlink(item)
-                        raise
-                elif isinstance(item, bytes):
+                if isinstance(item, bytes):
                     _write_in_place(target, item)
                 else:
                     item()

@@ -9,7 +9,20 @@ equal to that string and serialises as it. This module imports nothing from Twil
 
 from __future__ import annotations
 
-from enum import StrEnum
+import sys
+from enum import Enum
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:   # Python 3.10: the same behaviour for the members defined here (explicit string values)
+    class StrEnum(str, Enum):
+        """A :class:`str` enum whose ``str()`` and ``format()`` are its value (``enum.StrEnum`` of 3.11)."""
+
+        def __str__(self) -> str:
+            return str(self.value)
+
+        def __format__(self, spec: str) -> str:
+            return format(str(self.value), spec)
 
 
 class Status(StrEnum):

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
 from twill.errors import (InfeasibleScheduleError, SolverUnavailableError, SpillsError, TwillError,
                           UnsupportedFeatureError)
-from twill.ir.io import user_cache_dir
+from twill.ir.io import read_file_bytes, user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
 from twill.tune.spills import gluon_spills, ptxas_rejection
@@ -316,8 +316,8 @@ def cache_read(directory: Path, key: str, job: Job) -> dict[str, Any] | None:
     missing, unreadable or unparsable file, or a record that is malformed or does not verify, is a miss (the
     job is solved again and its file overwritten)."""
     try:
-        data = json.loads((directory / f"{key}.json").read_bytes())
-    except (OSError, ValueError, RecursionError):   # ValueError: not UTF-8 text, or not JSON
+        data = json.loads(read_file_bytes(directory / f"{key}.json", "tune cache"))
+    except (TwillError, OSError, ValueError, RecursionError):   # ValueError: not UTF-8 text, or not JSON
         return None
     return data if record_problem(data, job) is None else None
 
