@@ -15,7 +15,7 @@ from solved import solved_kernel
 
 from twill.errors import TwillError, UnsupportedFeatureError
 from twill.ir import GraphBuilder
-from twill.kernels import build_kernel, kernel_module, list_kernels
+from twill.kernels import build_kernel, family, list_kernels
 from twill.machine import B200, H100, Machine
 from twill.schedule.result import Schedule, WarpGroup
 from twill.solve import schedule as solve
@@ -85,7 +85,7 @@ def solved(name: str, machine: Machine, options: dict, *, ws: bool = False) -> S
     """The solver's schedule (shared with the other test files, :mod:`solved`): modulo only, or joint with
     ``ws``."""
     try:
-        kernel_module(name)
+        family(name).module("graph")
     except ModuleNotFoundError:
         pytest.skip(f"kernel module of {name!r} is not in this checkout yet")
     return solved_kernel(name, machine.name, options, ws=ws)

@@ -1,18 +1,35 @@
-"""Built-in loop graphs (``twill kernels``), built from the machine cost model.
+"""Kernel families (``twill kernels``): the registry of built-in loop graphs and everything each one needs.
 
-Each entry names a module with ``build(machine, **options) -> LoopGraph`` and ``OPTIONS``, a dict
-``option -> KernelOption``. Modules are imported only when a kernel is built.
+A *family* is one package ``twill/kernels/<package>/``; adding one is that folder plus its line in
+:data:`PACKAGES`. The package's ``__init__`` defines ``FAMILY``, a :class:`Family`, and nothing heavier; the
+registry imports a family's other modules only when they are used:
+
+* ``graph``: ``build(machine, **options) -> LoopGraph`` and ``OPTIONS`` (option -> :class:`KernelOption`);
+* ``plan``: ``plan(schedule, backend, persistent) -> KernelPlan`` (:func:`twill.codegen.plan.kernel_plan`),
+  for a family with ``planned``;
+* one body per backend in ``backends``: ``gluon`` (``body(plan) -> KernelBody``), ``pallas``
+  (``emit(plan) -> str``), ``tilelang`` (``refuse(graph)``, ``emit_ws(plan, schedule)``,
+  ``emit_pipelined(schedule, dtype)``);
+* ``tune``: the tuner's cost hooks (:mod:`twill.tune.predict`, :mod:`twill.tune.space`), for a family with
+  ``tuned``.
+
+Importing this package imports no family, solver, Triton, JAX or torch.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from twill.errors import TwillError
 from twill.ir.graph import LoopGraph
 from twill.machine.models import Machine
+
+#: The families, by package under ``twill/kernels/``, in the order ``twill kernels`` lists them.
+PACKAGES = ("paper_example", "gemm", "flash_fwd", "flash_bwd")
 
 
 @dataclass(frozen=True)
@@ -26,47 +43,95 @@ class KernelOption:
 
 
 @dataclass(frozen=True)
-class KernelEntry:
+class Family:
+    """One kernel family: what the registry knows of it without importing its modules.
+
+    Attributes:
+        name: the name the command line spells (``twill schedule gemm``) and its graphs carry as
+            ``attrs["kernel"]``.
+        summary: one line for ``twill kernels``.
+        package: the family's package (``twill.kernels.gemm``).
+        planned: it has a ``plan`` module (a kernel plan, so code generators).
+        backends: the backends with a body module (``gluon``, ``pallas``, ``tilelang``).
+        tuned: it has a ``tune`` module (the tuner's cost hooks).
+        persistent: the Gluon generator emits its persistent form (``--persistent``, the tuner's axis).
+        aliases: other graph kinds (``attrs["kernel"]`` or graph names) planned as this family.
+        claims: for a graph whose kind names no family, whether its set of op roles is one of this family's.
+    """
+
     name: str
-    module: str
     summary: str
+    package: str
+    planned: bool = False
+    backends: tuple[str, ...] = ()
+    tuned: bool = False
+    persistent: bool = False
+    aliases: tuple[str, ...] = ()
+    claims: Callable[[frozenset[str]], bool] | None = None
+
+    def module(self, part: str) -> ModuleType:
+        """The family's module ``part`` (``graph``, ``plan``, ``tune`` or a backend), imported now."""
+        return importlib.import_module(f"{self.package}.{part}")
+
+    @property
+    def options(self) -> dict[str, KernelOption]:
+        """The graph builder's options."""
+        return dict(getattr(self.module("graph"), "OPTIONS", {}))
+
+    def build(self, machine: Machine, **options: Any) -> LoopGraph:
+        """The family's loop graph for ``machine``; unknown or invalid options raise TwillError."""
+        known = self.options
+        for key, value in options.items():
+            if key not in known:
+                raise TwillError(f"kernel {self.name!r} has no option {key!r} "
+                                 f"(options: {', '.join(known) or 'none'})")
+            opt = known[key]
+            if opt.choices is not None and value not in opt.choices:
+                raise TwillError(f"kernel {self.name!r}: {key} must be one of {list(opt.choices)}, got {value!r}")
+        return self.module("graph").build(machine, **options)
+
+    def body(self, backend: str) -> ModuleType:
+        """The body module of ``backend`` (a name in :attr:`backends`)."""
+        return self.module(backend)
+
+    def hooks(self) -> ModuleType | None:
+        """The tuner's cost hooks (the ``tune`` module), or None for a family without."""
+        return self.module("tune") if self.tuned else None
 
 
-KERNELS: dict[str, KernelEntry] = {e.name: e for e in (
-    KernelEntry("paper-example", "twill.kernels.paper_example",
-                "the paper's running example: S = gemm, P = exp, O += gemm (unit costs)"),
-    KernelEntry("gemm", "twill.kernels.gemm", "tiled GEMM: TMA loads of A/B, wgmma/tcgen05, accumulator"),
-    KernelEntry("flash-fwd", "twill.kernels.flash_fwd",
-                "flash attention forward (Triton-tutorial structure), --subtiles 1|2|3"),
-    KernelEntry("flash-bwd", "twill.kernels.flash_bwd",
-                "flash attention backward, single-pass FA3 algorithm (5 GEMMs, exp, dQ atomic add)"),
-)}
+def families() -> list[Family]:
+    """Every registered family, in :data:`PACKAGES` order."""
+    return [importlib.import_module(f"{__name__}.{p}").FAMILY for p in PACKAGES]
 
 
-def list_kernels() -> list[KernelEntry]:
-    return list(KERNELS.values())
+def list_kernels() -> list[Family]:
+    """The built-in kernels ``twill kernels`` lists (every family)."""
+    return families()
 
 
-def kernel_module(name: str):
-    try:
-        entry = KERNELS[name]
-    except KeyError:
-        raise TwillError(f"unknown kernel {name!r} (built-in kernels: {', '.join(KERNELS)})") from None
-    return importlib.import_module(entry.module)
+def find_family(kind: Any) -> Family | None:
+    """The family called ``kind`` (a graph's ``attrs["kernel"]``, maybe absent), or None."""
+    return next((f for f in families() if f.name == kind), None) if kind else None
+
+
+def family(name: str) -> Family:
+    """The family called ``name``; an unknown name raises TwillError."""
+    found = find_family(name)
+    if found is None:
+        raise TwillError(f"unknown kernel {name!r} (built-in kernels: {', '.join(f.name for f in families())})")
+    return found
+
+
+def family_of(graph: LoopGraph) -> Family | None:
+    """The family a loop graph was built by (its ``kernel`` attribute), or None."""
+    return find_family(graph.attrs.get("kernel"))
 
 
 def kernel_options(name: str) -> dict[str, KernelOption]:
-    return dict(getattr(kernel_module(name), "OPTIONS", {}))
+    """The options of kernel ``name``."""
+    return family(name).options
 
 
 def build_kernel(name: str, machine: Machine, **options: Any) -> LoopGraph:
     """Build the built-in graph ``name`` for ``machine``; unknown or invalid options raise TwillError."""
-    module = kernel_module(name)
-    known = getattr(module, "OPTIONS", {})
-    for key, value in options.items():
-        if key not in known:
-            raise TwillError(f"kernel {name!r} has no option {key!r} (options: {', '.join(known) or 'none'})")
-        opt = known[key]
-        if opt.choices is not None and value not in opt.choices:
-            raise TwillError(f"kernel {name!r}: {key} must be one of {list(opt.choices)}, got {value!r}")
-    return module.build(machine, **options)
+    return family(name).build(machine, **options)
