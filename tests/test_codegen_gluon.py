@@ -17,7 +17,7 @@ from solved import solved_kernel
 
 from twill.codegen.gluon import emit_gluon, gluon_plan, load_emitted, render_plan
 from twill.codegen.plan import Turn
-from benchmarks.variants import flash_schedule, gemm_schedule
+from variants import flash_schedule, gemm_schedule
 from twill.errors import UnsupportedFeatureError
 from twill.kernels import build_kernel
 from twill.machine.models import H100
@@ -233,7 +233,7 @@ def test_a_group_issuing_s_ahead_takes_one_tensor_core_turn():
     turn, at its qk's place (cyclically qk_b -> qk_a -> qk_c), and the kernel waits once per iteration."""
     if not HAS_ORTOOLS:
         pytest.skip("the schedule comes from the solver (ortools, extra 'solve')")
-    from twill.codegen.plan import _turns
+    from twill.codegen.plan import cut_turns
     from twill.machine.calibration import load_machine
     from twill.solve import schedule as solve
     from twill.solve.options import SolveOptions
@@ -243,7 +243,7 @@ def test_a_group_issuing_s_ahead_takes_one_tensor_core_turn():
     sched = solve(graph, machine, SolveOptions(streaming_depth=2, reg_limit=160))
     plan = gluon_plan(sched)
     tc = [op.name for op in sched.graph.ops if op.usage("tc")]
-    raw = _turns(sched, plan.compute, tc)
+    raw = cut_turns(sched, plan.compute, tc)
     assert all(p.qk_ahead == 1 for p in plan.compute)
     assert len(raw) > 3                                     # the schedule's order splits some group's issues
     assert sorted(t.partition for t in plan.turns) == [0, 1, 2]
@@ -260,14 +260,14 @@ def test_a_group_issuing_s_ahead_takes_one_tensor_core_turn():
 def test_split_turns_stay_for_a_group_that_issues_s_and_pv_apart():
     """With S not issued ahead (stage(pv) = stage(qk)), S and P V are issued at two points of the program:
     that group keeps the schedule's split turns; only the groups issuing S ahead are merged."""
-    from twill.codegen.plan import _one_turn_when_ahead
+    from twill.kernels.flash_fwd.plan import one_turn_when_ahead
 
     graph = build_kernel("flash-fwd", H100, subtiles=3, head_dim=64)
     compute = gluon_plan(solved_kernel("flash-fwd", "h100", {"subtiles": 3, "head_dim": 64},
                                        streaming_depth=2)).compute
 
     def merged(turns, ahead):
-        return _one_turn_when_ahead(graph, turns, tuple(replace(p, qk_ahead=a) for p, a in zip(compute, ahead)))
+        return one_turn_when_ahead(graph, turns, tuple(replace(p, qk_ahead=a) for p, a in zip(compute, ahead)))
 
     turns = (Turn(0, ("qk_a",)), Turn(1, ("qk_b",)), Turn(0, ("pv_a",)), Turn(2, ("qk_c",)), Turn(1, ("pv_b",)),
              Turn(2, ("pv_c",)))
@@ -355,7 +355,7 @@ def test_persistent_attention_claims_items_and_hands_them_over_behind_q_bar(tmp_
 
 
 def test_persistent_is_gemm_and_attention_forward_only():
-    from benchmarks.variants import flash_bwd_schedule
+    from variants import flash_bwd_schedule
 
     sched = flash_bwd_schedule(build_kernel("flash-bwd", H100), H100)
     with pytest.raises(UnsupportedFeatureError, match="persistent 'flash-bwd' kernel is not supported"):
@@ -563,7 +563,8 @@ def test_renderers_read_only_the_plan():
         modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         twill = {m for m in modules if m and m.startswith("twill")}
-        assert twill <= {"twill.codegen.plan", "twill.codegen.gluon.render"}, (name, twill)
+        assert twill <= {"twill.codegen.plan", "twill.codegen.gluon.render", "twill.kernels.gemm.plan",
+                         "twill.kernels.flash_fwd.plan"}, (name, twill)
 
 
 @pytest.mark.skipif(not HAS_ORTOOLS, reason="the joint solver needs OR-Tools")
@@ -734,26 +735,6 @@ def test_cli_emits_a_causal_grouped_kernel(tmp_path):
     assert "online_softmax(s_cur, m_i, l_i, 0, q_first, qk_scale, s_layout)" in out.read_text()
 
 
-def test_main_loops_of_sass_are_the_conditional_back_edges_around_a_wgmma():
-    """benchmarks/loop_instructions.py counts a compute warp's main loop: a loop closed by a conditional
-    backward branch that holds an HGMMA; mbarrier spin loops (no HGMMA) and the unconditional retry branches
-    from the end of the function do not count."""
-    from benchmarks.loop_instructions import main_loops
-
-    sass = """
-.L_x_1:
-        /*0100*/                   HGMMA.64x64x16.F32 R24, gdesc[UR4], RZ ;
-.L_x_2:
-        /*0110*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR8], R3 ;
-        /*0120*/              @!P0 BRA `(.L_x_2) ;
-        /*0130*/                   FMUL R4, R4, R5 ;
-        /*0140*/               @P1 BRA `(.L_x_1) ;
-        /*0150*/                   EXIT ;
-        /*0160*/                   BRA `(.L_x_1) ;
-"""
-    assert main_loops(sass) == [5]
-
-
 def test_the_producer_issues_its_loads_by_start_time():
     """Each iteration of the TMA producer fills every ring for the same tile, so it issues its loads in the order
     the schedule starts them. In the datasheet H200 model's two-copy D = 256 schedule ``load_v`` starts a stage
@@ -795,7 +776,7 @@ def test_a_warp_group_holding_two_sub_tiles_is_refused_with_the_ops_and_a_remedy
 @pytest.mark.parametrize("seq,launch_order,chunked", [(2048, 1.069, 1.016), (4096, 1.035, 1.000),
                                                       (8192, 1.015, 1.003)])
 def test_the_causal_forward_order_balances_its_blocks_in_list_scheduling(seq, launch_order, chunked):
-    """docs/performance.md, "The causal launch order (forward)": the benchmark's causal forward (B = 4, H = 32,
+    """docs/experiments/causal-launch-order.md: the benchmark's causal forward (B = 4, H = 32,
     128-row blocks of 128-key tiles, 132 SMs, one CTA each) handed out greedily one head after another, each
     heaviest first, finishes ``launch_order`` x the ideal; in the emitted order (the kernel's own lines, run
     here as Python on every CTA in launch order), ``chunked`` x; and the emitted order is a bijection."""
@@ -820,142 +801,3 @@ def test_the_causal_forward_order_balances_its_blocks_in_list_scheduling(seq, la
     ideal = sum(grid) / sms
     assert list_schedule(grid, sms)[0] / ideal == pytest.approx(launch_order, abs=0.002)
     assert list_schedule(ours, sms)[0] / ideal == pytest.approx(chunked, abs=0.002)
-
-
-def test_gluon_bench_records_the_clock_of_every_timing():
-    """benchmarks/gluon_bench.py run samples the SM clock throughout and gives every kernel timing and reference
-    row the median clock of the window it ran in (None where nvidia-smi read nothing); the text table shows it."""
-    from benchmarks.gluon_bench import attach_clocks, table
-
-    class Sampler:
-        def median_ghz(self, start, end):
-            return {(0.0, 1.0): 1.75, (1.0, 2.0): 1.5}.get((start, end))
-
-    result = {"versions": {"gpu": "GPU", "torch": "t", "triton": "3.6.0"}, "attention_references": {
-                  "fp16_d128": {2048: {"cudnn": 500.0, "window": [1.0, 2.0]}}},
-              "kernels": [{"name": "fa", "kernel": "flash-fwd", "checks": [{"relerr": 1e-4}],
-                           "timings": [{"S": 2048, "tflops": 450.0, "window": [0.0, 1.0]},
-                                       {"S": 4096, "tflops": 470.0, "window": [5.0, 6.0]}]}]}
-    attach_clocks(result, Sampler())
-    first, second = result["kernels"][0]["timings"]
-    assert (first["clock_ghz"], second["clock_ghz"]) == (1.75, None) and "window" not in first
-    assert result["attention_references"]["fp16_d128"][2048] == {"cudnn": 500.0, "clock_ghz": 1.5}
-    assert "1.75 GHz" in table(result).splitlines()[1]
-
-
-def test_gluon_bench_run_wires_kernels_references_clocks_and_ratios(tmp_path, monkeypatch):
-    """``run`` on the CPU with the GPU steps replaced: it times the kernels and the references inside one clock
-    sampler, attaches the clocks and the ratios, and writes gluon_bench.json."""
-    import json
-
-    from benchmarks import gluon_bench
-    from twill.machine import microbench
-
-    class Sampler:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return None
-
-        def median_ghz(self, start, end):
-            return 1.6
-
-    def kernels(result, manifest, kernel_dir, seqs, gemm_sizes, rounds):
-        result["kernels"] = [{**m, "checks": [{"relerr": 1e-4}],
-                              "timings": [{"S": s, "tflops": 400.0, "window": [0.0, 1.0]} for s in seqs]}
-                             for m in manifest]
-
-    monkeypatch.setattr(microbench, "ClockSampler", Sampler)
-    monkeypatch.setattr(gluon_bench, "_run_kernels", kernels)
-    monkeypatch.setattr(gluon_bench, "attention_references",
-                        lambda case, seqs: {s: {"cudnn": 500.0, "window": [0.0, 1.0]} for s in seqs})
-    monkeypatch.setattr(gluon_bench, "_versions", lambda: {"gpu": "GPU", "torch": "t", "triton": "3.6.0"})
-    (tmp_path / "k").mkdir()
-    (tmp_path / "k" / "manifest.json").write_text(json.dumps(
-        [{"name": "fa_x", "file": "fa_x.py", "kernel": "flash-fwd", "options": {"head_dim": 128}}]))
-    gluon_bench.run(str(tmp_path / "k"), str(tmp_path / "out"), quick=True)
-    doc = json.loads((tmp_path / "out" / "gluon_bench.json").read_text())
-    timing = doc["kernels"][0]["timings"][0]
-    assert timing["clock_ghz"] == 1.6 and timing["ratio_vs_cudnn"] == pytest.approx(0.8)
-    assert doc["attention_references"]["fp16_d128"]["2048"]["clock_ghz"] == 1.6
-
-
-def test_an_interleaved_timing_keeps_the_ratios_of_its_own_rounds(monkeypatch):
-    """``gluon_bench.py run --rounds N``: the kernel and SDPA's cuDNN and FA2 are timed in the same rounds; a
-    backend that refuses the shape is left out; the ratios come from those rounds and survive the references
-    timed apart for the table."""
-    from benchmarks import _common, gluon_bench
-
-    seen = {}
-
-    def event_times(fns, calls, rounds):
-        seen.update(names=sorted(fns), calls=calls, rounds=rounds)
-        ms = {"twill": 2.0, "cudnn": 2.2}
-        return ms, {n: [m, m] for n, m in ms.items()}, [0.0, 1.0]
-
-    def refuse():
-        raise RuntimeError("no kernel for this shape")
-
-    monkeypatch.setattr(_common, "event_times", event_times)
-    monkeypatch.setattr(_common, "torch_references", lambda problem, args, flash, causal: {
-        "cudnn": lambda: None, flash: refuse})
-    row = gluon_bench.interleaved_row(lambda: None, (None, None, None), ("fp16", 128, True, 0), 4096, 7)
-    assert seen == {"names": ["cudnn", "twill"], "calls": gluon_bench.ROUND_CALLS, "rounds": 7}
-    assert row["ratio_vs_cudnn"] == pytest.approx(1.1) and "ratio_vs_fa2" not in row
-    flops = gluon_bench.attention_flops(gluon_bench.ATTN_BATCH, gluon_bench.ATTN_HEADS, 4096, 128, True)
-    assert row["tflops"] == pytest.approx(flops / 2.0 / 1e9) and row["window"] == [0.0, 1.0]
-    result = {"kernels": [{"kernel": "flash-fwd", "options": {"causal": True}, "timings": [row]}],
-              "attention_references": {"fp16_d128_causal": {4096: {"cudnn": 1.0, "fa2": 300.0}}}}
-    gluon_bench._attach_ratios(result)
-    assert row["ratio_vs_cudnn"] == pytest.approx(1.1) and row["fa2_tflops"] == 300.0
-
-
-def test_launch_overhead_refuses_a_folder_without_a_manifest_or_an_unknown_kernel(tmp_path):
-    """``benchmarks/launch_overhead.py`` checks its folder and kernel names before it touches the GPU: one
-    clear line and a non-zero exit each."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "launch_overhead.py")
-    run = subprocess.run([sys.executable, script, str(tmp_path), "--only", "fa_x"], capture_output=True, text=True)
-    assert run.returncode == 2 and "no manifest.json" in run.stderr and "Traceback" not in run.stderr
-    (tmp_path / "manifest.json").write_text(json.dumps([{"name": "fa_a", "file": "fa_a.py"}]))
-    from benchmarks import launch_overhead
-
-    with pytest.raises(SystemExit, match="no kernel fa_x"):
-        launch_overhead.run(str(tmp_path), ["fa_x"], [2048])
-
-
-def test_the_rounds_table_shows_medians_same_round_ratios_spread_and_clock():
-    """``markdown_rounds_table`` renders only ``--rounds`` timings: TFLOP/s, the same-round ratios, each
-    contender's max/min spread and the clock."""
-    from benchmarks.gluon_bench import markdown_rounds_table
-
-    timing = {"S": 4096, "tflops": 600.4, "rounds": 5, "ratio_vs_cudnn": 1.04, "ratio_vs_fa2": 2.0,
-              "ms_spread": {"twill": [1.0, 1.05], "cudnn": [1.0, 1.1], "fa2": [2.0, 2.0]}, "clock_ghz": 1.73}
-    result = {"kernels": [{"name": "fa_x", "timings": [timing, {"S": 2048, "tflops": 1.0}]}]}
-    rows = markdown_rounds_table(result).splitlines()
-    assert rows[2] == "| `fa_x` | 4096 | 600 | 1.04 | 2.00 | 5.0% / 10.0% | 1.73 |" and len(rows) == 3
-
-
-def test_bwd_phases_refuses_a_folder_without_a_manifest_an_unknown_variant_or_a_causal_one(tmp_path):
-    """``benchmarks/bwd_phases.py`` checks its folder and variant names before it touches the GPU (one clear
-    line, exit 2 each), and refuses a causal variant, whose CTAs run different iteration counts."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bwd_phases.py")
-    run = subprocess.run([sys.executable, script, "--modules", str(tmp_path), "x"], capture_output=True, text=True)
-    assert run.returncode == 2 and "no manifest.json" in run.stderr and "Traceback" not in run.stderr
-    (tmp_path / "manifest.json").write_text(json.dumps([{"name": "bwd_c", "options": {"causal": True}}]))
-    run = subprocess.run([sys.executable, script, "--modules", str(tmp_path), "x"], capture_output=True, text=True)
-    assert run.returncode == 2 and "no variant x" in run.stderr
-    from benchmarks import bwd_phases
-
-    with pytest.raises(SystemExit, match="causal"):
-        bwd_phases.phases_of(str(tmp_path), {"name": "bwd_c", "options": {"causal": True}}, 4096)

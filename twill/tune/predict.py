@@ -537,7 +537,7 @@ def _flash_plan(schedule: Schedule) -> Any:
     kernel or a schedule the code generator does not emit."""
     if schedule.graph.attrs.get("kernel") != "flash-fwd":
         return None
-    from twill.codegen.plan import flash_plan
+    from twill.kernels.flash_fwd.plan import plan as flash_plan
     from twill.errors import UnsupportedFeatureError
 
     try:

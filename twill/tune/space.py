@@ -142,7 +142,7 @@ def staging_bytes(graph: LoopGraph) -> int:
     """Shared memory a persistent GEMM's C staging buffer takes at least, live with the rings: the
     ``block_m × block_n`` fp16/bf16 tile over the most column slices the generator stores it in
     (docs/codegen.md, "Persistent GEMM")."""
-    from twill.codegen.plan import EPILOGUE_SPLITS
+    from twill.kernels.gemm.plan import EPILOGUE_SPLITS
 
     return int(graph.attrs["block_m"]) * int(graph.attrs["block_n"]) * 2 // max(EPILOGUE_SPLITS)
 

@@ -28,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, heaviest_first_chunks, wrap
-from twill.codegen.plan import FLASH_PROGRAM_ORDER, KernelPlan
+from twill.codegen.plan import KernelPlan
+from twill.kernels.flash_fwd.plan import PROGRAM_ORDER
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
 COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_ptr", "lse_ptr", "q_row", "q_start", "seq_len", "n_tiles",
@@ -180,7 +181,7 @@ class _Knobs:
                                                    "AHEAD": tuple(p.qk_ahead for p in comp)}
         if plan.turns:
             self.values["TURNS"] = plan.turn_counts
-            for role in FLASH_PROGRAM_ORDER:
+            for role in PROGRAM_ORDER:
                 self.values[f"{role.upper()}_TURN"] = tuple(p.turn_waits.get(p.roles[role], -1) for p in comp)
                 self.values[f"{role.upper()}_PASS"] = tuple(
                     (p.turn_passes[p.roles[role]] - p.subtile) % len(comp) if p.roles[role] in p.turn_passes

@@ -20,7 +20,8 @@ tile.
 from __future__ import annotations
 
 from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, depth_name
-from twill.codegen.plan import KernelPlan, persistent_smem
+from twill.codegen.plan import KernelPlan
+from twill.kernels.gemm.plan import persistent_smem
 
 #: Output tiles grouped along M so CTAs resident together reuse B tiles from L2 (tile-order policy).
 GROUP_M = 8

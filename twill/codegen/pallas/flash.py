@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from twill.codegen.pallas.render import (JNP_DTYPES, WG_ROWS, cannot_emit, constant_lines, knob_constants,
                                          pipeline_knobs, render_header, render_module)
-from twill.codegen.plan import FLASH_PROGRAM_ORDER, KernelPlan
+from twill.codegen.plan import KernelPlan
+from twill.kernels.flash_fwd.plan import PROGRAM_ORDER
 
 BODY = '''
 LOG2E = math.log2(math.e)  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
@@ -238,7 +239,7 @@ def _kv_step(plan: KernelPlan, ahead: int) -> str:
     ind = " " * 12
     qk_wait, qk_pass = _turn_lines(plan, "qk", ind)
     pv_wait, pv_pass = _turn_lines(plan, "pv", ind)
-    ops = {role: " | ".join(p.roles[role] for p in comp) for role in FLASH_PROGRAM_ORDER}
+    ops = {role: " | ".join(p.roles[role] for p in comp) for role in PROGRAM_ORDER}
     template = KV_STEP_AHEAD if ahead else KV_STEP_SERIAL
     return template.format(
         qk_wait=qk_wait, qk_pass=qk_pass, pv_wait=pv_wait, pv_pass=pv_pass, qk=ops["qk"], pv=ops["pv"],

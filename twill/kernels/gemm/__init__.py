@@ -3,10 +3,13 @@
 
 from twill.kernels import Family
 
+#: Roles of the GEMM graph's ops.
+ROLES = ("load_a", "load_b", "mma", "mma_wait")
+
 
 def _claims(roles: frozenset[str]) -> bool:
     """A graph of GEMM roles only, with an ``mma``."""
-    return roles <= {"load_a", "load_b", "mma", "mma_wait"} and "mma" in roles
+    return roles <= set(ROLES) and "mma" in roles
 
 
 FAMILY = Family(name="gemm", package=__name__, planned=True, backends=("gluon", "pallas", "tilelang"), tuned=True,

@@ -1,0 +1,113 @@
+"""The attention backward's kernel plan (Hopper, one 8-warp compute warp group, FA3's algorithm): the generic
+vocabulary of :mod:`twill.codegen.plan` plus its decisions.
+
+* **Rings.** ``q``, ``do`` and ``stats`` (LSE and D), with their depths from the schedule; K and V stay
+  resident.
+* **dQ staging.** ``dq_depth = stage(dq_atomic) - stage(dq_store) + 1`` fp32 buffers between the compute
+  group's ``dq_store`` and the producer's ``dq_atomic``, which reduces iteration ``j - dq_lag`` in iteration
+  ``j`` (``dq_lag = stage(dq_atomic) - stage(load_q)``).
+* **Stages.** The compute ops are issued in the schedule's steady-state order over at most two stages; see
+  docs/codegen.md, "Attention backward".
+"""
+
+from __future__ import annotations
+
+from twill.codegen.plan import (KernelPlan, Partition, Ring, Wait, check_roles, check_schedule, edge_wait,
+                                make_partitions, make_plan, ops_with_role, retire_wait, ring_depth, ring_waits,
+                                shared_barriers, smem_bytes, unsupported)
+from twill.errors import UnsupportedFeatureError
+from twill.kernels.flash_bwd import FAMILY
+from twill.machine.models import get_machine
+from twill.schedule.result import Schedule
+
+ROLES = ("load_q", "load_do", "load_stats", "qk", "dp", "exp", "p_cvt", "ds", "ds_store", "dv", "dk",
+         "dq", "dq_store", "dq_atomic")
+#: Tensor-core ops of the attention backward and the ring each reads (``None``: only resident K/V).
+MMAS = {"qk": "q", "dp": "do", "dv": "do", "dk": "q", "dq": None}
+#: Head dimensions of the attention backward (dK and dV are register accumulators of N = head dim).
+HEAD_DIMS = (64, 128)
+
+
+def plan(schedule: Schedule, backend: str) -> KernelPlan:
+    """Plan of the attention backward (Hopper, one compute warp group, FA3's algorithm): the rings of Q, dO
+    and the row statistics (LSE, D) with their depths from the schedule, the dQ staging depth between the
+    compute group's ``dq_store`` and the producer's ``dq_atomic``, and the waits. The compute ops are issued in
+    the schedule's steady-state order over at most two stages; see docs/codegen.md, "Attention backward"."""
+    check_schedule(schedule, backend)
+    graph = schedule.graph
+    check_roles(graph, ROLES, backend)
+    missing = [r for r in ROLES if len(ops_with_role(graph, r)) != 1]
+    if missing:
+        raise unsupported(backend, f"an attention backward graph without exactly one {missing[0]} op is")
+    op = {r: ops_with_role(graph, r)[0] for r in ROLES}
+    mmas = [op[r] for r in MMAS]
+    parts = make_partitions(schedule, mmas, {n: 0 for n in graph.op_names}, backend)
+    compute = parts[0]
+    if len(parts) != 2 or compute.num_warps != 8:
+        raise unsupported(backend, "an attention backward not on one 8-warp compute group is",
+                          "FA3's two MMA warp groups cooperate on every tile")
+    _check_bwd_stages(schedule, compute, backend)
+    rings = []
+    for load_role, name in (("load_q", "q"), ("load_do", "do"), ("load_stats", "stats")):
+        load = op[load_role]
+        readers = tuple(e.dst for e in graph.out_edges(load))
+        release = max(readers, key=lambda n: (schedule.stage(n), compute.ops.index(n)))
+        depth, why = ring_depth(schedule, load, release)
+        rings.append(Ring(name, load, readers, release, depth, why, name))
+    rings, barriers = shared_barriers(rings, 1)
+    dq_depth = schedule.stage(op["dq_atomic"]) - schedule.stage(op["dq_store"]) + 1
+    dq_lag = schedule.stage(op["dq_atomic"]) - schedule.stage(op["load_q"])
+    if dq_lag < 0:
+        raise unsupported(backend, "dq_atomic scheduled a stage before the loads is")
+    head_dim = int(graph.attrs.get("head_dim", 128))
+    if head_dim not in HEAD_DIMS:
+        raise unsupported(backend, f"head dim {head_dim}", ", ".join(map(str, HEAD_DIMS)))
+    tile = {"block_m": int(graph.attrs.get("block_m", 64)), "block_n": int(graph.attrs.get("block_n", 128)),
+            "head_dim": head_dim}
+    if tile["block_m"] not in (64, 128) or tile["block_n"] != 128:
+        raise unsupported(backend, f"block_m {tile['block_m']}, block_n {tile['block_n']}",
+                          "block_m 64 or 128, block_n 128")
+    _check_bwd_smem(schedule, tile, rings, dq_depth, backend)
+    kv_heads = int(graph.attrs.get("kv_heads", 0))
+    waits = ring_waits(graph, rings) + [retire_wait(graph, op[r]) for r in MMAS]
+    waits += [edge_wait(graph, "ready", op["dq_store"], op["dq_atomic"]),
+              Wait("empty", op["dq_store"], op["dq_atomic"], 0, dq_depth)]
+    return make_plan(schedule, FAMILY.name, backend, tile=tile, partitions=parts, rings=tuple(rings),
+                     barriers=barriers, waits=tuple(waits), causal=bool(graph.attrs.get("causal", False)),
+                     kv_heads=kv_heads, dq_depth=dq_depth, dq_lag=dq_lag)
+
+
+def _check_bwd_stages(schedule: Schedule, compute: Partition, backend: str) -> None:
+    """The compute ops span at most two stages, and a value carried from stage s to stage s + 1 is read (for
+    iteration j - 1) before it is produced again (for iteration j) in the steady-state order, so one register
+    copy holds it."""
+    graph = schedule.graph
+    stages = sorted({schedule.stage(n) for n in compute.ops})
+    if stages[-1] - stages[0] > 1:
+        raise unsupported(backend, f"attention backward compute ops over {stages[-1] - stages[0] + 1} stages are",
+                          "one or two")
+    for e in graph.edges:
+        if e.src in compute.ops and e.dst in compute.ops and e.distance == 0 and \
+                schedule.stage(e.dst) > schedule.stage(e.src) and \
+                compute.ops.index(e.dst) > compute.ops.index(e.src):
+            raise unsupported(backend, f"{e.src!r} of iteration j + 1 before {e.dst!r} of iteration j is",
+                              "the value would need two register copies")
+
+
+def _check_bwd_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], dq_depth: int,
+                    backend: str) -> None:
+    """Resident K and V, the Q/dO/stats rings, the dS tile, the dQ staging buffers and the mbarriers must fit
+    shared memory. Each buffer and the barriers are counted in whole KiB (the allocator aligns the swizzled
+    tiles): buffers of exactly the 232 448 bytes of an H200 block (128-row tiles, 3-deep rings) need 233 004
+    with their 23 barriers, and Triton refuses that kernel only at launch."""
+    capacity = get_machine(schedule.arch).smem_per_block
+    bm, bn, d = tile["block_m"], tile["block_n"], tile["head_dim"]
+    buffer = {"q": bm * d * 2, "do": bm * d * 2, "stats": 2 * bm * 4}
+    barriers = 1 + 2 * dq_depth + 2 * sum(r.depth for r in rings)     # K/V, dQ ready/empty, ring ready/empty
+    need = smem_bytes([2 * bn * d * 2, *(r.depth * buffer[r.name] for r in rings), bn * bm * 2,
+                       dq_depth * bm * d * 4], barriers)
+    if need > capacity:
+        raise UnsupportedFeatureError(
+            f"cannot generate: the attention backward needs {need} bytes of shared memory, more than the "
+            f"{capacity} of {schedule.arch} (head dim {d}, ring depths {'/'.join(str(r.depth) for r in rings)}, "
+            f"dQ staging {dq_depth}; {backend} backend); use a smaller --streaming-depth")
