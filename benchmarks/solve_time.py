@@ -8,8 +8,8 @@ final joint solve, the status, the wall and CPU time, and beside them the time b
 projections and the paper's Table 1 time where the paper reports the problem. A Triton kernel (kernel
 ``path.py:fn``) is compiled on the CPU as ``twill schedule path.py:fn`` does; its graph build time is recorded
 apart (``build s``), outside the solve time. Its ``twill inject`` row solves as ``twill inject`` does
-(:func:`twill.codegen.triton.solve_for_triton`: no warp specialization; on h100 the window search of the graph
-constrained for Triton 3.6).
+(:func:`twill.integrations.triton.inject.solve_for_triton`: no warp specialization; on h100 the window search
+of the graph constrained for Triton 3.6).
 Writes ``benchmarks/results/solve_time.json`` and the "Solve time" section of ``docs/performance.md``.
 
     .venv/bin/python benchmarks/solve_time.py [--time-limit 300] [--backends cpsat,yices] [--only flash-fwd]
@@ -40,13 +40,13 @@ SECTION = "## Solve time"
 
 #: The Triton kernels measured: (target path.py:fn, signature, constexprs), all at num_warps 8, num_stages 3.
 TRITON_KERNELS = (
-    ("twill/kernels/triton/flash_fwd.py:attn_fwd",
+    ("twill/integrations/triton/kernels/flash_fwd.py:attn_fwd",
      "Q=*fp16:16,K=*fp16:16,V=*fp16:16,Out=*fp16:16,sm_scale=fp32,ZH=i32,N_CTX=i32:16",
      ["HEAD_DIM=128", "BLOCK_M=128", "BLOCK_N=128"]),
-    ("twill/kernels/triton/flash_fwd_subtiled.py:attn_fwd_subtiled",
+    ("twill/integrations/triton/kernels/flash_fwd_subtiled.py:attn_fwd_subtiled",
      "Q=*fp16:16,K=*fp16:16,V=*fp16:16,Out=*fp16:16,sm_scale=fp32,ZH=i32,N_CTX=i32:16",
      ["HEAD_DIM=128", "BLOCK_M=64", "BLOCK_N=128"]),
-    ("twill/kernels/triton/matmul.py:matmul_kernel",
+    ("twill/integrations/triton/kernels/matmul.py:matmul_kernel",
      "a_ptr=*fp16:16,b_ptr=*fp16:16,c_ptr=*fp16:16,M=i32:16,N=i32:16,K=i32:16",
      ["BLOCK_M=128", "BLOCK_N=128", "BLOCK_K=64"]),
     ("tests/data/triton_families.py:attn_bwd_dkdv",
@@ -132,7 +132,7 @@ def build_graph(kernel: str, options: dict[str, Any], machine: Any) -> Any:
         from twill.kernels import build_kernel
 
         return build_kernel(kernel, machine, **options)
-    from twill.frontends.triton import graph_from_target
+    from twill.integrations.triton import graph_from_target
 
     path, fn = kernel.rsplit(":", 1)
     return graph_from_target(os.path.join(ROOT, path), fn, signature=options["signature"],
@@ -149,8 +149,8 @@ def solve(graph: Any, machine: Any, solve_options: dict[str, Any], backend: str,
     options = SolveOptions(solver=backend, time_limit=time_limit, **fields)
     if not solve_options.get("inject"):
         return schedule(graph, machine, options)
-    from twill.codegen.triton import solve_for_triton
-    from twill.frontends.triton.compile import capability_of
+    from twill.integrations.triton.inject import solve_for_triton
+    from twill.integrations.triton.compile import capability_of
 
     return solve_for_triton(graph, machine, capability_of(machine.arch), options)
 

@@ -76,7 +76,7 @@ def generate(outdir: str, arch: str = "h200") -> dict[str, Any]:
             summary = json.loads(_twill("inject", target, *(x for a in args for x in ("--arg", a)), "--arch", arch,
                                         *ws, "-o", os.path.join(outdir, f"{prefix}_{name}")))
             manifest["planned_ws" if ws else "planned"][name] = summary
-    from twill.frontends.tilelang import rewrite_source
+    from twill.integrations.tilelang import rewrite_source
 
     manual = rewrite_source(os.path.join(ROOT, "examples", "tilelang", "gemm.py"), "matmul", *MANUAL,
                             "TileLang's manual form: stage/order written by hand")

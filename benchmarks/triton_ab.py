@@ -1,5 +1,5 @@
 """A/B of the same Triton kernels under the same Triton 3.6.0: Triton's own software-pipelining schedule vs
-the schedule Twill computes and injects (``twill.codegen.triton``).
+the schedule Twill computes and injects (``twill.integrations.triton.inject``).
 
 Two steps, because the GPU machine has no OR-Tools:
 
@@ -49,16 +49,16 @@ def _constexprs(case: str) -> dict[str, int]:
 def _module(name: str):
     import importlib
 
-    return importlib.import_module(f"twill.kernels.triton.{name}")
+    return importlib.import_module(f"twill.integrations.triton.kernels.{name}")
 
 
 # -- prepare (CPU) ----------------------------------------------------------------------------------------
 def prepare(time_limit: float, only: list[str]) -> None:
     """Extract each kernel's loop graph for sm_90, solve it for Triton, save the schedules with their graphs
     (``only``: just these cases, keeping the others already in the file)."""
-    from twill.codegen.triton import solve_for_triton
+    from twill.integrations.triton.inject import solve_for_triton
     from twill.commands.common import schedule_document
-    from twill.frontends.triton import kernel_spec, lower_function
+    from twill.integrations.triton import kernel_spec, lower_function
     from twill.machine import get_machine
     from twill.solve import SolveOptions
 
@@ -91,8 +91,8 @@ def model_triton_order(time_limit: float) -> None:
     """For each case, the model II of *Triton's own* emission order: the compute ops chained (delay-0 edges) in
     the (cluster, program) order of Triton's schedule, solved like Twill's (``solve_for_triton``). Stored in
     SCHEDULES under ``triton_ab.triton_order``."""
-    from twill.codegen.triton import solve_for_triton, triton_order
-    from twill.frontends.triton import kernel_spec, lower_function
+    from twill.integrations.triton.inject import solve_for_triton, triton_order
+    from twill.integrations.triton import kernel_spec, lower_function
     from twill.machine import get_machine
     from twill.solve import SolveOptions
 
@@ -126,7 +126,7 @@ def _load_schedule(doc: dict):
 
 def _launcher(case: str, fn, size):
     """(launch(), check() -> error, flops) for one kernel variant and size, from the kernel module's
-    ``twill_launch`` hook (:mod:`twill.kernels.triton.launch`); check() redraws the inputs."""
+    ``twill_launch`` hook (:mod:`twill.integrations.triton.launch`); check() redraws the inputs."""
     from twill.tune.predict import Shape
 
     mod = _module(CASES[case][0])
@@ -142,7 +142,7 @@ def run(out_path: Path, reps: int) -> None:
     from triton import knobs
     from triton.testing import do_bench
 
-    from twill.codegen.triton import default_load_lead, make_jit_hook
+    from twill.integrations.triton.inject import default_load_lead, make_jit_hook
     from twill.machine import get_machine
 
     machine = get_machine("h100")

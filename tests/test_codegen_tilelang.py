@@ -64,7 +64,7 @@ def _module(tmp_path, source: str, name: str):
 
 
 def _cuda(tmp_path, source: str, name: str, *args) -> str:
-    from twill.codegen.tilelang.lower import lower_cuda
+    from twill.integrations.tilelang.cuda import lower_cuda
 
     module = _module(tmp_path, source, name)
     return lower_cuda(module.make_kernel(*args), module.PASS_CONFIGS)

@@ -151,7 +151,7 @@ def test_inject_refuses_a_folder_holding_its_schedule_file(tmp_path, capsys, no_
     folder = tmp_path / "out"
     folder.mkdir()
     (folder / "schedule.json").write_text("{}")
-    kernel = ROOT / "twill" / "kernels" / "triton" / "matmul.py"
+    kernel = ROOT / "twill" / "integrations" / "triton" / "kernels" / "matmul.py"
     fails(capsys, "inject", f"{kernel}:matmul_kernel", "--schedule", folder / "schedule.json", "-o", folder,
           message="is the input")
     assert (folder / "schedule.json").read_text() == "{}"

@@ -328,7 +328,7 @@ def test_tilelang_rewrite_quotes_op_names_and_the_note():
     from pathlib import Path
 
     from twill.codegen.tilelang.ws import LOOP_ID, Sync, WSDesign, ws_schedule_source
-    from twill.frontends.tilelang import rewrite_source, rewrite_ws_source
+    from twill.integrations.tilelang import rewrite_source, rewrite_ws_source
 
     gemm = str(Path(__file__).parents[1] / "examples" / "tilelang" / "gemm.py")
     benign_ops, hostile_ops = ["a", "b", "c"], list(HOSTILE[:3])

@@ -92,7 +92,7 @@ def test_cycle_finds_a_circle():
 #: Modules on the solver's edges, imported alone in the quick test (the slow one covers every module).
 EDGES = ["twill.solve", "twill.solve.joint.search", "twill.solve.joint.cpsat", "twill.solve.joint.yices_joint",
          "twill.solve.strategies", "twill.schedule.verify", "twill.schedule.vocab", "twill.ir.semantics",
-         "twill.codegen.triton", "twill.cli"]
+         "twill.integrations.triton.inject", "twill.cli"]
 
 
 def import_alone(names: list[str]) -> str:

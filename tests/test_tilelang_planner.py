@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from twill.cli import main
-from twill.frontends.tilelang import rewrite_source, rewrite_ws_source, ws_root_ops
+from twill.integrations.tilelang import rewrite_source, rewrite_ws_source, ws_root_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMM = str(ROOT / "examples" / "tilelang" / "gemm.py")

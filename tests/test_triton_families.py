@@ -13,7 +13,7 @@ import pytest
 triton = pytest.importorskip("triton")
 
 from twill.errors import TwillError  # noqa: E402
-from twill.frontends.triton import graph_from_target  # noqa: E402
+from twill.integrations.triton import graph_from_target  # noqa: E402
 from twill.machine import get_machine  # noqa: E402
 
 pytestmark = pytest.mark.skipif(triton.__version__ != "3.6.0", reason="the frontend targets Triton 3.6.0")
@@ -161,8 +161,8 @@ def test_persistent_matmul_models_its_epilogue_as_one_conditional_op():
 
 def test_persistent_matmul_injects():
     pytest.importorskip("ortools")
-    from twill.codegen.triton import inject, solve_for_triton
-    from twill.frontends.triton import lower_function, spec_from_target
+    from twill.integrations.triton.inject import inject, solve_for_triton
+    from twill.integrations.triton import lower_function, spec_from_target
 
     machine = get_machine("h100")
     spec = spec_from_target(FAMILIES, "matmul_persistent", signature=PERSISTENT_SIGNATURE,
@@ -272,8 +272,8 @@ TMA_PERSISTENT = ("BLOCK_M=128", "BLOCK_N=128", "BLOCK_K=64", "NUM_SMS=132")
 @pytest.mark.parametrize("arch", ["h100", "b200"])
 def test_tma_persistent_matmul_with_split_epilogue_injects(arch):
     pytest.importorskip("ortools")
-    from twill.codegen.triton import inject, solve_for_triton
-    from twill.frontends.triton import lower_function, spec_from_target
+    from twill.integrations.triton.inject import inject, solve_for_triton
+    from twill.integrations.triton import lower_function, spec_from_target
     from twill.solve import SolveOptions
 
     machine = get_machine(arch)
@@ -320,7 +320,7 @@ def test_inject_schedules_the_loop_chosen_with_loop(tmp_path, capsys):
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["loop"].endswith(f"(called at triton_families.py:{call})")
-    from twill.frontends.triton.mlir import find_loops
+    from twill.integrations.triton.mlir import find_loops
 
     text = (tmp_path / "attn_fwd_ptr.scheduled.ttgir").read_text()
     first, second = [lp for lp in find_loops(text) if lp.innermost]

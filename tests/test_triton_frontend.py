@@ -10,13 +10,13 @@ import pytest
 triton = pytest.importorskip("triton")
 
 from twill.errors import TwillError, UnsupportedFeatureError  # noqa: E402
-from twill.frontends.triton import graph_from_target, graph_from_ttgir, lower_ttgir  # noqa: E402
-from twill.frontends.triton.compile import (KernelSpec, parse_constexprs, parse_signature,  # noqa: E402
-                                            require_triton)
+from twill.integrations.triton import graph_from_target, graph_from_ttgir, lower_ttgir  # noqa: E402
+from twill.integrations.triton.compile import (KernelSpec, parse_constexprs, parse_signature,  # noqa: E402
+                                               require_triton)
 from twill.ir import graph_from_dict, graph_to_dict, validate_graph  # noqa: E402
 from twill.machine import get_machine  # noqa: E402
 
-KERNELS = Path(__file__).resolve().parents[1] / "twill" / "kernels" / "triton"
+KERNELS = Path(__file__).resolve().parents[1] / "twill" / "integrations" / "triton" / "kernels"
 SAMPLE = Path(__file__).resolve().parent / "data" / "flash_fwd_sm90_prepipeline.ttgir"
 
 pytestmark = pytest.mark.skipif(triton.__version__ != "3.6.0", reason="the frontend targets Triton 3.6.0")
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(triton.__version__ != "3.6.0", reason="the front
 def _module(name: str):
     import importlib
 
-    return importlib.import_module(f"twill.kernels.triton.{name}")
+    return importlib.import_module(f"twill.integrations.triton.kernels.{name}")
 
 
 def _graph(name: str, fn: str, arch: str = "h100", **over):
@@ -177,7 +177,7 @@ def test_graph_round_trips_through_json(flash):
 
 # -- .ttgir input and errors ------------------------------------------------------------------------------
 def test_ttgir_file_gives_the_same_graph_as_the_kernel(tmp_path, flash):
-    from twill.frontends.triton import kernel_spec, lower_function
+    from twill.integrations.triton import kernel_spec, lower_function
 
     mod = _module("flash_fwd")
     spec = kernel_spec(mod.attn_fwd, signature=mod.SIGNATURE, constexprs=list(mod.CONSTEXPRS),

@@ -11,26 +11,26 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from twill.codegen.triton import (annotate, constrain_for_triton, default_load_lead, heuristic_plan,  # noqa: E402
-                                  inject, op_places, read_schedule_attrs, set_loop_max_stage,
-                                  set_schedule_attrs, solve_for_triton)
+from twill.integrations.triton.inject import (annotate, constrain_for_triton, default_load_lead,  # noqa: E402
+                                              heuristic_plan, inject, op_places, read_schedule_attrs,
+                                              set_loop_max_stage, set_schedule_attrs, solve_for_triton)
 from twill.errors import UnsupportedFeatureError  # noqa: E402
-from twill.frontends.triton import kernel_spec, lower_function  # noqa: E402
-from twill.frontends.triton.compile import compile_with_edit  # noqa: E402
-from twill.frontends.triton.mlir import find_loops  # noqa: E402
+from twill.integrations.triton import kernel_spec, lower_function  # noqa: E402
+from twill.integrations.triton.compile import compile_with_edit  # noqa: E402
+from twill.integrations.triton.mlir import find_loops  # noqa: E402
 from twill.machine import get_machine  # noqa: E402
 from twill.solve import SolveOptions, schedule  # noqa: E402
 
 pytestmark = pytest.mark.skipif(triton.__version__ != "3.6.0", reason="injection targets Triton 3.6.0")
 
 H100 = get_machine("h100")
-KERNELS = Path(__file__).resolve().parents[1] / "twill" / "kernels" / "triton"
+KERNELS = Path(__file__).resolve().parents[1] / "twill" / "integrations" / "triton" / "kernels"
 
 
 def _spec(name: str, fn: str, machine=H100, **over):
     import importlib
 
-    mod = importlib.import_module(f"twill.kernels.triton.{name}")
+    mod = importlib.import_module(f"twill.integrations.triton.kernels.{name}")
     return kernel_spec(getattr(mod, fn), signature=mod.SIGNATURE, constexprs=list(over.get("constexprs",
                        mod.CONSTEXPRS)), num_warps=mod.NUM_WARPS, num_stages=over.get("num_stages",
                        mod.NUM_STAGES), machine=machine)
@@ -175,7 +175,7 @@ def test_set_schedule_attrs_replaces_and_inserts():
 
 def test_annotate_is_identity_for_triton_own_plan(matmul):
     _, lowered, text, _ = matmul
-    from twill.codegen.triton import StagePlan
+    from twill.integrations.triton.inject import StagePlan
 
     own = heuristic_plan(text)
     plan = StagePlan(ii=1, op_places={}, statements=own, max_stage=max(s for s, _ in own.values()), load_lead=2)
@@ -186,7 +186,7 @@ def test_annotate_is_identity_for_triton_own_plan(matmul):
 def _triton_args(name: str) -> list[str]:
     import importlib
 
-    mod = importlib.import_module(f"twill.kernels.triton.{name}")
+    mod = importlib.import_module(f"twill.integrations.triton.kernels.{name}")
     fn = {"matmul": "matmul_kernel", "flash_fwd": "attn_fwd"}[name]
     args = [f"{KERNELS / (name + '.py')}:{fn}", "--signature", mod.SIGNATURE, "--num-warps", str(mod.NUM_WARPS),
             "--num-stages", str(mod.NUM_STAGES)]
@@ -289,7 +289,7 @@ def test_injected_matmul_and_flash_are_correct_on_gpu(tmp_path):
     import torch
     from triton import knobs
 
-    from twill.kernels.triton import flash_fwd, matmul
+    from twill.integrations.triton.kernels import flash_fwd, matmul
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     knobs.compilation.always_compile = True
@@ -300,7 +300,7 @@ def test_injected_matmul_and_flash_are_correct_on_gpu(tmp_path):
     shipped = json.loads((KERNELS.parents[2] / "benchmarks" / "results" / "triton_ab_schedules.json").read_text())
     mm_sched, fa_sched = (Schedule.from_dict(shipped[c], graph_from_dict(shipped[c]["loop_graph"]))
                           for c in ("matmul", "flash_fwd"))
-    from twill.codegen.triton import make_jit_hook
+    from twill.integrations.triton.inject import make_jit_hook
 
     mm_fn, fa_fn = triton.jit(matmul.matmul_kernel.fn), triton.jit(flash_fwd.attn_fwd.fn)
     a, b = (torch.randn(512, 512, device="cuda", dtype=torch.float16) for _ in range(2))

@@ -16,10 +16,10 @@ pytest.importorskip("ortools")
 
 from twill.cli import main  # noqa: E402
 from twill.commands.common import schedule_document  # noqa: E402
-from twill.codegen.triton import solve_for_triton  # noqa: E402
-from twill.frontends.triton import kernel_spec, lower_function  # noqa: E402
+from twill.integrations.triton.inject import solve_for_triton  # noqa: E402
+from twill.integrations.triton import kernel_spec, lower_function  # noqa: E402
 from twill.ir.digest import graph_digest  # noqa: E402
-from twill.kernels.triton import matmul  # noqa: E402
+from twill.integrations.triton.kernels import matmul  # noqa: E402
 from twill.machine import get_machine  # noqa: E402
 from twill.solve import SolveOptions  # noqa: E402
 

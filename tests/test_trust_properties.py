@@ -152,7 +152,7 @@ def test_inject_refuses_a_corrupted_schedule(tmp_path, capsys):
     pytest.importorskip("triton", reason="twill inject needs triton")
     import importlib
 
-    mod = importlib.import_module("twill.kernels.triton.matmul")
+    mod = importlib.import_module("twill.integrations.triton.kernels.matmul")
     doc = json.loads(valid_document("paper-example"))
     doc["ops"][1]["start"] = 0                                   # P before S finishes
     bad = tmp_path / "bad.json"

@@ -161,7 +161,7 @@ def test_a_compiled_triton_kernel_counts_its_registers_and_shared_memory_per_sm(
 def test_ranking_keeps_tritons_schedule_unless_twills_is_predicted_faster():
     """A Triton record carries the schedule of Triton's own order: a Twill schedule predicted less than
     INJECT_MIN_GAIN faster is not injected and the candidate is priced as Triton's kernel."""
-    from twill.codegen.triton import INJECT_MIN_GAIN
+    from twill.integrations.triton.inject import INJECT_MIN_GAIN
     from twill.commands.common import schedule_document
     from twill.tune.rank import rank
 
@@ -729,7 +729,7 @@ def test_measure_without_torch_is_a_clear_error(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_triton_matmul_spill_check_discards_the_spilling_config(tmp_path, monkeypatch, capsys):
     pytest.importorskip("triton", reason="Triton is needed to compile the kernel")
-    from twill.kernels.triton import matmul
+    from twill.integrations.triton.kernels import matmul
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     doc_path = tmp_path / "sweep.json"
@@ -772,9 +772,9 @@ def test_builtin_triton_kernels_define_the_launch_hook(name, fn):
     import importlib
     import inspect
 
-    from twill.tune.measure import launch_hook
+    from twill.integrations.triton.measure import launch_hook
 
-    mod = importlib.import_module(f"twill.kernels.triton.{name}")
+    mod = importlib.import_module(f"twill.integrations.triton.kernels.{name}")
     hook = launch_hook(getattr(mod, fn))
     assert hook is mod.twill_launch
     params = inspect.signature(hook).parameters
@@ -796,7 +796,7 @@ def test_measure_on_a_triton_kernel_without_the_hook_is_one_line_before_any_solv
 
 def test_measure_on_a_triton_kernel_with_the_hook_still_needs_a_gpu(tmp_path, monkeypatch, capsys):
     pytest.importorskip("triton", reason="Triton is needed to import the kernel")
-    from twill.kernels.triton import matmul
+    from twill.integrations.triton.kernels import matmul
 
     monkeypatch.setitem(sys.modules, "torch", None)         # import torch raises ImportError
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -810,7 +810,7 @@ def test_hooked_kernel_sets_the_stages_hook_only_around_its_launches():
     pytest.importorskip("triton", reason="the hook lives in Triton's knobs")
     from triton import knobs
 
-    from twill.tune.measure import HookedKernel
+    from twill.integrations.triton.measure import HookedKernel
 
     seen = []
 
@@ -832,7 +832,7 @@ def test_hooked_kernel_sets_the_stages_hook_only_around_its_launches():
 
 
 def test_triton_meta_is_the_constexprs_warps_and_stages():
-    from twill.tune.measure import triton_meta
+    from twill.integrations.triton.measure import triton_meta
     from twill.tune.space import candidate_of
 
     cand = candidate_of({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 4})
@@ -858,7 +858,7 @@ def _row(label, rank, predicted, a, b):
 
 
 def test_comparison_with_autotune_takes_twill_tuned_from_the_top_k_predicted_only():
-    from twill.tune.measure import compare_with_autotune
+    from twill.integrations.triton.measure import compare_with_autotune
 
     rows = [_row("c0", 0, 100.0, 120.0, 110.0), _row("c1", 1, 105.0, 100.0, 104.0),
             _row("c2", 2, 130.0, 118.0, 90.0), _row("c3", None, None, 95.0, None)]
@@ -872,7 +872,7 @@ def test_comparison_with_autotune_takes_twill_tuned_from_the_top_k_predicted_onl
 
 
 def test_triton_measurement_table_shows_both_schedules_and_the_autotune_comparison():
-    from twill.tune.measure import compare_with_autotune, format_triton_measured
+    from twill.integrations.triton.measure import compare_with_autotune, format_triton_measured
 
     rows = [{**_row("BLOCK_M=128", 0, 100.0, 120.0, 100.0), "triton_status": "ok", "twill_status": "ok"},
             {**_row("BLOCK_M=64", None, None, 150.0, None), "triton_status": "ok"}]
@@ -888,7 +888,7 @@ def test_where_twill_keeps_tritons_schedule_the_shipped_kernel_is_tritons():
     """A configuration whose Twill schedule the model does not predict faster than Triton's order keeps Triton's
     own schedule: Twill-tuned is then Triton's kernel of that configuration, and its (slower) Twill schedule
     counts neither as Twill-tuned nor as 'slower than Triton'."""
-    from twill.tune.measure import compare_with_autotune, format_triton_measured
+    from twill.integrations.triton.measure import compare_with_autotune, format_triton_measured
 
     rows = [{**_row("BLOCK_M=64", 0, 90.0, 100.0, 106.0), "injected": False},
             {**_row("BLOCK_M=128", 1, 95.0, 104.0, 101.0), "injected": True},
@@ -905,7 +905,7 @@ def test_measure_triton_times_every_config_with_triton_and_the_top_k_with_twill(
     import contextlib
     import types
 
-    from twill.tune import measure
+    from twill.integrations.triton import measure
     from twill.tune.predict import Prediction
     from twill.tune.rank import Result
     from twill.tune.space import candidate_of
@@ -960,7 +960,7 @@ def test_interleaved_timing_reverses_the_order_every_other_round(monkeypatch):
     pytest.importorskip("triton", reason="the timing calls triton.testing.do_bench")
     import triton.testing
 
-    from twill.tune import measure
+    from twill.integrations.triton import measure
 
     order = []
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: order.append(fn()) or 1.0)
@@ -972,8 +972,8 @@ def test_head_to_head_times_both_picks_together_and_refuses_a_wrong_one(monkeypa
     """The final comparison builds autotune's choice with Triton's schedule and Twill-tuned with Twill's, checks
     both, times them interleaved and reports the best of each; a wrong result is a status, not a time."""
     pytest.importorskip("triton", reason="the head-to-head builds a Triton JITFunction")
-    from twill.kernels.triton import matmul
-    from twill.tune import measure
+    from twill.integrations.triton.kernels import matmul
+    from twill.integrations.triton import measure
 
     built, errors = [], {"autotune": 0.0, "twill": 0.0}
 
@@ -985,7 +985,7 @@ def test_head_to_head_times_both_picks_together_and_refuses_a_wrong_one(monkeypa
     monkeypatch.setattr(measure, "time_interleaved", lambda launches, reps: {
         name: [10.0 + i for i in range(reps)] if name == "autotune" else [8.0 + i for i in range(reps)]
         for name in launches})
-    import twill.codegen.triton as injection
+    import twill.integrations.triton.inject as injection
 
     monkeypatch.setattr(injection, "make_jit_hook", lambda *args, **kwargs: "hook")
     shape = Shape("gemm", (256, 256, 256))

@@ -1,7 +1,8 @@
 """Twill: optimal joint software pipelining and warp specialization for tensor-core GPUs.
 
-Data flows one way: ``frontends`` -> ``ir`` (loop graph) -> ``machine`` (costs, units, limits) ->
-``solve`` (normalize, modulo, joint) -> ``schedule`` (result, verifier, pipelined program) -> ``codegen``.
+Data flows one way: ``integrations`` (Triton, TileLang kernels) -> ``ir`` (loop graph) -> ``machine`` (costs,
+units, limits) -> ``solve`` (normalize, modulo, joint) -> ``schedule`` (result, verifier, pipelined program) ->
+``codegen``.
 Solver modules import OR-Tools lazily, so code generation works on machines without it.
 """
 
@@ -19,7 +20,7 @@ def from_triton(fn, *, signature: str, constexprs=(), num_warps: int = 4, num_st
     """Loop graph of a ``@triton.jit`` kernel's loop (``loop``: index or ``"line:N"``, default the innermost
     loop with the most dots), compiled on this CPU for ``arch`` (``h100``/``h200`` -> sm_90, ``b200`` ->
     sm_100). Needs ``triton==3.6.0``; see ``docs/triton.md``."""
-    from twill.frontends.triton import graph_from_function
+    from twill.integrations.triton import graph_from_function
 
     return graph_from_function(fn, signature=signature, constexprs=constexprs, num_warps=num_warps,
                                num_stages=num_stages, machine=arch, loop=loop)

@@ -241,7 +241,7 @@ def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
         raise TwillError("--config all applies to twill inject only; pick one config with --config N")
     tilelang = tilelang_target(args)
     if tilelang:
-        from twill.frontends.tilelang import load_loop
+        from twill.integrations.tilelang import load_loop
 
         return load_loop(*tilelang, args.tl_args, machine)[1].graph
     if args.tl_args:
@@ -270,7 +270,7 @@ def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
 def tilelang_target(args: argparse.Namespace) -> tuple[str, str] | None:
     """``(path, fn)`` when the target is a TileLang kernel ``path.py:fn`` (its file imports ``tilelang``), else
     None. Triton and built-in kernel options are refused for it."""
-    from twill.frontends.tilelang import is_tilelang_source
+    from twill.integrations.tilelang import is_tilelang_source
 
     match = _TRITON_TARGET.match(args.target)
     if not match or not is_tilelang_source(match["path"]):
@@ -286,7 +286,7 @@ def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine
     if not os.path.exists(path):
         raise FormatError(f"cannot read Triton source {path!r}: no such file")
     try:
-        from twill.frontends.triton import graph_from_target
+        from twill.integrations.triton import graph_from_target
     except ImportError as exc:
         raise TwillError(f"the Triton frontend is not available ({exc}); install twill-gpu[triton]") from None
     return graph_from_target(path, fn, signature=args.signature, constexprs=list(args.constexpr),

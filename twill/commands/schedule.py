@@ -55,7 +55,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     tilelang = graph.attrs.get("source") == "tilelang"
     if tilelang:
         from twill.codegen.tilelang import solve_for_tilelang
-        from twill.codegen.tilelang.planner import format_plan, pipeline_plan
+        from twill.integrations.tilelang.planner import format_plan, pipeline_plan
 
         result = solve_for_tilelang(graph, machine, options)
         plan = pipeline_plan(result)

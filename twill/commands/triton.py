@@ -42,7 +42,7 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _kernel_spec(args: argparse.Namespace, machine, config: int | None):
-    from twill.frontends.triton import spec_from_target
+    from twill.integrations.triton import spec_from_target
 
     match = _TRITON_TARGET.match(args.target)
     if not match:
@@ -53,7 +53,7 @@ def _kernel_spec(args: argparse.Namespace, machine, config: int | None):
 
 def _config_specs(args: argparse.Namespace, machine) -> dict[int, object]:
     """``--config all``: the spec of every autotune config of the kernel."""
-    from twill.frontends.triton.compile import load_kernel
+    from twill.integrations.triton.compile import load_kernel
 
     if args.schedule:
         raise TwillError("--config all schedules every config; it cannot take --schedule")
@@ -67,8 +67,8 @@ def _config_specs(args: argparse.Namespace, machine) -> dict[int, object]:
 def _inject_tilelang(args: argparse.Namespace, machine, path: str, fn: str) -> int:
     """``twill inject`` of a TileLang kernel: its ``T.Pipelined`` loop rewritten with Twill's stage/order."""
     from twill.codegen.tilelang import solve_for_tilelang
-    from twill.codegen.tilelang.planner import inject_tilelang
-    from twill.frontends.tilelang import load_loop
+    from twill.integrations.tilelang.planner import inject_tilelang
+    from twill.integrations.tilelang import load_loop
 
     if args.load_lead is not None:
         raise TwillError("--load-lead applies to Triton kernels; a TileLang loop's loads run num_stages ahead")
@@ -84,8 +84,8 @@ def _inject_tilelang(args: argparse.Namespace, machine, path: str, fn: str) -> i
 
 
 def _cmd_inject(args: argparse.Namespace) -> int:
-    from twill.codegen.triton import check_schedule_fits, inject, solve_for_triton, tune, write_outputs
-    from twill.frontends.triton import lower_function
+    from twill.integrations.triton.inject import check_schedule_fits, inject, solve_for_triton, tune, write_outputs
+    from twill.integrations.triton import lower_function
 
     tilelang = tilelang_target(args)
     _refuse_ws_options(args, bool(tilelang))

@@ -69,7 +69,7 @@ def _axes(args: argparse.Namespace, names: Any) -> dict[str, tuple[Any, ...]]:
 
 def _triton_constexprs(items: list[str]) -> dict[str, tuple[Any, ...]]:
     """``--constexpr NAME=V1,V2`` items as ``{NAME: (V1, V2)}`` (values parsed as the Triton frontend does)."""
-    from twill.frontends.triton.compile import parse_constexpr_value
+    from twill.integrations.triton.compile import parse_constexpr_value
 
     out: dict[str, tuple[Any, ...]] = {}
     for item in items:
@@ -163,8 +163,8 @@ def _measured_triton_kernel(target: str) -> Any:
     match = _TRITON_TARGET.match(target)
     if not match:
         return None
-    from twill.frontends.triton.compile import load_kernel
-    from twill.tune.measure import launch_hook
+    from twill.integrations.triton.compile import load_kernel
+    from twill.integrations.triton.measure import launch_hook
 
     fn = load_kernel(match["path"], match["fn"]).fn
     launch_hook(fn)
@@ -217,7 +217,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     measured: list[dict[str, Any]] = []
     triton_measured: dict[str, Any] | None = None
     if args.measure and triton_fn is not None:
-        from twill.tune.measure import measure_triton
+        from twill.integrations.triton.measure import measure_triton
 
         triton_measured = measure_triton(triton_fn, results, shape, args.measure, machine)
         measured = triton_measured["rows"]
@@ -238,7 +238,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     text = (f"tune {args.target} on {machine.name}, shape {shape.text()}: {len(jobs)} candidates "
             f"({progress.cached} cached)\n" + format_ranking(results, args.top, len(space.rejected)))
     if triton_measured is not None:
-        from twill.tune.measure import format_triton_measured
+        from twill.integrations.triton.measure import format_triton_measured
 
         text += "\n\n" + format_triton_measured(triton_measured)
     elif measured:

@@ -106,7 +106,7 @@ class SolveOptions:
         seed: CP-SAT random seed, for reproducible tie-breaking.
         strategy: how a search without warp specialization walks the IIs: ``linear`` (upward from the lower
             bound; the default) or ``window`` (steps of 1/8 of the bound, then bisection; Triton's sm_90
-            window, :func:`twill.codegen.triton.solve_for_triton`). See :mod:`twill.solve.strategies`.
+            window, :func:`twill.integrations.triton.inject.solve_for_triton`). See :mod:`twill.solve.strategies`.
         window_ii_limit: seconds the ``window`` strategy gives one II at most. Default 20.
         extra_copies: copies beyond Algorithm 1's ``n = ⌈LEN(M)/I⌉`` that the joint search may use at an II
             before it moves on (docs/model.md §5, "Copies"). The paper never tries more (0); 1 also finds the

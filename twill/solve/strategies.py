@@ -4,7 +4,7 @@ Each strategy walks IIs in its own order, solves phase 1 (:func:`twill.solve.mod
 L at one II) at each, and returns a :class:`Walk`: the schedule found, the :class:`Attempt` of every II it
 tried and the smallest II not proved infeasible. ``linear`` (the default) goes upward from the lower bound
 and stops at the first schedule, so its II is minimal. ``window`` (:data:`SolveOptions.strategy`, used for
-Triton's sm_90 window, :func:`twill.codegen.triton.solve_for_triton`) climbs in steps of 1/8 of the lower
+Triton's sm_90 window, :func:`twill.integrations.triton.inject.solve_for_triton`) climbs in steps of 1/8 of the lower
 bound, then bisects, for graphs whose infeasible IIs are hard to prove. The joint search (Algorithm 1) is
 :mod:`twill.solve.joint.search`.
 """

@@ -24,7 +24,7 @@ class Result:
 
     ``injected`` (Triton targets only, else None): whether Twill's schedule is injected into the kernel, or
     Triton's own is kept because the model predicts Twill's less than
-    :data:`~twill.codegen.triton.INJECT_MIN_GAIN` faster; the prediction is then that of Triton's order."""
+    :data:`~twill.integrations.triton.inject.INJECT_MIN_GAIN` faster; the prediction is then that of Triton's order."""
 
     candidate: Candidate
     record: Mapping[str, Any]
@@ -86,7 +86,7 @@ def rank(candidates: Sequence[Candidate], records: Sequence[Mapping[str, Any]], 
             if "triton_order" in record:       # a Triton target: Twill's schedule, or Triton's own kept
                 injected = True
                 if record["triton_order"] is not None:
-                    from twill.codegen.triton import INJECT_MIN_GAIN
+                    from twill.integrations.triton.inject import INJECT_MIN_GAIN
 
                     own = predict(_schedule_of(record, "triton_order"), shape, machine)
                     injected = pred.seconds < own.seconds * (1 - INJECT_MIN_GAIN)

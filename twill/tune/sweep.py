@@ -1,7 +1,7 @@
 """Solve every candidate of a space in parallel, with an on-disk cache and a progress bar.
 
 Each candidate becomes a :class:`Job` (plain data, so it pickles to a process or a Ray worker); :func:`run_job`
-solves it (``twill.solve.schedule``, or :func:`twill.codegen.triton.solve_for_triton` for a Triton kernel;
+solves it (``twill.solve.schedule``, or :func:`twill.integrations.triton.inject.solve_for_triton` for a Triton kernel;
 both verify the schedule) and returns a JSON-able record. Failures are records too (``status`` ``infeasible``,
 ``spills`` or ``error`` with a one-line ``reason``): a sweep never stops on one candidate.
 
@@ -240,13 +240,13 @@ def _solve_job(job: Job) -> dict[str, Any]:
 
 def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, Any, dict[str, int] | None]:
     """The window schedule of a Triton configuration and the schedule of Triton's own order under the same
-    constraints (:func:`twill.codegen.triton.triton_order`; None if that order has none), which the ranking
+    constraints (:func:`twill.integrations.triton.inject.triton_order`; None if that order has none), which the ranking
     weighs Twill's against. With ``check_spills`` the kernel is compiled with Twill's schedule injected, its
     ptxas report returned and its registers and shared memory kept in both schedules' ``stats["compiled"]``
     (what the prediction counts for CTAs per SM, :func:`twill.tune.predict.ctas_per_sm`)."""
-    from twill.codegen.triton import inject, solve_for_triton, triton_order
-    from twill.frontends.triton import kernel_spec, lower_function
-    from twill.frontends.triton.compile import load_kernel
+    from twill.integrations.triton.inject import inject, solve_for_triton, triton_order
+    from twill.integrations.triton import kernel_spec, lower_function
+    from twill.integrations.triton.compile import load_kernel
 
     info, cand = job.triton or {}, job.candidate
     fn = load_kernel(info["path"], info["fn"]).fn

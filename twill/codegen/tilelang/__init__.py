@@ -45,9 +45,9 @@ def _kind(schedule: Schedule) -> str:
 def solve_for_tilelang(graph: LoopGraph, machine: Machine, options: Any) -> Schedule:
     """A schedule TileLang can express: every op but the TMA loads in one stage (its ``T.gemm`` is synchronous
     and its fragments single-versioned), the window Triton's sm_90 pipeliner also needs
-    (:func:`twill.codegen.triton.constrain_for_triton`). With ``options.ws`` the joint solver runs on the
-    constrained graph; without, :func:`twill.codegen.triton.solve_for_triton` searches II under it."""
-    from twill.codegen.triton import constrain_for_triton, solve_for_triton
+    (:func:`twill.integrations.triton.inject.constrain_for_triton`). With ``options.ws`` the joint solver runs on the
+    constrained graph; without, :func:`twill.integrations.triton.inject.solve_for_triton` searches II under it."""
+    from twill.integrations.triton.inject import constrain_for_triton, solve_for_triton
 
     if not options.ws:
         return solve_for_triton(graph, machine, 90, options)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twill.frontends.tilelang import import_tilelang
+from twill.integrations.tilelang import import_tilelang
 
 #: CUDA architecture of the Hopper targets.
 CUDA_ARCH = {"h100": "sm_90a", "h200": "sm_90a"}

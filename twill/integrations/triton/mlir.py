@@ -4,7 +4,7 @@ bodies (results, operands, types, attributes, location) and the ``#loc`` table.
 It reads only what the frontend needs, in the pretty form Triton 3.6 prints (one statement per line; a
 statement with a region, such as ``tt.reduce``, ends on the line that closes the region and carries its
 attributes and types there). Nothing is evaluated; edits for schedule injection are made on the same text
-(:mod:`twill.codegen.triton`), which Triton then re-parses.
+(:mod:`twill.integrations.triton.inject`), which Triton then re-parses.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ def grid(M: int, N: int, block_m: int = 128, block_n: int = 128) -> tuple[int, i
 
 
 def twill_launch(fn, shape, **meta):
-    """``twill tune --measure`` launch convention (:mod:`twill.kernels.triton.launch`): ``C = A @ B`` on
+    """``twill tune --measure`` launch convention (:mod:`twill.integrations.triton.launch`): ``C = A @ B`` on
     ``shape`` ``{"M", "N", "K"}``, one program per ``BLOCK_M x BLOCK_N`` tile."""
-    from twill.kernels.triton.launch import gemm_launch
+    from twill.integrations.triton.launch import gemm_launch
 
     return gemm_launch(fn, shape, lambda m: grid(shape["M"], shape["N"], m["BLOCK_M"], m["BLOCK_N"]), meta)

@@ -1,10 +1,10 @@
-"""Triton frontend: schedule real ``@triton.jit`` kernels from their TTGIR.
+"""Triton integration: schedule real ``@triton.jit`` kernels from their TTGIR.
 
 ``graph_from_target(path, fn, signature=..., constexprs=..., num_warps=..., num_stages=..., machine=...)``
 compiles the kernel for the machine's architecture on the CPU (Triton 3.6.0, no GPU), captures the TTGIR as
 it enters Triton's software pipeliner, and lowers the innermost ``scf.for`` body to a :class:`LoopGraph`
-(:mod:`twill.frontends.triton.lower`). ``graph_from_ttgir`` does the same from TTGIR text or a ``.ttgir``
-file. Injection of a Twill schedule back into Triton lives in :mod:`twill.codegen.triton`.
+(:mod:`twill.integrations.triton.lower`). ``graph_from_ttgir`` does the same from TTGIR text or a ``.ttgir``
+file. Injection of a Twill schedule back into Triton lives in :mod:`twill.integrations.triton.inject`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from twill.errors import TwillError, UnsupportedFeatureError
-from twill.frontends.triton.compile import (KernelSpec, capability_of, capture_prepipeline, load_kernel,
-                                            parse_constexprs, parse_signature, require_triton)
-from twill.frontends.triton.lower import LoweredLoop, lower_loop
-from twill.frontends.triton.mlir import (ForLoop, find_loops, function_name, location_table, module_num_warps,
-                                         module_target, source_positions)
+from twill.integrations.triton.compile import (KernelSpec, capability_of, capture_prepipeline, load_kernel,
+                                               parse_constexprs, parse_signature, require_triton)
+from twill.integrations.triton.lower import LoweredLoop, lower_loop
+from twill.integrations.triton.mlir import (ForLoop, find_loops, function_name, location_table, module_num_warps,
+                                            module_target, source_positions)
 from twill.ir.graph import LoopGraph
 from twill.machine.models import Machine, get_machine
 

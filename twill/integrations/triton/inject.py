@@ -3,7 +3,7 @@
 Triton's pipeliner consumes a *coarse schedule* serialized in the IR: every op of the loop body carries
 ``loop.stage`` (iteration offset) and ``loop.cluster`` (emission order within the steady-state body), and
 the loop carries ``tt.scheduled_max_stage``. We compile with the ``make_ttgir`` pass list split at the
-pipeliner (:mod:`twill.frontends.triton.compile`), lower the loop body with the frontend again, and rewrite
+pipeliner (:mod:`twill.integrations.triton.compile`), lower the loop body with the frontend again, and rewrite
 those attributes as text from the schedule:
 
 * graph op ``v`` with start time ``t`` at interval ``II`` (times shifted by the earliest non-load start):
@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from twill.errors import TwillError, UnsupportedFeatureError
-from twill.frontends.triton import lower_ttgir
-from twill.frontends.triton.compile import KernelSpec, compile_with_edit
-from twill.frontends.triton.lower import LoweredLoop
-from twill.frontends.triton.mlir import ForLoop, find_loops, type_colon
+from twill.integrations.triton import lower_ttgir
+from twill.integrations.triton.compile import KernelSpec, compile_with_edit
+from twill.integrations.triton.lower import LoweredLoop
+from twill.integrations.triton.mlir import ForLoop, find_loops, type_colon
 from twill.ir.graph import Edge, LoopGraph, frozen_attrs
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
@@ -230,7 +230,7 @@ def tune(specs: Mapping[int, KernelSpec], machine: Machine, options: SolveOption
     :func:`solve_for_triton` and choose the one with the most tensor-core FLOP per cycle of II: the model's
     throughput of one CTA. Occupancy (several CTAs per SM) and register pressure are not in the model. A
     config that fails to compile or schedule is a row with its ``error``; all failing is an error."""
-    from twill.frontends.triton import lower_function
+    from twill.integrations.triton import lower_function
 
     rows: list[dict[str, Any]] = []
     found: dict[int, tuple[float, Schedule]] = {}
@@ -429,7 +429,7 @@ def read_schedule_attrs(text: str, loop: ForLoop) -> dict[int, tuple[int, int]]:
 def schedule_edit(schedule: Schedule, machine: Machine, *, load_lead: int, capability: int,
                   plans: list[StagePlan] | None = None, loop: int | str | None = None):
     """The text edit that writes ``schedule`` onto loop ``loop`` (see
-    :func:`~twill.frontends.triton.select_loop`) of the pre-pipeline TTGIR (for :func:`compile_with_edit` or a
+    :func:`~twill.integrations.triton.select_loop`) of the pre-pipeline TTGIR (for :func:`compile_with_edit` or a
     JIT hook, :func:`make_jit_hook`). Each plan it writes is appended to ``plans``."""
 
     def edit(text: str) -> str:
@@ -484,7 +484,7 @@ def make_jit_hook(kernel_name: str, schedule: Schedule, machine: Machine, *, loa
     """An ``add_stages_inspection_hook`` for JIT launches (``kernel[grid](...)``) that compiles
     ``kernel_name`` with ``schedule``. Triton 3.6 does not key its caches on the hook: use a fresh
     ``JITFunction`` (``triton.jit(fn.fn)``) and ``knobs.compilation.always_compile``."""
-    from twill.frontends.triton.compile import make_hook
+    from twill.integrations.triton.compile import make_hook
 
     return make_hook(kernel_name, schedule_edit(schedule, machine, load_lead=load_lead, capability=capability),
                      workdir)
@@ -522,8 +522,8 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
 
 def heuristic_plan(text: str, loop: int | str | None = None) -> dict[int, tuple[int, int]]:
     """Triton's own (stage, cluster) per statement of the chosen loop of a pre-pipeline TTGIR."""
-    from twill.frontends.triton import select_loop
-    from twill.frontends.triton.mlir import location_table
+    from twill.integrations.triton import select_loop
+    from twill.integrations.triton.mlir import location_table
 
     return read_schedule_attrs(text, select_loop(find_loops(text), loop, location_table(text)))
 

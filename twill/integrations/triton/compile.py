@@ -4,7 +4,7 @@ Triton's ``make_ttgir`` stage is replaced, through ``triton.knobs.runtime.add_st
 the same pass list cut in two at ``TritonGPUPipeline``: :data:`PRE_PIPELINE` (up to and including
 ``ScheduleLoops``, which writes Triton's own ``loop.stage``/``loop.cluster``) and :data:`POST_PIPELINE`
 (the pipeliner and everything after it). Between the two a callback sees the module as text; it may only
-read it (the frontend) or rewrite the schedule attributes (:mod:`twill.codegen.triton`), after which the
+read it (the frontend) or rewrite the schedule attributes (:mod:`twill.integrations.triton.inject`), after which the
 text is re-parsed. The lists are copies of ``triton/backends/nvidia/compiler.py`` of Triton 3.6.0, so any
 other version is refused.
 

@@ -1,5 +1,5 @@
 """Twill as TileLang's pipeline planner: a schedule of a TileLang kernel's ``T.Pipelined`` loop (the graph of
-:mod:`twill.frontends.tilelang`) -> the ``num_stages``, ``stage=[...]`` and ``order=[...]`` TileLang takes,
+:mod:`twill.integrations.tilelang`) -> the ``num_stages``, ``stage=[...]`` and ``order=[...]`` TileLang takes,
 the warp roles of a warp-specialized schedule, and the report lines that show them.
 
 Mapping (as for the emitted kernels, :func:`~twill.codegen.tilelang.render.pipelined_annotation`): every
@@ -129,7 +129,7 @@ def ws_loop_design(schedule: Schedule, buffers: dict[str, str], threads: int) ->
 def ws_rewritten_kernel(path: str, fn: str, plan: PipelinePlan, design: WSDesign,
                         schedule: Schedule) -> str:
     """The source of ``path`` with ``fn``'s loop under the ``T.WSSchedule`` of ``design``."""
-    from twill.frontends.tilelang import rewrite_ws_source, ws_root_ops
+    from twill.integrations.tilelang import rewrite_ws_source, ws_root_ops
 
     note = (f"T.WSSchedule: Twill schedule ({schedule.solver}, {schedule.status}, II {schedule.ii}) with its warp "
             f"assignment:\n" + "\n".join(f"role {name}: warps [{lo}, {hi}), max_nreg {regs} <- {why}"
@@ -163,7 +163,7 @@ def format_plan(plan: PipelinePlan, schedule: Schedule) -> str:
 
 def rewritten_kernel(path: str, fn: str, plan: PipelinePlan, schedule: Schedule) -> str:
     """The source of ``path`` with ``fn``'s ``T.Pipelined`` taking Twill's plan, a comment naming the schedule."""
-    from twill.frontends.tilelang import rewrite_source
+    from twill.integrations.tilelang import rewrite_source
 
     note = (f"stage/order: Twill schedule ({schedule.solver}, {schedule.status}, II {schedule.ii}) of ops\n"
             f"{', '.join(plan.ops)};\nloads {plan.num_stages} stages ahead of their reader and after it: "
@@ -178,9 +178,9 @@ def _ws_kernel(path: str, fn: str, args: list[str], plan: PipelinePlan, schedule
     every pipeline's ``depth`` full barriers and the roles' register budgets) and its design."""
     from pathlib import Path
 
-    from twill.codegen.tilelang.lower import lower_cuda
+    from twill.integrations.tilelang.cuda import lower_cuda
     from twill.errors import TwillError
-    from twill.frontends.tilelang import load_loop, load_prim_func
+    from twill.integrations.tilelang import load_loop, load_prim_func
 
     loop = load_loop(path, fn, args, machine)[1]
     buffers = {s.op: s.writes[0] for s in loop.statements if s.kind == "tma_load"}
@@ -214,10 +214,10 @@ def inject_tilelang(path: str, fn: str, args: list[str], schedule: Schedule, mac
     import tempfile
     from pathlib import Path
 
-    from twill.codegen.tilelang.lower import lower_cuda
+    from twill.integrations.tilelang.cuda import lower_cuda
     from twill.commands.common import write_all, write_text_output
     from twill.errors import TwillError
-    from twill.frontends.tilelang import load_loop
+    from twill.integrations.tilelang import load_loop
     from twill.ir.io import make_output_dir
 
     plan = pipeline_plan(schedule)

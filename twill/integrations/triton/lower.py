@@ -25,9 +25,9 @@ from typing import AbstractSet, Any, Mapping
 
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import Edge, LoopGraph, Op
-from twill.frontends.triton.mlir import (ELEMENT_BYTES, ForLoop, Statement, TileType, region_statements,
-                                         resolve_location, source_positions)
-from twill.frontends.triton.roles import backward_roles
+from twill.integrations.triton.mlir import (ELEMENT_BYTES, ForLoop, Statement, TileType, region_statements,
+                                            resolve_location, source_positions)
+from twill.integrations.triton.roles import backward_roles
 from twill.machine.costs import (OpCost, alu_cost, exp2_cost, mma_cost, reduce_cost, regs_per_thread, smem_cost,
                                  tma_load_cost, tma_store_cost, tmem_cost)
 from twill.machine.models import Machine
@@ -393,7 +393,7 @@ def _operand_sources(node: Node, position: int, sources: Mapping[str, frozenset[
 def assign_roles(nodes: Mapping[int, Node], edges: AbstractSet[tuple[int, int, int]],
                  sources: Mapping[str, frozenset[tuple[str, int]]]) -> dict[int, tuple[str, int | None]]:
     """(role, subtile) per node. Recognises GEMM loops (``load_a``, ``load_b``, ``mma``), attention-backward
-    loops (:mod:`twill.frontends.triton.roles`) and attention loops (``load_k``, ``load_v``, ``qk``,
+    loops (:mod:`twill.integrations.triton.roles`) and attention loops (``load_k``, ``load_v``, ``qk``,
     ``rowmax``, ``exp``, ``alpha``, ``rowsum``, ``rescale``, ``pv`` and on Blackwell ``s_load``, ``p_store``,
     ``o_load``, ``o_store``); other nodes get their kind as role."""
     anc = _ancestors(edges)

@@ -1,6 +1,6 @@
-"""TileLang frontend: a kernel ``path.py:fn`` (a ``@T.prim_func``, or a factory - plain or ``@tilelang.jit`` -
+"""TileLang integration: a kernel ``path.py:fn`` (a ``@T.prim_func``, or a factory - plain or ``@tilelang.jit`` -
 called with the ``--arg NAME=VALUE`` values) -> the loop graph of its ``T.Pipelined`` loop
-(:mod:`~twill.frontends.tilelang.lower`), and the kernel source rewritten with Twill's ``stage=[...]``,
+(:mod:`~twill.integrations.tilelang.lower`), and the kernel source rewritten with Twill's ``stage=[...]``,
 ``order=[...]``, or with a ``T.WSSchedule`` over ``T.ws_op``-tagged statements (:func:`rewrite_ws_source`).
 
 A ``path.py:fn`` target is a TileLang kernel when its file imports ``tilelang`` (else it is a Triton kernel).
@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from twill import quote
 from twill.errors import FormatError, TwillError
-from twill.frontends.tilelang.lower import PipelinedLoop, lower_pipelined
+from twill.integrations.tilelang.lower import PipelinedLoop, lower_pipelined
 from twill.machine.models import Machine
 
 __all__ = ["import_tilelang", "is_tilelang_source", "load_loop", "load_prim_func", "parse_args", "rewrite_source",

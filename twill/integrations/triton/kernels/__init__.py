@@ -2,6 +2,6 @@
 
 Each module holds one ``@triton.jit`` kernel plus the compile settings the tests and the A/B benchmark use
 (``SIGNATURE``, ``CONSTEXPRS``, ``NUM_WARPS``, ``NUM_STAGES``), a ``grid`` helper and the ``twill_launch``
-hook of ``twill tune --measure`` (:mod:`twill.kernels.triton.launch`). Import
+hook of ``twill tune --measure`` (:mod:`twill.integrations.triton.launch`). Import
 them only where Triton is installed.
 """

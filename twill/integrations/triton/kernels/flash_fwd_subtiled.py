@@ -76,10 +76,10 @@ def grid(n_ctx: int, zh: int, block_m: int = 64) -> tuple[int, int]:
 
 
 def twill_launch(fn, shape, **meta):
-    """``twill tune --measure`` launch convention (:mod:`twill.kernels.triton.launch`): attention forward on
+    """``twill tune --measure`` launch convention (:mod:`twill.integrations.triton.launch`): attention forward on
     ``shape`` ``{"B", "H", "S", "D"}`` (``HEAD_DIM`` must be ``D``), one program per ``2 * BLOCK_M`` queries of
     one head."""
-    from twill.kernels.triton.launch import attention_launch
+    from twill.integrations.triton.launch import attention_launch
 
     zh = shape["B"] * shape["H"]
     return attention_launch(fn, shape, lambda m: grid(shape["S"], zh, m["BLOCK_M"]), meta)
