@@ -64,7 +64,7 @@ def _solve(kernel: str, machine: Any, opts: dict[str, Any], depth: int) -> Any:
 
 def generate(outdir: str, machine_path: str, sweep: bool = False, workers: int = 2) -> None:
     from twill.codegen.gluon import emit_gluon
-    from twill.commands.common import schedule_document
+    from twill.schedule.document import schedule_document
     from twill.machine.calibration import load_machine
     from twill.machine.models import get_machine
 
@@ -116,7 +116,7 @@ def _sweep_entries(outdir: str, machine: Any, workers: int) -> list[dict[str, An
     one set is timed at every ``ATTN_SEQS``."""
     from benchmarks.tune_bench import _candidates, _jobs
     from twill.codegen.gluon import emit_gluon
-    from twill.commands.common import schedule_document
+    from twill.schedule.document import schedule_document
     from twill.kernels import build_kernel
     from twill.tune.predict import Shape
     from twill.tune.rank import rank
@@ -309,7 +309,7 @@ def report(kernel_dir: str, measured_path: str | list[str], machine_path: str, r
     """Predictions of every schedule on every measured shape, against the measurements; with ``kernel_clock``
     (a ``kernel_clock.py`` measurement of the same kernels) also the cycles each ran, time x its own clock,
     against the predicted cycles: the cycle model alone, without the clock."""
-    from twill.commands.common import load_schedule_document
+    from twill.schedule.document import load_schedule_document
     from twill.machine.calibration import load_machine
     from twill.machine.models import get_machine
     from twill.tune.measure import spearman

@@ -57,7 +57,7 @@ def prepare(time_limit: float, only: list[str]) -> None:
     """Extract each kernel's loop graph for sm_90, solve it for Triton, save the schedules with their graphs
     (``only``: just these cases, keeping the others already in the file)."""
     from twill.integrations.triton.inject import solve_for_triton
-    from twill.commands.common import schedule_document
+    from twill.schedule.document import schedule_document
     from twill.integrations.triton import kernel_spec, lower_function
     from twill.machine import get_machine
     from twill.solve import SolveOptions

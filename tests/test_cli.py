@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from twill.cli import main
-from twill.commands.common import load_schedule_document
+from twill.schedule.document import load_schedule_document
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "graphs"

@@ -366,7 +366,7 @@ def test_cli_emit_persistent(tmp_path, capsys):
     import json
 
     from twill.cli import main
-    from twill.commands.common import schedule_document
+    from twill.schedule.document import schedule_document
 
     sched = gemm_schedule(build_kernel("gemm", H100, block_n=256), H100, lag=1, depth=3, warps=8)
     (tmp_path / "s.json").write_text(json.dumps(schedule_document(sched)))
@@ -702,7 +702,7 @@ def test_cli_emit_from_schedule_file(tmp_path):
     import json
 
     from twill.cli import main
-    from twill.commands.common import schedule_document
+    from twill.schedule.document import schedule_document
 
     sched = gemm_schedule(build_kernel("gemm", H100, block_n=256), H100, lag=1, depth=3)
     (tmp_path / "s.json").write_text(json.dumps(schedule_document(sched)))

@@ -19,7 +19,7 @@ import pytest
 from solved import solved_kernel
 
 from benchmarks.variants import flash_bwd_schedule
-from twill.commands.common import schedule_document
+from twill.schedule.document import schedule_document
 from twill.codegen.gluon import emit_gluon, gluon_plan, load_emitted
 from twill.errors import UnsupportedFeatureError, VerificationError
 from twill.kernels import build_kernel

@@ -20,7 +20,7 @@ import pytest
 from benchmarks.variants import flash_schedule, gemm_schedule
 from twill.cli import main
 from twill.codegen.tilelang import emit_tilelang, tilelang_plan
-from twill.commands.common import schedule_document
+from twill.schedule.document import schedule_document
 from twill.errors import UnsupportedFeatureError
 from twill.kernels import build_kernel
 from twill.machine.models import H100

@@ -24,7 +24,7 @@ from twill.cli import main
 from twill.codegen.gluon import emit_gluon
 from twill.codegen.pallas import emit_pallas
 from twill.codegen.tilelang import emit_tilelang
-from twill.commands.common import schedule_document
+from twill.schedule.document import schedule_document
 from twill.errors import VerificationError
 from twill.ir.graph import LoopGraph
 from twill.kernels import build_kernel

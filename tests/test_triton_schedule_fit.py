@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 pytest.importorskip("ortools")
 
 from twill.cli import main  # noqa: E402
-from twill.commands.common import schedule_document  # noqa: E402
+from twill.schedule.document import schedule_document  # noqa: E402
 from twill.integrations.triton.inject import solve_for_triton  # noqa: E402
 from twill.integrations.triton import kernel_spec, lower_function  # noqa: E402
 from twill.ir.digest import graph_digest  # noqa: E402

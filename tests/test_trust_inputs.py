@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from twill.cli import main
-from twill.commands.common import schedule_document
+from twill.schedule.document import schedule_document
 from twill.ir.graph import Edge, LoopGraph, Op
 from twill.ir.io import write_text_atomic
 from twill.ir.validate import MAX_OPS, zero_distance_cycle

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from solved import solved_kernel
 
 from twill.cli import main
-from twill.commands.common import schedule_document
+from twill.schedule.document import schedule_document
 from twill.machine import H100
 
 WRONG_VALUES = (None, "x", 1.5, True, [], {}, -1, 10**15)

@@ -162,7 +162,7 @@ def test_ranking_keeps_tritons_schedule_unless_twills_is_predicted_faster():
     """A Triton record carries the schedule of Triton's own order: a Twill schedule predicted less than
     INJECT_MIN_GAIN faster is not injected and the candidate is priced as Triton's kernel."""
     from twill.integrations.triton.inject import INJECT_MIN_GAIN
-    from twill.commands.common import schedule_document
+    from twill.schedule.document import schedule_document
     from twill.tune.rank import rank
 
     machine = replace(H100, sms=10, sustained_clock_ghz=1.0, launch_us=0.0)

@@ -12,7 +12,7 @@ import pytest
 from solved import solved_kernel
 
 from twill.cli import main
-from twill.commands.common import schedule_document
+from twill.schedule.document import schedule_document
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
 H200_MODEL = os.path.join(RESULTS, "calibration_h200.machine.json")

@@ -1,15 +1,8 @@
-"""Helpers shared by the command modules: target arguments and resolution, solver options, output files.
+"""Helpers shared by the command modules: the target and solver arguments and what they ask for, the checks
+and writes of output files.
 
-A *target* is one of
-
-* a built-in kernel name (``twill kernels`` lists them), built with the static kernel options given
-  (``--subtiles``, ``--head-dim``, ``--block-m``, ``--block-n``, ``--block-k``, ``--dtype``, ``--causal``,
-  ``--kv-heads``);
-* a ``twill-graph/1`` file (``*.json``);
-* a Triton kernel ``path.py:fn``, traced with ``--signature``, ``--constexpr NAME=VAL``, ``--num-warps``,
-  ``--num-stages``; or a Triton ``.ttgir`` / ``.mlir`` dump, read directly;
-* a TileLang kernel ``path.py:fn`` (its file imports ``tilelang``): a ``T.prim_func``, or a factory called
-  with ``--arg NAME=VALUE``; its ``T.Pipelined`` loop is the graph.
+The target (a built-in kernel, a graph file, a Triton or TileLang kernel) and its options are described in
+:mod:`twill.targets`, which resolves them.
 """
 
 from __future__ import annotations
@@ -17,14 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from twill.errors import FormatError, TwillError
-from twill.ir.graph import LoopGraph
+from twill.errors import TwillError
 from twill.machine.models import MACHINES, Machine, get_machine
+from twill.targets import TargetOptions, target_file
 
 #: Static kernel options: CLI flag -> (keyword of ``build_kernel``, type).
 KERNEL_FLAGS: dict[str, tuple[str, type]] = {
@@ -37,9 +29,6 @@ KERNEL_FLAGS: dict[str, tuple[str, type]] = {
     "--causal": ("causal", bool),
     "--kv-heads": ("kv_heads", int),
 }
-
-_TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
-
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     """The positional target, ``--arch``, the static kernel options and the Triton target options."""
@@ -224,99 +213,12 @@ def kernel_options_given(args: argparse.Namespace) -> dict[str, Any]:
     return {dest: getattr(args, dest) for dest, _ in KERNEL_FLAGS.values() if getattr(args, dest, None) is not None}
 
 
-def _triton_options_given(args: argparse.Namespace) -> list[str]:
-    names = [("--signature", args.signature), ("--num-warps", args.num_warps), ("--num-stages", args.num_stages),
-             ("--loop", args.loop), ("--config", args.config)]
-    given = [flag for flag, value in names if value is not None]
-    return given + (["--constexpr"] if args.constexpr else [])
-
-
-def resolve_target(args: argparse.Namespace, machine: Machine) -> LoopGraph:
-    """The loop graph that ``args.target`` names (see the module docstring)."""
-    target = args.target
-    kernel_opts = kernel_options_given(args)
-    triton_flags = _triton_options_given(args)
-    match = _TRITON_TARGET.match(target)
-    if args.config == "all":
-        raise TwillError("--config all applies to twill inject only; pick one config with --config N")
-    tilelang = tilelang_target(args)
-    if tilelang:
-        from twill.integrations.tilelang import load_loop
-
-        return load_loop(*tilelang, args.tl_args, machine)[1].graph
-    if args.tl_args:
-        raise TwillError("--arg applies to TileLang kernels (path.py:fn whose file imports tilelang) only")
-    if match:
-        if kernel_opts:
-            raise TwillError(f"--{sorted(kernel_opts)[0].replace('_', '-')} applies to built-in kernels only; "
-                             f"use --constexpr for a Triton target")
-        return _triton_graph(match["path"], match["fn"], args, machine)
-    if target.endswith((".ttgir", ".mlir")):
-        return _triton_graph(target, "", args, machine)
-    if triton_flags:
-        raise TwillError(f"{triton_flags[0]} applies to Triton targets (path.py:fn) only")
-    if target.endswith(".json") or os.path.sep in target or os.path.isfile(target):
-        if kernel_opts:
-            raise TwillError(f"--{sorted(kernel_opts)[0].replace('_', '-')} applies to built-in kernels only, "
-                             f"not to graph file {target!r}")
-        from twill.ir.io import load_graph
-
-        return load_graph(target)
-    from twill.kernels import build_kernel
-
-    return build_kernel(target, machine, **kernel_opts)
-
-
-def tilelang_target(args: argparse.Namespace) -> tuple[str, str] | None:
-    """``(path, fn)`` when the target is a TileLang kernel ``path.py:fn`` (its file imports ``tilelang``), else
-    None. Triton and built-in kernel options are refused for it."""
-    from twill.integrations.tilelang import is_tilelang_source
-
-    match = _TRITON_TARGET.match(args.target)
-    if not match or not is_tilelang_source(match["path"]):
-        return None
-    given = _triton_options_given(args) + [f"--{d.replace('_', '-')}" for d in sorted(kernel_options_given(args))]
-    if given:
-        raise TwillError(f"{given[0]} does not apply to TileLang kernel {args.target!r}; give its factory's "
-                         f"arguments with --arg NAME=VALUE")
-    return match["path"], match["fn"]
-
-
-def _triton_graph(path: str, fn: str, args: argparse.Namespace, machine: Machine) -> LoopGraph:
-    if not os.path.exists(path):
-        raise FormatError(f"cannot read Triton source {path!r}: no such file")
-    try:
-        from twill.integrations.triton import graph_from_target
-    except ImportError as exc:
-        raise TwillError(f"the Triton frontend is not available ({exc}); install twill-gpu[triton]") from None
-    return graph_from_target(path, fn, signature=args.signature, constexprs=list(args.constexpr),
-                             num_warps=args.num_warps, num_stages=args.num_stages, machine=machine,
-                             loop=args.loop, config=args.config)
-
-
-def schedule_document(schedule: Any) -> dict[str, Any]:
-    """A self-contained ``twill-schedule/1`` object: the schedule plus ``loop_graph``, the graph its times
-    refer to (in ``twill-graph/1``)."""
-    from twill.ir.io import graph_to_dict
-
-    doc = schedule.to_dict()
-    doc["loop_graph"] = graph_to_dict(schedule.graph)
-    return doc
-
-
-def load_schedule_document(path: str) -> Any:
-    """Read a schedule file written by ``twill schedule -o`` (with its ``loop_graph``) through the
-    verification gate (:func:`twill.schedule.verify.admit` on the machine the schedule is for): a schedule
-    that violates any constraint of the model is refused with the first violation named."""
-    from twill.ir.io import graph_from_dict, read_json_file
-    from twill.schedule.result import Schedule
-    from twill.schedule.verify import admit
-
-    data = read_json_file(path, "schedule")
-    if not isinstance(data, dict) or "loop_graph" not in data:
-        raise FormatError(f"{path}: not a schedule file written by 'twill schedule -o' (no 'loop_graph')")
-    schedule = Schedule.from_dict(data, graph_from_dict(data["loop_graph"]))
-    return admit(schedule, get_machine(schedule.arch))
+def target_options(args: argparse.Namespace) -> TargetOptions:
+    """The :class:`~twill.targets.TargetOptions` given by the target arguments
+    (:func:`add_target_arguments`)."""
+    return TargetOptions(kernel=kernel_options_given(args), signature=args.signature,
+                         constexprs=tuple(args.constexpr), num_warps=args.num_warps, num_stages=args.num_stages,
+                         loop=args.loop, config=args.config, tl_args=tuple(args.tl_args))
 
 
 def input_files(args: argparse.Namespace) -> list[str]:
@@ -325,8 +227,7 @@ def input_files(args: argparse.Namespace) -> list[str]:
     names = [getattr(args, dest, None) for dest in ("machine", "schedule", "from_raw", "clock_fit")]
     target = getattr(args, "target", None)
     if target:
-        match = _TRITON_TARGET.match(target)
-        names.append(match["path"] if match else target)
+        names.append(target_file(target))
     return [name for name in names if name and name != "-" and os.path.isfile(name)]
 
 

@@ -13,15 +13,12 @@ TileLang module source.
 from __future__ import annotations
 
 import argparse
-import re
 
 from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
-                                   load_schedule_document, machine_of, resolve_target, solve_options,
-                                   write_text_output)
+                                   machine_of, solve_options, target_options, write_text_output)
 from twill.errors import TwillError
-
-#: Targets that are Triton sources: a kernel ``path.py:fn`` or a TTGIR dump.
-_TRITON_SOURCE = re.compile(r"^(.+\.py:[A-Za-z_][A-Za-z_0-9]*|.+\.(ttgir|mlir))$")
+from twill.schedule.document import load_schedule_document
+from twill.targets import is_triton_source, resolve_target
 
 
 def _schedule_for(args: argparse.Namespace):
@@ -34,12 +31,12 @@ def _schedule_for(args: argparse.Namespace):
         return load_schedule_document(args.schedule)
     if not args.target:
         raise TwillError("emit needs a target (built-in kernel, graph .json) or --schedule FILE")
-    if _TRITON_SOURCE.match(args.target):
+    if is_triton_source(args.target):
         raise _not_from_triton(args.target)
     from twill.solve import schedule
 
     machine = machine_of(args)
-    graph = resolve_target(args, machine)
+    graph = resolve_target(args.target, target_options(args), machine)
     if graph.attrs.get("source") == "triton":
         raise _not_from_triton(args.target)
     if args.emit_to == "tilelang":

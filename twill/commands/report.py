@@ -11,9 +11,10 @@ import argparse
 from typing import Any
 
 from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
-                                   load_schedule_document, machine_of, message_stream, resolve_target,
-                                   solve_options, write_text_output)
+                                   machine_of, message_stream, solve_options, target_options, write_text_output)
 from twill.errors import FormatError, TwillError
+from twill.schedule.document import load_schedule_document
+from twill.targets import resolve_target
 
 
 def _is_schedule_file(target: str) -> bool:
@@ -35,7 +36,7 @@ def _schedule(args: argparse.Namespace, machine: Any) -> Any:
         return load_schedule_document(args.target)
     from twill.solve import schedule as solve
 
-    return solve(resolve_target(args, machine), machine, solve_options(args))
+    return solve(resolve_target(args.target, target_options(args), machine), machine, solve_options(args))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -7,9 +7,11 @@ import json
 import sys
 
 from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
-                                   machine_of, print_output, refuse_stdout, resolve_target,
-                                   schedule_document, solve_options, write_all, write_json_output)
+                                   machine_of, print_output, refuse_stdout, solve_options, target_options,
+                                   write_all, write_json_output)
 from twill.errors import TwillError
+from twill.schedule.document import schedule_document
+from twill.targets import resolve_target
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
@@ -51,7 +53,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     check_outputs(files=[args.output, args.plot], folders=[args.plot_all], inputs=input_files(args))
     machine = machine_of(args)
     options = solve_options(args)
-    graph = resolve_target(args, machine)
+    graph = resolve_target(args.target, target_options(args), machine)
     tilelang = graph.attrs.get("source") == "tilelang"
     if tilelang:
         from twill.codegen.tilelang import solve_for_tilelang

@@ -6,16 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 
 from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
-                                   kernel_options_given, load_schedule_document, machine_of, message_stream,
-                                   refuse_inputs_as_outputs, resolve_target, schedule_document, solve_options,
-                                   tilelang_target, write_json_output)
+                                   kernel_options_given, machine_of, message_stream, refuse_inputs_as_outputs,
+                                   solve_options, target_options, write_json_output)
 from twill.commands.common import NUM_STAGES_RANGE, integer_in
 from twill.errors import TwillError
-
-_TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
+from twill.schedule.document import load_schedule_document, schedule_document
+from twill.targets import python_target, resolve_target, tilelang_target
 
 #: Files ``twill inject`` writes into its folder under fixed names (the others are named after the kernel).
 INJECT_FIXED_FILES = ("schedule.json", "summary.json")
@@ -26,7 +24,7 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
     check_outputs(files=[args.output], inputs=input_files(args))
     machine = machine_of(args)
-    graph = resolve_target(args, machine)
+    graph = resolve_target(args.target, target_options(args), machine)
     write_json_output(args.output, graph_to_dict(graph))
     kinds: dict[str, int] = {}
     for op in graph.ops:
@@ -44,10 +42,10 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 def _kernel_spec(args: argparse.Namespace, machine, config: int | None):
     from twill.integrations.triton import spec_from_target
 
-    match = _TRITON_TARGET.match(args.target)
+    match = python_target(args.target)
     if not match:
         raise TwillError(f"twill inject needs a Triton kernel target path.py:fn, got {args.target!r}")
-    return spec_from_target(match["path"], match["fn"], signature=args.signature, constexprs=list(args.constexpr),
+    return spec_from_target(match.path, match.fn, signature=args.signature, constexprs=list(args.constexpr),
                             num_warps=args.num_warps, num_stages=args.num_stages, machine=machine, config=config)
 
 
@@ -57,8 +55,8 @@ def _config_specs(args: argparse.Namespace, machine) -> dict[int, object]:
 
     if args.schedule:
         raise TwillError("--config all schedules every config; it cannot take --schedule")
-    path = _TRITON_TARGET.match(args.target)
-    configs = load_kernel(path["path"], path["fn"]).configs if path else ()
+    match = python_target(args.target)
+    configs = load_kernel(match.path, match.fn).configs if match else ()
     if not configs:
         raise TwillError(f"--config all applies to @triton.autotune kernels; {args.target!r} has no configs")
     return {k: _kernel_spec(args, machine, k) for k in range(len(configs))}
@@ -67,8 +65,8 @@ def _config_specs(args: argparse.Namespace, machine) -> dict[int, object]:
 def _inject_tilelang(args: argparse.Namespace, machine, path: str, fn: str) -> int:
     """``twill inject`` of a TileLang kernel: its ``T.Pipelined`` loop rewritten with Twill's stage/order."""
     from twill.codegen.tilelang import solve_for_tilelang
-    from twill.integrations.tilelang.planner import inject_tilelang
     from twill.integrations.tilelang import load_loop
+    from twill.integrations.tilelang.planner import inject_tilelang
 
     if args.load_lead is not None:
         raise TwillError("--load-lead applies to Triton kernels; a TileLang loop's loads run num_stages ahead")
@@ -87,7 +85,7 @@ def _cmd_inject(args: argparse.Namespace) -> int:
     from twill.integrations.triton.inject import check_schedule_fits, inject, solve_for_triton, tune, write_outputs
     from twill.integrations.triton import lower_function
 
-    tilelang = tilelang_target(args)
+    tilelang = tilelang_target(args.target, target_options(args))
     _refuse_ws_options(args, bool(tilelang))
     check_outputs(folders=[args.output])
     # the files of the folder an input could be: an earlier inject's schedule.json or summary.json

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from typing import Any
 
@@ -16,8 +15,8 @@ from twill.commands.common import (check_outputs, input_files, machine_of, print
                                    write_json_output, write_text_output)
 from twill.commands.common import NUM_STAGES_RANGE, NUM_WARPS_RANGE, arch_choice, integer_in, option_type
 from twill.errors import TwillError
+from twill.targets import python_target
 
-_TRITON_TARGET = re.compile(r"^(?P<path>.+\.py):(?P<fn>[A-Za-z_][A-Za-z_0-9]*)$")
 
 def _boolean(text: str) -> bool:
     """``true`` or ``false`` (also ``1``/``0``); anything else is a ValueError."""
@@ -88,7 +87,7 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
     from twill.tune.space import graph_space, kernel_space, triton_space
     from twill.tune.sweep import Job
 
-    match = _TRITON_TARGET.match(args.target)
+    match = python_target(args.target)
     hopper = machine.capability // 10 == 9
     if args.check_spills and not match and not hopper:
         raise TwillError(f"--check-spills compiles Gluon kernels for sm_90 only, not {machine.arch}")
@@ -102,15 +101,15 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
         if args.extra_copies:
             raise TwillError("--extra-copies applies to built-in kernels and graphs (a Triton kernel's search "
                              "is Triton's own modulo schedule)")
-        if not os.path.isfile(match["path"]):
-            raise TwillError(f"cannot read Triton source {match['path']!r}: no such file")
+        if not os.path.isfile(match.path):
+            raise TwillError(f"cannot read Triton source {match.path!r}: no such file")
         if not args.signature:
             raise TwillError("a Triton target needs --signature listing every non-constexpr argument")
         space = triton_space(_triton_constexprs(args.constexpr), _axes(args, ("num_warps", "num_stages")))
         from twill.ir.io import read_text_file
 
-        info = {"path": os.path.abspath(match["path"]), "fn": match["fn"], "signature": args.signature,
-                "source": read_text_file(match["path"], "Triton source")}
+        info = {"path": os.path.abspath(match.path), "fn": match.fn, "signature": args.signature,
+                "source": read_text_file(match.path, "Triton source")}
         jobs = [Job(candidate=c, triton=info, **common) for c in space.candidates]
         shape = None
         if args.shape:
@@ -160,13 +159,13 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
 def _measured_triton_kernel(target: str) -> Any:
     """For ``--measure`` on a Triton target ``path.py:fn``: the kernel, once its module is known to define the
     ``twill_launch`` hook (a one-line error otherwise, before any solve); ``None`` for other targets."""
-    match = _TRITON_TARGET.match(target)
+    match = python_target(target)
     if not match:
         return None
     from twill.integrations.triton.compile import load_kernel
     from twill.integrations.triton.measure import launch_hook
 
-    fn = load_kernel(match["path"], match["fn"]).fn
+    fn = load_kernel(match.path, match.fn).fn
     launch_hook(fn)
     return fn
 
@@ -191,7 +190,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.json == "-" and args.output == "-":
         raise TwillError("--json and -o cannot both be '-' (stdout); give one of them a file")
     check_outputs(files=[args.json, args.output], inputs=input_files(args))
-    if args.output and _TRITON_TARGET.match(args.target):
+    if args.output and python_target(args.target):
         raise TwillError("-o emits a Gluon kernel from a warp-specialized schedule; for a Triton target run "
                          "'twill inject' with the winning settings")
     triton_fn = _measured_triton_kernel(args.target) if args.measure else None

@@ -170,7 +170,7 @@ def run_job(job: Job) -> dict[str, Any]:
 
 
 def _solve_job(job: Job) -> dict[str, Any]:
-    from twill.commands.common import schedule_document
+    from twill.schedule.document import schedule_document
 
     machine = job.machine
     cand = job.candidate

@@ -1,0 +1,35 @@
+"""Schedule files: a ``twill-schedule/1`` object made self-contained with the loop graph its times refer to
+(``twill schedule -o``, ``twill inject``'s ``schedule.json``, the tuner's cache), and read back through the
+verification gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twill.errors import FormatError
+from twill.machine.models import get_machine
+from twill.schedule.result import Schedule
+
+
+def schedule_document(schedule: Schedule) -> dict[str, Any]:
+    """A self-contained ``twill-schedule/1`` object: the schedule plus ``loop_graph``, the graph its times
+    refer to (in ``twill-graph/1``)."""
+    from twill.ir.io import graph_to_dict
+
+    doc = schedule.to_dict()
+    doc["loop_graph"] = graph_to_dict(schedule.graph)
+    return doc
+
+
+def load_schedule_document(path: str) -> Schedule:
+    """Read a schedule file written by ``twill schedule -o`` (with its ``loop_graph``) through the
+    verification gate (:func:`twill.schedule.verify.admit` on the machine the schedule is for): a schedule
+    that violates any constraint of the model is refused with the first violation named."""
+    from twill.ir.io import graph_from_dict, read_json_file
+    from twill.schedule.verify import admit
+
+    data = read_json_file(path, "schedule")
+    if not isinstance(data, dict) or "loop_graph" not in data:
+        raise FormatError(f"{path}: not a schedule file written by 'twill schedule -o' (no 'loop_graph')")
+    schedule = Schedule.from_dict(data, graph_from_dict(data["loop_graph"]))
+    return admit(schedule, get_machine(schedule.arch))
