@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from twill.cli import main
-from twill.commands.common import write_all, write_text_output
+from twill.files import write_all, write_text_output
 from twill.errors import TwillError
-from twill.ir.io import MAX_FILE_BYTES, make_output_dir, read_text_file, write_text_atomic
+from twill.files import MAX_FILE_BYTES, make_output_dir, read_text_file, write_text_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 H200_RAW = ROOT / "benchmarks" / "results" / "calibration_h200_raw.json"

@@ -113,9 +113,9 @@ def test_a_yices_check_stops_on_an_interrupt(usr1_interrupts):
 
 
 def test_an_interrupt_while_writing_outputs_leaves_none(tmp_path):
-    """A command's outputs are written together (:func:`twill.commands.common.write_all`): an interrupt
+    """A command's outputs are written together (:func:`twill.files.write_all`): an interrupt
     before the last is written leaves no new file, no temporary file, and an existing file as it was."""
-    from twill.commands.common import write_all, write_text_output
+    from twill.files import write_all, write_text_output
 
     (tmp_path / "old.txt").write_text("before")
 

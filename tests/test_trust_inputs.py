@@ -11,7 +11,7 @@ import pytest
 from twill.cli import main
 from twill.schedule.document import schedule_document
 from twill.ir.graph import Edge, LoopGraph, Op
-from twill.ir.io import write_text_atomic
+from twill.files import write_text_atomic
 from twill.ir.validate import MAX_OPS, zero_distance_cycle
 from twill.kernels import build_kernel
 from twill.machine import H100

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from twill.commands.common import check_outputs, input_files, message_stream, write_json_output
+from twill.commands.common import input_files
+from twill.files import check_outputs, message_stream, write_json_output
 from twill.commands.common import arch_choice
 from twill.errors import FormatError, TwillError
 
 
 def _read_raw(path: str) -> dict:
-    from twill.ir.io import read_json_file
+    from twill.files import read_json_file
 
     raw = read_json_file(path, "raw calibration")
     if not isinstance(raw, dict) or raw.get("format") != "twill-calibration-raw/1" \
@@ -27,7 +28,7 @@ def _read_raw(path: str) -> dict:
 
 
 def _read_kernel_clock(path: str) -> dict:
-    from twill.ir.io import read_json_file
+    from twill.files import read_json_file
 
     doc = read_json_file(path, "kernel clock")
     rows = doc.get("rows") if isinstance(doc, dict) else None

@@ -1,18 +1,17 @@
-"""Helpers shared by the command modules: the target and solver arguments and what they ask for, the checks
-and writes of output files.
+"""Argument helpers shared by the command modules: the target and solver arguments, their argparse types, and
+what the parsed arguments ask for (:class:`~twill.targets.TargetOptions`, ``SolveOptions``, the machine, the
+files a command reads).
 
-The target (a built-in kernel, a graph file, a Triton or TileLang kernel) and its options are described in
-:mod:`twill.targets`, which resolves them.
+The target (a built-in kernel, a graph file, a Triton or TileLang kernel) is described and resolved in
+:mod:`twill.targets`; output files are checked and written through :mod:`twill.files`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from twill.errors import TwillError
 from twill.machine.models import MACHINES, Machine, get_machine
@@ -229,113 +228,3 @@ def input_files(args: argparse.Namespace) -> list[str]:
     if target:
         names.append(target_file(target))
     return [name for name in names if name and name != "-" and os.path.isfile(name)]
-
-
-def check_outputs(files: Iterable[str | None] = (), folders: Iterable[str | None] = (),
-                  inputs: Iterable[str | None] = ()) -> None:
-    """Before any work: every output file (``None`` and ``-`` skipped) can be written (its folder exists and
-    is writable, it is not a folder) and every output folder exists as a writable folder or can be created
-    in a writable one; no output file is one of the ``inputs`` (the same file by any name: a symbolic or
-    hard link counts) or another output. Raises a one-line :class:`TwillError` naming the first that cannot."""
-    files = [name for name in files if name not in (None, "-")]
-    for name in files:
-        path = Path(name)
-        if path.is_dir():
-            raise TwillError(f"cannot write {name!r}: it is a directory")
-        if not path.parent.is_dir():
-            raise TwillError(f"cannot write {name!r}: no directory {str(path.parent)!r}")
-        if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            raise TwillError(f"cannot write {name!r}: permission denied")
-    refuse_inputs_as_outputs(files, inputs)
-    for name in folders:
-        if name is None:
-            continue
-        if name == "-":
-            raise TwillError("'-' (stdout) cannot receive a folder of files; give a directory")
-        path = Path(name)
-        if path.exists() and not path.is_dir():
-            raise TwillError(f"cannot write into {name!r}: it is not a directory")
-        existing = next(p for p in (path, *path.parents) if p.exists())     # "." or "/" at the latest
-        if not existing.is_dir() or not os.access(existing, os.W_OK):
-            raise TwillError(f"cannot write into {name!r}: {str(existing)!r} is not a writable directory")
-
-
-def _same_file(a: str, b: str) -> bool:
-    """Whether paths ``a`` and ``b`` name one file: the same inode (links, ``..``), or, for files that do not
-    exist yet, the same resolved path."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
-def refuse_inputs_as_outputs(outputs: Iterable[str | None], inputs: Iterable[str | None]) -> None:
-    """A one-line :class:`TwillError` when an output file is one of the ``inputs`` (writing it would destroy
-    what the command reads) or when two outputs are the same file; ``None`` and ``-`` are skipped."""
-    outputs = [name for name in outputs if name not in (None, "-")]
-    inputs = [name for name in inputs if name not in (None, "-")]
-    for k, name in enumerate(outputs):
-        for source in inputs:
-            if _same_file(name, source):
-                raise TwillError(f"output {name!r} is the input {source!r}; write to another file")
-        for other in outputs[:k]:
-            if _same_file(name, other):
-                raise TwillError(f"outputs {other!r} and {name!r} are the same file; give each its own")
-
-
-def refuse_stdout(name: str | None, flag: str, why: str = "it is binary") -> None:
-    """A one-line :class:`TwillError` when output ``flag`` is given as ``-`` (stdout) but cannot go there."""
-    if name == "-":
-        raise TwillError(f"{flag} cannot be '-' (stdout): {why}; give a file")
-
-
-def write_all(writers: Iterable[Callable[[], Any]]) -> None:
-    """Run ``writers`` in order (each writes its files with :func:`write_text_output` or another writer of
-    :mod:`twill.ir.io`) inside one :func:`~twill.ir.io.output_group`: every file is staged beside its target
-    and renamed into place only when all have been written, so a command leaves all of its outputs or none,
-    and a failure never removes or changes a file that existed before."""
-    from twill.ir.io import output_group
-
-    try:
-        with output_group():
-            for writer in writers:
-                writer()
-    except OSError as exc:          # renaming or writing into place failed
-        raise TwillError(f"cannot write {exc.filename!r}: {exc.strerror or exc}") from None
-
-
-def write_json_output(path: str, data: Any) -> list[Path]:
-    """Write ``data`` as JSON to ``path`` (:func:`write_text_output`; ``-`` is stdout). Returns ``[path]``."""
-    return write_text_output(path, json.dumps(data, indent=2) + "\n")
-
-
-def write_text_output(path: str, text: str) -> list[Path]:
-    """Write ``text`` to ``path`` through :func:`twill.ir.io.write_text_atomic` (no partial file, no temporary
-    file left, a special file such as ``/dev/null`` written in place), or print it on stdout when ``path`` is
-    ``-``; an unwritable path is a one-line :class:`TwillError`. Returns ``[path]`` (``[]`` for stdout)."""
-    from twill.ir.io import defer_output, write_text_atomic
-
-    if path == "-":
-        defer_output(lambda: print_output(text, end=""))
-        return []
-    try:
-        write_text_atomic(path, text)
-    except OSError as exc:
-        raise TwillError(f"cannot write {path!r}: {exc.strerror or exc}") from None
-    return [Path(path)]
-
-
-def message_stream(*outputs: str | None) -> Any:
-    """Where a command prints its summary lines: stderr when one of its ``outputs`` is ``-`` (stdout carries
-    that output), else stdout."""
-    return sys.stderr if "-" in outputs else sys.stdout
-
-
-def print_output(text: str, end: str = "\n") -> None:
-    """Print ``text`` on stdout; a reader that closed the pipe early (``| head``) ends the command quietly."""
-    try:
-        print(text, end=end, flush=True)
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        raise SystemExit(0) from None

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
-                                   machine_of, solve_options, target_options, write_text_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, input_files, machine_of, solve_options,
+                                   target_options)
+from twill.files import check_outputs, write_text_output
 from twill.errors import TwillError
 from twill.schedule.document import load_schedule_document
 from twill.targets import is_triton_source, resolve_target

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
-                                   machine_of, message_stream, solve_options, target_options, write_text_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, input_files, machine_of, solve_options,
+                                   target_options)
+from twill.files import check_outputs, message_stream, write_text_output
 from twill.errors import FormatError, TwillError
 from twill.schedule.document import load_schedule_document
 from twill.targets import resolve_target
@@ -19,7 +20,7 @@ from twill.targets import resolve_target
 
 def _is_schedule_file(target: str) -> bool:
     """Whether ``target`` is a JSON file holding a ``twill-schedule/1`` object (not a graph)."""
-    from twill.ir.io import read_json_file
+    from twill.files import read_json_file
     from twill.schedule.result import SCHEDULE_FORMAT
 
     if not target.endswith(".json"):

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
-                                   machine_of, print_output, refuse_stdout, solve_options, target_options,
-                                   write_all, write_json_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, input_files, machine_of, solve_options,
+                                   target_options)
+from twill.files import check_outputs, print_output, refuse_stdout, write_all, write_json_output
 from twill.errors import TwillError
 from twill.schedule.document import schedule_document
 from twill.targets import resolve_target

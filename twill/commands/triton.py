@@ -7,9 +7,9 @@ import argparse
 import json
 import os
 
-from twill.commands.common import (add_solve_arguments, add_target_arguments, check_outputs, input_files,
-                                   kernel_options_given, machine_of, message_stream, refuse_inputs_as_outputs,
-                                   solve_options, target_options, write_json_output)
+from twill.commands.common import (add_solve_arguments, add_target_arguments, input_files, kernel_options_given,
+                                   machine_of, solve_options, target_options)
+from twill.files import check_outputs, message_stream, refuse_inputs_as_outputs, write_json_output
 from twill.commands.common import NUM_STAGES_RANGE, integer_in
 from twill.errors import TwillError
 from twill.schedule.document import load_schedule_document, schedule_document

@@ -11,8 +11,8 @@ import os
 import sys
 from typing import Any
 
-from twill.commands.common import (check_outputs, input_files, machine_of, print_output, write_all,
-                                   write_json_output, write_text_output)
+from twill.commands.common import input_files, machine_of
+from twill.files import check_outputs, print_output, write_all, write_json_output, write_text_output
 from twill.commands.common import NUM_STAGES_RANGE, NUM_WARPS_RANGE, arch_choice, integer_in, option_type
 from twill.errors import TwillError
 from twill.targets import python_target
@@ -106,7 +106,7 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
         if not args.signature:
             raise TwillError("a Triton target needs --signature listing every non-constexpr argument")
         space = triton_space(_triton_constexprs(args.constexpr), _axes(args, ("num_warps", "num_stages")))
-        from twill.ir.io import read_text_file
+        from twill.files import read_text_file
 
         info = {"path": os.path.abspath(match.path), "fn": match.fn, "signature": args.signature,
                 "source": read_text_file(match.path, "Triton source")}

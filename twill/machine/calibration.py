@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from twill.errors import FormatError
-from twill.ir.io import read_json_file
+from twill.files import read_json_file
 from twill.machine.models import BARRIER_HANDOFF_CYCLES, MACHINES
 
 MACHINE_FORMAT = "twill-machine/1"

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from twill.errors import UnsupportedFeatureError
-from twill.ir.io import user_cache_dir
+from twill.files import user_cache_dir
 
 #: Head dimensions of the forward kernel, and of the backward kernel.
 FORWARD_HEAD_DIMS = (64, 128, 256)
@@ -219,7 +219,7 @@ def kernel_module(spec: KernelSpec) -> ModuleType:
     under it (:func:`cached_source`), else generated and written there atomically (a concurrent process
     never reads a half-written file; a damaged or edited file is replaced, never imported)."""
     from twill.codegen.gluon import load_emitted
-    from twill.ir.io import write_text_atomic
+    from twill.files import write_text_atomic
     from twill.tune.sweep import twill_version
 
     path = cache_dir() / spec.file_name(twill_version())

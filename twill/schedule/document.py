@@ -25,7 +25,8 @@ def load_schedule_document(path: str) -> Schedule:
     """Read a schedule file written by ``twill schedule -o`` (with its ``loop_graph``) through the
     verification gate (:func:`twill.schedule.verify.admit` on the machine the schedule is for): a schedule
     that violates any constraint of the model is refused with the first violation named."""
-    from twill.ir.io import graph_from_dict, read_json_file
+    from twill.files import read_json_file
+    from twill.ir.io import graph_from_dict
     from twill.schedule.verify import admit
 
     data = read_json_file(path, "schedule")

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
 from twill.errors import (InfeasibleScheduleError, SolverUnavailableError, SpillsError, TwillError,
                           UnsupportedFeatureError)
-from twill.ir.io import read_file_bytes, user_cache_dir
+from twill.files import read_file_bytes, user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
 from twill.tune.spills import gluon_spills, ptxas_rejection
@@ -425,7 +425,7 @@ def schedule_problem(doc: Any, job: Job) -> str | None:
 
 def cache_write(directory: Path, key: str, record: Mapping[str, Any]) -> None:
     """Store ``record`` atomically; a cache that cannot be written is skipped silently (it is only a cache)."""
-    from twill.ir.io import write_json_atomic
+    from twill.files import write_json_atomic
 
     try:
         directory.mkdir(parents=True, exist_ok=True)

@@ -57,10 +57,10 @@ def svg_markup(fig: Figure) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through :func:`twill.ir.io.write_bytes_atomic` (temporary file + rename, a
+    """Write ``data`` to ``path`` through :func:`twill.files.write_bytes_atomic` (temporary file + rename, a
     special file written in place, the usual mode; part of an enclosing output group). The directory must
     exist; an OS error becomes a one-line :class:`~twill.errors.TwillError` naming the path."""
-    from twill.ir.io import write_bytes_atomic
+    from twill.files import write_bytes_atomic
 
     path = Path(path)
     try:
@@ -73,7 +73,7 @@ def write_atomic(path: Path, data: bytes) -> Path:
 def make_directory(directory: Path) -> Path:
     """Create ``directory`` (and parents) if missing (removed again when its output group fails); an OS error
     becomes a one-line TwillError."""
-    from twill.ir.io import make_output_dir
+    from twill.files import make_output_dir
 
     try:
         make_output_dir(directory)

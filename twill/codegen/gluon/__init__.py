@@ -21,7 +21,7 @@ import sys
 from types import ModuleType
 
 from twill.codegen.plan import KernelPlan, kernel_plan, quoted_plan
-from twill.ir.io import write_text_atomic
+from twill.files import write_text_atomic
 from twill.schedule.result import Schedule
 
 __all__ = ["BACKEND", "emit_gluon", "gluon_plan", "load_emitted", "render_plan", "write_gluon"]

@@ -37,9 +37,9 @@ def import_tilelang() -> Any:
 
 
 def _read(path: str) -> str:
-    """The text of Python source ``path`` (:func:`twill.ir.io.read_text_file`: a regular, size-capped UTF-8
+    """The text of Python source ``path`` (:func:`twill.files.read_text_file`: a regular, size-capped UTF-8
     file, else one :class:`FormatError` line)."""
-    from twill.ir.io import read_text_file
+    from twill.files import read_text_file
 
     return read_text_file(path, "TileLang source")
 

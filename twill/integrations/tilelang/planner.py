@@ -215,10 +215,10 @@ def inject_tilelang(path: str, fn: str, args: list[str], schedule: Schedule, mac
     from pathlib import Path
 
     from twill.integrations.tilelang.cuda import lower_cuda
-    from twill.commands.common import write_all, write_text_output
+    from twill.files import write_all, write_text_output
     from twill.errors import TwillError
     from twill.integrations.tilelang import load_loop
-    from twill.ir.io import make_output_dir
+    from twill.files import make_output_dir
 
     plan = pipeline_plan(schedule)
     source = rewritten_kernel(path, fn, plan, schedule)

@@ -142,7 +142,7 @@ def graph_from_ttgir(source: str | os.PathLike, machine: Machine | str, *, loop:
     text = str(source)
     if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
                                            and source.endswith((".ttgir", ".mlir"))):
-        from twill.ir.io import read_text_file
+        from twill.files import read_text_file
 
         text = read_text_file(source, "TTGIR")    # regular, size-capped UTF-8 text, else one line
     return lower_ttgir(text, machine, loop=loop).graph

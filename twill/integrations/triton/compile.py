@@ -288,7 +288,7 @@ def unwrap_kernel(obj: Any, triton) -> KernelSource | None:
 def load_kernel(path: str | os.PathLike, fn_name: str) -> KernelSource:
     """Import ``path`` and return its ``@triton.jit`` function ``fn_name`` (under any autotune/heuristics)."""
     triton = require_triton()
-    from twill.ir.io import read_text_file
+    from twill.files import read_text_file
 
     path = Path(path)
     read_text_file(path, "Triton source")     # a regular, size-capped text file, else one line

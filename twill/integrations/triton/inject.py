@@ -496,7 +496,7 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
     """Write ``<kernel>.ttgir`` (final), ``<kernel>.scheduled.ttgir`` (pre-pipeline, Twill's attributes),
     ``<kernel>.cubin``, ``<kernel>.ptx``, ``schedule.json`` (``schedule_document``, when given) and
     ``summary.json`` (with the ``tuning`` keys, when given) into ``directory``; returns the summary."""
-    from twill.ir.io import make_output_dir, output_group, write_bytes_atomic
+    from twill.files import make_output_dir, output_group, write_bytes_atomic
 
     out = Path(directory)
     name = result.kernel.name
