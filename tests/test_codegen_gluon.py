@@ -197,7 +197,7 @@ def test_pv_wait_follows_the_softmax_it_overlaps(tmp_path, options, persistent):
 
 def test_pv_wait_fence_from_head_dim_128():
     """D = 64 kernels, bound by the softmax chain, go without the fence (slower with it on the H200)."""
-    from twill.codegen.gluon.flash import PV_WAIT_FENCE_MIN_HEAD_DIM
+    from twill.kernels.flash_fwd.gluon import PV_WAIT_FENCE_MIN_HEAD_DIM
 
     assert PV_WAIT_FENCE_MIN_HEAD_DIM == 128
     for head_dim, fenced in ((64, False), (128, True), (256, True)):
@@ -552,19 +552,22 @@ def test_every_wait_names_the_dependence_that_forces_it():
 
 
 def test_renderers_read_only_the_plan():
-    """The Gluon renderers import nothing from the schedule, the graph or the solver: the plan is complete."""
+    """The Gluon renderer and the families' Gluon bodies import nothing from the schedule, the graph or the
+    solver: the plan is complete."""
     import ast
     from pathlib import Path
 
-    import twill.codegen.gluon as package
+    import twill
 
-    for name in ("render.py", "gemm.py", "flash.py"):
-        tree = ast.parse((Path(package.__file__).parent / name).read_text())
+    root = Path(twill.__file__).parent
+    for path, family in (("codegen/gluon/render.py", None), ("kernels/gemm/gluon.py", "gemm"),
+                         ("kernels/flash_fwd/gluon.py", "flash_fwd"), ("kernels/flash_bwd/gluon.py", "flash_bwd")):
+        tree = ast.parse((root / path).read_text())
         modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        twill = {m for m in modules if m and m.startswith("twill")}
-        assert twill <= {"twill.codegen.plan", "twill.codegen.gluon.render", "twill.kernels.gemm.plan",
-                         "twill.kernels.flash_fwd.plan"}, (name, twill)
+        twill_modules = {m for m in modules if m and m.startswith("twill")}
+        assert twill_modules <= {"twill.codegen.plan", "twill.codegen.chart", "twill.codegen.gluon.render",
+                                 f"twill.kernels.{family}.plan"}, (path, twill_modules)
 
 
 @pytest.mark.skipif(not HAS_ORTOOLS, reason="the joint solver needs OR-Tools")
@@ -782,7 +785,7 @@ def test_the_causal_forward_order_balances_its_blocks_in_list_scheduling(seq, la
     here as Python on every CTA in launch order), ``chunked`` x; and the emitted order is a bijection."""
     import types
 
-    from twill.codegen.gluon.flash import _setup
+    from twill.kernels.flash_fwd.gluon import _setup
     from twill.tune.predict import list_schedule
 
     sms, blocks, heads = 132, seq // 128, 4 * 32

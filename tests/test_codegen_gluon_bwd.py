@@ -301,7 +301,7 @@ def _causal_order(blocks: int, heads: int, per_chunk: int) -> list[tuple[int, in
     backward's own lines (``CAUSAL_ORDER``) run as Python (``BLOCK_N`` = 1: ``n_start`` is the key block)."""
     import types
 
-    from twill.codegen.gluon.flash_bwd import CAUSAL_ORDER
+    from twill.kernels.flash_bwd.gluon import CAUSAL_ORDER
 
     code = "\n".join(line[4:] for line in CAUSAL_ORDER)
     order = []

@@ -173,14 +173,16 @@ def test_renderers_read_only_the_plan():
     import ast
     from pathlib import Path
 
-    import twill.codegen.pallas as package
+    import twill
 
-    for name in ("render.py", "gemm.py", "flash.py"):
-        tree = ast.parse((Path(package.__file__).parent / name).read_text())
+    root = Path(twill.__file__).parent
+    for path, family in (("codegen/pallas/render.py", None), ("kernels/gemm/pallas.py", "gemm"),
+                         ("kernels/flash_fwd/pallas.py", "flash_fwd")):
+        tree = ast.parse((root / path).read_text())
         modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        twill = {m for m in modules if m and m.startswith("twill")}
-        assert twill <= {"twill.codegen.plan", "twill.codegen.pallas.render", "twill.codegen.gluon.render",
-                         "twill.errors", "twill.kernels.flash_fwd.plan"}, (name, twill)
+        twill_modules = {m for m in modules if m and m.startswith("twill")}
+        assert twill_modules <= {"twill.codegen.plan", "twill.codegen.chart", "twill.codegen.pallas.render",
+                                 "twill.errors", f"twill.kernels.{family}.plan"}, (path, twill_modules)
 
 
 # -- with JAX: lowered to Mosaic GPU MLIR on the CPU -----------------------------------------------------

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from twill.errors import TwillError
+from twill.errors import TwillError, UnsupportedFeatureError
 from twill.ir.graph import LoopGraph
 from twill.machine.models import Machine
 
@@ -91,7 +91,10 @@ class Family:
         return self.module("graph").build(machine, **options)
 
     def body(self, backend: str) -> ModuleType:
-        """The body module of ``backend`` (a name in :attr:`backends`)."""
+        """The body module of ``backend``; UnsupportedFeatureError when the family has none."""
+        if backend not in self.backends:
+            raise UnsupportedFeatureError(f"cannot emit {backend}: kernel {self.name!r} has no {backend} body "
+                                          f"(it has: {', '.join(self.backends) or 'none'})")
         return self.module(backend)
 
     def hooks(self) -> ModuleType | None:

@@ -269,7 +269,7 @@ def causal_iterations(graph: LoopGraph, shape: Shape, sms: int) -> list[int] | N
     return [n for first in range(0, heads, chunk) for n in heaviest_first for _ in range(min(chunk, heads - first))]
 
 
-#: Launches of the generated backward besides its main kernel (twill/codegen/gluon/flash_bwd.py): the dO·O
+#: Launches of the generated backward besides its main kernel (twill/kernels/flash_bwd/gluon.py): the dO·O
 #: pre-pass, the zeroed statistics and fp32 dQ accumulator, and the dQ conversion.
 BACKWARD_PASSES = 4
 #: Bytes per (row, head-dim element) those launches move: the pre-pass reads O and dO (2 + 2), the dQ
@@ -359,8 +359,8 @@ def first_byte_latency(cal: Any) -> float:
 
 def gemm_tile(tile: int, num_m: int, num_n: int) -> tuple[int, int]:
     """(row, column) of GEMM output tile ``tile`` in the generated kernels' grouped order: ``GROUP_M`` rows
-    of tiles at a time, down the rows first (``tile_offsets`` in twill/codegen/gluon/gemm.py)."""
-    from twill.codegen.gluon.gemm import GROUP_M
+    of tiles at a time, down the rows first (``tile_offsets`` in twill/kernels/gemm/gluon.py)."""
+    from twill.kernels.gemm.gluon import GROUP_M
 
     per_group = GROUP_M * num_n
     first_m = (tile // per_group) * GROUP_M

@@ -7,8 +7,9 @@
 Stages: :func:`~twill.codegen.plan.kernel_plan` turns the schedule into a frozen, backend-neutral
 :class:`~twill.codegen.plan.KernelPlan` (partitions, rings and barriers, waits with their reasons, stages,
 tensor-core turns); :func:`render_plan` renders it with the shared module renderer
-(:mod:`~twill.codegen.gluon.render`) and the kernel's compute body (:mod:`~twill.codegen.gluon.gemm`,
-:mod:`~twill.codegen.gluon.flash`, :mod:`~twill.codegen.gluon.flash_bwd`). Unsupported graphs raise :class:`~twill.errors.UnsupportedFeatureError`
+(:mod:`~twill.codegen.gluon.render`) and the kernel family's compute body (``twill/kernels/<family>/gluon.py``,
+``body(plan) -> KernelBody``, found through :mod:`twill.kernels`). Unsupported graphs raise
+:class:`~twill.errors.UnsupportedFeatureError`
 ("cannot generate: <op> not supported by the Gluon backend"). Importing this package does not import Triton;
 :mod:`~twill.codegen.gluon.aot` and the emitted modules do.
 """
@@ -22,6 +23,7 @@ from types import ModuleType
 
 from twill.codegen.plan import KernelPlan, kernel_plan, quoted_plan
 from twill.files import write_text_atomic
+from twill.kernels import family
 from twill.schedule.result import Schedule
 
 __all__ = ["BACKEND", "emit_gluon", "gluon_plan", "load_emitted", "render_plan", "write_gluon"]
@@ -42,18 +44,7 @@ def render_plan(plan: KernelPlan) -> str:
     from twill.codegen.gluon.render import render_module
 
     plan = quoted_plan(plan)
-
-    if plan.kernel == "gemm":
-        from twill.codegen.gluon.gemm import gemm_body
-
-        return render_module(plan, gemm_body(plan))
-    if plan.kernel == "flash-bwd":
-        from twill.codegen.gluon.flash_bwd import flash_bwd_body
-
-        return render_module(plan, flash_bwd_body(plan))
-    from twill.codegen.gluon.flash import flash_body
-
-    return render_module(plan, flash_body(plan))
+    return render_module(plan, family(plan.kernel).body("gluon").body(plan))
 
 
 def emit_gluon(schedule: Schedule, persistent: bool = False) -> str:

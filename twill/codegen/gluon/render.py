@@ -1,6 +1,7 @@
 """The module renderer every emitted Gluon kernel shares: header, constants, rings and barriers, the TMA
 producer, the ``gl.warp_specialize`` call and the host launcher. Only the compute partition and the
-kernel-specific lines come from the kernel's :class:`KernelBody` (``gemm.py``, ``flash.py``).
+kernel-specific lines come from the kernel family's :class:`KernelBody` (``twill/kernels/<family>/gluon.py``,
+found through :mod:`twill.kernels`).
 
 Every function returns strings and iterates in a fixed order, so emitted files diff cleanly.
 """
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from twill.codegen.chart import render_chart
 from twill.codegen.plan import Barrier, KernelPlan, Partition
 
-#: Width of the steady-state chart in characters (one row per op, the II scaled onto it).
-CHART_WIDTH = 48
 #: Gluon dtype of each plan dtype.
 GL_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+#: torch dtype of each plan dtype (the launcher checks its inputs against it).
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 #: Name of the compute partition function, called once per compute partition with its sub-tile.
 COMPUTE_FN = "compute_partition"
 LOAD_FN = "load_partition"
@@ -157,21 +159,6 @@ def render_module(plan: KernelPlan, body: KernelBody) -> str:
              render_constants(plan, body), render_load_partition(plan, body), body.functions,
              render_kernel(plan, body), render_host(plan, body)]
     return "\n\n".join(p.strip("\n") for p in parts) + "\n"
-
-
-def render_chart(plan: KernelPlan) -> list[str]:
-    """A compact steady-state chart: per op, its start, stage, warp group, and the cycles it occupies in
-    ``[0, II)`` drawn with its stage digit (SLOTHY-style)."""
-    ii = plan.ii
-    lines = [f"{'op':12s} {'role':9s} {'start':>6s} {'stage':>5s} {'wg':>3s}  |{'0':<{CHART_WIDTH - 1}s}|II={ii}"]
-    order = sorted(range(len(plan.placements)), key=lambda i: (plan.placements[i].start, i))
-    for p in (plan.placements[i] for i in order):
-        row = [" "] * CHART_WIDTH
-        for c in range(max(1, p.cycles)):
-            row[(p.residue + c) % ii * CHART_WIDTH // ii] = str(p.stage % 10)
-        wg = "-" if p.group is None else p.group
-        lines.append(f"{p.name:12s} {p.role:9s} {p.start:6d} {p.stage:5d} {wg!s:>3s}  |{''.join(row)}|")
-    return lines
 
 
 def function_of(p: Partition) -> str:
@@ -336,3 +323,13 @@ def render_host(plan: KernelPlan, body: KernelBody) -> str:
     """Host helpers shared by every kernel, then the kernel's launcher."""
     signature = "\n".join(f'        "{name}": {ty},' for name, ty in body.signature)
     return HOST.format(kernel=body.kernel, signature=signature).lstrip("\n") + "\n\n" + body.launch.strip("\n")
+
+
+def kv_shape_source(plan: KernelPlan, head_dim: str) -> str:
+    """Launcher lines that set ``kv_shape``, the expected K/V shape (with grouped K/V heads, after checking
+    that the query heads divide into the groups); ``head_dim`` is the launcher's expression for D."""
+    if plan.kv_heads:
+        return ("    if H % KV_HEADS.value:\n"
+                "        raise ValueError(f\"{H} query heads are not a multiple of KV_HEADS={KV_HEADS.value}\")\n"
+                f"    kv_shape = (B, KV_HEADS.value, S, {head_dim})")
+    return f"    kv_shape = (B, H, S, {head_dim})"

@@ -6,15 +6,17 @@
 The backend-neutral :class:`~twill.codegen.plan.KernelPlan` (the one the Gluon backend renders) is mapped
 onto ``plgpu.emit_pipeline_warp_specialized``: ring depth -> ``max_concurrent_steps``, compute partitions ->
 compute warpgroups, the producer's budget -> ``memory_registers``, wait lags -> ``delay_release`` and
-``plgpu.wgmma_wait``, tensor-core turns -> ``plgpu.Barrier`` hand-offs (:mod:`~twill.codegen.pallas.render`,
-:mod:`~twill.codegen.pallas.gemm`, :mod:`~twill.codegen.pallas.flash`). A decision the Pallas template cannot
-carry raises :class:`~twill.errors.UnsupportedFeatureError` ("cannot emit: ..."). Importing this package
-does not import JAX; the emitted modules do.
+``plgpu.wgmma_wait``, tensor-core turns -> ``plgpu.Barrier`` hand-offs (:mod:`~twill.codegen.pallas.render`, and
+the kernel family's body ``twill/kernels/<family>/pallas.py``, ``emit(plan) -> str``, found through
+:mod:`twill.kernels`). A decision the Pallas template cannot carry raises
+:class:`~twill.errors.UnsupportedFeatureError` ("cannot emit: ..."). Importing this package does not import
+JAX; the emitted modules do.
 """
 
 from __future__ import annotations
 
 from twill.codegen.plan import KernelPlan, kernel_plan, quoted_plan
+from twill.kernels import family
 from twill.schedule.result import Schedule
 
 __all__ = ["BACKEND", "emit_pallas", "pallas_plan", "render_plan"]
@@ -33,13 +35,7 @@ def render_plan(plan: KernelPlan) -> str:
     :func:`~twill.codegen.plan.quoted_plan` (input names only ever inside comments, docstrings and string
     literals)."""
     plan = quoted_plan(plan)
-    if plan.kernel == "gemm":
-        from twill.codegen.pallas.gemm import emit_gemm
-
-        return emit_gemm(plan)
-    from twill.codegen.pallas.flash import emit_flash
-
-    return emit_flash(plan)
+    return family(plan.kernel).body("pallas").emit(plan)
 
 
 def emit_pallas(schedule: Schedule) -> str:

@@ -5,14 +5,14 @@ Pallas (``jax.experimental.pallas.mosaic_gpu``) runs a fixed template: one memor
 copies of ``plgpu.emit_pipeline_warp_specialized`` into one ring per input, ``num_compute_wgs`` compute
 warpgroups run the pipeline body once per step. The plan's decisions map onto its knobs; a decision the
 template cannot carry raises ``cannot emit: ... (Pallas ...)`` instead of being dropped. Only the kernel
-bodies (``gemm.py``, ``flash.py``) differ.
+families' bodies (``twill/kernels/<family>/pallas.py``) differ.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twill.codegen.gluon.render import render_chart
+from twill.codegen.chart import render_chart
 from twill.codegen.plan import KernelPlan
 from twill.errors import UnsupportedFeatureError
 

@@ -6,18 +6,22 @@
 A schedule with a warp assignment goes through the backend-neutral
 :class:`~twill.codegen.plan.KernelPlan` (the one the Gluon and Pallas backends render) and becomes a
 ``T.WSSchedule`` (:mod:`~twill.codegen.tilelang.ws`); one without (``--no-ws``) becomes a
-``T.Pipelined(num_stages, stage, order)`` loop. What TileLang cannot express raises
-:class:`~twill.errors.UnsupportedFeatureError` ("cannot emit tilelang: ..."). Importing this package does not
-import TileLang; the emitted modules do.
+``T.Pipelined(num_stages, stage, order)`` loop. The kernel family's body (``twill/kernels/<family>/tilelang.py``,
+found through :mod:`twill.kernels`) writes each form: ``refuse(graph)`` raises for what it does not write,
+``emit_ws(plan, schedule)`` and ``emit_pipelined(schedule, dtype)`` return the module. What TileLang cannot
+express raises :class:`~twill.errors.UnsupportedFeatureError` ("cannot emit tilelang: ..."). Importing this
+package does not import TileLang; the emitted modules do.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 from twill.codegen.plan import DTYPES, KernelPlan, kernel_plan
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import LoopGraph
+from twill.kernels import families
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 
@@ -32,14 +36,18 @@ def tilelang_plan(schedule: Schedule) -> KernelPlan:
     return kernel_plan(schedule, BACKEND)
 
 
-def _kind(schedule: Schedule) -> str:
+def _body(schedule: Schedule) -> ModuleType:
+    """The TileLang body of the schedule's kernel family (by the graph's ``kernel`` attribute or name)."""
     graph = schedule.graph
     kind = str(graph.attrs.get("kernel") or graph.name)
-    if kind not in ("gemm", "flash-fwd"):
-        raise UnsupportedFeatureError(f"cannot emit tilelang: kernel {kind!r} (gemm, flash-fwd)")
+    bodies = [f for f in families() if "tilelang" in f.backends]
+    family = next((f for f in bodies if f.name == kind), None)
+    if family is None:
+        raise UnsupportedFeatureError(f"cannot emit tilelang: kernel {kind!r} "
+                                      f"({', '.join(f.name for f in bodies)})")
     if schedule.arch not in ("h100", "h200"):
         raise UnsupportedFeatureError(f"cannot emit tilelang: arch {schedule.arch!r} (Hopper only: h100, h200)")
-    return kind
+    return family.body("tilelang")
 
 
 def solve_for_tilelang(graph: LoopGraph, machine: Machine, options: Any) -> Schedule:
@@ -58,27 +66,12 @@ def solve_for_tilelang(graph: LoopGraph, machine: Machine, options: Any) -> Sche
 
 def emit_tilelang(schedule: Schedule) -> str:
     """Source of a complete TileLang module for a verified schedule."""
-    kind = _kind(schedule)
+    body = _body(schedule)
     graph = schedule.graph
-    if kind == "flash-fwd" and (graph.attrs.get("causal") or graph.attrs.get("kv_heads")):
-        raise UnsupportedFeatureError("cannot emit tilelang: causal or grouped-K/V attention (the TileLang "
-                                      "renderer writes the non-causal, one-K/V-head-per-head forward pass)")
+    body.refuse(graph)
     if schedule.assignment and schedule.warps:
-        plan = tilelang_plan(schedule)
-        if kind == "gemm":
-            from twill.codegen.tilelang.gemm import emit_gemm_ws
-
-            return emit_gemm_ws(plan, schedule)
-        from twill.codegen.tilelang.flash import emit_flash_ws
-
-        return emit_flash_ws(plan, schedule)
+        return body.emit_ws(tilelang_plan(schedule), schedule)
     dtype = str(graph.attrs.get("dtype", "fp16"))
     if dtype not in DTYPES:
         raise UnsupportedFeatureError(f"cannot emit tilelang: dtype {dtype} (supported: {', '.join(DTYPES)})")
-    if kind == "gemm":
-        from twill.codegen.tilelang.gemm import emit_gemm_pipelined
-
-        return emit_gemm_pipelined(schedule, dtype)
-    from twill.codegen.tilelang.flash import emit_flash_pipelined
-
-    return emit_flash_pipelined(schedule, dtype)
+    return body.emit_pipelined(schedule, dtype)

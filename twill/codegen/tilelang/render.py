@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twill.codegen.gluon.render import render_chart
+from twill.codegen.chart import render_chart
 from twill.codegen.plan import KernelPlan, quoted_plan, ring_depth
 from twill.errors import UnsupportedFeatureError
 from twill.quote import printable

@@ -124,7 +124,7 @@ launch = gemm
 '''
 
 
-def emit_gemm(plan: KernelPlan) -> str:
+def emit(plan: KernelPlan) -> str:
     """The Pallas GEMM module for ``plan``."""
     comp = plan.compute[0]
     mma, wait = comp.roles["mma"], comp.roles["mma_wait"]

@@ -16,6 +16,8 @@ from twill.codegen.tilelang.render import (TL_DTYPES, Statement, cannot_emit, ch
                                            constant_lines, indent, pipelined_annotation, render_header,
                                            render_module, ring_lead, schedule_lines)
 from twill.codegen.tilelang.ws import LOOP_ID, ws_design, ws_schedule_source
+from twill.errors import UnsupportedFeatureError
+from twill.ir.graph import LoopGraph
 from twill.quote import literal
 from twill.schedule.result import Schedule
 
@@ -117,7 +119,15 @@ def _constants(tile: dict[str, int], dtype: str, warps: int, warps_why: str) -> 
             ("COMPUTE_WARPS", warps, warps_why)]
 
 
-def emit_flash_ws(plan: KernelPlan, schedule: Schedule) -> str:
+def refuse(graph: LoopGraph) -> None:
+    """Refuse the attention variants this body does not write: it writes the non-causal forward pass with one
+    K/V head per query head."""
+    if graph.attrs.get("causal") or graph.attrs.get("kv_heads"):
+        raise UnsupportedFeatureError("cannot emit tilelang: causal or grouped-K/V attention (the TileLang "
+                                      "renderer writes the non-causal, one-K/V-head-per-head forward pass)")
+
+
+def emit_ws(plan: KernelPlan, schedule: Schedule) -> str:
     """The warp-specialized attention module for ``plan`` (of ``schedule``)."""
     statements = _statements(schedule)
     check_one_stage(schedule)
@@ -152,7 +162,7 @@ def _module(header: str, constants: str, body: list[str], dtype: str) -> str:
                                  "launch(q, k, v) -> softmax(q k^T / sqrt(D)) v.", constants, factory)
 
 
-def emit_flash_pipelined(schedule: Schedule, dtype: str) -> str:
+def emit_pipelined(schedule: Schedule, dtype: str) -> str:
     """The software-pipelined attention module (``T.Pipelined`` with the schedule's stage and order)."""
     check_one_stage(schedule)
     statements = _statements(schedule)

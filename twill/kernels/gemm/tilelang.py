@@ -15,6 +15,7 @@ from twill.codegen.tilelang.render import (TL_DTYPES, Statement, cannot_emit, ch
                                            constant_lines, indent, pipelined_annotation, ring_lead,
                                            render_header, render_module, schedule_lines)
 from twill.codegen.tilelang.ws import LOOP_ID, ws_design, ws_schedule_source
+from twill.ir.graph import LoopGraph
 from twill.quote import literal
 from twill.schedule.result import Schedule
 
@@ -105,7 +106,11 @@ def _tile_constants(tile: dict[str, int], dtype: str) -> list[tuple[str, object,
             ("BLOCK_K", tile["block_k"], "K extent of one pipelined iteration")]
 
 
-def emit_gemm_ws(plan: KernelPlan, schedule: Schedule) -> str:
+def refuse(graph: LoopGraph) -> None:
+    """Every GEMM graph is written (nothing to refuse before the schedule's own checks)."""
+
+
+def emit_ws(plan: KernelPlan, schedule: Schedule) -> str:
     """The warp-specialized GEMM module for ``plan`` (of ``schedule``)."""
     check_wait_lag(schedule)
     check_one_stage(schedule)
@@ -135,7 +140,7 @@ def emit_gemm_ws(plan: KernelPlan, schedule: Schedule) -> str:
                          constants, factory)
 
 
-def emit_gemm_pipelined(schedule: Schedule, dtype: str) -> str:
+def emit_pipelined(schedule: Schedule, dtype: str) -> str:
     """The software-pipelined GEMM module (``T.Pipelined`` with the schedule's stage and order)."""
     check_one_stage(schedule)
     statements = _statements(schedule, ws=False)

@@ -29,8 +29,8 @@ every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/
 
 from __future__ import annotations
 
-from twill.codegen.gluon.flash import TORCH_DTYPES, kv_shape_source
-from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, heaviest_first_chunks
+from twill.codegen.gluon.render import (SM_COUNT, TORCH_DTYPES, KernelBody, compute_def, heaviest_first_chunks,
+                                        kv_shape_source)
 from twill.codegen.plan import KernelPlan
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
@@ -462,7 +462,7 @@ def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, 
     return {atomic: tuple(lines)}, after
 
 
-def flash_bwd_body(plan: KernelPlan) -> KernelBody:
+def body(plan: KernelPlan) -> KernelBody:
     """The attention backward's part of the emitted module."""
     t, part = plan.tile, plan.compute[0]
     load_ops, load_after = _producer(plan)

@@ -234,7 +234,7 @@ def _decisions(plan: KernelPlan) -> tuple[str, ...]:
             f"  rings + C staging buffer + barriers: {need} bytes of shared memory")
 
 
-def gemm_body(plan: KernelPlan) -> KernelBody:
+def body(plan: KernelPlan) -> KernelBody:
     """The GEMM's part of the emitted module (one tile per CTA, or persistent: ``plan.persistent``)."""
     t = plan.tile
     mma, wait = plan.compute[0].roles["mma"], plan.compute[0].roles["mma_wait"]

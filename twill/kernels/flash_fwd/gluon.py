@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, heaviest_first_chunks, wrap
+from twill.codegen.gluon.render import (SM_COUNT, TORCH_DTYPES, KernelBody, compute_def, heaviest_first_chunks,
+                                        kv_shape_source, wrap)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_fwd.plan import PROGRAM_ORDER
 
@@ -133,23 +134,10 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
     return (out, lse) if return_lse else out
 """
 
-#: torch dtype of each plan dtype (the launcher checks its inputs against it).
-TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-
 
 def softmax_source(plan: KernelPlan) -> str:
     """The ``online_softmax`` helper: key-tail mask, or (causal) the diagonal mask."""
     return (CAUSAL_SOFTMAX if plan.causal else SOFTMAX).replace("{STEP}", STEP)
-
-
-def kv_shape_source(plan: KernelPlan, head_dim: str) -> str:
-    """Launcher lines that set ``kv_shape``, the expected K/V shape (with grouped K/V heads, after checking
-    that the query heads divide into the groups); ``head_dim`` is the launcher's expression for D."""
-    if plan.kv_heads:
-        return ("    if H % KV_HEADS.value:\n"
-                "        raise ValueError(f\"{H} query heads are not a multiple of KV_HEADS={KV_HEADS.value}\")\n"
-                f"    kv_shape = (B, KV_HEADS.value, S, {head_dim})")
-    return f"    kv_shape = (B, H, S, {head_dim})"
 
 
 def launch_source(plan: KernelPlan) -> str:
@@ -480,7 +468,7 @@ class _Compute:
         return softmax_source(plan).strip("\n") + "\n\n" + "\n".join(lines) + "\n"
 
 
-def flash_body(plan: KernelPlan) -> KernelBody:
+def body(plan: KernelPlan) -> KernelBody:
     """The attention forward's part of the emitted module."""
     t, comp = plan.tile, plan.compute
     compute = _Compute(plan)

@@ -250,7 +250,7 @@ def _kv_step(plan: KernelPlan, ahead: int) -> str:
         k_release=" | ".join(rings["k"].consumers), v_release=" | ".join(rings["v"].consumers))
 
 
-def emit_flash(plan: KernelPlan) -> str:
+def emit(plan: KernelPlan) -> str:
     """The Pallas attention-forward module for ``plan``."""
     comp = plan.compute
     aheads = {p.qk_ahead for p in comp}
