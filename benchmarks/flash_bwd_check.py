@@ -487,7 +487,20 @@ def main() -> None:
     q.add_argument("results", nargs="+", help="results files (FILE#full: its variants without the mask only)")
     q.add_argument("--machine", default=os.path.join(ROOT, "benchmarks", "results", "calibration_h200.machine.json"))
     q.add_argument("--out", required=True, help="where to write the predictions (JSON)")
+    t = sub.add_parser("table", help="print the table of a run's results (CPU)")
+    t.add_argument("results")
+    t.add_argument("--part", default=None, help="the run stored under this key of an A/B file (variant, base)")
+    p = sub.add_parser("prediction-table", help="print the table of a predict output (CPU)")
+    p.add_argument("results")
     args = ap.parse_args()
+    if args.cmd in ("table", "prediction-table"):
+        with open(args.results) as fh:
+            doc = json.load(fh)
+        if args.cmd == "prediction-table":
+            print(prediction_table(doc))
+        else:
+            print(table(doc if args.part is None else doc[args.part]))
+        return
     if args.cmd == "predict":
         suffixes = [s for s in args.results if s.partition("#")[2] not in ("", "full")]
         if suffixes:

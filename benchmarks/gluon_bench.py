@@ -695,7 +695,19 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--machine", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                      "calibration_h200.machine.json"))
     q.add_argument("--out", required=True, help="where to write the predictions (JSON)")
+    for step, text in (("table", "the markdown table of a run's results"),
+                       ("ab-table", "the markdown table of an A/B file (variant / base per cell)")):
+        t = sub.add_parser(step, help=f"print {text} (CPU)")
+        t.add_argument("results")
+        t.add_argument("--part", default=None, help="the run stored under this key of the file (e.g. variant)")
     args = parser.parse_args(argv)
+    if args.step in ("table", "ab-table"):
+        with open(args.results) as fh:
+            result = json.load(fh)
+        if args.part is not None:
+            result = result[args.part]
+        print(markdown_table(result) if args.step == "table" else markdown_ab_table(result))
+        return 0
     if args.step == "predict":
         missing = [path for path in [*args.results, args.machine] if not os.path.isfile(path)]
         if missing:

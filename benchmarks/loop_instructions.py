@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 #: (name, flash-fwd options, streaming depth, register limit, extra copies) of the kernels compared, solved on
-#: the calibrated H200 model as in benchmarks/results/gluon_bench_h200_d128_copies.json.
+#: the calibrated H200 model as in the three-group experiment (docs/experiments/three-groups.md).
 KERNELS = (
     ("fa_d128_sub2_copies1_d2", {"head_dim": 128, "subtiles": 2}, 2, None, 0),
     ("fa_d128_bn64_sub3_copies2_d2", {"head_dim": 128, "subtiles": 3, "block_n": 64}, 2, 160, 1),

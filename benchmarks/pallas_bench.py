@@ -408,7 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--sizes", nargs="*", type=int, default=None, help="only these sizes (S or GEMM edge)")
     r.add_argument("--same-tile", action="store_true",
                    help="also time attention_mgpu at its best 128-key-block configuration (the emitted tile)")
+    t = sub.add_parser("table", help="print the table of a results file (CPU)")
+    t.add_argument("results")
     args = parser.parse_args(argv)
+    if args.step == "table":
+        with open(args.results) as fh:
+            print(table(json.load(fh)))
+        return 0
     if args.step == "generate":
         rows = generate(args.outdir, args.arch)
         print(f"wrote {sum(1 for r in rows if r['file'])} modules and manifest.json to {args.outdir}")

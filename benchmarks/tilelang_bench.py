@@ -295,8 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run")
     r.add_argument("kernel_dir")
     r.add_argument("--out", default=os.environ.get("OUT", "out"))
+    t = sub.add_parser("table", help="print the table and the ratios of a results file (CPU)")
+    t.add_argument("results")
     args = parser.parse_args(argv)
-    if args.step == "generate":
+    if args.step == "table":
+        with open(args.results) as fh:
+            result = json.load(fh)
+        print(f"{table(result)}\n{ratios(result)}")
+    elif args.step == "generate":
         generate(args.outdir, args.arch)
     else:
         run(args.kernel_dir, args.out)

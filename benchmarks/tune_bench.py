@@ -385,8 +385,9 @@ def repredict_table(doc: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=("generate", "run", "table", "repredict"))
-    parser.add_argument("path", help="kernel folder (generate, run) or tune_bench.json (table, repredict)")
+    parser.add_argument("step", choices=("generate", "run", "table", "repredict", "repredict-table"))
+    parser.add_argument("path", help="kernel folder (generate, run), tune_bench.json (table, repredict) or a "
+                                     "repredict output (repredict-table)")
     parser.add_argument("--machine", default=os.path.join(HERE, "results", "calibration_h200.machine.json"))
     parser.add_argument("--top", type=int, default=3, help="candidates emitted and measured per shape")
     parser.add_argument("--workers", type=int, default=2)
@@ -399,6 +400,8 @@ def main() -> None:
     elif args.step == "repredict":
         out = os.path.join(args.out, "tune_bench_repredicted.json") if os.path.isdir(args.out) else args.out
         print(repredict_table(repredict(args.path, args.machine, out, args.workers)))
+    elif args.step == "repredict-table":
+        print(repredict_table(json.load(open(args.path))))
     else:
         print(markdown_table(json.load(open(args.path))))
 

@@ -1,4 +1,4 @@
-"""Hand-built schedule variants of the built-in kernels, for the Gluon tests and benchmarks (not the library).
+"""Hand-built schedule variants of the built-in kernels, for the benchmark suites (not the library).
 
 Each variant is a real :class:`~twill.schedule.result.Schedule` of the kernel's loop graph
 (``solver="manual"``) that places the same ops at other legal start times than the joint solver, so that

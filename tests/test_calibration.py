@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import subprocess
 import sys
 import time
 
@@ -17,7 +19,8 @@ from twill.machine.calibrate import fit, fit_clock_model, plan
 from twill.machine.calibration import load_machine, machine_from_dict, machine_to_dict, softmax_key
 from twill.machine.models import H100, H200
 
-RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
 H200_RAW = os.path.join(RESULTS, "calibration_h200_raw.json")
 H200_MODEL = os.path.join(RESULTS, "calibration_h200.machine.json")
 H200_CLOCK = os.path.join(RESULTS, "kernel_clock_h200.json")
@@ -301,23 +304,16 @@ def test_docs_show_the_committed_model_table():
     assert shown.strip() == format_calibration(load_machine(H200_MODEL)).strip()
 
 
-def _fidelity_summary(result):
-    from benchmarks.model_fidelity import markdown_summary
-
-    return markdown_summary(result)
-
-
-def _fidelity_sweep(result):
-    from benchmarks.model_fidelity import sweep_summary
-
-    return sweep_summary(result)
+def _table(*command: str) -> str:
+    """What a benchmark's table command prints (run as documented, from the repository root; no GPU, no torch)."""
+    done = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_sweep_summary_scores_the_model_and_the_measure_picks_against_the_fastest(tmp_path):
     """One shape of a --sweep report: the model ranks a 2-deep kernel first, its 3-deep twin (same tiling)
     measures fastest; --measure 3 takes one kernel per tiling, so it misses the twin."""
-    from benchmarks.model_fidelity import _merged, sweep_summary
-
     shape = {"B": 1, "H": 1, "S": 2048, "D": 128}
 
     def row(name, tiling, predicted, ms):
@@ -326,193 +322,73 @@ def test_sweep_summary_scores_the_model_and_the_measure_picks_against_the_fastes
 
     rows = [row("a_d2", 2, 100.0, 0.110), row("a_d3", 2, 100.0, 0.100), row("b", 3, 105.0, 0.120),
             row("c", 1, 130.0, 0.150)]
-    result = {"rows": rows, "correlations": [{"shape": shape, "spearman": 0.8}],
-              "references": [{"shape": shape, "cudnn_ms": 0.105, "flash_ms": 0.2}]}
-    line = sweep_summary(result).splitlines()[-1]
+    report = tmp_path / "sweep.json"
+    report.write_text(json.dumps({"rows": rows, "correlations": [{"shape": shape, "spearman": 0.8}],
+                                  "references": [{"shape": shape, "cudnn_ms": 0.105, "flash_ms": 0.2}]}))
+    line = _table("benchmarks/model_fidelity.py", "sweep-summary", str(report)).strip().splitlines()[-1]
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:3] == ["B=1,H=1,S=2048,D=128", "4", "3"]       # c is 1.15 over: outside ±15% by a hair
     assert cells[4] == "0.80" and cells[5] == "0.909" and cells[6] == "0.909"
     assert cells[7].startswith("`a_d3`") and cells[8] == "1.050x cudnn"
 
-    # the run of each head dimension is one call: the report reads them as one measurement
-    docs = [{"date": "d1", "gpu": "g", "checks": {"a": 1}, "timings": [1]}, {"date": "d2", "checks": {"b": 2},
-                                                                            "timings": [2]}]
-    paths = [tmp_path / f"measured_{i}.json" for i in range(len(docs))]
-    for path, doc in zip(paths, docs):
-        path.write_text(json.dumps(doc))
-    merged = _merged([str(p) for p in paths])
-    assert merged["checks"] == {"a": 1, "b": 2} and merged["timings"] == [1, 2] and merged["dates"] == ["d1", "d2"]
-    assert merged["gpu"] == "g"
 
-
-def _triton_tune_table(result):
-    from benchmarks.triton_tune import format_table
-
-    return "\n".join(format_table(result).splitlines()[2:])     # the table, without its caption
-
-
-def _pallas_table(result):
-    from benchmarks.pallas_bench import table
-
-    return table(result)
-
-
-def _tilelang_table(result):
-    from benchmarks.tilelang_bench import ratios, table
-
-    return f"{table(result)}\n{ratios(result)}"
-
-
-def _persistent_table(result):
-    from benchmarks.persistent_gemm import table
-
-    return table(result)
-
-
-def _gluon_bench_table(result):
-    from benchmarks.gluon_bench import markdown_table
-
-    return markdown_table(result)
-
-
-def _ab_table(result):
-    from benchmarks.gluon_bench import markdown_ab_table
-
-    return markdown_ab_table(result)
-
-
-def _tune_table(result):
-    from benchmarks.tune_bench import markdown_table
-
-    return markdown_table(result)
-
-
-def _repredict_table(result):
-    from benchmarks.tune_bench import repredict_table
-
-    return repredict_table(result)
-
-
-def _prediction_table(result):
-    from benchmarks.gluon_bench import prediction_table
-
-    return prediction_table(result)
-
-
-def _loop_instructions_table(result):
-    from benchmarks.loop_instructions import table
-
-    return table(result)
-
-
-def _bwd_prediction_table(result):
-    from benchmarks.flash_bwd_check import prediction_table
-
-    return prediction_table(result)
-
-
-def _format_measured(rows):
+def _measured_table(name: str) -> str:
     from twill.tune.measure import format_measured
 
-    return format_measured(rows)
+    with open(os.path.join(RESULTS, name)) as fh:
+        return format_measured(json.load(fh)["measured"])
 
 
-def _backward_table(result):
-    from benchmarks.flash_bwd_check import table
-
-    return table(result)
-
-
-def _phases_table(result):
-    from benchmarks.attention_phases import table
-
-    return table(result)
-
-
-def _bwd_phases_table(result):
-    from benchmarks.bwd_phases import table
-
-    return table(result)
-
-
-def _rounds_table(result):
-    from benchmarks.gluon_bench import markdown_rounds_table
-
-    return markdown_rounds_table(result)
-
-
-def _launch_table(result):
-    from benchmarks.launch_overhead import table
-
-    return table(result)
-
-
-#: (marker in docs/performance.md, committed results file, what the doc shows of it)
-PERFORMANCE_TABLES = [("fidelity-summary", "model_fidelity_h200.json", _fidelity_summary),
-                      ("fidelity-heldout", "model_fidelity_h200_heldout.json", _fidelity_summary),
-                      ("fidelity-sweep", "model_fidelity_sweep_h200.json", _fidelity_sweep),
-                      ("triton-tune-table", "triton_tune_h200.json", _triton_tune_table),
-                      ("pallas-table", "pallas_bench_h200.json", _pallas_table),
-                      ("pallas-same-tile", "pallas_bench_h200_same_tile.json", _pallas_table),
-                      ("tilelang-table", "tilelang_bench_h200.json", _tilelang_table),
-                      ("flash-bwd-table", "flash_bwd_h200.json", _backward_table),
-                      ("persistent-gemm-table", "persistent_gemm_h200.json", _persistent_table),
-                      ("tune-table", "tune_bench_h200.json", _tune_table),
-                      ("tune-repredict-table", "tune_bench_h200_repredicted.json", _repredict_table),
-                      ("sub3-table", "gluon_bench_h200_sub3.json", _gluon_bench_table),
-                      ("persistent-attention-table", "gluon_bench_h200_persistent.json", _gluon_bench_table),
-                      ("maskcopy-table", "gluon_bench_h200_maskcopy.json", _ab_table),
-                      ("overlap-table", "gluon_bench_h200_overlap.json", _ab_table),
-                      ("fence-table", "gluon_bench_h200_fence.json", _ab_table),
-                      ("fence-patched-table", "gluon_bench_h200_fence_patched.json", _ab_table),
-                      ("pearly-table", "gluon_bench_h200_pearly.json", _ab_table),
-                      ("pearly-variant-table", "gluon_bench_h200_pearly.json",
-                       lambda result: _gluon_bench_table(result["variant"])),
-                      ("turns-table", "gluon_bench_h200_turns.json", _ab_table),
-                      ("turns-variant-table", "gluon_bench_h200_turns.json",
-                       lambda result: _gluon_bench_table(result["variant"])),
-                      ("mask-offset-table", "gluon_bench_h200_mask_offset.json", _ab_table),
-                      ("causal-order-fwd-table", "gluon_bench_h200_causal_order.json", _ab_table),
-                      ("causal-order-fwd-second-table", "gluon_bench_h200_causal_order.json",
-                       lambda result: _ab_table(result["second_call"])),
-                      ("d256-copies-table", "gluon_bench_h200_d256_copies.json", _gluon_bench_table),
-                      ("d128-copies-table", "gluon_bench_h200_d128_copies.json", _gluon_bench_table),
-                      ("d256-op-table", "gluon_bench_h200_d256_op.json", _gluon_bench_table),
-                      ("d128-sub3-depth-table", "gluon_bench_h200_d128_sub3_depth.json", _gluon_bench_table),
-                      ("causal-predicted-table", "gluon_bench_h200_predicted.json", _prediction_table),
-                      ("loop-instructions-table", "loop_instructions.json", _loop_instructions_table),
-                      ("no-loads-table", "attention_phases_h200_no_loads.json", _phases_table),
-                      ("rounds-table", "gluon_bench_h200_rounds.json", _rounds_table),
-                      ("launch-overhead-table", "launch_overhead_h200.json", _launch_table),
-                      ("bwd-predicted-table", "flash_bwd_h200_predicted.json", _bwd_prediction_table),
-                      ("causal-order-table", "flash_bwd_h200_causal_order.json",
-                       lambda result: "with the chunked order:\n" + _backward_table(result["variant"]) + "\nmain:\n"
-                       + _backward_table(result["base"])),
-                      ("bm128-first-table", "flash_bwd_h200_d64_bm128_first.json", _backward_table),
-                      ("bm128-table", "flash_bwd_h200_d64_bm128.json", _backward_table),
-                      ("bm128-predicted-table", "flash_bwd_h200_d64_bm128_predicted.json", _bwd_prediction_table),
-                      ("ptxas-search-table", "flash_bwd_h200_d64_ptxas.json", _backward_table),
-                      ("reserve16-table", "flash_bwd_h200_d128_reserve16.json", _backward_table),
-                      ("bwd-ptxas-predicted-table", "flash_bwd_h200_ptxas_predicted.json", _bwd_prediction_table),
-                      ("tune-bwd-measure-table", "tune_flash_bwd_h200_measure.json",
-                       lambda result: _format_measured(result["measured"])),
-                      ("bwd-phases-table", "bwd_phases_h200.json", _bwd_phases_table),
-                      ("dq-defer-table", "flash_bwd_h200_dq_defer.json", _backward_table),
-                      ("bwd-fence-table", "flash_bwd_h200_dp_fence.json",
-                       lambda result: "with the fence:\n" + _backward_table(result["variant"]) + "\nmain:\n"
-                       + _backward_table(result["base"]))]
+R = "benchmarks/results/"
+#: (marker in docs/performance.md, what the doc shows there: the documented table command's output)
+PERFORMANCE_TABLES = [
+    ("fidelity-summary", lambda: _table("benchmarks/model_fidelity.py", "summary", R + "model_fidelity_h200.json")),
+    ("fidelity-heldout", lambda: _table("benchmarks/model_fidelity.py", "summary",
+                                        R + "model_fidelity_h200_heldout.json")),
+    ("fidelity-sweep", lambda: _table("benchmarks/model_fidelity.py", "sweep-summary",
+                                      R + "model_fidelity_sweep_h200.json")),
+    ("triton-tune-table", lambda: "\n".join(      # the table, without its caption
+        _table("benchmarks/triton_tune.py", "table", R + "triton_tune_h200.json").splitlines()[2:])),
+    ("pallas-table", lambda: _table("benchmarks/pallas_bench.py", "table", R + "pallas_bench_h200.json")),
+    ("pallas-same-tile", lambda: _table("benchmarks/pallas_bench.py", "table", R + "pallas_bench_h200_same_tile.json")),
+    ("tilelang-table", lambda: _table("benchmarks/tilelang_bench.py", "table", R + "tilelang_bench_h200.json")),
+    ("flash-bwd-table", lambda: _table("benchmarks/flash_bwd_check.py", "table", R + "flash_bwd_h200.json")),
+    ("persistent-gemm-table", lambda: _table("benchmarks/persistent_gemm.py", "--table",
+                                             R + "persistent_gemm_h200.json")),
+    ("tune-table", lambda: _table("benchmarks/tune_bench.py", "table", R + "tune_bench_h200.json")),
+    ("tune-repredict-table", lambda: _table("benchmarks/tune_bench.py", "repredict-table",
+                                            R + "tune_bench_h200_repredicted.json")),
+    ("sub3-table", lambda: _table("benchmarks/gluon_bench.py", "table", R + "gluon_bench_h200_sub3.json")),
+    ("persistent-attention-table", lambda: _table("benchmarks/gluon_bench.py", "table",
+                                                  R + "gluon_bench_h200_persistent.json")),
+    ("fence-table", lambda: _table("benchmarks/gluon_bench.py", "ab-table", R + "gluon_bench_h200_fence.json")),
+    ("d256-op-table", lambda: _table("benchmarks/gluon_bench.py", "table", R + "gluon_bench_h200_d256_op.json")),
+    ("bwd-predicted-table", lambda: _table("benchmarks/flash_bwd_check.py", "prediction-table",
+                                           R + "flash_bwd_h200_predicted.json")),
+    ("causal-order-table", lambda: "with the chunked order:\n" + _table(
+        "benchmarks/flash_bwd_check.py", "table", R + "flash_bwd_h200_causal_order.json", "--part", "variant")
+        + "main:\n" + _table("benchmarks/flash_bwd_check.py", "table", R + "flash_bwd_h200_causal_order.json",
+                              "--part", "base")),
+    ("ptxas-search-table", lambda: _table("benchmarks/flash_bwd_check.py", "table", R + "flash_bwd_h200_d64_ptxas.json")),
+    ("tune-bwd-measure-table", lambda: _measured_table("tune_flash_bwd_h200_measure.json")),
+]
 
 
-@pytest.mark.parametrize("marker,results,render", PERFORMANCE_TABLES, ids=[t[0] for t in PERFORMANCE_TABLES])
-def test_performance_doc_shows_the_committed_results(marker, results, render):
-    """Each measured table in docs/performance.md is what its benchmark renders from the committed JSON."""
-    path = os.path.join(RESULTS, results)
-    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "performance.md")) as fh:
+def test_every_performance_table_is_checked():
+    with open(os.path.join(ROOT, "docs", "performance.md")) as fh:
+        markers = re.findall(r"<!-- ([\w-]+):begin -->", fh.read())
+    assert sorted(markers) == sorted(marker for marker, _ in PERFORMANCE_TABLES)
+
+
+@pytest.mark.parametrize("marker,render", PERFORMANCE_TABLES, ids=[t[0] for t in PERFORMANCE_TABLES])
+def test_performance_doc_shows_the_committed_results(marker, render):
+    """Each measured table in docs/performance.md is what its benchmark's table command prints from the
+    committed JSON."""
+    with open(os.path.join(ROOT, "docs", "performance.md")) as fh:
         doc = fh.read()
     shown = doc.split(f"<!-- {marker}:begin -->\n")[1].split(f"<!-- {marker}:end -->")[0]
     shown = shown.removeprefix("```text\n").removesuffix("```\n")
-    with open(path) as fh:
-        assert shown.strip() == render(json.load(fh)).strip()
+    assert shown.strip() == render().strip()
 
 
 def test_one_sms_intake_is_the_best_hot_mib_rate_and_optional():
@@ -665,7 +541,7 @@ def test_readme_d256_row_shows_the_committed_result():
 def test_attention_iterations_are_fitted_keyed_and_left_out_of_the_prediction():
     """The attention-iteration measurements are kept per groups x keys x head dimension, round-trip through
     the machine file, and do not change the prediction (a diagnostic: docs/calibration.md)."""
-    from tests.test_tune import _ping_pong_attention
+    from test_tune import _ping_pong_attention
     from twill.tune.predict import chain_bound
 
     key = {"groups": 2, "block_n": 128, "head_dim": 64}
@@ -752,11 +628,11 @@ def test_backward_predict_refuses_unknown_sources_with_one_line(tmp_path, capsys
 
 def test_backward_iterations_are_fitted_keyed_and_bound_the_backward():
     """The attention-backward iteration is kept per query rows x keys x head dimension, round-trips through the
-    machine file, and bounds a flash-bwd loop of a measured tile from below (``backward_chain``); a tile it did
+    machine file, and bounds a flash-bwd loop of a measured tile from below (``chain_bound``); a tile it did
     not measure, or a forward, gets no bound from it."""
-    from benchmarks.variants import flash_bwd_schedule
+    from variants import flash_bwd_schedule
     from twill.kernels import build_kernel
-    from twill.tune.predict import Shape, backward_chain, predict
+    from twill.tune.predict import Shape, chain_bound, predict
 
     key = {"block_m": 64, "head_dim": 64}
     measured = [{"bench": "bwd_iteration", "args": key,
@@ -767,8 +643,8 @@ def test_backward_iterations_are_fitted_keyed_and_bound_the_backward():
     assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration
     d64 = flash_bwd_schedule(build_kernel("flash-bwd", H200, head_dim=64), H200)
     d128 = flash_bwd_schedule(build_kernel("flash-bwd", H200, head_dim=128), H200)
-    assert backward_chain(d64, machine) == {"chain_ii": 30000.0}
-    assert backward_chain(d128, machine) == backward_chain(d64, plain) == {}
+    assert chain_bound(d64, machine) == {"chain_ii": 30000.0}
+    assert chain_bound(d128, machine) == chain_bound(d64, plain) == {}
     shape = Shape("attention", (2, 8, 4096, 64))
     bound, free = predict(d64, shape, machine), predict(d64, shape, plain)
     iterations = 4096 // 64

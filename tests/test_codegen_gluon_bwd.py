@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 from solved import solved_kernel
 
-from benchmarks.variants import flash_bwd_schedule
+from variants import flash_bwd_schedule
 from twill.schedule.document import schedule_document
 from twill.codegen.gluon import emit_gluon, gluon_plan, load_emitted
 from twill.errors import UnsupportedFeatureError, VerificationError
@@ -351,60 +351,3 @@ def test_the_causal_order_balances_the_backward_in_list_scheduling(seq, kv_heads
     ideal = sum(grid) / sms
     assert list_schedule(grid, sms)[0] / ideal == pytest.approx(launch_order, abs=0.01)
     assert list_schedule(ours, sms)[0] / ideal == pytest.approx(chunked, abs=0.01)
-
-
-def test_a_variant_admitted_on_ptxas_is_kept_only_without_spills(tmp_path, monkeypatch, capsys):
-    """``flash_bwd_check.py generate``: a hand-built variant marked ``"registers": "ptxas"`` is verified on
-    every family but REGISTER LIMIT, its register violation recorded in the manifest with ptxas's report, and
-    left out when ptxas reports spills; a violation of any other family still stops it."""
-    from benchmarks import flash_bwd_check as fbc
-    from twill.tune import spills
-
-    name, options, shape = next(v for v in fbc.VARIANTS if v[0] == "bwd_d64_bm128_hand_d2_lag1")
-    bwd, _ = fbc._schedules(options, shape)
-    assert [v.split(":")[0] for v in bwd.stats["model_register_violations"]] == ["REGISTER LIMIT"]
-    report = {"registers": 168, "spill_stores": 0, "spill_loads": 0, "spill_bytes": 0, "serialized_wgmma": 0}
-    monkeypatch.setattr(fbc, "VARIANTS", ((name, options, shape),))
-    monkeypatch.setattr(spills, "gluon_spills", lambda schedule, machine: dict(report))
-    rows = fbc.generate(str(tmp_path / "kept"))
-    assert rows[0]["registers"]["model"] == bwd.stats["model_register_violations"]
-    assert (tmp_path / "kept" / f"{name}_bwd.py").exists()
-    monkeypatch.setattr(spills, "gluon_spills", lambda schedule, machine: {**report, "spill_stores": 4})
-    assert fbc.generate(str(tmp_path / "spills")) == []
-    assert "skipped: ptxas spills" in capsys.readouterr().out
-    assert not (tmp_path / "spills" / f"{name}_bwd.py").exists()
-    with pytest.raises(VerificationError) as failed:      # 4-deep rings overflow shared memory
-        fbc._schedules(options, {**shape, "depth": 4})
-    assert [v.split(":")[0] for v in failed.value.violations] == ["REGISTER LIMIT", "MEMORY CAPACITY"]
-
-
-def test_a_ptxas_variant_takes_the_searched_schedule_and_records_the_search(tmp_path, monkeypatch):
-    """``flash_bwd_check.py generate``: a ``"ptxas"`` variant is the schedule of
-    ``twill.tune.registers.schedule_without_spills`` (here answered by the test: the real search compiles 13
-    schedules, tests/test_ops.py), verified, and the manifest records the reserve, the schedules compiled and
-    ptxas's report of the last."""
-    from benchmarks import flash_bwd_check as fbc
-    from twill.solve import schedule
-    from twill.tune import registers
-
-    name, options, shape = next(v for v in fbc.VARIANTS if v[0] == "bwd_d64_bm128_ptxas")
-    started = next(v for v in fbc.VARIANTS if v[0] == "bwd_d128_r16_ptxas")   # the search from reserve 16
-    assert shape == "ptxas" and options["block_m"] == 128
-    clean = {"registers": 168, "spill_stores": 0, "spill_loads": 0, "spill_bytes": 0, "serialized_wgmma": 0}
-    asked = []
-
-    def search(graph, machine, options):
-        asked.append((graph.attrs["block_m"], graph.attrs.get("reserved_regs")))
-        found = schedule(graph, machine, options)
-        steps = [{"reserved_regs": 24, "ii": None, "verdict": "no schedule"},
-                 {"reserved_regs": 16, "ii": found.ii, "ptxas": {**clean, "spill_bytes": 32}, "verdict": "spills"},
-                 {"reserved_regs": 16, "ii": found.ii, "ptxas": clean, "verdict": "clean"}]
-        return replace(found, stats={**found.stats, "registers": {"reserved_regs": 16, "steps": steps}})
-
-    monkeypatch.setattr(registers, "schedule_without_spills", search)
-    monkeypatch.setattr(fbc, "VARIANTS", ((name, {**options, "block_m": 64}, shape),))
-    (row,) = fbc.generate(str(tmp_path))
-    assert asked == [(64, None)] and row["search"] == {"reserved_regs": 16, "schedules": 2, "ptxas": clean}
-    assert (tmp_path / f"{name}_bwd.py").exists()
-    fbc._schedules(started[1], started[2])
-    assert asked[-1] == (64, 16)

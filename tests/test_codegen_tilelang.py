@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import pytest
 
-from benchmarks.variants import flash_schedule, gemm_schedule
+from variants import flash_schedule, gemm_schedule
 from twill.cli import main
 from twill.codegen.tilelang import emit_tilelang, tilelang_plan
 from twill.schedule.document import schedule_document

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from twill.codegen.gluon import emit_gluon, load_emitted
-from benchmarks.variants import flash_schedule, gemm_schedule
+from variants import flash_schedule, gemm_schedule
 from twill.kernels import build_kernel
 from twill.machine.models import H100
 

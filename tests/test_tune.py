@@ -23,7 +23,7 @@ from twill.errors import TwillError
 from twill.ir.builder import GraphBuilder
 from twill.ir.io import graph_to_dict
 from twill.kernels import build_kernel
-from benchmarks.variants import flash_schedule, gemm_schedule
+from variants import flash_schedule, gemm_schedule
 from twill.machine.models import H100, B200
 from twill.schedule.result import Schedule, WarpGroup
 from twill.tune.predict import Shape, ctas_per_sm, parse_shape, predict
@@ -210,7 +210,7 @@ def test_persistent_prediction_hides_all_but_one_fill_and_store_on_a_calibrated_
     """Calibrated: one CTA per tile pays fill + staging + store per tile; the persistent CTA pays the fill
     (the ring runs on into the next tile) and the store (it drains during the next loop) once, the staging
     (registers to shared memory, in the compute partition) once per tile."""
-    from tests.test_calibration import _rows
+    from test_calibration import _rows
     from twill.machine.calibrate import fit
 
     machine = replace(fit(_rows(), H100), sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
@@ -230,7 +230,7 @@ def test_persistent_prediction_hides_all_but_one_fill_and_store_on_a_calibrated_
 def test_persistent_attention_prediction_pays_the_fill_once_and_each_blocks_pipeline_and_store():
     """Persistent attention forward: the producer loads the next query block during the current one, so the
     fill is paid once per CTA; every block still fills and drains its own loop (L − II) and stores its O."""
-    from tests.test_calibration import _rows
+    from test_calibration import _rows
     from twill.machine.calibrate import fit
 
     machine = replace(fit(_rows(), H100), sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
@@ -294,7 +294,7 @@ def _streaming_schedule(depth: int) -> Schedule:
 
 
 def test_streaming_loads_bound_the_loop_on_a_calibrated_machine():
-    from tests.test_calibration import _rows
+    from test_calibration import _rows
     from twill.machine.calibrate import fit
 
     machine = replace(fit(_rows(), H100), launch_us=0.0, sustained_clock_ghz=1.0)
@@ -373,7 +373,7 @@ def test_a_wave_reading_the_same_tiles_shares_their_l2_traffic():
     """On a machine that measured one SM's intake (``tma_sm_bytes_per_clk``) the bandwidth bound is the larger
     of the SM's share of the L2's traffic (bytes over readers at the L2 rate) and its own intake; the latency
     bound keeps the unshared transfer. Without the intake it prices every byte at the L2 rate."""
-    from tests.test_calibration import _rows
+    from test_calibration import _rows
     from twill.machine.calibrate import fit
 
     machine = replace(fit(_rows(), H100), launch_us=0.0)
@@ -431,7 +431,7 @@ def _ping_pong_attention(head_dim: int = 64) -> Schedule:
 
 
 def test_attention_chain_bound_prices_each_groups_measured_softmax_step():
-    from tests.test_calibration import _rows
+    from test_calibration import _rows
     from twill.machine.calibrate import fit
     from twill.machine.costs import ASYNC_ISSUE_CYCLES, handoff_cycles
     from twill.tune.predict import chain_bound
@@ -1034,37 +1034,6 @@ def test_measure_picks_the_best_of_each_tiling_first():
         (1, True, 64), (3, None, 128)]
 
 
-def _benchmark(name):
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.slow
-def test_triton_tune_prepare_keeps_schedules_of_configs_that_do_not_spill(tmp_path, monkeypatch):
-    pytest.importorskip("triton", reason="Triton is needed to compile the kernels")
-    bench = _benchmark("triton_tune")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    configs = [{"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
-               {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}]
-    out = tmp_path / "schedules.json"
-    bench.prepare({"matmul": ("matmul", "matmul_kernel", configs, [(4096, 4096, 4096), (8192, 8192, 1024)])},
-                  out, bench.MACHINE.relative_to(bench.ROOT), time_limit=60.0, workers=1, keep=False)
-    case = json.loads(out.read_text())["cases"]["matmul"]
-    ok, spilled = case["configs"]
-    assert ok["status"] == "ok" and ok["schedule"]["format"].startswith("twill-schedule/")
-    assert spilled["status"] == "spills" and spilled["schedule"] is None and spilled["spills"]["spill_bytes"] > 0
-    assert set(case["ranking"]) == {"M=4096,N=4096,K=4096", "M=8192,N=8192,K=1024"}
-    for ranking in case["ranking"].values():         # only the configuration with a schedule is ranked
-        assert [r["config"] for r in ranking] == [0] and ranking[0]["predicted_us"] > 0
-    schedule = bench._load_schedule(ok["schedule"])
-    assert schedule.graph.attrs["block_m"] == 128 and not schedule.assignment
-
-
 # -- Ray --------------------------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
@@ -1146,38 +1115,6 @@ def test_a_persistent_candidate_is_emitted_persistent_and_refused_when_it_overfl
     assert persistent["schedule"]["ii"] == plain["schedule"]["ii"]
 
 
-def test_repredict_puts_todays_prediction_beside_a_committed_measurement(tmp_path, monkeypatch):
-    """``benchmarks/tune_bench.py repredict`` (CPU): each measured candidate of a ``run`` result is solved again,
-    predicted with today's model and set beside its measured time and the prediction stored with it."""
-    pytest.importorskip("ortools", reason="re-predicting solves the candidates (ortools)")
-    from benchmarks.tune_bench import repredict, repredict_table
-    from twill.machine.calibration import load_machine
-    from twill.tune.predict import Shape
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    machine_file = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results",
-                                "calibration_h200.machine.json")
-    machine = load_machine(machine_file)
-    (candidate,) = [c for c in kernel_space("gemm", machine, {"dtype": ("fp16",)}).candidates
-                    if c.label() == "block_m=128 block_n=256 block_k=64 warps=8 dtype=fp16 streaming_depth=3 "
-                                    "persistent=True"]
-    flops = Shape("gemm", (4096, 4096, 4096)).flops("gemm")
-    doc = {"results": [{"name": "gemm_fp16_4096x4096x4096", "kernel": "gemm", "dtype": "fp16",
-                        "sizes": [4096, 4096, 4096], "flops": flops,
-                        "kernels": [{"candidate": candidate.label(), "predicted_us": 100.0, "tflops": 500.0},
-                                    {"candidate": "not measured", "predicted_us": 1.0, "tflops": None}]}]}
-    results = tmp_path / "tune_bench.json"
-    results.write_text(json.dumps(doc))
-    out = repredict(str(results), machine_file, str(tmp_path / "re.json"), workers=1)
-    (row,) = out["rows"]
-    measured_us = flops / 500e12 * 1e6
-    assert row["measured_us"] == pytest.approx(measured_us) and row["predicted_us_then"] == 100.0
-    assert row["ratio"] == pytest.approx(measured_us / row["predicted_us"]) and row["predicted_us"] > 0
-    assert json.loads((tmp_path / "re.json").read_text()) == out
-    assert out["within_15_percent_then"] == int(abs(measured_us / 100.0 - 1) <= 0.15)
-    assert f"{len(out['rows'])} |" in repredict_table(out).splitlines()[-1]
-
-
 def test_extra_copies_reach_every_built_in_job_and_the_cache_key():
     """``--extra-copies`` (default 0, Algorithm 1's copies) goes to every job of a built-in kernel and is part
     of its cache key."""
@@ -1238,7 +1175,7 @@ def test_causal_query_blocks_run_to_their_diagonal_heaviest_first():
 def test_a_causal_prediction_schedules_its_unequal_blocks_on_the_sms():
     """The causal forward's grid is its blocks of unequal length handed to the SMs in launch order; each block
     pays its fill, loop and store (persistent: one fill per CTA); the same schedule without the mask costs more."""
-    from tests.test_calibration import _rows
+    from test_calibration import _rows
     from twill.machine.calibrate import fit
     from twill.tune.predict import causal_iterations, list_schedule
 
