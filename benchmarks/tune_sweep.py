@@ -26,11 +26,10 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results", "tune_sweep.json")
 
 def run(kernel: str, workers: int, arch: str) -> dict[str, Any]:
     """Time one cold and one cached sweep of ``kernel``'s default space in a fresh cache directory."""
-    from twill.commands.tune import KERNEL_PROBLEMS
     from twill.ir.io import graph_to_dict
     from twill.kernels import build_kernel
     from twill.machine.models import get_machine
-    from twill.tune.predict import default_shape
+    from twill.tune.predict import default_shape, kernel_problem
     from twill.tune.rank import rank
     from twill.tune.space import kernel_space
     from twill.tune.sweep import Job, run_sweep
@@ -47,7 +46,7 @@ def run(kernel: str, workers: int, arch: str) -> dict[str, Any]:
         started = time.perf_counter()
         cached = run_sweep(jobs, workers=workers)
         cached_s = time.perf_counter() - started
-    results = rank(space.candidates, cold, default_shape(KERNEL_PROBLEMS[kernel]), machine)
+    results = rank(space.candidates, cold, default_shape(kernel_problem(kernel)), machine)
     statuses: dict[str, int] = {}
     for r in results:
         statuses[r.status] = statuses.get(r.status, 0) + 1

@@ -262,7 +262,7 @@ def test_a_group_that_issues_s_and_pv_apart_waits_for_its_pv_in_the_chain(monkey
         sched = flash_schedule(graph, machine, ahead=ahead, depth=2)
         chain, turns = model.chain_bound(sched, machine)["chain_ii"], model.tensor_core_turns(sched)
         with monkeypatch.context() as patch:
-            patch.setattr(model, "_flash_plan", lambda schedule: None)
+            patch.setattr(model, "_kernel_plan", lambda schedule: None)
             plain = model.chain_bound(sched, machine)["chain_ii"]
             assert model.tensor_core_turns(sched) == turns
         pv = sched.graph.op("pv_a")
@@ -324,7 +324,8 @@ def test_wave_readers_follow_the_generated_kernels_launch_order():
     """A wave's CTAs in launch order: a GEMM's grouped order puts 8 rows of output tiles side by side, so an A
     tile has as many readers as the wave has columns and a B tile as many as it has rows; an attention
     forward's query blocks of one head run together and share its K/V tiles (the backward: its Q/dO tiles)."""
-    from twill.tune.predict import gemm_tile, wave_readers
+    from twill.kernels.gemm.tune import gemm_tile
+    from twill.tune.predict import wave_readers
 
     gemm = build_kernel("gemm", H100, block_m=128, block_n=256, block_k=64)
     readers = wave_readers(gemm, Shape("gemm", (8192, 8192, 8192)), 132)
@@ -353,7 +354,7 @@ def test_gemm_tile_is_the_generated_kernels_tile_order(golden):
     import pathlib
     import types
 
-    from twill.tune.predict import gemm_tile
+    from twill.kernels.gemm.tune import gemm_tile
 
     source = (pathlib.Path(__file__).parent / "golden" / f"{golden}.py.golden").read_text()
     tree = ast.parse(source)
@@ -463,7 +464,7 @@ def test_attention_chain_bound_prices_each_groups_measured_softmax_step():
 def test_unmeasured_softmax_tile_is_estimated_from_the_nearest_measured_key_count():
     """A tile the machine file did not measure takes the step of the same groups and head dimension with the
     nearest key count, in proportion to the keys; other groups or head dimensions do not stand in."""
-    from twill.tune.predict import softmax_step
+    from twill.kernels.flash_fwd.tune import softmax_step
 
     steps = {"2x128x64": 1600.0, "2x64x128": 1000.0, "3x128x64": 2200.0}
     assert softmax_step(steps, 2, 128, 64) == 1600.0

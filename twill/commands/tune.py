@@ -1,7 +1,7 @@
 """``twill tune``: sweep a target's tile sizes, depths and register budgets, rank candidates by predicted time.
 
 Axis flags take comma lists (``--block-m 128,256``); an axis not given takes the kernel's default sweep
-(:data:`twill.tune.space.DEFAULT_AXES`). See docs/tuning.md.
+(its family's ``DEFAULT_AXES``, :func:`twill.tune.space.default_axes`). See docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ AXIS_FLAGS: dict[str, tuple[str, Any]] = {
     "--warps": ("warps", int), "--streaming-depth": ("streaming_depth", option_type("streaming_depth")),
     "--reg-limit": ("reg_limit", option_type("reg_limit")), "--persistent": ("persistent", _boolean),
 }
-
-#: Kernel -> problem it solves (see :data:`twill.tune.predict.PROBLEMS`).
-KERNEL_PROBLEMS = {"gemm": "gemm", "flash-fwd": "attention", "flash-bwd": "attention"}
 
 DEFAULT_TIME_LIMIT = 60.0
 
@@ -83,7 +80,8 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
     """``(space, jobs, shape)`` of the target; the shape is ``None`` for a Triton kernel without ``--shape``
     (its problem is known only once its graph is extracted)."""
     from twill.ir.io import graph_to_dict
-    from twill.tune.predict import default_shape, parse_shape
+    from twill.kernels import families
+    from twill.tune.predict import PROBLEMS, default_shape, hooks, kernel_problem, parse_shape
     from twill.tune.space import graph_space, kernel_space, triton_space
     from twill.tune.sweep import Job
 
@@ -113,12 +111,15 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
         jobs = [Job(candidate=c, triton=info, **common) for c in space.candidates]
         shape = None
         if args.shape:
-            shape = parse_shape(args.shape, "gemm" if len(args.shape.split(",")) == 3 else "attention")
+            sizes = len(args.shape.split(","))
+            shape = parse_shape(args.shape, next((p for p, names in PROBLEMS.items() if len(names) == sizes),
+                                                 list(PROBLEMS)[-1]))
         return space, jobs, shape
     if args.constexpr or args.signature or args.num_warps or args.num_stages:
         raise TwillError("--signature, --constexpr, --num-warps and --num-stages apply to Triton targets only")
-    if args.causal and args.target != "flash-fwd":
-        raise TwillError(f"--causal applies to flash-fwd, not {args.target!r}")
+    if args.causal and not getattr(hooks(args.target), "CAUSAL", False):
+        causal = [f.name for f in families() if getattr(f.hooks(), "CAUSAL", False)]
+        raise TwillError(f"--causal applies to {', '.join(causal)}, not {args.target!r}")
     if args.target.endswith(".json") or os.path.sep in args.target:
         from twill.ir.io import load_graph
         from twill.tune.predict import problem_of
@@ -134,10 +135,10 @@ def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
     from twill.kernels import build_kernel, kernel_options
 
     kernel_options(args.target)                     # unknown kernel: one clear error
-    problem = KERNEL_PROBLEMS.get(args.target)
+    problem = kernel_problem(args.target)
     if problem is None:
         raise TwillError(f"kernel {args.target!r} has no problem shape to tune for "
-                         f"(tunable: {', '.join(KERNEL_PROBLEMS)})")
+                         f"(tunable: {', '.join(f.name for f in families() if f.tuned)})")
     if problem == "attention":
         given = kernel_axes.get("head_dim")
         if given is not None and len(given) != 1:

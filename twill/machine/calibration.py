@@ -169,7 +169,7 @@ class Calibration:
             issued and retired, P, dS, their fp16 operands, dS stored behind a barrier, dV, dK and dQ issued and
             retired, dQ staged behind a barrier, the ring waits and releases) with Q, dO, K and V resident in
             shared memory. Optional: the attention backward's chain bound in the prediction
-            (:func:`twill.tune.predict.backward_chain`); without it, or for a tile it lacks, there is none.
+            (``chain`` in twill/kernels/flash_bwd/tune.py); without it, or for a tile it lacks, there is none.
     """
 
     mma_flops_per_clk: Mapping[str, Mapping[int, float]]

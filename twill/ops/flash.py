@@ -26,6 +26,8 @@ from typing import Any
 
 from twill.errors import UnsupportedFeatureError
 from twill.files import user_cache_dir
+from twill.kernels.flash_bwd import FAMILY as BACKWARD
+from twill.kernels.flash_fwd import FAMILY as FORWARD
 
 #: Head dimensions of the forward kernel, and of the backward kernel.
 FORWARD_HEAD_DIMS = (64, 128, 256)
@@ -40,7 +42,7 @@ DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One generated kernel: the built-in loop (``flash-fwd`` or ``flash-bwd``) and its options.
+    """One generated kernel: the built-in loop (the :data:`FORWARD` or :data:`BACKWARD` family) and its options.
 
     ``kv_heads`` is 0 when K/V have as many heads as Q, else the K/V head count (grouped-query attention).
     """
@@ -55,7 +57,7 @@ class KernelSpec:
         """Options of :func:`twill.kernels.build_kernel`: the loop shape the kernel is generated for."""
         options: dict[str, Any] = {"head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal,
                                    "kv_heads": self.kv_heads}
-        if self.kernel == "flash-fwd":
+        if self.kernel == FORWARD.name:
             # 64-key blocks at D=256, where two 128-key K/V stages do not fit.
             options.update(subtiles=self.subtiles(), block_n=64 if self.head_dim == 256 else 128)
         else:
@@ -73,13 +75,13 @@ class KernelSpec:
         (FA3's D = 64 tile; on the H200 1.00-1.09x cuDNN at S = 2k..16k against 0.89-0.97x with two,
         docs/performance.md, "P converted once P V retired"), else two (the causal D = 64 kernel runs
         persistent with two: 0.95-1.00x at S <= 8192, where three groups measured 0.89-1.06x)."""
-        return 3 if self.kernel == "flash-fwd" and self.head_dim == 64 and not self.causal else 2
+        return 3 if self.kernel == FORWARD.name and self.head_dim == 64 and not self.causal else 2
 
     def streaming_depth(self) -> int | None:
         """Ring depth of the streaming loads: 3 for the two-group forward at D <= 128 (measured best on the
         H200, docs/performance.md), 2 with three groups and at D = 256; the backward keeps its kernel's
         default."""
-        if self.kernel != "flash-fwd":
+        if self.kernel != FORWARD.name:
             return None
         return 2 if self.head_dim == 256 or self.subtiles() == 3 else 3
 
@@ -89,7 +91,7 @@ class KernelSpec:
         copy lets the solver issue ``S`` a stage ahead at the same II (measured on the H200 5-9% faster,
         docs/performance.md); at D = 64 and 128 the solver's answer is the same either way. 0 for the
         backward."""
-        return 1 if self.kernel == "flash-fwd" else 0
+        return 1 if self.kernel == FORWARD.name else 0
 
     def persistent(self) -> bool:
         """The causal forward runs persistent (one CTA per SM claiming query blocks, heaviest first): on the
@@ -97,7 +99,7 @@ class KernelSpec:
         against 0.93-1.01x, 0.84-0.96x and 0.86-0.94x with one CTA per block (docs/performance.md,
         "Persistent attention forward"); non-causal kernels gain only at S = 2048 and keep one CTA per
         block."""
-        return self.kernel == "flash-fwd" and self.causal
+        return self.kernel == FORWARD.name and self.causal
 
     def file_name(self, version: str) -> str:
         """Cache file name: readable options and a digest of the spec and Twill's sources."""
@@ -147,7 +149,7 @@ def _solve(spec: KernelSpec, graph: Any, machine: Any) -> Any:
 
     options = SolveOptions(streaming_depth=spec.streaming_depth(), extra_copies=spec.extra_copies(),
                            progress=_report)
-    if spec.kernel == "flash-fwd":
+    if spec.kernel == FORWARD.name:
         return schedule(graph, machine, options)
     from twill.tune.registers import schedule_without_spills
 
@@ -177,7 +179,7 @@ def _generate(spec: KernelSpec) -> str:
     attrs.update((k, v) for k, v in graph.attrs.items() if k in CODEGEN_ONLY_ATTRS)
     solved = replace(solved, graph=replace(solved.graph, attrs=attrs))  # the solved (normalized) loop
     verify(solved, machine)
-    if spec.kernel == "flash-bwd":
+    if spec.kernel == BACKWARD.name:
         from twill.tune.spills import gluon_spills, ptxas_rejection
 
         if ptxas_rejection(gluon_spills(solved, machine)):
@@ -270,7 +272,7 @@ def check_inputs(q: Any, k: Any, v: Any, *, causal: bool, backward: bool) -> Ker
     if d not in dims:
         what = "with a gradient " if backward else ""
         raise unsupported(f"head dimension {d} is not supported {what}(supported: {', '.join(map(str, dims))})")
-    return KernelSpec("flash-fwd", d, DTYPES[str(q.dtype).removeprefix("torch.")], bool(causal),
+    return KernelSpec(FORWARD.name, d, DTYPES[str(q.dtype).removeprefix("torch.")], bool(causal),
                       0 if hk == h else hk)
 
 
@@ -294,7 +296,7 @@ def _function() -> type:
         def backward(ctx: Any, grad_out: Any) -> Any:
             q, k, v, out, lse = ctx.saved_tensors
             spec = ctx.spec
-            bwd = KernelSpec("flash-bwd", spec.head_dim, spec.dtype, spec.causal, spec.kv_heads)
+            bwd = KernelSpec(BACKWARD.name, spec.head_dim, spec.dtype, spec.causal, spec.kv_heads)
             dq, dk, dv = kernel_module(bwd).launch(q, k, v, out, grad_out.contiguous(), lse, sm_scale=ctx.scale)
             return dq, dk, dv, None, None
 

@@ -18,6 +18,7 @@ import tempfile
 from typing import Any, Mapping, Sequence
 
 from twill.errors import TwillError
+from twill.kernels.flash_bwd import FAMILY as BACKWARD
 from twill.tune.predict import Shape
 
 #: Largest relative error (vs an fp32 torch reference) a measured kernel may have.
@@ -66,7 +67,7 @@ def time_kernel(module: Any, shape: Shape, dtype: str) -> float:
     from triton.testing import do_bench
 
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    backward = getattr(module, "KERNEL", None) == "flash-bwd"
+    backward = getattr(module, "KERNEL", None) == BACKWARD.name
     if backward:
         args = _backward_inputs(shape, torch_dtype)
 
@@ -96,7 +97,7 @@ def _check(module: Any, shape: Shape, attrs: Mapping[str, Any]) -> float:
     dtype = str(attrs.get("dtype", "fp16"))
     if shape.problem == "gemm":
         rows = check_gemm(module, dtype)
-    elif attrs.get("kernel") == "flash-bwd":
+    elif attrs.get("kernel") == BACKWARD.name:
         rows = check_attention_backward(module, dtype, int(attrs["head_dim"]))
     else:
         rows = check_attention(module, dtype, int(attrs["head_dim"]))

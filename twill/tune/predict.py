@@ -16,8 +16,8 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
   measured with the other groups running theirs, and pass the tensor core on, every iteration; ``II_eff``
   is at least the slowest group's chain, and the partial first and last iterations run at its pace too:
   ``L`` becomes ``L · chain_ii / II`` when the chain binds. The attention backward's chain is its measured
-  iteration (:func:`backward_chain`: the generated loop's compute side with the loads taken away, on a
-  machine that measured the tile).
+  iteration (the generated loop's compute side with the loads taken away, on a machine that measured the
+  tile).
 * **Per tile**: a modulo-scheduled loop of ``n`` iterations starts iteration ``i`` at ``i·II_eff`` and each
   iteration takes ``L``, so the tile takes ``(n − 1)·II_eff + L`` cycles: ``n·II_eff`` in the steady state
   plus the prologue/epilogue overhead ``L − II`` (the ``stages − 1`` partially filled iterations at each end).
@@ -65,11 +65,12 @@ how many CTAs (tiles) the grid has. The prediction, in raw cycles of one SM:
 
 Problems (:data:`PROBLEMS`): ``gemm`` (``M, N, K``; tiles ``⌈M/block_m⌉·⌈N/block_n⌉``, ``⌈K/block_k⌉``
 iterations), ``attention`` (``B, H, S, D``; causal when the kernel's graph is). The attention loop depends on
-the kernel: the forward
-pass (``flash-fwd``, Triton attention kernels) has ``B·H·⌈S/block_m⌉`` tiles of ``⌈S/block_n⌉`` iterations;
-the backward pass (``flash-bwd``: a resident K/V block, a loop over query blocks) has ``B·H·⌈S/block_n⌉`` tiles
-of ``⌈S/block_m⌉`` iterations, and with grouped K/V heads ``B·H_kv·⌈S/block_n⌉`` tiles of
-``(H/H_kv)·⌈S/block_m⌉`` (:func:`grid_heads`).
+the kernel: the forward pass (Triton attention kernels too) has ``B·H·⌈S/block_m⌉`` tiles of ``⌈S/block_n⌉`` iterations;
+the backward pass (a resident K/V block, a loop over query blocks) has ``B·H·⌈S/block_n⌉`` tiles of
+``⌈S/block_m⌉`` iterations, and with grouped K/V heads ``B·H_kv·⌈S/block_n⌉`` tiles of ``(H/H_kv)·⌈S/block_m⌉``
+(:func:`grid_heads`). What depends on the kernel family comes from its cost hooks
+(``twill/kernels/<family>/tune.py``, :func:`hooks`): FLOPs, loop extent and grid, the CTAs that read a tile
+together, the causal blocks, the tile's store, other launches and the chain bound.
 """
 
 from __future__ import annotations
@@ -77,13 +78,12 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import Any, Mapping
 
 from twill.errors import TwillError
 from twill.ir.graph import LoopGraph
-from twill.machine.calibration import backward_key, softmax_key
-from twill.machine.costs import ASYNC_ISSUE_CYCLES, DTYPE_BYTES, handoff_cycles
+from twill.machine.costs import DTYPE_BYTES, handoff_cycles
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 
@@ -96,6 +96,27 @@ PROBLEMS: dict[str, tuple[str, ...]] = {"gemm": ("M", "N", "K"), "attention": ("
 #: Default sizes per problem (attention's ``D`` comes from the kernel's ``head_dim``).
 DEFAULT_SIZES: dict[str, dict[str, int]] = {"gemm": {"M": 4096, "N": 4096, "K": 4096},
                                             "attention": {"B": 4, "H": 32, "S": 4096}}
+
+
+def hooks(kernel: Any) -> ModuleType | None:
+    """The cost hooks (``twill/kernels/<family>/tune.py``) of the kernel family called ``kernel`` (a graph's
+    ``attrs["kernel"]``), or None for a loop of no tuned family (a Triton kernel, a graph file)."""
+    from twill.kernels import find_family
+
+    family = find_family(kernel)
+    return family.hooks() if family is not None else None
+
+
+def graph_hooks(graph: LoopGraph) -> ModuleType | None:
+    """:func:`hooks` of the family ``graph`` was built by."""
+    return hooks(graph.attrs.get("kernel"))
+
+
+def kernel_problem(kernel: str) -> str | None:
+    """The problem (a key of :data:`PROBLEMS`) built-in ``kernel`` is tuned for, or None for a kernel without
+    cost hooks."""
+    family = hooks(kernel)
+    return getattr(family, "PROBLEM", None)
 
 
 @dataclass(frozen=True)
@@ -126,12 +147,13 @@ class Shape:
         return ",".join(f"{k}={v}" for k, v in self.as_dict().items())
 
     def flops(self, kernel: str = "", causal: bool = False) -> float:
-        """Useful FLOPs: ``2·M·N·K``; attention forward ``4·B·H·S²·D``, backward 2.5× that (5 GEMMs, not 2),
-        half of it with a causal mask (the convention of FlashAttention's and cuDNN's benchmarks)."""
+        """Useful FLOPs: ``2·M·N·K``; attention ``4·B·H·S²·D`` times the kernel family's ``FLOPS_SCALE``
+        (the backward's 2.5: 5 GEMMs, not 2), half of it with a causal mask (the convention of FlashAttention's
+        and cuDNN's benchmarks)."""
         if self.problem == "gemm":
             return 2.0 * self["M"] * self["N"] * self["K"]
         forward = 4.0 * self["B"] * self["H"] * self["S"] ** 2 * self["D"]
-        return (2.5 * forward if kernel == "flash-bwd" else forward) / (2.0 if causal else 1.0)
+        return forward * float(getattr(hooks(kernel), "FLOPS_SCALE", 1.0)) / (2.0 if causal else 1.0)
 
     def flops_of(self, graph: LoopGraph) -> float:
         """:meth:`flops` of the kernel ``graph`` is a loop of (its ``kernel`` and ``causal`` attributes)."""
@@ -227,64 +249,47 @@ def loop_extent(graph: LoopGraph, shape: Shape) -> tuple[int, int]:
                 math.ceil(shape["K"] / attrs["block_k"]))
     if int(attrs["head_dim"]) != shape["D"]:
         raise TwillError(f"shape D={shape['D']} does not match the kernel's head_dim {attrs['head_dim']}")
-    (heads, group), seq = grid_heads(graph, shape), shape["S"]
-    if attrs.get("kernel") == "flash-bwd":
-        return heads * math.ceil(seq / attrs["block_n"]), group * math.ceil(seq / attrs["block_m"])
-    return heads * math.ceil(seq / attrs["block_m"]), math.ceil(seq / attrs["block_n"])
+    family = graph_hooks(graph)
+    if hasattr(family, "loop_extent"):
+        return family.loop_extent(graph, shape)
+    seq = shape["S"]
+    return grid_heads(graph, shape)[0] * math.ceil(seq / attrs["block_m"]), math.ceil(seq / attrs["block_n"])
 
 
 def grid_heads(graph: LoopGraph, shape: Shape) -> tuple[int, int]:
     """``(heads, group)``: the (batch, head) pairs an attention grid spans and the query heads each CTA's loop
-    runs over. A forward CTA takes a block of one query head; a grouped-query backward CTA (``kv_heads``) takes a
-    key block of one K/V head and loops over the ``H / kv_heads`` query heads that read it."""
-    kv_heads = int(graph.attrs.get("kv_heads") or 0)
-    if graph.attrs.get("kernel") != "flash-bwd" or not kv_heads:
-        return shape["B"] * shape["H"], 1
-    if shape["H"] % kv_heads:
-        raise TwillError(f"shape H={shape['H']} is not a multiple of the kernel's {kv_heads} K/V heads")
-    return shape["B"] * kv_heads, shape["H"] // kv_heads
+    runs over: one query head per CTA, unless the kernel family's ``grid_heads`` hook says otherwise (a
+    grouped-query backward CTA takes a key block of one K/V head and loops over the query heads that read it)."""
+    family = graph_hooks(graph)
+    if hasattr(family, "grid_heads"):
+        return family.grid_heads(graph, shape)
+    return shape["B"] * shape["H"], 1
 
 
 def causal_iterations(graph: LoopGraph, shape: Shape, sms: int) -> list[int] | None:
     """Loop iterations of each CTA of a causal attention kernel, in launch order, or None for any other loop.
-    Forward: query block ``i`` runs its key tiles up to its last query, ``⌈min(S, (i + 1)·block_m) /
-    block_n⌉`` (the loop stops at the diagonal). Backward: key block ``k`` meets the query blocks from its
-    diagonal on, ``group·(⌈S / block_m⌉ − ⌊k·block_n / block_m⌋)`` iterations (:func:`grid_heads`). Both
-    kernels hand their blocks out in chunks of ``max(1, sms // blocks per head)`` heads, each chunk block by
+    The kernel family's ``causal_blocks`` hook gives one head's blocks, heaviest first (forward: query block
+    ``i`` runs its key tiles up to its diagonal; backward: key block ``k`` meets the query blocks from its
+    diagonal on, :func:`grid_heads`). Both kernels hand their blocks out in chunks of ``max(1, sms // blocks per head)`` heads, each chunk block by
     block from the heaviest, every head's block before any lighter one (``heaviest_first_chunks`` in
     twill/codegen/gluon/render.py)."""
-    attrs = graph.attrs
-    kernel = attrs.get("kernel")
-    if not attrs.get("causal") or kernel not in ("flash-fwd", "flash-bwd") or shape.problem != "attention":
+    family = graph_hooks(graph)
+    if not graph.attrs.get("causal") or not hasattr(family, "causal_blocks") or shape.problem != "attention":
         return None
-    seq, block_m, block_n = shape["S"], attrs["block_m"], attrs["block_n"]
     heads, group = grid_heads(graph, shape)
-    if kernel == "flash-fwd":
-        blocks = math.ceil(seq / block_m)
-        heaviest_first = [math.ceil(min(seq, (i + 1) * block_m) / block_n) for i in reversed(range(blocks))]
-    else:
-        blocks = math.ceil(seq / block_n)
-        heaviest_first = [group * (math.ceil(seq / block_m) - k * block_n // block_m) for k in range(blocks)]
-    chunk = max(1, sms // blocks)
+    heaviest_first = family.causal_blocks(graph, shape, group)
+    chunk = max(1, sms // len(heaviest_first))
     return [n for first in range(0, heads, chunk) for n in heaviest_first for _ in range(min(chunk, heads - first))]
 
 
-#: Launches of the generated backward besides its main kernel (twill/kernels/flash_bwd/gluon.py): the dO·O
-#: pre-pass, the zeroed statistics and fp32 dQ accumulator, and the dQ conversion.
-BACKWARD_PASSES = 4
-#: Bytes per (row, head-dim element) those launches move: the pre-pass reads O and dO (2 + 2), the dQ
-#: accumulator is zeroed (4), the conversion reads it (4) and writes dQ (2).
-BACKWARD_PASS_BYTES = 14
-
-
 def backward_passes(graph: LoopGraph, shape: Shape, machine: Machine) -> dict[str, float]:
-    """``{"passes_us": …}``: what the generated backward's other launches cost beside its main kernel, each a
-    streaming pass over device memory (``BACKWARD_PASS_BYTES`` per query row and head-dim element at
-    ``machine.dram_bytes_per_s``) plus its launch; ``{}`` for any other kernel."""
-    if graph.attrs.get("kernel") != "flash-bwd" or shape.problem != "attention":
+    """``{"passes_us": …}``: what a generated kernel's other launches cost beside its main kernel (the
+    backward's pre-pass, zeroing and dQ conversion: the family's ``extra_passes`` hook); ``{}`` for a kernel
+    without."""
+    family = graph_hooks(graph)
+    if not hasattr(family, "extra_passes") or shape.problem != "attention":
         return {}
-    moved = BACKWARD_PASS_BYTES * shape["B"] * shape["H"] * shape["S"] * shape["D"]
-    return {"passes_us": moved / machine.dram_bytes_per_s * 1e6 + BACKWARD_PASSES * machine.launch_us}
+    return family.extra_passes(graph, shape, machine)
 
 
 def list_schedule(durations: list[float], slots: int) -> tuple[float, list[int]]:
@@ -357,40 +362,19 @@ def first_byte_latency(cal: Any) -> float:
     return max(0.0, cal.tma_l2_latency_cycles - MICROBENCH_TILE_BYTES / cal.tma_l2_bytes_per_clk)
 
 
-def gemm_tile(tile: int, num_m: int, num_n: int) -> tuple[int, int]:
-    """(row, column) of GEMM output tile ``tile`` in the generated kernels' grouped order: ``GROUP_M`` rows
-    of tiles at a time, down the rows first (``tile_offsets`` in twill/kernels/gemm/gluon.py)."""
-    from twill.kernels.gemm.gluon import GROUP_M
-
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    rows = min(num_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % rows, (tile % per_group) // rows
-
-
 def wave_readers(graph: LoopGraph, shape: Shape, wave: int) -> dict[str, float]:
     """Streaming load -> how many CTAs of a wave of ``wave`` resident CTAs read each of its tiles at the same
     loop step (module docstring): the first ``wave`` tiles in launch order, over how many distinct tiles of
-    the load they read. GEMM (grouped order, :func:`gemm_tile`): an A tile is read by the CTAs on its row of
-    output tiles, a B tile by those on its column. Attention: the grid's fastest index is the query block
-    (forward) or key block (backward) of one (batch, head), so the CTAs of one head read its K/V (forward) or
-    Q/dO/statistics (backward) tiles together. The loads of any other kernel (a Triton kernel's, whose launch
-    order its own source sets) count 1 reader each, as do loads of any other role."""
-    kernel = graph.attrs.get("kernel")
-    if kernel not in ("gemm", "flash-fwd", "flash-bwd"):
+    the load they read, by role, from the kernel family's ``shared_readers`` hook (GEMM, grouped order: an A
+    tile is read by the CTAs on its row of output tiles, a B tile by those on its column; attention: the CTAs
+    of one head read its K/V, or Q/dO/statistics, tiles together). The loads of any other kernel (a Triton
+    kernel's, whose launch order its own source sets) count 1 reader each, as do loads of any other role."""
+    family = graph_hooks(graph)
+    if not hasattr(family, "shared_readers"):
         return {op.name: 1.0 for op in graph.ops if graph.is_streaming(op.name)}
     tiles, _ = loop_extent(graph, shape)
     wave = max(1, min(wave, tiles))
-    if kernel == "gemm":
-        attrs = graph.attrs
-        num_m, num_n = math.ceil(shape["M"] / attrs["block_m"]), math.ceil(shape["N"] / attrs["block_n"])
-        coords = [gemm_tile(t, num_m, num_n) for t in range(wave)]
-        shared = {"load_a": wave / len({m for m, _ in coords}), "load_b": wave / len({n for _, n in coords})}
-    else:
-        per_head = tiles // grid_heads(graph, shape)[0]
-        together = wave / len({t // per_head for t in range(wave)})
-        roles = ("load_q", "load_do", "load_stats") if kernel == "flash-bwd" else ("load_k", "load_v")
-        shared = dict.fromkeys(roles, together)
+    shared = family.shared_readers(graph, shape, wave, tiles)
     return {op.name: shared.get(str(op.attrs.get("role", "")), 1.0)
             for op in graph.ops if graph.is_streaming(op.name)}
 
@@ -459,111 +443,48 @@ def tile_ends(schedule: Schedule, machine: Machine) -> dict[str, float]:
     if "block_k" in attrs:
         out = attrs["block_m"] * attrs["block_n"] * esize
         ends.update(staging_cycles=out / cal.smem_bytes_per_clk, store_cycles=out / cal.tma_l2_bytes_per_clk)
-    elif attrs.get("kernel") == "flash-fwd" and "block_m" in attrs and "head_dim" in attrs:
-        out = attrs["block_m"] * attrs["head_dim"] * esize   # O, stored from registers (no staging)
-        ends.update(store_cycles=out / cal.tma_l2_bytes_per_clk)
+    elif hasattr(family := graph_hooks(graph), "stored_from_registers"):
+        out = family.stored_from_registers(graph, esize)   # O, stored from registers (no staging)
+        if out is not None:
+            ends.update(store_cycles=out / cal.tma_l2_bytes_per_clk)
     return ends
 
 
 def chain_bound(schedule: Schedule, machine: Machine) -> dict[str, float]:
-    """Raw cycles per iteration below which a compute warp group of an attention forward cannot finish its
-    own chain, on a calibrated machine that measured the online-softmax step; ``{}`` otherwise:
+    """Raw cycles per iteration below which a compute warp group cannot finish its own chain, from the kernel
+    family's ``chain`` hook on a calibrated machine; ``{}`` otherwise.
 
-    ``chain_ii = step + wait + issue + turn`` for the slowest compute group, where ``step`` is the measured
-    online-softmax step of one 64-row warp group (``Calibration.softmax_step_cycles``: row max, exp, row
-    sum, rescale and the P conversion, measured with ``O += P V`` in flight and as many warp groups running
-    it at once as the kernel has, ``Σ compute warps / 4``), ``wait`` the latency of the MMA whose result the
-    group waits for in the same iteration (S = Q Kᵀ before the row max; a group that issues S and P V apart,
-    ``qk_ahead`` 0 in its kernel plan, also waits for ``O += P V`` before its next iteration, so its latency
-    is added), ``issue`` the issue cycles of the group's asynchronous ops and ``turn`` its share of the
-    tensor-core hand-offs. The solver's schedule keeps the groups' softmax ops apart on MUFU and the FP32
-    pipes, but nothing in the kernel enforces that: the groups run them at once and slow each other down,
-    which the measured step includes.
+    Attention forward (a machine that measured the online-softmax step): ``chain_ii = step + wait + issue +
+    turn`` for the slowest compute group, where ``step`` is the measured online-softmax step of one 64-row warp
+    group (``Calibration.softmax_step_cycles``: row max, exp, row sum, rescale and the P conversion, measured
+    with ``O += P V`` in flight and as many warp groups running it at once as the kernel has, ``Σ compute warps
+    / 4``), ``wait`` the latency of the MMA whose result the group waits for in the same iteration (S = Q Kᵀ
+    before the row max; a group that issues S and P V apart, ``qk_ahead`` 0 in its kernel plan, also waits for
+    ``O += P V`` before its next iteration, so its latency is added), ``issue`` the issue cycles of the group's
+    asynchronous ops and ``turn`` its share of the tensor-core hand-offs. The solver's schedule keeps the
+    groups' softmax ops apart on MUFU and the FP32 pipes, but nothing in the kernel enforces that: the groups
+    run them at once and slow each other down, which the measured step includes.
 
-    For the attention backward the bound is :func:`backward_chain`.
+    Attention backward (a machine that measured the tile): the measured iteration
+    (``Calibration.backward_iteration_cycles``), the generated loop's compute side with its loads taken away.
     """
-    return _chain_bound(schedule, machine, _flash_plan(schedule))
-
-
-def backward_chain(schedule: Schedule, machine: Machine) -> dict[str, float]:
-    """Raw cycles per iteration below which the attention backward's compute partition cannot finish its
-    iteration, on a calibrated machine that measured its tile; ``{}`` otherwise: ``chain_ii`` is the measured
-    iteration (``Calibration.backward_iteration_cycles`` of ``block_m x block_n x head_dim``), the generated
-    loop's compute side with its loads taken away. The generated backward runs every compute op on one 8-warp
-    partition and retires every wgmma before the loop's back edge, so an iteration pays its whole chain (S and
-    dP, the exponentials, dS, the fp16 operands, the dS and dQ stores behind partition barriers, dV, dK and
-    dQ) whatever the schedule overlaps across iterations; a tile the machine file did not measure gets no
-    bound (the per-op rates, optimistic)."""
-    cal, attrs = machine.calibration, schedule.graph.attrs
-    if cal is None or not cal.backward_iteration_cycles or attrs.get("kernel") != "flash-bwd":
-        return {}
-    measured = cal.backward_iteration_cycles.get(
-        backward_key(int(attrs.get("block_m", 64)), int(attrs.get("block_n", 128)), int(attrs.get("head_dim", 128))))
-    return {"chain_ii": measured} if measured else {}
+    return _chain_bound(schedule, machine, _kernel_plan(schedule))
 
 
 def _chain_bound(schedule: Schedule, machine: Machine, plan: Any) -> dict[str, float]:
-    """:func:`chain_bound` with the schedule's kernel plan (:func:`_flash_plan`) already made."""
-    cal = machine.calibration
-    graph = schedule.graph
-    if graph.attrs.get("kernel") == "flash-bwd":
-        return backward_chain(schedule, machine)
-    if cal is None or not cal.softmax_step_cycles or graph.attrs.get("kernel") != "flash-fwd" or not schedule.warps:
+    """:func:`chain_bound` with the schedule's kernel plan (:func:`_kernel_plan`) already made."""
+    family = graph_hooks(schedule.graph)
+    if not hasattr(family, "chain"):
         return {}
-    compute = [g for g in schedule.warps if any(graph.op(n).kind == "mma" for n in g.ops)]
-    groups = sum(g.num_warps for g in compute) // 4
-    step = softmax_step(cal.softmax_step_cycles, groups, int(graph.attrs["block_n"]), int(graph.attrs["head_dim"]))
-    if step is None:
-        return {}
-    scale = cycles_per_unit(schedule)
-    turn = _turn_count(schedule, plan) * handoff_cycles(machine) / len(compute)
-    apart = {p.group for p in plan.compute if p.qk_ahead == 0} if plan is not None else set()
-    chains = []
-    for g in compute:
-        mine = set(g.ops)
-        waits = [e.delay * scale for e in graph.edges if e.src in mine and e.dst in mine and e.distance == 0
-                 and graph.op(e.src).kind == "mma" and graph.op(e.dst).kind != "mma"]
-        wait = max(waits, default=0.0)
-        if g.id in apart:
-            pv = [graph.op(n) for n in g.ops if graph.op(n).attrs.get("role") == "pv"]
-            wait += sum((op.latency if op.latency is not None else op.cycles) * scale for op in pv)
-        issue = sum(ASYNC_ISSUE_CYCLES for n in g.ops if graph.op(n).kind == "mma")
-        chains.append(step + wait + issue + turn)
-    return {"chain_ii": max(chains)}
+    turns = _turn_count(schedule, plan) * handoff_cycles(machine)
+    return family.chain(schedule, machine, plan, cycles_per_unit(schedule), turns)
 
 
-def _flash_plan(schedule: Schedule) -> Any:
-    """The attention forward's kernel plan (:func:`twill.codegen.plan.flash_plan`), or ``None`` for another
-    kernel or a schedule the code generator does not emit."""
-    if schedule.graph.attrs.get("kernel") != "flash-fwd":
-        return None
-    from twill.kernels.flash_fwd.plan import plan as flash_plan
-    from twill.errors import UnsupportedFeatureError
-
-    try:
-        return flash_plan(schedule, "gluon")
-    except UnsupportedFeatureError:
-        return None
-
-
-def softmax_step(steps: dict[str, float], groups: int, block_n: int, head_dim: int) -> float | None:
-    """The measured online-softmax step of ``groups`` x ``block_n`` keys x ``head_dim``; a tile the machine
-    file did not measure is estimated from the measured one with the same groups and head dimension and the
-    nearest key count, in proportion to the keys (its exponentials and row sums); ``None`` if there is none.
-    Without the estimate the chain bound would vanish for that tile and the prediction fall back to the
-    optimistic per-op rates (64-key tiles were once ranked first that way and ran 1.5x slower)."""
-    exact = steps.get(softmax_key(groups, block_n, head_dim))
-    if exact is not None:
-        return exact
-    near = []
-    for key, cycles in steps.items():
-        g, n, d = (int(v) for v in key.split("x"))
-        if g == groups and d == head_dim:
-            near.append((abs(n - block_n), n, cycles))
-    if not near:
-        return None
-    _, n, cycles = min(near)
-    return cycles * block_n / n
+def _kernel_plan(schedule: Schedule) -> Any:
+    """The kernel plan the prediction reads (the attention forward's turns and waits: the family's ``plan``
+    hook), or ``None`` for another kernel or a schedule the code generator does not emit."""
+    family = graph_hooks(schedule.graph)
+    return family.plan(schedule) if hasattr(family, "plan") else None
 
 
 def tensor_core_turns(schedule: Schedule) -> int:
@@ -571,12 +492,12 @@ def tensor_core_turns(schedule: Schedule) -> int:
     order of the ops that use it, read around the cycle, changes warp group this many times. Each change is
     an mbarrier hand-off during which the tensor core waits (the ping-pong of two compute groups: 2). For the
     attention forward, the turns of its kernel plan: a group that issues S ahead takes one turn per iteration
-    (:func:`twill.codegen.plan.flash_plan`)."""
-    return _turn_count(schedule, _flash_plan(schedule))
+    (:func:`_kernel_plan`)."""
+    return _turn_count(schedule, _kernel_plan(schedule))
 
 
 def _turn_count(schedule: Schedule, plan: Any) -> int:
-    """:func:`tensor_core_turns` with the schedule's kernel plan (:func:`_flash_plan`) already made."""
+    """:func:`tensor_core_turns` with the schedule's kernel plan (:func:`_kernel_plan`) already made."""
     if not schedule.warps:
         return 0
     if plan is not None:
@@ -601,7 +522,7 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
     tiles, iterations = loop_extent(schedule.graph, shape)
     per_sm = 1 if persistent else ctas_per_sm(schedule, machine)      # resident CTAs per SM
     memory = stream_bound(schedule, machine, wave_readers(schedule.graph, shape, machine.sms * per_sm))
-    plan = _flash_plan(schedule)    # an attention forward's kernel: its turns and waits (made once)
+    plan = _kernel_plan(schedule)    # an attention forward's kernel: its turns and waits (made once)
     # the hand-offs of the tensor core between warp groups, on a calibrated machine (measured cost)
     turns = _turn_count(schedule, plan) * handoff_cycles(machine) if machine.calibration is not None else 0
     chain = _chain_bound(schedule, machine, plan)
@@ -629,7 +550,7 @@ def predict(schedule: Schedule, shape: Shape, machine: Machine, persistent: bool
         tile_cycles = fill + (iterations - 1) * ii_eff + length_eff + store
     elif persistent:
         waves = math.ceil(tiles / min(tiles, machine.sms))
-        if schedule.graph.attrs.get("kernel") == "flash-fwd":
+        if getattr(graph_hooks(schedule.graph), "RESTARTS_PER_BLOCK", False):
             # one CTA per SM takes query blocks one after another: the producer loads the next block while
             # the current one runs, so only the first block waits for its loads; each block's loop still
             # fills and drains its own pipeline (the softmax state restarts) and stores its O from registers

@@ -4,9 +4,10 @@ A *target* is a built-in kernel, a ``twill-graph/1`` file or a Triton kernel ``p
 product of *axes*, each a tuple of values:
 
 * built-in kernels: the kernel options of :func:`twill.kernels.kernel_options` (``block_m``, ``subtiles``...)
-  plus the solver knobs ``streaming_depth`` and ``reg_limit`` and, for the GEMM and the attention forward on
-  Hopper, the code-generator choice ``persistent`` (same graph and schedule, another kernel);
-  :data:`DEFAULT_AXES` gives each kernel's default sweep, and an axis given on the command line replaces it;
+  plus the solver knobs ``streaming_depth`` and ``reg_limit`` and, for the kernel families with a persistent
+  form on Hopper, the code-generator choice ``persistent`` (same graph and schedule, another kernel); each
+  family's ``DEFAULT_AXES`` (``twill/kernels/<family>/tune.py``) gives its default sweep, and an axis given on
+  the command line replaces it;
 * graph files: ``streaming_depth`` and ``reg_limit`` only;
 * Triton kernels: the ``tl.constexpr`` values, ``num_warps`` and ``num_stages`` given on the command line.
 
@@ -29,32 +30,12 @@ from twill.machine.models import Machine
 SOLVER_AXES = ("streaming_depth", "reg_limit")
 
 #: Axes that are code-generator choices (:func:`twill.codegen.gluon.emit_gluon` keywords): they change the
-#: emitted kernel, not the loop graph or the schedule. ``persistent`` is an axis of the kernels in
-#: :data:`PERSISTENT_KERNELS`.
+#: emitted kernel, not the loop graph or the schedule. ``persistent`` is an axis of the kernel families whose
+#: persistent form the Gluon generator emits and the prediction prices (:attr:`twill.kernels.Family.persistent`).
 CODEGEN_AXES = ("persistent",)
-
-#: Built-in kernels whose persistent form the Gluon generator emits and the prediction prices.
-PERSISTENT_KERNELS = ("gemm", "flash-fwd")
 
 #: Axes of a Triton target besides its constexprs.
 TRITON_AXES = ("num_warps", "num_stages")
-
-#: Default sweep per built-in kernel on Hopper (``reg_limit`` offsets are relative to each candidate's default
-#: budget, the graph's ``reg_limit``; Blackwell drops ``warps`` and ``reg_limit``, see :func:`default_axes`;
-#: options a machine does not offer, such as three attention sub-tiles on Blackwell, are rejected per candidate).
-DEFAULT_AXES: dict[str, dict[str, tuple[Any, ...]]] = {
-    "gemm": {"block_m": (64, 128, 256), "block_n": (64, 128, 256), "block_k": (64, 128), "warps": (4, 8),
-             "streaming_depth": (2, 3, 4, 5), "persistent": (False, True)},
-    "flash-fwd": {"subtiles": (1, 2, 3), "block_n": (64, 128), "streaming_depth": (2, 3, 4),
-                  "reg_limit": (0, -40, -80), "persistent": (False, True)},
-    "flash-bwd": {"block_m": (64, 128), "streaming_depth": (2, 3)},
-}
-
-#: Default axis values that only a sweep with spills checked can use: the model's register count refuses them
-#: on Hopper, so without the ptxas-checked search each would be an infeasibility proof (45 s for the backward's
-#: 128-row tile at head dim 64 on two cores) and nothing else.
-CHECKED_ONLY: dict[str, dict[str, tuple[Any, ...]]] = {"flash-bwd": {"block_m": (128,)}}
-
 
 @dataclass(frozen=True)
 class Candidate:
@@ -97,24 +78,24 @@ class Space:
 
 
 def default_axes(kernel: str, machine: Machine, check_spills: bool = False) -> dict[str, tuple[Any, ...]]:
-    """The default sweep of a built-in kernel on ``machine``: :data:`DEFAULT_AXES`, ``reg_limit`` as offsets from
-    each candidate's default budget (:func:`kernel_space` adds them). On Blackwell (accumulators in TMEM) the
-    ``warps`` axis does not exist and ``reg_limit`` is not swept: below the kernel's budget of 160 the joint
-    search runs into its time limit instead of finding or refuting a schedule; nor is ``persistent`` (a choice
-    of the Hopper Gluon generator), nor the backward's ``block_m`` (FA4's 128 rows, its only tile there). On
-    Hopper the backward's 128-row tile at head dim 64 is refused by the model's register count and found by
-    ``--check-spills`` (the ptxas-checked search): values in :data:`CHECKED_ONLY` are swept only with
-    ``check_spills``."""
-    axes = dict(DEFAULT_AXES.get(kernel, {"streaming_depth": (2, 3)}))
+    """The default sweep of a built-in kernel on ``machine``: its family's ``DEFAULT_AXES`` (``{"streaming_depth":
+    (2, 3)}`` without), ``reg_limit`` as offsets from each candidate's default budget (:func:`kernel_space` adds
+    them). On Blackwell (accumulators in TMEM) the ``warps`` axis does not exist and ``reg_limit`` is not swept:
+    below the kernel's budget of 160 the joint search runs into its time limit instead of finding or refuting a
+    schedule; nor is ``persistent`` (a choice of the Hopper Gluon generator), nor the family's ``TMEM_DROPPED``
+    axes (the backward's ``block_m``: FA4's 128 rows, its only tile there). The family's ``CHECKED_ONLY`` values
+    are swept only with ``check_spills`` (on Hopper the backward's 128-row tile at head dim 64 is refused by
+    the model's register count and found by ``--check-spills``, the ptxas-checked search)."""
+    from twill.tune.predict import hooks
+
+    family = hooks(kernel)
+    axes = dict(getattr(family, "DEFAULT_AXES", {"streaming_depth": (2, 3)}))
     if not check_spills:
-        for name, values in CHECKED_ONLY.get(kernel, {}).items():
+        for name, values in getattr(family, "CHECKED_ONLY", {}).items():
             axes[name] = tuple(v for v in axes[name] if v not in values)
     if machine.mma_accumulates_in == "tmem":
-        axes.pop("warps", None)
-        axes.pop("reg_limit", None)
-        axes.pop("persistent", None)
-        if kernel == "flash-bwd":
-            axes.pop("block_m", None)
+        for name in ("warps", "reg_limit", "persistent", *getattr(family, "TMEM_DROPPED", ())):
+            axes.pop(name, None)
     return axes
 
 
@@ -139,25 +120,22 @@ def smem_lower_bound(graph: LoopGraph, streaming_depth: int) -> int:
 
 
 def staging_bytes(graph: LoopGraph) -> int:
-    """Shared memory a persistent GEMM's C staging buffer takes at least, live with the rings: the
-    ``block_m × block_n`` fp16/bf16 tile over the most column slices the generator stores it in
-    (docs/codegen.md, "Persistent GEMM")."""
-    from twill.kernels.gemm.plan import EPILOGUE_SPLITS
+    """Shared memory a persistent kernel keeps at least beside its rings (the GEMM's C staging buffer: its
+    family's ``persistent_staging`` hook); 0 for a family without."""
+    from twill.tune.predict import graph_hooks
 
-    return int(graph.attrs["block_m"]) * int(graph.attrs["block_n"]) * 2 // max(EPILOGUE_SPLITS)
+    family = graph_hooks(graph)
+    return family.persistent_staging(graph) if hasattr(family, "persistent_staging") else 0
 
 
 def accumulator_registers(graph: LoopGraph, machine: Machine) -> int:
-    """Registers per thread that an attention forward's compute partition needs at least on Hopper: its
-    64-row S tile (``block_n / 2`` fp32 per thread of a warp group; P replaces S as it is computed) and O
-    (``head_dim / 2``), plus the bookkeeping registers every warp keeps (``machine.setmaxnreg_min``, as the
-    warp-specialization verifier reserves); 0 for other kernels and for Blackwell (accumulators
-    in tensor memory). A lower budget cannot hold them without spilling, and the joint search spends its
-    time limit proving so."""
-    attrs = graph.attrs
-    if attrs.get("kernel") != "flash-fwd" or machine.mma_accumulates_in == "tmem":
-        return 0
-    return int(attrs["block_n"]) // 2 + int(attrs["head_dim"]) // 2 + machine.setmaxnreg_min
+    """Registers per thread that a compute partition needs at least (the attention forward's S and O
+    accumulators and bookkeeping on Hopper: its family's ``register_floor`` hook); 0 for other kernels. A lower
+    budget cannot hold them without spilling, and the joint search spends its time limit proving so."""
+    from twill.tune.predict import graph_hooks
+
+    family = graph_hooks(graph)
+    return family.register_floor(graph, machine) if hasattr(family, "register_floor") else 0
 
 
 def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]],
@@ -168,12 +146,13 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
     less than two); candidates the kernel refuses on ``machine`` (three attention sub-tiles on Blackwell) or
     whose shared memory surely exceeds ``machine.smem_per_block`` are rejected with the reason (a persistent
     GEMM counts its C staging buffer too; a persistent attention forward adds no buffer)."""
-    from twill.kernels import build_kernel, kernel_options
+    from twill.kernels import build_kernel, families, kernel_options
 
     known = kernel_options(kernel)
+    persistent = [f.name for f in families() if f.persistent]
     for name in axes:
-        if name in CODEGEN_AXES and kernel not in PERSISTENT_KERNELS:
-            raise TwillError(f"{name} is an axis of {' and '.join(PERSISTENT_KERNELS)}; there is no persistent "
+        if name in CODEGEN_AXES and kernel not in persistent:
+            raise TwillError(f"{name} is an axis of {' and '.join(persistent)}; there is no persistent "
                              f"{kernel!r} kernel to price")
         if name in CODEGEN_AXES and machine.mma_accumulates_in == "tmem":
             raise TwillError(f"{name} is a choice of the Hopper Gluon generator; {machine.name} has none")
@@ -197,7 +176,7 @@ def kernel_space(kernel: str, machine: Machine, axes: Mapping[str, Sequence[Any]
             budget = graph.attrs.get("reg_limit")
             cand = replace(cand, reg_limit=None if budget is None else int(budget) + (cand.reg_limit or 0))
         depth = cand.streaming_depth or int(graph.attrs.get("streaming_depth", 2))
-        staging = staging_bytes(graph) if cand.persistent and kernel == "gemm" else 0
+        staging = staging_bytes(graph) if cand.persistent else 0
         need = smem_lower_bound(graph, depth) + staging
         floor = accumulator_registers(graph, machine)
         if cand.reg_limit is not None and cand.reg_limit < floor:
