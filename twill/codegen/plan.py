@@ -107,7 +107,7 @@ class Partition:
         regs: per-thread register budget (``setmaxnreg``); ignored for the default partition, whose budget
             the compiler derives from the workers'.
         ops: the schedule's ops run by this partition, in steady-state order.
-        roles: role -> op for the ops of a compute partition (``{"qk": "qk_a", ...}``).
+        roles: role -> op for the ops of a compute partition (``{role: op name, ...}``).
         subtile: the sub-tile a compute partition owns (= its index among the compute partitions).
         qk_ahead: attention: ``stage(pv) - stage(qk)`` (0 or 1).
         turn_waits: op -> index of the turn (among this partition's turns) it waits for before issuing.

@@ -10,8 +10,12 @@ registry imports a family's other modules only when they are used:
 * one body per backend in ``backends``: ``gluon`` (``body(plan) -> KernelBody``), ``pallas``
   (``emit(plan) -> str``), ``tilelang`` (``refuse(graph)``, ``emit_ws(plan, schedule)``,
   ``emit_pipelined(schedule, dtype)``);
-* ``tune``: the tuner's cost hooks (:mod:`twill.tune.predict`, :mod:`twill.tune.space`), for a family with
-  ``tuned``.
+* ``tune``: the tuner's cost hooks, for a family with ``tuned``. ``PROBLEM`` (the problem it is tuned for) and
+  ``DEFAULT_AXES`` (its default sweep) are required; the others are optional and read by name where the
+  tuner prices something that depends on the family: ``CHECKED_ONLY``, ``TMEM_DROPPED``, ``CAUSAL``,
+  ``FLOPS_SCALE``, ``RESTARTS_PER_BLOCK``, ``persistent_staging``, ``register_floor`` (:mod:`twill.tune.space`,
+  ``twill tune``); ``loop_extent``, ``grid_heads``, ``shared_readers``, ``causal_blocks``,
+  ``stored_from_registers``, ``extra_passes``, ``plan``, ``chain`` (:mod:`twill.tune.predict`).
 
 Importing this package imports no family, solver, Triton, JAX or torch.
 """
