@@ -270,9 +270,9 @@ def causal_iterations(graph: LoopGraph, shape: Shape, sms: int) -> list[int] | N
     """Loop iterations of each CTA of a causal attention kernel, in launch order, or None for any other loop.
     The kernel family's ``causal_blocks`` hook gives one head's blocks, heaviest first (forward: query block
     ``i`` runs its key tiles up to its diagonal; backward: key block ``k`` meets the query blocks from its
-    diagonal on, :func:`grid_heads`). Both kernels hand their blocks out in chunks of ``max(1, sms // blocks per head)`` heads, each chunk block by
-    block from the heaviest, every head's block before any lighter one (``heaviest_first_chunks`` in
-    twill/codegen/gluon/render.py)."""
+    diagonal on, :func:`grid_heads`). Both kernels hand their blocks out in chunks of ``max(1, sms // blocks
+    per head)`` heads, each chunk block by block from the heaviest, every head's block before any lighter one
+    (``heaviest_first_chunks`` in twill/codegen/gluon/render.py)."""
     family = graph_hooks(graph)
     if not graph.attrs.get("causal") or not hasattr(family, "causal_blocks") or shape.problem != "attention":
         return None

@@ -107,7 +107,8 @@ def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPl
     compute = _flash_compute(schedule, compute, qks, pvs, backend)
     turns = one_turn_when_ahead(graph, cut_turns(schedule, compute, tc_ops), compute)
     turns = in_program_order(graph, turns, PROGRAM_ORDER, backend)
-    compute = tuple(with_turn_points(graph, p, turns, i, PROGRAM_ORDER) for i, p in enumerate(compute)) if turns else compute
+    if turns:
+        compute = tuple(with_turn_points(graph, p, turns, i, PROGRAM_ORDER) for i, p in enumerate(compute))
     rings = []
     for load_role, name, readers in (("load_k", "k", qks), ("load_v", "v", pvs)):
         (load,) = ops_with_role(graph, load_role)
