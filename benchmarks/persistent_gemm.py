@@ -4,9 +4,9 @@ The kernels are the ``gemm_*`` modules of ``benchmarks/gluon_bench.py generate``
 schedules with a deferred wgmma wait, ring depth 3 and 4, and their ``persistent`` twins). Each shape and dtype
 is timed device-side (CUDA events around 10 calls, 7 rounds interleaved over the kernels and cuBLAS,
 medians and the min-max over rounds) while the SM clock is sampled. Correctness is
-``tests/test_gpu_gluon.py -k gemm`` (ragged shapes, NaN-poisoned outputs, fp32 reference), run first.
+``tests/gpu/test_gpu_gluon.py -k gemm`` (ragged shapes, NaN-poisoned outputs, fp32 reference), run first.
 
-    python -m pytest -q tests/test_gpu_gluon.py -k gemm
+    python -m pytest -q tests/gpu/test_gpu_gluon.py -k gemm
     python benchmarks/persistent_gemm.py benchmarks/gluon_kernels --out $OUT     # writes persistent_gemm.json
     python benchmarks/persistent_gemm.py --table benchmarks/results/persistent_gemm_h200.json
 """

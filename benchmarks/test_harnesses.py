@@ -309,7 +309,7 @@ def test_a_variant_admitted_on_ptxas_is_kept_only_without_spills(tmp_path, monke
 def test_a_ptxas_variant_takes_the_searched_schedule_and_records_the_search(tmp_path, monkeypatch):
     """``flash_bwd_check.py generate``: a ``"ptxas"`` variant is the schedule of
     ``twill.tune.registers.schedule_without_spills`` (here answered by the test: the real search compiles 13
-    schedules, tests/test_ops.py), verified, and the manifest records the reserve, the schedules compiled and
+    schedules, tests/ops/test_ops.py), verified, and the manifest records the reserve, the schedules compiled and
     ptxas's report of the last."""
     from benchmarks import flash_bwd_check as fbc
     from twill.solve import schedule

@@ -1,4 +1,4 @@
-"""Seeded random loop graphs shaped like tile kernels, for the trust tests (tests/test_trust*.py).
+"""Seeded random loop graphs shaped like tile kernels, for the solver tests and the interrupt tests.
 
 A graph of ``n`` ops is a chain of stages: TMA loads (variable latency, own warp) feed tensor-core MMAs
 (4 warps, register results), whose results feed register ops on the MUFU / ALU units; every edge goes
