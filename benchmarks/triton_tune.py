@@ -8,7 +8,7 @@ fastest kernel Twill ships among the K configurations its model predicts fastest
 ``--top``): B where Twill's schedule is injected, A where Twill keeps Triton's own because the model predicts
 its own schedule no faster than Triton's order (:data:`twill.integrations.triton.inject.INJECT_MIN_GAIN`). The
 two picks are then built again and timed together in 8 interleaved rounds, the order reversed every other
-round (:func:`twill.integrations.triton.measure.head_to_head`): each was the fastest of its own noisy
+round (:func:`twill.tune.measure_triton.head_to_head`): each was the fastest of its own noisy
 measurements, autotune's of every configuration's. nvidia-smi's SM clock is sampled during each case.
 
 Two steps, because the GPU machine has no OR-Tools:
@@ -20,7 +20,7 @@ Two steps, because the GPU machine has no OR-Tools:
 (``--machine``, default ``benchmarks/results/calibration_h200.machine.json``) for solving and prediction;
 configurations whose injected kernel spills (ptxas, :mod:`twill.tune.spills`) keep no schedule. It writes the
 schedules and the per-shape rankings to ``SCHEDULES``. ``run`` checks and times A and B of every configuration
-on every shape, interleaved (:func:`twill.integrations.triton.measure.measure_triton_config`: fresh random
+on every shape, interleaved (:func:`twill.tune.measure_triton.measure_triton_config`: fresh random
 data, NaN-poisoned outputs, float32 reference), runs a real ``@triton.autotune`` over the configurations as a
 cross-check, and writes per shape: autotune's choice, Twill-tuned, the best kernel Twill ships overall, their
 ratios, the configurations where an injected B is slower than A, those where Twill keeps A, the rank
@@ -140,8 +140,8 @@ def prepare(cases: dict[str, tuple], out_path: Path, machine_path: Path, time_li
 # -- run (GPU) --------------------------------------------------------------------------------------------
 def run_case(case: str, entry: dict[str, Any], machine: Any, *, reps: int, top: int, workdir: str) -> list[dict]:
     """Every configuration of one case, both variants, every shape; then the comparison per shape."""
-    from twill.integrations.triton.measure import (HEAD_TO_HEAD_REPS, autotune_choice, compare_with_autotune,
-                                                   head_to_head, launch_hook, measure_triton_config)
+    from twill.tune.measure_triton import (HEAD_TO_HEAD_REPS, autotune_choice, compare_with_autotune,
+                                           head_to_head, launch_hook, measure_triton_config)
 
     base = getattr(_module(entry["module"]), entry["fn"])
     hook = launch_hook(base)
@@ -189,7 +189,7 @@ def run(schedules: Path, out_path: Path, reps: int, top: int, only: list[str]) -
     import triton
 
     from twill.machine.microbench import ClockSampler
-    from twill.integrations.triton.measure import triton_runtime
+    from twill.tune.measure_triton import triton_runtime
 
     doc = json.loads(schedules.read_text())
     machine = _machine(doc["machine"])

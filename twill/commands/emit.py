@@ -41,7 +41,7 @@ def _schedule_for(args: argparse.Namespace):
     if graph.attrs.get("source") == "triton":
         raise _not_from_triton(args.target)
     if args.emit_to == "tilelang":
-        from twill.codegen.tilelang import solve_for_tilelang
+        from twill.integrations.tilelang.planner import solve_for_tilelang
 
         return solve_for_tilelang(graph, machine, solve_options(args))
     if getattr(args, "check_spills", False):

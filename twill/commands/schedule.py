@@ -56,8 +56,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     graph = resolve_target(args.target, target_options(args), machine)
     tilelang = graph.attrs.get("source") == "tilelang"
     if tilelang:
-        from twill.codegen.tilelang import solve_for_tilelang
-        from twill.integrations.tilelang.planner import format_plan, pipeline_plan
+        from twill.integrations.tilelang.planner import format_plan, pipeline_plan, solve_for_tilelang
 
         result = solve_for_tilelang(graph, machine, options)
         plan = pipeline_plan(result)

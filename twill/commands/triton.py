@@ -12,8 +12,7 @@ from twill.commands.common import (add_solve_arguments, add_target_arguments, in
 from twill.files import check_outputs, message_stream, refuse_inputs_as_outputs, write_json_output
 from twill.commands.common import NUM_STAGES_RANGE, integer_in
 from twill.errors import TwillError
-from twill.schedule.document import load_schedule_document, schedule_document
-from twill.targets import python_target, resolve_target, tilelang_target
+from twill.targets import resolve_target, tilelang_target
 
 #: Files ``twill inject`` writes into its folder under fixed names (the others are named after the kernel).
 INJECT_FIXED_FILES = ("schedule.json", "summary.json")
@@ -39,52 +38,7 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kernel_spec(args: argparse.Namespace, machine, config: int | None):
-    from twill.integrations.triton import spec_from_target
-
-    match = python_target(args.target)
-    if not match:
-        raise TwillError(f"twill inject needs a Triton kernel target path.py:fn, got {args.target!r}")
-    return spec_from_target(match.path, match.fn, signature=args.signature, constexprs=list(args.constexpr),
-                            num_warps=args.num_warps, num_stages=args.num_stages, machine=machine, config=config)
-
-
-def _config_specs(args: argparse.Namespace, machine) -> dict[int, object]:
-    """``--config all``: the spec of every autotune config of the kernel."""
-    from twill.integrations.triton.compile import load_kernel
-
-    if args.schedule:
-        raise TwillError("--config all schedules every config; it cannot take --schedule")
-    match = python_target(args.target)
-    configs = load_kernel(match.path, match.fn).configs if match else ()
-    if not configs:
-        raise TwillError(f"--config all applies to @triton.autotune kernels; {args.target!r} has no configs")
-    return {k: _kernel_spec(args, machine, k) for k in range(len(configs))}
-
-
-def _inject_tilelang(args: argparse.Namespace, machine, path: str, fn: str) -> int:
-    """``twill inject`` of a TileLang kernel: its ``T.Pipelined`` loop rewritten with Twill's stage/order."""
-    from twill.codegen.tilelang import solve_for_tilelang
-    from twill.integrations.tilelang import load_loop
-    from twill.integrations.tilelang.planner import inject_tilelang
-
-    if args.load_lead is not None:
-        raise TwillError("--load-lead applies to Triton kernels; a TileLang loop's loads run num_stages ahead")
-    if args.schedule:
-        schedule = load_schedule_document(args.schedule)
-    else:
-        graph = load_loop(path, fn, args.tl_args, machine)[1].graph
-        schedule = solve_for_tilelang(graph, machine, solve_options(args))
-    summary = inject_tilelang(path, fn, list(args.tl_args), schedule, machine, args.output,
-                              schedule_document(schedule))
-    print(json.dumps(summary, indent=2))
-    return 0
-
-
 def _cmd_inject(args: argparse.Namespace) -> int:
-    from twill.integrations.triton.inject import check_schedule_fits, inject, solve_for_triton, tune, write_outputs
-    from twill.integrations.triton import lower_function
-
     tilelang = tilelang_target(args.target, target_options(args))
     _refuse_ws_options(args, bool(tilelang))
     check_outputs(folders=[args.output])
@@ -92,26 +46,19 @@ def _cmd_inject(args: argparse.Namespace) -> int:
     refuse_inputs_as_outputs([os.path.join(args.output, name) for name in INJECT_FIXED_FILES], input_files(args))
     machine = machine_of(args)
     if tilelang:
-        return _inject_tilelang(args, machine, *tilelang)
-    tuning = None
-    if args.config == "all":
-        specs = _config_specs(args, machine)
-        tuning = tune(specs, machine, solve_options(args), loop=args.loop)
-        spec, schedule = specs[tuning.best], tuning.schedule
+        from twill.integrations.tilelang.planner import inject_tilelang
+
+        if args.load_lead is not None:
+            raise TwillError("--load-lead applies to Triton kernels; a TileLang loop's loads run num_stages ahead")
+        summary = inject_tilelang(*tilelang, list(args.tl_args), machine, args.output, options=solve_options(args),
+                                  schedule_file=args.schedule)
     else:
-        spec = _kernel_spec(args, machine, args.config)
-        schedule = load_schedule_document(args.schedule) if args.schedule else None
-        lowered, _ = lower_function(spec, machine, loop=args.loop)
-        if schedule is None:
-            schedule = solve_for_triton(lowered.graph, machine, spec.capability, solve_options(args))
-        else:   # a schedule of this very loop: its graph digest and its graph are checked against the kernel's
-            try:
-                check_schedule_fits(schedule, lowered.graph, spec)
-            except TwillError as exc:
-                raise TwillError(f"{args.schedule}: {exc}") from None
-    result = inject(spec, schedule, machine, load_lead=args.load_lead, loop=args.loop)
-    summary = write_outputs(result, schedule, args.output, schedule_document(schedule),
-                            tuning={"config": tuning.best, "configs": list(tuning.rows)} if tuning else None)
+        from twill.integrations.triton.inject import inject_triton
+
+        summary = inject_triton(args.target, machine, args.output, options=solve_options(args),
+                                signature=args.signature, constexprs=args.constexpr, num_warps=args.num_warps,
+                                num_stages=args.num_stages, config=args.config, loop=args.loop,
+                                schedule_file=args.schedule, load_lead=args.load_lead)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -7,7 +7,6 @@ Axis flags take comma lists (``--block-m 128,256``); an axis not given takes the
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -16,6 +15,7 @@ from twill.files import check_outputs, print_output, write_all, write_json_outpu
 from twill.commands.common import NUM_STAGES_RANGE, NUM_WARPS_RANGE, arch_choice, integer_in, option_type
 from twill.errors import TwillError
 from twill.targets import python_target
+from twill.tune.run import TuneRequest, tune
 
 
 def _boolean(text: str) -> bool:
@@ -63,186 +63,42 @@ def _axes(args: argparse.Namespace, names: Any) -> dict[str, tuple[Any, ...]]:
     return {axis: getattr(args, axis) for axis in names if getattr(args, axis, None) is not None}
 
 
-def _triton_constexprs(items: list[str]) -> dict[str, tuple[Any, ...]]:
-    """``--constexpr NAME=V1,V2`` items as ``{NAME: (V1, V2)}`` (values parsed as the Triton frontend does)."""
-    from twill.integrations.triton.compile import parse_constexpr_value
-
-    out: dict[str, tuple[Any, ...]] = {}
-    for item in items:
-        name, sep, values = item.partition("=")
-        if not sep or not name.strip() or not values.strip():
-            raise TwillError(f"bad --constexpr {item!r}: expected NAME=V1,V2,...")
-        out[name.strip()] = tuple(parse_constexpr_value(v.strip()) for v in values.split(",") if v.strip())
-    return out
-
-
-def _plan(args: argparse.Namespace, machine: Any) -> tuple[Any, list[Any], Any]:
-    """``(space, jobs, shape)`` of the target; the shape is ``None`` for a Triton kernel without ``--shape``
-    (its problem is known only once its graph is extracted)."""
-    from twill.ir.io import graph_to_dict
-    from twill.kernels import families
-    from twill.tune.predict import PROBLEMS, default_shape, hooks, kernel_problem, parse_shape
-    from twill.tune.space import graph_space, kernel_space, triton_space
-    from twill.tune.sweep import Job
-
-    match = python_target(args.target)
-    hopper = machine.capability // 10 == 9
-    if args.check_spills and not match and not hopper:
-        raise TwillError(f"--check-spills compiles Gluon kernels for sm_90 only, not {machine.arch}")
-    check = bool(args.check_spills or (args.measure and hopper))
-    common = {"machine": machine, "time_limit": args.time_limit, "check_spills": check}
-    kernel_axes = _axes(args, [a for a, _ in AXIS_FLAGS.values()])
-    if match:
-        if kernel_axes:
-            raise TwillError(f"--{next(iter(kernel_axes)).replace('_', '-')} applies to built-in kernels and "
-                             f"graphs; use --constexpr NAME=V1,V2 for a Triton target")
-        if args.extra_copies:
-            raise TwillError("--extra-copies applies to built-in kernels and graphs (a Triton kernel's search "
-                             "is Triton's own modulo schedule)")
-        if not os.path.isfile(match.path):
-            raise TwillError(f"cannot read Triton source {match.path!r}: no such file")
-        if not args.signature:
-            raise TwillError("a Triton target needs --signature listing every non-constexpr argument")
-        space = triton_space(_triton_constexprs(args.constexpr), _axes(args, ("num_warps", "num_stages")))
-        from twill.files import read_text_file
-
-        info = {"path": os.path.abspath(match.path), "fn": match.fn, "signature": args.signature,
-                "source": read_text_file(match.path, "Triton source")}
-        jobs = [Job(candidate=c, triton=info, **common) for c in space.candidates]
-        shape = None
-        if args.shape:
-            sizes = len(args.shape.split(","))
-            shape = parse_shape(args.shape, next((p for p, names in PROBLEMS.items() if len(names) == sizes),
-                                                 list(PROBLEMS)[-1]))
-        return space, jobs, shape
-    if args.constexpr or args.signature or args.num_warps or args.num_stages:
-        raise TwillError("--signature, --constexpr, --num-warps and --num-stages apply to Triton targets only")
-    if args.causal and not getattr(hooks(args.target), "CAUSAL", False):
-        causal = [f.name for f in families() if getattr(f.hooks(), "CAUSAL", False)]
-        raise TwillError(f"--causal applies to {', '.join(causal)}, not {args.target!r}")
-    if args.target.endswith(".json") or os.path.sep in args.target:
-        from twill.ir.io import load_graph
-        from twill.tune.predict import problem_of
-
-        graph = load_graph(args.target)
-        problem = problem_of(graph)
-        space = graph_space(kernel_axes)
-        shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem,
-                                                                                   graph.attrs.get("head_dim"))
-        jobs = [Job(candidate=c, graph=graph_to_dict(graph), extra_copies=args.extra_copies, **common)
-                for c in space.candidates]
-        return space, jobs, shape
-    from twill.kernels import build_kernel, kernel_options
-
-    kernel_options(args.target)                     # unknown kernel: one clear error
-    problem = kernel_problem(args.target)
-    if problem is None:
-        raise TwillError(f"kernel {args.target!r} has no problem shape to tune for "
-                         f"(tunable: {', '.join(f.name for f in families() if f.tuned)})")
-    if problem == "attention":
-        given = kernel_axes.get("head_dim")
-        if given is not None and len(given) != 1:
-            raise TwillError("--head-dim takes one value (the shape's D)")
-        shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem, (given or (None,))[0])
-        if given is not None and given[0] != shape["D"]:
-            raise TwillError(f"--head-dim {given[0]} does not match the shape's D={shape['D']}")
-        kernel_axes["head_dim"] = (shape["D"],)
-        if args.causal:
-            kernel_axes["causal"] = (True,)     # part of the problem, not a choice: one value
-    else:
-        shape = parse_shape(args.shape, problem) if args.shape else default_shape(problem)
-    space = kernel_space(args.target, machine, kernel_axes, check_spills=common["check_spills"])
-    jobs = [Job(candidate=c, graph=graph_to_dict(build_kernel(args.target, machine, **dict(c.options))),
-                extra_copies=args.extra_copies, **common) for c in space.candidates]
-    return space, jobs, shape
-
-
-def _measured_triton_kernel(target: str) -> Any:
-    """For ``--measure`` on a Triton target ``path.py:fn``: the kernel, once its module is known to define the
-    ``twill_launch`` hook (a one-line error otherwise, before any solve); ``None`` for other targets."""
-    match = python_target(target)
-    if not match:
-        return None
-    from twill.integrations.triton.compile import load_kernel
-    from twill.integrations.triton.measure import launch_hook
-
-    fn = load_kernel(match.path, match.fn).fn
-    launch_hook(fn)
-    return fn
-
-
-def _shape_from_results(records: list[dict[str, Any]]) -> Any:
-    """The default shape of a Triton kernel's problem, read from its first solved graph."""
-    from twill.tune.predict import default_shape, problem_of
-    from twill.ir.io import graph_from_dict
-
-    for record in records:
-        if record["status"] == "ok":
-            graph = graph_from_dict(record["schedule"]["loop_graph"])
-            return default_shape(problem_of(graph), graph.attrs.get("head_dim"))
-    raise TwillError("no candidate was scheduled; nothing to rank (see the reasons with --json)")
+def _request(args: argparse.Namespace) -> TuneRequest:
+    """The :class:`~twill.tune.run.TuneRequest` the parsed arguments ask for."""
+    return TuneRequest(target=args.target, time_limit=args.time_limit,
+                       axes=_axes(args, [a for a, _ in AXIS_FLAGS.values()]), shape=args.shape, causal=args.causal,
+                       check_spills=args.check_spills, measure=args.measure, extra_copies=args.extra_copies,
+                       signature=args.signature, constexprs=tuple(args.constexpr),
+                       triton_axes=_axes(args, ("num_warps", "num_stages")))
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    """Check the outputs, plan the space, run the sweep, rank, optionally measure, write and print."""
-    from twill.tune.rank import format_ranking, rank, sweep_document
-    from twill.tune.sweep import Progress, run_sweep
-
+    """Check the outputs, run the tune (plan, sweep, rank, optionally measure), write and print."""
     if args.json == "-" and args.output == "-":
         raise TwillError("--json and -o cannot both be '-' (stdout); give one of them a file")
     check_outputs(files=[args.json, args.output], inputs=input_files(args))
     if args.output and python_target(args.target):
         raise TwillError("-o emits a Gluon kernel from a warp-specialized schedule; for a Triton target run "
                          "'twill inject' with the winning settings")
-    triton_fn = _measured_triton_kernel(args.target) if args.measure else None
+    triton_kernel = None
     if args.measure:
         from twill.tune.measure import require_gpu
+        from twill.tune.measure_triton import measured_triton_kernel
 
+        triton_kernel = measured_triton_kernel(args.target)
         require_gpu()
     machine = machine_of(args)
-    space, jobs, shape = _plan(args, machine)
-    if not jobs:
-        raise TwillError(f"every candidate was filtered out before solving ({len(space.rejected)}; "
-                         f"first: {space.rejected[0][1] if space.rejected else 'none'})")
-    for job in jobs:        # options no solver can take: one line now, rather than a cached error per candidate
-        job.solve_options()
-    progress = Progress(total=len(jobs), lines=args.progress)
-    records = run_sweep(jobs, workers=args.workers, ray_address=args.ray, use_cache=args.cache,
-                        progress=progress)
-    shape = shape or _shape_from_results(records)
-    results = rank(space.candidates, records, shape, machine)
-    if args.measure and not any(r.prediction is not None for r in results):
-        first = next((r.record.get("reason") for r in results if r.record.get("reason")), None)
-        raise TwillError("no candidate was scheduled, nothing to measure" + (f": {first}" if first else ""))
-    measured: list[dict[str, Any]] = []
-    triton_measured: dict[str, Any] | None = None
-    if args.measure and triton_fn is not None:
-        from twill.integrations.triton.measure import measure_triton
-
-        triton_measured = measure_triton(triton_fn, results, shape, args.measure, machine)
-        measured = triton_measured["rows"]
-    elif args.measure:
-        from twill.tune.measure import format_measured, measure_candidates
-
-        measured = measure_candidates(results, shape, args.measure)
+    outcome = tune(_request(args), machine, triton_kernel=triton_kernel, workers=args.workers,
+                   ray_address=args.ray, use_cache=args.cache, progress_lines=args.progress)
     writers = []
     if args.json:
-        doc = sweep_document(args.target, machine, shape, space, results, measured)
-        if triton_measured is not None:
-            doc["autotune_comparison"] = triton_measured["comparison"]
+        doc = outcome.document()
         writers.append(lambda: write_json_output(args.json, doc))
     if args.output:
-        winner = _winner_source(results)
+        winner = outcome.winner_source()
         writers.append(lambda: write_text_output(args.output, winner))
     write_all(writers)
-    text = (f"tune {args.target} on {machine.name}, shape {shape.text()}: {len(jobs)} candidates "
-            f"({progress.cached} cached)\n" + format_ranking(results, args.top, len(space.rejected)))
-    if triton_measured is not None:
-        from twill.integrations.triton.measure import format_triton_measured
-
-        text += "\n\n" + format_triton_measured(triton_measured)
-    elif measured:
-        text += "\n\n" + format_measured(measured)
+    text = outcome.report(args.top)
     if args.output:
         text += f"\nwinner written to {'stdout' if args.output == '-' else args.output}"
     if "-" in (args.json, args.output):
@@ -250,16 +106,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     else:
         print_output(text)
     return 0
-
-
-def _winner_source(results: list[Any]) -> str:
-    """The best-ranked schedule as a Gluon kernel's source."""
-    from twill.codegen.gluon import emit_gluon
-
-    best = next((r for r in results if r.prediction is not None), None)
-    if best is None:
-        raise TwillError("no candidate was scheduled; nothing to emit")
-    return emit_gluon(best.schedule, bool(best.candidate.persistent))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

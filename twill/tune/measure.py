@@ -8,7 +8,7 @@ time it on the tuning shape (an attention backward with the fp32 forward's O and
 device-side, with ``triton.testing.do_bench`` (median). A kernel that fails the check is reported, not
 timed. The lead's scripts call :func:`measure_candidates` directly.
 
-A Triton target is measured by :mod:`twill.integrations.triton.measure`.
+A Triton target is measured by :mod:`twill.tune.measure_triton`.
 """
 
 from __future__ import annotations

@@ -16,16 +16,13 @@ package does not import TileLang; the emitted modules do.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
 
 from twill.codegen.plan import DTYPES, KernelPlan, kernel_plan
 from twill.errors import UnsupportedFeatureError
-from twill.ir.graph import LoopGraph
 from twill.kernels import families
-from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 
-__all__ = ["BACKEND", "emit_tilelang", "solve_for_tilelang", "tilelang_plan"]
+__all__ = ["BACKEND", "emit_tilelang", "tilelang_plan"]
 
 #: The backend's name in error messages.
 BACKEND = "TileLang"
@@ -48,20 +45,6 @@ def _body(schedule: Schedule) -> ModuleType:
     if schedule.arch not in ("h100", "h200"):
         raise UnsupportedFeatureError(f"cannot emit tilelang: arch {schedule.arch!r} (Hopper only: h100, h200)")
     return family.body("tilelang")
-
-
-def solve_for_tilelang(graph: LoopGraph, machine: Machine, options: Any) -> Schedule:
-    """A schedule TileLang can express: every op but the TMA loads in one stage (its ``T.gemm`` is synchronous
-    and its fragments single-versioned), the window Triton's sm_90 pipeliner also needs
-    (:func:`twill.integrations.triton.inject.constrain_for_triton`). With ``options.ws`` the joint solver runs on the
-    constrained graph; without, :func:`twill.integrations.triton.inject.solve_for_triton` searches II under it."""
-    from twill.integrations.triton.inject import constrain_for_triton, solve_for_triton
-
-    if not options.ws:
-        return solve_for_triton(graph, machine, 90, options)
-    from twill.solve import schedule
-
-    return schedule(constrain_for_triton(graph, 90), machine, options)
 
 
 def emit_tilelang(schedule: Schedule) -> str:

@@ -22,6 +22,7 @@ from twill.codegen.plan import KernelPlan, quoted_plan, ring_depth
 from twill.errors import UnsupportedFeatureError
 from twill.quote import printable
 from twill.schedule.result import Schedule
+from twill.schedule.stages import op_places
 
 #: TileLang dtype of each plan dtype (torch names them alike: ``torch.float16``, ``torch.bfloat16``).
 TL_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -69,11 +70,9 @@ def pipelined_annotation(schedule: Schedule, statements: list[Statement],
     """``T.Pipelined``'s ``stage=[...]`` and ``order=[...]`` for the effectful statements in source order.
 
     Each statement takes its op's (stage, cluster) as Twill injects them into Triton
-    (:func:`twill.integrations.triton.inject.op_places`: ``stage = floor(t / II)``, cluster = rank of ``t mod II``, a
+    (:func:`twill.schedule.stages.op_places`: ``stage = floor(t / II)``, cluster = rank of ``t mod II``, a
     streaming load ``load_lead`` stages ahead of its first consumer, in a last cluster of its own); orders
     rank the statements by (cluster, source order)."""
-    from twill.integrations.triton.inject import op_places
-
     places = op_places(schedule, load_lead)
     keys = [(places[s.op][1], i, j) for i, s in enumerate(statements) for j in range(s.count)]
     ranked = sorted(keys)
@@ -83,7 +82,7 @@ def pipelined_annotation(schedule: Schedule, statements: list[Statement],
 
 def compute_stages(schedule: Schedule) -> dict[str, int]:
     """Every op's stage after shifting all times by the earliest start of a non-load op (a translation keeps
-    a modulo schedule valid; :func:`twill.integrations.triton.inject.op_places` shifts the same way)."""
+    a modulo schedule valid; :func:`twill.schedule.stages.op_places` shifts the same way)."""
     graph = schedule.graph
     base = min((schedule.start(n) for n in graph.op_names if not graph.op(n).variable_latency), default=0)
     return {n: (schedule.start(n) - base) // schedule.ii for n in graph.op_names}
@@ -93,8 +92,8 @@ def check_one_stage(schedule: Schedule) -> None:
     """Every op but the TMA loads in one stage (after the shift of :func:`compute_stages`): TileLang's
     ``T.gemm`` is synchronous (the wgmma wait in the MMA's stage) and TileLang multi-versions shared buffers
     (ring buffers), not the fragments that carry values between the compute ops. ``twill emit tilelang`` solves
-    under this constraint (:func:`twill.integrations.triton.inject.constrain_for_triton`, the same window as Triton's
-    sm_90 pipeliner)."""
+    under this constraint (:func:`twill.integrations.tilelang.planner.solve_for_tilelang`, the same window as
+    Triton's sm_90 pipeliner)."""
     graph = schedule.graph
     stages = compute_stages(schedule)
     compute = [n for n in graph.op_names if not graph.op(n).variable_latency]

@@ -1,6 +1,7 @@
 """Twill as TileLang's pipeline planner: a schedule of a TileLang kernel's ``T.Pipelined`` loop (the graph of
-:mod:`twill.integrations.tilelang`) -> the ``num_stages``, ``stage=[...]`` and ``order=[...]`` TileLang takes,
-the warp roles of a warp-specialized schedule, and the report lines that show them.
+:mod:`twill.integrations.tilelang`), solved under the constraint TileLang puts on it (:func:`solve_for_tilelang`)
+-> the ``num_stages``, ``stage=[...]`` and ``order=[...]`` TileLang takes, the warp roles of a warp-specialized
+schedule, and the report lines that show them.
 
 Mapping (as for the emitted kernels, :func:`~twill.codegen.tilelang.render.pipelined_annotation`): every
 statement takes its op's stage and the rank of its ``t mod II``; a streaming load runs ``num_stages`` stages
@@ -26,8 +27,11 @@ from twill.codegen.plan import ring_depth
 from twill.codegen.tilelang.render import (PRODUCER_WARPGROUP, Statement, cannot_emit, check_one_stage,
                                            pipelined_annotation, ring_lead)
 from twill.codegen.tilelang.ws import LOOP_ID, Sync, WSDesign, ws_schedule_source
+from twill.ir.graph import LoopGraph
+from twill.machine.models import Machine
 from twill.quote import printable
 from twill.schedule.result import Schedule
+from twill.solve.options import SolveOptions
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,20 @@ class PipelinePlan:
                 "order": list(self.order), "num_stages_why": self.depth_why,
                 "roles": [{"group": g, "role": r, "warps": w, "regs": regs, "ops": list(ops)}
                           for g, r, w, regs, ops in self.roles]}
+
+
+def solve_for_tilelang(graph: LoopGraph, machine: Machine, options: SolveOptions) -> Schedule:
+    """A schedule TileLang can express: every op but the TMA loads in one stage (its ``T.gemm`` is synchronous
+    and its fragments single-versioned), the window Triton's sm_90 pipeliner also needs
+    (:func:`twill.integrations.triton.inject.constrain_for_triton`). With ``options.ws`` the joint solver runs on the
+    constrained graph; without, :func:`twill.integrations.triton.inject.solve_for_triton` searches II under it."""
+    from twill.integrations.triton.inject import constrain_for_triton, solve_for_triton
+
+    if not options.ws:
+        return solve_for_triton(graph, machine, 90, options)
+    from twill.solve import schedule
+
+    return schedule(constrain_for_triton(graph, 90), machine, options)
 
 
 def pipeline_plan(schedule: Schedule) -> PipelinePlan:
@@ -203,13 +221,14 @@ def _ws_kernel(path: str, fn: str, args: list[str], plan: PipelinePlan, schedule
     return source, cuda, design
 
 
-def inject_tilelang(path: str, fn: str, args: list[str], schedule: Schedule, machine: Any,
-                    directory: str, schedule_doc: dict[str, Any]) -> dict[str, Any]:
-    """Rewrite kernel ``path:fn`` with the plan of ``schedule``, lower the rewritten kernel to CUDA (no GPU),
-    check that its loop carries the plan, and write ``<file>_twill.py``, ``<file>_twill.cu``,
-    ``schedule.json`` and ``summary.json`` into ``directory`` (all or none); a schedule with a warp assignment
-    adds ``<file>_twill_ws.py`` and ``<file>_twill_ws.cu`` (the loop under Twill's ``T.WSSchedule``).
-    Returns the summary."""
+def inject_tilelang(path: str, fn: str, args: list[str], machine: Machine, directory: str, *,
+                    options: SolveOptions, schedule_file: str | None = None) -> dict[str, Any]:
+    """``twill inject`` of TileLang kernel ``path:fn`` (factory arguments ``args``): schedule its loop (solved
+    with ``options`` by :func:`solve_for_tilelang`, or read from ``schedule_file``), rewrite the kernel with the
+    plan of the schedule, lower the rewritten kernel to CUDA (no GPU), check that its loop carries the plan, and
+    write ``<file>_twill.py``, ``<file>_twill.cu``, ``schedule.json`` and ``summary.json`` into ``directory``
+    (all or none); a schedule with a warp assignment adds ``<file>_twill_ws.py`` and ``<file>_twill_ws.cu`` (the
+    loop under Twill's ``T.WSSchedule``). Returns the summary."""
     import json
     import tempfile
     from pathlib import Path
@@ -219,7 +238,13 @@ def inject_tilelang(path: str, fn: str, args: list[str], schedule: Schedule, mac
     from twill.errors import TwillError
     from twill.integrations.tilelang import load_loop
     from twill.files import make_output_dir
+    from twill.schedule.document import load_schedule_document, schedule_document
 
+    if schedule_file:
+        schedule = load_schedule_document(schedule_file)
+    else:
+        schedule = solve_for_tilelang(load_loop(path, fn, args, machine)[1].graph, machine, options)
+    schedule_doc = schedule_document(schedule)
     plan = pipeline_plan(schedule)
     source = rewritten_kernel(path, fn, plan, schedule)
     stem = Path(path).stem + "_twill"

@@ -31,7 +31,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from twill.errors import TwillError, UnsupportedFeatureError
 from twill.integrations.triton import lower_ttgir
@@ -41,12 +41,12 @@ from twill.integrations.triton.mlir import ForLoop, find_loops, type_colon
 from twill.ir.graph import Edge, LoopGraph, frozen_attrs
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
+from twill.schedule.stages import LOAD_KINDS, is_streaming_load, op_places
 from twill.solve.options import WINDOW_II_LIMIT, SolveOptions
 
 _STAGE = re.compile(r"loop\.stage = -?\d+ : i32")
 _CLUSTER = re.compile(r"loop\.cluster = -?\d+ : i32")
 _MAX_STAGE = re.compile(r"tt\.scheduled_max_stage = -?\d+ : i32")
-LOAD_KINDS = ("tma_load", "load")
 _RING = re.compile(r"ttg\.local_alloc\s*(?::[^\n]*?)?->\s*!ttg\.memdesc<(\d+)x(\d+)x(\d+)x(\w+),")
 
 
@@ -104,10 +104,6 @@ class InjectionResult:
 
 
 # -- the plan ----------------------------------------------------------------------------------------------
-def _is_streaming_load(graph: LoopGraph, name: str) -> bool:
-    return graph.op(name).kind in LOAD_KINDS and graph.is_streaming(name)
-
-
 def constrain_for_triton(graph: LoopGraph, capability: int) -> LoopGraph:
     """``graph`` with the constraints Triton 3.6's pipeliner puts on an injected schedule.
 
@@ -127,7 +123,7 @@ def constrain_for_triton(graph: LoopGraph, capability: int) -> LoopGraph:
     """
     if capability // 10 != 9:
         return graph
-    compute = [op.name for op in graph.ops if not _is_streaming_load(graph, op.name)]
+    compute = [op.name for op in graph.ops if not is_streaming_load(graph, op.name)]
     inside = set(compute)
     roots = [n for n in compute if not any(e.distance == 0 and e.src in inside for e in graph.in_edges(n))]
     extra = [Edge(v, r, 1, 1) for v in compute for r in roots if v != r]
@@ -179,10 +175,10 @@ def check_schedule_fits(schedule: Schedule, graph: LoopGraph, spec: KernelSpec) 
     it was solved for that loop: its ``graph_digest`` must be ``graph``'s (:func:`twill.ir.digest.graph_digest`:
     ops, costs, edges, constexprs, ``num_warps``, ``num_stages``), and the graph it carries must be ``graph``
     as the solver saw it (normalized by the schedule's own record, on sm_90 after :func:`constrain_for_triton`;
-    :func:`twill.schedule.provenance.derivation_problem`). A :class:`TwillError` names what differs: the
+    :func:`twill.solve.provenance.derivation_problem`). A :class:`TwillError` names what differs: the
     configurations, when they differ."""
     from twill.ir.digest import configuration, configuration_text, graph_digest
-    from twill.schedule.provenance import derivation_problem
+    from twill.solve.provenance import derivation_problem
 
     names = list(spec.constexprs)
     have, want = configuration(schedule.graph.attrs, names), configuration(graph.attrs, names)
@@ -273,31 +269,6 @@ def _descendants(graph: LoopGraph, among: set[str]) -> dict[str, set[str]]:
     for n in among:
         walk(n)
     return out
-
-
-def op_places(schedule: Schedule, load_lead: int) -> dict[str, tuple[int, int]]:
-    """(stage, cluster) of every graph op.
-
-    Times are first shifted by the earliest start of a non-load op (a translation keeps a modulo schedule
-    valid). Then ``stage = ⌊t / II⌋`` and ``cluster`` = dense rank of ``t mod II``; streaming loads go
-    ``load_lead`` stages ahead of their first consumer and into a final cluster of their own (they are
-    zero-latency in the model, so where they sit within II is free; emitting them after the MMAs that read
-    older ring places saves Triton a buffer). Stages are shifted so the smallest is 0.
-    """
-    g, ii = schedule.graph, schedule.ii
-    loads = [n for n in g.op_names if _is_streaming_load(g, n)]
-    compute = [n for n in g.op_names if n not in loads]
-    base = min((schedule.starts[n] for n in compute), default=0)
-    stage = {n: (schedule.starts[n] - base) // ii for n in g.op_names}
-    residue = {n: (schedule.starts[n] - base) % ii for n in compute}
-    for n in loads:
-        uses = [stage[e.dst] + e.distance for e in g.out_edges(n)]
-        if uses:
-            stage[n] = min(stage[n], min(uses) - load_lead)
-    low = min(stage.values())
-    rank = {s: k for k, s in enumerate(sorted(set(residue.values())))}
-    last = len(rank)
-    return {n: (stage[n] - low, rank[residue[n]] if n in residue else last) for n in g.op_names}
 
 
 def check_predicable(schedule: Schedule, places: Mapping[str, tuple[int, int]], capability: int) -> None:
@@ -518,6 +489,56 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
     except OSError as exc:
         raise TwillError(f"cannot write into {str(out)!r}: {exc.strerror or exc}") from None
     return summary
+
+
+def inject_triton(target: str, machine: Machine, directory: str, *, options: SolveOptions,
+                  signature: str | None = None, constexprs: Sequence[str] = (), num_warps: int | None = None,
+                  num_stages: int | None = None, config: int | str | None = None, loop: int | str | None = None,
+                  schedule_file: str | None = None, load_lead: int | None = None) -> dict[str, Any]:
+    """``twill inject`` of Triton kernel ``target`` (``path.py:fn``): schedule its loop ``loop`` (solved with
+    ``options`` by :func:`solve_for_triton`, or read from ``schedule_file`` and checked by
+    :func:`check_schedule_fits`), compile it with the schedule injected (:func:`inject`) and write the files of :func:`write_outputs` into
+    ``directory``; returns the summary. ``config`` picks an ``@triton.autotune`` config, or ``"all"``: every
+    config is scheduled and the one :func:`tune` chooses is injected (the summary adds ``config`` and
+    ``configs``)."""
+    from twill.integrations.triton import lower_function, spec_from_target
+    from twill.schedule.document import load_schedule_document, schedule_document
+    from twill.targets import python_target
+
+    match = python_target(target)
+
+    def spec_of(index: int | None) -> KernelSpec:
+        if not match:
+            raise TwillError(f"twill inject needs a Triton kernel target path.py:fn, got {target!r}")
+        return spec_from_target(match.path, match.fn, signature=signature, constexprs=list(constexprs),
+                                num_warps=num_warps, num_stages=num_stages, machine=machine, config=index)
+
+    tuning = None
+    if config == "all":
+        from twill.integrations.triton.compile import load_kernel
+
+        if schedule_file:
+            raise TwillError("--config all schedules every config; it cannot take --schedule")
+        configs = load_kernel(match.path, match.fn).configs if match else ()
+        if not configs:
+            raise TwillError(f"--config all applies to @triton.autotune kernels; {target!r} has no configs")
+        specs = {k: spec_of(k) for k in range(len(configs))}
+        tuning = tune(specs, machine, options, loop=loop)
+        spec, schedule = specs[tuning.best], tuning.schedule
+    else:
+        spec = spec_of(config)
+        schedule = load_schedule_document(schedule_file) if schedule_file else None
+        lowered, _ = lower_function(spec, machine, loop=loop)
+        if schedule is None:
+            schedule = solve_for_triton(lowered.graph, machine, spec.capability, options)
+        else:   # a schedule of this very loop: its graph digest and its graph are checked against the kernel's
+            try:
+                check_schedule_fits(schedule, lowered.graph, spec)
+            except TwillError as exc:
+                raise TwillError(f"{schedule_file}: {exc}") from None
+    result = inject(spec, schedule, machine, load_lead=load_lead, loop=loop)
+    return write_outputs(result, schedule, directory, schedule_document(schedule),
+                         tuning={"config": tuning.best, "configs": list(tuning.rows)} if tuning else None)
 
 
 def heuristic_plan(text: str, loop: int | str | None = None) -> dict[int, tuple[int, int]]:

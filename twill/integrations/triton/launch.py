@@ -8,7 +8,7 @@ A kernel module that can be measured defines, next to its ``@triton.jit`` functi
 
 * ``fn``: the kernel to launch as ``fn[grid](...)``, its only use: the module's own function, a fresh
   ``JITFunction`` of the same source that compiles with Twill's schedule injected
-  (:class:`twill.integrations.triton.measure.HookedKernel`), or an ``@triton.autotune`` wrapper of it.
+  (:class:`twill.tune.measure_triton.HookedKernel`), or an ``@triton.autotune`` wrapper of it.
 * ``shape``: the problem's sizes as a plain dict: ``{"M", "N", "K"}`` (GEMM) or ``{"B", "H", "S", "D"}``
   (attention).
 * ``meta``: the ``tl.constexpr`` values plus ``num_warps`` and ``num_stages``, passed through to

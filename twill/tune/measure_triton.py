@@ -16,12 +16,26 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from twill.errors import TwillError
+from twill.targets import python_target
 from twill.tune.measure import MAX_RELERR, require_gpu, spearman
 from twill.tune.predict import Shape
 
 #: The two ways a Triton configuration is compiled: Triton's own software-pipelining schedule, and Twill's
 #: schedule injected (``twill.integrations.triton.inject``).
 VARIANTS = ("triton", "twill")
+
+
+def measured_triton_kernel(target: str) -> Any:
+    """For ``--measure`` on a Triton target ``path.py:fn``: the kernel, once its module is known to define the
+    ``twill_launch`` hook (a one-line error otherwise, before any solve); ``None`` for other targets."""
+    match = python_target(target)
+    if not match:
+        return None
+    from twill.integrations.triton.compile import load_kernel
+
+    fn = load_kernel(match.path, match.fn).fn
+    launch_hook(fn)
+    return fn
 
 
 def launch_hook(fn: Any) -> Any:
