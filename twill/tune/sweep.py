@@ -376,7 +376,7 @@ def schedule_problem(doc: Any, job: Job) -> str | None:
     (:func:`twill.schedule.verify.violations`, warp specialization included) on ``job``'s machine with
     ``job``'s register limit and streaming depth, and its graph must be ``job``'s: for a built-in kernel or a
     graph file, ``job.graph`` normalized by the schedule's own record
-    (:func:`twill.schedule.provenance.derivation_problem`; the ptxas-checked search's reserved registers may
+    (:func:`twill.solve.provenance.derivation_problem`; the ptxas-checked search's reserved registers may
     differ, as its ``stats["registers"]`` says); for a Triton kernel, whose graph is extracted in the solve,
     a graph of the candidate's constexprs, ``num_warps`` and ``num_stages``, and no warp assignment."""
     from twill.ir.io import graph_from_dict
@@ -410,7 +410,7 @@ def schedule_problem(doc: Any, job: Job) -> str | None:
         if wrong is not None:
             return f"a schedule of another configuration ({wrong} {attrs.get(wrong)!r}, not {want[wrong]!r})"
         return "a warp-specialized schedule of a Triton kernel" if schedule.assignment else None
-    from twill.schedule.provenance import derivation_problem
+    from twill.solve.provenance import derivation_problem
     from twill.tune.registers import FLOOR
 
     if schedule.streaming_depth != options.for_graph(raw).streaming_depth:
