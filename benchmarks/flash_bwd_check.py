@@ -47,7 +47,7 @@ from benchmarks._common import event_times, load_module, without_waits  # noqa: 
 
 #: (name, flash-bwd options, schedule: "solver", "ptxas" (the solver's ptxas-checked search,
 #: twill.tune.registers, as twill.ops.attention builds its backward), {"search": "ptxas", "reserved_regs": R}
-#: (that search started at register reserve R) or the hand-built shape of benchmarks/variants.py)
+#: (that search started at register reserve R) or the hand-built shape of twill/kernels/flash_bwd/variants.py)
 VARIANTS: tuple[tuple[str, dict[str, Any], Any], ...] = (
     ("bwd_d128_solver", {"head_dim": 128}, "solver"),
     ("bwd_d128_hand_d2_lag1", {"head_dim": 128}, {"depth": 2, "dq_lag": 1}),
@@ -77,8 +77,9 @@ VARIANTS: tuple[tuple[str, dict[str, Any], Any], ...] = (
     ("bwd_d64_causal_bm128_ptxas", {"head_dim": 64, "block_m": 128, "causal": True}, "ptxas"),
     ("bwd_bf16_d64_causal_gqa4_bm128_ptxas",
      {"head_dim": 64, "block_m": 128, "dtype": "bf16", "causal": True, "kv_heads": 4}, "ptxas"),
-    # the search started at 16 reserved registers where 24 already has a schedule: a smaller II (169 against
-    # 175) that runs 4-10% slower, why the search lowers the reserve only while no schedule exists
+    # the search started at 16 reserved registers where 24 already has a schedule: a smaller II whose kernel
+    # runs slower, why the search lowers the reserve only while no schedule exists (docs/model.md, "Registers
+    # checked by ptxas")
     ("bwd_d128_r16_ptxas", {"head_dim": 128}, {"search": "ptxas", "reserved_regs": 16}),
     ("bwd_d128_causal_r16_ptxas", {"head_dim": 128, "causal": True}, {"search": "ptxas", "reserved_regs": 16}),
 )
@@ -102,7 +103,8 @@ SANITIZE_SEQ = 513
 # -- generation (CPU) ------------------------------------------------------------------------------------
 def _schedules(options: dict[str, Any], shape: Any) -> tuple[Any, Any]:
     """The backward schedule of one variant and the forward schedule matching its attention options."""
-    from benchmarks import variants
+    from twill.kernels.flash_bwd.variants import flash_bwd_schedule
+    from twill.kernels.flash_fwd.variants import flash_schedule
     from twill.kernels import build_kernel
     from twill.machine.models import get_machine
     from twill.schedule.verify import verify
@@ -126,17 +128,17 @@ def _schedules(options: dict[str, Any], shape: Any) -> tuple[Any, Any]:
     elif shape.get("registers") == "ptxas":
         from twill.schedule.verify import VerificationError, violations
 
-        bwd = variants.flash_bwd_schedule(graph, machine, **{k: v for k, v in shape.items() if k != "registers"})
+        bwd = flash_bwd_schedule(graph, machine, **{k: v for k, v in shape.items() if k != "registers"})
         found = violations(bwd, machine)
         if any(not v.startswith(PTXAS_ADMITTED) for v in found):
             raise VerificationError(found)
         bwd = replace(bwd, stats={**bwd.stats, "model_register_violations": found})
     else:
-        bwd = variants.flash_bwd_schedule(graph, machine, **shape)
+        bwd = flash_bwd_schedule(graph, machine, **shape)
         verify(bwd, machine)
     fwd_options = {k: v for k, v in options.items() if k in ("head_dim", "dtype", "causal", "kv_heads")}
     fwd_graph = build_kernel("flash-fwd", machine, subtiles=2, **fwd_options)
-    fwd = variants.flash_schedule(fwd_graph, machine, ahead=1, depth=2 if options["head_dim"] == 128 else 3)
+    fwd = flash_schedule(fwd_graph, machine, ahead=1, depth=2 if options["head_dim"] == 128 else 3)
     verify(fwd, machine)
     return bwd, fwd
 
@@ -172,10 +174,11 @@ def generate(outdir: str) -> list[dict[str, Any]]:
                 fh.write(render_plan(gluon_plan(sched)))
         rows.append({"name": name, "bwd": f"{name}_bwd.py", "fwd": f"{name}_fwd.py", "options": options,
                      "solver": bwd.solver, "ii": bwd.ii, "rings": {r.name: r.depth for r in plan.rings},
-                     "dq_depth": plan.dq_depth, "dq_lag": plan.dq_lag, "order": list(plan.compute[0].ops),
+                     "dq_depth": plan.decisions.dq_depth, "dq_lag": plan.decisions.dq_lag,
+                     "order": list(plan.compute[0].ops),
                      **({"registers": registers} if registers else {}),
                      **({"search": _search_record(bwd.stats["registers"])} if "registers" in bwd.stats else {})})
-        print(f"{name}: {bwd.solver} II {bwd.ii}, rings {rows[-1]['rings']}, dQ staging {plan.dq_depth}"
+        print(f"{name}: {bwd.solver} II {bwd.ii}, rings {rows[-1]['rings']}, dQ staging {plan.decisions.dq_depth}"
               + ("; admitted on ptxas's report (no spills), not the model's registers" if registers else ""))
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
         json.dump(rows, fh, indent=1)

@@ -3,7 +3,7 @@
 Two steps, so that the GPU machine needs neither ortools nor the solver:
 
 * ``generate(outdir)`` (CPU): builds every variant's schedule (the joint solver's for ``*_solver_*``
-  variants, else the hand-built one of ``benchmarks/variants.py``), verifies it, emits the kernel into
+  variants, else the hand-built one of the family's ``variants.py``), verifies it, emits the kernel into
   ``outdir/<variant>.py`` and writes ``outdir/manifest.json``.
 * ``run(kernel_dir, out)`` (GPU): for each emitted kernel, checks correctness against torch in fp32 on fresh
   random inputs with the output poisoned with NaN (ragged shapes included), then times it with
@@ -149,7 +149,8 @@ SUITE: tuple[tuple[str, str, dict[str, Any], dict[str, Any]], ...] = (
 def variant_schedule(kernel: str, options: dict[str, Any], shape: dict[str, Any], machine: Any) -> Any:
     """The schedule of one suite entry (verified): the joint solver's (``shape["solver"]``, streaming depth
     ``shape["depth"]``, ``shape["extra_copies"]``) or a hand-built one."""
-    from benchmarks import variants
+    from twill.kernels.flash_fwd.variants import flash_schedule
+    from twill.kernels.gemm.variants import gemm_schedule
     from twill.kernels import build_kernel
     from twill.schedule.verify import verify
 
@@ -162,9 +163,9 @@ def variant_schedule(kernel: str, options: dict[str, Any], shape: dict[str, Any]
                                                      extra_copies=shape.get("extra_copies", 0)))
     if kernel == "gemm":
         warps = 8 if options.get("block_m", 128) == 128 else 4
-        sched = variants.gemm_schedule(graph, machine, warps=warps, **shape)
+        sched = gemm_schedule(graph, machine, warps=warps, **shape)
     else:
-        sched = variants.flash_schedule(graph, machine, **shape)
+        sched = flash_schedule(graph, machine, **shape)
     verify(sched, machine)
     return sched
 
@@ -194,8 +195,10 @@ def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
             fh.write(render_plan(plan))
         rows.append({"name": name, "file": f"{name}.py", "kernel": kernel, "options": options,
                      "solver": sched.solver, "ii": sched.ii, "ii_cycles": ii_cycles(sched), "stages": sched.num_stages,
-                     "rings": {r.name: r.depth for r in plan.rings}, "mma_lag": plan.mma_lag,
-                     "qk_ahead": plan.qk_ahead, "compute_partitions": len(plan.compute), "persistent": persistent,
+                     "rings": {r.name: r.depth for r in plan.rings},
+                     "mma_lag": getattr(plan.decisions, "mma_lag", 0),             # GEMM
+                     "qk_ahead": max(getattr(plan.decisions, "qk_ahead", (0,))),   # attention forward
+                     "compute_partitions": len(plan.compute), "persistent": persistent,
                      "turns": [list(t.ops) for t in plan.turns]})
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
         json.dump(rows, fh, indent=1)

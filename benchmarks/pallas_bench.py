@@ -3,7 +3,7 @@
 Two steps, so that the GPU machine needs neither ortools nor the solver:
 
 * ``generate(outdir)`` (CPU): builds every variant's schedule (the joint solver's for ``*_solver_*``
-  variants, else the hand-built one of ``benchmarks/variants.py``), verifies it, emits the Pallas module into
+  variants, else the hand-built one of the family's ``variants.py``), verifies it, emits the Pallas module into
   ``outdir/<variant>.py`` and writes ``outdir/manifest.json``. A schedule the Pallas backend cannot emit is
   recorded in the manifest with its ``cannot emit`` reason.
 * ``run(kernel_dir, out)`` (GPU, JAX only): for each emitted module, checks correctness against an fp32 JAX
@@ -99,7 +99,7 @@ def generate(outdir: str, arch: str = "h100") -> list[dict[str, Any]]:
         with open(os.path.join(outdir, f"{name}.py"), "w") as fh:
             fh.write(source)
         rows.append({**row, "file": f"{name}.py", "rings": {r.name: r.depth for r in plan.rings},
-                     "mma_lag": plan.mma_lag, "compute_partitions": len(plan.compute),
+                     "mma_lag": getattr(plan.decisions, "mma_lag", 0), "compute_partitions": len(plan.compute),
                      "turns": [list(t.ops) for t in plan.turns]})
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
         json.dump(rows, fh, indent=1)

@@ -29,7 +29,8 @@ Policy (documented in ``docs/codegen.md``):
 * **Families.** :func:`kernel_plan` hands the schedule to its kernel family's plan
   (``twill/kernels/<family>/plan.py``, found through :mod:`twill.kernels`), which checks the family's roles,
   builds its partitions, rings, waits and turns with the helpers here, and adds its own decisions (stages,
-  variants, persistence; each documented in its plan module).
+  variants, buffer splits) as :attr:`KernelPlan.decisions`, a frozen dataclass its plan module defines and
+  documents; only the family's bodies read them.
 """
 
 from __future__ import annotations
@@ -109,7 +110,6 @@ class Partition:
         ops: the schedule's ops run by this partition, in steady-state order.
         roles: role -> op for the ops of a compute partition (``{role: op name, ...}``).
         subtile: the sub-tile a compute partition owns (= its index among the compute partitions).
-        qk_ahead: attention: ``stage(pv) - stage(qk)`` (0 or 1).
         turn_waits: op -> index of the turn (among this partition's turns) it waits for before issuing.
         turn_passes: op -> the compute partition it passes the tensor core to after issuing it (the owner of
             the next turn in the steady-state tensor-core order).
@@ -124,7 +124,6 @@ class Partition:
     ops: tuple[str, ...]
     roles: dict[str, str] = field(default_factory=dict)
     subtile: int = 0
-    qk_ahead: int = 0
     turn_waits: dict[str, int] = field(default_factory=dict)
     turn_passes: dict[str, int] = field(default_factory=dict)
 
@@ -190,21 +189,15 @@ class KernelPlan:
         partitions: compute partitions first (the first is the default partition), then the load partition.
         rings: one per TMA-load edge, in graph order; ``barriers`` the ready/empty pairs they use.
         waits: every wait of the kernel with the dependence that forces it.
-        mma_lag: GEMM MMA wait lag (``stage(mma_wait) - stage(mma)``).
         turns: tensor-core turns between compute partitions (empty with one compute partition).
-        causal: attention: the causal mask (the K/V loop of a query block stops at its diagonal, where the
-            scores are masked; see docs/codegen.md, "Causal attention").
-        kv_heads: attention: K/V heads (0: as many as the query heads; N: grouped-query attention).
-        dq_depth: attention backward: buffers of the fp32 dQ staging buffer between ``dq_store`` (compute) and
-            ``dq_atomic`` (producer): ``stage(dq_atomic) - stage(dq_store) + 1``.
-        dq_lag: attention backward: iterations between the producer's loads and its ``dq_atomic`` of the
-            same iteration, ``stage(dq_atomic) - stage(load_q)`` (in iteration j it reduces iteration
-            ``j - dq_lag``).
-        persistent: one CTA per SM at most, each walking output tiles (GEMM) or query blocks (attention
-            forward, Gluon); a code-generator choice, not read from the schedule (docs/codegen.md,
-            "Persistent GEMM", "Persistent attention forward").
-        epilogue_split: persistent GEMM: column slices the C tile is stored in through one staging buffer of
-            ``block_n / epilogue_split`` columns (1, or 2 when rings + the whole tile overflow shared memory).
+        persistent: one CTA per SM at most, each walking the family's work items (output tiles, query blocks);
+            a code-generator choice, not read from the schedule, that :func:`kernel_plan` takes for any family
+            with :attr:`~twill.kernels.Family.persistent` (docs/codegen.md, "Persistent GEMM", "Persistent
+            attention forward"). Generic because the request is: the registry, the tuner's axis and every
+            ``--persistent`` option name it without knowing the family.
+        decisions: the family's own decisions, a frozen dataclass its plan module defines
+            (``twill/kernels/<family>/plan.py``): what only that family's bodies read (lags, variants, buffer
+            splits). Numbers and flags only, so :func:`quoted_plan` passes it through as it is.
     """
 
     kernel: str
@@ -223,14 +216,9 @@ class KernelPlan:
     rings: tuple[Ring, ...]
     barriers: tuple[Barrier, ...]
     waits: tuple[Wait, ...]
-    mma_lag: int = 0
     turns: tuple[Turn, ...] = ()
-    causal: bool = False
-    kv_heads: int = 0
-    dq_depth: int = 0
-    dq_lag: int = 0
     persistent: bool = False
-    epilogue_split: int = 1
+    decisions: Any = None
 
     @property
     def compute(self) -> tuple[Partition, ...]:
@@ -241,11 +229,6 @@ class KernelPlan:
     def load(self) -> Partition:
         """The TMA producer partition."""
         return next(p for p in self.partitions if p.role == "load")
-
-    @property
-    def qk_ahead(self) -> int:
-        """Attention: the largest ``stage(pv) - stage(qk)`` over the compute partitions."""
-        return max(p.qk_ahead for p in self.compute)
 
     @property
     def turn_counts(self) -> tuple[int, ...]:
@@ -386,8 +369,7 @@ def _producer_order(schedule: Schedule, ops: list[str], loads: list[str]) -> tup
     producer's loop fills every ring for the same tile, so its loads go in the order the schedule starts them
     for one iteration; the steady-state order would put a load of a later stage (smaller residue) first, and
     the producer, one sequential program, would hold the earlier load back behind that load's wait for a free
-    buffer (measured on the H200: a D = 256 schedule with ``load_v`` a stage after ``load_k`` ran at 0.68–0.76×
-    cuDNN with V loaded first, docs/performance.md)."""
+    buffer (docs/performance.md, "The op's D = 256 forward: two copies, and the producer's order")."""
     mine = sorted((n for n in ops if n in loads), key=lambda n: (schedule.start(n), ops.index(n)))
     slots = iter(mine)
     return tuple(next(slots) if n in loads else n for n in ops)
@@ -508,11 +490,11 @@ def waits_for_turns(graph: LoopGraph, turns: tuple[Turn, ...], order: tuple[str,
     return waits
 
 
-def make_plan(schedule: Schedule, kernel: str, backend: str, **decisions: Any) -> KernelPlan:
+def make_plan(schedule: Schedule, kernel: str, backend: str, **fields: Any) -> KernelPlan:
     return KernelPlan(kernel=kernel, graph=schedule.graph.name, arch=schedule.arch, solver=schedule.solver,
                       status=schedule.status, ii=schedule.ii, ii_lower_bound=schedule.ii_lower_bound,
                       length=schedule.length, num_stages=schedule.num_stages, placements=_placements(schedule),
-                      dtype=_dtype(schedule.graph, backend), **decisions)
+                      dtype=_dtype(schedule.graph, backend), **fields)
 
 def smem_bytes(buffers: list[int], barriers: int) -> int:
     """Shared memory of a kernel's buffers and ``barriers`` mbarriers (8 bytes each), each buffer and the

@@ -325,10 +325,11 @@ def render_host(plan: KernelPlan, body: KernelBody) -> str:
     return HOST.format(kernel=body.kernel, signature=signature).lstrip("\n") + "\n\n" + body.launch.strip("\n")
 
 
-def kv_shape_source(plan: KernelPlan, head_dim: str) -> str:
-    """Launcher lines that set ``kv_shape``, the expected K/V shape (with grouped K/V heads, after checking
-    that the query heads divide into the groups); ``head_dim`` is the launcher's expression for D."""
-    if plan.kv_heads:
+def kv_shape_source(kv_heads: int, head_dim: str) -> str:
+    """Launcher lines that set ``kv_shape``, the expected K/V shape of an attention kernel with ``kv_heads``
+    K/V heads (0: one per query head; else grouped, after checking that the query heads divide into the
+    groups); ``head_dim`` is the launcher's expression for D. Shared by the attention families' bodies."""
+    if kv_heads:
         return ("    if H % KV_HEADS.value:\n"
                 "        raise ValueError(f\"{H} query heads are not a multiple of KV_HEADS={KV_HEADS.value}\")\n"
                 f"    kv_shape = (B, KV_HEADS.value, S, {head_dim})")

@@ -32,6 +32,7 @@ from __future__ import annotations
 from twill.codegen.gluon.render import (SM_COUNT, TORCH_DTYPES, KernelBody, compute_def, heaviest_first_chunks,
                                         kv_shape_source)
 from twill.codegen.plan import KernelPlan
+from twill.kernels.flash_bwd.plan import FlashBwdDecisions
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
 COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "ds_smem", "dq_stage", "dq_ready", "dq_empty", "dk_ptr", "dv_ptr",
@@ -317,7 +318,7 @@ class _Compute:
     def mask_condition(self) -> str:
         """When a tile needs the mask: a ragged tail, or (causal) a query block reaching into the key block."""
         cond = "(n_start + BLOCK_N > seq_len) | (m_start + BLOCK_M > seq_len)"
-        return cond + (" | (m_start < n_start + BLOCK_N)" if self.plan.causal else "")
+        return cond + (" | (m_start < n_start + BLOCK_N)" if self.plan.decisions.causal else "")
 
     def section(self, names: dict[int, str], ind: str) -> list[str]:
         """The ops of the stages in ``names`` (stage offset -> iteration variable), then the retirement of
@@ -388,21 +389,23 @@ def dq_warps_of(plan: KernelPlan) -> tuple[int, int]:
 
 def helpers_source(plan: KernelPlan) -> str:
     """The helper kernels and functions: query blocks, the mask, the dQ reduce, the pre-pass, the conversion."""
-    causal_doc = ", or (causal) the key is after the query" if plan.causal else ""
-    causal_keep = "    keep = keep & (keys[:, None] <= queries[None, :])\n" if plan.causal else ""
+    causal_doc = ", or (causal) the key is after the query" if plan.decisions.causal else ""
+    causal_keep = "    keep = keep & (keys[:, None] <= queries[None, :])\n" if plan.decisions.causal else ""
     return HELPERS.format(block_args=BLOCK_ARGS, causal_doc=causal_doc, causal_keep=causal_keep)
 
 
 def launch_source(plan: KernelPlan) -> str:
     """The host launcher: pre-pass, shape and dtype checks, the stats rows, the kernel and the dQ conversion."""
-    kv_check = kv_shape_source(plan, "HEAD_DIM.value")
+    decided: FlashBwdDecisions = plan.decisions
+    kv_check = kv_shape_source(decided.kv_heads, "HEAD_DIM.value")
     kv, gqa_doc = (("KV_HEADS", " dk, dv are summed over the query heads of each K/V head's group.")
-                   if plan.kv_heads else ("H", ""))
-    chunk_arg = ",\n                          max(1, _sm_count(q.device.index) // grid[0])" if plan.causal else ""
-    launch = LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
+                   if decided.kv_heads else ("H", ""))
+    chunk_arg = (",\n                          max(1, _sm_count(q.device.index) // grid[0])" if decided.causal
+                 else "")
+    launch = LAUNCH.format(mask=", causal mask" if decided.causal else "", kv=kv, dtype=plan.dtype,
                            torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc,
                            chunk_arg=chunk_arg)
-    return (SM_COUNT.strip("\n") + "\n\n" + launch) if plan.causal else launch
+    return (SM_COUNT.strip("\n") + "\n\n" + launch) if decided.causal else launch
 
 
 #: Where a CTA of the causal backward finds its key block and (batch, K/V head): key block ``n`` meets the query
@@ -419,8 +422,8 @@ CAUSAL_ORDER = (
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
     """Program ids, the key block, the query blocks it meets, the resident and staging buffers."""
     first = ("    m_first = n_start // BLOCK_M  # causal: query blocks before the key block see none of its keys"
-             if plan.causal else "    m_first = 0")
-    order = CAUSAL_ORDER if plan.causal else ("    n_start = gl.program_id(0) * BLOCK_N",
+             if plan.decisions.causal else "    m_first = 0")
+    order = CAUSAL_ORDER if plan.decisions.causal else ("    n_start = gl.program_id(0) * BLOCK_N",
                                                "    bh_kv = gl.program_id(1)  # batch * K/V heads")
     return (
         *order,
@@ -449,7 +452,7 @@ def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, 
     at = plan.placement(atomic)
     why = plan.wait("ready", atomic).why
     call = "dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow)"
-    lag = plan.dq_lag
+    lag = plan.decisions.dq_lag
     lines = [f"        # {atomic}: start {at.start}, stage {at.stage} -> dQ of iteration j - DQ_LAG ({why})"]
     if lag:
         lines += ["        if j >= DQ_LAG:", "            i = j - DQ_LAG",
@@ -464,28 +467,30 @@ def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, 
 
 def body(plan: KernelPlan) -> KernelBody:
     """The attention backward's part of the emitted module."""
+    decided: FlashBwdDecisions = plan.decisions
     t, part = plan.tile, plan.compute[0]
     load_ops, load_after = _producer(plan)
-    extra = [("DQ_DEPTH", plan.dq_depth, "dQ staging buffers: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
-             ("DQ_LAG", plan.dq_lag, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j: "
-                                     "stage(dq_atomic) - stage(load_q) (schedule)"),
+    extra = [("DQ_DEPTH", decided.dq_depth, "dQ staging buffers: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
+             ("DQ_LAG", decided.dq_lag, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j: "
+                                        "stage(dq_atomic) - stage(load_q) (schedule)"),
              ("PRE_ROWS", PRE_ROWS, "rows per program of the dO.O pre-pass and the dQ conversion"),
              ("LOG2E", 1.4426950408889634, "the kernel runs in base 2; LSE is a natural log")]
-    if plan.kv_heads:
-        extra.append(("KV_HEADS", plan.kv_heads, "K/V heads (grouped-query: a CTA sums dK/dV over the query heads "
-                                                  "h of its K/V head, h // (H // KV_HEADS))"))
+    if decided.kv_heads:
+        extra.append(("KV_HEADS", decided.kv_heads, "K/V heads (grouped-query: a CTA sums dK/dV over the query heads "
+                                                    "h of its K/V head, h // (H // KV_HEADS))"))
     order = ", ".join(part.ops)
     decisions = [f"decisions: compute ops in the schedule's steady-state order ({order}), each wgmma retired by "
-                 f"its first reader; dQ staged in {plan.dq_depth} fp32 buffer(s), added by the producer warp with one "
-                 f"TMA reduce-add per tile {plan.dq_lag} producer iteration(s) after its loads",
+                 f"its first reader; dQ staged in {decided.dq_depth} fp32 buffer(s), added by the producer warp with "
+                 f"one TMA reduce-add per tile {decided.dq_lag} producer iteration(s) after its loads",
                  "layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
                  "register A operands of dV, dK; dS^T in shared memory for dQ = dS K "
                  f"(warps {list(dq_warps_of(plan))})"]
-    if plan.causal:
+    if decided.causal:
         decisions.append("causal: a key block meets the query blocks from its diagonal on (m_first); tiles "
                          "reaching into the key block are masked (key <= query)")
-    if plan.kv_heads:
-        decisions.append(f"grouped-query: {plan.kv_heads} K/V heads; a CTA loops over the query heads of its group")
+    if decided.kv_heads:
+        decisions.append(f"grouped-query: {decided.kv_heads} K/V heads; a CTA loops over the query heads of its "
+                         f"group")
     return KernelBody(
         title="Warp-specialized attention backward for Hopper (sm_90), Gluon / Triton 3.6.",
         summary="Generated warp-specialized Gluon attention backward; see the header comment.",
@@ -497,7 +502,7 @@ def body(plan: KernelPlan) -> KernelBody:
         functions=helpers_source(plan).strip("\n") + "\n\n\n" + _Compute(plan).render(),
         kernel="backward_kernel",
         kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk_ptr, dv_ptr, seq_len, qk_scale, "
-                      "sm_scale, group" + (", heads_per_chunk" if plan.causal else ""),
+                      "sm_scale, group" + (", heads_per_chunk" if decided.causal else ""),
         kernel_doc=("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to "
                     "dq_ptr, [B*H*S_pad, D]); Q, dO, dQ are [B*H*S, D], K, V, dK, dV [B*KV_HEADS*S, D]; stats "
                     "[2, B*H*S_pad] holds LSE and D (S_pad: seq_len rounded up to BLOCK_M)."),
@@ -524,11 +529,11 @@ def body(plan: KernelPlan) -> KernelBody:
                    ("dq_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value], gl.float32)"),
                    ("dk_ptr", '"*" + str(DTYPE.value)'), ("dv_ptr", '"*" + str(DTYPE.value)'),
                    ("seq_len", '"i32"'), ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"'),
-                   *((("heads_per_chunk", '"i32"'),) if plan.causal else ())),
+                   *((("heads_per_chunk", '"i32"'),) if decided.causal else ())),
         launch=launch_source(plan),
         buffer_dtypes={"stats": "gl.float32"},
         load_iteration=(f"        row, prow, m_start = query_block(j, {BLOCK_ARGS})",),
         load_ops=load_ops,
         load_after=load_after,
-        imports=("import functools\n" if plan.causal else "") + IMPORTS,
+        imports=("import functools\n" if decided.causal else "") + IMPORTS,
     )

@@ -8,9 +8,14 @@ vocabulary of :mod:`twill.codegen.plan` plus its decisions.
   ``j`` (``dq_lag = stage(dq_atomic) - stage(load_q)``).
 * **Stages.** The compute ops are issued in the schedule's steady-state order over at most two stages; see
   docs/codegen.md, "Attention backward".
+
+The dQ staging and the variants (``causal``, ``kv_heads``, graph attributes) are the plan's
+:class:`FlashBwdDecisions`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from twill.codegen.plan import (KernelPlan, Partition, Ring, Wait, check_roles, check_schedule, edge_wait,
                                 make_partitions, make_plan, ops_with_role, retire_wait, ring_depth, ring_waits,
@@ -26,6 +31,27 @@ ROLES = ("load_q", "load_do", "load_stats", "qk", "dp", "exp", "p_cvt", "ds", "d
 MMAS = {"qk": "q", "dp": "do", "dv": "do", "dk": "q", "dq": None}
 #: Head dimensions of the attention backward (dK and dV are register accumulators of N = head dim).
 HEAD_DIMS = (64, 128)
+
+
+@dataclass(frozen=True)
+class FlashBwdDecisions:
+    """The attention backward's own decisions (:attr:`KernelPlan.decisions
+    <twill.codegen.plan.KernelPlan.decisions>`).
+
+    Attributes:
+        dq_depth: buffers of the fp32 dQ staging buffer between ``dq_store`` (compute) and ``dq_atomic``
+            (producer): ``stage(dq_atomic) - stage(dq_store) + 1``.
+        dq_lag: iterations between the producer's loads and its ``dq_atomic`` of the same iteration,
+            ``stage(dq_atomic) - stage(load_q)`` (in iteration j it reduces iteration ``j - dq_lag``).
+        causal: the causal mask (a key block meets the query blocks from its diagonal on; see docs/codegen.md,
+            "Causal attention").
+        kv_heads: K/V heads (0: as many as the query heads; N: grouped-query attention).
+    """
+
+    dq_depth: int
+    dq_lag: int
+    causal: bool = False
+    kv_heads: int = 0
 
 
 def plan(schedule: Schedule, backend: str) -> KernelPlan:
@@ -73,8 +99,8 @@ def plan(schedule: Schedule, backend: str) -> KernelPlan:
     waits += [edge_wait(graph, "ready", op["dq_store"], op["dq_atomic"]),
               Wait("empty", op["dq_store"], op["dq_atomic"], 0, dq_depth)]
     return make_plan(schedule, FAMILY.name, backend, tile=tile, partitions=parts, rings=tuple(rings),
-                     barriers=barriers, waits=tuple(waits), causal=bool(graph.attrs.get("causal", False)),
-                     kv_heads=kv_heads, dq_depth=dq_depth, dq_lag=dq_lag)
+                     barriers=barriers, waits=tuple(waits),
+                     decisions=FlashBwdDecisions(dq_depth, dq_lag, bool(graph.attrs.get("causal", False)), kv_heads))
 
 
 def _check_bwd_stages(schedule: Schedule, compute: Partition, backend: str) -> None:

@@ -10,10 +10,11 @@ PV runs; with two or three compute partitions each wgmma turn is guarded by a ``
 partition: a partition waits on its own barrier and passes the tensor core on by arriving on the barrier of
 the next turn's partition (ping-pong with two, a round robin in the schedule's order with three).
 
-Causal kernels (``plan.causal``) stop each query block's loop at its diagonal, mask the scores of the
-diagonal iterations per sub-tile inside ``online_softmax`` and take query blocks heaviest first; grouped-query
-kernels (``plan.kv_heads``) read K/V head ``h // group``; every kernel stores the natural-log LSE when
-``lse_ptr`` is not ``None`` (docs/codegen.md, "Causal attention, grouped K/V heads, LSE").
+Causal kernels (``causal`` of the plan's :class:`~twill.kernels.flash_fwd.plan.FlashDecisions`) stop each
+query block's loop at its diagonal, mask the scores of the diagonal iterations per sub-tile inside
+``online_softmax`` and take query blocks heaviest first; grouped-query kernels (``kv_heads``) read K/V head
+``h // group``; every kernel stores the natural-log LSE when ``lse_ptr`` is not ``None`` (docs/codegen.md,
+"Causal attention, grouped K/V heads, LSE").
 
 Decisions that differ between the partitions become constexpr parameters of ``compute_partition`` (and
 static ``if``\\ s); decisions they share are rendered directly.
@@ -41,9 +42,9 @@ PERSISTENT_COMPUTE_PARAMS = ("q_smem", "q_bar", "q_empty", "item_smem", "turn_ba
 
 #: Head dims from which the steady loop puts a scheduling fence before its ``wgmma`` wait for ``O += P V``
 #: (:meth:`_Compute.pv_wait_fence`). Without it ptxas hoists that wait above the softmax it should overlap;
-#: with it the H200 measured +0.4–4.9% at D = 128 and 256 (all 20 shapes of the emitted kernels) and up to
-#: -3% at D = 64, whose loop is bound by the softmax chain, not by the P V (docs/codegen.md, "From schedule to
-#: kernel", the P V wait fence).
+#: the fence pays where the P V is long (D = 128 and 256), not at D = 64, whose loop is bound by the softmax
+#: chain, not by the P V (docs/codegen.md, "From schedule to kernel", the P V wait fence; docs/performance.md,
+#: "The P V wait and ptxas").
 PV_WAIT_FENCE_MIN_HEAD_DIM = 128
 
 SOFTMAX = """
@@ -137,21 +138,21 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
 
 def softmax_source(plan: KernelPlan) -> str:
     """The ``online_softmax`` helper: key-tail mask, or (causal) the diagonal mask."""
-    return (CAUSAL_SOFTMAX if plan.causal else SOFTMAX).replace("{STEP}", STEP)
+    return (CAUSAL_SOFTMAX if plan.decisions.causal else SOFTMAX).replace("{STEP}", STEP)
 
 
 def launch_source(plan: KernelPlan) -> str:
     """The host launcher: shape and dtype checks, the optional LSE output, the K/V head grouping."""
-    kv_check = kv_shape_source(plan, "D")
-    kv, group_arg = ("KV_HEADS", ", H // KV_HEADS.value") if plan.kv_heads else ("H", "")
+    kv_check = kv_shape_source(plan.decisions.kv_heads, "D")
+    kv, group_arg = ("KV_HEADS", ", H // KV_HEADS.value") if plan.decisions.kv_heads else ("H", "")
     grid = ("    blocks = triton.cdiv(S, BLOCK_M.value) * B * H\n"
             "    grid = (min(blocks, _sm_count(q.device.index)),)  # persistent: at most one CTA per SM\n"
             "    # work items claimed after each CTA's first: zeroed for every launch (nothing carries over)\n"
             "    work_counter = torch.zeros(1, dtype=torch.int32, device=q.device)"
             if plan.persistent else "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)")
     chunks = (",\n                           max(1, _sm_count(q.device.index) // triton.cdiv(S, BLOCK_M.value))"
-              if plan.causal else "")   # heads_per_chunk: about one wave of heads
-    return LAUNCH.format(mask=", causal mask" if plan.causal else "", kv=kv, dtype=plan.dtype,
+              if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
+    return LAUNCH.format(mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
                          torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
                          extra_args=(", B * H, work_counter" if plan.persistent else "") + group_arg + chunks)
 
@@ -166,7 +167,7 @@ class _Knobs:
     def __init__(self, plan: KernelPlan):
         comp = plan.compute
         self.values: dict[str, tuple[int, ...]] = {"SUB": tuple(p.subtile for p in comp),
-                                                   "AHEAD": tuple(p.qk_ahead for p in comp)}
+                                                   "AHEAD": plan.decisions.qk_ahead}
         if plan.turns:
             self.values["TURNS"] = plan.turn_counts
             for role in PROGRAM_ORDER:
@@ -286,7 +287,7 @@ class _Compute:
         ]
 
     def _softmax_call(self, kv_start: str, ind: str) -> list[str]:
-        if self.plan.causal:
+        if self.plan.decisions.causal:
             return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, q_first, qk_scale, "
                     f"s_layout)"]
         return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, seq_len, qk_scale,",
@@ -417,8 +418,8 @@ class _Compute:
         comp = plan.compute
         groups = ", ".join(f"{p.subtile}: warp group {p.group}" for p in comp)
         if plan.persistent:
-            params = (PERSISTENT_COMPUTE_PARAMS + (("group",) if plan.kv_heads else ())
-                      + (("n_bh", "heads_per_chunk") if plan.causal else ()))
+            params = (PERSISTENT_COMPUTE_PARAMS + (("group",) if plan.decisions.kv_heads else ())
+                      + (("n_bh", "heads_per_chunk") if plan.decisions.causal else ()))
             doc = (f"Sub-tile SUB ({groups}; {comp[0].num_warps} warps each): for each query block of this CTA, "
                    f"online softmax over its K/V tiles, then its O (and LSE) rows.")
         else:
@@ -439,7 +440,7 @@ class _Compute:
                 *self.accumulators("    "),
                 "    s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)",
                 "    q = q_smem.index(SUB)",
-                *(["    " + diagonal] if plan.causal else []),
+                *(["    " + diagonal] if plan.decisions.causal else []),
                 "    mbarrier.wait(q_bar, 0)  # Q sub-tile loaded by load_partition",
                 *self.body(),
                 *self.store("    "),
@@ -454,7 +455,7 @@ class _Compute:
             "    item = read_item(item_smem)",
             "    while item < n_items:",
             _block_coords_call(plan),
-            *(["        " + diagonal] if plan.causal else []),
+            *(["        " + diagonal] if plan.decisions.causal else []),
             *self.accumulators("        "),
             *self.body("        ", ("mbarrier.arrive(q_empty)  # Q and its item consumed (the block's last qk "
                                     "completed): the producer loads the next block's",)),
@@ -482,13 +483,13 @@ def body(plan: KernelPlan) -> KernelBody:
                       f"first tensor-core turn ({'/'.join(first.ops)})")
     extra = [("NUM_COMPUTE", len(comp), "compute partitions = sub-tiles"),
              ("LN2", 0.6931471805599453, "ln(2): the softmax runs in base 2, the LSE output is a natural log")]
-    if plan.kv_heads:
-        extra.append(("KV_HEADS", plan.kv_heads, "K/V heads (grouped-query: query head h reads K/V head "
+    if plan.decisions.kv_heads:
+        extra.append(("KV_HEADS", plan.decisions.kv_heads, "K/V heads (grouped-query: query head h reads K/V head "
                                                   "h // (H // KV_HEADS))"))
     if plan.turns and "TURNS" not in compute.knobs.params:
         extra.append(("TURNS", plan.turn_counts[0], "tensor-core turns per partition per iteration"))
-    group = (("group",) if plan.kv_heads else ())
-    chunked = (("n_bh", "heads_per_chunk") if plan.causal else ())   # block_coords' causal order
+    group = (("group",) if plan.decisions.kv_heads else ())
+    chunked = (("n_bh", "heads_per_chunk") if plan.decisions.causal else ())   # block_coords' causal order
     # the kernel's parameters and their types for compile_signature, in the order the launcher passes them
     signature = (("q_desc", "_desc_type([SUB_M.value, HEAD_DIM.value])"),
                  ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
@@ -496,8 +497,8 @@ def body(plan: KernelPlan) -> KernelBody:
                  ("o_ptr", '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'), ("seq_len", '"i32"'),
                  ("qk_scale", '"fp32"'),
                  *((("n_bh", '"i32"'), ("work_counter", '"*i32"')) if plan.persistent else ()),
-                 *((("group", '"i32"'),) if plan.kv_heads else ()),
-                 *((("heads_per_chunk", '"i32"'),) if plan.causal else ()))
+                 *((("group", '"i32"'),) if plan.decisions.kv_heads else ()),
+                 *((("heads_per_chunk", '"i32"'),) if plan.decisions.causal else ()))
     q_load = ("mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
               "for sub in gl.static_range(NUM_COMPUTE):",
               "    tma.async_copy_global_to_shared(q_desc, [q_row + sub * SUB_M, 0], q_bar, q_smem.index(sub))")
@@ -558,13 +559,14 @@ def body(plan: KernelPlan) -> KernelBody:
             load_setup=tuple("    " + line for line in q_load),
             load_loop=(),
             compute_params=COMPUTE_PARAMS,
-            launch=(SM_COUNT.strip("\n") + "\n\n" if plan.causal else "") + launch_source(plan),
-            imports="import functools\n" if plan.causal else "",
+            launch=(SM_COUNT.strip("\n") + "\n\n" if plan.decisions.causal else "") + launch_source(plan),
+            imports="import functools\n" if plan.decisions.causal else "",
         )
     return KernelBody(
         title="Warp-specialized attention forward for Hopper (sm_90), Gluon / Triton 3.6.",
         summary="Generated warp-specialized Gluon attention forward; see the header comment.",
-        decisions=(f"decisions: stage(pv) - stage(qk) per compute partition {[p.qk_ahead for p in comp]} (1: S(j+1) "
+        decisions=(f"decisions: stage(pv) - stage(qk) per compute partition {list(plan.decisions.qk_ahead)} (1: "
+                   f"S(j+1) "
                    f"issued with PV(j), softmax overlaps PV); tensor-core turns in order (each passes to the next, the last to the first): {turns}; "
                    f"compute_partition constexprs {', '.join(compute.knobs.params)}",
                    "layouts: S, O in the wgmma accumulator layout; row max/sum in SliceLayout(1, S); P in registers "
@@ -592,19 +594,20 @@ def body(plan: KernelPlan) -> KernelBody:
 def _mask_decisions(plan: KernelPlan) -> tuple[str, ...]:
     """Header lines for the causal mask and grouped K/V heads (none for plain attention)."""
     lines = []
-    if plan.causal:
+    if plan.decisions.causal:
         lines.append("causal: the loop of a query block stops at its diagonal (key tiles after it are never loaded); "
                      "the steady state is the scheduled loop, the diagonal tiles are its last iterations with the "
                      "scores masked per sub-tile (key <= query); query blocks run heaviest first")
-    if plan.kv_heads:
-        lines.append(f"grouped-query: {plan.kv_heads} K/V heads; query head h reads K/V head h // (H // KV_HEADS)")
+    if plan.decisions.kv_heads:
+        lines.append(f"grouped-query: {plan.decisions.kv_heads} K/V heads; query head h reads K/V head "
+                     f"h // (H // KV_HEADS)")
     return tuple(lines)
 
 
 def _kernel_doc(plan: KernelPlan) -> str:
     """The kernel's docstring: what it computes and the shapes of its operands."""
-    mask = " with the causal mask" if plan.causal else ""
-    shapes = "Q, O are [B*H*S, D], K, V [B*KV_HEADS*S, D]" if plan.kv_heads else "Q, K, V, O are [B*H*S, D]"
+    mask = " with the causal mask" if plan.decisions.causal else ""
+    shapes = "Q, O are [B*H*S, D], K, V [B*KV_HEADS*S, D]" if plan.decisions.kv_heads else "Q, K, V, O are [B*H*S, D]"
     what = ("for the query blocks of the n_bh = B*H heads, claimed from work_counter (persistent)" if plan.persistent
             else "for one (query block, batch*head)")
     return f"O = softmax(Q K^T * scale) V{mask} {what}; {shapes}; LSE [B*H*S] fp32 when lse_ptr is given."
@@ -612,7 +615,7 @@ def _kernel_doc(plan: KernelPlan) -> str:
 
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
     """Program ids, the Q and K/V rows of the CTA and its trip count (see docs/codegen.md for causal and GQA)."""
-    if plan.causal:
+    if plan.decisions.causal:
         pid = ["    # causal: chunks of heads_per_chunk heads, each chunk's query blocks heaviest (most key tiles) "
                "first across its heads",
                "    n_m = gl.num_programs(0)",
@@ -626,7 +629,7 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
 
 def _rows(plan: KernelPlan) -> list[str]:
     """``kv_row``, ``q_start``, ``q_row`` of query block ``pid_m`` of (batch, head) ``bh``."""
-    if plan.kv_heads:
+    if plan.decisions.kv_heads:
         return ["    kv_row = (bh // group) * seq_len  # grouped-query: query head h reads K/V head h // group",
                 "    q_start = pid_m * BLOCK_M",
                 "    q_row = bh * seq_len + q_start"]
@@ -637,7 +640,7 @@ def _rows(plan: KernelPlan) -> list[str]:
 
 def _trip(plan: KernelPlan) -> list[str]:
     """``n_tiles``: the key tiles of the query block (causal: up to its diagonal)."""
-    if plan.causal:
+    if plan.decisions.causal:
         return ["    # causal: key tiles up to the CTA's diagonal; the fully masked tiles after it are never loaded",
                 "    n_tiles = gl.cdiv(gl.minimum(q_start + BLOCK_M, seq_len), BLOCK_N)"]
     return ["    n_tiles = gl.cdiv(seq_len, BLOCK_N)"]
@@ -646,13 +649,13 @@ def _trip(plan: KernelPlan) -> list[str]:
 def block_coords_source(plan: KernelPlan) -> str:
     """The persistent kernel's ``block_coords``: the query block of one work item, shared by the producer and
     the compute partitions."""
-    order = ("chunks of heads_per_chunk heads, each chunk's heaviest query blocks first" if plan.causal
+    order = ("chunks of heads_per_chunk heads, each chunk's heaviest query blocks first" if plan.decisions.causal
              else "query blocks of one (batch, head) after another")
     lines = ["@gluon.jit",
              f"def block_coords(item, n_m, seq_len{_coords_args(plan)}):",
              '    """The query block of work item ``item`` in the order of the kernel with one CTA per block',
              f'    ({order}): its first query, its Q and K/V rows and its key tiles."""']
-    if plan.causal:
+    if plan.decisions.causal:
         lines += [*heaviest_first_chunks("item", "n_m", "n_bh", "heavy", "bh"), "    pid_m = n_m - 1 - heavy"]
     else:
         lines += ["    pid_m = item % n_m", "    bh = item // n_m"]
@@ -668,7 +671,7 @@ def _block_coords_call(plan: KernelPlan) -> str:
 
 def _coords_args(plan: KernelPlan) -> str:
     """``block_coords``'s parameters after ``seq_len``: the heads and their chunks (causal), the K/V grouping."""
-    return (", n_bh, heads_per_chunk" if plan.causal else "") + (", group" if plan.kv_heads else "")
+    return (", n_bh, heads_per_chunk" if plan.decisions.causal else "") + (", group" if plan.decisions.kv_heads else "")
 
 
 def _persistent_decisions(plan: KernelPlan) -> tuple[str, ...]:

@@ -253,7 +253,7 @@ def _kv_step(plan: KernelPlan, ahead: int) -> str:
 def emit(plan: KernelPlan) -> str:
     """The Pallas attention-forward module for ``plan``."""
     comp = plan.compute
-    aheads = {p.qk_ahead for p in comp}
+    aheads = set(plan.decisions.qk_ahead)
     if len(aheads) > 1:
         raise cannot_emit("compute partitions with different stage(pv) - stage(qk)",
                           "backend: every compute warpgroup runs one pipeline body")

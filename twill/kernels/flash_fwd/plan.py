@@ -16,11 +16,13 @@
 * **Persistence** (Gluon, ``persistent``): the kernel walks query blocks in launch order; the loop is one
   query block's key loop either way, the K/V rings run on across blocks and the Q buffer is handed back to
   the producer once a block's last ``qk`` has completed, so no buffer is added.
+
+``qk_ahead``, ``causal`` and ``kv_heads`` are the plan's :class:`FlashDecisions`.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass
 
 from twill.codegen.plan import (Barrier, KernelPlan, Partition, Ring, Turn, check_roles, check_schedule, cut_turns,
                                 in_program_order, make_partitions, make_plan, merge_runs, ops_with_role, retire_wait,
@@ -39,14 +41,30 @@ MAX_SUBTILES = 3
 HEAD_DIMS = (64, 128, 256)
 
 
-def one_turn_when_ahead(graph: LoopGraph, turns: tuple[Turn, ...],
-                        compute: tuple[Partition, ...]) -> tuple[Turn, ...]:
-    """A partition that issues ``S`` ahead (``qk_ahead`` 1) issues ``S(j+1)`` and ``O += P(j) V(j)`` at one
+@dataclass(frozen=True)
+class FlashDecisions:
+    """The attention forward's own decisions (:attr:`KernelPlan.decisions
+    <twill.codegen.plan.KernelPlan.decisions>`).
+
+    Attributes:
+        qk_ahead: per compute partition, ``stage(pv) - stage(qk)`` (0 or 1).
+        causal: the causal mask (the K/V loop of a query block stops at its diagonal, where the scores are
+            masked; see docs/codegen.md, "Causal attention").
+        kv_heads: K/V heads (0: as many as the query heads; N: grouped-query attention).
+    """
+
+    qk_ahead: tuple[int, ...]
+    causal: bool = False
+    kv_heads: int = 0
+
+
+def one_turn_when_ahead(graph: LoopGraph, turns: tuple[Turn, ...], qk_ahead: tuple[int, ...]) -> tuple[Turn, ...]:
+    """A partition that issues ``S`` ahead (its ``qk_ahead`` 1) issues ``S(j+1)`` and ``O += P(j) V(j)`` at one
     point of its program, so it takes one turn per iteration: its ops join the turn of its ``qk``, where the
     schedule's order puts the issue. Split into two turns, it would stop between the two issues until every
     partition in between had issued, and its softmax of ``j + 1`` (after both issues) would wait for theirs:
     the groups' softmaxes, which the schedule runs side by side, would chain (docs/codegen.md)."""
-    ahead = {i for i, p in enumerate(compute) if p.qk_ahead == 1}
+    ahead = {i for i, a in enumerate(qk_ahead) if a == 1}
     home: dict[int, int] = {}
     for k, t in enumerate(turns):
         if t.partition in ahead and any(graph.op(op).attrs.get("role") == "qk" for op in t.ops):
@@ -61,9 +79,9 @@ def _subtile(graph: LoopGraph, name: str) -> int:
     return int(graph.op(name).attrs.get("subtile", 0))
 
 
-def _flash_compute(schedule: Schedule, compute: tuple[Partition, ...], qks: list[str], pvs: list[str],
-                   backend: str) -> tuple[Partition, ...]:
-    """Check that each sub-tile stays in its partition and set each partition's ``qk_ahead``."""
+def _qk_ahead(schedule: Schedule, compute: tuple[Partition, ...], qks: list[str], pvs: list[str],
+              backend: str) -> tuple[int, ...]:
+    """Check that each sub-tile stays in its partition; each partition's ``qk_ahead``."""
     graph = schedule.graph
     out = []
     for p in compute:
@@ -78,7 +96,7 @@ def _flash_compute(schedule: Schedule, compute: tuple[Partition, ...], qks: list
         ahead = schedule.stage(pv) - schedule.stage(qk)
         if ahead not in (0, 1):
             raise unsupported(backend, f"{qk!r} issued {ahead} stages before {pv!r}", "0 or 1")
-        out.append(replace(p, qk_ahead=ahead))
+        out.append(ahead)
     return tuple(out)
 
 
@@ -104,8 +122,8 @@ def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPl
                           "one group per sub-tile")
     if any(p.num_warps != compute[0].num_warps for p in compute):
         raise unsupported(backend, "compute warp groups of different sizes")
-    compute = _flash_compute(schedule, compute, qks, pvs, backend)
-    turns = one_turn_when_ahead(graph, cut_turns(schedule, compute, tc_ops), compute)
+    qk_ahead = _qk_ahead(schedule, compute, qks, pvs, backend)
+    turns = one_turn_when_ahead(graph, cut_turns(schedule, compute, tc_ops), qk_ahead)
     turns = in_program_order(graph, turns, PROGRAM_ORDER, backend)
     if turns:
         compute = tuple(with_turn_points(graph, p, turns, i, PROGRAM_ORDER) for i, p in enumerate(compute))
@@ -130,8 +148,8 @@ def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPl
     waits = ring_waits(graph, rings) + [retire_wait(graph, p.roles[r]) for p in compute for r in ("qk", "pv")]
     waits += waits_for_turns(graph, turns, PROGRAM_ORDER)
     return make_plan(schedule, FAMILY.name, backend, tile=tile, partitions=compute + (parts[-1],),
-                     rings=tuple(rings), barriers=barriers, waits=tuple(waits), turns=turns,
-                     causal=bool(graph.attrs.get("causal", False)), kv_heads=kv_heads, persistent=persistent)
+                     rings=tuple(rings), barriers=barriers, waits=tuple(waits), turns=turns, persistent=persistent,
+                     decisions=FlashDecisions(qk_ahead, bool(graph.attrs.get("causal", False)), kv_heads))
 
 
 def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> None:

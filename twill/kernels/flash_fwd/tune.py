@@ -63,8 +63,8 @@ def stored_from_registers(graph: LoopGraph, esize: int) -> int | None:
 
 
 def plan(schedule: Schedule) -> Any:
-    """The forward's kernel plan (its turns and each group's ``qk_ahead``), or ``None`` for a schedule the
-    code generator does not emit."""
+    """The forward's kernel plan (its turns and, in its decisions, each group's ``qk_ahead``), or ``None`` for
+    a schedule the code generator does not emit."""
     from twill.errors import UnsupportedFeatureError
     from twill.kernels.flash_fwd.plan import plan as flash_plan
 
@@ -88,7 +88,8 @@ def chain(schedule: Schedule, machine: Machine, plan: Any, scale: float, turns: 
     if step is None:
         return {}
     turn = turns / len(compute)
-    apart = {p.group for p in plan.compute if p.qk_ahead == 0} if plan is not None else set()
+    apart = ({p.group for p, ahead in zip(plan.compute, plan.decisions.qk_ahead) if ahead == 0}
+             if plan is not None else set())
     chains = []
     for g in compute:
         mine = set(g.ops)

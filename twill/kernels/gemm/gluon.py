@@ -13,15 +13,15 @@ iterations ``t·k_tiles .. (t+1)·k_tiles − 1``), so the producer loads the ne
 partition drains and stores the previous one. The compute partition stores each tile itself and leaves the
 TMA store in flight: it waits for it (``tma.store_wait(0)``) only before it writes the staging buffer again.
 When rings and a whole staging tile do not fit shared memory, the tile goes out in two column halves
-through a half-width buffer (``plan.epilogue_split``); only the second half's store then overlaps the next
-tile.
+through a half-width buffer (``epilogue_split`` of the plan's
+:class:`~twill.kernels.gemm.plan.GemmDecisions`); only the second half's store then overlaps the next tile.
 """
 
 from __future__ import annotations
 
 from twill.codegen.gluon.render import SM_COUNT, KernelBody, compute_def, depth_name
 from twill.codegen.plan import KernelPlan
-from twill.kernels.gemm.plan import persistent_smem
+from twill.kernels.gemm.plan import GemmDecisions, persistent_smem
 
 #: Output tiles grouped along M so CTAs resident together reuse B tiles from L2 (tile-order policy).
 GROUP_M = 8
@@ -105,7 +105,7 @@ def k_loop(plan: KernelPlan, first: str | None) -> list[str]:
     release = [f"mbarrier.arrive({b.name}_empty.index((i - MMA_LAG) % {depth_name(b)}))" for b in plan.barriers]
     ind = " " * 8
     lines = []
-    if plan.mma_lag > 0:
+    if plan.decisions.mma_lag > 0:
         lines += [
             f"    # prologue: iterations 0 .. MMA_LAG-1 issue {mma} (stage {at_mma.stage}); their {wait} "
             f"(stage {at_wait.stage}) is deferred",
@@ -118,7 +118,7 @@ def k_loop(plan: KernelPlan, first: str | None) -> list[str]:
         ]
     lines += [
         f"    # steady state: {mma} of iteration i, then {wait} of iteration i - MMA_LAG "
-        f"(stage distance {plan.mma_lag})",
+        f"(stage distance {plan.decisions.mma_lag})",
         f"    for i in range({at('MMA_LAG')}, {at('k_tiles')}):",
         f"{ind}# ready: ring buffer filled by load_partition ({ready_why})",
         *(ind + w for w in ready),
@@ -131,7 +131,7 @@ def k_loop(plan: KernelPlan, first: str | None) -> list[str]:
         f"    # epilogue: drain the last MMA_LAG wgmma groups ({wait} of the final iterations)",
         "    acc = warpgroup_mma_wait(0, deps=[acc])",
     ]
-    if first is not None and plan.mma_lag > 0:
+    if first is not None and plan.decisions.mma_lag > 0:
         lines += ["    # empty: release the last MMA_LAG iterations' buffer(s) (the producer fills them for the "
                   "next tile)",
                   f"    for i in range({at('gl.maximum(k_tiles - MMA_LAG, 0)')}, {at('k_tiles')}):",
@@ -174,7 +174,7 @@ def persistent_compute_partition(plan: KernelPlan) -> str:
 def _persistent_epilogue(plan: KernelPlan) -> list[str]:
     """Registers -> staging buffer -> TMA store, left in flight; the whole tile, or two column halves."""
     head = "        # epilogue: registers -> shared memory -> TMA store (rows/columns past M, N are clipped by TMA);"
-    if plan.epilogue_split == 1:
+    if plan.decisions.epilogue_split == 1:
         return [head,
                 "        # the previous tile's store must have read c_smem first; this one completes during the "
                 "next tile",
@@ -210,9 +210,10 @@ EPILOGUE = ("    # epilogue: registers -> shared memory -> TMA store (rows/colum
 
 def _staging_why(plan: KernelPlan) -> str:
     """The comment of ``EPILOGUE_N``, the persistent kernel's staging-buffer width."""
-    if plan.epilogue_split == 1:
+    split = plan.decisions.epilogue_split
+    if split == 1:
         return "columns of the C staging buffer: the whole tile (BLOCK_N)"
-    return (f"columns of the C staging buffer: BLOCK_N / {plan.epilogue_split} (rings + a whole tile would overflow "
+    return (f"columns of the C staging buffer: BLOCK_N / {split} (rings + a whole tile would overflow "
             f"shared memory)")
 
 
@@ -220,11 +221,12 @@ def _decisions(plan: KernelPlan) -> tuple[str, ...]:
     """The header's decision lines; a persistent kernel says how its loop over tiles is organised."""
     mma, wait = plan.compute[0].roles["mma"], plan.compute[0].roles["mma_wait"]
     shared = "A and B share one ready/empty barrier pair" if len(plan.barriers) == 1 else "A, B: own barriers"
-    head = f"decisions: wgmma wait lag {plan.mma_lag}; {shared}; tile order grouped along M by {GROUP_M}; "
+    decided: GemmDecisions = plan.decisions
+    head = f"decisions: wgmma wait lag {decided.mma_lag}; {shared}; tile order grouped along M by {GROUP_M}; "
     if not plan.persistent:
         return (head + "one CTA per output tile; epilogue through shared memory + TMA store",)
-    need = persistent_smem(plan.tile, [r.depth for r in plan.rings], plan.epilogue_split)
-    staging = "c_smem" if plan.epilogue_split == 1 else "c_smem (half the tile: two stores per tile)"
+    need = persistent_smem(plan.tile, [r.depth for r in plan.rings], decided.epilogue_split)
+    staging = "c_smem" if decided.epilogue_split == 1 else "c_smem (half the tile: two stores per tile)"
     return (head + "persistent:",
             "  the launcher starts min(tiles, SMs) CTAs; CTA pid walks tiles pid, pid + grid, ... (cta_tiles of them);",
             "  both partitions loop over those tiles and then over K; ring iteration i = t * k_tiles + k runs on",
@@ -238,6 +240,7 @@ def body(plan: KernelPlan) -> KernelBody:
     """The GEMM's part of the emitted module (one tile per CTA, or persistent: ``plan.persistent``)."""
     t = plan.tile
     mma, wait = plan.compute[0].roles["mma"], plan.compute[0].roles["mma_wait"]
+    decided: GemmDecisions = plan.decisions
     c_cols = "EPILOGUE_N" if plan.persistent else "BLOCK_N"     # the C descriptor's block: the staging buffer
     common = dict(
         title="Warp-specialized GEMM for Hopper (sm_90), Gluon / Triton 3.6.",
@@ -246,11 +249,11 @@ def body(plan: KernelPlan) -> KernelBody:
         tile_constants=(("BLOCK_M", t["block_m"], "output tile rows"),
                         ("BLOCK_N", t["block_n"], "output tile columns"),
                         ("BLOCK_K", t["block_k"], "K extent of one loop iteration")),
-        extra_constants=(("MMA_LAG", plan.mma_lag, f"wgmma groups left in flight: stage({wait})="
+        extra_constants=(("MMA_LAG", decided.mma_lag, f"wgmma groups left in flight: stage({wait})="
                                                    f"{plan.placement(wait).stage} - stage({mma})="
                                                    f"{plan.placement(mma).stage}"),
                          ("GROUP_M", GROUP_M, "tile order: output tiles grouped along M for L2 reuse"),
-                         *((("EPILOGUE_N", t["block_n"] // plan.epilogue_split, _staging_why(plan)),)
+                         *((("EPILOGUE_N", t["block_n"] // decided.epilogue_split, _staging_why(plan)),)
                            if plan.persistent else ())),
         kernel="gemm_kernel",
         kernel_params="a_desc, b_desc, c_desc, M, N, K",

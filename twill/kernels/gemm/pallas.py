@@ -128,7 +128,7 @@ def emit(plan: KernelPlan) -> str:
     """The Pallas GEMM module for ``plan``."""
     comp = plan.compute[0]
     mma, wait = comp.roles["mma"], comp.roles["mma_wait"]
-    lag = plan.mma_lag
+    lag = plan.decisions.mma_lag
     knobs = pipeline_knobs(plan, lag, f"wgmma wait lag: stage({wait})={plan.placement(wait).stage} - "
                                       f"stage({mma})={plan.placement(mma).stage}")
     t = plan.tile

@@ -9,9 +9,13 @@
   grouped order, with one ring running over (tile, k). The rings and the C staging buffer are then live
   together and must fit the machine's shared memory per block; when the whole tile does not, it is staged in
   two column halves (``epilogue_split`` 2), and when that does not fit either, refused.
+
+Both are the plan's :class:`GemmDecisions`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from twill.codegen.plan import (KernelPlan, Ring, check_roles, check_schedule, make_partitions, make_plan,
                                 ops_with_role, retire_wait, ring_depth, ring_waits, shared_barriers, unsupported)
@@ -19,6 +23,21 @@ from twill.errors import UnsupportedFeatureError
 from twill.kernels.gemm import FAMILY, ROLES
 from twill.machine.models import get_machine
 from twill.schedule.result import Schedule
+
+
+@dataclass(frozen=True)
+class GemmDecisions:
+    """The GEMM's own decisions (:attr:`KernelPlan.decisions <twill.codegen.plan.KernelPlan.decisions>`).
+
+    Attributes:
+        mma_lag: wgmma groups left in flight, ``stage(mma_wait) - stage(mma)``.
+        epilogue_split: persistent kernel: column slices the C tile is stored in through one staging buffer of
+            ``block_n / epilogue_split`` columns (1, or 2 when rings + the whole tile overflow shared memory).
+    """
+
+    mma_lag: int
+    epilogue_split: int = 1
+
 
 def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPlan:
     """Plan of the GEMM kernel (``persistent``: one CTA per SM walking output tiles); see the module docstring
@@ -54,8 +73,8 @@ def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPl
     split = _epilogue_split(schedule, tile, rings, backend) if persistent else 1
     all_waits = ring_waits(graph, rings) + [retire_wait(graph, mma)]
     return make_plan(schedule, FAMILY.name, backend, tile=tile, partitions=parts, rings=tuple(rings),
-                     barriers=barriers, waits=tuple(all_waits), mma_lag=lag, persistent=persistent,
-                     epilogue_split=split)
+                     barriers=barriers, waits=tuple(all_waits), persistent=persistent,
+                     decisions=GemmDecisions(mma_lag=lag, epilogue_split=split))
 
 
 #: Column slices a persistent GEMM may store its C tile in, tried in order (the first that fits is used).
