@@ -55,8 +55,8 @@ def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
     for groups in (1, 2):  # one plain CTA of 4 or 8 warps (num_warps must be a power of two)
         steps.append(("smem", {"groups": groups}))
     # rates need data in flight: 4 tiles (64 KiB) over a ~1000-cycle L2 latency allow at most ~60 bytes per
-    # clock, so the bandwidth rows go to 8 tiles (128 KiB), as deep as a GEMM ring keeps its loads (on the
-    # H200 the 16 MiB rate was the same with 8 as with 4: the L2, not the ring, limits it)
+    # clock, so the bandwidth rows go to 8 tiles (128 KiB), as deep as a GEMM ring keeps its loads (whether
+    # the L2 or the ring limits the rate: docs/calibration.md, "Loads are not free")
     steps.append(("tma", {"depth": 1, "reps": 512}))
     for depth in (2, 4, 8):
         steps.append(("tma", {"depth": depth}))

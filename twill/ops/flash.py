@@ -65,22 +65,22 @@ class KernelSpec:
         return options
 
     def block_m(self) -> int:
-        """Query rows per iteration of the backward: 128 at D = 64 (FA3's tile; the calibrated model prices it
-        9% faster than 64 rows, and on the H200 it measured 1.20-1.29x the 64-row kernels,
-        docs/performance.md), 64 at D = 128 (FA3's; 128 rows overflow shared memory)."""
+        """Query rows per iteration of the backward: 128 at D = 64 (FA3's tile, which the calibrated model and
+        the GPU both rank above 64 rows; docs/performance.md, "The 128-row tile from the solver"), 64 at
+        D = 128 (FA3's; 128 rows overflow shared memory)."""
         return 128 if self.head_dim == 64 else 64
 
     def subtiles(self) -> int:
         """Compute warp groups of the forward, each on 64 query rows: three at D = 64 without a causal mask
-        (FA3's D = 64 tile; on the H200 1.00-1.09x cuDNN at S = 2k..16k against 0.89-0.97x with two,
-        docs/performance.md, "P converted once P V retired"), else two (the causal D = 64 kernel runs
-        persistent with two: 0.95-1.00x at S <= 8192, where three groups measured 0.89-1.06x)."""
+        (FA3's D = 64 tile, the tuner's pick there), else two: the causal forward runs persistent
+        (:meth:`persistent`), and a persistent three-group causal kernel runs slower than a two-group one, its
+        mask code lengthening the steady loop (docs/experiments/three-groups.md, "P converted once P V
+        retired")."""
         return 3 if self.kernel == FORWARD.name and self.head_dim == 64 and not self.causal else 2
 
     def streaming_depth(self) -> int | None:
-        """Ring depth of the streaming loads: 3 for the two-group forward at D <= 128 (measured best on the
-        H200, docs/performance.md), 2 with three groups and at D = 256; the backward keeps its kernel's
-        default."""
+        """Ring depth of the streaming loads: 3 for the two-group forward at D <= 128 (the depth that ran best,
+        docs/performance.md), 2 with three groups and at D = 256; the backward keeps its kernel's default."""
         if self.kernel != FORWARD.name:
             return None
         return 2 if self.head_dim == 256 or self.subtiles() == 3 else 3
@@ -88,17 +88,17 @@ class KernelSpec:
     def extra_copies(self) -> int:
         """:attr:`SolveOptions.extra_copies <twill.solve.options.SolveOptions.extra_copies>` of the solve: 1 for
         the forward, where at D = 256 the one-copy schedule issues ``S`` and ``P V`` in one stage and the second
-        copy lets the solver issue ``S`` a stage ahead at the same II (measured on the H200 5-9% faster,
-        docs/performance.md); at D = 64 and 128 the solver's answer is the same either way. 0 for the
-        backward."""
+        copy lets the solver issue ``S`` a stage ahead at the same II, so the softmax overlaps the P V
+        (docs/performance.md, "The op's D = 256 forward"); at D = 64 and 128 the solver's answer is the same
+        either way. 0 for the backward."""
         return 1 if self.kernel == FORWARD.name else 0
 
     def persistent(self) -> bool:
-        """The causal forward runs persistent (one CTA per SM claiming query blocks, heaviest first): on the
-        H200 it measured 0.99-1.03x cuDNN at D = 128, 0.94-0.99x at D = 64 and 0.87-0.95x at D = 256,
-        against 0.93-1.01x, 0.84-0.96x and 0.86-0.94x with one CTA per block (docs/performance.md,
-        "Persistent attention forward"); non-causal kernels gain only at S = 2048 and keep one CTA per
-        block."""
+        """The causal forward runs persistent (one CTA per SM claiming query blocks, heaviest first): a causal
+        query block has half the key tiles on average, so its pipeline fill and drain weigh twice as much, and
+        a persistent CTA loads the next block's Q and K/V while its compute partitions finish the current one
+        (docs/performance.md, "Persistent attention forward"); non-causal kernels gain little from it and keep
+        one CTA per block."""
         return self.kernel == FORWARD.name and self.causal
 
     def file_name(self, version: str) -> str:

@@ -2,8 +2,7 @@
 
 Variables: an integer start ``t_v = k_v·II + s_v`` per op (iteration 0) with its stage ``k_v`` and residue
 ``s_v ∈ [0, II)`` as variables of their own (CP-SAT propagates this linear split much better than
-``s_v = t_v mod II``: B200 flash-bwd's phase 1 at II 202-221 takes 2.5x less CPU time), and the length
-``L``. Constraints:
+``s_v = t_v mod II``; docs/model.md §5), and the length ``L``. Constraints:
 
 * DEPENDENCE — ``t_dst − t_src ≥ d − II·δ`` for every edge ``(src, dst, d, δ)``;
 * COMPLETION — ``L ≥ t_v + cycles(v)``;
@@ -205,7 +204,7 @@ def projection_feasible(graph: LoopGraph, units: Mapping[str, int], ii: int, kep
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
     # No LP relaxation: the refutations are found by propagation and search, and the LP only slows them
-    # (B200 flash-bwd, II 195-202: 4.2 s -> 1.0 s of CPU).
+    # (docs/model.md §5, "Projections").
     solver.parameters.linearization_level = 0
     code = solve_model(solver, model)
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -239,9 +238,8 @@ def fits_copies(solver: Any, model: Any, length: Any, most: int, *, time_limit: 
 
     With ``most`` = ``⌈lo/II⌉·II``, ``lo`` the proved lower end of L, a schedule proves the least copies at once
     (no schedule has fewer): a satisfiability search, where minimising the copies over their whole range lets
-    CP-SAT wander among schedules with more (Triton ``attn_fwd_subtiled`` on B200 at II 294, no greedy
-    placement: 0.1 s instead of about 3 s of CPU). ``infeasible`` proves one copy more; ``unknown`` proves
-    nothing and the minimisation decides as before."""
+    CP-SAT wander among schedules with more (docs/model.md §5, "Copies"). ``infeasible`` proves one copy more;
+    ``unknown`` proves nothing and the minimisation decides as before."""
     from twill.solve._ortools_loader import solve_model
 
     check = model.clone()
@@ -267,7 +265,7 @@ def solve_modulo(graph: LoopGraph, units: Mapping[str, int], ii: int, *, time_li
     ``optimal`` when ``n`` is proved minimal, ``length`` is the L of the schedule found (not minimised) and
     ``length_bound`` the proved lower end ``max(lo, (n − 1)·II + 1)`` of L, which keeps ``n`` copies. Proving
     the least ``n`` is a handful of propagations (is there a schedule with ``L ≤ (n − 1)·II``?) where proving
-    the least L is a search (B200 flash-bwd: 0.3-3 s of CPU per II).
+    the least L is a search.
     """
     if minimise not in ("length", "copies"):
         raise ValueError(f"minimise must be 'length' or 'copies', got {minimise!r}")

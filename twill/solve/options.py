@@ -19,8 +19,8 @@ STRATEGIES = ("linear", "window")
 #: Seconds the ``window`` strategy gives one II at most.
 WINDOW_II_LIMIT = 20.0
 
-#: Wall-clock seconds for a whole search: the Blackwell flash-bwd, the slowest built-in, takes 200-240 s on a
-#: 2-core host (docs/performance.md).
+#: Wall-clock seconds for a whole search: room for the slowest built-in, the Blackwell flash-bwd, on a 2-core
+#: host (its time: docs/performance.md, "Solve time").
 DEFAULT_TIME_LIMIT = 600.0
 
 #: Ring depth of streaming loads when neither the options nor the graph give one.

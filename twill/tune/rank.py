@@ -114,8 +114,8 @@ def tiling(candidate: Candidate) -> tuple[tuple[str, Any], ...]:
 
 def measure_picks(results: Sequence[Result], k: int) -> list[tuple[int, Result]]:
     """The ``k`` solved results to measure on the GPU with their predicted ranks (1 = fastest), in rank order:
-    the best-ranked of each tiling first, then the rest. The prediction's error (±15% on the calibrated model,
-    docs/performance.md) is larger than what separates tilings near the top, and the ring depths and register
+    the best-ranked of each tiling first, then the rest. The prediction's error (docs/performance.md, "Model
+    fidelity") is larger than what separates tilings near the top, and the ring depths and register
     budgets of one tiling often tie, so measuring three depths of one tile would leave a faster tiling
     unmeasured."""
     ranked = list(enumerate((r for r in results if r.prediction is not None), start=1))

@@ -2,10 +2,11 @@
 kernel spills.
 
 The model counts registers per thread (REGISTER LIMIT, docs/model.md "Registers"); ptxas allocates them, and the
-two disagree in both directions. On the H200 attention backward at head dim 64 with 128-row query blocks (FA3's
-tile), the model's count is 224 where 216 are allowed, yet ptxas fits the hand-built kernel without spilling;
-with 8 registers more for tile values, the solver's first schedule at the same count spills 1632 bytes. A
-per-thread count cannot tell such schedules apart, so :func:`schedule_without_spills` asks ptxas:
+two disagree in both directions. On the attention backward at head dim 64 with 128-row query blocks (FA3's
+tile), the model's count is above the budget, yet ptxas fits the hand-built kernel without spilling; with a few
+registers more for tile values, the solver's first schedule at the same count spills (docs/performance.md,
+"The 128-row tile from the solver"). A per-thread count cannot tell such schedules apart, so
+:func:`schedule_without_spills` asks ptxas:
 
 1. solve at the graph's register reserve (:meth:`Machine.reserved_regs
    <twill.machine.models.Machine.reserved_regs>`); while no schedule exists, lower the reserve by one
@@ -31,9 +32,9 @@ per-thread count cannot tell such schedules apart, so :func:`schedule_without_sp
    the generator's error) when the generator refuses two schedules in a row for the same reason: that is its
    answer for the graph, not for a schedule.
 
-On the H200 backward at head dim 64 with 128-row blocks there is no schedule at 24 reserved registers; at 16
-the search compiles 13 (about two minutes on two cores), excluding seven carried sets and five orders, and
-the kernel it ends with runs as fast as the hand-built one (docs/performance.md).
+On that backward tile there is no schedule at the default reserve; with a lower one the search compiles and
+excludes until a schedule compiles cleanly (the run, and how its kernel compares with the hand-built one:
+docs/performance.md, "The 128-row tile from the solver").
 
 The first schedule whose kernel compiles cleanly is returned; its ``stats["registers"]`` records every step.
 Each solve is the joint search with every other family in force, and the result is verified as usual.

@@ -53,8 +53,8 @@ def mma_warps(machine: Machine, block_m: int, block_n: int, warps: int = 0) -> i
 
 
 #: Default ring depth of the A/B loads: 3 buffers of 128x64 + 64x256 fp16 tiles (144 KB) keep the TMA two tiles
-#: ahead of the wgmma; measured on H100 (benchmarks/results/gluon_bench_h100_solver.json) at 0.97-0.99x
-#: cuBLAS, as the hand-built Gluon matmul with a 3-4-deep ring.
+#: ahead of the wgmma; the solver's kernel with it runs level with the hand-built Gluon matmul with a 3-4-deep
+#: ring (docs/performance.md, "Run 4").
 STREAMING_DEPTH = 3
 
 

@@ -76,8 +76,8 @@ def hoist_pairs(graph: LoopGraph, machine: Machine) -> list[tuple[str, str]]:
     intra-warp-group pipelining, Shah et al. 2024, §3.2) the register work of ``i + 1`` runs while ``v`` of
     ``i`` is on the tensor core. The cost model sees no difference (an asynchronous MMA costs its group only
     the issue cycles and a wait costs nothing), so every unmodelled cycle of the serial chain (wgmma wait and
-    fence latency, layout conversions, the ping-pong barrier hand-off) adds to the II on the GPU (H100:
-    0.87-0.90x against 1.00-1.03x cuDNN, docs/performance.md). Accumulators that the register work never
+    fence latency, layout conversions, the ping-pong barrier hand-off) adds to the II on the GPU
+    (docs/performance.md, "Run 4", before and after). Accumulators that the register work never
     reads inside the loop (flash-bwd's dV, dK) need no such wait and are not paired."""
     if machine.mma_accumulates_in != "registers":
         return []
