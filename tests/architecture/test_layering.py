@@ -151,9 +151,9 @@ def renderer(module: str) -> str | None:
 
 def family(module: str) -> str | None:
     """The family package a module belongs to (``twill.kernels.gemm.plan`` -> ``gemm``), or None: a package
-    under ``twill/kernels/`` whose name does not start with ``_``."""
+    under ``twill/kernels/`` (the modules beside the registry, such as ``_common.py``, serve every family)."""
     parts = module.split(".")
-    if len(parts) > 2 and parts[1] == "kernels" and not parts[2].startswith("_"):
+    if len(parts) > 2 and parts[1] == "kernels" and (PACKAGE / "kernels" / parts[2] / "__init__.py").is_file():
         return parts[2]
     return None
 
