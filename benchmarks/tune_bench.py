@@ -118,9 +118,9 @@ def generate(outdir: str, machine_path: str, top: int, workers: int) -> None:
 
 
 def _fixed_gemms(target: dict[str, Any], arch: str, outdir: str) -> list[dict[str, Any]]:
-    """Emit the :data:`FIXED_GEMMS` of a GEMM target, hand-built (``benchmarks/variants.py``) on the datasheet
+    """Emit the :data:`FIXED_GEMMS` of a GEMM target, hand-built (``twill/kernels/gemm/variants.py``) on the datasheet
     model of ``arch`` (the variants are verified there); a refused variant is listed with its reason."""
-    from benchmarks.variants import gemm_schedule
+    from twill.kernels.gemm.variants import gemm_schedule
     from twill.codegen.gluon import emit_gluon
     from twill.errors import UnsupportedFeatureError
     from twill.kernels import build_kernel

@@ -1,5 +1,5 @@
 """The test folders mirror the packages of ``twill/``; the fixtures they share live here in ``tests/``
-(``solved.py``, ``randgraphs.py``, ``graphs.py``, ``variants.py``, ``data/``, ``golden/``). pytest puts each test
+(``solved.py``, ``randgraphs.py``, ``graphs.py``, ``data/``, ``golden/``). pytest puts each test
 file's own folder on ``sys.path``, so this puts ``tests/`` there too: ``import solved`` works from any folder."""
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from solved import solved_kernel
 
 from twill.codegen.gluon import emit_gluon, gluon_plan, load_emitted, render_plan
 from twill.codegen.plan import Turn
-from variants import flash_schedule, gemm_schedule
+from twill.kernels.flash_fwd.variants import flash_schedule
+from twill.kernels.gemm.variants import gemm_schedule
 from twill.errors import UnsupportedFeatureError
 from twill.kernels import build_kernel
 from twill.machine.models import H100
@@ -354,7 +355,7 @@ def test_persistent_attention_claims_items_and_hands_them_over_behind_q_bar(tmp_
 
 
 def test_persistent_is_gemm_and_attention_forward_only():
-    from variants import flash_bwd_schedule
+    from twill.kernels.flash_bwd.variants import flash_bwd_schedule
 
     sched = flash_bwd_schedule(build_kernel("flash-bwd", H100), H100)
     with pytest.raises(UnsupportedFeatureError, match="persistent 'flash-bwd' kernel is not supported"):

@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 from solved import solved_kernel
 
-from variants import flash_bwd_schedule
+from twill.kernels.flash_bwd.variants import flash_bwd_schedule
 from twill.schedule.document import schedule_document
 from twill.codegen.gluon import emit_gluon, gluon_plan, load_emitted
 from twill.errors import UnsupportedFeatureError, VerificationError

@@ -16,7 +16,8 @@ from functools import lru_cache
 
 import pytest
 
-from variants import flash_schedule, gemm_schedule
+from twill.kernels.flash_fwd.variants import flash_schedule
+from twill.kernels.gemm.variants import gemm_schedule
 from twill.codegen.pallas import emit_pallas, pallas_plan, render_plan
 from twill.errors import UnsupportedFeatureError
 from twill.kernels import build_kernel

@@ -17,7 +17,8 @@ from functools import lru_cache
 
 import pytest
 
-from variants import flash_schedule, gemm_schedule
+from twill.kernels.flash_fwd.variants import flash_schedule
+from twill.kernels.gemm.variants import gemm_schedule
 from twill.cli import main
 from twill.codegen.tilelang import emit_tilelang, tilelang_plan
 from twill.schedule.document import schedule_document

@@ -1,6 +1,6 @@
 """Golden files: the exact text the Gluon backend emits for a few representative hand-built schedules.
 
-The schedules come from ``tests/variants.py`` (deterministic, no solver), so any change to the emitted
+The schedules come from ``twill/kernels/*/variants.py`` (deterministic, no solver), so any change to the emitted
 source shows up here as a diff to review. After an intended change, rewrite the files and review the diff:
 
     TWILL_UPDATE_GOLDEN=1 python -m pytest tests/codegen/test_golden_gluon.py
@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from variants import flash_bwd_schedule, flash_schedule, gemm_schedule
+from twill.kernels.flash_bwd.variants import flash_bwd_schedule
+from twill.kernels.flash_fwd.variants import flash_schedule
+from twill.kernels.gemm.variants import gemm_schedule
 from twill.codegen.gluon import emit_gluon
 from twill.kernels import build_kernel
 from twill.machine.models import H100

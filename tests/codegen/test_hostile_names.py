@@ -5,7 +5,7 @@ constants, a terminal only as printable text, a picture as written; schedule wor
 
 The emitted-code check is structural: the module emitted for the renamed schedule, parsed with ``ast`` and
 every string constant blanked, must dump exactly as the module emitted for the built-in names. Emitting needs
-no solve: the schedules are the hand-built variants of ``tests/variants.py``, renamed.
+no solve: the schedules are the hand-built variants of ``twill/kernels/*/variants.py``, renamed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from variants import flash_bwd_schedule, flash_schedule, gemm_schedule
+from twill.kernels.flash_bwd.variants import flash_bwd_schedule
+from twill.kernels.flash_fwd.variants import flash_schedule
+from twill.kernels.gemm.variants import gemm_schedule
 from twill.cli import main
 from twill.codegen.gluon import emit_gluon
 from twill.codegen.pallas import emit_pallas

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from twill.codegen.gluon import emit_gluon, load_emitted
-from variants import flash_schedule, gemm_schedule
+from twill.kernels.flash_fwd.variants import flash_schedule
+from twill.kernels.gemm.variants import gemm_schedule
 from twill.kernels import build_kernel
 from twill.machine.models import H100
 

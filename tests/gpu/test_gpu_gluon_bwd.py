@@ -2,14 +2,15 @@
 fp32 attention (ragged shapes, NaN-poisoned outputs).
 
 Marked ``gpu``; skipped when torch, CUDA or an sm_90 device is missing (CI has none). The schedules are the
-hand-built ones of ``tests/variants.py`` (no solver); timing lives in ``benchmarks/flash_bwd_check.py``.
+hand-built ones of ``twill/kernels/*/variants.py`` (no solver); timing lives in ``benchmarks/flash_bwd_check.py``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from variants import flash_bwd_schedule, flash_schedule
+from twill.kernels.flash_bwd.variants import flash_bwd_schedule
+from twill.kernels.flash_fwd.variants import flash_schedule
 from twill.codegen.gluon import emit_gluon, load_emitted
 from twill.kernels import build_kernel
 from twill.machine.models import H100

@@ -630,7 +630,7 @@ def test_backward_iterations_are_fitted_keyed_and_bound_the_backward():
     """The attention-backward iteration is kept per query rows x keys x head dimension, round-trips through the
     machine file, and bounds a flash-bwd loop of a measured tile from below (``chain_bound``); a tile it did
     not measure, or a forward, gets no bound from it."""
-    from variants import flash_bwd_schedule
+    from twill.kernels.flash_bwd.variants import flash_bwd_schedule
     from twill.kernels import build_kernel
     from twill.tune.predict import Shape, chain_bound, predict
 

@@ -23,7 +23,8 @@ from twill.errors import TwillError
 from twill.ir.builder import GraphBuilder
 from twill.ir.io import graph_to_dict
 from twill.kernels import build_kernel
-from variants import flash_schedule, gemm_schedule
+from twill.kernels.flash_fwd.variants import flash_schedule
+from twill.kernels.gemm.variants import gemm_schedule
 from twill.machine.models import H100, B200
 from twill.schedule.result import Schedule, WarpGroup
 from twill.tune.predict import Shape, ctas_per_sm, parse_shape, predict

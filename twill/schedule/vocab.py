@@ -43,7 +43,7 @@ class Status(StrEnum):
 SCHEDULE_STATUSES = (Status.OPTIMAL, Status.FEASIBLE, Status.INFEASIBLE)
 
 #: Solvers a schedule may name: the backends of ``--solver`` (``twill.solve.options.SOLVERS``) and
-#: ``manual`` (a schedule built by hand, e.g. by ``benchmarks/variants.py``).
+#: ``manual`` (a schedule built by hand, e.g. by ``twill/kernels/gemm/variants.py``).
 SCHEDULE_SOLVERS = ("cpsat", "yices", "manual")
 
 #: Roles a warp group may take (``twill.solve.joint.search.derive_role``; docs/graph-format.md).

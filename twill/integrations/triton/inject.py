@@ -497,8 +497,8 @@ def inject_triton(target: str, machine: Machine, directory: str, *, options: Sol
                   schedule_file: str | None = None, load_lead: int | None = None) -> dict[str, Any]:
     """``twill inject`` of Triton kernel ``target`` (``path.py:fn``): schedule its loop ``loop`` (solved with
     ``options`` by :func:`solve_for_triton`, or read from ``schedule_file`` and checked by
-    :func:`check_schedule_fits`), compile it with the schedule injected (:func:`inject`) and write the files of :func:`write_outputs` into
-    ``directory``; returns the summary. ``config`` picks an ``@triton.autotune`` config, or ``"all"``: every
+    :func:`check_schedule_fits`), compile it with the schedule injected (:func:`inject`) and write the files of
+    :func:`write_outputs` into ``directory``; returns the summary. ``config`` picks an ``@triton.autotune`` config, or ``"all"``: every
     config is scheduled and the one :func:`tune` chooses is injected (the summary adds ``config`` and
     ``configs``)."""
     from twill.integrations.triton import lower_function, spec_from_target
