@@ -14,52 +14,26 @@ import sys
 from twill.commands.common import input_files
 from twill.files import check_outputs, message_stream, write_json_output
 from twill.commands.common import arch_choice
-from twill.errors import FormatError, TwillError
-
-
-def _read_raw(path: str) -> dict:
-    from twill.files import read_json_file
-
-    raw = read_json_file(path, "raw calibration")
-    if not isinstance(raw, dict) or raw.get("format") != "twill-calibration-raw/1" \
-            or not isinstance(raw.get("measurements"), list):
-        raise FormatError(f"{path}: not a 'twill-calibration-raw/1' file written by 'twill calibrate --raw'")
-    return raw
-
-
-def _read_kernel_clock(path: str) -> dict:
-    from twill.files import read_json_file
-
-    doc = read_json_file(path, "kernel clock")
-    rows = doc.get("rows") if isinstance(doc, dict) else None
-
-    def valid(row: object) -> bool:
-        return isinstance(row, dict) and isinstance(row.get("kernel"), str) and all(
-            isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool) and row[k] > 0
-            for k in ("ms", "clock_ghz", "flops"))
-
-    if not isinstance(doc, dict) or doc.get("format") != "twill-kernel-clock/1" or not isinstance(rows, list) \
-            or not all(valid(r) for r in rows):
-        raise FormatError(f"{path}: not a 'twill-kernel-clock/1' file written by benchmarks/kernel_clock.py")
-    return doc
+from twill.errors import TwillError
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from twill.machine.calibrate import calibrate, fit, fit_clock_model
-    from twill.machine.calibration import clock_model_from_dict, format_calibration, machine_to_dict
+    from twill.machine.calibration import (clock_model_from_dict, format_calibration, machine_to_dict,
+                                           read_kernel_clock, read_raw_calibration)
     from twill.machine.models import get_machine
 
     if args.output == "-" and args.raw == "-":
         raise TwillError("-o and --raw cannot both be '-' (stdout); give one of them a file")
     check_outputs(files=[args.output, args.raw], inputs=input_files(args))
     out = message_stream(args.output, args.raw)     # stderr when stdout carries an output
-    clocks = _read_kernel_clock(args.clock_fit) if args.clock_fit else None
+    clocks = read_kernel_clock(args.clock_fit) if args.clock_fit else None
     if args.from_raw:
         if args.raw:
             raise TwillError("--raw writes new measurements; it cannot be combined with --from-raw")
-        raw = _read_raw(args.from_raw)
+        raw = read_raw_calibration(args.from_raw)
         base = get_machine(args.arch or raw.get("base", ""))
         machine = fit(raw["measurements"], base)
     else:

@@ -13,27 +13,13 @@ from typing import Any
 from twill.commands.common import (add_solve_arguments, add_target_arguments, input_files, machine_of, solve_options,
                                    target_options)
 from twill.files import check_outputs, message_stream, write_text_output
-from twill.errors import FormatError, TwillError
-from twill.schedule.document import load_schedule_document
+from twill.errors import TwillError
+from twill.schedule.document import is_schedule_file, load_schedule_document
 from twill.targets import resolve_target
 
 
-def _is_schedule_file(target: str) -> bool:
-    """Whether ``target`` is a JSON file holding a ``twill-schedule/1`` object (not a graph)."""
-    from twill.files import read_json_file
-    from twill.schedule.result import SCHEDULE_FORMAT
-
-    if not target.endswith(".json"):
-        return False
-    try:
-        data = read_json_file(target, "schedule")
-    except FormatError:
-        return False          # resolve_target reports unreadable or invalid files
-    return isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT
-
-
 def _schedule(args: argparse.Namespace, machine: Any) -> Any:
-    if _is_schedule_file(args.target):
+    if is_schedule_file(args.target):
         return load_schedule_document(args.target)
     from twill.solve import schedule as solve
 

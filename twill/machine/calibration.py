@@ -383,6 +383,32 @@ def load_machine(path: str) -> Any:
     return machine_from_dict(read_json_file(path, "machine"), path)
 
 
+def read_raw_calibration(path: str) -> dict:
+    """The measurements recorded by ``twill calibrate --raw`` (a ``twill-calibration-raw/1`` file)."""
+    raw = read_json_file(path, "raw calibration")
+    if not isinstance(raw, dict) or raw.get("format") != "twill-calibration-raw/1" \
+            or not isinstance(raw.get("measurements"), list):
+        raise FormatError(f"{path}: not a 'twill-calibration-raw/1' file written by 'twill calibrate --raw'")
+    return raw
+
+
+def read_kernel_clock(path: str) -> dict:
+    """A ``twill-kernel-clock/1`` file written by ``benchmarks/kernel_clock.py``: rows with each kernel's time,
+    clock and FLOP count, checked."""
+    doc = read_json_file(path, "kernel clock")
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+
+    def valid(row: object) -> bool:
+        return isinstance(row, dict) and isinstance(row.get("kernel"), str) and all(
+            isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool) and row[k] > 0
+            for k in ("ms", "clock_ghz", "flops"))
+
+    if not isinstance(doc, dict) or doc.get("format") != "twill-kernel-clock/1" or not isinstance(rows, list) \
+            or not all(valid(r) for r in rows):
+        raise FormatError(f"{path}: not a 'twill-kernel-clock/1' file written by benchmarks/kernel_clock.py")
+    return doc
+
+
 def _softmax_estimate(machine: Any, groups: int, block_n: int, head_dim: int) -> float:
     """What the per-op rates say one group's softmax step takes: its row max, exp, row sum and rescale at the
     one-group rates, or at the SM's rates shared by ``groups`` when that is slower."""

@@ -34,3 +34,18 @@ def load_schedule_document(path: str) -> Schedule:
         raise FormatError(f"{path}: not a schedule file written by 'twill schedule -o' (no 'loop_graph')")
     schedule = Schedule.from_dict(data, graph_from_dict(data["loop_graph"]))
     return admit(schedule, get_machine(schedule.arch))
+
+
+def is_schedule_file(path: str) -> bool:
+    """Whether ``path`` is a JSON file holding a ``twill-schedule/1`` object (not a graph); an unreadable or
+    invalid file is not one (whoever reads it as a graph or a target reports it)."""
+    from twill.files import read_json_file
+    from twill.schedule.result import SCHEDULE_FORMAT
+
+    if not path.endswith(".json"):
+        return False
+    try:
+        data = read_json_file(path, "schedule")
+    except FormatError:
+        return False
+    return isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT
