@@ -199,3 +199,36 @@ def test_missing_triton_sources(capsys, target):
 def test_kernel_options_rejected_for_triton_targets(capsys):
     rc, _, err = run(capsys, "schedule", "k.py:fn", "--subtiles", "2", "--no-ws")
     assert rc == 2 and "--subtiles applies to built-in kernels only; use --constexpr" in err
+
+
+def _pairs_without_body():
+    """(backend, kernel) for every registered family and backend the family has no body for."""
+    from twill.kernels import families
+
+    return [(backend, f.name) for f in families() for backend in ("gluon", "pallas", "tilelang")
+            if backend not in f.backends]
+
+
+@pytest.mark.parametrize("backend,kernel", _pairs_without_body())
+def test_emit_refuses_a_pair_without_body_before_solving(capsys, monkeypatch, tmp_path, backend, kernel):
+    """``twill emit tilelang flash-bwd`` (and every backend/kernel pair the registry has no body for) is refused
+    in one line before any solve: the solver entry points are replaced by ones that fail the test."""
+    import twill.integrations.tilelang.planner as planner
+    import twill.solve
+
+    def solved(*args, **kwargs):
+        raise AssertionError("emit solved a pair it cannot emit")
+
+    monkeypatch.setattr(twill.solve, "schedule", solved)
+    monkeypatch.setattr(planner, "solve_for_tilelang", solved)
+    out = tmp_path / "k.py"
+    rc, _, err = run(capsys, "emit", backend, kernel, "-o", str(out))
+    assert rc == 2 and not out.exists()
+    assert err.count("\n") == 1 and err.startswith(f"twill: error: cannot emit {backend}: kernel {kernel!r}")
+
+
+def test_emit_refuses_persistent_for_a_family_without_it(capsys):
+    """``--persistent`` on a family without a persistent form is refused before solving, in one line."""
+    rc, _, err = run(capsys, "emit", "gluon", "flash-bwd", "--persistent", "-o", "-")
+    assert rc == 2 and err == ("twill: error: cannot emit gluon: kernel 'flash-bwd' has no persistent form "
+                               "(persistent: gemm, flash-fwd)\n")

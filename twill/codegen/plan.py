@@ -506,15 +506,12 @@ def kernel_plan(schedule: Schedule, backend: str, persistent: bool = False) -> K
     """The plan of ``schedule`` for ``backend`` (named in errors), made by the plan of the kernel family
     (:mod:`twill.kernels`) the graph's ``kernel`` attribute (or name) names or, failing that, whose roles its
     ops have; ``persistent`` asks for a persistent kernel (families with ``persistent`` only)."""
-    from twill.kernels import families
+    from twill.kernels import families, planned_family
 
     graph = schedule.graph
     kind = graph.attrs.get("kernel") or graph.name
     planned = [f for f in families() if f.planned]
-    family = next((f for f in planned if kind == f.name or kind in f.aliases), None)
-    if family is None:
-        roles = frozenset(str(graph.op(n).attrs.get("role", "")) for n in graph.op_names)
-        family = next((f for f in planned if f.claims is not None and f.claims(roles)), None)
+    family = planned_family(graph)
     if persistent and (family is None or not family.persistent):
         raise unsupported(backend, f"a persistent {kind!r} kernel is",
                           "persistent: " + ", ".join(f.name for f in planned if f.persistent))

@@ -40,6 +40,7 @@ def _schedule_for(args: argparse.Namespace):
     graph = resolve_target(args.target, target_options(args), machine)
     if graph.attrs.get("source") == "triton":
         raise _not_from_triton(args.target)
+    _refuse_before_solving(graph, args)
     if args.emit_to == "tilelang":
         from twill.integrations.tilelang.planner import solve_for_tilelang
 
@@ -50,6 +51,16 @@ def _schedule_for(args: argparse.Namespace):
         return schedule_without_spills(graph, machine, solve_options(args),
                                        persistent=getattr(args, "persistent", False))
     return schedule(graph, machine, solve_options(args))
+
+
+def _refuse_before_solving(graph, args: argparse.Namespace) -> None:
+    """Raise UnsupportedFeatureError, before any solve, when the backend has no body for the graph's kernel
+    family (the registry's :func:`~twill.kernels.emitting_family`) or, for TileLang, the body refuses the graph."""
+    from twill.kernels import emitting_family
+
+    found = emitting_family(graph, args.emit_to, persistent=getattr(args, "persistent", False))
+    if args.emit_to == "tilelang":
+        found.body("tilelang").refuse(graph)
 
 
 def _not_from_triton(target: str) -> TwillError:

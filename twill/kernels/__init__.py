@@ -142,3 +142,34 @@ def kernel_options(name: str) -> dict[str, KernelOption]:
 def build_kernel(name: str, machine: Machine, **options: Any) -> LoopGraph:
     """Build the built-in graph ``name`` for ``machine``; unknown or invalid options raise TwillError."""
     return family(name).build(machine, **options)
+
+
+def planned_family(graph: LoopGraph) -> Family | None:
+    """The planned family a loop graph's kernel is generated as: the one its ``kernel`` attribute (or its name)
+    names or aliases, else, for a graph of no registered family, the one whose roles its ops have
+    (:attr:`Family.claims`); None when none is (a family without a plan, such as ``paper-example``, included)."""
+    kind = graph.attrs.get("kernel") or graph.name
+    planned = [f for f in families() if f.planned]
+    found = next((f for f in planned if kind == f.name or kind in f.aliases), None)
+    if found is None and find_family(kind) is None:
+        roles = frozenset(str(graph.op(n).attrs.get("role", "")) for n in graph.op_names)
+        found = next((f for f in planned if f.claims is not None and f.claims(roles)), None)
+    return found
+
+
+def emitting_family(graph: LoopGraph, backend: str, persistent: bool = False) -> Family:
+    """The family whose ``backend`` body emits ``graph`` (``persistent``: in its persistent form), checked from the
+    graph alone so that a command refuses before it solves; an unsupported pair raises UnsupportedFeatureError."""
+    found = planned_family(graph)
+    if found is None:
+        kind = graph.attrs.get("kernel") or graph.name
+        writers = [f.name for f in families() if backend in f.backends]
+        raise UnsupportedFeatureError(f"cannot emit {backend}: kernel {kind!r} is not one the {backend} generator "
+                                      f"writes (it writes: {', '.join(writers)})")
+    if backend not in found.backends:
+        raise UnsupportedFeatureError(f"cannot emit {backend}: kernel {found.name!r} has no {backend} body "
+                                      f"(it has: {', '.join(found.backends) or 'none'})")
+    if persistent and not found.persistent:
+        raise UnsupportedFeatureError(f"cannot emit {backend}: kernel {found.name!r} has no persistent form "
+                                      f"(persistent: {', '.join(f.name for f in families() if f.persistent)})")
+    return found

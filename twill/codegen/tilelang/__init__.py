@@ -19,7 +19,7 @@ from types import ModuleType
 
 from twill.codegen.plan import DTYPES, KernelPlan, kernel_plan
 from twill.errors import UnsupportedFeatureError
-from twill.kernels import families
+from twill.kernels import emitting_family
 from twill.schedule.result import Schedule
 
 __all__ = ["BACKEND", "emit_tilelang", "tilelang_plan"]
@@ -34,14 +34,8 @@ def tilelang_plan(schedule: Schedule) -> KernelPlan:
 
 
 def _body(schedule: Schedule) -> ModuleType:
-    """The TileLang body of the schedule's kernel family (by the graph's ``kernel`` attribute or name)."""
-    graph = schedule.graph
-    kind = str(graph.attrs.get("kernel") or graph.name)
-    bodies = [f for f in families() if "tilelang" in f.backends]
-    family = next((f for f in bodies if f.name == kind), None)
-    if family is None:
-        raise UnsupportedFeatureError(f"cannot emit tilelang: kernel {kind!r} "
-                                      f"({', '.join(f.name for f in bodies)})")
+    """The TileLang body of the schedule's kernel family (:func:`twill.kernels.emitting_family`)."""
+    family = emitting_family(schedule.graph, "tilelang")
     if schedule.arch not in ("h100", "h200"):
         raise UnsupportedFeatureError(f"cannot emit tilelang: arch {schedule.arch!r} (Hopper only: h100, h200)")
     return family.body("tilelang")
