@@ -148,7 +148,7 @@ def _solve(spec: KernelSpec, graph: Any, machine: Any) -> Any:
     from twill.solve.options import SolveOptions
 
     options = SolveOptions(streaming_depth=spec.streaming_depth(), extra_copies=spec.extra_copies(),
-                           progress=_report)
+                           progress=_report, flags=())      # twill.ops.attention has no solver options
     if spec.kernel == FORWARD.name:
         return schedule(graph, machine, options)
     from twill.tune.registers import schedule_without_spills

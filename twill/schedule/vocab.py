@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
+from typing import Mapping
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -95,10 +96,12 @@ class Family(StrEnum):
         """What the family limits, for the UNSAT explanation (relaxable families only)."""
         return _TEXT[self]
 
-    @property
-    def remedy(self) -> str:
-        """What the user can change when the family blocks every II (relaxable families only)."""
-        return _REMEDY[self]
+    def remedy(self, flags: Mapping[str, str]) -> str:
+        """What the user can change when the family blocks every II (relaxable families only), naming only the
+        options of ``flags`` (option -> the flag that changes it in the command given, e.g. ``reg_limit`` ->
+        ``--reg-limit``); empty when no remedy applies."""
+        return " or ".join(text.format(flags[option]) if option else text
+                           for text, option in _REMEDY[self] if option is None or option in flags)
 
 
 #: Families that the UNSAT explanation relaxes one at a time (docs/model.md §5).
@@ -115,13 +118,14 @@ _TEXT = {
     Family.MEMORY_CAPACITY: "memory capacity (shared memory / TMEM buffers)",
 }
 
-# A larger II does not lift these limits.
-_REMEDY = {
-    Family.REGISTER_LIMIT: "raise --reg-limit or use smaller tiles",
-    Family.REGISTER_FILE: "use smaller tiles or fewer register-holding warps",
-    Family.WARP_COUNT: "raise --max-warps",
-    Family.CROSS_WARP_SPILLS: "drop --no-cross-warp",
-    Family.CONCURRENCY: "raise --max-warps",
-    Family.WARP_ISSUE: "raise --max-warps or --max-ii",
-    Family.MEMORY_CAPACITY: "use smaller tiles or a lower --streaming-depth",
+# A larger II does not lift these limits. Each remedy is a phrase and the option it changes (its flag fills
+# ``{}``), or None for a change to the kernel itself.
+_REMEDY: dict[Family, tuple[tuple[str, str | None], ...]] = {
+    Family.REGISTER_LIMIT: (("raise {}", "reg_limit"), ("use smaller tiles", None)),
+    Family.REGISTER_FILE: (("use smaller tiles or fewer register-holding warps", None),),
+    Family.WARP_COUNT: (("raise {}", "max_warps"),),
+    Family.CROSS_WARP_SPILLS: (("drop {}", "cross_warp"),),
+    Family.CONCURRENCY: (("raise {}", "max_warps"),),
+    Family.WARP_ISSUE: (("raise {}", "max_warps"), ("raise {}", "max_ii")),
+    Family.MEMORY_CAPACITY: (("use smaller tiles", None), ("a lower {}", "streaming_depth")),
 }

@@ -108,7 +108,7 @@ def schedule(graph: LoopGraph, machine: Machine, options: SolveOptions = SolveOp
     if options.max_ii is not None and max(res, rec) > options.max_ii:
         raise InfeasibleScheduleError(
             f"graph {graph.name!r} needs II >= {max(res, rec)} (ResMII {res}, RecMII {rec}) but max II is "
-            f"{options.max_ii}; raise --max-ii")
+            f"{options.max_ii}{options.advice('raise {}', 'max_ii')}")
     if options.ws:
         from twill.solve.joint.search import solve_joint
 

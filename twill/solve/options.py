@@ -79,6 +79,14 @@ PHASE_SHARES = {"modulo": 0.25, "relaxation": 0.1, "joint": 0.5, "explain": 0.2}
 LAST_RESORT_SHARE = 0.25
 
 
+#: The flags of the solve options on the command line (``twill schedule``, ``emit``, ``report``, ``inject``;
+#: :func:`twill.commands.common.add_solve_arguments`): option -> flag, for :attr:`SolveOptions.flags`.
+COMMAND_FLAGS: tuple[tuple[str, str], ...] = (
+    ("time_limit", "--time-limit"), ("max_ii", "--max-ii"), ("resolution", "--resolution"),
+    ("reg_limit", "--reg-limit"), ("max_warps", "--max-warps"), ("cross_warp", "--no-cross-warp"),
+    ("streaming_depth", "--streaming-depth"), ("extra_copies", "--extra-copies"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class SolveOptions:
     """How to search for a schedule.
@@ -124,6 +132,9 @@ class SolveOptions:
         cycles_per_unit: raw machine cycles per schedule time unit, set by ``schedule`` once the costs are
             normalized, so that progress lines and messages show raw cycles beside an II; ``None`` = raw.
         progress: called with a one-line status string while searching (current II, bound, elapsed).
+        flags: the options the caller can change and how it spells them (option -> flag): the advice of a
+            failed search names only these. Default :data:`COMMAND_FLAGS`; a command with fewer solve
+            options (``twill tune``) passes its own, a caller with none ``()``.
     """
 
     ws: bool = True
@@ -145,6 +156,7 @@ class SolveOptions:
     excluded_orders: tuple[tuple[str, ...], ...] = ()
     progress: Callable[[str], None] | None = field(default=None, compare=False)
     cycles_per_unit: float | None = field(default=None, compare=False)
+    flags: tuple[tuple[str, str], ...] = field(default=COMMAND_FLAGS, compare=False)
 
     def __post_init__(self) -> None:
         if self.solver not in SOLVERS:
@@ -186,6 +198,16 @@ class SolveOptions:
         if not self.cycles_per_unit or self.cycles_per_unit == 1:
             return f"{ii}"
         return f"{ii} (~{round(ii * self.cycles_per_unit)} cycles)"
+
+    def flag(self, option: str) -> str | None:
+        """How the caller spells ``option`` (``--max-ii``), or None when it cannot change it (:attr:`flags`)."""
+        return dict(self.flags).get(option)
+
+    def advice(self, text: str, option: str) -> str:
+        """``text`` with the flag of ``option`` (``raise {}`` -> ``; raise --max-ii``) after a "; ", or empty when
+        the caller cannot change ``option``."""
+        flag = self.flag(option)
+        return f"; {text.format(flag)}" if flag else ""
 
     def report(self, message: str) -> None:
         if self.progress is not None:

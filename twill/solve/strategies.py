@@ -81,11 +81,11 @@ def linear(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions, *,
     if len(tried) and tried[-1].status == Status.INFEASIBLE and tried[-1].ii == max_ii:
         raise InfeasibleScheduleError(
             f"graph {graph.name!r} has no modulo schedule with II <= {options.ii_text(max_ii)} (II "
-            f"{lower_bound}..{max_ii} proved infeasible); raise --max-ii")
+            f"{lower_bound}..{max_ii} proved infeasible){options.advice('raise {}', 'max_ii')}")
     upto = f"; II {proved[0]}..{proved[-1]} proved infeasible" if proved else ""
     raise InfeasibleScheduleError(
         f"no schedule of graph {graph.name!r} found within the time limit of {options.time_limit:g} s"
-        f"{upto}; raise --time-limit")
+        f"{upto}{options.advice('raise {}', 'time_limit')}")
 
 
 def _bound(low: int, infeasible: set[int]) -> int:
@@ -125,8 +125,8 @@ def window(graph: LoopGraph, units: Mapping[str, int], options: SolveOptions, *,
         r = attempt(ii)
         if r is None:
             raise InfeasibleScheduleError(f"no schedule of graph {graph.name!r} found within the time limit of "
-                                          f"{options.time_limit:g} s (window search up to II {ii}); raise "
-                                          f"--time-limit")
+                                          f"{options.time_limit:g} s (window search up to II {ii})"
+                                          f"{options.advice('raise {}', 'time_limit')}")
         best, ii = (r, ii) if r.found else (None, ii + step)
     best = _bisect(attempt, _bound(lower_bound, infeasible) + 1, best)
     # bisection skips the IIs below an undecided one: try every II between the bound and the answer

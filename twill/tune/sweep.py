@@ -47,6 +47,11 @@ from twill.machine.models import Machine
 from twill.tune.space import Candidate
 from twill.tune.spills import gluon_spills, ptxas_rejection
 
+#: The solve options ``twill tune`` has flags for (option -> flag; :attr:`SolveOptions.flags`): the advice of a
+#: candidate that found no schedule names only these.
+TUNE_FLAGS = (("time_limit", "--time-limit"), ("reg_limit", "--reg-limit"), ("streaming_depth", "--streaming-depth"),
+              ("extra_copies", "--extra-copies"))
+
 #: Statuses of a job record. ``ok``: a verified schedule; ``infeasible``: the solver proved there is none or
 #: found none in the time limit; ``spills``: the compiled kernel spills registers; ``error``: anything else.
 STATUSES = ("ok", "infeasible", "cannot_emit", "spills", "error")
@@ -104,7 +109,7 @@ class Job:
 
         return SolveOptions(time_limit=self.time_limit, resolution=self.resolution,
                             reg_limit=self.candidate.reg_limit, streaming_depth=self.candidate.streaming_depth,
-                            workers=1, extra_copies=self.extra_copies)
+                            workers=1, extra_copies=self.extra_copies, flags=TUNE_FLAGS)
 
 
 def plain_data(value: Any) -> Any:

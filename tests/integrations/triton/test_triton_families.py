@@ -70,10 +70,13 @@ def test_compilation_error_keeps_its_reason_and_python_line(tmp_path):
 
 def test_remedy_follows_the_blocking_family():
     from twill.solve.joint.search import remedy_for
+    from twill.solve.options import COMMAND_FLAGS
 
-    assert remedy_for([]) == "raise --max-ii"
-    assert "--max-ii" not in remedy_for(["memory_capacity"]) and "tiles" in remedy_for(["memory_capacity"])
-    assert "--reg-limit" in remedy_for(["register_limit+memory_capacity"])
+    flags = dict(COMMAND_FLAGS)
+    assert remedy_for([], flags) == "raise --max-ii"
+    memory = remedy_for(["memory_capacity"], flags)
+    assert "--max-ii" not in memory and "tiles" in memory
+    assert "--reg-limit" in remedy_for(["register_limit+memory_capacity"], flags)
 
 
 def test_emit_gluon_refuses_triton_kernels_before_solving(capsys):
@@ -121,7 +124,7 @@ def test_autotuned_kernel_takes_a_config_and_heuristics():
     with pytest.raises(TwillError) as info:
         _graph_tuned()
     assert "autotuned over 2 configs" in str(info.value) and "1: BLOCK_M=64 BLOCK_N=128 BLOCK_K=32" in str(info.value)
-    with pytest.raises(TwillError, match="'EVEN_K' is computed by @triton.heuristics"):
+    with pytest.raises(TwillError, match="'EVEN_K' \(computed by @triton.heuristics"):
         _graph_tuned(config=1)
     g = _graph_tuned(config=1, constexprs=["EVEN_K=True"])
     assert g.op("mma").attrs["m"] == 64 and g.op("mma").attrs["k"] == 32 and g.attrs["num_warps"] == 4

@@ -40,10 +40,31 @@ RELAXATIONS = (
 )
 
 
-def remedy_for(blocked: list[str]) -> str:
-    """The advice for an exhausted II range: the remedies of the blocking families, else ``raise --max-ii``."""
-    remedies = [Family(f).remedy for b in blocked for f in b.split("+")]
-    return "; ".join(dict.fromkeys(remedies)) if remedies else "raise --max-ii"
+def remedy_flags(graph: LoopGraph, machine: Machine, options: SolveOptions) -> dict[str, str]:
+    """The options a remedy may name (option -> flag): those of ``options.flags`` (the command's) that can
+    still move the way the remedy moves them: the register limit below the machine's cap, the warp pool below
+    the machine's, cross-warp transfers forbidden (``--no-cross-warp`` given), a streaming depth above 1, and a
+    max II given (the default already lets every iteration run alone)."""
+    movable = {
+        "reg_limit": reg_limit_for(graph, machine, options.reg_limit)
+        < legal_budget(machine, machine.max_regs_per_thread),
+        "max_warps": (options.max_warps or machine.max_warps_per_cta) < machine.max_warps_per_cta,
+        "cross_warp": not options.cross_warp,
+        "streaming_depth": (options.streaming_depth or 1) > 1,
+        "max_ii": options.max_ii is not None,
+    }
+    return {option: flag for option, flag in options.flags if movable.get(option, False)}
+
+
+def remedy_for(blocked: list[str], flags: Mapping[str, str]) -> str:
+    """The advice for an exhausted II range: the remedies of the blocking families that name only options of
+    ``flags`` (:func:`remedy_flags`), else ``raise`` the max II when ``flags`` has it; empty when none
+    applies."""
+    remedies = [Family(f).remedy(flags) for b in blocked for f in b.split("+")]
+    remedies = [r for r in remedies if r]
+    if remedies:
+        return "; ".join(dict.fromkeys(remedies))
+    return f"raise {flags['max_ii']}" if "max_ii" in flags else ""
 
 
 def make_problem(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *,
@@ -252,7 +273,8 @@ def undecided_message(graph: LoopGraph, options: SolveOptions, tried: list[Attem
                      + (f" and {len(open_iis) - 5} more" if len(open_iis) > 5 else ""))
     detail = f" ({'; '.join(parts)})" if parts else ""
     return (f"no joint schedule of graph {graph.name!r} found{_by(options)} within the time limit of "
-            f"{options.time_limit:g} s{detail}; raise --time-limit" + (f" ({note})" if note else ""))
+            f"{options.time_limit:g} s{detail}{options.advice('raise {}', 'time_limit')}"
+            + (f" ({note})" if note else ""))
 
 
 def new_model(graph: LoopGraph, machine: Machine, options: SolveOptions, units: Mapping[str, int], *, ii: int,
@@ -455,9 +477,10 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
                 return search.finish(*more, proven_below=all(a.proves_infeasible for a in tried[:-1]),
                                      length_proven=more[1].status == Status.OPTIMAL)
     if tried and tried[-1].ii == max_ii and all(a.proves_infeasible for a in tried):
+        remedy = remedy_for(search.blocked or [], remedy_flags(graph, machine, options))
         raise InfeasibleScheduleError(
             f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {options.ii_text(max_ii)} (II "
-            f"{lower_bound}..{max_ii} proved infeasible{_by(options)}); {remedy_for(search.blocked or [])}"
+            f"{lower_bound}..{max_ii} proved infeasible{_by(options)})" + (f"; {remedy}" if remedy else "")
             + (f" ({search.note})" if search.note else ""))
     raise InfeasibleScheduleError(undecided_message(graph, options, tried, search.note))
 
