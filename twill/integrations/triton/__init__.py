@@ -21,6 +21,7 @@ from twill.integrations.triton.lower import LoweredLoop, lower_loop
 from twill.integrations.triton.mlir import (ForLoop, find_loops, function_name, location_table, module_num_warps,
                                             module_target, source_positions)
 from twill.ir.graph import LoopGraph
+from twill.ir.validate import MAX_DEPTH
 from twill.machine.models import Machine, get_machine
 
 __all__ = ["KernelSpec", "LoweredLoop", "graph_from_function", "graph_from_target", "graph_from_ttgir",
@@ -94,6 +95,8 @@ def _pick(loops: Sequence[ForLoop], loop: int | str, table: Mapping[str, str]) -
 
 
 def _graph_attrs(text: str, loop: ForLoop, table: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The graph's attributes: where the loop is, the module's arch and warps, ``extra`` (the compile
+    settings), and the streaming depth from the kernel's ``num_stages`` (see :func:`streaming_depth_of`)."""
     attrs: dict[str, Any] = {"source": "triton", "loop_line": loop.header_line + 1}
     place = loop_place(loop, table)
     if place:
@@ -105,7 +108,19 @@ def _graph_attrs(text: str, loop: ForLoop, table: Mapping[str, str], extra: Mapp
     if warps:
         attrs["num_warps"] = warps
     attrs.update(extra)
+    depth = streaming_depth_of(loop, extra.get("num_stages"))
+    if depth is not None:
+        attrs["streaming_depth"] = depth
     return attrs
+
+
+def streaming_depth_of(loop: ForLoop, num_stages: int | None) -> int | None:
+    """The streaming depth a Triton kernel asks for: the loop's own ``tl.range(..., num_stages=N)``, else the
+    kernel's ``num_stages`` (``--num-stages``, or the autotune config's), kept within [1, MAX_DEPTH]; None when
+    neither is given (the solver's default then). Triton's pipeliner gives each pipelined load ``num_stages``
+    buffers, so Twill's ring of streaming buffers has the same depth; ``--streaming-depth`` overrides it."""
+    stages = loop.num_stages if loop.num_stages is not None else num_stages
+    return None if stages is None else min(MAX_DEPTH, max(1, int(stages)))
 
 
 def lower_ttgir(text: str, machine: Machine, *, loop: int | str | None = None, name: str | None = None,

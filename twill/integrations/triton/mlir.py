@@ -115,6 +115,7 @@ class ForLoop:
     yields: tuple[str, ...]
     innermost: bool
     loc: str | None = None
+    num_stages: int | None = None       # the loop's own ``tl.range(..., num_stages=N)`` (``tt.num_stages``)
 
 
 # -- types -------------------------------------------------------------------------------------------------
@@ -314,10 +315,13 @@ def find_loops(text: str) -> list[ForLoop]:
                 continue
             depth += _net_braces(s)
             j += 1
-        loc = _LOC_REF.search(lines[j - 1].rstrip()) if j - 1 < len(lines) else None
+        close = lines[j - 1].rstrip() if j - 1 < len(lines) else ""
+        loc = _LOC_REF.search(close)
+        stages = re.search(r"\btt\.num_stages = (\d+)", close)
         loops.append(ForLoop(header_line=i, close_line=j - 1, induction=induction, iter_args=iter_args,
                              body=tuple(body), yields=yields, innermost=innermost,
-                             loc=loc.group(1) if loc else None))
+                             loc=loc.group(1) if loc else None,
+                             num_stages=int(stages.group(1)) if stages else None))
     return loops
 
 
