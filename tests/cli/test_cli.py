@@ -232,3 +232,14 @@ def test_emit_refuses_persistent_for_a_family_without_it(capsys):
     rc, _, err = run(capsys, "emit", "gluon", "flash-bwd", "--persistent", "-o", "-")
     assert rc == 2 and err == ("twill: error: cannot emit gluon: kernel 'flash-bwd' has no persistent form "
                                "(persistent: gemm, flash-fwd)\n")
+
+
+def test_schedule_flash_fwd_head_dim_256_with_the_family_defaults(capsys):
+    """``twill schedule flash-fwd --head-dim 256`` schedules with the kernel's D = 256 tile (64-key blocks, two
+    sub-tiles) without --block-n or --subtiles."""
+    rc, out, err = run(capsys, "schedule", "flash-fwd", "--head-dim", "256", "--json")
+    assert rc == 0 and err == ""
+    doc = json.loads(out)
+    assert doc["status"] == "optimal"
+    attrs = doc["loop_graph"]["attrs"]
+    assert (attrs["head_dim"], attrs["subtiles"], attrs["block_n"]) == (256, 2, 64)

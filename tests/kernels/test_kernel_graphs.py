@@ -134,3 +134,17 @@ def test_three_hopper_subtiles_share_the_kv_loads_on_a_register_file_split():
     assert 3 * 128 * budget + 128 * h100.setmaxnreg_min <= h100.regs_per_sm
     assert 3 * 128 * (budget + h100.setmaxnreg_step) + 128 * h100.setmaxnreg_min > h100.regs_per_sm
     assert build_kernel("flash-fwd", h100, subtiles=2).attrs["reg_limit"] == 240
+
+
+def test_flash_fwd_head_dim_256_defaults_to_the_ops_tile():
+    """At head dim 256 on Hopper, ``subtiles`` and ``block_n`` left out are 2 and 64 (twill.ops's D = 256
+    tile); given ones win; other head dims and Blackwell keep one sub-tile of 128 keys."""
+    h100, b200 = get_machine("h100"), get_machine("b200")
+    wide = build_kernel("flash-fwd", h100, head_dim=256)
+    assert (wide.attrs["subtiles"], wide.attrs["block_n"], wide.attrs["block_m"]) == (2, 64, 128)
+    assert wide == build_kernel("flash-fwd", h100, head_dim=256, subtiles=2, block_n=64)
+    given = build_kernel("flash-fwd", h100, head_dim=256, subtiles=1, block_n=128)
+    assert (given.attrs["subtiles"], given.attrs["block_n"]) == (1, 128)
+    for machine, head_dim in ((h100, 128), (h100, 64), (b200, 256)):
+        graph = build_kernel("flash-fwd", machine, head_dim=head_dim)
+        assert (graph.attrs["subtiles"], graph.attrs["block_n"]) == (1, 128)

@@ -40,12 +40,12 @@ from twill.kernels import _common as k
 from twill.machine.models import Machine
 
 OPTIONS = {
-    "subtiles": KernelOption(int, 1, "split the Q block into this many sub-tiles sharing K/V (3: Hopper only)",
-                             (1, 2, 3)),
+    "subtiles": KernelOption(int, 0, "split the Q block into this many sub-tiles sharing K/V (3: Hopper only; "
+                                     "0 = 1, or 2 at head dim 256 on Hopper)", (0, 1, 2, 3)),
     "head_dim": KernelOption(int, 128, "head dimension", (64, 128, 256)),
     "block_m": KernelOption(int, 0, "query rows per CTA (0 = 64 per sub-tile, at least 128, on Hopper; 256 on "
                                     "Blackwell)", (0, 64, 128, 192, 256)),
-    "block_n": KernelOption(int, 128, "keys per iteration", (64, 128)),
+    "block_n": KernelOption(int, 0, "keys per iteration (0 = 128, or 64 at head dim 256 on Hopper)", (0, 64, 128)),
     "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
     "causal": KernelOption(bool, False, "causal mask: each query attends to keys at or before its position "
                                         "(the loop stops at the diagonal)", (False, True)),
@@ -62,6 +62,20 @@ TMEM_SUBTILES = (1, 2)
 
 #: Columns of O that FA4's correction warps load from TMEM at a time.
 CORRECTION_CHUNK = 32
+
+
+#: Head dimension at which the Hopper defaults change to 64-key blocks on two sub-tiles (:func:`default_tile`).
+WIDE_HEAD_DIM = 256
+
+
+def default_tile(machine: Machine, head_dim: int) -> tuple[int, int]:
+    """``(subtiles, block_n)`` when the options leave them 0: ``(1, 128)``, but ``(2, 64)`` at head dim 256 on
+    Hopper, the tile ``twill.ops.attention`` runs there: two 128-key K/V stages of 256 columns beside the Q tile
+    leave no schedule within shared memory and the registers of one coarse tile, and 64-key blocks split over
+    two compute warp groups fit."""
+    if head_dim >= WIDE_HEAD_DIM and machine.mma_accumulates_in != "tmem":
+        return 2, 64
+    return 1, 128
 
 
 def default_block_m(machine: Machine, subtiles: int = 1) -> int:
@@ -83,11 +97,15 @@ def default_reg_limit(machine: Machine, subtiles: int) -> int:
     return min(HOPPER_MAX_REGS, per_thread // machine.setmaxnreg_step * machine.setmaxnreg_step)
 
 
-def build(machine: Machine, *, subtiles: int = 1, head_dim: int = 128, block_m: int = 0, block_n: int = 128,
+def build(machine: Machine, *, subtiles: int = 0, head_dim: int = 128, block_m: int = 0, block_n: int = 0,
           dtype: str = "fp16", causal: bool = False, kv_heads: int = 0) -> LoopGraph:
-    """The forward KV-loop body for ``machine`` (see the module docstring). ``causal`` and ``kv_heads`` do
-    not change the loop body (the unmasked steady state is the scheduled loop; grouped K/V heads only move
-    the K/V rows a CTA reads); they are graph attributes for the code generators."""
+    """The forward KV-loop body for ``machine`` (see the module docstring); ``subtiles`` and ``block_n`` left 0
+    take :func:`default_tile`. ``causal`` and ``kv_heads`` do not change the loop body (the unmasked steady
+    state is the scheduled loop; grouped K/V heads only move the K/V rows a CTA reads); they are graph
+    attributes for the code generators."""
+    tile = default_tile(machine, head_dim)
+    subtiles = subtiles or tile[0]
+    block_n = block_n or tile[1]
     if kv_heads < 0:
         raise TwillError(f"kernel 'flash-fwd': kv_heads must be 0 (as many as the query heads) or positive, "
                          f"got {kv_heads}")
