@@ -124,7 +124,7 @@ def test_autotuned_kernel_takes_a_config_and_heuristics():
     with pytest.raises(TwillError) as info:
         _graph_tuned()
     assert "autotuned over 2 configs" in str(info.value) and "1: BLOCK_M=64 BLOCK_N=128 BLOCK_K=32" in str(info.value)
-    with pytest.raises(TwillError, match="'EVEN_K' \(computed by @triton.heuristics"):
+    with pytest.raises(TwillError, match=r"'EVEN_K' \(computed by @triton.heuristics"):
         _graph_tuned(config=1)
     g = _graph_tuned(config=1, constexprs=["EVEN_K=True"])
     assert g.op("mma").attrs["m"] == 64 and g.op("mma").attrs["k"] == 32 and g.attrs["num_warps"] == 4

@@ -61,8 +61,15 @@ class Argument:
     divisible: bool
 
 
-#: Triton argument types: scalars, pointers (``*fp16``, ``*kfp16`` for const) and tensor descriptors.
-_ARG_TYPE = re.compile(r"^(\*k?)?([iu](1|8|16|32|64)|fp8\w*|fp16|bf16|fp32|fp64)$|^tensordesc<.+>$")
+#: The element types of Triton 3.6's signatures (``triton.language.str_to_ty``), as docs/triton.md lists them.
+SCALAR_TYPES = ("i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64", "fp8e4nv", "fp8e5", "fp8e4b8",
+                "fp8e5b16", "fp8e4b15", "fp16", "bf16", "fp32", "fp64")
+_SCALAR = "|".join(SCALAR_TYPES)
+#: Triton argument types: scalars, pointers (``*fp16``, ``*kfp16`` for const) and tensor descriptors
+#: (``tensordesc<fp16[128, 64]>``: element type and block shape).
+_ARG_TYPE = re.compile(rf"^(\*k?)?({_SCALAR})$|^tensordesc<({_SCALAR})\[\s*\d+(\s*,\s*\d+)*\s*\]>$")
+_TYPE_HELP = (f"TYPE is a scalar ({', '.join(SCALAR_TYPES)}), a pointer *TYPE (*kTYPE: const) or a tensor "
+              f"descriptor tensordesc<TYPE[D0, D1]>")
 
 
 def _split_top(text: str) -> list[str]:
@@ -102,7 +109,8 @@ def parse_signature(text: str) -> tuple[Argument, ...]:
                 raise TwillError(f"signature entry {part!r}: only ':16' (tt.divisibility 16) is supported")
             divisible = True
         if (name and not name.isidentifier()) or not _ARG_TYPE.match(typ):
-            raise TwillError(f"signature entry {part!r} must be NAME=TYPE or TYPE (e.g. a_ptr=*fp16:16, i32)")
+            raise TwillError(f"signature entry {part!r} must be NAME=TYPE or TYPE (e.g. a_ptr=*fp16:16, i32); "
+                             f"{_TYPE_HELP}")
         out.append(Argument(name, typ, divisible))
     if not out:
         raise TwillError("empty signature: list every non-constexpr argument, e.g. a_ptr=*fp16:16,M=i32:16")
@@ -116,6 +124,39 @@ def parse_constexpr_value(text: str) -> Any:
         except ValueError:
             pass
     return {"True": True, "False": False, "true": True, "false": False, "None": None}.get(text, text)
+
+
+#: torch's names of the fp8 formats -> Triton's; every other torch dtype name is Triton's long name
+#: (``torch.bfloat16`` -> ``tl.bfloat16``) or one of these aliases.
+_TORCH_DTYPES = {"float8_e4m3fn": "float8e4nv", "float8_e5m2": "float8e5", "float8_e4m3fnuz": "float8e4b8",
+                 "float8_e5m2fnuz": "float8e5b16", "half": "float16", "float": "float32", "double": "float64",
+                 "bool": "int1"}
+_DTYPE_PREFIXES = ("triton.language.", "tl.", "torch.")
+
+
+def dtype_constexpr(value: Any) -> Any:
+    """The ``tl.dtype`` a constexpr value names, else the value unchanged. A kernel that uses a constexpr as a
+    dtype (``x.to(compute_type)``) needs a ``tl.dtype``; the command line gives strings, so Triton's short
+    names (``bf16``, ``fp8e4nv``), its long names (``bfloat16``, ``tl.bfloat16``) and torch's
+    (``torch.bfloat16``, ``torch.float8_e4m3fn``, or a torch dtype object) become that dtype."""
+    if type(value).__module__ == "torch":
+        value = str(value)
+    if not isinstance(value, str):
+        return value
+    name = value.strip()
+    prefix = next((p for p in _DTYPE_PREFIXES if name.startswith(p)), "")
+    name = name[len(prefix):]
+    if prefix == "torch.":
+        name = _TORCH_DTYPES.get(name, name)
+    import triton.language as tl
+
+    short = tl.dtype.SINT_TYPES + tl.dtype.UINT_TYPES + tl.dtype.FP_TYPES
+    if not prefix and name in short:
+        return tl.dtype(name)
+    found = getattr(tl, name, None) if name.isidentifier() else None
+    if isinstance(found, tl.dtype) and found.name in short:
+        return found
+    return value
 
 
 def parse_constexprs(items: Sequence[str]) -> dict[str, Any]:
@@ -171,24 +212,26 @@ class KernelSpec:
             if name not in arg_names:
                 raise TwillError(f"kernel {self.name!r} has no argument {name!r} "
                                  f"(arguments: {', '.join(arg_names)})")
-        constexprs = dict(self.constexprs)
+        constexprs = {name: dtype_constexpr(value) for name, value in self.constexprs.items()}
         params = {p.name: p for p in getattr(self.fn, "params", [])}
         sig: dict[str, str] = {}
+        no_value, no_type = [], []
         for name in arg_names:
             param = params.get(name)
             if name in constexprs or (param is not None and param.is_constexpr):
                 if name not in constexprs:
                     default = param._param.default if param is not None else None
                     if default is None or default is param._param.empty:
-                        raise TwillError(f"kernel {self.name!r}: constexpr {name!r} has no value; "
-                                         f"pass --constexpr {name}=VALUE")
+                        no_value.append(name)
+                        continue
                     constexprs[name] = default
                 sig[name] = "constexpr"
             elif name in given:
                 sig[name] = given[name].type
             else:
-                raise TwillError(f"kernel {self.name!r}: argument {name!r} is missing from the signature "
-                                 f"(list every non-constexpr argument, e.g. {name}=i32:16)")
+                no_type.append(name)
+        if no_value or no_type:
+            raise TwillError(f"kernel {self.name!r}: {missing_text(no_value, no_type)}")
         attrs = {(arg_names.index(a.name),): [["tt.divisibility", 16]] for a in given.values() if a.divisible}
         return ASTSource(self.fn, sig, constexprs, attrs)
 
@@ -209,6 +252,24 @@ class KernelSpec:
         from triton.backends.compiler import GPUTarget
 
         return GPUTarget("cuda", self.capability, 32)
+
+
+def missing_text(no_value: Sequence[str], no_type: Sequence[str] = (), computed: Sequence[str] = ()) -> str:
+    """One sentence naming every constexpr without a value and every argument missing from the signature,
+    with the flags that supply them; ``computed``: constexprs an ``@triton.heuristics`` computes from launch
+    arguments."""
+    parts = []
+    values = list(no_value) + [n for n in computed if n not in no_value]
+    if values:
+        which = ("constexpr " if len(values) == 1 else "constexprs ") + ", ".join(repr(n) for n in values)
+        why = " (computed by @triton.heuristics from the launch arguments)" if computed else ""
+        flags = " ".join(f"--constexpr {n}=VALUE" for n in values)
+        parts.append(f"{which}{why} {'has' if len(values) == 1 else 'have'} no value; pass {flags}")
+    if no_type:
+        which = ("argument " if len(no_type) == 1 else "arguments ") + ", ".join(repr(n) for n in no_type)
+        parts.append(f"{which} {'is' if len(no_type) == 1 else 'are'} missing from the signature (list every "
+                     f"non-constexpr argument, e.g. {no_type[0]}=i32:16)")
+    return "; ".join(parts)
 
 
 def capability_of(arch: str) -> int:
@@ -247,14 +308,18 @@ class KernelSource:
             values = {**chosen.kwargs, **values}
             num_warps = num_warps if num_warps is not None else chosen.num_warps
             num_stages = num_stages if num_stages is not None else chosen.num_stages
+        computed = []
         for name, rule in self.heuristics.items():
             if name in values:
                 continue
             try:
                 values[name] = rule(dict(values))
             except Exception:
-                raise TwillError(f"kernel {self.fn.__name__!r}: constexpr {name!r} is computed by @triton.heuristics "
-                                 f"from the launch arguments; pass --constexpr {name}=VALUE") from None
+                computed.append(name)
+        if computed:
+            no_value = [p.name for p in getattr(self.fn, "params", []) if p.is_constexpr and p.name not in values
+                        and p.name not in computed and p._param.default is p._param.empty]
+            raise TwillError(f"kernel {self.fn.__name__!r}: {missing_text(no_value, computed=computed)}")
         return values, num_warps, num_stages
 
     def describe_configs(self) -> str:
@@ -485,20 +550,69 @@ def _native_stderr(workdir: str):
 
 
 def compile_error_text(exc: Exception, spec: KernelSpec, native: str = "") -> str:
-    """``" at file.py:LINE: reason"`` for a Triton compilation error: the Python source line of the failing
-    expression and the reason (Triton's message starts with a kernel-relative ``at 3:13:`` and the source
-    excerpt, and ends with the reason). A failing MLIR pass only says ``PassManager::run failed``; its
-    diagnostic (``file.py:11:33: error: ...``), printed by native code, is the reason then."""
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    reason = getattr(exc, "error_message", None) or (lines[-1].strip() if lines else "")
-    node, line = getattr(exc, "node", None), None
-    if node is not None and getattr(node, "lineno", None):
-        line = source_line(spec.fn, node.lineno)
+    """``" at file.py:LINE: Reason: message"`` for a Triton compilation error. Triton wraps the error once per
+    ``@triton.jit`` function on the call path (the kernel's line only shows a caret under the call), so the
+    innermost :class:`CompilationError` of the exception chain is the helpful one: its line (in the helper
+    that failed, ``(in helper, called at file.py:LINE)``) and its reason, named by the exception under it
+    (``NameError: x is not defined``). A failing MLIR pass only says ``PassManager::run failed``; its
+    diagnostic (``file.py:11:33: error: ...``), printed by native code, is the reason then. A reason about a
+    ``str`` names the string constexprs: a dtype is written ``bf16``, ``tl.bfloat16`` or ``torch.bfloat16``."""
+    chain = _exception_chain(exc)
+    located = [e for e in chain if getattr(e, "node", None) is not None and hasattr(e, "error_message")]
+    inner = next((e for e in reversed(located) if e.error_message), located[-1] if located else exc)
+    under = chain[chain.index(inner) + 1] if chain.index(inner) + 1 < len(chain) else None
+    if under is not None and not hasattr(under, "error_message") and str(under):
+        reason, kind = str(under).strip(), type(under).__name__
+    else:
+        lines = [ln for ln in str(inner).strip().splitlines() if ln.strip()]
+        reason = getattr(inner, "error_message", None) or (lines[-1].strip() if lines else "")
+        kind = type(inner).__name__
+    line = _error_place(inner, located[0] if located else None, spec)
     diagnostic = re.search(r"^(?:.*/)?([^/\s:]+\.py):(\d+):\d+: error: (.*)$", native, re.M)
     if diagnostic:
         line = line or f"{diagnostic.group(1)}:{diagnostic.group(2)}"
         reason = f"{reason}: {diagnostic.group(3).strip()}"
-    return f"{' at ' + line if line else ''}: {type(exc).__name__}: {str(reason)[:300]}"
+    strings = [f"{n}={v!r}" for n, v in spec.constexprs.items()
+               if isinstance(v, str) and dtype_constexpr(v) is v]
+    if strings and "'str' object" in reason:
+        reason += (f" (string constexpr {', '.join(strings)}; a constexpr used as a dtype takes bf16, tl.bfloat16 "
+                   f"or torch.bfloat16)")
+    return f"{' at ' + line if line else ''}: {kind}: {str(reason)[:300]}"
+
+
+def _exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from (``__cause__``, else ``__context__``), outermost first."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def _error_place(inner: BaseException, outer: BaseException | None, spec: KernelSpec) -> str | None:
+    """``"k.py:21"`` of the failing expression; in a helper the kernel calls, ``"k.py:21 (in _scale, called
+    at k.py:28)"``. The helper is found among the ``@triton.jit`` functions the kernel's module can see, by
+    its source text (all a :class:`CompilationError` keeps of it)."""
+    node = getattr(inner, "node", None)
+    if node is None or not getattr(node, "lineno", None):
+        return None
+    if outer is None or inner is outer or getattr(inner, "src", None) == getattr(spec.fn, "src", None):
+        return source_line(spec.fn, node.lineno)
+    helper = _jit_function_with_source(spec.fn, inner.src)
+    name = re.search(r"def\s+(\w+)", inner.src or "")
+    called = source_line(spec.fn, outer.node.lineno) if getattr(outer.node, "lineno", None) else None
+    where = (source_line(helper, node.lineno) if helper is not None else None) or f"line {node.lineno} of its body"
+    return (f"{where} (in {name.group(1) if name else 'a helper'}"
+            f"{', called at ' + called if called else ''})")
+
+
+def _jit_function_with_source(kernel: Any, src: str | None) -> Any:
+    """The ``@triton.jit`` function whose source is ``src`` among the kernel module's globals and the
+    attributes of the modules it imports, else ``None``."""
+    scope = getattr(getattr(kernel, "fn", None), "__globals__", {})
+    candidates = list(scope.values())
+    candidates += [v for m in scope.values() if type(m).__name__ == "module" for v in vars(m).values()]
+    return next((c for c in candidates if getattr(c, "src", None) == src and hasattr(c, "fn")), None)
 
 
 def source_line(kernel: Any, relative: int) -> str | None:

@@ -220,6 +220,11 @@ def classify(st: Statement, machine: Machine, num_warps: int,
     if st.op in MUFU_OPS and t is not None and t.is_float:
         return Node(st, "exp2" if st.op in ("math.exp2", "math.exp") else "mufu", exp2_cost(machine, t.elements),
                     regs=regs_of(t), warps=WARPGROUP, spill_cost=spill(t), info={"shape": list(t.shape)})
+    if st.op in MUFU_OPS and t is None and _scalar_element(st).startswith(("f", "bf")):
+        # a scalar special function (a gate exp2(g) carried from one iteration to the next): one element,
+        # computed by every thread, so it costs the MUFU issue of one element on the tile ops' warp group
+        return Node(st, "exp2" if st.op in ("math.exp2", "math.exp") else "mufu", exp2_cost(machine, 1),
+                    warps=WARPGROUP, info={"shape": []})
     if st.op.startswith(ALU_PREFIXES) and t is not None and t.is_float:
         return Node(st, "alu", alu_cost(machine, t.elements), regs=regs_of(t), warps=WARPGROUP,
                     spill_cost=spill(t), info={"shape": list(t.shape)})
@@ -253,6 +258,21 @@ def _conditional(st: Statement, machine: Machine, num_warps: int,
                 smem=sum(n.smem for n in nodes), tmem=sum(n.tmem for n in nodes),
                 warps=max(n.warps for n in nodes), spill_cost=max(n.spill_cost for n in nodes),
                 info={"computes": kinds, "region_ops": [n.stmt.op for n in nodes], "regions": len(regions)})
+
+
+def _scalar_element(st: Statement) -> str:
+    """The MLIR type of a scalar result (``f32`` in ``%x = math.exp2 %g : f32``), ``""`` if none is written."""
+    m = re.search(r":\s*([a-z]+\d*)\s*(?:loc\(.*\))?\s*$", st.text.splitlines()[-1].strip())
+    return m.group(1) if m else ""
+
+
+def _unsupported_label(st: Statement) -> str:
+    """The op and, when the op itself is modelled on other types, the type it was given here."""
+    if st.op in MUFU_OPS or st.op.startswith(ALU_PREFIXES):
+        t = st.result_type
+        element = (t.element if t is not None else _scalar_element(st)) or "an unknown type"
+        return f"{st.op} on {element}{'' if t is None or not t.shape else ' tiles'}"
+    return st.op
 
 
 class _Unsupported(Exception):
@@ -529,12 +549,14 @@ def lower_loop(loop: ForLoop, machine: Machine, *, num_warps: int, name: str, lo
         if node is not None:
             nodes[st.index] = node
     if unsupported:
-        listed = ", ".join(f"{st.op} ({_where(st.loc, st.first_line, loc_table)})" for st in unsupported)
+        listed = ", ".join(f"{_unsupported_label(st)} ({_where(st.loc, st.first_line, loc_table)})"
+                           for st in unsupported)
         raise UnsupportedFeatureError(
             f"loop at {_where(loop.loc, loop.header_line, loc_table)}: the Triton frontend cannot model {listed}; "
             f"supported are "
-            f"loads, dots, exp2/special functions, reductions, elementwise float arithmetic, layout and "
-            f"shared/tensor-memory copies (index arithmetic is folded), and scf.if regions of those")
+            f"loads, dots, reductions, special functions (exp2, log2, rsqrt, ...) and elementwise arithmetic on "
+            f"float tiles and scalars, layout and shared/tensor-memory copies (index arithmetic is folded), and "
+            f"scf.if regions of those")
     if not nodes:
         raise UnsupportedFeatureError(f"loop at line {loop.header_line + 1} has no operation to schedule")
     sources = _sources(loop, nodes)
