@@ -115,6 +115,9 @@ def _header(schedule: Schedule) -> list[str]:
              f"L: {_time(schedule.length, norm)}    stages: {schedule.num_stages}    copies: {schedule.copies}"]
     if "length_lower_bound" in stats:
         lines[-1] += f"    L lower bound: {stats['length_lower_bound']}"
+    if stats.get("fallback"):       # the joint search found none of its own (twill.solve.joint.search.fall_back)
+        lines.insert(2, f"fallback: the modulo-only schedule with the kernel's warp groups, because: "
+                        f"{stats['fallback']}")
     if schedule.graph.attrs.get("loop_source"):         # a loop extracted from a Triton kernel
         lines.insert(1, f"loop: {schedule.graph.attrs['loop_source']}")
     lines.append(f"solve time: {schedule.solve_seconds:.2f} s")
@@ -190,12 +193,39 @@ def _blocked_rows(schedule: Schedule) -> list[str]:
     return ["blocked_by:"] + [f"  {x}" for x in items] + ([f"  ({note})"] if note else [])
 
 
+def _triton_notes(schedule: Schedule) -> list[str]:
+    """For a loop extracted from a Triton kernel (``attrs["source"] == "triton"``): why ``stages`` and the
+    warp groups' warps differ from the kernel's ``num_stages`` and ``num_warps``. Streaming loads have no
+    latency in the model and run ahead in rings of buffers, so they need no stage of their own; each tile op
+    is modelled on one 4-warp group, so a group shows 4 warps where Triton spreads the tile over all of them."""
+    g = schedule.graph
+    if g.attrs.get("source") != "triton":
+        return []
+    notes = []
+    streaming = [op.name for op in g.ops if g.is_streaming(op.name)]
+    if streaming:
+        stages = g.attrs.get("num_stages")
+        ahead = (f", where Triton's num_stages {stages} puts them {stages - 1} "
+                 f"{'stage' if stages == 2 else 'stages'} ahead") if isinstance(stages, int) and stages > 1 else ""
+        notes.append(f"stages: {schedule.num_stages} counts the stages of the computation; the streaming loads "
+                     f"({', '.join(streaming)}) have no latency in the model and run ahead of their consumers in "
+                     f"rings of {schedule.streaming_depth} buffers{ahead}")
+    warps = g.attrs.get("num_warps")
+    if schedule.warps and isinstance(warps, int) and warps > 4:
+        notes.append(f"warp groups: the kernel runs {warps} warps; the model runs each tile op on one 4-warp group "
+                     f"(the warp group a wgmma issues from) and each load on one warp, so a group shows 4 warps "
+                     f"where Triton spreads the tile over all {warps}; registers are counted over the kernel's "
+                     f"{warps} warps (docs/triton.md, Limits)")
+    return ["notes:"] + [f"  {n}" for n in notes] if notes else []
+
+
 def format_report(schedule: Schedule, machine: Machine) -> str:
     """II, bounds, L, stages, status, solve time, normalization, unit utilization, per-op table, buffers,
-    warp groups and ``blocked_by`` explanations, as plain text; names (of the graph, ops, units, groups) are
-    shown through :func:`twill.quote.printable`, so no control character reaches the terminal."""
+    warp groups, ``blocked_by`` explanations and, for a Triton kernel's loop, notes on its stages and warps,
+    as plain text; names (of the graph, ops, units, groups) are shown through :func:`twill.quote.printable`,
+    so no control character reaches the terminal."""
     sections = [_header(schedule) + [_utilization_line(schedule, machine)], _op_rows(schedule),
-                _buffer_rows(schedule), _warp_rows(schedule), _blocked_rows(schedule)]
+                _buffer_rows(schedule), _warp_rows(schedule), _blocked_rows(schedule), _triton_notes(schedule)]
     lines: list[str] = []
     for block in sections:
         if block:

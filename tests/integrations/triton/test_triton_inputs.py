@@ -123,3 +123,22 @@ def test_signature_error_lists_every_type():
     assert parse_signature("d=tensordesc<bf16[64,128]>")[0].type == "tensordesc<bf16[64,128]>"
     with pytest.raises(TwillError):
         parse_signature("d=tensordesc<fp16>")
+
+
+def test_report_says_why_stages_and_warps_differ_from_the_kernels(capsys):
+    """``--num-warps 8 --num-stages 3`` on a matmul: the report shows ``stages: 1`` and a 4-warp MMA group,
+    and its notes say why (streaming loads run ahead in rings; tile ops are modelled on 4-warp groups)."""
+    pytest.importorskip("ortools")
+    from twill.cli import main
+
+    assert main(["schedule", f"{INPUTS}:expert_gemm", "--num-warps", "8", "--num-stages", "3", "--signature",
+                 K.GEMM_SIGNATURE, "--constexpr", "BLOCK_M=128", "--constexpr", "BLOCK_N=128", "--constexpr",
+                 "BLOCK_K=64", "--constexpr", "compute_type=fp16"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^L: .*stages: 1 ", out, re.M) and re.search(r"^  1 mma +4 warps", out, re.M)
+    notes = out.split("\nnotes:\n", 1)[1].splitlines()
+    assert notes[0].startswith("  stages: 1 counts the stages of the computation; the streaming loads (load_a, "
+                               "load_b) have no latency in the model and run ahead of their consumers in rings of "
+                               "3 buffers, where Triton's num_stages 3 puts them 2 stages ahead")
+    assert notes[1].startswith("  warp groups: the kernel runs 8 warps; the model runs each tile op on one 4-warp "
+                               "group")
