@@ -274,3 +274,30 @@ def test_three_compute_partitions_cannot_be_emitted():
     sched = flash_schedule(build_kernel("flash-fwd", H100, subtiles=3, head_dim=64), H100, ahead=0, depth=2)
     with pytest.raises(UnsupportedFeatureError, match=r"^cannot emit: 3 compute partitions \(Pallas backend: turn"):
         render_plan(pallas_plan(sched))
+
+
+@pytest.mark.parametrize("argv,depth", [
+    (["--head-dim", "128"], 3),                              # the measured best at head dim 128
+    (["--head-dim", "128", "--streaming-depth", "2"], 2),    # a given depth wins
+    (["--head-dim", "64"], 2),                               # not measured: the graph's default
+])
+def test_cli_emit_pallas_flash_fwd_streaming_depth_default(tmp_path, capsys, argv, depth):
+    """``twill emit pallas flash-fwd`` solves with the K/V ring depth that ran best at head dim 128 (3) unless
+    ``--streaming-depth`` is given; other head dims keep the graph's default (2)."""
+    from twill.cli import main
+
+    out = tmp_path / "fa.py"
+    assert main(["emit", "pallas", "flash-fwd", *argv, "-o", str(out)]) == 0
+    assert f"MAX_CONCURRENT_STEPS = {depth}  #" in out.read_text()
+
+
+def test_only_the_pallas_flash_fwd_body_chooses_a_streaming_depth():
+    """The depth default is the Pallas attention body's alone: Gluon and TileLang, and the Pallas GEMM, keep
+    the graph's default."""
+    from twill.kernels import emit_streaming_depth, family
+
+    graph = build_kernel("flash-fwd", H100, head_dim=128)
+    assert emit_streaming_depth(family("flash-fwd"), "pallas", graph) == 3
+    assert emit_streaming_depth(family("flash-fwd"), "gluon", graph) is None
+    assert emit_streaming_depth(family("flash-fwd"), "tilelang", graph) is None
+    assert emit_streaming_depth(family("gemm"), "pallas", build_kernel("gemm", H100)) is None

@@ -13,6 +13,7 @@ TileLang module source.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from twill.commands.common import (add_solve_arguments, add_target_arguments, input_files, machine_of, solve_options,
                                    target_options)
@@ -40,27 +41,33 @@ def _schedule_for(args: argparse.Namespace):
     graph = resolve_target(args.target, target_options(args), machine)
     if graph.attrs.get("source") == "triton":
         raise _not_from_triton(args.target)
-    _refuse_before_solving(graph, args)
+    options = solve_options(args)
+    found = _refuse_before_solving(graph, args)
+    if options.streaming_depth is None:
+        from twill.kernels import emit_streaming_depth
+
+        options = replace(options, streaming_depth=emit_streaming_depth(found, args.emit_to, graph))
     if args.emit_to == "tilelang":
         from twill.integrations.tilelang.planner import solve_for_tilelang
 
-        return solve_for_tilelang(graph, machine, solve_options(args))
+        return solve_for_tilelang(graph, machine, options)
     if getattr(args, "check_spills", False):
         from twill.tune.registers import schedule_without_spills
 
-        return schedule_without_spills(graph, machine, solve_options(args),
-                                       persistent=getattr(args, "persistent", False))
-    return schedule(graph, machine, solve_options(args))
+        return schedule_without_spills(graph, machine, options, persistent=getattr(args, "persistent", False))
+    return schedule(graph, machine, options)
 
 
-def _refuse_before_solving(graph, args: argparse.Namespace) -> None:
-    """Raise UnsupportedFeatureError, before any solve, when the backend has no body for the graph's kernel
-    family (the registry's :func:`~twill.kernels.emitting_family`) or, for TileLang, the body refuses the graph."""
+def _refuse_before_solving(graph, args: argparse.Namespace):
+    """The family that emits ``graph`` for the backend; UnsupportedFeatureError, before any solve, when the
+    backend has no body for the graph's kernel family (the registry's :func:`~twill.kernels.emitting_family`)
+    or, for TileLang, the body refuses the graph."""
     from twill.kernels import emitting_family
 
     found = emitting_family(graph, args.emit_to, persistent=getattr(args, "persistent", False))
     if args.emit_to == "tilelang":
         found.body("tilelang").refuse(graph)
+    return found
 
 
 def _not_from_triton(target: str) -> TwillError:

@@ -9,7 +9,9 @@ registry imports a family's other modules only when they are used:
   for a family with ``planned``;
 * one body per backend in ``backends``: ``gluon`` (``body(plan) -> KernelBody``), ``pallas``
   (``emit(plan) -> str``), ``tilelang`` (``refuse(graph)``, ``emit_ws(plan, schedule)``,
-  ``emit_pipelined(schedule, dtype)``);
+  ``emit_pipelined(schedule, dtype)``); any body may define ``streaming_depth(attrs) -> int | None`` (``attrs``: the graph's), the
+  streaming depth ``twill emit`` solves with for that backend when none is asked for
+  (:func:`emit_streaming_depth`);
 * ``tune``: the tuner's cost hooks, for a family with ``tuned``. ``PROBLEM`` (the problem it is tuned for) and
   ``DEFAULT_AXES`` (its default sweep) are required; the others are optional and read by name where the
   tuner prices something that depends on the family: ``CHECKED_ONLY``, ``TMEM_DROPPED``, ``CAUSAL``,
@@ -173,3 +175,11 @@ def emitting_family(graph: LoopGraph, backend: str, persistent: bool = False) ->
         raise UnsupportedFeatureError(f"cannot emit {backend}: kernel {found.name!r} has no persistent form "
                                       f"(persistent: {', '.join(f.name for f in families() if f.persistent)})")
     return found
+
+
+def emit_streaming_depth(family: Family, backend: str, graph: LoopGraph) -> int | None:
+    """The streaming depth ``family``'s ``backend`` body asks to solve ``graph`` with when the command gives
+    none (its optional ``streaming_depth(attrs)``, read from the graph's attributes), or None for the graph's
+    default."""
+    chooser = getattr(family.body(backend), "streaming_depth", None)
+    return chooser(graph.attrs) if chooser is not None else None

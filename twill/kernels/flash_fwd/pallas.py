@@ -16,8 +16,22 @@ from __future__ import annotations
 
 from twill.codegen.pallas.render import (JNP_DTYPES, WG_ROWS, cannot_emit, constant_lines, knob_constants,
                                          pipeline_knobs, render_header, render_module)
+from collections.abc import Mapping
+from typing import Any
+
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_fwd.plan import PROGRAM_ORDER
+
+#: Streaming depth (K/V ring depth) ``twill emit pallas`` solves with when ``--streaming-depth`` is not given, by
+#: head dim: the depth that ran fastest on the H200 against ``attention_mgpu`` (docs/codegen.md, "Pallas ring
+#: depth"). Only head dim 128 was measured; the others keep the graph's default.
+MEASURED_STREAMING_DEPTH = {128: 3}
+
+
+def streaming_depth(attrs: Mapping[str, Any]) -> int | None:
+    """The streaming depth to solve a graph with these attributes with for this body when none is asked for
+    (:data:`MEASURED_STREAMING_DEPTH`, by ``head_dim``), or None for the graph's default."""
+    return MEASURED_STREAMING_DEPTH.get(int(attrs.get("head_dim", 0)))
 
 BODY = '''
 LOG2E = math.log2(math.e)  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
