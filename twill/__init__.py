@@ -17,8 +17,8 @@ __version__ = "0.1.0"
 
 def from_triton(fn, *, signature: str, constexprs=(), num_warps: int = 4, num_stages: int | None = None,
                 arch: str = "h100", loop: int | str | None = None) -> LoopGraph:
-    """Loop graph of a ``@triton.jit`` kernel's loop (``loop``: index or ``"line:N"``, default the innermost
-    loop with the most dots), compiled on this CPU for ``arch`` (``h100``/``h200`` -> sm_90, ``b200`` ->
+    """Loop graph of a ``@triton.jit`` kernel's loop (``loop``: index or ``"line:N"``; needed when several
+    loops hold dots, else the one that does), compiled on this CPU for ``arch`` (``h100``/``h200`` -> sm_90, ``b200`` ->
     sm_100). Needs ``triton==3.6.0``; see ``docs/triton.md``."""
     from twill.integrations.triton import graph_from_function
 

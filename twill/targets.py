@@ -13,6 +13,7 @@ A *target* is one of
 
 :func:`resolve_target` takes the target and its :class:`TargetOptions` (what the command line gave); an
 option that does not apply to the kind of target is a one-line :class:`~twill.errors.TwillError` naming it.
+:func:`resolve_targets` gives every loop of a Triton kernel that holds a dot (``twill schedule``).
 """
 
 from __future__ import annotations
@@ -87,7 +88,18 @@ class TargetOptions:
 
 
 def resolve_target(target: str, options: TargetOptions, machine: Machine) -> LoopGraph:
-    """The loop graph that ``target`` names (see the module docstring)."""
+    """The loop graph that ``target`` names (see the module docstring); a Triton kernel with several loops
+    that hold dots needs ``--loop`` to pick one."""
+    return _resolve(target, options, machine, every_loop=False)[0]
+
+
+def resolve_targets(target: str, options: TargetOptions, machine: Machine) -> list[LoopGraph]:
+    """The loop graphs that ``target`` names: for a Triton kernel, every innermost loop that holds a dot (in
+    program order) unless ``--loop`` picks one; for any other target, its one graph."""
+    return _resolve(target, options, machine, every_loop=True)
+
+
+def _resolve(target: str, options: TargetOptions, machine: Machine, *, every_loop: bool) -> list[LoopGraph]:
     kernel_opts = dict(options.kernel)
     triton_flags = options.triton_flags()
     match = python_target(target)
@@ -97,16 +109,16 @@ def resolve_target(target: str, options: TargetOptions, machine: Machine) -> Loo
     if tilelang:
         from twill.integrations.tilelang import load_loop
 
-        return load_loop(*tilelang, list(options.tl_args), machine)[1].graph
+        return [load_loop(*tilelang, list(options.tl_args), machine)[1].graph]
     if options.tl_args:
         raise TwillError("--arg applies to TileLang kernels (path.py:fn whose file imports tilelang) only")
     if match:
         if kernel_opts:
             raise TwillError(f"{options.kernel_flags()[0]} applies to built-in kernels only; "
                              f"use --constexpr for a Triton target")
-        return _triton_graph(match.path, match.fn, options, machine)
+        return _triton_graphs(match.path, match.fn, options, machine, every_loop)
     if target.endswith(TTGIR_SUFFIXES):
-        return _triton_graph(target, "", options, machine)
+        return _triton_graphs(target, "", options, machine, every_loop)
     if triton_flags:
         raise TwillError(f"{triton_flags[0]} applies to Triton targets (path.py:fn) only")
     if target.endswith(".json") or os.path.sep in target or os.path.isfile(target):
@@ -115,10 +127,10 @@ def resolve_target(target: str, options: TargetOptions, machine: Machine) -> Loo
                              f"not to graph file {target!r}")
         from twill.ir.io import load_graph
 
-        return load_graph(target)
+        return [load_graph(target)]
     from twill.kernels import build_kernel
 
-    return build_kernel(target, machine, **kernel_opts)
+    return [build_kernel(target, machine, **kernel_opts)]
 
 
 def tilelang_target(target: str, options: TargetOptions) -> PythonTarget | None:
@@ -136,13 +148,16 @@ def tilelang_target(target: str, options: TargetOptions) -> PythonTarget | None:
     return match
 
 
-def _triton_graph(path: str, fn: str, options: TargetOptions, machine: Machine) -> LoopGraph:
+def _triton_graphs(path: str, fn: str, options: TargetOptions, machine: Machine,
+                   every_loop: bool) -> list[LoopGraph]:
     if not os.path.exists(path):
         raise FormatError(f"cannot read Triton source {path!r}: no such file")
     try:
-        from twill.integrations.triton import graph_from_target
+        from twill.integrations.triton import graph_from_target, graphs_from_target
     except ImportError as exc:
         raise TwillError(f"the Triton frontend is not available ({exc}); install twill-gpu[triton]") from None
-    return graph_from_target(path, fn, signature=options.signature, constexprs=list(options.constexprs),
-                             num_warps=options.num_warps, num_stages=options.num_stages, machine=machine,
-                             loop=options.loop, config=options.config)
+    kwargs = dict(signature=options.signature, constexprs=list(options.constexprs), num_warps=options.num_warps,
+                  num_stages=options.num_stages, machine=machine, loop=options.loop, config=options.config)
+    if every_loop:
+        return graphs_from_target(path, fn, **kwargs)
+    return [graph_from_target(path, fn, **kwargs)]

@@ -55,7 +55,8 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     tri.add_argument("--num-stages", type=integer_in(*NUM_STAGES_RANGE), default=None, help="Triton num_stages")
     tri.add_argument("--loop", default=None, metavar="N|line:L",
                      help="the loop to schedule: index N (0 = first scf.for) or line:L (its Python source line); "
-                          "needed when several innermost loops have the most dots")
+                          "without it, schedule and inject take every innermost loop that holds a dot, the other "
+                          "commands need it when several do")
     tri.add_argument("--config", type=_config_choice, default=None, metavar="N|all",
                      help="which @triton.autotune config to compile (its constexprs, num_warps, num_stages); "
                           "twill inject also takes 'all': schedule every config, inject the fastest in the model")

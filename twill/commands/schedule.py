@@ -11,7 +11,7 @@ from twill.commands.common import (add_solve_arguments, add_target_arguments, in
 from twill.files import check_outputs, print_output, refuse_stdout, write_all, write_json_output
 from twill.errors import TwillError
 from twill.schedule.document import schedule_document
-from twill.targets import resolve_target
+from twill.targets import resolve_targets
 
 
 def _cmd_kernels(args: argparse.Namespace) -> int:
@@ -53,7 +53,10 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     check_outputs(files=[args.output, args.plot], folders=[args.plot_all], inputs=input_files(args))
     machine = machine_of(args)
     options = solve_options(args)
-    graph = resolve_target(args.target, target_options(args), machine)
+    graphs = resolve_targets(args.target, target_options(args), machine)
+    if len(graphs) > 1:
+        return _schedule_loops(args, graphs, machine, options)
+    graph = graphs[0]
     tilelang = graph.attrs.get("source") == "tilelang"
     if tilelang:
         from twill.integrations.tilelang.planner import format_plan, pipeline_plan, solve_for_tilelang
@@ -91,6 +94,47 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         text += "\n\n" + format_pipelined(result, program)
     if args.output == "-":
         print(text, file=sys.stderr)            # stdout carries the JSON
+    else:
+        print_output(text)
+    return 0
+
+
+def _schedule_loops(args: argparse.Namespace, graphs: list, machine, options) -> int:
+    """``twill schedule`` of a Triton kernel with several loops that hold dots: each loop is solved; the report
+    gives one schedule per loop, in program order, and the JSON is ``{"kernel": NAME, "loops": [...]}`` with
+    one ``twill-schedule/1`` document per loop."""
+    from twill.schedule.report import format_report
+    from twill.solve import schedule as solve
+
+    for flag, given in (("--plot", args.plot), ("--plot-all", args.plot_all)):
+        if given:
+            raise TwillError(f"{flag} draws one loop and the kernel has {len(graphs)} loops that hold dots: pick "
+                             f"one with --loop N or --loop line:N")
+    results = [solve(graph, machine, options) for graph in graphs]
+    texts, docs = [], []
+    for result in results:
+        doc, text = schedule_document(result), format_report(result, machine)
+        if args.pipelined:
+            from twill.schedule.pipelined import format_pipelined, pipelined_program, program_to_dict
+
+            program = pipelined_program(result)
+            doc["pipelined"] = program_to_dict(program)
+            text += "\n\n" + format_pipelined(result, program)
+        docs.append(doc)
+        texts.append(text)
+    combined = {"kernel": graphs[0].name, "loops": docs}
+    if args.output:
+        write_json_output(args.output, combined)
+    if args.json:
+        if args.output != "-":
+            print_output(json.dumps(combined, indent=2))
+        return 0
+    indices = ", ".join(str(g.attrs.get("loop_index")) for g in graphs)
+    head = (f"{graphs[0].name}: {len(graphs)} loops hold dots (loops {indices}); each is scheduled below, "
+            f"--loop N schedules one")
+    text = "\n\n".join([head] + texts)
+    if args.output == "-":
+        print(text, file=sys.stderr)
     else:
         print_output(text)
     return 0

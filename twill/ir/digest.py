@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 from twill.ir.graph import LoopGraph
 
 #: Graph attributes that say where the loop is written, not what it is: not part of the digest.
-LOCATION_ATTRS = frozenset({"loop_line", "loop_source"})
+LOCATION_ATTRS = frozenset({"loop_index", "loop_line", "loop_source"})
 #: Graph attributes of a Triton kernel's compiled configuration besides its constexprs.
 CONFIG_ATTRS = ("num_warps", "num_stages")
 

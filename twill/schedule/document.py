@@ -30,6 +30,9 @@ def load_schedule_document(path: str) -> Schedule:
     from twill.schedule.verify import admit
 
     data = read_json_file(path, "schedule")
+    if isinstance(data, dict) and isinstance(data.get("loops"), list):
+        raise FormatError(f"{path}: holds the schedules of {len(data['loops'])} loops; give one loop's schedule "
+                          f"('twill schedule --loop N -o')")
     if not isinstance(data, dict) or "loop_graph" not in data:
         raise FormatError(f"{path}: not a schedule file written by 'twill schedule -o' (no 'loop_graph')")
     schedule = Schedule.from_dict(data, graph_from_dict(data["loop_graph"]))

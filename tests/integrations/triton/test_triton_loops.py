@@ -45,3 +45,74 @@ def test_streaming_depth_flag_overrides_num_stages(tmp_path, capsys):
     capsys.readouterr()
     assert json.loads((tmp_path / "own.json").read_text())["streaming_depth"] == 1
     assert json.loads((tmp_path / "three.json").read_text())["streaming_depth"] == 3
+
+
+# -- every loop that holds dots -----------------------------------------------------------------------------
+CAUSAL = [f"{LOOPS}:causal_two_pass", "--signature", L.CAUSAL_SIGNATURE,
+          *(arg for c in L.CAUSAL_CONSTEXPRS for arg in ("--constexpr", c))]
+
+
+def _line_of(text: str) -> int:
+    return next(k + 1 for k, line in enumerate(LOOPS.read_text().splitlines()) if line.startswith(text))
+
+
+FOR_LINES = [_line_of("    for n0 in range(0, row0, BN):"), _line_of("    for n0 in range(row0, row0 + BM, BN):")]
+
+
+def test_schedule_takes_every_loop_that_holds_dots(capsys):
+    pytest.importorskip("ortools")
+    from twill.cli import main
+
+    assert main(["schedule", *CAUSAL, "--no-ws", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kernel"] == "causal_two_pass" and len(doc["loops"]) == 2
+    for loop, line in zip(doc["loops"], FOR_LINES):
+        assert loop["format"] == "twill-schedule/1" and loop["status"] == "optimal"
+        assert loop["loop_graph"]["attrs"]["loop_source"] == f"triton_loops.py:{line}"
+        assert {"qk", "pv", "exp", "load_k", "load_v"} <= {op["attrs"]["role"] for op in loop["loop_graph"]["ops"]}
+    assert main(["schedule", *CAUSAL, "--no-ws"]) == 0
+    report = capsys.readouterr().out
+    assert report.startswith("causal_two_pass: 2 loops hold dots (loops 0, 1)")
+    assert report.count("schedule of 'causal_two_pass'") == 2
+    assert report.index(f"loop: triton_loops.py:{FOR_LINES[0]}") < report.index(f"loop: triton_loops.py:{FOR_LINES[1]}")
+
+
+def test_loop_picks_one_and_one_graph_needs_it(tmp_path, capsys):
+    pytest.importorskip("ortools")
+    from twill.cli import main
+
+    assert main(["schedule", *CAUSAL, "--no-ws", "--loop", f"line:{FOR_LINES[1]}", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["format"] == "twill-schedule/1" and doc["loop_graph"]["attrs"]["loop_index"] == 1
+    for argv in (["graph", *CAUSAL, "-o", str(tmp_path / "g.json")],
+                 ["schedule", *CAUSAL, "--no-ws", "--plot", str(tmp_path / "t.png")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--loop" in err and "2 loops that hold dots" in err
+    assert not (tmp_path / "g.json").exists() and not (tmp_path / "t.png").exists()
+
+
+def test_inject_schedules_every_loop_that_holds_dots(tmp_path, capsys):
+    pytest.importorskip("ortools")
+    from twill.cli import main
+    from twill.integrations.triton.mlir import find_loops
+
+    assert main(["inject", *CAUSAL, "-o", str(tmp_path)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kernel"] == "causal_two_pass" and summary["shared_memory_bytes"] > 0
+    assert [loop["loop_index"] for loop in summary["loops"]] == [0, 1]
+    assert [loop["loop"] for loop in summary["loops"]] == [f"triton_loops.py:{line}" for line in FOR_LINES]
+    text = (tmp_path / "causal_two_pass.scheduled.ttgir").read_text()
+    lines = text.splitlines()
+    for loop, found in zip(summary["loops"], find_loops(text)):
+        assert f"tt.scheduled_max_stage = {loop['stages'] - 1} " in lines[found.close_line]
+        assert all("loop.stage" in lines[st.last_line] for st in found.body)
+    schedules = json.loads((tmp_path / "schedule.json").read_text())
+    assert [s["format"] for s in schedules["loops"]] == ["twill-schedule/1"] * 2
+    # a file of several loops' schedules is not one loop's schedule
+    assert main(["inject", *CAUSAL, "--loop", "0", "--schedule", str(tmp_path / "schedule.json"),
+                 "-o", str(tmp_path / "again")]) == 2
+    assert "holds the schedules of 2 loops" in capsys.readouterr().err
+    assert main(["inject", *CAUSAL, "--schedule", str(tmp_path / "schedule.json"), "-o", str(tmp_path / "again")]) == 2
+    assert "--schedule holds one loop's schedule and the kernel has 2 loops" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()

@@ -2,9 +2,9 @@
 
 ``graph_from_target(path, fn, signature=..., constexprs=..., num_warps=..., num_stages=..., machine=...)``
 compiles the kernel for the machine's architecture on the CPU (Triton 3.6.0, no GPU), captures the TTGIR as
-it enters Triton's software pipeliner, and lowers the innermost ``scf.for`` body to a :class:`LoopGraph`
-(:mod:`twill.integrations.triton.lower`). ``graph_from_ttgir`` does the same from TTGIR text or a ``.ttgir``
-file. Injection of a Twill schedule back into Triton lives in :mod:`twill.integrations.triton.inject`.
+it enters Triton's software pipeliner, and lowers an innermost ``scf.for`` body to a :class:`LoopGraph`
+(:mod:`twill.integrations.triton.lower`); ``graphs_from_target`` lowers every innermost loop that holds a
+dot. ``graph_from_ttgir`` does the same from TTGIR text or a ``.ttgir`` file. Injection of a Twill schedule back into Triton lives in :mod:`twill.integrations.triton.inject`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from twill.ir.validate import MAX_DEPTH
 from twill.machine.models import Machine, get_machine
 
 __all__ = ["KernelSpec", "LoweredLoop", "graph_from_function", "graph_from_target", "graph_from_ttgir",
-           "kernel_spec", "lower_ttgir", "select_loop", "spec_from_target"]
+           "graphs_from_target", "kernel_spec", "lower_ttgir", "lower_ttgir_loops", "select_loop", "select_loops",
+           "spec_from_target"]
 
 
 def loop_label(index: int, loop: ForLoop, table: Mapping[str, str]) -> str:
@@ -51,11 +52,12 @@ def _loop_lines(loops: Sequence[ForLoop], table: Mapping[str, str]) -> str:
     return "; ".join(loop_label(k, lp, table) for k, lp in enumerate(loops))
 
 
-def select_loop(loops: Sequence[ForLoop], loop: int | str | None = None,
-                table: Mapping[str, str] | None = None) -> ForLoop:
-    """The loop to schedule. ``loop`` is an index into ``loops`` (an int or its digits), or ``"line:N"``: the
-    loop whose Python source line (or a call site it was inlined through) is N. Without it: the only
-    innermost loop with the most tensor-core ops; several such loops are ambiguous and are listed."""
+def select_loops(loops: Sequence[ForLoop], loop: int | str | None = None,
+                 table: Mapping[str, str] | None = None) -> list[ForLoop]:
+    """The loops to schedule. ``loop`` picks one: an index into ``loops`` (an int or its digits), or
+    ``"line:N"``: the loop whose Python source line (or a call site it was inlined through) is N. Without it:
+    every innermost loop that holds a tensor-core op, in program order; when none does, the only innermost
+    loop (several are ambiguous and are listed)."""
     table = table or {}
     if not loops:
         raise UnsupportedFeatureError("the TTGIR has no scf.for loop to schedule")
@@ -64,16 +66,29 @@ def select_loop(loops: Sequence[ForLoop], loop: int | str | None = None,
         if not chosen.innermost:
             raise UnsupportedFeatureError(f"{loop_label(loops.index(chosen), chosen, table)}: Twill schedules "
                                           f"innermost loops")
-        return chosen
+        return [chosen]
     inner = [lp for lp in loops if lp.innermost]
     if not inner:
         raise UnsupportedFeatureError("no innermost scf.for loop found")
-    most = max(_dots(lp) for lp in inner)
-    best = [lp for lp in inner if _dots(lp) == most]
-    if len(best) > 1:
-        raise TwillError(f"the kernel has {len(best)} innermost loops with {most} dot(s): pick one with --loop N "
-                         f"(index) or --loop line:N (Python line); {_loop_lines(loops, table)}")
-    return best[0]
+    with_dots = [lp for lp in inner if _dots(lp)]
+    if with_dots:
+        return with_dots
+    if len(inner) > 1:
+        raise TwillError(f"the kernel has {len(inner)} innermost loops and none holds a dot: pick one with "
+                         f"--loop N (index) or --loop line:N (Python line); {_loop_lines(loops, table)}")
+    return inner
+
+
+def select_loop(loops: Sequence[ForLoop], loop: int | str | None = None,
+                table: Mapping[str, str] | None = None) -> ForLoop:
+    """The one loop :func:`select_loops` gives; several loops that hold dots are listed for ``--loop`` to pick
+    one (``twill schedule`` and ``twill inject`` take them all)."""
+    chosen = select_loops(loops, loop, table)
+    if len(chosen) > 1:
+        raise TwillError(f"the kernel has {len(chosen)} loops that hold dots and this takes one: pick it with "
+                         f"--loop N (index) or --loop line:N (Python line), or give the kernel to twill schedule "
+                         f"or twill inject, which take every loop; {_loop_lines(loops, table or {})}")
+    return chosen[0]
 
 
 def _pick(loops: Sequence[ForLoop], loop: int | str, table: Mapping[str, str]) -> ForLoop:
@@ -94,10 +109,12 @@ def _pick(loops: Sequence[ForLoop], loop: int | str, table: Mapping[str, str]) -
     return hits[0]
 
 
-def _graph_attrs(text: str, loop: ForLoop, table: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """The graph's attributes: where the loop is, the module's arch and warps, ``extra`` (the compile
-    settings), and the streaming depth from the kernel's ``num_stages`` (see :func:`streaming_depth_of`)."""
-    attrs: dict[str, Any] = {"source": "triton", "loop_line": loop.header_line + 1}
+def _graph_attrs(text: str, loop: ForLoop, index: int, table: Mapping[str, str],
+                 extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The graph's attributes: where the loop is (``loop_index``, the index ``--loop`` takes; ``loop_line``;
+    ``loop_source``), the module's arch and warps, ``extra`` (the compile settings), and the streaming depth
+    from the kernel's ``num_stages`` (see :func:`streaming_depth_of`)."""
+    attrs: dict[str, Any] = {"source": "triton", "loop_index": index, "loop_line": loop.header_line + 1}
     place = loop_place(loop, table)
     if place:
         attrs["loop_source"] = place
@@ -125,15 +142,30 @@ def streaming_depth_of(loop: ForLoop, num_stages: int | None) -> int | None:
 
 def lower_ttgir(text: str, machine: Machine, *, loop: int | str | None = None, name: str | None = None,
                 attrs: Mapping[str, Any] | None = None) -> LoweredLoop:
-    """Lower the chosen loop (see :func:`select_loop`) of a TTGIR module text; returns the graph with the
+    """Lower the one chosen loop (see :func:`select_loop`) of a TTGIR module text; returns the graph with the
     statement -> op map."""
     loops = find_loops(text)
     table = location_table(text)
     chosen = select_loop(loops, loop, table)
+    return _lower(text, chosen, loops.index(chosen), table, machine, name, attrs)
+
+
+def lower_ttgir_loops(text: str, machine: Machine, *, loop: int | str | None = None, name: str | None = None,
+                      attrs: Mapping[str, Any] | None = None) -> list[tuple[int, LoweredLoop]]:
+    """Lower every loop :func:`select_loops` chooses, in program order; returns (loop index, lowered loop)
+    pairs, the index being the one ``--loop`` takes."""
+    loops = find_loops(text)
+    table = location_table(text)
+    return [(loops.index(lp), _lower(text, lp, loops.index(lp), table, machine, name, attrs))
+            for lp in select_loops(loops, loop, table)]
+
+
+def _lower(text: str, chosen: ForLoop, index: int, table: Mapping[str, str], machine: Machine, name: str | None,
+           attrs: Mapping[str, Any] | None) -> LoweredLoop:
     num_warps = module_num_warps(text) or 4
     graph_name = name or function_name(text) or "triton-loop"
     lowered = lower_loop(chosen, machine, num_warps=num_warps, name=graph_name, loc_table=table,
-                         attrs=_graph_attrs(text, chosen, table, attrs or {}))
+                         attrs=_graph_attrs(text, chosen, index, table, attrs or {}))
     return _with_summary_attrs(lowered)
 
 
@@ -188,6 +220,14 @@ def lower_function(spec: KernelSpec, machine: Machine, *, loop: int | str | None
     return lower_ttgir(text, machine, loop=loop, name=spec.name, attrs=_spec_attrs(spec)), text
 
 
+def lower_function_loops(spec: KernelSpec, machine: Machine, *,
+                         loop: int | str | None = None) -> tuple[list[tuple[int, LoweredLoop]], str]:
+    """Compile ``spec`` up to the pipeliner and lower every loop :func:`select_loops` chooses; returns
+    ((loop index, lowered loop) pairs, pre-pipeline TTGIR)."""
+    text = capture_prepipeline(spec)
+    return lower_ttgir_loops(text, machine, loop=loop, name=spec.name, attrs=_spec_attrs(spec)), text
+
+
 def graph_from_function(fn, *, signature: str, constexprs: Sequence[str] | Mapping[str, Any] = (),
                         num_warps: int = 4, num_stages: int | None = None, machine: Machine | str = "h100",
                         loop: int | str | None = None) -> LoopGraph:
@@ -213,6 +253,24 @@ def graph_from_target(path: str | os.PathLike, fn: str, *, signature: str | None
     return lower_function(spec_from_target(path, fn, signature=signature, constexprs=constexprs,
                                            num_warps=num_warps, num_stages=num_stages, machine=machine,
                                            config=config), machine, loop=loop)[0].graph
+
+
+def graphs_from_target(path: str | os.PathLike, fn: str, *, signature: str | None,
+                       constexprs: Sequence[str] | Mapping[str, Any], num_warps: int | None,
+                       num_stages: int | None, machine: Machine | str, loop: int | str | None = None,
+                       config: int | None = None) -> list[LoopGraph]:
+    """Like :func:`graph_from_target`, but the graph of every loop :func:`select_loops` chooses (every
+    innermost loop that holds a dot unless ``loop`` picks one), in program order: ``twill schedule`` and
+    ``twill inject`` schedule each."""
+    machine = get_machine(machine) if isinstance(machine, str) else machine
+    if str(path).endswith((".ttgir", ".mlir")):
+        from twill.files import read_text_file
+
+        text = read_text_file(path, "TTGIR")
+        return [lowered.graph for _, lowered in lower_ttgir_loops(text, machine, loop=loop)]
+    spec = spec_from_target(path, fn, signature=signature, constexprs=constexprs, num_warps=num_warps,
+                            num_stages=num_stages, machine=machine, config=config)
+    return [lowered.graph for _, lowered in lower_function_loops(spec, machine, loop=loop)[0]]
 
 
 def spec_from_target(path: str | os.PathLike, fn: str, *, signature: str | None,

@@ -430,10 +430,20 @@ def inject(spec: KernelSpec, schedule: Schedule, machine: Machine, *, load_lead:
            workdir: str | None = None, loop: int | str | None = None) -> InjectionResult:
     """Compile ``spec`` with ``schedule`` on loop ``loop`` instead of Triton's own software-pipelining
     schedule."""
-    if schedule.assignment:
-        raise UnsupportedFeatureError("Triton injection takes a software-pipelining schedule only; schedule "
-                                      "with --no-ws (SolveOptions(ws=False)) or emit Gluon for warp "
-                                      "specialization")
+    return inject_loops(spec, [(loop, schedule)], machine, load_lead=load_lead, workdir=workdir)[0]
+
+
+def inject_loops(spec: KernelSpec, scheduled: Sequence[tuple[int | str | None, Schedule]], machine: Machine, *,
+                 load_lead: int | None = None, workdir: str | None = None) -> list[InjectionResult]:
+    """Compile ``spec`` once with each ``(loop, schedule)`` of ``scheduled`` written onto its loop (``loop``
+    as ``--loop`` takes it, see :func:`~twill.integrations.triton.select_loop`) instead of Triton's own
+    software-pipelining schedules; one result per loop, all sharing the compiled kernel and the scheduled
+    TTGIR."""
+    for _, schedule in scheduled:
+        if schedule.assignment:
+            raise UnsupportedFeatureError("Triton injection takes a software-pipelining schedule only; schedule "
+                                          "with --no-ws (SolveOptions(ws=False)) or emit Gluon for warp "
+                                          "specialization")
     if spec.capability // 10 not in (9, 10):
         raise UnsupportedFeatureError(f"schedule injection supports sm_90 and sm_100, not sm_{spec.capability}")
     lead = default_load_lead(spec.num_stages) if load_lead is None else load_lead
@@ -441,13 +451,15 @@ def inject(spec: KernelSpec, schedule: Schedule, machine: Machine, *, load_lead:
     seen: list[str] = []
 
     def edit(text: str) -> str:
-        seen.append(schedule_edit(schedule, machine, load_lead=lead, capability=spec.capability, plans=plans,
-                                  loop=loop)(text))
-        return seen[-1]
+        for loop, schedule in scheduled:
+            text = schedule_edit(schedule, machine, load_lead=lead, capability=spec.capability, plans=plans,
+                                 loop=loop)(text)
+        seen.append(text)
+        return text
 
     kernel, _ = compile_with_edit(spec, edit, workdir=workdir)
-    return InjectionResult(kernel=kernel, plan=plans[0], scheduled_ttgir=seen[0],
-                           rings=rings(kernel.asm["ttgir"]))
+    return [InjectionResult(kernel=kernel, plan=plan, scheduled_ttgir=seen[0], rings=rings(kernel.asm["ttgir"]))
+            for plan in plans[:len(scheduled)]]
 
 
 def make_jit_hook(kernel_name: str, schedule: Schedule, machine: Machine, *, load_lead: int, workdir: str,
@@ -467,6 +479,33 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
     """Write ``<kernel>.ttgir`` (final), ``<kernel>.scheduled.ttgir`` (pre-pipeline, Twill's attributes),
     ``<kernel>.cubin``, ``<kernel>.ptx``, ``schedule.json`` (``schedule_document``, when given) and
     ``summary.json`` (with the ``tuning`` keys, when given) into ``directory``; returns the summary."""
+    return _write_files(result, directory, {**result.summary(schedule), **dict(tuning or {})}, schedule_document)
+
+
+#: Keys of :meth:`InjectionResult.summary` that describe the compiled kernel, not one of its loops.
+KERNEL_SUMMARY_KEYS = ("kernel", "arch", "shared_memory_bytes", "num_warps", "buffers")
+
+
+def write_loop_outputs(results: Sequence[InjectionResult], schedules: Sequence[Schedule],
+                       directory: str | Path) -> dict[str, Any]:
+    """:func:`write_outputs` for a kernel compiled with a schedule on each of several loops
+    (:func:`inject_loops`): ``schedule.json`` is ``{"kernel": NAME, "loops": [...]}`` with one
+    ``twill-schedule/1`` document per loop, and the summary holds the kernel's keys
+    (:data:`KERNEL_SUMMARY_KEYS`) and ``loops``, the rest of each loop's summary with its ``loop_index`` (the
+    index ``--loop`` takes), in program order."""
+    from twill.schedule.document import schedule_document
+
+    rows = [result.summary(schedule) for result, schedule in zip(results, schedules)]
+    summary = {key: rows[0][key] for key in KERNEL_SUMMARY_KEYS}
+    summary["loops"] = [{"loop_index": schedule.graph.attrs.get("loop_index"),
+                         **{k: v for k, v in row.items() if k not in KERNEL_SUMMARY_KEYS}}
+                        for row, schedule in zip(rows, schedules)]
+    document = {"kernel": results[0].kernel.name, "loops": [schedule_document(s) for s in schedules]}
+    return _write_files(results[0], directory, summary, document)
+
+
+def _write_files(result: InjectionResult, directory: str | Path, summary: dict[str, Any],
+                 schedule_document: Mapping[str, Any] | None) -> dict[str, Any]:
     from twill.files import make_output_dir, output_group, write_bytes_atomic
 
     out = Path(directory)
@@ -477,7 +516,6 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
                                f"{name}.cubin": bytes(result.kernel.asm["cubin"])}
     if schedule_document is not None:
         files["schedule.json"] = (json.dumps(schedule_document, indent=2) + "\n").encode()
-    summary = {**result.summary(schedule), **dict(tuning or {})}
     existing = {p.name for p in out.iterdir()} if out.is_dir() else set()
     summary["files"] = sorted((existing | set(files)) - {"summary.json"}) + ["summary.json"]
     files["summary.json"] = (json.dumps(summary, indent=2) + "\n").encode()
@@ -498,10 +536,12 @@ def inject_triton(target: str, machine: Machine, directory: str, *, options: Sol
     """``twill inject`` of Triton kernel ``target`` (``path.py:fn``): schedule its loop ``loop`` (solved with
     ``options`` by :func:`solve_for_triton`, or read from ``schedule_file`` and checked by
     :func:`check_schedule_fits`), compile it with the schedule injected (:func:`inject`) and write the files of
-    :func:`write_outputs` into ``directory``; returns the summary. ``config`` picks an ``@triton.autotune`` config, or ``"all"``: every
-    config is scheduled and the one :func:`tune` chooses is injected (the summary adds ``config`` and
-    ``configs``)."""
-    from twill.integrations.triton import lower_function, spec_from_target
+    :func:`write_outputs` into ``directory``; returns the summary. ``config`` picks an ``@triton.autotune``
+    config, or ``"all"``: every config is scheduled and the one :func:`tune` chooses is injected (the summary
+    adds ``config`` and ``configs``). Without ``loop`` (and without ``schedule_file`` and ``config="all"``), a
+    kernel with several loops that hold dots gets each solved and injected (:func:`inject_loops`,
+    :func:`write_loop_outputs`)."""
+    from twill.integrations.triton import lower_function_loops, spec_from_target
     from twill.schedule.document import load_schedule_document, schedule_document
     from twill.targets import python_target
 
@@ -527,8 +567,18 @@ def inject_triton(target: str, machine: Machine, directory: str, *, options: Sol
         spec, schedule = specs[tuning.best], tuning.schedule
     else:
         spec = spec_of(config)
+        loops, _ = lower_function_loops(spec, machine, loop=loop)
+        if len(loops) > 1:
+            if schedule_file:
+                raise TwillError(f"--schedule holds one loop's schedule and the kernel has {len(loops)} loops that "
+                                 f"hold dots: pick that loop with --loop N or --loop line:N")
+            schedules = [solve_for_triton(lowered.graph, machine, spec.capability, options) for _, lowered in loops]
+            results = inject_loops(spec, [(index, s) for (index, _), s in zip(loops, schedules)], machine,
+                                   load_lead=load_lead)
+            return write_loop_outputs(results, schedules, directory)
         schedule = load_schedule_document(schedule_file) if schedule_file else None
-        lowered, _ = lower_function(spec, machine, loop=loop)
+        index, lowered = loops[0]
+        loop = index
         if schedule is None:
             schedule = solve_for_triton(lowered.graph, machine, spec.capability, options)
         else:   # a schedule of this very loop: its graph digest and its graph are checked against the kernel's
