@@ -53,8 +53,12 @@ def launch_hook(fn: Any) -> Any:
 
 
 def triton_meta(candidate: Any) -> dict[str, Any]:
-    """The launch keywords of a Triton candidate: its constexprs, ``num_warps`` and ``num_stages``."""
-    meta = {**dict(candidate.options), "num_warps": candidate.num_warps or 4}
+    """The launch keywords of a Triton candidate: its constexprs (a string naming a dtype as that
+    ``tl.dtype``, as the compile uses it), ``num_warps`` and ``num_stages``."""
+    from twill.integrations.triton.compile import dtype_constexpr
+
+    meta = {**{name: dtype_constexpr(value) for name, value in dict(candidate.options).items()},
+            "num_warps": candidate.num_warps or 4}
     if candidate.num_stages is not None:
         meta["num_stages"] = candidate.num_stages
     return meta

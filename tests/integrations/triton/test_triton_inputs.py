@@ -142,3 +142,13 @@ def test_report_says_why_stages_and_warps_differ_from_the_kernels(capsys):
                                "3 buffers, where Triton's num_stages 3 puts them 2 stages ahead")
     assert notes[1].startswith("  warp groups: the kernel runs 8 warps; the model runs each tile op on one 4-warp "
                                "group")
+
+
+def test_launch_keywords_take_a_dtype_constexpr_as_the_dtype():
+    """``twill tune --measure`` launches the kernel with the candidate's constexprs: a dtype name given on the
+    command line reaches the kernel as the ``tl.dtype`` it compiled with."""
+    from twill.tune.measure_triton import triton_meta
+    from twill.tune.space import Candidate
+
+    cand = Candidate(options=(("BLOCK_M", 64), ("compute_type", "torch.bfloat16")), num_warps=8)
+    assert triton_meta(cand) == {"BLOCK_M": 64, "compute_type": triton.language.bfloat16, "num_warps": 8}
