@@ -1,9 +1,9 @@
 """Small Triton kernels for the frontend's inputs and messages.
 
 Written for Twill's tests (not copied from anywhere): an expert GEMM that computes in the dtype a constexpr
-names (``x.to(compute_type)``), a kernel whose error lies in a helper it calls, a chunked state update whose
-decay is a scalar ``exp2`` of a gate carried from one iteration to the next, and a split-K matmul whose
-``@triton.heuristics`` constexpr needs a launch argument.
+names (``x.to(compute_type)``), a kernel whose error lies in a helper that its epilogue helper calls, a
+chunked state update whose decay is a scalar ``exp2`` of a gate carried from one iteration to the next, and a
+split-K matmul whose ``@triton.heuristics`` constexpr needs a launch argument.
 """
 
 import triton
@@ -34,6 +34,11 @@ def _add_bias(tile, bias_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _epilogue(acc, bias_ptr, BLOCK_N: tl.constexpr):
+    return _add_bias(acc, bias_ptr, BLOCK_N).to(tl.float16)
+
+
+@triton.jit
 def gemm_bias_helper(x_ptr, w_ptr, y_ptr, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr):
     rows = tl.arange(0, BLOCK_M)
@@ -44,8 +49,8 @@ def gemm_bias_helper(x_ptr, w_ptr, y_ptr, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.
         x = tl.load(x_ptr + rows[:, None] * K + (k0 + ks)[None, :])
         w = tl.load(w_ptr + (k0 + ks)[:, None] * BLOCK_N + cols[None, :])
         acc = tl.dot(x, w, acc)
-    acc = _add_bias(acc, w_ptr, BLOCK_N)
-    tl.store(y_ptr + rows[:, None] * BLOCK_N + cols[None, :], acc.to(tl.float16))
+    out = _epilogue(acc, w_ptr, BLOCK_N)
+    tl.store(y_ptr + rows[:, None] * BLOCK_N + cols[None, :], out)
 
 
 DECAY_SIGNATURE = "c_ptr=*fp16:16,b_ptr=*fp16:16,gate_ptr=*fp32:16,state_ptr=*fp32:16,chunks=i32"

@@ -59,13 +59,13 @@ def test_unknown_dtype_name_is_one_line_naming_the_string_constexpr():
     assert "string constexpr compute_type='bf17'" in msg and "tl.bfloat16" in msg and "\n" not in msg
 
 
-def test_error_inside_a_helper_names_its_line_and_the_call_site():
+def test_error_inside_a_helper_names_its_line_and_the_call_sites():
     with pytest.raises(TwillError) as info:
         _graph("gemm_bias_helper", K.GEMM_SIGNATURE, K.GEMM_CONSTEXPRS)
     msg = str(info.value)
-    helper, call = _line_of("* bias_scale"), _line_of("acc = _add_bias(acc")
-    assert (f"at triton_inputs.py:{helper} (in _add_bias, called at triton_inputs.py:{call}): "
-            f"NameError: bias_scale is not defined") in msg
+    helper, inner_call, call = _line_of("* bias_scale"), _line_of("return _add_bias("), _line_of("= _epilogue(")
+    assert (f"at triton_inputs.py:{helper} (in _add_bias, called at triton_inputs.py:{inner_call} in _epilogue, "
+            f"called at triton_inputs.py:{call}): NameError: bias_scale is not defined") in msg
     assert "\n" not in msg and "^" not in msg
 
 

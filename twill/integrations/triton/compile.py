@@ -567,7 +567,7 @@ def compile_error_text(exc: Exception, spec: KernelSpec, native: str = "") -> st
         lines = [ln for ln in str(inner).strip().splitlines() if ln.strip()]
         reason = getattr(inner, "error_message", None) or (lines[-1].strip() if lines else "")
         kind = type(inner).__name__
-    line = _error_place(inner, located[0] if located else None, spec)
+    line = _error_place(located[:located.index(inner) + 1] if inner in located else [inner], spec)
     diagnostic = re.search(r"^(?:.*/)?([^/\s:]+\.py):(\d+):\d+: error: (.*)$", native, re.M)
     if diagnostic:
         line = line or f"{diagnostic.group(1)}:{diagnostic.group(2)}"
@@ -589,30 +589,45 @@ def _exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def _error_place(inner: BaseException, outer: BaseException | None, spec: KernelSpec) -> str | None:
-    """``"k.py:21"`` of the failing expression; in a helper the kernel calls, ``"k.py:21 (in _scale, called
-    at k.py:28)"``. The helper is found among the ``@triton.jit`` functions the kernel's module can see, by
-    its source text (all a :class:`CompilationError` keeps of it)."""
-    node = getattr(inner, "node", None)
-    if node is None or not getattr(node, "lineno", None):
+def _error_place(path: Sequence[BaseException], spec: KernelSpec) -> str | None:
+    """``"k.py:21"`` of the failing expression, ``path`` being the :class:`CompilationError` of each function
+    from the kernel to the failing one; in a helper, ``"k.py:21 (in _scale, called at k.py:28)"``, each
+    call site named with the helper it lies in (``called at k.py:30 in _outer, called at k.py:41``). A
+    helper is found by its source text (all a :class:`CompilationError` keeps of it) among the
+    ``@triton.jit`` functions the kernel's module and the helpers found so far can see."""
+    kernel_src = getattr(spec.fn, "src", None)
+    known = [spec.fn]
+    places: list[tuple[str, str | None]] = []
+    for k, err in enumerate(path):
+        src, lineno = getattr(err, "src", None), getattr(getattr(err, "node", None), "lineno", None)
+        fn = spec.fn if k == 0 or src == kernel_src else _jit_function_with_source(known, src)
+        if fn is not None and fn not in known:
+            known.append(fn)
+        name = re.search(r"def\s+(\w+)", src or "")
+        name = name.group(1) if name else "a helper"
+        line = source_line(fn, lineno) if fn is not None and lineno else None
+        places.append((name, line or (f"line {lineno} of {name}" if lineno else None)))
+    if not places or places[-1][1] is None:
         return None
-    if outer is None or inner is outer or getattr(inner, "src", None) == getattr(spec.fn, "src", None):
-        return source_line(spec.fn, node.lineno)
-    helper = _jit_function_with_source(spec.fn, inner.src)
-    name = re.search(r"def\s+(\w+)", inner.src or "")
-    called = source_line(spec.fn, outer.node.lineno) if getattr(outer.node, "lineno", None) else None
-    where = (source_line(helper, node.lineno) if helper is not None else None) or f"line {node.lineno} of its body"
-    return (f"{where} (in {name.group(1) if name else 'a helper'}"
-            f"{', called at ' + called if called else ''})")
+    where = places[-1][1]
+    if len(places) == 1:
+        return where
+    calls = ", ".join(f"called at {line}" + (f" in {name}" if k else "")
+                      for k, (name, line) in reversed(list(enumerate(places[:-1]))) if line)
+    return f"{where} (in {places[-1][0]}{', ' + calls if calls else ''})"
 
 
-def _jit_function_with_source(kernel: Any, src: str | None) -> Any:
-    """The ``@triton.jit`` function whose source is ``src`` among the kernel module's globals and the
-    attributes of the modules it imports, else ``None``."""
-    scope = getattr(getattr(kernel, "fn", None), "__globals__", {})
-    candidates = list(scope.values())
-    candidates += [v for m in scope.values() if type(m).__name__ == "module" for v in vars(m).values()]
-    return next((c for c in candidates if getattr(c, "src", None) == src and hasattr(c, "fn")), None)
+def _jit_function_with_source(functions: Sequence[Any], src: str | None) -> Any:
+    """The ``@triton.jit`` function whose source is ``src`` among the globals of ``functions`` and the
+    attributes of the modules they import, else ``None``."""
+    for known in functions:
+        scope = getattr(getattr(known, "fn", None), "__globals__", {})
+        candidates = list(scope.values())
+        candidates += [v for m in scope.values() if type(m).__name__ == "module" for v in vars(m).values()]
+        found = next((c for c in candidates if getattr(c, "src", None) == src and hasattr(c, "fn")), None)
+        if found is not None:
+            return found
+    return None
 
 
 def source_line(kernel: Any, relative: int) -> str | None:
