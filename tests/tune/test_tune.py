@@ -1228,3 +1228,24 @@ def test_the_backward_prediction_adds_its_memory_passes():
     assert passes["passes_us"] == pytest.approx(14 * 2 * 4 * 1024 * 128 / H100.dram_bytes_per_s * 1e6
                                                 + 4 * H100.launch_us)
     assert backward_passes(build_kernel("flash-fwd", H100, head_dim=128), shape, H100) == {}
+
+
+def test_uncalibrated_predictions_are_labelled(tmp_path, monkeypatch, capsys):
+    """On a built-in machine's datasheet rates the ranking says so in a line of its own and heads its time and
+    rate columns ``uncalibrated``, and the JSON says ``calibrated: false``; with a calibrated ``--machine`` file
+    the columns are predictions, unlabelled."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    doc_path = tmp_path / "sweep.json"
+    argv = ["tune", "gemm", "--block-m", "128", "--block-n", "128", "--block-k", "64", "--warps", "8",
+            "--streaming-depth", "2", "--persistent", "false", "--workers", "1", "--json", str(doc_path)]
+    rc, out, err = _run(argv + ["--arch", "h200"], capsys)
+    assert rc == 0, err
+    assert out.splitlines()[1].startswith("uncalibrated: h200's datasheet rates, no --machine file")
+    assert "uncalibrated us" in out and "uncalibrated TFLOP/s" in out and "predicted us" not in out
+    assert json.loads(doc_path.read_text())["calibrated"] is False
+    machine = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results",
+                           "calibration_h200.machine.json")
+    rc, out, err = _run(argv + ["--machine", machine], capsys)
+    assert rc == 0, err
+    assert "uncalibrated" not in out and "predicted us" in out
+    assert json.loads(doc_path.read_text())["calibrated"] is True

@@ -129,9 +129,24 @@ def measure_picks(results: Sequence[Result], k: int) -> list[tuple[int, Result]]
     return (firsts + [pair for pair in ranked if pair[0] not in picked])[:k]
 
 
-def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> str:
+#: Column headers of the predicted time and rate: on a calibrated machine (``--machine``), and on a built-in
+#: machine's datasheet rates, where they are labelled ``uncalibrated`` (they rank, they do not predict).
+PREDICTED_COLUMNS = {True: ("predicted us", "TFLOP/s"), False: ("uncalibrated us", "uncalibrated TFLOP/s")}
+
+
+def uncalibrated_note(machine: Machine) -> str:
+    """The line a ranking on ``machine``'s datasheet rates (no calibration) carries; empty when calibrated."""
+    if machine.calibration is not None:
+        return ""
+    return (f"uncalibrated: {machine.name}'s datasheet rates, no --machine file; the times and rates below rank "
+            f"the candidates but are not kernel times (they sit near peak; 'twill calibrate' measures a "
+            f"machine file for --machine, docs/calibration.md)")
+
+
+def format_ranking(results: Sequence[Result], top: int, rejected: int = 0, calibrated: bool = True) -> str:
     """The ranking table: the ``top`` best solved candidates, then a count of the others by status (text
-    through :func:`twill.quote.printable`: a cached reason cannot send control characters)."""
+    through :func:`twill.quote.printable`: a cached reason cannot send control characters); ``calibrated``
+    False labels the time and rate columns ``uncalibrated`` (:data:`PREDICTED_COLUMNS`)."""
     rows = []
     for i, r in enumerate(results[:top]):
         if r.prediction is None or r.schedule is None:
@@ -139,7 +154,8 @@ def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> st
         rows.append([i + 1, r.candidate.label(), r.schedule.ii, f"{r.prediction.breakdown['ii_raw']:.0f}",
                      f"{r.prediction.microseconds:.1f}", f"{r.prediction.breakdown['clock_ghz']:.2f}",
                      f"{r.tflops:.0f}", r.schedule.status])
-    header = ["rank", "candidate", "II", "II raw", "predicted us", "GHz", "TFLOP/s", "status"]
+    time_column, rate_column = PREDICTED_COLUMNS[calibrated]
+    header = ["rank", "candidate", "II", "II raw", time_column, "GHz", rate_column, "status"]
     if any(r.injected is not None for r in results[:len(rows)]):
         header.append("schedule")
         for row, r in zip(rows, results):
@@ -158,9 +174,11 @@ def format_ranking(results: Sequence[Result], top: int, rejected: int = 0) -> st
 
 def sweep_document(target: str, machine: Machine, shape: Shape, space: Space, results: Sequence[Result],
                    measured: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """The ``twill-tune/1`` JSON of a sweep: target, machine, shape, every candidate (ranked), the
-    candidates filtered out before solving, and the GPU measurements when ``--measure`` ran."""
-    return {"format": TUNE_FORMAT, "target": target, "arch": machine.name, "shape": shape.as_dict(),
+    """The ``twill-tune/1`` JSON of a sweep: target, machine (``calibrated``: false when the predictions use
+    the built-in machine's datasheet rates), shape, every candidate (ranked), the candidates filtered out
+    before solving, and the GPU measurements when ``--measure`` ran."""
+    return {"format": TUNE_FORMAT, "target": target, "arch": machine.name,
+            "calibrated": machine.calibration is not None, "shape": shape.as_dict(),
             "problem": shape.problem, "results": [r.to_dict() for r in results],
             "rejected": [{"settings": c.settings(), "reason": why} for c, why in space.rejected],
             "measured": [dict(m) for m in measured]}

@@ -175,11 +175,14 @@ class TuneOutcome:
         return doc
 
     def report(self, top: int) -> str:
-        """The ranking's first ``top`` rows under a header line, then the measurements."""
-        from twill.tune.rank import format_ranking
+        """The ranking's first ``top`` rows under a header line (and, on a machine without calibration, the
+        line saying its numbers are uncalibrated), then the measurements."""
+        from twill.tune.rank import format_ranking, uncalibrated_note
 
+        note = uncalibrated_note(self.machine)
         text = (f"tune {self.target} on {self.machine.name}, shape {self.shape.text()}: {self.jobs} candidates "
-                f"({self.cached} cached)\n" + format_ranking(self.results, top, len(self.space.rejected)))
+                f"({self.cached} cached)\n" + (f"{note}\n" if note else "")
+                + format_ranking(self.results, top, len(self.space.rejected), not note))
         if self.triton_measured is not None:
             from twill.tune.measure_triton import format_triton_measured
 
