@@ -96,6 +96,24 @@ def test_scalar_exp2_of_a_loop_carried_gate_is_modelled():
     assert result.status == "optimal" and any(o.name == exp2.name for o in result.graph.ops)
 
 
+def test_scalar_exp2_of_a_loop_carried_gate_injects():
+    pytest.importorskip("ortools")
+    from twill.integrations.triton import lower_function, spec_from_target
+    from twill.integrations.triton.inject import inject, solve_for_triton
+    from twill.solve import SolveOptions
+
+    machine = get_machine("h100")
+    spec = spec_from_target(INPUTS, "chunk_state_decay", signature=K.DECAY_SIGNATURE,
+                            constexprs=list(K.DECAY_CONSTEXPRS), num_warps=4, num_stages=3, machine=machine)
+    lowered, _ = lower_function(spec, machine)
+    schedule = solve_for_triton(lowered.graph, machine, spec.capability, SolveOptions(ws=False, time_limit=60))
+    result = inject(spec, schedule, machine)
+    exp2 = next(op.name for op in schedule.graph.ops if op.attrs["mlir_op"] == "math.exp2")
+    stage, cluster = result.plan.op_places[exp2]
+    assert re.search(rf"math\.exp2 %\w+ \{{loop\.cluster = {cluster} : i32, loop\.stage = {stage} : i32\}} : f32",
+                     result.scheduled_ttgir)
+
+
 def test_every_missing_constexpr_and_argument_in_one_message():
     with pytest.raises(TwillError) as info:
         _graph("expert_gemm", "x_ptr=*fp16:16,w_ptr=*fp16:16", ())
