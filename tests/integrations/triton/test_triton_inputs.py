@@ -51,6 +51,16 @@ def test_dtype_constexpr_names():
         assert dtype_constexpr(other) == other and type(dtype_constexpr(other)) is type(other)
 
 
+def test_python_api_takes_torch_and_triton_dtype_objects():
+    torch = pytest.importorskip("torch")
+    import twill
+
+    for dtype in (torch.bfloat16, triton.language.bfloat16):
+        g = twill.from_triton(K.expert_gemm, signature=K.GEMM_SIGNATURE,
+                              constexprs={"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "compute_type": dtype})
+        assert g.op("mma").attrs["dtype"] == "bf16"
+
+
 def test_unknown_dtype_name_is_one_line_naming_the_string_constexpr():
     with pytest.raises(TwillError) as info:
         _graph("expert_gemm", K.GEMM_SIGNATURE, K.GEMM_CONSTEXPRS + ("compute_type=bf17",))
