@@ -23,10 +23,12 @@ def test_a_time_out_at_the_last_ii_is_not_a_proof(monkeypatch):
         return cpsat.JointOutcome("unknown", None, time_limit)
 
     monkeypatch.setattr(cpsat.CpsatJoint, "solve", time_out)
-    with pytest.raises(InfeasibleScheduleError) as info:
-        schedule(build_kernel("paper-example", H100), H100, SolveOptions(max_ii=2, time_limit=30))
-    assert str(info.value) == ("no joint schedule of graph 'paper-example' found within the time limit of 30 s "
-                               "(undecided: II 2); raise --time-limit")      # docs/cli.md shows this line
+    # the search falls back to the modulo-only schedule with the kernel's warp groups (tests/solve/test_fallback.py);
+    # the reason is the error it would have raised without one
+    result = schedule(build_kernel("paper-example", H100), H100, SolveOptions(max_ii=2, time_limit=30))
+    assert result.status == "feasible"
+    assert result.stats["fallback"] == ("no joint schedule of graph 'paper-example' found within the time limit of "
+                                        "30 s (undecided: II 2); raise --time-limit")  # docs/cli.md shows this line
 
 
 def test_only_proofs_count_as_infeasible_rows():
@@ -131,8 +133,8 @@ def test_the_ii_loop_leaves_the_last_resort_its_reserve(monkeypatch):
         return cpsat.JointOutcome("unknown", None, 0.0)
 
     monkeypatch.setattr(cpsat.CpsatJoint, "solve", time_out)
-    with pytest.raises(InfeasibleScheduleError, match="undecided: II 2, 3"):
-        schedule(build_kernel("paper-example", H100), H100, SolveOptions(max_ii=3, time_limit=60))
+    result = schedule(build_kernel("paper-example", H100), H100, SolveOptions(max_ii=3, time_limit=60))
+    assert "undecided: II 2, 3" in result.stats["fallback"]     # the search's reason to fall back
     assert len(limits) >= 2                                      # the joint solve at II 2 and at II 3
     assert max(limits) <= PHASE_SHARES["joint"] * (1 - search.LAST_RESORT_SHARE) * 60
 

@@ -84,7 +84,7 @@ LAST_RESORT_SHARE = 0.25
 COMMAND_FLAGS: tuple[tuple[str, str], ...] = (
     ("time_limit", "--time-limit"), ("max_ii", "--max-ii"), ("resolution", "--resolution"),
     ("reg_limit", "--reg-limit"), ("max_warps", "--max-warps"), ("cross_warp", "--no-cross-warp"),
-    ("streaming_depth", "--streaming-depth"), ("extra_copies", "--extra-copies"))
+    ("streaming_depth", "--streaming-depth"), ("extra_copies", "--extra-copies"), ("ws", "--no-ws"))
 
 
 @dataclass(frozen=True, kw_only=True)

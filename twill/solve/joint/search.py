@@ -199,6 +199,48 @@ def warp_groups(graph: LoopGraph, ii: int,
     return tuple(groups), assignment
 
 
+def kernel_warp_groups(graph: LoopGraph, machine: Machine, options: SolveOptions,
+                       starts: Mapping[str, int], ii: int) -> tuple[tuple[WarpGroup, ...], dict[str, int]]:
+    """The warp groups of the kernel as written, for the modulo-only ``starts``: the variable-latency ops on
+    W_vl (one warp, the least register budget), every other op on one group as wide as its widest op, with
+    the register limit of the joint problem; roles from :func:`derive_role` (for a Triton kernel, from the
+    roles its ops carry). The warps of a kernel without warp specialization: its loads run asynchronously,
+    and the same warps run everything else."""
+    order = sorted(graph.op_names, key=lambda n: (starts[n] % ii, -(starts[n] // ii), graph.op_names.index(n)))
+    loads = [n for n in order if graph.op(n).variable_latency]
+    rest = [n for n in order if not graph.op(n).variable_latency]
+    groups: list[WarpGroup] = []
+    if loads:
+        groups.append(WarpGroup(0, derive_role(graph, loads, True), 1,
+                                legal_budget(machine, machine.setmaxnreg_min), tuple(loads)))
+    if rest:
+        groups.append(WarpGroup(len(groups), derive_role(graph, rest, False),
+                                max(graph.op(n).warps for n in rest),
+                                reg_limit_for(graph, machine, options.reg_limit), tuple(rest)))
+    return tuple(groups), {n: g.id for g in groups for n in g.ops}
+
+
+def fallback_schedule(graph: LoopGraph, machine: Machine, options: SolveOptions, mod: Any,
+                      lower_bound: int) -> tuple[Schedule | None, list[str]]:
+    """The modulo-only schedule ``mod`` (phase 1's result at one II) with the kernel's own warp groups
+    (:func:`kernel_warp_groups`), status ``feasible``, and the verifiers' messages on it: the schedule when
+    there are none (``stats["fallback"]`` is set by the search), else None and the messages."""
+    from twill.schedule.verify import violations
+
+    groups, assignment = kernel_warp_groups(graph, machine, options, mod.starts, mod.ii)
+    length = max(mod.starts[op.name] + op.cycles for op in graph.ops)
+    stats: dict[str, Any] = {
+        "search": "joint", "length": length, "copies": math.ceil(length / mod.ii), "objectives": [],
+        "reg_limit": reg_limit_for(graph, machine, options.reg_limit),
+        "max_warps": options.max_warps or machine.max_warps_per_cta, "mii": lower_bound,
+    }
+    candidate = Schedule(graph=graph, arch=machine.name, solver=options.solver, status=Status.FEASIBLE, ii=mod.ii,
+                         ii_lower_bound=lower_bound, starts=dict(mod.starts), assignment=assignment, warps=groups,
+                         streaming_depth=options.streaming_depth, stats=stats)
+    problems = violations(candidate, machine, options)
+    return (None, problems) if problems else (candidate, [])
+
+
 def _secondary(model: JointModel, first: JointOutcome, deadline: float,
                length_proven: bool) -> tuple[JointSolution, list[ObjectiveRecord]]:
     """Minimise ``model.objectives`` in turn, each fixed before the next. Objectives the first solve already
@@ -261,8 +303,11 @@ def _by(options: SolveOptions) -> str:
     return "" if options.solver == "cpsat" else f" by the {options.solver} backend"
 
 
-def undecided_message(graph: LoopGraph, options: SolveOptions, tried: list[Attempt], note: str) -> str:
-    """The error of a search that ran out of time: the IIs proved infeasible and those left undecided."""
+def undecided_message(graph: LoopGraph, options: SolveOptions, tried: list[Attempt], note: str,
+                      remedy: str = "") -> str:
+    """The error of a search that ran out of time: the IIs proved infeasible and those left undecided; the
+    advice is ``remedy`` (:func:`remedy_for` the families that blocked) when every II tried was proved
+    infeasible, else to raise the time limit."""
     proved = [a.ii for a in tried if a.proves_infeasible]
     open_iis = [a.ii for a in tried if not a.proves_infeasible]
     parts = []
@@ -273,7 +318,9 @@ def undecided_message(graph: LoopGraph, options: SolveOptions, tried: list[Attem
                      + (f" and {len(open_iis) - 5} more" if len(open_iis) > 5 else ""))
     detail = f" ({'; '.join(parts)})" if parts else ""
     return (f"no joint schedule of graph {graph.name!r} found{_by(options)} within the time limit of "
-            f"{options.time_limit:g} s{detail}{options.advice('raise {}', 'time_limit')}"
+            f"{options.time_limit:g} s{detail}"
+            + (f"; {remedy}" if remedy and all(a.proves_infeasible for a in tried[:-1])
+               else options.advice("raise {}", "time_limit"))
             + (f" ({note})" if note else ""))
 
 
@@ -414,6 +461,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         tried.append(row)
         if not mod.found:
             continue
+        search.keep_fallback(mod)
         search.modulo_ii = search.modulo_ii or ii
         previous = dict(mod.starts)
         if time.perf_counter() >= reserved:
@@ -476,13 +524,20 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
             if more is not None:
                 return search.finish(*more, proven_below=all(a.proves_infeasible for a in tried[:-1]),
                                      length_proven=more[1].status == Status.OPTIMAL)
+    remedy = remedy_for(search.blocked or [], remedy_flags(graph, machine, options))
     if tried and tried[-1].ii == max_ii and all(a.proves_infeasible for a in tried):
-        remedy = remedy_for(search.blocked or [], remedy_flags(graph, machine, options))
-        raise InfeasibleScheduleError(
-            f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {options.ii_text(max_ii)} (II "
-            f"{lower_bound}..{max_ii} proved infeasible{_by(options)})" + (f"; {remedy}" if remedy else "")
-            + (f" ({search.note})" if search.note else ""))
-    raise InfeasibleScheduleError(undecided_message(graph, options, tried, search.note))
+        message = (f"graph {graph.name!r} has no joint SWP+WS schedule with II <= {options.ii_text(max_ii)} (II "
+                   f"{lower_bound}..{max_ii} proved infeasible{_by(options)})" + (f"; {remedy}" if remedy else "")
+                   + (f" ({search.note})" if search.note else ""))
+    else:
+        message = undecided_message(graph, options, tried, search.note, remedy if search.blocked else "")
+    if search.fallback is not None:
+        return search.fall_back(message)
+    if search.fallback_problem:
+        message += (f"; nor does the modulo-only schedule with the kernel's warp groups verify "
+                    f"({search.fallback_problem})"
+                    + options.advice("use {} for a schedule without warp specialization", "ws"))
+    raise InfeasibleScheduleError(message)
 
 
 class Search:
@@ -501,6 +556,35 @@ class Search:
         #: it first has a solution (at larger IIs it seldom stops having one, and every such solve is time spent
         #: for nothing; a heuristic: it decides only what is tried, never what is proved).
         self.relaxations = list(RELAXATIONS) if SEARCH_SETTINGS[options.solver].relaxation else []
+        #: The fallback (:func:`fallback_schedule`): the first modulo-only schedule, in II order, that verifies
+        #: with the kernel's warp groups; else the family of the first verifier message of the one at the
+        #: modulo-only II.
+        self.fallback: Schedule | None = None
+        self.fallback_problem = ""
+
+    def keep_fallback(self, mod: Any) -> None:
+        """Keep the modulo-only schedule ``mod`` with the kernel's warp groups as the fallback when it verifies
+        and none is kept yet (a check, no solve)."""
+        if self.fallback is not None:
+            return
+        found, problems = fallback_schedule(self.graph, self.machine, self.options, mod, self.lower_bound)
+        self.fallback = found
+        if problems and not self.fallback_problem:      # its family: the verifier's message starts with it
+            self.fallback_problem = problems[0].split(":")[0]
+
+    def fall_back(self, reason: str) -> Schedule:
+        """The fallback schedule, status ``feasible``, its ``stats["fallback"]`` the ``reason`` the joint search
+        found no schedule of its own (the error it would have raised), reported as it is returned."""
+        assert self.fallback is not None
+        fallback = self.fallback
+        stats = {**dict(fallback.stats), "tried": [a.to_dict() for a in self.tried], "modulo_ii": self.modulo_ii,
+                 "fallback": reason}
+        if self.blocked is not None:
+            stats["blocked_by"] = self.blocked
+            stats["blocked_by_note"] = self.note
+        self.options.report(f"II {self.options.ii_text(fallback.ii)}: the modulo-only schedule with the kernel's "
+                            f"warp groups ({reason})")
+        return replace(fallback, stats=stats, solve_seconds=time.perf_counter() - self.started)
 
     def relax(self, solve: Callable[[frozenset[Family]], JointOutcome]
               ) -> tuple[frozenset[Family], JointOutcome] | None:
