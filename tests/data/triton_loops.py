@@ -9,25 +9,26 @@ import triton
 import triton.language as tl
 
 CAUSAL_SIGNATURE = "Q=*fp16:16,K=*fp16:16,V=*fp16:16,O=*fp16:16,scale=fp32,seq_len=i32:16"
-CAUSAL_CONSTEXPRS = ("D=64", "BM=64", "BN=64")
+CAUSAL_CONSTEXPRS = ("HEAD_DIM=64", "BLOCK_M=64", "BLOCK_N=64")
 
 
 @triton.jit
-def causal_two_pass(Q, K, V, O, scale, seq_len, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    row0 = tl.program_id(0) * BM
-    head = tl.program_id(1).to(tl.int64) * seq_len * D
-    q_blk = tl.make_block_ptr(Q + head, (seq_len, D), (D, 1), (row0, 0), (BM, D), (1, 0))
-    kt_blk = tl.make_block_ptr(K + head, (D, seq_len), (1, D), (0, 0), (D, BN), (0, 1))
-    v_blk = tl.make_block_ptr(V + head, (seq_len, D), (D, 1), (0, 0), (BN, D), (1, 0))
+def causal_two_pass(Q, K, V, O, scale, seq_len,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    row0 = tl.program_id(0) * BLOCK_M
+    head = tl.program_id(1).to(tl.int64) * seq_len * HEAD_DIM
+    q_blk = tl.make_block_ptr(Q + head, (seq_len, HEAD_DIM), (HEAD_DIM, 1), (row0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
+    kt_blk = tl.make_block_ptr(K + head, (HEAD_DIM, seq_len), (1, HEAD_DIM), (0, 0), (HEAD_DIM, BLOCK_N), (0, 1))
+    v_blk = tl.make_block_ptr(V + head, (seq_len, HEAD_DIM), (HEAD_DIM, 1), (0, 0), (BLOCK_N, HEAD_DIM), (1, 0))
     q = tl.load(q_blk)
-    rows = row0 + tl.arange(0, BM)
-    cols = tl.arange(0, BN)
-    m = tl.full([BM], float("-inf"), tl.float32)
-    l = tl.full([BM], 1.0, tl.float32)
-    o = tl.zeros([BM, D], tl.float32)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.full([BLOCK_M], 1.0, tl.float32)
+    o = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     log2_scale = scale * 1.4426950408889634
     # pass 1: every KV block left of the diagonal, no mask
-    for n0 in range(0, row0, BN):
+    for n0 in range(0, row0, BLOCK_N):
         s = tl.dot(q, tl.load(kt_blk)) * log2_scale
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
@@ -35,10 +36,10 @@ def causal_two_pass(Q, K, V, O, scale, seq_len, D: tl.constexpr, BM: tl.constexp
         l = l * corr + tl.sum(p, 1)
         o = tl.dot(p.to(tl.float16), tl.load(v_blk), o * corr[:, None])
         m = m_new
-        kt_blk = tl.advance(kt_blk, (0, BN))
-        v_blk = tl.advance(v_blk, (BN, 0))
+        kt_blk = tl.advance(kt_blk, (0, BLOCK_N))
+        v_blk = tl.advance(v_blk, (BLOCK_N, 0))
     # pass 2: the diagonal block, masked above the diagonal
-    for n0 in range(row0, row0 + BM, BN):
+    for n0 in range(row0, row0 + BLOCK_M, BLOCK_N):
         s = tl.dot(q, tl.load(kt_blk)) * log2_scale
         s = tl.where(rows[:, None] >= (n0 + cols)[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -47,9 +48,9 @@ def causal_two_pass(Q, K, V, O, scale, seq_len, D: tl.constexpr, BM: tl.constexp
         l = l * corr + tl.sum(p, 1)
         o = tl.dot(p.to(tl.float16), tl.load(v_blk), o * corr[:, None])
         m = m_new
-        kt_blk = tl.advance(kt_blk, (0, BN))
-        v_blk = tl.advance(v_blk, (BN, 0))
-    o_blk = tl.make_block_ptr(O + head, (seq_len, D), (D, 1), (row0, 0), (BM, D), (1, 0))
+        kt_blk = tl.advance(kt_blk, (0, BLOCK_N))
+        v_blk = tl.advance(v_blk, (BLOCK_N, 0))
+    o_blk = tl.make_block_ptr(O + head, (seq_len, HEAD_DIM), (HEAD_DIM, 1), (row0, 0), (BLOCK_M, HEAD_DIM), (1, 0))
     tl.store(o_blk, (o / l[:, None]).to(tl.float16))
 
 

@@ -69,7 +69,7 @@ def _request(args: argparse.Namespace) -> TuneRequest:
                        axes=_axes(args, [a for a, _ in AXIS_FLAGS.values()]), shape=args.shape, causal=args.causal,
                        check_spills=args.check_spills, measure=args.measure, extra_copies=args.extra_copies,
                        signature=args.signature, constexprs=tuple(args.constexpr),
-                       triton_axes=_axes(args, ("num_warps", "num_stages")))
+                       triton_axes=_axes(args, ("num_warps", "num_stages")), loop=args.loop)
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -137,6 +137,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="default 4")
     tri.add_argument("--num-stages", type=_values(integer_in(*NUM_STAGES_RANGE)), default=None,
                      metavar="S[,S...]", help="default 3")
+    tri.add_argument("--loop", default=None, metavar="N|line:L",
+                     help="the loop to tune when several hold dots: index N or line:L (its Python source line)")
     run = p.add_argument_group("sweep")
     run.add_argument("--workers", type=option_type("workers"), default=2,
                      help="parallel solves (processes; default 2)")

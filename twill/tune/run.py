@@ -28,6 +28,7 @@ class TuneRequest:
         extra_copies: copies beyond Algorithm 1's that each solve may try.
         signature, constexprs, triton_axes: a Triton target's ``--signature``, its ``NAME=V1,V2`` constexpr
             sweeps, and the ``num_warps``/``num_stages`` values given.
+        loop: a Triton target's ``--loop`` (index or ``line:N``): the loop tuned when several hold dots.
     """
 
     target: str
@@ -41,6 +42,7 @@ class TuneRequest:
     signature: str | None = None
     constexprs: tuple[str, ...] = ()
     triton_axes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    loop: str | None = None
 
 
 def triton_constexprs(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
@@ -88,6 +90,8 @@ def plan_sweep(request: TuneRequest, machine: Any) -> tuple[Any, list[Any], Any]
 
         info = {"path": os.path.abspath(match.path), "fn": match.fn, "signature": request.signature,
                 "source": read_text_file(match.path, "Triton source")}
+        if request.loop is not None:
+            info["loop"] = request.loop
         jobs = [Job(candidate=c, triton=info, **common) for c in space.candidates]
         shape = None
         if request.shape:
@@ -95,8 +99,9 @@ def plan_sweep(request: TuneRequest, machine: Any) -> tuple[Any, list[Any], Any]
             shape = parse_shape(request.shape, next((p for p, names in PROBLEMS.items() if len(names) == sizes),
                                                     list(PROBLEMS)[-1]))
         return space, jobs, shape
-    if request.constexprs or request.signature or request.triton_axes:
-        raise TwillError("--signature, --constexpr, --num-warps and --num-stages apply to Triton targets only")
+    if request.constexprs or request.signature or request.triton_axes or request.loop is not None:
+        raise TwillError("--signature, --constexpr, --num-warps, --num-stages and --loop apply to Triton targets "
+                         "only")
     if request.causal and not getattr(hooks(request.target), "CAUSAL", False):
         causal = [f.name for f in families() if getattr(f.hooks(), "CAUSAL", False)]
         raise TwillError(f"--causal applies to {', '.join(causal)}, not {request.target!r}")

@@ -68,7 +68,7 @@ class Job:
         resolution: cost-normalization budget U.
         graph: the candidate's loop graph as ``twill-graph/1`` (built-in kernels and graph files).
         triton: for a Triton kernel, ``{"path", "fn", "signature", "source"}`` (``source``: the file's text,
-            for the cache key only).
+            for the cache key only) and ``"loop"`` when ``--loop`` picked one.
         check_spills: compile the kernel (Triton injection, or the emitted Gluon kernel) on the CPU and
             read ptxas's spill report; a built-in Hopper kernel is solved by the ptxas-checked search.
         schedule: the solved schedule (``twill-schedule/1``) of a job that differs from this one only in a
@@ -257,7 +257,7 @@ def _solve_triton(job: Job, machine: Machine, options: Any) -> tuple[Any, Any, d
     fn = load_kernel(info["path"], info["fn"]).fn
     spec = kernel_spec(fn, signature=info["signature"], constexprs=dict(cand.options),
                        num_warps=cand.num_warps or 4, num_stages=cand.num_stages, machine=machine)
-    lowered, text = lower_function(spec, machine)
+    lowered, text = lower_function(spec, machine, loop=info.get("loop"))
     options = replace(options, ws=False)
     schedule = solve_for_triton(lowered.graph, machine, spec.capability, options)
     try:

@@ -56,7 +56,8 @@ def _line_of(text: str) -> int:
     return next(k + 1 for k, line in enumerate(LOOPS.read_text().splitlines()) if line.startswith(text))
 
 
-FOR_LINES = [_line_of("    for n0 in range(0, row0, BN):"), _line_of("    for n0 in range(row0, row0 + BM, BN):")]
+FOR_LINES = [_line_of("    for n0 in range(0, row0, BLOCK_N):"),
+             _line_of("    for n0 in range(row0, row0 + BLOCK_M, BLOCK_N):")]
 
 
 def test_schedule_takes_every_loop_that_holds_dots(capsys):
@@ -116,3 +117,40 @@ def test_inject_schedules_every_loop_that_holds_dots(tmp_path, capsys):
     assert main(["inject", *CAUSAL, "--schedule", str(tmp_path / "schedule.json"), "-o", str(tmp_path / "again")]) == 2
     assert "--schedule holds one loop's schedule and the kernel has 2 loops" in capsys.readouterr().err
     assert not (tmp_path / "again").exists()
+
+
+def test_a_loops_schedule_is_injected_on_its_own_loop():
+    pytest.importorskip("ortools")
+    from twill.integrations.triton import lower_function_loops, spec_from_target
+    from twill.integrations.triton.inject import inject, read_schedule_attrs, solve_for_triton
+    from twill.integrations.triton.mlir import find_loops
+    from twill.solve import SolveOptions
+
+    machine = get_machine("h100")
+    spec = spec_from_target(LOOPS, "causal_two_pass", signature=L.CAUSAL_SIGNATURE,
+                            constexprs=list(L.CAUSAL_CONSTEXPRS), num_warps=None, num_stages=None, machine=machine)
+    ((_, first), (index, second)), own = lower_function_loops(spec, machine)
+    assert (first.graph.attrs["loop_index"], index, second.graph.attrs["loop_index"]) == (0, 1, 1)
+    schedule = solve_for_triton(second.graph, machine, spec.capability, SolveOptions(ws=False))
+    result = inject(spec, schedule, machine)          # no loop given: the one the schedule was solved for
+    before, after = own.splitlines(), result.scheduled_ttgir.splitlines()
+    untouched, scheduled = find_loops(result.scheduled_ttgir)
+    assert after[untouched.header_line:untouched.close_line + 1] == \
+        before[untouched.header_line:untouched.close_line + 1]          # Triton's own schedule stays
+    assert f"tt.scheduled_max_stage = {result.plan.max_stage} " in after[scheduled.close_line]
+    written = read_schedule_attrs(result.scheduled_ttgir, scheduled)
+    assert {second.owner[i]: place for i, place in written.items() if i in second.owner} == result.plan.op_places
+
+
+def test_tune_takes_the_loop_given(tmp_path, capsys):
+    pytest.importorskip("ortools")
+    from twill.cli import main
+
+    args = ["tune", *CAUSAL, "--shape", "1,1,1024,64", "--no-cache"]
+    assert main(args + ["--json", str(tmp_path / "all.json")]) == 0
+    (row,) = json.loads((tmp_path / "all.json").read_text())["results"]
+    assert row["status"] == "error" and "--loop" in row["reason"]
+    assert main(args + ["--loop", f"line:{FOR_LINES[1]}", "--json", str(tmp_path / "one.json")]) == 0
+    (row,) = json.loads((tmp_path / "one.json").read_text())["results"]
+    assert row["status"] == "ok" and row["solve_status"] == "optimal"
+    capsys.readouterr()

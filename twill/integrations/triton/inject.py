@@ -400,8 +400,11 @@ def read_schedule_attrs(text: str, loop: ForLoop) -> dict[int, tuple[int, int]]:
 def schedule_edit(schedule: Schedule, machine: Machine, *, load_lead: int, capability: int,
                   plans: list[StagePlan] | None = None, loop: int | str | None = None):
     """The text edit that writes ``schedule`` onto loop ``loop`` (see
-    :func:`~twill.integrations.triton.select_loop`) of the pre-pipeline TTGIR (for :func:`compile_with_edit` or a
-    JIT hook, :func:`make_jit_hook`). Each plan it writes is appended to ``plans``."""
+    :func:`~twill.integrations.triton.select_loop`; default: the loop the schedule was solved for, its graph's
+    ``loop_index``) of the pre-pipeline TTGIR (for :func:`compile_with_edit` or a JIT hook,
+    :func:`make_jit_hook`). Each plan it writes is appended to ``plans``."""
+    if loop is None:
+        loop = schedule.graph.attrs.get("loop_index")
 
     def edit(text: str) -> str:
         lowered = lower_ttgir(text, machine, name=schedule.graph.name, loop=loop)
