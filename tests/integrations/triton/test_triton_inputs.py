@@ -137,8 +137,8 @@ def test_heuristics_constexpr_is_named_with_the_other_missing_ones():
     with pytest.raises(TwillError) as info:
         _graph("split_k_matmul", K.SPLIT_SIGNATURE, ("BLOCK_M=64",))
     msg = str(info.value)
-    assert ("constexprs 'BLOCK_N', 'BLOCK_K', 'SPLIT', 'EVEN_K' (computed by @triton.heuristics from the launch "
-            "arguments) have no value") in msg and "\n" not in msg
+    assert ("constexprs 'BLOCK_N', 'BLOCK_K', 'SPLIT', 'EVEN_K' (EVEN_K: computed by @triton.heuristics from the "
+            "launch arguments) have no value") in msg and "\n" not in msg
 
 
 def test_signature_error_lists_every_type():

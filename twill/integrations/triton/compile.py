@@ -262,7 +262,9 @@ def missing_text(no_value: Sequence[str], no_type: Sequence[str] = (), computed:
     values = list(no_value) + [n for n in computed if n not in no_value]
     if values:
         which = ("constexpr " if len(values) == 1 else "constexprs ") + ", ".join(repr(n) for n in values)
-        why = " (computed by @triton.heuristics from the launch arguments)" if computed else ""
+        heuristics = "computed by @triton.heuristics from the launch arguments"
+        why = (f" ({heuristics})" if len(computed) == len(values) else
+               f" ({', '.join(computed)}: {heuristics})" if computed else "")
         flags = " ".join(f"--constexpr {n}=VALUE" for n in values)
         parts.append(f"{which}{why} {'has' if len(values) == 1 else 'have'} no value; pass {flags}")
     if no_type:
