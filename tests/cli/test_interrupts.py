@@ -211,13 +211,17 @@ def _children(pid: int) -> set[int]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
                          ids=["sigint", "sigterm"])
 def test_tune_stops_its_workers_and_writes_nothing(tmp_path, sig):
+    """The workers are the children of the sweep's forkserver (a child of the command, beside
+    multiprocessing's resource tracker): they, the forkserver and the tracker all end with the command."""
     proc = start(tmp_path, "tune", "flash-bwd", "--arch", "b200", "--workers", "2", "--progress",
                  "--json", "sweep.json", "-o", "kernel.py")
     deadline = time.monotonic() + 60
+    helpers: set[int] = set()
     workers: set[int] = set()
     while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
-        workers = _children(proc.pid)
+        helpers = _children(proc.pid)
+        workers = {pid for helper in helpers for pid in _children(helper)}
     assert len(workers) >= 2, "the tune workers did not start"
     time.sleep(1.0)         # the workers are solving
     assert proc.poll() is None
@@ -225,8 +229,11 @@ def test_tune_stops_its_workers_and_writes_nothing(tmp_path, sig):
     check_one_line(sig, rc, err, seconds)
     assert not (tmp_path / "sweep.json").exists() and not (tmp_path / "kernel.py").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]     # no temporary file either
-    time.sleep(0.5)
+    deadline = time.monotonic() + BOUND        # the forkserver ends once it sees the command gone
+    while [pid for pid in workers | helpers if Path(f"/proc/{pid}").exists()] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived the command"
+    assert not [pid for pid in helpers if Path(f"/proc/{pid}").exists()], "the forkserver outlived the command"
     # a cache record only for each job that finished before the signal (its progress line)
     finished = sum(line.startswith("twill: tune ") for line in err)
     records = list((tmp_path / "cache").rglob("*.json"))

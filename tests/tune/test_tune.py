@@ -1249,3 +1249,19 @@ def test_uncalibrated_predictions_are_labelled(tmp_path, monkeypatch, capsys):
     assert rc == 0, err
     assert "uncalibrated" not in out and "predicted us" in out
     assert json.loads(doc_path.read_text())["calibrated"] is True
+
+
+def test_sweep_workers_do_not_fork_a_process_with_jax_loaded(tmp_path, monkeypatch):
+    """The sweep's workers start from a forkserver (or spawn), never by forking this process: with JAX loaded
+    and its CPU backend running, a fork warns that it may deadlock; a sweep must not."""
+    import warnings
+
+    jax = pytest.importorskip("jax")
+    jax.devices()                                   # the backend (and its threads) up
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert sweep._pool_context().get_start_method() in ("forkserver", "spawn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = run_sweep(_jobs([2, 3]), workers=2, use_cache=False)
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert not [w for w in caught if "fork" in str(w.message)], [str(w.message) for w in caught]

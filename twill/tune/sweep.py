@@ -527,8 +527,8 @@ def _crashed(exc: BaseException) -> dict[str, Any]:
 
 def _worker_signals() -> None:
     """Signals in a worker process: Ctrl-C (sent to the whole process group) is ignored, the parent decides
-    (:func:`_run_pool`); SIGTERM, by which the parent ends a worker, ends it at once (a worker forked from
-    ``twill`` inherits its SIGTERM handler otherwise). The worker started with both blocked
+    (:func:`_run_pool`); SIGTERM, by which the parent ends a worker, ends it at once (whatever handler the worker
+    was started with). The worker started with both blocked
     (:func:`_stop_signals_blocked`); they are unblocked once handled so."""
     import signal
 
@@ -555,13 +555,35 @@ def _stop_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+#: Modules the forkserver imports once, before it forks any worker, so that a worker does not import the
+#: solver again for every pool (a module that is not installed is skipped).
+WORKER_PRELOAD = ["twill.tune.sweep", "twill.solve", "twill.schedule.document", "twill.ir.io",
+                  "ortools.sat.python.cp_model"]
+
+
+def _pool_context() -> Any:
+    """The start method of the worker processes: ``forkserver`` where the platform has it, else ``spawn``. A
+    worker forked from this process would copy its threads' state: with JAX loaded (as in a test run, or a
+    program that tunes from Python beside JAX) a fork may deadlock, and JAX warns on every fork. A forkserver
+    forks the workers from a fresh single-threaded process, started once per process (inside
+    :func:`_stop_signals_blocked`, so it and its workers start with the stop signals blocked) with
+    :data:`WORKER_PRELOAD` imported."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(WORKER_PRELOAD)
+    return context
+
+
 def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, workers: int,
               address: str | None) -> None:
     """Run ``jobs`` in a pool of ``workers`` processes, calling ``done`` with each record as it comes. An
     exception in this process while they run (Ctrl-C's ``KeyboardInterrupt``, SIGTERM's
     :class:`~twill.cli.Terminated`) cancels the queued jobs and terminates the workers before it is raised
     again: the unfinished jobs leave no record (nor cache entry)."""
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_signals)
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_signals, mp_context=_pool_context())
     try:
         with _stop_signals_blocked():       # the workers start in the first submit
             futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
