@@ -122,7 +122,7 @@ def test_inject_schedules_every_loop_that_holds_dots(tmp_path, capsys):
 def test_a_loops_schedule_is_injected_on_its_own_loop():
     pytest.importorskip("ortools")
     from twill.integrations.triton import lower_function_loops, spec_from_target
-    from twill.integrations.triton.inject import inject, read_schedule_attrs, solve_for_triton
+    from twill.integrations.triton.inject import inject, read_schedule_attrs, solve_for_triton, triton_order
     from twill.integrations.triton.mlir import find_loops
     from twill.solve import SolveOptions
 
@@ -140,6 +140,9 @@ def test_a_loops_schedule_is_injected_on_its_own_loop():
     assert f"tt.scheduled_max_stage = {result.plan.max_stage} " in after[scheduled.close_line]
     written = read_schedule_attrs(result.scheduled_ttgir, scheduled)
     assert {second.owner[i]: place for i, place in written.items() if i in second.owner} == result.plan.op_places
+    # Triton's own order of the same loop, which the tuner prices against Twill's
+    chained = triton_order(second, own)
+    assert len(chained.edges) > len(second.graph.edges) and chained.attrs["loop_index"] == 1
 
 
 def test_tune_takes_the_loop_given(tmp_path, capsys):

@@ -612,8 +612,10 @@ INJECT_MIN_GAIN = 0.01
 def triton_order(lowered: LoweredLoop, text: str, loop: int | str | None = None) -> LoopGraph:
     """``lowered``'s loop graph with its compute ops chained (delay-0 edges) in the order of Triton's own
     schedule, (cluster, program order) from ``text`` (the pre-pipeline TTGIR): solved like Twill's graph
-    (:func:`solve_for_triton`), it prices the kernel Triton builds without Twill."""
-    plan, graph = heuristic_plan(text, loop), lowered.graph
+    (:func:`solve_for_triton`), it prices the kernel Triton builds without Twill. ``loop`` defaults to the
+    loop ``lowered`` is (its graph's ``loop_index``)."""
+    graph = lowered.graph
+    plan = heuristic_plan(text, graph.attrs.get("loop_index") if loop is None else loop)
     order = sorted((i for i, n in lowered.owner.items() if graph.op(n).kind not in LOAD_KINDS and i in plan),
                    key=lambda i: (plan[i][1], i))
     names = [lowered.owner[i] for i in order]
