@@ -5,10 +5,9 @@ returns that schedule, status ``feasible``, with the reason in ``stats["fallback
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from randgraphs import random_graph
 
 from twill.cli import main
 from twill.errors import InfeasibleScheduleError
@@ -17,9 +16,6 @@ from twill.machine import H100
 from twill.schedule.verify import violations
 from twill.solve import SolveOptions, schedule
 from twill.solve.joint import cpsat
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from randgraphs import random_graph  # noqa: E402
 
 
 @pytest.fixture
