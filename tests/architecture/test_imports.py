@@ -131,13 +131,18 @@ def test_code_generation_and_the_cli_import_no_solver():
     assert run.stdout.strip() == "[]"
 
 
-_WITHOUT_ORTOOLS = (
+#: A ``sitecustomize`` module that hides OR-Tools from every Python process started with it on the path: the
+#: command and the tune sweep's worker processes (started from a forkserver, not forked from the command).
+_HIDE_ORTOOLS = (
     "import sys\n"
     "class Block:\n"
     "    def find_spec(self, name, path, target=None):\n"
     "        if name == 'ortools' or name.startswith('ortools.'):\n"
     "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-    "sys.meta_path.insert(0, Block())\n"
+    "sys.meta_path.insert(0, Block())\n")
+
+_WITHOUT_ORTOOLS = (
+    "import sys\n"
     "from twill.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n")
 
@@ -145,7 +150,11 @@ _WITHOUT_ORTOOLS = (
 def test_solving_without_or_tools_says_what_to_install_in_one_line(tmp_path):
     """Where OR-Tools is absent (a GPU machine running a checkout), a solve stops with one line, and a tune
     sweep records the reason without caching it (installing OR-Tools changes the answer)."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_HIDE_ORTOOLS)
+    path = os.pathsep.join(p for p in (str(site), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": path}
     run = subprocess.run([sys.executable, "-c", _WITHOUT_ORTOOLS, "schedule", "gemm"], capture_output=True,
                          text=True, cwd=ROOT, env=env)
     assert run.returncode == 2 and "Traceback" not in run.stderr
