@@ -18,6 +18,7 @@ from twill.machine import costs
 from twill.machine.calibrate import fit, fit_clock_model, plan
 from twill.machine.calibration import load_machine, machine_from_dict, machine_to_dict, softmax_key
 from twill.machine.models import H100, H200
+from measurements import calibration_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -26,44 +27,8 @@ H200_MODEL = os.path.join(RESULTS, "calibration_h200.machine.json")
 H200_CLOCK = os.path.join(RESULTS, "kernel_clock_h200.json")
 
 
-def _rows() -> list[dict]:
-    """A small synthetic measurement set: every microbenchmark the fit needs, with round numbers."""
-    rows = []
-    for dtype in ("fp16", "bf16"):
-        for n, one, two in ((64, 3000.0, 3800.0), (256, 3900.0, 4000.0)):
-            rows.append({"bench": "mma", "args": {"n": n, "dtype": dtype, "groups": 1, "lag": 1},
-                         "result": {"n": n, "dtype": dtype, "groups": 1, "flops_per_clk": one}})
-            rows.append({"bench": "mma", "args": {"n": n, "dtype": dtype, "groups": 2, "lag": 1},
-                         "result": {"n": n, "dtype": dtype, "groups": 2, "flops_per_clk": two}})
-    for n, cycles in ((64, 200.0), (256, 600.0)):
-        rows.append({"bench": "mma", "args": {"n": n, "dtype": "fp16", "groups": 1, "lag": 0},
-                     "result": {"n": n, "dtype": "fp16", "groups": 1, "cycles_per_group": cycles}})
-    for op, one, best in (("exp2", 12.0, 15.0), ("fma", 100.0, 120.0), ("rowmax", 30.0, 40.0),
-                          ("rowsum", 30.0, 50.0)):
-        rows.append({"bench": "elementwise", "args": {"op": op, "groups": 1},
-                     "result": {"op": op, "groups": 1, "elements_per_clk": one}})
-        rows.append({"bench": "elementwise", "args": {"op": op, "groups": 3},
-                     "result": {"op": op, "groups": 3, "elements_per_clk": best}})
-    rows.append({"bench": "smem", "args": {"groups": 2}, "result": {"bytes_per_clk": 100.0}})
-    rows.append({"bench": "tma", "args": {"depth": 1}, "result": {"depth": 1, "cycles_per_tile": 1200.0,
-                                                                   "bytes_per_clk": 13.0}})
-    rows.append({"bench": "tma", "args": {"depth": 4}, "result": {"depth": 4, "cycles_per_tile": 500.0,
-                                                                   "bytes_per_clk": 30.0}})
-    rows.append({"bench": "tma", "args": {"depth": 1, "hot_mb": 16},
-                 "result": {"depth": 1, "hot_mb": 16, "cycles_per_tile": 700.0, "bytes_per_clk": 24.0}})
-    rows.append({"bench": "tma", "args": {"depth": 4, "hot_mb": 16},
-                 "result": {"depth": 4, "hot_mb": 16, "cycles_per_tile": 300.0, "bytes_per_clk": 50.0}})
-    rows.append({"bench": "tma", "args": {"depth": 4, "hot_mb": 1},
-                 "result": {"depth": 4, "hot_mb": 1, "cycles_per_tile": 200.0, "bytes_per_clk": 80.0}})
-    rows.append({"bench": "handoff", "args": {"worker_warps": 4}, "result": {"cycles_per_handoff": 70.0}})
-    rows.append({"bench": "launch", "args": {}, "result": {"launch_us": 2.5}})
-    rows.append({"bench": "clock", "args": {}, "result": {"clock_ghz": 1.9, "wgmma_clock_ghz": 1.7}})
-    rows.append({"bench": "smem", "args": {"groups": 3}, "error": "AssertionError: failed on purpose"})
-    return rows
-
-
 def test_fit_takes_best_and_one_group_rates():
-    machine = fit(_rows(), H200)
+    machine = fit(calibration_rows(), H200)
     cal = machine.calibration
     assert machine.name == "h200" and machine.model == "h200-calibrated"
     assert cal.mma_rate("fp16", 256) == 4000.0 and cal.mma_rate("fp16", 256, one_group=True) == 3900.0
@@ -79,13 +44,13 @@ def test_fit_takes_best_and_one_group_rates():
 
 
 def test_fit_names_what_is_missing():
-    rows = [r for r in _rows() if r["bench"] != "handoff"]
+    rows = [r for r in calibration_rows() if r["bench"] != "handoff"]
     with pytest.raises(Exception, match="mbarrier hand-off"):
         fit(rows, H200)
 
 
 def test_machine_file_round_trip(tmp_path):
-    machine = fit(_rows(), H200)
+    machine = fit(calibration_rows(), H200)
     doc = machine_to_dict(machine, gpu="NVIDIA H200", measured="2026-12-01T00:00:00Z")
     path = tmp_path / "m.json"
     path.write_text(json.dumps(doc))
@@ -106,7 +71,7 @@ def test_machine_file_round_trip(tmp_path):
     (lambda d: d["calibration"]["mma_flops_per_clk"].update(fp16={"x": 1.0}), "not an instruction N"),
 ])
 def test_machine_file_errors(mutate, message):
-    doc = machine_to_dict(fit(_rows(), H200))
+    doc = machine_to_dict(fit(calibration_rows(), H200))
     mutate(doc)
     with pytest.raises(FormatError, match=message):
         machine_from_dict(doc)
@@ -126,7 +91,7 @@ def test_unreadable_machine_files(tmp_path):
 
 
 def test_calibrated_costs_follow_the_measured_rates():
-    machine = fit(_rows(), H100)
+    machine = fit(calibration_rows(), H100)
     cal = machine.calibration
     # MMA: the unit is held for work / best rate; a 4-warp op finishes after work / one-group rate + fill
     m, n, k = 64, 256, 64
@@ -158,7 +123,7 @@ def test_plan_covers_every_fitted_quantity():
 def test_cli_fits_from_raw_and_schedules_with_the_model(tmp_path, capsys):
     raw = tmp_path / "raw.json"
     raw.write_text(json.dumps({"format": "twill-calibration-raw/1", "base": "h200", "measured": "x",
-                               "software": {"device": "NVIDIA H200"}, "measurements": _rows()}))
+                               "software": {"device": "NVIDIA H200"}, "measurements": calibration_rows()}))
     model = tmp_path / "h200.json"
     assert main(["calibrate", "--from-raw", str(raw), "-o", str(model)]) == 0
     assert "h200-calibrated" in capsys.readouterr().out
@@ -214,7 +179,7 @@ def test_clock_model_fit_recovers_the_line_and_sets_the_clock_by_duty():
 
     from twill.machine.calibration import clock_model_from_dict
 
-    machine = fit(_rows(), H200)
+    machine = fit(calibration_rows(), H200)
     model = fit_clock_model(_clock_rows(machine) + _clock_rows(machine, (0.1, 0.0), kernel="flash-fwd"), machine)
     assert math.isclose(model["ns_per_clk"], 0.43) and math.isclose(model["ns_per_tensor_clk"], 0.37)
     assert "4 gemm kernel runs" in model["fitted_on"]          # the attention rows are not fitted
@@ -228,7 +193,7 @@ def test_clock_model_fit_recovers_the_line_and_sets_the_clock_by_duty():
 
 
 def test_clock_model_fit_refuses_data_it_cannot_fit():
-    machine = fit(_rows(), H200)
+    machine = fit(calibration_rows(), H200)
     with pytest.raises(TwillError, match="at least 3"):
         fit_clock_model(_clock_rows(machine)[:2], machine)
     with pytest.raises(TwillError, match="duty spans"):
@@ -240,7 +205,7 @@ def test_clock_model_fit_refuses_data_it_cannot_fit():
 
 
 def test_clock_model_field_is_validated():
-    doc = machine_to_dict(fit(_rows(), H200))
+    doc = machine_to_dict(fit(calibration_rows(), H200))
     for bad, message in (({"ns_per_clk": 0.4}, "ns_per_tensor_clk"), ({"ns_per_clk": -1, "ns_per_tensor_clk": 0.3},
                                                                           "ns_per_clk"),
                          ({"ns_per_clk": 0.4, "ns_per_tensor_clk": 0.3, "x": 1}, "unknown field"), (3, "object")):
@@ -258,7 +223,7 @@ def test_prediction_runs_a_busier_tensor_core_at_a_lower_clock():
     from twill.solve import SolveOptions, schedule
     from twill.tune.predict import Shape, predict
 
-    machine = fit(_rows(), H200)
+    machine = fit(calibration_rows(), H200)
     clocked = replace(machine, clock_model=clock_model_from_dict({"ns_per_clk": 0.43, "ns_per_tensor_clk": 0.37},
                                                                  "clock model"))
     sched = schedule(build_kernel("gemm", clocked, block_m=128, block_n=256, block_k=64), clocked,
@@ -276,10 +241,10 @@ def test_prediction_runs_a_busier_tensor_core_at_a_lower_clock():
 def test_cli_fits_the_clock_model(tmp_path, capsys):
     raw = tmp_path / "raw.json"
     raw.write_text(json.dumps({"format": "twill-calibration-raw/1", "base": "h200", "measured": "x",
-                               "software": {"device": "NVIDIA H200"}, "measurements": _rows()}))
+                               "software": {"device": "NVIDIA H200"}, "measurements": calibration_rows()}))
     clocks = tmp_path / "clock.json"
     clocks.write_text(json.dumps({"format": "twill-kernel-clock/1", "gpu": "NVIDIA H200",
-                                  "rows": _clock_rows(fit(_rows(), H200))}))
+                                  "rows": _clock_rows(fit(calibration_rows(), H200))}))
     model = tmp_path / "h200.json"
     assert main(["calibrate", "--from-raw", str(raw), "--clock-fit", str(clocks), "-o", str(model)]) == 0
     assert "clock model: 1/f = 0.4300 + 0.3700" in capsys.readouterr().out
@@ -394,13 +359,13 @@ def test_performance_doc_shows_the_committed_results(marker, render):
 def test_one_sms_intake_is_the_best_hot_mib_rate_and_optional():
     """``tma_sm_bytes_per_clk`` is the best rate over the ring depths of every SM reading one hot MiB; raw
     files without those rows fit without it, and machine files without it load."""
-    machine = fit(_rows() + [{"bench": "tma", "args": {"depth": 8, "hot_mb": 1},
+    machine = fit(calibration_rows() + [{"bench": "tma", "args": {"depth": 8, "hot_mb": 1},
                               "result": {"depth": 8, "hot_mb": 1, "bytes_per_clk": 86.0}},
                              {"bench": "tma", "args": {"depth": 1, "hot_mb": 1},
                               "result": {"depth": 1, "hot_mb": 1, "bytes_per_clk": 300.0}}], H200)
     assert machine.calibration.tma_sm_bytes_per_clk == 86.0      # depth 1 is a latency row, not a rate
     assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration
-    without = fit([r for r in _rows() if r["args"].get("hot_mb") != 1], H200)
+    without = fit([r for r in calibration_rows() if r["args"].get("hot_mb") != 1], H200)
     assert without.calibration.tma_sm_bytes_per_clk is None
     assert "tma_sm_bytes_per_clk" not in machine_to_dict(without)["calibration"]
     assert machine_from_dict(machine_to_dict(without)).calibration == without.calibration
@@ -411,7 +376,7 @@ def test_reduce_add_rate_is_optional_and_prices_the_dq_reduce_when_measured():
     the fit takes the shared-rows, one-in-flight measurement and the reduce costs bytes over that rate."""
     from twill.machine.calibrate import SHARED_DQ
 
-    without = fit(_rows(), H200)
+    without = fit(calibration_rows(), H200)
     assert without.calibration.tma_reduce_bytes_per_clk is None
     doc = machine_to_dict(without)
     assert "tma_reduce_bytes_per_clk" not in doc["calibration"]
@@ -420,7 +385,7 @@ def test_reduce_add_rate_is_optional_and_prices_the_dq_reduce_when_measured():
     measured = [{"bench": "tma_reduce", "args": {"block_n": 64, "share": SHARED_DQ, "depth": d},
                  "result": {"bytes_per_clk": rate}} for d, rate in ((1, 16.0), (2, 40.0))]
     measured.append({"bench": "tma_reduce", "args": {"block_n": 64, "share": 1}, "result": {"bytes_per_clk": 5.0}})
-    machine = fit(_rows() + measured, H200)
+    machine = fit(calibration_rows() + measured, H200)
     assert machine.calibration.tma_reduce_bytes_per_clk == 16.0
     cost = costs.tma_reduce_cost(machine, 16384)
     assert (cost.cycles, cost.uses, cost.latency) == (1024, {"tma": 1}, 1024)
@@ -430,13 +395,13 @@ def test_reduce_add_rate_is_optional_and_prices_the_dq_reduce_when_measured():
 def test_softmax_steps_are_optional_and_keyed_by_groups_keys_and_head_dim():
     """The fit keeps the steps measured with O += P V in flight (not the ones without), keyed
     groups x keys x head dimension; files without them load; a malformed key is one clear error."""
-    without = fit(_rows(), H200)
+    without = fit(calibration_rows(), H200)
     assert without.calibration.softmax_step_cycles is None
     assert "softmax_step_cycles" not in machine_to_dict(without)["calibration"]
     measured = [{"bench": "softmax", "args": {"groups": g, "block_n": 128, "head_dim": 64, "pv": pv},
                  "result": {"groups": g, "block_n": 128, "head_dim": 64, "pv": pv, "cycles_per_step": c}}
                 for g, pv, c in ((1, True, 900.0), (1, False, 800.0), (2, True, 1500.0), (2, False, 1100.0))]
-    machine = fit(_rows() + measured, H200)
+    machine = fit(calibration_rows() + measured, H200)
     assert dict(machine.calibration.softmax_step_cycles) == {"1x128x64": 900.0, "2x128x64": 1500.0}
     doc = machine_to_dict(machine)
     assert machine_from_dict(doc).calibration == machine.calibration
@@ -541,18 +506,18 @@ def test_readme_d256_row_shows_the_committed_result():
 def test_attention_iterations_are_fitted_keyed_and_left_out_of_the_prediction():
     """The attention-iteration measurements are kept per groups x keys x head dimension, round-trip through
     the machine file, and do not change the prediction (a diagnostic: docs/calibration.md)."""
-    from test_tune import _ping_pong_attention
+    from graphs import ping_pong_attention
     from twill.tune.predict import chain_bound
 
     key = {"groups": 2, "block_n": 128, "head_dim": 64}
     steps = [{"bench": "softmax", "args": {**key, "pv": True},
               "result": {**key, "pv": True, "cycles_per_step": 1500.0}}]
     measured = [{"bench": "attention_iteration", "args": key, "result": {**key, "cycles_per_iteration": 2600.0}}]
-    plain, machine = fit(_rows() + steps, H200), fit(_rows() + steps + measured, H200)
+    plain, machine = fit(calibration_rows() + steps, H200), fit(calibration_rows() + steps + measured, H200)
     assert plain.calibration.attention_iteration_cycles is None
     assert dict(machine.calibration.attention_iteration_cycles) == {"2x128x64": 2600.0}
     assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration
-    schedule = _ping_pong_attention()
+    schedule = ping_pong_attention()
     assert chain_bound(schedule, machine) == chain_bound(schedule, plain) != {}
 
 
@@ -637,7 +602,7 @@ def test_backward_iterations_are_fitted_keyed_and_bound_the_backward():
     key = {"block_m": 64, "head_dim": 64}
     measured = [{"bench": "bwd_iteration", "args": key,
                  "result": {**key, "block_n": 128, "cycles_per_iteration": 30000.0}}]
-    plain, machine = fit(_rows(), H200), fit(_rows() + measured, H200)
+    plain, machine = fit(calibration_rows(), H200), fit(calibration_rows() + measured, H200)
     assert plain.calibration.backward_iteration_cycles is None
     assert dict(machine.calibration.backward_iteration_cycles) == {"64x128x64": 30000.0}
     assert machine_from_dict(machine_to_dict(machine)).calibration == machine.calibration

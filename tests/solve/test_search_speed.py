@@ -297,11 +297,11 @@ def test_the_triton_subtiled_attention_answers_the_same_without_the_relaxation_l
     the least L of the joint problem, and its schedule hints the joint solve (seconds instead of about ten);
     with the relaxation's status alone the search answers the same."""
     pytest.importorskip("triton")
-    from test_triton_frontend import _graph
+    from triton_targets import triton_graph
 
     from twill.solve.joint import search
 
-    graph, machine = _graph("flash_fwd_subtiled", "attn_fwd_subtiled", "b200"), get_machine("b200")
+    graph, machine = triton_graph("flash_fwd_subtiled", "attn_fwd_subtiled", "b200"), get_machine("b200")
     fast = schedule(graph, machine, SolveOptions())
     monkeypatch.setattr(search, "relaxation", feasibility_only(search.relaxation))
     assert answer(schedule(graph, machine, SolveOptions())) == answer(fast)

@@ -32,6 +32,7 @@ from twill.tune.space import Candidate, default_axes, kernel_space, triton_space
 from twill.tune.spills import parse_ptxas_log, ptxas_rejection
 from twill.tune import sweep
 from twill.tune.sweep import Job, Progress, cache_dir, run_sweep
+from graphs import ping_pong_attention
 
 
 # -- space ------------------------------------------------------------------------------------------------
@@ -211,10 +212,10 @@ def test_persistent_prediction_hides_all_but_one_fill_and_store_on_a_calibrated_
     """Calibrated: one CTA per tile pays fill + staging + store per tile; the persistent CTA pays the fill
     (the ring runs on into the next tile) and the store (it drains during the next loop) once, the staging
     (registers to shared memory, in the compute partition) once per tile."""
-    from test_calibration import _rows
+    from measurements import calibration_rows
     from twill.machine.calibrate import fit
 
-    machine = replace(fit(_rows(), H100), sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
+    machine = replace(fit(calibration_rows(), H100), sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
     sched = _streaming_schedule(3)
     shape = Shape("gemm", (1000, 1000, 1000))                 # 64 tiles of 16 iterations
     one_per_tile = predict(sched, shape, machine)
@@ -231,10 +232,10 @@ def test_persistent_prediction_hides_all_but_one_fill_and_store_on_a_calibrated_
 def test_persistent_attention_prediction_pays_the_fill_once_and_each_blocks_pipeline_and_store():
     """Persistent attention forward: the producer loads the next query block during the current one, so the
     fill is paid once per CTA; every block still fills and drains its own loop (L − II) and stores its O."""
-    from test_calibration import _rows
+    from measurements import calibration_rows
     from twill.machine.calibrate import fit
 
-    machine = replace(fit(_rows(), H100), sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
+    machine = replace(fit(calibration_rows(), H100), sms=10, sustained_clock_ghz=1.0, launch_us=0.0)
     graph = build_kernel("flash-fwd", machine, subtiles=2, head_dim=128)
     sched = flash_schedule(graph, machine, ahead=1, depth=2)
     shape = Shape("attention", (1, 4, 2048, 128))              # 4 heads x 16 query blocks of 16 key tiles
@@ -295,10 +296,10 @@ def _streaming_schedule(depth: int) -> Schedule:
 
 
 def test_streaming_loads_bound_the_loop_on_a_calibrated_machine():
-    from test_calibration import _rows
+    from measurements import calibration_rows
     from twill.machine.calibrate import fit
 
-    machine = replace(fit(_rows(), H100), launch_us=0.0, sustained_clock_ghz=1.0)
+    machine = replace(fit(calibration_rows(), H100), launch_us=0.0, sustained_clock_ghz=1.0)
     cal = machine.calibration
     shape = Shape("gemm", (128, 128, 6400))  # one tile, 100 iterations
     for depth in (2, 3):
@@ -375,10 +376,10 @@ def test_a_wave_reading_the_same_tiles_shares_their_l2_traffic():
     """On a machine that measured one SM's intake (``tma_sm_bytes_per_clk``) the bandwidth bound is the larger
     of the SM's share of the L2's traffic (bytes over readers at the L2 rate) and its own intake; the latency
     bound keeps the unshared transfer. Without the intake it prices every byte at the L2 rate."""
-    from test_calibration import _rows
+    from measurements import calibration_rows
     from twill.machine.calibrate import fit
 
-    machine = replace(fit(_rows(), H100), launch_us=0.0)
+    machine = replace(fit(calibration_rows(), H100), launch_us=0.0)
     cal = machine.calibration
     assert cal.tma_sm_bytes_per_clk == 80.0
     graph = build_kernel("gemm", H100, block_m=128, block_n=256, block_k=64)
@@ -411,37 +412,16 @@ def test_tensor_core_turns_count_the_changes_of_warp_group_around_the_cycle():
     assert turns({"qk_a": 0, "qk_b": 0, "pv_a": 0, "pv_b": 0}) == 0
 
 
-def _ping_pong_attention(head_dim: int = 64) -> Schedule:
-    """Two 4-warp compute groups, each S = Q Kᵀ (latency 300) -> softmax op -> O += P V, a 1-warp loader."""
-    b = GraphBuilder("pp", attrs={"kernel": "flash-fwd", "block_m": 128, "block_n": 128, "head_dim": head_dim})
-    b.op("load_k", cycles=1, uses={"tma": 1}, variable_latency=True)
-    for x in "ab":
-        b.op(f"qk_{x}", cycles=250, uses={"tc": 1}, kind="mma", warps=4, latency=300)
-        b.op(f"exp_{x}", cycles=400, uses={"mufu": 1}, kind="exp2", warps=4)
-        b.op(f"pv_{x}", cycles=250, uses={"tc": 1}, kind="mma", warps=4)
-        b.edge("load_k", f"qk_{x}", delay=0)
-        b.edge(f"qk_{x}", f"exp_{x}", delay=300)
-        b.edge(f"exp_{x}", f"pv_{x}", delay=400)
-    starts = {"load_k": 0, "qk_a": 0, "qk_b": 250, "exp_a": 300, "exp_b": 550, "pv_a": 700, "pv_b": 950}
-    groups = [WarpGroup(0, "load", 1, 24, ("load_k",)), WarpGroup(1, "compute", 4, 240, ("qk_a", "exp_a", "pv_a")),
-              WarpGroup(2, "compute", 4, 240, ("qk_b", "exp_b", "pv_b"))]
-    assignment = {"load_k": 0, **{f"{op}_a": 1 for op in ("qk", "exp", "pv")},
-                  **{f"{op}_b": 2 for op in ("qk", "exp", "pv")}}
-    return Schedule(graph=b.build(), arch="h100", solver="manual", status="optimal", ii=1000, ii_lower_bound=1000,
-                    starts=starts, assignment=assignment, warps=groups,
-                    stats={"res_mii": 1000, "normalization": {"enabled": False}})
-
-
 def test_attention_chain_bound_prices_each_groups_measured_softmax_step():
-    from test_calibration import _rows
+    from measurements import calibration_rows
     from twill.machine.calibrate import fit
     from twill.machine.costs import ASYNC_ISSUE_CYCLES, handoff_cycles
     from twill.tune.predict import chain_bound
 
     steps = [{"bench": "softmax", "args": {"groups": 2, "block_n": 128, "head_dim": 64, "pv": True},
               "result": {"groups": 2, "block_n": 128, "head_dim": 64, "pv": True, "cycles_per_step": 1500.0}}]
-    machine = replace(fit(_rows() + steps, H100), launch_us=0.0, sustained_clock_ghz=1.0)
-    schedule = _ping_pong_attention()
+    machine = replace(fit(calibration_rows() + steps, H100), launch_us=0.0, sustained_clock_ghz=1.0)
+    schedule = ping_pong_attention()
     # per group: the measured step + the wait for its S + two wgmma issues + its share of the hand-offs
     # (the tensor core runs qk_a qk_b pv_a pv_b: four hand-offs, two per group)
     chain = 1500.0 + 300 + 2 * ASYNC_ISSUE_CYCLES + 2 * handoff_cycles(machine)
@@ -457,7 +437,7 @@ def test_attention_chain_bound_prices_each_groups_measured_softmax_step():
         p.breakdown["fill_cycles"] + 9 * p.breakdown["ii_effective"] + length + store)
     # no bound without a measurement for this many groups and head dimension, on a datasheet machine, or for
     # a GEMM
-    assert chain_bound(_ping_pong_attention(head_dim=128), machine) == {}
+    assert chain_bound(ping_pong_attention(head_dim=128), machine) == {}
     assert chain_bound(schedule, H100) == {}
     assert chain_bound(_streaming_schedule(2), machine) == {}
 
@@ -1178,11 +1158,11 @@ def test_causal_query_blocks_run_to_their_diagonal_heaviest_first():
 def test_a_causal_prediction_schedules_its_unequal_blocks_on_the_sms():
     """The causal forward's grid is its blocks of unequal length handed to the SMs in launch order; each block
     pays its fill, loop and store (persistent: one fill per CTA); the same schedule without the mask costs more."""
-    from test_calibration import _rows
+    from measurements import calibration_rows
     from twill.machine.calibrate import fit
     from twill.tune.predict import causal_iterations, list_schedule
 
-    machine = replace(fit(_rows(), H100), launch_us=0.0)
+    machine = replace(fit(calibration_rows(), H100), launch_us=0.0)
     shape = Shape("attention", (2, 16, 4096, 128))
     causal = flash_schedule(build_kernel("flash-fwd", H100, head_dim=128, subtiles=2, causal=True), H100)
     full = flash_schedule(build_kernel("flash-fwd", H100, head_dim=128, subtiles=2), H100)

@@ -9,6 +9,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
+from triton_targets import KERNELS, triton_graph, triton_module  # noqa: E402
 from twill.errors import TwillError, UnsupportedFeatureError  # noqa: E402
 from twill.integrations.triton import graph_from_target, graph_from_ttgir, lower_ttgir  # noqa: E402
 from twill.integrations.triton.compile import (KernelSpec, parse_constexprs, parse_signature,  # noqa: E402
@@ -16,38 +17,24 @@ from twill.integrations.triton.compile import (KernelSpec, parse_constexprs, par
 from twill.ir import graph_from_dict, graph_to_dict, validate_graph  # noqa: E402
 from twill.machine import get_machine  # noqa: E402
 
-KERNELS = Path(__file__).resolve().parents[3] / "twill" / "integrations" / "triton" / "kernels"
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "flash_fwd_sm90_prepipeline.ttgir"
 
 pytestmark = pytest.mark.skipif(triton.__version__ != "3.6.0", reason="the frontend targets Triton 3.6.0")
 
 
-def _module(name: str):
-    import importlib
-
-    return importlib.import_module(f"twill.integrations.triton.kernels.{name}")
-
-
-def _graph(name: str, fn: str, arch: str = "h100", **over):
-    mod = _module(name)
-    return graph_from_target(KERNELS / f"{name}.py", fn, signature=over.get("signature", mod.SIGNATURE),
-                             constexprs=list(over.get("constexprs", mod.CONSTEXPRS)), num_warps=mod.NUM_WARPS,
-                             num_stages=mod.NUM_STAGES, machine=get_machine(arch))
-
-
 @pytest.fixture(scope="module")
 def matmul():
-    return _graph("matmul", "matmul_kernel")
+    return triton_graph("matmul", "matmul_kernel")
 
 
 @pytest.fixture(scope="module")
 def flash():
-    return _graph("flash_fwd", "attn_fwd")
+    return triton_graph("flash_fwd", "attn_fwd")
 
 
 @pytest.fixture(scope="module")
 def flash_subtiled():
-    return _graph("flash_fwd_subtiled", "attn_fwd_subtiled")
+    return triton_graph("flash_fwd_subtiled", "attn_fwd_subtiled")
 
 
 def _edges(graph):
@@ -78,7 +65,7 @@ def test_constexpr_parsing():
 
 
 def test_missing_argument_and_constexpr_are_reported():
-    mod = _module("matmul")
+    mod = triton_module("matmul")
     with pytest.raises(TwillError, match="argument 'K' is missing"):
         graph_from_target(KERNELS / "matmul.py", "matmul_kernel", signature="a_ptr=*fp16:16,b_ptr=*fp16:16,"
                           "c_ptr=*fp16:16,M=i32:16,N=i32:16", constexprs=list(mod.CONSTEXPRS), num_warps=8,
@@ -158,7 +145,7 @@ def test_subtiled_flash_graph(flash_subtiled):
 
 
 def test_blackwell_flash_graph_uses_tmem():
-    g = _graph("flash_fwd", "attn_fwd", "b200")
+    g = triton_graph("flash_fwd", "attn_fwd", "b200")
     roles = {op.attrs["role"] for op in g.ops}
     assert {"s_load", "p_store", "o_load", "o_store", "qk", "pv"} <= roles
     qk = next(op for op in g.ops if op.attrs["role"] == "qk")
@@ -179,7 +166,7 @@ def test_graph_round_trips_through_json(flash):
 def test_ttgir_file_gives_the_same_graph_as_the_kernel(tmp_path, flash):
     from twill.integrations.triton import kernel_spec, lower_function
 
-    mod = _module("flash_fwd")
+    mod = triton_module("flash_fwd")
     spec = kernel_spec(mod.attn_fwd, signature=mod.SIGNATURE, constexprs=list(mod.CONSTEXPRS),
                        num_warps=mod.NUM_WARPS, num_stages=mod.NUM_STAGES, machine="h100")
     _, text = lower_function(spec, get_machine("h100"))
