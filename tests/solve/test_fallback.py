@@ -76,16 +76,25 @@ def test_the_fallback_is_in_the_report_and_the_json(joint_times_out, tmp_path, c
     assert doc["status"] == "feasible" and "undecided: II 2" in doc["stats"]["fallback"]
 
 
-def test_without_a_verified_fallback_the_error_names_the_family_and_no_ws():
-    # a 4-warp pool: W_vl and a 4-warp MMA group need 5 warps at every II, so neither the joint search nor the
-    # kernel's own warp groups have a schedule, while --no-ws has one
-    graph = random_graph(8, 1)
-    ii = schedule(graph, H100, SolveOptions(ws=False, time_limit=20)).ii
+def test_without_a_verified_fallback_the_error_names_the_family_and_no_ws(joint_times_out):
+    # a 32-register budget: no group holds the 64-register tiles, the kernel's own groups neither
     with pytest.raises(InfeasibleScheduleError) as info:
-        schedule(graph, H100, SolveOptions(max_warps=4, max_ii=ii + 2, time_limit=20))
+        schedule(_attention_like(), H100, SolveOptions(reg_limit=32, time_limit=5))
     message = str(info.value)
-    assert f"proved infeasible); raise --max-warps (no warp specialization exists at the modulo-only II {ii}" \
-        in message
-    assert message.endswith("; nor does the modulo-only schedule with the kernel's warp groups verify (WARP COUNT); "
-                            "use --no-ws for a schedule without warp specialization")
-    assert "--time-limit" not in message and "--no-cross-warp" not in message
+    assert message.startswith("no joint schedule of graph 'attn-step' found within the time limit of 5 s (")
+    assert message.endswith("; nor does the modulo-only schedule with the kernel's warp groups verify (REGISTER "
+                            "LIMIT); use --no-ws for a schedule without warp specialization")
+
+
+def test_a_warp_pool_no_assignment_fits_fails_at_once_with_the_remedy():
+    # a 4-warp pool: W_vl and a 4-warp MMA group need 5 warps at every II; --no-ws has a schedule
+    graph = random_graph(8, 1)
+    schedule(graph, H100, SolveOptions(ws=False, time_limit=20))
+    heard: list[str] = []
+    with pytest.raises(InfeasibleScheduleError) as info:
+        schedule(graph, H100, SolveOptions(max_warps=4, time_limit=600, progress=heard.append))
+    assert not any("phase 1" in line for line in heard)     # before any II is tried
+    assert str(info.value) == (
+        "graph 'random8s1' has no joint SWP+WS schedule at any II: its warp groups need at least 5 warps (W_vl for "
+        "the variable-latency ops and a group for the widest other op), the warp pool has 4; raise --max-warps; use "
+        "--no-ws for a schedule without warp specialization")

@@ -199,6 +199,14 @@ def warp_groups(graph: LoopGraph, ii: int,
     return tuple(groups), assignment
 
 
+def least_warps(graph: LoopGraph) -> int:
+    """The fewest warps any warp assignment of ``graph`` uses, at every II: W_vl as wide as its widest
+    variable-latency op beside a group as wide as the widest other op (a group is at least as wide as each of
+    its ops; W_vl holds the variable-latency ops and only those)."""
+    widest = [max((op.warps for op in graph.ops if op.variable_latency == vl), default=0) for vl in (True, False)]
+    return sum(widest)
+
+
 def kernel_warp_groups(graph: LoopGraph, machine: Machine, options: SolveOptions,
                        starts: Mapping[str, int], ii: int) -> tuple[tuple[WarpGroup, ...], dict[str, int]]:
     """The warp groups of the kernel as written, for the modulo-only ``starts``: the variable-latency ops on
@@ -433,6 +441,13 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
     from twill.solve.strategies import max_ii_of
 
     require(options.solver)
+    least, pool = least_warps(graph), options.max_warps or machine.max_warps_per_cta
+    if least > pool:
+        raise InfeasibleScheduleError(
+            f"graph {graph.name!r} has no joint SWP+WS schedule at any II: its warp groups need at least {least} "
+            f"warps (W_vl for the variable-latency ops and a group for the widest other op), the warp pool has "
+            f"{pool}" + (options.advice("raise {}", "max_warps") if pool < machine.max_warps_per_cta else "")
+            + options.advice("use {} for a schedule without warp specialization", "ws"))
     started = time.perf_counter()
     deadline = started + options.time_limit
     units = effective_units(graph, machine.units)
