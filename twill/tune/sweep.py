@@ -559,21 +559,23 @@ def _stop_signals_blocked() -> Iterator[None]:
 #: solver again for every pool (a module that is not installed is skipped).
 WORKER_PRELOAD = ["twill.tune.sweep", "twill.solve", "twill.schedule.document", "twill.ir.io",
                   "ortools.sat.python.cp_model"]
+#: Added to :data:`WORKER_PRELOAD` for a sweep of Triton candidates, which compile the kernel in every job.
+TRITON_PRELOAD = ["triton", "twill.integrations.triton.inject"]
 
 
-def _pool_context() -> Any:
+def _pool_context(triton: bool = False) -> Any:
     """The start method of the worker processes: ``forkserver`` where the platform has it, else ``spawn``. A
     worker forked from this process would copy its threads' state: with JAX loaded (as in a test run, or a
     program that tunes from Python beside JAX) a fork may deadlock, and JAX warns on every fork. A forkserver
     forks the workers from a fresh single-threaded process, started once per process (inside
     :func:`_stop_signals_blocked`, so it and its workers start with the stop signals blocked) with
-    :data:`WORKER_PRELOAD` imported."""
+    :data:`WORKER_PRELOAD` imported, and :data:`TRITON_PRELOAD` for a sweep of Triton candidates (``triton``)."""
     import multiprocessing
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(WORKER_PRELOAD)
+    context.set_forkserver_preload(WORKER_PRELOAD + (TRITON_PRELOAD if triton else []))
     return context
 
 
@@ -583,7 +585,8 @@ def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, w
     exception in this process while they run (Ctrl-C's ``KeyboardInterrupt``, SIGTERM's
     :class:`~twill.cli.Terminated`) cancels the queued jobs and terminates the workers before it is raised
     again: the unfinished jobs leave no record (nor cache entry)."""
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_signals, mp_context=_pool_context())
+    context = _pool_context(triton=any(job.triton is not None for job in jobs))
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_signals, mp_context=context)
     try:
         with _stop_signals_blocked():       # the workers start in the first submit
             futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
