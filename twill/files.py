@@ -148,16 +148,15 @@ def user_cache_dir(name: str) -> Path:
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM are held back (delivered when the block ends) in the main thread; elsewhere, or
-    where the platform has no signal masks, nothing changes."""
+def stop_signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in the calling thread inside the block (held until it ends, then delivered);
+    processes started inside it inherit them blocked. Where the platform has no signal masks, nothing changes."""
     import signal
 
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         yield
     finally:
@@ -177,7 +176,7 @@ class _OutputGroup:
         renames run with SIGINT and SIGTERM held back (they take microseconds), so an interrupt leaves all of
         them done or none. An ``OSError`` names the output it concerns (``filename``)."""
         renames = [(target, item) for target, item in self.staged if isinstance(item, Path)]
-        with _signals_held():
+        with stop_signals_blocked():
             for target, item in renames:
                 try:
                     os.replace(item, target)

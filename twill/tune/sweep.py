@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
 
 from twill.errors import (InfeasibleScheduleError, SolverUnavailableError, SpillsError, TwillError,
                           UnsupportedFeatureError)
-from twill.files import read_file_bytes, user_cache_dir
+from twill.files import read_file_bytes, stop_signals_blocked, user_cache_dir
 from twill.machine.models import Machine
 from twill.tune.space import Candidate
 from twill.tune.spills import gluon_spills, ptxas_rejection
@@ -388,12 +388,9 @@ def schedule_problem(doc: Any, job: Job) -> str | None:
     from twill.ir.validate import validate_graph
     from twill.schedule.result import Schedule
     from twill.schedule.verify import violations
-    from twill.solve.options import SolveOptions
-
     cand, machine = job.candidate, job.machine
-    options = SolveOptions(time_limit=job.time_limit, resolution=job.resolution, reg_limit=cand.reg_limit,
-                           streaming_depth=cand.streaming_depth, workers=1, extra_copies=job.extra_copies)
     try:
+        options = job.solve_options()
         if not isinstance(doc, dict) or not isinstance(doc.get("loop_graph"), dict):
             return "a schedule without its loop_graph"
         schedule = Schedule.from_dict(doc, graph_from_dict(doc["loop_graph"]))
@@ -529,30 +526,13 @@ def _worker_signals() -> None:
     """Signals in a worker process: Ctrl-C (sent to the whole process group) is ignored, the parent decides
     (:func:`_run_pool`); SIGTERM, by which the parent ends a worker, ends it at once (whatever handler the worker
     was started with). The worker started with both blocked
-    (:func:`_stop_signals_blocked`); they are unblocked once handled so."""
+    (:func:`~twill.files.stop_signals_blocked`); they are unblocked once handled so."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
-@contextlib.contextmanager
-def _stop_signals_blocked() -> Iterator[None]:
-    """SIGINT and SIGTERM blocked in this thread inside the block (held until it ends, then delivered), so
-    that the worker processes started in it inherit them blocked: a Ctrl-C while a worker starts, before
-    :func:`_worker_signals` ran in it, must not print a worker's traceback."""
-    import signal
-
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 #: Modules the forkserver imports once, before it forks any worker, so that a worker does not import the
@@ -568,7 +548,7 @@ def _pool_context(triton: bool = False) -> Any:
     worker forked from this process would copy its threads' state: with JAX loaded (as in a test run, or a
     program that tunes from Python beside JAX) a fork may deadlock, and JAX warns on every fork. A forkserver
     forks the workers from a fresh single-threaded process, started once per process (inside
-    :func:`_stop_signals_blocked`, so it and its workers start with the stop signals blocked) with
+    :func:`~twill.files.stop_signals_blocked`, so it and its workers start with the stop signals blocked) with
     :data:`WORKER_PRELOAD` imported, and :data:`TRITON_PRELOAD` for a sweep of Triton candidates (``triton``)."""
     import multiprocessing
 
@@ -588,7 +568,7 @@ def _run_pool(jobs: list[Job], done: Callable[[int, dict[str, Any]], None], *, w
     context = _pool_context(triton=any(job.triton is not None for job in jobs))
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_signals, mp_context=context)
     try:
-        with _stop_signals_blocked():       # the workers start in the first submit
+        with stop_signals_blocked():       # the workers start in the first submit
             futures = {pool.submit(run_job, job): i for i, job in enumerate(jobs)}
         pending = set(futures)
         while pending:
