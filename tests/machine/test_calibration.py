@@ -649,3 +649,35 @@ def test_backward_iteration_microbenchmark_compiles_without_spills():
         assert facts.wgmma == 2 * head_dim // 16 + 2 * block_m // 16 + 128 // 16
         assert facts.wait_depths == (0, 1) and facts.mbarrier_waits == 4
         assert ptxas_report(compiled.asm["ptx"], 90)["spill_bytes"] == 0, (block_m, head_dim)
+
+
+def test_fp8_wgmma_microbenchmark_compiles_to_the_e4m3_wgmma():
+    """``twill calibrate`` measures the ``fp8`` rate of the machine tables with e4m3 operands: the wgmma
+    microbenchmark compiles for sm_90 (no GPU) to ``m64nNk32`` e4m3 x e4m3 wgmmas (B read K-major), and the fit
+    files the measurement under ``fp8``, the rate that prices ``flash-fwd --dtype fp8e4m3``."""
+    pytest.importorskip("triton")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from twill.machine import microbench
+
+    assert ("mma", {"n": 128, "dtype": "fp8", "groups": 2, "lag": 1}) in plan()
+    signature = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "out_ptr": "*fp32", "stats_ptr": "*i64", "reps": "i32",
+                 "GROUPS": "constexpr", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "LAG": "constexpr",
+                 "WORKER_REGS": "constexpr"}
+    for groups, n in ((1, 64), (2, 256)):
+        src = GluonASTSource(microbench._mma_kernel, signature,
+                             constexprs={"GROUPS": groups, "BLOCK_N": n, "BLOCK_K": 64, "LAG": 1,
+                                         "WORKER_REGS": microbench._worker_regs(groups)},
+                             attrs={(i,): [["tt.divisibility", 16]] for i in range(4)})
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+        assert set(re.findall(r"wgmma\.mma_async\.\S+", ptx)) == {
+            f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3"}
+    rows = calibration_rows() + [
+        {"bench": "mma", "args": {"n": n, "dtype": "fp8", "groups": g, "lag": 1},
+         "result": {"n": n, "dtype": "fp8", "groups": g, "lag": 1, "flops_per_clk": 7000.0 + g}}
+        for n in (64, 128, 256) for g in (1, 2)]
+    machine = fit(rows, H200)
+    assert machine.calibration.mma_rate("fp8", 128) == 7002.0
+    assert costs.mma_cost(machine, 64, 128, 128, "fp8e4m3").cycles == math.ceil(2 * 64 * 128 * 128 / 7002.0)

@@ -27,6 +27,7 @@ KERNEL_FLAGS: dict[str, tuple[str, type]] = {
     "--dtype": ("dtype", str),
     "--causal": ("causal", bool),
     "--kv-heads": ("kv_heads", int),
+    "--v-transpose": ("v_transpose", str),
 }
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:

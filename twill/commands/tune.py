@@ -34,6 +34,7 @@ AXIS_FLAGS: dict[str, tuple[str, Any]] = {
     "--block-n": ("block_n", int), "--block-k": ("block_k", int), "--dtype": ("dtype", str),
     "--warps": ("warps", int), "--streaming-depth": ("streaming_depth", option_type("streaming_depth")),
     "--reg-limit": ("reg_limit", option_type("reg_limit")), "--persistent": ("persistent", _boolean),
+    "--v-transpose": ("v_transpose", str),
 }
 
 DEFAULT_TIME_LIMIT = 60.0

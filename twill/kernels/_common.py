@@ -159,6 +159,20 @@ def smem_store(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, col
                 warp_busy=cost.warp_busy, attrs=_attrs(role, subtile, {"dtype": dtype}))
 
 
+def smem_transpose(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, dtype: str, *,
+                   source: str, warps: int = 4) -> str:
+    """A ``rows x cols`` shared-memory tile rewritten transposed into a new shared-memory buffer (a transposed
+    ``ldmatrix`` read and an ``stmatrix`` write: twice the tile's bytes on the ``smem`` pipe), after the op
+    ``source`` that loaded it (FA3's fp8 V transpose). The result is in shared memory: it crosses warp groups
+    without a spill."""
+    nbytes = tile_bytes(rows, cols, dtype)
+    cost = costs.smem_cost(m, 2 * nbytes)
+    op = b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="smem_transpose", warps=warps, smem=nbytes,
+              warp_busy=cost.warp_busy, attrs=_attrs(role, None, {"rows": rows, "cols": cols, "dtype": dtype}))
+    b.edge(source, op, delay=0)
+    return op
+
+
 def tma_reduce(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols: int, dtype: str) -> str:
     """A TMA reduce-add of a shared-memory tile to global memory (the dQ atomic add). Variable latency,
     but not streaming: it depends on the tile being staged."""

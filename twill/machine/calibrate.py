@@ -43,7 +43,7 @@ def plan(quick: bool = False) -> list[tuple[str, dict[str, Any]]]:
     """Every measurement as ``(microbenchmark, keyword arguments)``; ``quick`` trims widths and dtypes."""
     widths = (64, 256) if quick else MMA_WIDTHS  # arange needs powers of two: no n192
     steps: list[tuple[str, dict[str, Any]]] = []
-    for dtype in ("fp16",) if quick else ("fp16", "bf16"):
+    for dtype in ("fp16",) if quick else ("fp16", "bf16", "fp8"):   # fp8: e4m3 operands (microbench.measure_mma)
         for n in widths:
             for groups in GROUPS:
                 steps.append(("mma", {"n": n, "dtype": dtype, "groups": groups, "lag": 1}))

@@ -435,7 +435,7 @@ def format_calibration(machine: Any) -> str:
     for dtype, table in cal.mma_flops_per_clk.items():
         for n, rate in table.items():
             one = cal.mma_flops_per_clk_one_group[dtype].get(n)
-            rows.append((f"{dtype} wgmma m64n{n}k16 FLOP/clk (1 warp group)",
+            rows.append((f"{dtype} wgmma m64n{n}k{32 if dtype == 'fp8' else 16} FLOP/clk (1 warp group)",
                          f"{rate:.0f} ({one:.0f})" if one else f"{rate:.0f}", f"{machine.tc_flops_per_clk[dtype]}"))
     for n, cycles in cal.mma_group_latency.items():
         rows.append((f"wgmma K=64 group latency, n{n} (clk)", f"{cycles:.0f}", f"{2 * 64 * n * 64 // 4096}"))

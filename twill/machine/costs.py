@@ -21,7 +21,14 @@ from twill.errors import UnsupportedFeatureError
 from twill.machine.calibration import lookup_n
 from twill.machine.models import BARRIER_HANDOFF_CYCLES, Machine
 
-DTYPE_BYTES = {"fp8": 1, "i8": 1, "fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "i32": 4}
+DTYPE_BYTES = {"fp8": 1, "fp8e4m3": 1, "fp8e5m2": 1, "i8": 1, "fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4,
+               "i32": 4}
+
+#: fp8 element formats (the kernels' ``--dtype``, e.g. ``flash-fwd --dtype fp8e4m3``) -> the rate class the
+#: machine tables (``Machine.tc_flops_per_clk``, a calibration's ``mma_flops_per_clk``) price them at: the
+#: tensor cores of sm_90 and sm_100 run e4m3 and e5m2 at one rate, ``"fp8"``. Every other dtype is its own
+#: rate class.
+FP8_FORMATS = {"fp8e4m3": "fp8", "fp8e5m2": "fp8"}
 
 #: Cycles an asynchronous op (wgmma, tcgen05, TMA) keeps its issuing warp busy: one instruction stream.
 ASYNC_ISSUE_CYCLES = 32
@@ -44,6 +51,12 @@ class OpCost:
         return tuple(dict(self.uses) for _ in range(self.cycles))
 
 
+def rate_dtype(dtype: str) -> str:
+    """The machine tables' name of ``dtype``'s tensor-core rate: ``"fp8"`` for an fp8 format
+    (:data:`FP8_FORMATS`), else ``dtype`` itself."""
+    return FP8_FORMATS.get(dtype, dtype)
+
+
 def _ceil(x: float) -> int:
     return max(1, math.ceil(x))
 
@@ -54,7 +67,8 @@ def mma_cost(m: Machine, M: int, N: int, K: int, dtype: str = "fp16", warps: int
     Calibrated: ``2MNK / mma_flops_per_clk[dtype][N]`` cycles on ``tc``; the result is ready after
     ``2MNK / rate`` with the rate of the issuing warp groups (one group for a 4-warp op, the SM's best for
     wider ones) plus the pipeline fill of one K=64 instruction group (``mma_group_latency`` minus its own
-    issue time)."""
+    issue time). An fp8 format (``fp8e4m3``, ``fp8e5m2``) is priced at the ``fp8`` rate (:func:`rate_dtype`)."""
+    dtype = rate_dtype(dtype)
     try:
         rate = m.tc_flops_per_clk[dtype]
     except KeyError:

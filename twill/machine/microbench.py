@@ -12,8 +12,9 @@ a plain dict of numbers. Torch and Triton are imported when a function runs, nev
 
 The kernels (all ``@gluon.jit``, sm_90):
 
-* :func:`_mma_kernel` - chained ``wgmma`` (``m64nNk16``, K = 64 per group) from 1, 2 or 3 warp groups on
-  operands resident in shared memory; ``LAG`` groups left in flight (1 = throughput, 0 = latency).
+* :func:`_mma_kernel` - chained ``wgmma`` (``m64nNk16``, or ``m64nNk32`` on fp8 e4m3 operands; K = 64 per
+  group) from 1, 2 or 3 warp groups on operands resident in shared memory; ``LAG`` groups left in flight
+  (1 = throughput, 0 = latency).
 * :func:`_elementwise_kernel` - ``exp2``, FMA, row max and row sum over an fp32 tile in the wgmma
   accumulator layout (the layout attention's softmax works in), from 1, 2 or 3 warp groups.
 * :func:`_softmax_kernel` - the attention forward's online-softmax step on an accumulator-layout tile, with
@@ -45,9 +46,10 @@ ELEMENTWISE_OPS = {"exp2": 0, "fma": 1, "rowmax": 2, "rowsum": 3}
 
 
 @gluon.constexpr_function
-def _acc_layout(n):
-    """The wgmma accumulator layout of one warp group's [64, n] tile (``m64nNk16``, warps along M)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+def _acc_layout(n, k=16):
+    """The wgmma accumulator layout of one warp group's [64, n] tile (``m64nNk16``, ``m64nNk32`` for fp8
+    operands with ``k`` 32; warps along M)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
 
 
 @gluon.jit
@@ -73,9 +75,10 @@ def _record(stats_ptr, pid, t0, t1):
 @gluon.jit
 def _mma_loop(a_smem, b_smem, out_ptr, stats_ptr, reps, PART: gl.constexpr, GROUPS: gl.constexpr,
               BLOCK_N: gl.constexpr, LAG: gl.constexpr):
-    """One warp group: acc[64, BLOCK_N] += A @ B ``reps`` times (BLOCK_K/16 ``m64nNk16`` per group), timed."""
+    """One warp group: acc[64, BLOCK_N] += A @ B ``reps`` times (BLOCK_K/16 ``m64nNk16`` per group, BLOCK_K/32
+    ``m64nNk32`` for fp8), timed."""
     pid = gl.program_id(0)
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_N)
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_N, 256 // a_smem.dtype.primitive_bitwidth)
     acc = gl.zeros([64, BLOCK_N], gl.float32, acc_layout)
     t0 = _clock(pid)
     for _ in range(reps):
@@ -100,13 +103,22 @@ def _mma_kernel(a_ptr, b_ptr, out_ptr, stats_ptr, reps, GROUPS: gl.constexpr, BL
     am = gl.arange(0, 64, gl.SliceLayout(1, blocked))
     ak = gl.arange(0, BLOCK_K, gl.SliceLayout(0, blocked))
     a = gl.load(a_ptr + am[:, None] * BLOCK_K + ak[None, :])
-    bk = gl.arange(0, BLOCK_K, gl.SliceLayout(1, blocked))
-    bn = gl.arange(0, BLOCK_N, gl.SliceLayout(0, blocked))
-    b = gl.load(b_ptr + bk[:, None] * BLOCK_N + bn[None, :])
     a_smem = gl.allocate_shared_memory(dtype, [64, BLOCK_K],
                                        gl.NVMMASharedLayout.get_default_for([64, BLOCK_K], dtype), a)
-    b_smem = gl.allocate_shared_memory(dtype, [BLOCK_K, BLOCK_N],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], dtype), b)
+    if dtype.primitive_bitwidth == 8:
+        # the fp8 wgmma reads B K-major only: b_ptr holds B^T [BLOCK_N, BLOCK_K], B is its transposed view
+        bn = gl.arange(0, BLOCK_N, gl.SliceLayout(1, blocked))
+        bk = gl.arange(0, BLOCK_K, gl.SliceLayout(0, blocked))
+        bt = gl.load(b_ptr + bn[:, None] * BLOCK_K + bk[None, :])
+        b_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_K],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dtype),
+                                           bt).permute((1, 0))
+    else:
+        bk = gl.arange(0, BLOCK_K, gl.SliceLayout(1, blocked))
+        bn = gl.arange(0, BLOCK_N, gl.SliceLayout(0, blocked))
+        b = gl.load(b_ptr + bk[:, None] * BLOCK_N + bn[None, :])
+        b_smem = gl.allocate_shared_memory(dtype, [BLOCK_K, BLOCK_N],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], dtype), b)
     fence_async_shared()
     gl.thread_barrier()
     if GROUPS == 1:
@@ -545,16 +557,19 @@ def _worker_regs(groups: int) -> int:
 def measure_mma(n: int, dtype: str = "fp16", groups: int = 1, lag: int = 1, reps: int = 4096) -> dict[str, float]:
     """wgmma ``m64nNk16`` from ``groups`` warp groups per CTA: SM-wide FLOP per clock (``lag`` 1: one group of
     BLOCK_K/16 instructions left in flight) or cycles per K=64 group (``lag`` 0: each group waited). Checked
-    against torch first. Also returns the sustained clock (cycles / event time) of the long run."""
+    against torch first. Also returns the sustained clock (cycles / event time) of the long run. ``dtype``
+    ``fp8`` (the machine tables' rate class, :data:`twill.machine.costs.FP8_FORMATS`) runs ``m64nNk32`` on
+    e4m3 operands, B K-major."""
     torch = _torch()
-    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[dtype]
     block_k = 64
     a = (torch.randn(64, block_k, device="cuda") / 8).to(tdt)
     b = (torch.randn(block_k, n, device="cuda") / 8).to(tdt)
+    b_arg = b.t().contiguous() if dtype == "fp8" else b   # the kernel reads an fp8 B as B^T (K-major)
     grid, out, stats = _group_buffers(groups, 64, n)
 
     def launch(r):
-        _mma_kernel[(grid,)](a, b, out, stats, r, GROUPS=groups, BLOCK_N=n, BLOCK_K=block_k, LAG=lag,
+        _mma_kernel[(grid,)](a, b_arg, out, stats, r, GROUPS=groups, BLOCK_N=n, BLOCK_K=block_k, LAG=lag,
                              WORKER_REGS=_worker_regs(groups), num_warps=4)
 
     launch(3)

@@ -19,6 +19,20 @@ Per sub-tile (roles):
   ``pv``      O += P V                           tensor core; O is the loop-carried accumulator
 Shared: ``load_k``, ``load_v`` (streaming TMA loads).
 
+fp8 (``dtype`` ``fp8e4m3`` or ``fp8e5m2``, Hopper; FA3's fp8 forward, ../docs/kernels.md): Q, K, V are one
+byte per element and both wgmmas run at the ``fp8`` rate of the machine tables
+(:func:`twill.machine.costs.rate_dtype`), ``k = 32`` per instruction (graph attribute ``instr_k``). Two ops
+more:
+  ``convert``     P (fp32, written over S by ``exp``) -> fp8 register A operand of ``pv``   ALU
+  ``v_transpose`` V tile -> V^T in shared memory (``v_transpose="kernel"``)               shared-memory pipe
+The fp8 wgmma reads its B operand from shared memory K-major only, so ``O += P V`` needs V^T: either the
+kernel transposes each V tile after its load (``v_transpose="kernel"``, what FA3's producer warp group does:
+a transposed ``ldmatrix`` read and an ``stmatrix`` write of the tile), or a pre-pass transposes the whole V
+before the kernel (``"prepass"``: ``load_v`` then loads V^T tiles; the pass, one read and one write of V, is
+outside the loop and priced by the tuner, :func:`twill.kernels.flash_fwd.tune.extra_passes`). The descale
+factors do not change the loop: ``q_descale * k_descale`` is folded into the softmax scale, ``v_descale``
+into the final ``1 / l`` (FA3).
+
 Every edge out of an asynchronous tensor-core op, and every edge into an MMA from another warp's TMEM
 write, is ``blocking`` (the consumer waits on wgmma.wait_group or an mbarrier).
 
@@ -39,6 +53,15 @@ from twill.kernels import KernelOption
 from twill.kernels import _common as k
 from twill.machine.models import Machine
 
+#: The fp8 Q/K/V formats (``--dtype``); the machine tables price both at the ``fp8`` rate.
+FP8_DTYPES = ("fp8e4m3", "fp8e5m2")
+#: K per wgmma instruction by operand bytes: ``m64nNk16`` for fp16/bf16, ``m64nNk32`` for fp8.
+INSTR_K = {1: 32, 2: 16}
+#: ALU operations per element of the fp8 conversion of P: half a ``cvt.rn.satfinite.e4m3x2.f32`` (two
+#: elements per instruction) and the byte permutes that put the packed bytes in the A-operand order (FA3's
+#: ``permute_Cregs_fp8``); an estimate, one op per element.
+FP8_CONVERT_OPS = 1.0
+
 OPTIONS = {
     "subtiles": KernelOption(int, 0, "split the Q block into this many sub-tiles sharing K/V (3: Hopper only; "
                                      "0 = 1, or 2 at head dim 256 on Hopper)", (0, 1, 2, 3)),
@@ -46,7 +69,11 @@ OPTIONS = {
     "block_m": KernelOption(int, 0, "query rows per CTA (0 = 64 per sub-tile, at least 128, on Hopper; 256 on "
                                     "Blackwell)", (0, 64, 128, 192, 256)),
     "block_n": KernelOption(int, 0, "keys per iteration (0 = 128, or 64 at head dim 256 on Hopper)", (0, 64, 128)),
-    "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
+    "dtype": KernelOption(str, "fp16", "Q/K/V dtype (fp8e4m3, fp8e5m2: Hopper, output bf16)",
+                          ("fp16", "bf16", *FP8_DTYPES)),
+    "v_transpose": KernelOption(str, "", "fp8 only: where V becomes K-major for the fp8 P V wgmma: 'kernel' "
+                                         "(each tile in the loop, FA3) or 'prepass' (a transpose pass before the "
+                                         "kernel); '' = kernel", ("", "kernel", "prepass")),
     "causal": KernelOption(bool, False, "causal mask: each query attends to keys at or before its position "
                                         "(the loop stops at the diagonal)", (False, True)),
     "kv_heads": KernelOption(int, 0, "K/V heads (0: as many as the query heads; N: grouped-query attention, "
@@ -98,11 +125,18 @@ def default_reg_limit(machine: Machine, subtiles: int) -> int:
 
 
 def build(machine: Machine, *, subtiles: int = 0, head_dim: int = 128, block_m: int = 0, block_n: int = 0,
-          dtype: str = "fp16", causal: bool = False, kv_heads: int = 0) -> LoopGraph:
+          dtype: str = "fp16", causal: bool = False, kv_heads: int = 0, v_transpose: str = "") -> LoopGraph:
     """The forward KV-loop body for ``machine`` (see the module docstring); ``subtiles`` and ``block_n`` left 0
     take :func:`default_tile`. ``causal`` and ``kv_heads`` do not change the loop body (the unmasked steady
     state is the scheduled loop; grouped K/V heads only move the K/V rows a CTA reads); they are graph
-    attributes for the code generators."""
+    attributes for the code generators. ``v_transpose`` (fp8 only): ``kernel`` or ``prepass``."""
+    fp8 = dtype in FP8_DTYPES
+    if v_transpose and not fp8:
+        raise TwillError(f"kernel 'flash-fwd': v_transpose applies to the fp8 dtypes {', '.join(FP8_DTYPES)} "
+                         f"only (a {dtype} V is read as it is stored)")
+    if fp8 and machine.mma_accumulates_in == "tmem":
+        raise TwillError(f"kernel 'flash-fwd': dtype {dtype} is built for Hopper only, not {machine.name}")
+    v_transpose = v_transpose or ("kernel" if fp8 else "")
     tile = default_tile(machine, head_dim)
     subtiles = subtiles or tile[0]
     block_n = block_n or tile[1]
@@ -115,15 +149,22 @@ def build(machine: Machine, *, subtiles: int = 0, head_dim: int = 128, block_m: 
     block_m = block_m or default_block_m(machine, subtiles)
     if block_m % subtiles:
         raise TwillError(f"kernel 'flash-fwd': block_m {block_m} does not split into {subtiles} sub-tiles")
-    smem_resident = block_m * head_dim * 2          # the Q tile, loaded once before the loop
+    smem_resident = k.tile_bytes(block_m, head_dim, dtype)   # the Q tile, loaded once before the loop
     tmem = machine.mma_accumulates_in == "tmem"
+    fp8_attrs = {"instr_k": INSTR_K[1], "v_transpose": v_transpose} if fp8 else {}
     b = GraphBuilder("flash-fwd", attrs={
         "kernel": "flash-fwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
         "head_dim": head_dim, "dtype": dtype, "subtiles": subtiles,
         "reg_limit": default_reg_limit(machine, subtiles), "smem_resident": smem_resident,
-        **({"causal": True} if causal else {}), **({"kv_heads": kv_heads} if kv_heads else {})})
+        **({"causal": True} if causal else {}), **({"kv_heads": kv_heads} if kv_heads else {}), **fp8_attrs})
     load_k = k.tma_load(b, machine, "load_k", "load_k", block_n, head_dim, dtype)
-    load_v = k.tma_load(b, machine, "load_v", "load_v", block_n, head_dim, dtype)
+    if v_transpose == "prepass":     # V^T tiles [head_dim, block_n] of the pre-pass's output: the same bytes
+        load_v = k.tma_load(b, machine, "load_v", "load_v", head_dim, block_n, dtype)
+    else:
+        load_v = k.tma_load(b, machine, "load_v", "load_v", block_n, head_dim, dtype)
+    if v_transpose == "kernel":
+        load_v = k.smem_transpose(b, machine, "v_transpose", "v_transpose", block_n, head_dim, dtype,
+                                  source=load_v)
     rows = block_m // subtiles
     for s in range(subtiles):
         if tmem:
@@ -141,8 +182,10 @@ def _softmax_chain(b: GraphBuilder, machine: Machine, x: str, s: int | None, row
     alpha = k.exp2(b, machine, f"alpha{x}", "alpha", rows, 1, "fp32", subtile=s, warps=w)
     # Hopper: P is the register A operand of an RS wgmma, materialised in fp16 after the fp32 exp2, so S and
     # P are both live while exp runs. Blackwell: P goes to TMEM fragment by fragment (FA4), written over S.
-    p = k.exp2(b, machine, f"exp{x}", "exp", rows, block_n, dtype, subtile=s,
-               in_place=machine.mma_accumulates_in == "tmem", warps=w)
+    # fp8: exp writes the fp32 P over S and the ``convert`` op packs it to fp8 (FA3).
+    fp8 = dtype in FP8_DTYPES
+    p = k.exp2(b, machine, f"exp{x}", "exp", rows, block_n, "fp32" if fp8 else dtype, subtile=s,
+               in_place=machine.mma_accumulates_in == "tmem" or fp8, warps=w)
     rowsum = k.row_reduce(b, machine, f"rowsum{x}", "rowsum", rows, block_n, subtile=s, warps=w)
     b.edge(scores, rowmax, delay=scores_delay, blocking=scores_blocking)
     b.edge(scores, p, delay=scores_delay, blocking=scores_blocking)
@@ -164,13 +207,21 @@ def _hopper_subtile(b: GraphBuilder, machine: Machine, s: int, subtiles: int, ro
     qk = k.mma(b, machine, f"qk{x}", "qk", rows, block_n, head_dim, dtype, subtile=sub, warps=w)
     qk_cycles = b.build().op(qk).issue_latency
     alpha, p = _softmax_chain(b, machine, x, sub, rows, block_n, dtype, qk, qk_cycles, True)
+    if dtype in FP8_DTYPES:
+        convert = k.elementwise(b, machine, f"convert{x}", "convert", rows, block_n, dtype, subtile=sub,
+                                ops_per_element=FP8_CONVERT_OPS, warps=w)
+        b.edge(p, convert)
+        p = convert
     rescale = k.elementwise(b, machine, f"rescale{x}", "rescale", rows, head_dim, "fp32", subtile=sub,
                             in_place=True, warps=w)
     pv = k.mma(b, machine, f"pv{x}", "pv", rows, head_dim, block_n, dtype, subtile=sub, accumulator=True,
                warps=w)
     pv_cycles = b.build().op(pv).issue_latency
     b.edge(load_k, qk, delay=0)
-    b.edge(load_v, pv, delay=0)
+    if load_v == "load_v":
+        b.edge(load_v, pv, delay=0)
+    else:                   # the V^T of the in-kernel transpose: in shared memory once its op has run
+        b.edge(load_v, pv, blocking=True)
     b.edge(alpha, rescale)
     b.edge(pv, rescale, delay=pv_cycles, distance=1, blocking=True)
     b.edge(rescale, pv)

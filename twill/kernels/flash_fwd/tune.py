@@ -1,6 +1,7 @@
 """The attention forward's cost hooks for the tuner (:mod:`twill.tune.space`, :mod:`twill.tune.predict`): its
 problem and default sweep, the register floor of a compute partition, which CTAs of a wave read the same K/V
-tiles, the causal blocks' trip counts, the O store, and the per-group chain bound of the online softmax."""
+tiles, the causal blocks' trip counts, the O store, the fp8 V transpose pre-pass, and the per-group chain bound
+of the online softmax."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from twill.ir.graph import LoopGraph
 from twill.machine.calibration import softmax_key
-from twill.machine.costs import ASYNC_ISSUE_CYCLES
+from twill.machine.costs import ASYNC_ISSUE_CYCLES, DTYPE_BYTES
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 
@@ -54,9 +55,24 @@ def causal_blocks(graph: LoopGraph, shape: Any, group: int) -> list[int]:
     return [math.ceil(min(seq, (i + 1) * block_m) / block_n) for i in reversed(range(blocks))]
 
 
+def extra_passes(graph: LoopGraph, shape: Any, machine: Machine) -> dict[str, float]:
+    """``{"passes_us": …}``: the fp8 V transpose pre-pass (graph attribute ``v_transpose`` ``prepass``), one
+    read and one write of V (``B · kv_heads · S · D`` bytes each, one byte per element) at
+    ``machine.dram_bytes_per_s``, plus its launch; ``{}`` for every other forward (the in-kernel transpose is
+    an op of the loop)."""
+    if graph.attrs.get("v_transpose") != "prepass":
+        return {}
+    heads = int(graph.attrs.get("kv_heads", 0)) or shape["H"]
+    moved = 2 * shape["B"] * heads * shape["S"] * shape["D"] * DTYPE_BYTES[str(graph.attrs["dtype"])]
+    return {"passes_us": moved / machine.dram_bytes_per_s * 1e6 + machine.launch_us}
+
+
 def stored_from_registers(graph: LoopGraph, esize: int) -> int | None:
-    """Bytes of the O tile each block stores from registers (no staging), or None without the tile sizes."""
+    """Bytes of the O tile each block stores from registers (no staging), or None without the tile sizes. An
+    fp8 forward stores a 16-bit O (bf16), whatever the operand bytes ``esize``."""
     attrs = graph.attrs
+    if "v_transpose" in attrs:      # fp8
+        esize = 2
     if "block_m" in attrs and "head_dim" in attrs:
         return attrs["block_m"] * attrs["head_dim"] * esize
     return None
