@@ -3,7 +3,8 @@
 Written for Twill's tests (not copied from anywhere): pointer-based tutorial matmul with grouped program
 ordering, block-pointer batched matmul, a persistent matmul (``tl.range(..., flatten=True)`` with the
 epilogue inside the flattened loop), pointer-load attention forward (causal: two KV loops), the dK/dV loop
-of an attention backward, and ``@triton.autotune`` / ``@triton.heuristics`` wrappers.
+of an attention backward, ``@triton.autotune`` / ``@triton.heuristics`` wrappers, and fp8 matmuls (the K
+blocks' products summed in the wgmma or added outside it, and block-scaled per 1 x 128 / 128 x 128 blocks).
 """
 
 import triton
@@ -378,3 +379,54 @@ def attn_fwd_runtime_mask(Q, K, V, Out, sm_scale, stride_qm, stride_kn, stride_v
         acc = tl.dot(p.to(tl.float16), v, acc * alpha[:, None])
         m_i = m_ij
     tl.store(Out + (base + offs_m)[:, None] * stride_om + offs_d[None, :], (acc / l_i[:, None]).to(tl.float16))
+
+
+FP8_SIGNATURE = "a_ptr=*fp8e4nv:16,b_ptr=*fp8e4nv:16,c_ptr=*fp16:16,M=i32:16,N=i32:16,K=i32:16"
+
+
+@triton.jit
+def matmul_fp8(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PROMOTE: tl.constexpr):
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    off_m = tl.program_id(0) * BLOCK_M
+    off_n = tl.program_id(1) * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, k * BLOCK_K])
+        b = b_desc.load([off_n, k * BLOCK_K])
+        if PROMOTE:     # each K block's product added to the fp32 sum outside the wgmma
+            acc += tl.dot(a, b.T)
+        else:
+            acc = tl.dot(a, b.T, acc)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.float16))
+
+
+FP8_SCALED_SIGNATURE = ("a_ptr=*fp8e4nv:16,b_ptr=*fp8e4nv:16,c_ptr=*fp16:16,a_scale=*fp32:16,b_scale=*fp32:16,"
+                        "M=i32:16,N=i32:16,K=i32:16")
+
+
+@triton.jit
+def matmul_fp8_block_scaled(a_ptr, b_ptr, c_ptr, a_scale, b_scale, M, N, K, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp8 GEMM with a scale per row of A and K block (1 x 128) and per 128 x 128 block of B, applied to each
+    K block's product before it joins the fp32 sum."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    off_m = tl.program_id(0) * BLOCK_M
+    off_n = tl.program_id(1) * BLOCK_N
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    a_scales = a_scale + offs_m * k_blocks
+    b_scales = b_scale + (offs_n // 128) * k_blocks
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in tl.range(0, k_blocks):
+        a = a_desc.load([off_m, k * BLOCK_K])
+        b = b_desc.load([off_n, k * BLOCK_K])
+        sa = tl.load(a_scales + k)
+        sb = tl.load(b_scales + k)
+        acc += tl.dot(a, b.T) * sa[:, None] * sb[None, :]
+    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.float16))

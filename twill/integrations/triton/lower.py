@@ -7,7 +7,8 @@ Mapping (docs/triton.md has the full table):
 * ``tt.dot`` / ``ttng.warp_group_dot`` / ``ttng.tc_gen5_mma`` -> ``mma`` on the tensor core, cost
   ``mma_cost(M, N, K)`` from the operand tile shapes;
 * ``math.exp2`` (and other special functions) -> ``exp2`` on MUFU; ``tt.reduce`` -> ``reduce`` on the ALU pipe;
-  floating-point elementwise arithmetic -> ``alu`` with cost from its element count;
+  floating-point elementwise arithmetic -> ``alu`` with cost from its element count; elementwise tile ops are
+  ``in_place`` (computed register by register, their result takes the registers of an input they read last);
 * ``ttg.convert_layout`` / register->shared copies -> ``smem`` traffic; TMEM loads/stores -> ``tmem`` traffic;
 * index, mask, pointer and shape arithmetic (integer or pointer results, ``expand_dims``, ``broadcast``,
   ``splat``, views of shared memory, the ``local_alloc`` that receives a load) are *folded*: they have no
@@ -219,7 +220,8 @@ def classify(st: Statement, machine: Machine, num_warps: int,
                     info={"shape": list(tile.shape) if tile else []})
     if st.op in MUFU_OPS and t is not None and t.is_float:
         return Node(st, "exp2" if st.op in ("math.exp2", "math.exp") else "mufu", exp2_cost(machine, t.elements),
-                    regs=regs_of(t), warps=WARPGROUP, spill_cost=spill(t), info={"shape": list(t.shape)})
+                    regs=regs_of(t), warps=WARPGROUP, spill_cost=spill(t),
+                    info={"shape": list(t.shape), "in_place": True})
     if st.op in MUFU_OPS and t is None and _scalar_element(st).startswith(("f", "bf")):
         # a scalar special function (a gate exp2(g) carried from one iteration to the next): one element,
         # computed by every thread, so it costs the MUFU issue of one element on the tile ops' warp group
@@ -227,7 +229,7 @@ def classify(st: Statement, machine: Machine, num_warps: int,
                     warps=WARPGROUP, info={"shape": []})
     if st.op.startswith(ALU_PREFIXES) and t is not None and t.is_float:
         return Node(st, "alu", alu_cost(machine, t.elements), regs=regs_of(t), warps=WARPGROUP,
-                    spill_cost=spill(t), info={"shape": list(t.shape)})
+                    spill_cost=spill(t), info={"shape": list(t.shape), "in_place": True})
     raise _Unsupported(st)
 
 
