@@ -58,3 +58,52 @@ def test_a_triton_kernel_falls_back_to_its_own_warp_groups(monkeypatch, tmp_path
     groups = doc["warps"]
     assert [(g["role"], g["num_warps"], set(g["ops"]) == loads) for g in groups] == [
         ("load", 1, True), ("compute", 4, False)]
+
+
+#: Causal attention with its mask applied inside the one key loop, every iteration (a 128 x 128 tile on 4 warps).
+MASKED_ATTENTION = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def masked_attention(q_ptr, k_ptr, v_ptr, o_ptr, scale, n, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    keys = tl.arange(0, BN)
+    dims = tl.arange(0, D)
+    q = tl.load(q_ptr + rows[:, None] * D + dims[None, :])
+    m = tl.full([BM], float("-inf"), tl.float32)
+    total = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    for start in range(0, (tl.program_id(0) + 1) * BM, BN):
+        cols = start + keys
+        k = tl.load(k_ptr + cols[:, None] * D + dims[None, :])
+        s = tl.where(rows[:, None] >= cols[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        total = total * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + cols[:, None] * D + dims[None, :])
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m = m_new
+    tl.store(o_ptr + rows[:, None] * D + dims[None, :], (acc / total[:, None]).to(tl.float16))
+'''
+MASKED_SIGNATURE = "q_ptr=*fp16:16,k_ptr=*fp16:16,v_ptr=*fp16:16,o_ptr=*fp16:16,scale=fp32,n=i32:16"
+
+
+def test_a_kernel_whose_own_warps_spill_is_told_why_and_what_to_change(tmp_path, capsys):
+    # 128 x 128 scores on 4 warps: 128 registers per thread for the scores alone, with the accumulator and P more
+    # than a thread has; neither warp specialization nor the kernel's own groups fit, and the error says so
+    src = tmp_path / "masked.py"
+    src.write_text(MASKED_ATTENTION)
+    args = ["schedule", f"{src}:masked_attention", "--signature", MASKED_SIGNATURE, "--constexpr", "D=64",
+            "--constexpr", "BM=128", "--constexpr", "BN=128"]
+    assert main(args + ["--num-warps", "4", "--max-ii", "160", "-o", str(tmp_path / "s.json")]) == 2
+    error = capsys.readouterr().err
+    assert "nor does the modulo-only schedule with the kernel's warp groups verify (REGISTER LIMIT: group 1 " \
+           "holds " in error
+    assert "each spread over its 4 warps (num_warps), hold more registers per thread than its warps have: more " \
+           "warps per tile (num_warps 8) hold fewer each; use --no-ws for a schedule without" in error
+    assert not (tmp_path / "s.json").exists()
+    # the remedy it names works: at 8 warps the loop has a verified schedule
+    assert main(args + ["--num-warps", "8", "--max-ii", "400", "-o", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())["status"] in ("optimal", "feasible")

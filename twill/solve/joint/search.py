@@ -228,6 +228,17 @@ def kernel_warp_groups(graph: LoopGraph, machine: Machine, options: SolveOptions
     return tuple(groups), {n: g.id for g in groups for n in g.ops}
 
 
+def kernel_warps_note(graph: LoopGraph, problem: str) -> str:
+    """Why a Triton kernel's own warps fail REGISTER LIMIT, after a "; ": its tile ops are as wide as its
+    ``num_warps``, and a tile spread over more warps holds fewer registers per thread; empty for other
+    problems and for graphs without a ``num_warps``."""
+    warps = graph.attrs.get("num_warps")
+    if not warps or not problem.startswith(Family.REGISTER_LIMIT.heading):
+        return ""
+    return (f"; the kernel's tiles, each spread over its {warps} warps (num_warps), hold more registers per "
+            f"thread than its warps have: more warps per tile (num_warps {2 * int(warps)}) hold fewer each")
+
+
 def fallback_schedule(graph: LoopGraph, machine: Machine, options: SolveOptions, mod: Any,
                       lower_bound: int) -> tuple[Schedule | None, list[str]]:
     """The modulo-only schedule ``mod`` (phase 1's result at one II) with the kernel's own warp groups
@@ -550,7 +561,7 @@ def solve_joint(graph: LoopGraph, machine: Machine, options: SolveOptions, *, lo
         return search.fall_back(message)
     if search.fallback_problem:
         message += (f"; nor does the modulo-only schedule with the kernel's warp groups verify "
-                    f"({search.fallback_problem})"
+                    f"({search.fallback_problem}){kernel_warps_note(graph, search.fallback_problem)}"
                     + options.advice("use {} for a schedule without warp specialization", "ws"))
     raise InfeasibleScheduleError(message)
 
@@ -572,8 +583,7 @@ class Search:
         #: for nothing; a heuristic: it decides only what is tried, never what is proved).
         self.relaxations = list(RELAXATIONS) if SEARCH_SETTINGS[options.solver].relaxation else []
         #: The fallback (:func:`fallback_schedule`): the first modulo-only schedule, in II order, that verifies
-        #: with the kernel's warp groups; else the family of the first verifier message of the one at the
-        #: modulo-only II.
+        #: with the kernel's warp groups; else the first verifier message of the one at the modulo-only II.
         self.fallback: Schedule | None = None
         self.fallback_problem = ""
 
@@ -584,8 +594,8 @@ class Search:
             return
         found, problems = fallback_schedule(self.graph, self.machine, self.options, mod, self.lower_bound)
         self.fallback = found
-        if problems and not self.fallback_problem:      # its family: the verifier's message starts with it
-            self.fallback_problem = problems[0].split(":")[0]
+        if problems and not self.fallback_problem:
+            self.fallback_problem = problems[0]
 
     def fall_back(self, reason: str) -> Schedule:
         """The fallback schedule, status ``feasible``, its ``stats["fallback"]`` the ``reason`` the joint search
