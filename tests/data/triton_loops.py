@@ -83,3 +83,10 @@ def matmul_ranged(a, b, c, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constex
         y = tl.load(b + (k0 + ks)[:, None] * BN + cols[None, :])
         acc = tl.dot(x, y, acc)
     tl.store(c + rows[:, None] * BN + cols[None, :], acc.to(tl.float16))
+
+
+#: ``causal_two_pass`` under ``@triton.autotune``: two configs, each with both loops holding dots.
+causal_two_pass_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4),
+             triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=8)],
+    key=["seq_len"])(causal_two_pass)

@@ -93,6 +93,20 @@ def test_loop_picks_one_and_one_graph_needs_it(tmp_path, capsys):
     assert not (tmp_path / "g.json").exists() and not (tmp_path / "t.png").exists()
 
 
+def test_the_python_api_gives_one_loop_or_every_loop():
+    import twill
+
+    graphs = twill.loops_from_triton(L.causal_two_pass, signature=L.CAUSAL_SIGNATURE,
+                                     constexprs=list(L.CAUSAL_CONSTEXPRS))
+    assert [g.attrs["loop_index"] for g in graphs] == [0, 1]
+    assert [g.attrs["loop_source"] for g in graphs] == [f"triton_loops.py:{line}" for line in FOR_LINES]
+    second = twill.from_triton(L.causal_two_pass, signature=L.CAUSAL_SIGNATURE,
+                               constexprs=list(L.CAUSAL_CONSTEXPRS), loop=1)
+    assert second.ops == graphs[1].ops and second.edges == graphs[1].edges
+    with pytest.raises(twill.TwillError, match="2 loops that hold dots"):
+        twill.from_triton(L.causal_two_pass, signature=L.CAUSAL_SIGNATURE, constexprs=list(L.CAUSAL_CONSTEXPRS))
+
+
 def test_inject_schedules_every_loop_that_holds_dots(tmp_path, capsys):
     pytest.importorskip("ortools")
     from twill.cli import main
@@ -110,13 +124,41 @@ def test_inject_schedules_every_loop_that_holds_dots(tmp_path, capsys):
         assert all("loop.stage" in lines[st.last_line] for st in found.body)
     schedules = json.loads((tmp_path / "schedule.json").read_text())
     assert [s["format"] for s in schedules["loops"]] == ["twill-schedule/1"] * 2
-    # a file of several loops' schedules is not one loop's schedule
-    assert main(["inject", *CAUSAL, "--loop", "0", "--schedule", str(tmp_path / "schedule.json"),
-                 "-o", str(tmp_path / "again")]) == 2
-    assert "holds the schedules of 2 loops" in capsys.readouterr().err
-    assert main(["inject", *CAUSAL, "--schedule", str(tmp_path / "schedule.json"), "-o", str(tmp_path / "again")]) == 2
-    assert "--schedule holds one loop's schedule and the kernel has 2 loops" in capsys.readouterr().err
-    assert not (tmp_path / "again").exists()
+    # the kernel's schedule file injects every loop again, each schedule on the loop it was solved for
+    assert main(["inject", *CAUSAL, "--schedule", str(tmp_path / "schedule.json"), "-o", str(tmp_path / "again")]) == 0
+    assert json.loads(capsys.readouterr().out)["loops"] == summary["loops"]
+    assert (tmp_path / "again" / "causal_two_pass.scheduled.ttgir").read_text() == text
+    # --loop takes that loop's schedule from it
+    assert main(["inject", *CAUSAL, "--loop", "1", "--schedule", str(tmp_path / "schedule.json"),
+                 "-o", str(tmp_path / "second")]) == 0
+    assert json.loads(capsys.readouterr().out)["loop"] == f"triton_loops.py:{FOR_LINES[1]}"
+    # one loop's schedule is not the kernel's; a file without a loop's schedule names the loop
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(schedules["loops"][0]))
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({**schedules, "loops": [schedules["loops"][0]] * 2}))
+    for path, words in ((one, "holds one loop's schedule and the kernel has 2 loops that hold dots"),
+                        (twice, f"holds no schedule of loop 1 (at triton_loops.py:{FOR_LINES[1]}); its schedules "
+                                "are of loops 0")):
+        assert main(["inject", *CAUSAL, "--schedule", str(path), "-o", str(tmp_path / "refused")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err
+    assert not (tmp_path / "refused").exists()
+
+
+def test_inject_config_all_tunes_over_every_loop(tmp_path, capsys):
+    pytest.importorskip("ortools")
+    from twill.cli import main
+
+    assert main(["inject", f"{LOOPS}:causal_two_pass_tuned", "--signature", L.CAUSAL_SIGNATURE,
+                 "--constexpr", "HEAD_DIM=64", "--config", "all", "-o", str(tmp_path)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [row["config"] for row in summary["configs"]] == [0, 1]
+    assert all(row["status"] == "optimal" and row["flop_per_cycle"] > 0 for row in summary["configs"])
+    best = max(summary["configs"], key=lambda row: (row["flop_per_cycle"], -row["config"]))
+    assert summary["config"] == best["config"]
+    assert [loop["loop_index"] for loop in summary["loops"]] == [0, 1]
+    assert len(json.loads((tmp_path / "schedule.json").read_text())["loops"]) == 2
 
 
 def test_a_loops_schedule_is_injected_on_its_own_loop():

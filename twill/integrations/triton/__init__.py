@@ -238,6 +238,17 @@ def graph_from_function(fn, *, signature: str, constexprs: Sequence[str] | Mappi
     return lower_function(spec, machine, loop=loop)[0].graph
 
 
+def graphs_from_function(fn, *, signature: str, constexprs: Sequence[str] | Mapping[str, Any] = (),
+                         num_warps: int = 4, num_stages: int | None = None,
+                         machine: Machine | str = "h100") -> list[LoopGraph]:
+    """The loop graph of every loop :func:`select_loops` chooses of a ``@triton.jit`` function compiled for
+    ``machine`` on this CPU, in program order."""
+    machine = get_machine(machine) if isinstance(machine, str) else machine
+    spec = kernel_spec(fn, signature=signature, constexprs=constexprs, num_warps=num_warps, num_stages=num_stages,
+                       machine=machine)
+    return [lowered.graph for _, lowered in lower_function_loops(spec, machine)[0]]
+
+
 def graph_from_target(path: str | os.PathLike, fn: str, *, signature: str | None,
                       constexprs: Sequence[str] | Mapping[str, Any], num_warps: int | None,
                       num_stages: int | None, machine: Machine | str, loop: int | str | None = None,

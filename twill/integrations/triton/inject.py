@@ -42,6 +42,7 @@ from twill.ir.graph import Edge, LoopGraph, frozen_attrs
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 from twill.schedule.stages import LOAD_KINDS, is_streaming_load, op_places
+from twill.schedule.vocab import Status
 from twill.solve.options import WINDOW_II_LIMIT, SolveOptions
 
 _STAGE = re.compile(r"loop\.stage = -?\d+ : i32")
@@ -196,10 +197,12 @@ def check_schedule_fits(schedule: Schedule, graph: LoopGraph, spec: KernelSpec) 
 
 @dataclass(frozen=True)
 class Tuning:
-    """The outcome of :func:`tune`: the index of the chosen spec, its schedule, and one row per spec."""
+    """The outcome of :func:`tune`: the index of the chosen spec, the loops it schedules (as ``--loop`` takes
+    them) and their schedules, in program order, and one row per spec."""
 
     best: int
-    schedule: Schedule
+    loops: tuple[int, ...]
+    schedules: tuple[Schedule, ...]
     rows: tuple[Mapping[str, Any], ...]
 
 
@@ -222,31 +225,35 @@ def tensor_core_flop(graph: LoopGraph) -> int:
 
 def tune(specs: Mapping[int, KernelSpec], machine: Machine, options: SolveOptions | None = None, *,
          loop: int | str | None = None) -> Tuning:
-    """Schedule the loop of every spec (the configs of an ``@triton.autotune`` kernel) with
-    :func:`solve_for_triton` and choose the one with the most tensor-core FLOP per cycle of II: the model's
-    throughput of one CTA. Occupancy (several CTAs per SM) and register pressure are not in the model. A
-    config that fails to compile or schedule is a row with its ``error``; all failing is an error."""
-    from twill.integrations.triton import lower_function
+    """Schedule the loops of every spec (the configs of an ``@triton.autotune`` kernel; every loop that holds
+    a dot, or ``loop``) with :func:`solve_for_triton` and choose the one with the most tensor-core FLOP per
+    cycle of II, over its loops together (their FLOP over their cycles: each loop counted as running as many
+    iterations as the others): the model's throughput of one CTA. Occupancy (several CTAs per SM) and register
+    pressure are not in the model. A config that fails to compile or schedule is a row with its ``error``; all
+    failing is an error."""
+    from twill.integrations.triton import lower_function_loops
 
     rows: list[dict[str, Any]] = []
-    found: dict[int, tuple[float, Schedule]] = {}
+    found: dict[int, tuple[float, tuple[int, ...], tuple[Schedule, ...]]] = {}
     for index, spec in specs.items():
         row: dict[str, Any] = {"config": index}
         try:
-            lowered, _ = lower_function(spec, machine, loop=loop)
-            schedule = solve_for_triton(lowered.graph, machine, spec.capability, options)
+            loops, _ = lower_function_loops(spec, machine, loop=loop)
+            schedules = tuple(solve_for_triton(lowered.graph, machine, spec.capability, options)
+                              for _, lowered in loops)
         except TwillError as exc:
             rows.append({**row, "error": str(exc)})
             continue
-        cycles = ii_cycles(schedule, schedule.ii)
-        flop = tensor_core_flop(schedule.graph)
-        found[index] = (flop / cycles, schedule)
-        rows.append({**row, "ii_cycles": cycles, "status": schedule.status, "flop_per_iteration": flop,
+        cycles = sum(ii_cycles(s, s.ii) for s in schedules)
+        flop = sum(tensor_core_flop(s.graph) for s in schedules)
+        found[index] = (flop / cycles, tuple(i for i, _ in loops), schedules)
+        status = Status.OPTIMAL if all(s.status == Status.OPTIMAL for s in schedules) else Status.FEASIBLE
+        rows.append({**row, "ii_cycles": cycles, "status": status, "flop_per_iteration": flop,
                      "flop_per_cycle": round(flop / cycles, 1)})
     if not found:
         raise TwillError(f"no config could be scheduled: {rows[0]['error']}" if rows else "no config to tune")
     best = max(found, key=lambda i: (found[i][0], -i))
-    return Tuning(best=best, schedule=found[best][1], rows=tuple(rows))
+    return Tuning(best=best, loops=found[best][1], schedules=found[best][2], rows=tuple(rows))
 
 
 def _descendants(graph: LoopGraph, among: set[str]) -> dict[str, set[str]]:
@@ -489,8 +496,8 @@ def write_outputs(result: InjectionResult, schedule: Schedule, directory: str | 
 KERNEL_SUMMARY_KEYS = ("kernel", "arch", "shared_memory_bytes", "num_warps", "buffers")
 
 
-def write_loop_outputs(results: Sequence[InjectionResult], schedules: Sequence[Schedule],
-                       directory: str | Path) -> dict[str, Any]:
+def write_loop_outputs(results: Sequence[InjectionResult], schedules: Sequence[Schedule], directory: str | Path, *,
+                       tuning: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """:func:`write_outputs` for a kernel compiled with a schedule on each of several loops
     (:func:`inject_loops`): ``schedule.json`` is ``{"kernel": NAME, "loops": [...]}`` with one
     ``twill-schedule/1`` document per loop, and the summary holds the kernel's keys
@@ -503,6 +510,7 @@ def write_loop_outputs(results: Sequence[InjectionResult], schedules: Sequence[S
     summary["loops"] = [{"loop_index": schedule.graph.attrs.get("loop_index"),
                          **{k: v for k, v in row.items() if k not in KERNEL_SUMMARY_KEYS}}
                         for row, schedule in zip(rows, schedules)]
+    summary.update(tuning or {})
     document = {"kernel": results[0].kernel.name, "loops": [schedule_document(s) for s in schedules]}
     return _write_files(results[0], directory, summary, document)
 
@@ -545,7 +553,7 @@ def inject_triton(target: str, machine: Machine, directory: str, *, options: Sol
     kernel with several loops that hold dots gets each solved and injected (:func:`inject_loops`,
     :func:`write_loop_outputs`)."""
     from twill.integrations.triton import lower_function_loops, spec_from_target
-    from twill.schedule.document import load_schedule_document, schedule_document
+    from twill.schedule.document import load_schedule_documents, schedule_document
     from twill.targets import python_target
 
     match = python_target(target)
@@ -567,31 +575,51 @@ def inject_triton(target: str, machine: Machine, directory: str, *, options: Sol
             raise TwillError(f"--config all applies to @triton.autotune kernels; {target!r} has no configs")
         specs = {k: spec_of(k) for k in range(len(configs))}
         tuning = tune(specs, machine, options, loop=loop)
-        spec, schedule = specs[tuning.best], tuning.schedule
+        spec, scheduled = specs[tuning.best], list(zip(tuning.loops, tuning.schedules))
     else:
         spec = spec_of(config)
         loops, _ = lower_function_loops(spec, machine, loop=loop)
-        if len(loops) > 1:
-            if schedule_file:
-                raise TwillError(f"--schedule holds one loop's schedule and the kernel has {len(loops)} loops that "
-                                 f"hold dots: pick that loop with --loop N or --loop line:N")
+        if schedule_file:
+            schedules = schedules_for_loops(load_schedule_documents(schedule_file), loops, spec, schedule_file)
+        else:
             schedules = [solve_for_triton(lowered.graph, machine, spec.capability, options) for _, lowered in loops]
-            results = inject_loops(spec, [(index, s) for (index, _), s in zip(loops, schedules)], machine,
-                                   load_lead=load_lead)
-            return write_loop_outputs(results, schedules, directory)
-        schedule = load_schedule_document(schedule_file) if schedule_file else None
-        index, lowered = loops[0]
-        loop = index
-        if schedule is None:
-            schedule = solve_for_triton(lowered.graph, machine, spec.capability, options)
-        else:   # a schedule of this very loop: its graph digest and its graph are checked against the kernel's
-            try:
-                check_schedule_fits(schedule, lowered.graph, spec)
-            except TwillError as exc:
-                raise TwillError(f"{schedule_file}: {exc}") from None
+        scheduled = [(index, schedule) for (index, _), schedule in zip(loops, schedules)]
+    extra = {"config": tuning.best, "configs": list(tuning.rows)} if tuning else None
+    if len(scheduled) > 1:
+        results = inject_loops(spec, scheduled, machine, load_lead=load_lead)
+        return write_loop_outputs(results, [s for _, s in scheduled], directory, tuning=extra)
+    (loop, schedule), = scheduled
     result = inject(spec, schedule, machine, load_lead=load_lead, loop=loop)
-    return write_outputs(result, schedule, directory, schedule_document(schedule),
-                         tuning={"config": tuning.best, "configs": list(tuning.rows)} if tuning else None)
+    return write_outputs(result, schedule, directory, schedule_document(schedule), tuning=extra)
+
+
+def schedules_for_loops(schedules: Sequence[Schedule], loops: Sequence[tuple[int, LoweredLoop]], spec: KernelSpec,
+                        path: str) -> list[Schedule]:
+    """The schedule of each of ``loops`` (the kernel's loops to inject, as :func:`lower_function_loops` gives
+    them) among ``schedules``, read from ``path``: one loop takes a file's only schedule; otherwise each loop
+    takes the schedule whose graph has its ``loop_index``. Each must fit its loop (:func:`check_schedule_fits`);
+    a loop without one is refused, naming it."""
+    if len(loops) == 1 and len(schedules) == 1:
+        matched = [schedules[0]]
+    elif len(schedules) == 1:
+        raise TwillError(f"{path}: holds one loop's schedule and the kernel has {len(loops)} loops that hold dots: "
+                         f"pick that loop with --loop N or --loop line:N, or give the file 'twill schedule -o' "
+                         f"writes for the whole kernel")
+    else:
+        by_index = {s.graph.attrs.get("loop_index"): s for s in schedules}
+        missing = [lowered for index, lowered in loops if index not in by_index]
+        if missing:
+            attrs = missing[0].graph.attrs
+            raise TwillError(f"{path}: holds no schedule of loop {attrs.get('loop_index')} (at "
+                             f"{attrs.get('loop_source', 'an unknown source line')}); its schedules are of loops "
+                             f"{', '.join(str(i) for i in by_index)}")
+        matched = [by_index[index] for index, _ in loops]
+    for schedule, (_, lowered) in zip(matched, loops):
+        try:
+            check_schedule_fits(schedule, lowered.graph, spec)
+        except TwillError as exc:
+            raise TwillError(f"{path}: {exc}") from None
+    return matched
 
 
 def heuristic_plan(text: str, loop: int | str | None = None) -> dict[int, tuple[int, int]]:
