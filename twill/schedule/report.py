@@ -207,9 +207,11 @@ def _triton_notes(schedule: Schedule) -> list[str]:
         stages = g.attrs.get("num_stages")
         ahead = (f", where Triton's num_stages {stages} puts them {stages - 1} "
                  f"{'stage' if stages == 2 else 'stages'} ahead") if isinstance(stages, int) and stages > 1 else ""
+        depth = schedule.streaming_depth
+        where = ("each has one buffer, so none runs ahead of its consumer's previous read" if depth == 1 else
+                 f"run ahead of their consumers in rings of {depth} buffers{ahead}")
         notes.append(f"stages: {schedule.num_stages} counts the stages of the computation; the streaming loads "
-                     f"({', '.join(streaming)}) have no latency in the model and run ahead of their consumers in "
-                     f"rings of {schedule.streaming_depth} buffers{ahead}")
+                     f"({', '.join(streaming)}) have no latency in the model and {where}")
     warps = g.attrs.get("num_warps")
     if schedule.warps and isinstance(warps, int) and warps > 4:
         notes.append(f"warp groups: the kernel runs {warps} warps; the model runs each tile op on one 4-warp group "

@@ -45,6 +45,9 @@ def test_streaming_depth_flag_overrides_num_stages(tmp_path, capsys):
     capsys.readouterr()
     assert json.loads((tmp_path / "own.json").read_text())["streaming_depth"] == 1
     assert json.loads((tmp_path / "three.json").read_text())["streaming_depth"] == 3
+    assert main(base) == 0        # the report's note says what one buffer means
+    assert ("have no latency in the model and each has one buffer, so none runs ahead of its consumer's previous "
+            "read") in capsys.readouterr().out
 
 
 # -- every loop that holds dots -----------------------------------------------------------------------------
