@@ -430,3 +430,36 @@ def matmul_fp8_block_scaled(a_ptr, b_ptr, c_ptr, a_scale, b_scale, M, N, K, BLOC
         sb = tl.load(b_scales + k)
         acc += tl.dot(a, b.T) * sa[:, None] * sb[None, :]
     tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(tl.float16))
+
+
+MLA_DECODE_SIGNATURE = ("q_nope=*fp16:16,q_rope=*fp16:16,kv=*fp16:16,k_rope=*fp16:16,out=*fp16:16,scale=fp32,"
+                        "n=i32:16,stride_kv=i32:16,stride_rope=i32:16")
+
+
+@triton.jit
+def mla_decode_step(q_nope, q_rope, kv, k_rope, out, scale, n, stride_kv, stride_rope,
+                    HEADS: tl.constexpr, LATENT: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Decode attention over a latent cache (MLA-style): the score is the sum of two dots, over the latent and the
+    rotary parts (the second accumulates into the first), and the latent rows are the values too: three dots."""
+    seq = tl.program_id(0)
+    heads = seq * HEADS + tl.arange(0, HEADS)
+    lat = tl.arange(0, LATENT)
+    rot = tl.arange(0, ROPE)
+    keys = tl.arange(0, BLOCK_N)
+    qn = tl.load(q_nope + heads[:, None] * LATENT + lat[None, :])
+    qr = tl.load(q_rope + heads[:, None] * ROPE + rot[None, :])
+    m = tl.full([HEADS], float("-inf"), tl.float32)
+    total = tl.zeros([HEADS], dtype=tl.float32)
+    acc = tl.zeros([HEADS, LATENT], dtype=tl.float32)
+    for start in tl.range(0, n, BLOCK_N):
+        rows = seq * n + start + keys
+        c = tl.load(kv + rows[:, None] * stride_kv + lat[None, :])
+        kr = tl.load(k_rope + rows[:, None] * stride_rope + rot[None, :])
+        s = tl.dot(qr, tl.trans(kr), tl.dot(qn, tl.trans(c))) * scale
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        total = total * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(tl.float16), c, acc * alpha[:, None])
+        m = m_new
+    tl.store(out + heads[:, None] * LATENT + lat[None, :], (acc / total[:, None]).to(tl.float16))

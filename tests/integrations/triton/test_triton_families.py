@@ -401,3 +401,20 @@ def test_emit_gluon_refuses_a_graph_extracted_from_triton(tmp_path, capsys):
     assert main(["emit", "gluon", str(graph), "-o", str(tmp_path / "k.py")]) == 2
     assert "a Triton kernel or a graph extracted from one" in capsys.readouterr().err
     assert not (tmp_path / "k.py").exists()
+
+
+def test_a_score_summed_over_two_dots_is_one_qk_and_the_loop_gets_warp_groups():
+    # MLA-style decode: s = q_rope k_ropeᵀ accumulated onto q_nope cᵀ, then P c: the second dot of the score is
+    # part of QK (it reads no softmax output), not a PV
+    pytest.importorskip("ortools")
+    from twill.solve import SolveOptions, schedule
+
+    g = graph_from_target(FAMILIES, "mla_decode_step", signature=F.MLA_DECODE_SIGNATURE,
+                          constexprs=["HEADS=16", "LATENT=512", "ROPE=64", "BLOCK_N=32"], num_warps=4,
+                          num_stages=None, machine=get_machine("h100"))
+    roles = sorted(op.attrs["role"] for op in g.ops if op.kind == "mma")
+    assert roles == ["pv", "qk", "qk"]
+    result = schedule(g, get_machine("h100"), SolveOptions(time_limit=60))
+    assert result.status == "optimal" and not result.stats.get("fallback")
+    assert result.warps[0].role == "load" and len(result.warps) >= 2
+    assert {op.name for op in g.ops if op.kind == "mma"} <= {n for w in result.warps[1:] for n in w.ops}

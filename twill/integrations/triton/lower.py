@@ -426,8 +426,11 @@ def assign_roles(nodes: Mapping[int, Node], edges: AbstractSet[tuple[int, int, i
     if backward is not None:
         roles.update({i: (role, None) for i, role in backward.items()})
         return roles
-    pv = [i for i in mmas if any(nodes[a].kind == "mma" for a in anc.get(i, ()))]
-    qk = [i for i in mmas if i not in pv]
+    # A dot whose accumulator is another dot's result adds a second product to it (a score over two K ranges,
+    # q_nope·kvᵀ + q_pe·k_peᵀ in MLA): it takes that dot's role, and the roles are found among the others.
+    chained = {i: a for i in mmas for a in _operand_sources(nodes[i], 2, sources) if a in mmas}
+    pv = [i for i in mmas if i not in chained and any(nodes[a].kind == "mma" for a in anc.get(i, ()))]
+    qk = [i for i in mmas if i not in chained and i not in pv]
     if len(mmas) == 1:
         roles[mmas[0]] = ("mma", None)
         for pos, role in ((0, "load_a"), (1, "load_b")):
@@ -481,10 +484,15 @@ def assign_roles(nodes: Mapping[int, Node], edges: AbstractSet[tuple[int, int, i
         elif n.kind == "tmem_store" and below_pv:
             from_exp = any(roles.get(a, ("",))[0] == "exp" for a in anc.get(i, ()))
             roles[i] = ("p_store" if from_exp and not after_alpha else "o_store", subtile_of[i])
-    for q in qk:
+    for i in chained:
+        root = i
+        while root in chained:
+            root = chained[root]
+        roles[i] = (roles[root][0], subtile_of[i])
+    for q in qk + [i for i in chained if roles[i][0] == "qk"]:
         for s in _load_ancestors(q, 1, nodes, sources):
             roles[s] = ("load_k", None)
-    for p in pv:
+    for p in pv + [i for i in chained if roles[i][0] == "pv"]:
         for s in _load_ancestors(p, 1, nodes, sources):
             roles[s] = ("load_v", None)
     return roles
