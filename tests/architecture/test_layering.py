@@ -39,9 +39,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kernels",),
     ("integrations", "targets", "twill"),
     ("tune", "ops", "viz"),
+    ("integrations.transformers",),
     ("commands",),
     ("cli",),
 )
+
+#: Subpackages in a layer of their own, above their package's (entries of :data:`LAYERS` with a dot): the
+#: transformers integration hands a model's attention to ``twill.ops``.
+SUBPACKAGE_UNITS = ("integrations.transformers",)
 
 #: The renderers: none imports another, and a family's body for one backend imports no other's.
 RENDERERS = ("gluon", "pallas", "tilelang")
@@ -130,8 +135,11 @@ def string_constants(source: str) -> list[tuple[int, str]]:
 
 # -- the rules ----------------------------------------------------------------------------------------------
 def unit(module: str) -> str:
-    """The entry of :data:`LAYERS` a module belongs to: ``twill.codegen.plan`` -> ``codegen``."""
+    """The entry of :data:`LAYERS` a module belongs to: ``twill.codegen.plan`` -> ``codegen``,
+    ``twill.integrations.transformers.attention`` -> ``integrations.transformers``."""
     parts = module.split(".")
+    if ".".join(parts[1:3]) in SUBPACKAGE_UNITS:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else "twill"
 
 
@@ -222,7 +230,8 @@ def test_every_package_is_in_a_layer():
     names = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
              if (p.suffix == ".py" and p.name != "__main__.py") or (p / "__init__.py").is_file()}
     names = {"twill" if n == "__init__" else n for n in names}
-    placed = {n for layer in LAYERS for n in layer}
+    placed = {n for layer in LAYERS for n in layer if n not in SUBPACKAGE_UNITS}
+    assert all((PACKAGE / n.replace(".", "/") / "__init__.py").is_file() for n in SUBPACKAGE_UNITS)
     assert names == placed, f"in twill/ but in no layer: {sorted(names - placed)}; gone: {sorted(placed - names)}"
 
 
@@ -267,6 +276,10 @@ PLANTED = {
                           "kernels is above codegen"),
     "body to other renderer": ("twill.kernels.gemm.pallas", "from twill.codegen.tilelang import render\n",
                                "the family's pallas body imports the tilelang renderer"),
+    "integration to ops": ("twill.integrations.triton.launch", "from twill.ops import attention\n",
+                           "ops is above integrations"),
+    "ops to transformers": ("twill.ops.api", "import twill.integrations.transformers\n",
+                            "integrations.transformers is above ops"),
 }
 
 
@@ -284,6 +297,7 @@ def test_the_checker_allows_what_the_rule_allows():
         "twill.kernels.flash_fwd.graph": "from twill.kernels import _common as k\n",         # shared helpers
         "twill.solve.modulo": "from twill.schedule.vocab import Status\n",
         "twill.cli": "import twill.commands.tune\n",
+        "twill.integrations.transformers.attention": "from twill.ops import attention\n",
     }
     for module, source in sources.items():
         assert not import_violations(imports_of(module, source)), module

@@ -136,3 +136,41 @@ def test_training_step_matches_sdpa():
     for (name, p), t in zip(block.named_parameters(), twin.parameters()):
         assert _relerr(p.grad, t.grad) < 5e-2, name
         assert _relerr(p.detach(), t.detach()) < 1e-2, name
+
+
+def _twill_causal(q, k, v):
+    return attention(q, k, v, causal=True)
+
+
+def test_compiled_training_step_matches_eager():
+    """``torch.compile`` (Inductor) captures the block with the op in one graph (``explain``: no graph break),
+    and its loss and gradients match the eager step's."""
+    torch.manual_seed(0)
+    eager = Block(512, 4, 2).cuda().to(torch.bfloat16)
+    compiled = Block(512, 4, 2).cuda().to(torch.bfloat16)
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.randn(2, 700, 512, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(compiled)(x, _twill_causal)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    losses = {}
+    for name, forward in (("eager", eager), ("compiled", torch.compile(compiled))):
+        losses[name] = forward(x, _twill_causal).float().pow(2).mean()
+        losses[name].backward()
+    assert abs(losses["eager"].item() - losses["compiled"].item()) <= 1e-2 * abs(losses["eager"].item())
+    for (name, p), t in zip(eager.named_parameters(), compiled.parameters()):
+        assert _relerr(t.grad, p.grad) < 2e-2, name
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_opcheck_on_the_kernels(causal):
+    """``torch.library.opcheck`` on the real implementations: the schema, the fake outputs against the
+    kernels' (shapes, dtypes, strides), the registered autograd, and the op under AOT dispatch."""
+    q, k, v = _inputs(2, 8, 2, 384, 128, torch.bfloat16, grad=True)
+    forward = torch.library.opcheck(torch.ops.twill.attention_forward.default, (q, k, v, causal, 0.1))
+    assert set(forward.values()) == {"SUCCESS"}
+    out, lse = torch.ops.twill.attention_forward(q.detach(), k.detach(), v.detach(), causal, 0.1)
+    grad = torch.randn_like(out)
+    backward = torch.library.opcheck(torch.ops.twill.attention_backward.default,
+                                     (grad, q.detach(), k.detach(), v.detach(), out, lse, causal, 0.1))
+    assert set(backward.values()) == {"SUCCESS"}

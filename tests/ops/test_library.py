@@ -1,0 +1,144 @@
+"""``twill.ops.attention`` as a ``torch.library`` custom op, on the CPU: ``torch.compile`` captures a model
+that calls it, forward and backward, in one graph; the fake implementations give the outputs' shapes,
+dtypes and strides; ``torch.library.opcheck`` passes on tensors without data (``meta``: the dispatcher runs
+the fake implementations, the real ones need a Hopper GPU and are checked in tests/gpu/test_gpu_ops.py);
+and the device check of the real implementation refuses what the kernels do not run on."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+import twill.ops  # noqa: E402
+from twill.errors import UnsupportedFeatureError  # noqa: E402
+from twill.ops import flash, library  # noqa: E402
+
+
+def _meta(*shape, dtype=torch.bfloat16, grad=True):
+    """A bf16 tensor without data that requires a gradient."""
+    return torch.randn(*shape, device="meta", dtype=dtype).requires_grad_(grad)
+
+
+class GroupedAttention(torch.nn.Module):
+    """Projections to 8 query and 2 K/V heads as ``[B, S, H, D]`` views, attention on the ``[B, H, S, D]``
+    transposes, as a decoder layer calls it."""
+
+    def __init__(self, dim=512, heads=8, kv_heads=2, causal=True):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.causal = heads, kv_heads, dim // heads, causal
+        self.q = torch.nn.Linear(dim, dim, bias=False)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.o = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).view(b, s, 2, self.kv_heads, self.head_dim).unbind(2)
+        out = twill.ops.attention(q, k.transpose(1, 2), v.transpose(1, 2), causal=self.causal)
+        return self.o(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def _model():
+    return GroupedAttention().to(device="meta", dtype=torch.bfloat16)
+
+
+def test_dynamo_captures_a_model_calling_the_op_in_one_graph():
+    x = torch.randn(2, 256, 512, device="meta", dtype=torch.bfloat16)
+    explained = torch._dynamo.explain(_model())(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    ops = [n.target for g in explained.graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.twill.attention_forward.default) == 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_forward_and_backward_have_the_shapes_of_eager(backend):
+    """``fullgraph=True`` fails on any graph break; the backward runs through the registered autograd (under
+    ``aot_eager`` traced into the backward graph as ``twill::attention_backward``)."""
+    torch._dynamo.reset()
+    model = _model()
+    x = torch.randn(2, 256, 512, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    out = compiled(x)
+    assert out.shape == (2, 256, 512) and out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert x.grad.shape == x.shape and x.grad.dtype == torch.bfloat16
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.shape == p.shape, name
+
+
+def test_fake_outputs_have_the_kernels_shapes_dtypes_and_strides():
+    q = _meta(2, 128, 8, 64).transpose(1, 2)              # [B, H, S, D] views of [B, S, H, D]
+    k, v = (_meta(2, 128, 2, 64).transpose(1, 2) for _ in range(2))
+    out, lse = library.attention_forward(q, k, v, True, 0.125)
+    assert (out.shape, out.dtype, out.is_contiguous()) == ((2, 8, 128, 64), torch.bfloat16, True)
+    assert (lse.shape, lse.dtype, lse.is_contiguous()) == ((2, 8, 128), torch.float32, True)
+    dq, dk, dv = library.attention_backward(out, q, k, v, out, lse, True, 0.125)
+    assert (dq.shape, dk.shape, dv.shape) == ((2, 8, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64))
+    assert {t.dtype for t in (dq, dk, dv)} == {torch.bfloat16} and all(t.is_contiguous() for t in (dq, dk, dv))
+    # the public function returns the forward's out, with a gradient through the registered autograd
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = twill.ops.attention(q, k, v, causal=True)
+    assert out.shape == q.shape and out.grad_fn is not None
+    out.sum().backward()
+    assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
+
+
+def test_opcheck_passes_on_meta_tensors():
+    q = _meta(2, 8, 128, 64)
+    k, v = _meta(2, 2, 128, 64), _meta(2, 2, 128, 64)
+    results = torch.library.opcheck(torch.ops.twill.attention_forward.default, (q, k, v, True, 0.125))
+    assert set(results.values()) == {"SUCCESS"} and "test_autograd_registration" in results
+    out = torch.randn(2, 8, 128, 64, device="meta", dtype=torch.bfloat16)
+    lse = torch.randn(2, 8, 128, device="meta")
+    results = torch.library.opcheck(torch.ops.twill.attention_backward.default,
+                                    (out, q.detach(), k.detach(), v.detach(), out, lse, False, 0.125))
+    assert set(results.values()) == {"SUCCESS"}
+
+
+def test_inputs_the_kernels_do_not_cover_are_refused_at_trace_time_too():
+    """The shape and dtype checks run in the function, before the op, compiled or not."""
+    q = _meta(1, 4, 64, 256)
+    with pytest.raises(UnsupportedFeatureError, match="head dimension 256 is not supported with a gradient"):
+        twill.ops.attention(q, q, q)
+    torch._dynamo.reset()
+    with pytest.raises(UnsupportedFeatureError, match="4 query heads are not a multiple of 3 K/V heads"):
+        torch.compile(twill.ops.attention, backend="eager")(q, _meta(1, 3, 64, 256), _meta(1, 3, 64, 256))
+
+
+def test_the_real_implementation_checks_the_device_first():
+    """CPU tensors reach the real implementation, which refuses them before any work; a CUDA device other
+    than Hopper is refused with its compute capability."""
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.float16)
+    with pytest.raises(UnsupportedFeatureError, match="is on cpu; the kernels run on a CUDA"):
+        twill.ops.attention(q, q, q)
+    with pytest.raises(UnsupportedFeatureError, match="is on cpu"):
+        torch.ops.twill.attention_forward(q, q, q, False, 0.125)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        cuda = torch.empty(1, 2, 16, 64, device="cuda", dtype=torch.float16)
+    capability = torch.cuda.get_device_capability
+    try:
+        torch.cuda.get_device_capability = lambda device=None: (8, 0)
+        with pytest.raises(UnsupportedFeatureError, match=r"generated for Hopper \(sm_90\); cuda:0 is sm_80"):
+            flash.check_device(cuda, cuda)
+        torch.cuda.get_device_capability = lambda device=None: (9, 0)
+        flash.check_device(cuda, cuda)
+    finally:
+        torch.cuda.get_device_capability = capability
+
+
+def test_importing_twill_ops_imports_no_torch_and_the_ops_register_once():
+    code = ("import sys, twill, twill.ops\n"
+            "assert 'torch' not in sys.modules\n"
+            "import torch\n"
+            "q = torch.zeros(1, 1, 8, 64, device='meta', dtype=torch.float16)\n"
+            "twill.ops.attention(q, q, q); twill.ops.attention(q, q, q, causal=True)\n"
+            "import importlib; importlib.import_module('twill.ops.library')\n"
+            "print(torch.ops.twill.attention_forward.default, torch.ops.twill.attention_backward.default)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["twill.attention_forward.default", "twill.attention_backward.default"]

@@ -1,0 +1,96 @@
+"""The custom ops behind ``twill.ops.attention``, registered with ``torch.library`` so that ``torch.compile``
+captures a model that calls it in one graph:
+
+* ``twill::attention_forward(q, k, v, causal, scale) -> (out, lse)``: the generated ``flash-fwd`` kernel;
+  ``out [B, H, S, D]`` in q's dtype and ``lse [B, H, S]`` float32 (the natural-log log-sum-exp of each
+  row's scaled scores), both contiguous;
+* ``twill::attention_backward(grad_out, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)``: the generated
+  ``flash-bwd`` kernel; contiguous gradients of q's and k's shapes.
+
+Each has a fake implementation (the outputs' shapes, dtypes and strides, for tracing and for tensors without
+data such as ``meta`` ones), and the forward's autograd formula is the backward op
+(:func:`torch.library.register_autograd`). The K/V head grouping follows from the shapes; the kernel (its
+:class:`~twill.ops.flash.KernelSpec`) is chosen inside the real implementation, which first checks the
+device (:func:`~twill.ops.flash.check_device`).
+
+Importing this module imports torch and registers the ops, once per process (Python imports a module
+once); :func:`twill.ops.attention` imports it on its first call, an import ``torch.compile`` runs while it
+traces rather than a graph break.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from twill.ops.flash import BACKWARD, FORWARD, check_device, kernel_module, kernel_spec
+
+#: The ops' schemas (what ``torch.library`` records of their arguments and results).
+FORWARD_SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)"
+BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
+                   "float scale) -> (Tensor, Tensor, Tensor)")
+
+
+def _forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous ``out`` (q's shape and dtype) and float32 ``lse [B, H, S]`` on q's device."""
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _backward_outputs(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Contiguous ``dq`` of q's shape and ``dk``, ``dv`` of k's, in q's dtype on q's device."""
+    return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(k.shape)
+
+
+@torch.library.custom_op("twill::attention_forward", mutates_args=(), schema=FORWARD_SCHEMA)
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of ``softmax(q kᵀ · scale [+ causal mask]) v`` by the generated forward kernel."""
+    check_device(q, k, v)
+    out, lse = _forward_outputs(q)
+    kernel_module(kernel_spec(FORWARD.name, q, k, causal)).launch(q, k, v, sm_scale=scale, out=out, lse=lse)
+    return out, lse
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_outputs(q)
+
+
+@torch.library.custom_op("twill::attention_backward", mutates_args=(), schema=BACKWARD_SCHEMA)
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, causal: bool,
+                       scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` by the generated backward kernel, from the forward's ``out`` and ``lse``."""
+    check_device(q, k, v, grad_out)
+    dq, dk, dv = _backward_outputs(q, k)
+    kernel_module(kernel_spec(BACKWARD.name, q, k, causal)).launch(q, k, v, out, grad_out, lse, sm_scale=scale,
+                                                                   dq=dq, dk=dk, dv=dv)
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: torch.Tensor, lse: torch.Tensor, causal: bool,
+                             scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_outputs(q, k)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Save what the backward reads: q, k, v, out and lse, the mask and the scale; lse has no gradient."""
+    q, k, v, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx: Any, grad_out: torch.Tensor, grad_lse: Any) -> tuple[Any, ...]:
+    """The gradients of q, k and v by :func:`attention_backward` (none for the mask and the scale)."""
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
