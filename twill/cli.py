@@ -61,6 +61,7 @@ COMMAND_MODULES = (
     "twill.commands.report",     # twill report
     "twill.commands.tune",       # twill tune
     "twill.commands.calibrate",  # twill calibrate
+    "twill.commands.ops",        # twill ops prepare, twill ops regenerate
 )
 
 

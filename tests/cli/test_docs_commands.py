@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "docs/cli.md", "docs/triton.md", "docs/calibration.md")
 #: Commands that take more than a few seconds here (solves with warp specialization, pictures, compiles).
 SLOW = ("--arch b200", "flash-bwd", "--plot", "report ", "inject ", "--subtiles 2", "triton_families.py",
-        "tune ")
+        "tune ", "ops regenerate")
 GPU_ONLY = ("calibrate --arch", "--measure")
-NEEDS_TRITON = (".py:", ".ttgir", "inject ")
+NEEDS_TRITON = (".py:", ".ttgir", "inject ", "ops prepare")
 NEEDS_TILELANG = ("examples/tilelang/",)
 #: Options whose value is a file the command writes.
 OUTPUT_FLAGS = ("-o", "--raw", "--json", "--plot", "--plot-all")

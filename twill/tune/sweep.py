@@ -135,8 +135,9 @@ copyreg.pickle(MappingProxyType, lambda m: (_mappingproxy, (dict(m),)))
 
 @functools.lru_cache(maxsize=1)
 def twill_version() -> str:
-    """The installed twill version and a digest of its source files (part of the cache key, so that a
-    changed solver, cost model or emitter never answers from an older cache)."""
+    """The installed twill version and a digest of its source files and of the schedules ``twill.ops`` ships
+    (part of the cache keys, so that a changed solver, cost model, emitter or shipped schedule never answers
+    from an older cache)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -145,7 +146,7 @@ def twill_version() -> str:
         release = "unknown"
     digest = hashlib.sha256()
     root = Path(__file__).resolve().parents[1]
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted([*root.rglob("*.py"), *root.glob("ops/schedules/*.json")]):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return f"{release}+{digest.hexdigest()[:16]}"

@@ -1,0 +1,133 @@
+"""What a kernel of ``twill.ops.attention`` is (:class:`KernelSpec`: the built-in loop and its options), which
+of its graph's attributes the solver sees (:func:`solve_key`) and how its loop is solved (:func:`solve`).
+:mod:`twill.ops.flash` (the op's kernels and their cache) and :mod:`twill.ops.shipped` (the schedules the
+package ships) both build on it."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from twill.kernels.flash_bwd import FAMILY as BACKWARD
+from twill.kernels.flash_fwd import FAMILY as FORWARD
+
+#: Head dimensions of the forward kernel, and of the backward kernel.
+FORWARD_HEAD_DIMS = (64, 128, 256)
+BACKWARD_HEAD_DIMS = (64, 128)
+#: Machine model the kernels are solved on: the H200's (the H100 has the same SM; the solver's H200
+#: schedules are the ones `benchmarks/flash_bwd_check.py` checks on the GPU, and the Gluon backward emits
+#: every one of them, while some H100 head-dim-64 schedules need two register copies it does not emit).
+MACHINE = "h200"
+#: Torch dtype name -> the kernels' dtype option.
+DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One generated kernel: the built-in loop (the :data:`FORWARD` or :data:`BACKWARD` family) and its options.
+
+    ``kv_heads`` is 0 when K/V have as many heads as Q, else the K/V head count (grouped-query attention).
+    """
+
+    kernel: str
+    head_dim: int
+    dtype: str
+    causal: bool
+    kv_heads: int
+
+    def kernel_options(self) -> dict[str, Any]:
+        """Options of :func:`twill.kernels.build_kernel`: the loop shape the kernel is generated for."""
+        options: dict[str, Any] = {"head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal,
+                                   "kv_heads": self.kv_heads}
+        if self.kernel == FORWARD.name:
+            # 64-key blocks at D=256, where two 128-key K/V stages do not fit.
+            options.update(subtiles=self.subtiles(), block_n=64 if self.head_dim == 256 else 128)
+        else:
+            options.update(block_m=self.block_m())
+        return options
+
+    def block_m(self) -> int:
+        """Query rows per iteration of the backward: 128 at D = 64 (FA3's tile, which the calibrated model and
+        the GPU both rank above 64 rows; docs/performance.md, "The 128-row tile from the solver"), 64 at
+        D = 128 (FA3's; 128 rows overflow shared memory)."""
+        return 128 if self.head_dim == 64 else 64
+
+    def subtiles(self) -> int:
+        """Compute warp groups of the forward, each on 64 query rows: three at D = 64 without a causal mask
+        (FA3's D = 64 tile, the tuner's pick there), else two: the causal forward runs persistent
+        (:meth:`persistent`), and a persistent three-group causal kernel runs slower than a two-group one, its
+        mask code lengthening the steady loop (docs/experiments/three-groups.md, "P converted once P V
+        retired")."""
+        return 3 if self.kernel == FORWARD.name and self.head_dim == 64 and not self.causal else 2
+
+    def streaming_depth(self) -> int | None:
+        """Ring depth of the streaming loads: 3 for the two-group forward at D <= 128 (the depth that ran best,
+        docs/performance.md), 2 with three groups and at D = 256; the backward keeps its kernel's default."""
+        if self.kernel != FORWARD.name:
+            return None
+        return 2 if self.head_dim == 256 or self.subtiles() == 3 else 3
+
+    def extra_copies(self) -> int:
+        """:attr:`SolveOptions.extra_copies <twill.solve.options.SolveOptions.extra_copies>` of the solve: 1 for
+        the forward, where at D = 256 the one-copy schedule issues ``S`` and ``P V`` in one stage and the second
+        copy lets the solver issue ``S`` a stage ahead at the same II, so the softmax overlaps the P V
+        (docs/performance.md, "The op's D = 256 forward"); at D = 64 and 128 the solver's answer is the same
+        either way. 0 for the backward."""
+        return 1 if self.kernel == FORWARD.name else 0
+
+    def persistent(self) -> bool:
+        """The causal forward runs persistent (one CTA per SM claiming query blocks, heaviest first): a causal
+        query block has half the key tiles on average, so its pipeline fill and drain weigh twice as much, and
+        a persistent CTA loads the next block's Q and K/V while its compute partitions finish the current one
+        (docs/performance.md, "Persistent attention forward"); non-causal kernels gain little from it and keep
+        one CTA per block."""
+        return self.kernel == FORWARD.name and self.causal
+
+    def file_name(self, version: str) -> str:
+        """Cache file name: readable options and a digest of the spec and Twill's sources."""
+        digest = hashlib.sha256(f"{sorted(asdict(self).items())}|{version}".encode()).hexdigest()[:16]
+        mask = "causal" if self.causal else "full"
+        group = f"_kv{self.kv_heads}" if self.kv_heads else ""
+        return f"{self.kernel.replace('-', '_')}_d{self.head_dim}_{self.dtype}_{mask}{group}_{digest}.py"
+
+
+#: Graph attributes only the code generator reads (the masked tiles of a causal kernel and the K/V head
+#: groups lie outside the scheduled loop): kernels whose graphs differ only in these share one solve.
+CODEGEN_ONLY_ATTRS = frozenset({"causal", "kv_heads"})
+
+
+def solve_key(graph: Any, streaming_depth: int | None, extra_copies: int) -> str:
+    """What the solver sees of ``graph`` (its ops, edges and the attributes other than
+    :data:`CODEGEN_ONLY_ATTRS`), the streaming depth and the extra copies, as one string."""
+    import json
+
+    from twill.ir.io import graph_to_dict
+
+    doc = graph_to_dict(graph)
+    doc["attrs"] = {k: v for k, v in doc.get("attrs", {}).items() if k not in CODEGEN_ONLY_ATTRS}
+    return json.dumps({"graph": doc, "streaming_depth": streaming_depth, "extra_copies": extra_copies},
+                      sort_keys=True, default=str)
+
+
+def _report(message: str) -> None:
+    """Progress of the ptxas-checked backward search, on stderr."""
+    if message.startswith("registers:"):
+        print(f"twill.ops: {message}", file=sys.stderr)
+
+
+def solve(spec: KernelSpec, graph: Any, machine: Any) -> Any:
+    """The verified schedule of ``graph``: the forward as the solver finds it; the backward from the
+    ptxas-checked search (:func:`twill.tune.registers.schedule_without_spills`), whose kernel compiles without
+    spilling registers (at D = 64 the model's own register count refuses FA3's 128-row tile)."""
+    from twill.solve import schedule
+    from twill.solve.options import SolveOptions
+
+    options = SolveOptions(streaming_depth=spec.streaming_depth(), extra_copies=spec.extra_copies(),
+                           progress=_report, flags=())      # twill.ops.attention has no solver options
+    if spec.kernel == FORWARD.name:
+        return schedule(graph, machine, options)
+    from twill.tune.registers import schedule_without_spills
+
+    return schedule_without_spills(graph, machine, options)
