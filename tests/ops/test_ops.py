@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from twill.codegen.gluon import aot, load_emitted
-from twill.ops import flash
+from twill.ops import flash, shipped
 from twill.ops.flash import KernelSpec
 from twill.tune.spills import ptxas_report
 
@@ -42,7 +42,7 @@ def test_forward_kernels_of_the_op_compile_for_sm90(tmp_path, monkeypatch, spec)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_kernels_of_the_op_are_emitted(tmp_path, head_dim, causal):
-    """Every backward the op can ask for is a schedule the Gluon generator emits (solved, verified, planned),
+    """Every backward the op can ask for is a schedule the Gluon generator emits (shipped, verified, planned),
     with FA3's tile (128 query rows at D = 64, which the model's register count refuses: the ptxas-checked
     search finds it), and ptxas compiles it without spilling."""
     spec = KernelSpec("flash-bwd", head_dim, "fp16", causal, 0)
@@ -98,7 +98,8 @@ def test_the_d256_forward_of_the_op_issues_s_a_stage_ahead(monkeypatch):
     stages at the same II, where one copy leaves both pairs in one stage."""
     pytest.importorskip("ortools", reason="generating needs the solver (ortools)")
     monkeypatch.setattr(flash, "_SOLVED", {})
-    flash._generate(KernelSpec("flash-fwd", 256, "fp16", False, 0))
+    spec = KernelSpec("flash-fwd", 256, "fp16", False, 0)
+    flash._generate_by_solving(spec, shipped.spec_graph(spec))
     (solved,) = flash._SOLVED.values()
     objectives = {r["name"]: (r["value"], r["proven"]) for r in solved.stats["objectives"]}
     assert objectives["unhoisted"] == (0, True) and solved.stats["copies"] == 2
@@ -116,8 +117,8 @@ def test_unsupported_inputs_are_refused_with_the_reason(shape, match):
 
 
 def test_a_loop_that_differs_only_in_mask_or_kv_groups_is_solved_once(monkeypatch):
-    """Causal masking and K/V head groups are code-generator attributes: the op solves the loop once per
-    process and emits each kernel from that verified schedule, with its own masking."""
+    """Causal masking and K/V head groups are code-generator attributes: without shipped schedules the op
+    solves the loop once per process and emits each kernel from that verified schedule, with its own masking."""
     pytest.importorskip("ortools", reason="generating needs the solver (ortools)")
     import twill.solve
 
@@ -125,9 +126,13 @@ def test_a_loop_that_differs_only_in_mask_or_kv_groups_is_solved_once(monkeypatc
     real = twill.solve.schedule
     monkeypatch.setattr(twill.solve, "schedule", lambda *a, **k: solves.append(a[0].name) or real(*a, **k))
     monkeypatch.setattr(flash, "_SOLVED", {})
-    full, causal, grouped = (flash._generate(KernelSpec("flash-fwd", 128, "fp16", c, g))
+
+    def generate(spec):
+        return flash._generate_by_solving(spec, shipped.spec_graph(spec))
+
+    full, causal, grouped = (generate(KernelSpec("flash-fwd", 128, "fp16", c, g))
                              for c, g in ((False, 0), (True, 0), (True, 2)))
     assert len(solves) == 1
     assert "causal mask" in causal and "causal mask" not in full and grouped != causal
-    other = flash._generate(KernelSpec("flash-fwd", 64, "fp16", False, 0))   # three groups: another loop
+    other = generate(KernelSpec("flash-fwd", 64, "fp16", False, 0))   # three groups: another loop
     assert len(solves) == 2 and "HEAD_DIM" in other

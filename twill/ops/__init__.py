@@ -2,8 +2,12 @@
 
 ``twill.ops.attention(q, k, v, causal=False, scale=None)``: see :mod:`twill.ops.api` (the custom op it calls:
 :mod:`twill.ops.library`; the kernels and their cache: :mod:`twill.ops.flash`).
+``twill.ops.prepare(head_dim, dtype, causal=False, kv_heads=0, backward=True)``: emit a configuration's kernel
+modules into the kernel cache from the shipped schedules (:mod:`twill.ops.shipped`), without a GPU, torch or the
+solver.
 """
 
 from twill.ops.api import attention
+from twill.ops.flash import prepare
 
-__all__ = ["attention"]
+__all__ = ["attention", "prepare"]
