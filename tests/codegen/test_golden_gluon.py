@@ -40,7 +40,7 @@ def _flash(subtiles: int, head_dim: int, ahead: int, depth: int, **options):
 #: name -> schedule builder: GEMM with and without a deferred wgmma wait, and persistent (the C tile staged
 #: whole, and in halves beside a 4-deep ring); attention with two ping-pong compute partitions and S one stage
 #: ahead (also causal), with one partition and no overlap, and with three partitions taking tensor-core turns
-#: round robin; the attention backward.
+#: round robin; the attention backward; the fp8 (e4m3) forward, plain, causal grouped-query and persistent.
 CASES = {
     "gemm_128x256x64_lag1_d4": lambda: _gemm(256, 1, 4),
     "gemm_128x256x64_lag0_d3": lambda: _gemm(256, 0, 3),
@@ -51,9 +51,13 @@ CASES = {
     "fa_d128_sub2_ahead1_d2_causal": lambda: _flash(2, 128, 1, 2, causal=True),
     "fa_d64_sub3_ahead0_d2": lambda: _flash(3, 64, 0, 2),
     "fa_bwd_d128_d2_lag1": lambda: flash_bwd_schedule(build_kernel("flash-bwd", H100), H100, depth=2, dq_lag=1),
+    "fa8_d128_sub2_ahead1_d2": lambda: _flash(2, 128, 1, 2, dtype="fp8e4m3"),
+    "fa8_d64_sub1_ahead1_d2_causal_gqa": lambda: _flash(1, 64, 1, 2, dtype="fp8e4m3", causal=True, kv_heads=2),
+    "fa8_d256_sub2_ahead1_d2_persistent": lambda: _flash(2, 256, 1, 2, dtype="fp8e4m3", block_n=64),
 }
 #: Cases emitted as persistent kernels (a code-generator choice: the same schedule).
-PERSISTENT = {"gemm_128x256x64_lag1_d3_persistent", "gemm_128x256x64_lag1_d4_persistent"}
+PERSISTENT = {"gemm_128x256x64_lag1_d3_persistent", "gemm_128x256x64_lag1_d4_persistent",
+              "fa8_d256_sub2_ahead1_d2_persistent"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

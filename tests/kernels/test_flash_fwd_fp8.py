@@ -25,7 +25,7 @@ def test_fp8_formats_are_priced_at_the_machine_tables_fp8_rate():
 
 @pytest.mark.parametrize("dtype", ["fp8e4m3", "fp8e5m2"])
 def test_fp8_graph_converts_p_and_transposes_v_in_the_loop(dtype):
-    graph = build_kernel("flash-fwd", H100, dtype=dtype)
+    graph = build_kernel("flash-fwd", H100, dtype=dtype, v_transpose="kernel")
     validate_graph(graph, H100.units)
     bf16 = build_kernel("flash-fwd", H100, dtype="bf16")
     assert graph.attrs["instr_k"] == 32 and graph.attrs["v_transpose"] == "kernel"
@@ -59,7 +59,9 @@ def test_fp8_prepass_loads_v_transposed_and_prices_the_pass_outside_the_loop():
     passes = tune.extra_passes(graph, shape, H100)
     moved = 2 * 4 * 2 * 4096 * 128     # one read and one write of V: B * kv_heads * S * D bytes each
     assert passes["passes_us"] == pytest.approx(moved / H100.dram_bytes_per_s * 1e6 + H100.launch_us)
-    assert tune.extra_passes(build_kernel("flash-fwd", H100, dtype="fp8e4m3"), shape, H100) == {}
+    assert tune.extra_passes(build_kernel("flash-fwd", H100, dtype="fp8e4m3", v_transpose="kernel"), shape,
+                             H100) == {}
+    assert build_kernel("flash-fwd", H100, dtype="fp8e4m3").attrs["v_transpose"] == "prepass"   # the default
     # the fp8 forward stores a bf16 O
     assert tune.stored_from_registers(graph, 1) == graph.attrs["block_m"] * 128 * 2
 
@@ -80,18 +82,21 @@ def test_fp8_is_hopper_only():
         build_kernel("flash-fwd", get_machine("b200"), dtype="fp8e4m3")
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_fp8_schedules_solve_and_verify(head_dim):
+@pytest.mark.parametrize("head_dim,v_transpose", [(64, "prepass"), (128, "prepass"), (256, "prepass"),
+                                                   (128, "kernel"), (256, "kernel")])
+def test_fp8_schedules_solve_and_verify(head_dim, v_transpose):
     """``twill schedule flash-fwd --dtype fp8e4m3 --head-dim D`` solves; the schedule passes the verifier. At
     D = 256 (two sub-tiles, tensor-core bound in both dtypes) the II is about half the bf16 one."""
     pytest.importorskip("ortools")
     from twill.schedule.verify import violations
     from twill.solve import schedule
 
-    result = schedule(build_kernel("flash-fwd", H100, dtype="fp8e4m3", head_dim=head_dim), H100)
+    graph = build_kernel("flash-fwd", H100, dtype="fp8e4m3", head_dim=head_dim, v_transpose=v_transpose)
+    result = schedule(graph, H100)
     assert result.status in ("optimal", "feasible")
     assert violations(result, H100) == []
-    assert {"convert", "v_transpose"} <= {result.graph.op(n).attrs["role"] for n in result.assignment}
+    roles = {result.graph.op(n).attrs["role"] for n in result.assignment}
+    assert "convert" in roles and ("v_transpose" in roles) == (v_transpose == "kernel")
     if head_dim == 256:
         bf16 = schedule(build_kernel("flash-fwd", H100, dtype="bf16", head_dim=head_dim), H100)
 

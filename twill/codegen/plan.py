@@ -184,7 +184,7 @@ class KernelPlan:
         graph, arch, solver, status: the schedule's graph name, target, solver and status.
         ii, ii_lower_bound, length, num_stages: the schedule's II, its lower bound, L and stages.
         placements: every op as scheduled, in graph order.
-        dtype: operand dtype (``fp16``/``bf16``).
+        dtype: operand dtype (``fp16``/``bf16``; the Gluon attention forward also ``fp8e4m3``/``fp8e5m2``).
         tile: tile sizes (``block_m``, ``block_n``, ``block_k`` or ``head_dim``, ``sub_m``).
         partitions: compute partitions first (the first is the default partition), then the load partition.
         rings: one per TMA-load edge, in graph order; ``barriers`` the ready/empty pairs they use.
@@ -305,11 +305,11 @@ def check_schedule(schedule: Schedule, backend: str) -> None:
                                       f"the {backend} backend (solve with warp specialization)")
 
 
-def _dtype(graph: LoopGraph, backend: str) -> str:
+def _dtype(graph: LoopGraph, backend: str, dtypes: tuple[str, ...] = DTYPES) -> str:
     dtype = str(graph.attrs.get("dtype", "fp16"))
-    if dtype not in DTYPES:
+    if dtype not in dtypes:
         raise UnsupportedFeatureError(f"cannot generate: dtype {dtype} not supported by the {backend} backend "
-                                      f"(supported: {', '.join(DTYPES)})")
+                                      f"(supported: {', '.join(dtypes)})")
     return dtype
 
 
@@ -490,11 +490,14 @@ def waits_for_turns(graph: LoopGraph, turns: tuple[Turn, ...], order: tuple[str,
     return waits
 
 
-def make_plan(schedule: Schedule, kernel: str, backend: str, **fields: Any) -> KernelPlan:
+def make_plan(schedule: Schedule, kernel: str, backend: str, dtypes: tuple[str, ...] = DTYPES,
+              **fields: Any) -> KernelPlan:
+    """The plan of ``schedule``; its graph's dtype must be one of ``dtypes`` (a family that emits more passes
+    its own)."""
     return KernelPlan(kernel=kernel, graph=schedule.graph.name, arch=schedule.arch, solver=schedule.solver,
                       status=schedule.status, ii=schedule.ii, ii_lower_bound=schedule.ii_lower_bound,
                       length=schedule.length, num_stages=schedule.num_stages, placements=_placements(schedule),
-                      dtype=_dtype(schedule.graph, backend), **fields)
+                      dtype=_dtype(schedule.graph, backend, dtypes), **fields)
 
 def smem_bytes(buffers: list[int], barriers: int) -> int:
     """Shared memory of a kernel's buffers and ``barriers`` mbarriers (8 bytes each), each buffer and the

@@ -14,9 +14,9 @@ from twill.codegen.chart import render_chart
 from twill.codegen.plan import Barrier, KernelPlan, Partition
 
 #: Gluon dtype of each plan dtype.
-GL_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+GL_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8e4m3": "float8e4nv", "fp8e5m2": "float8e5"}
 #: torch dtype of each plan dtype (the launcher checks its inputs against it).
-TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
 #: Name of the compute partition function, called once per compute partition with its sub-tile.
 COMPUTE_FN = "compute_partition"
 LOAD_FN = "load_partition"

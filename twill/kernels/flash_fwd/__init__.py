@@ -4,7 +4,7 @@ body per backend (:mod:`.gluon`, :mod:`.pallas`, :mod:`.tilelang`) and the tuner
 from twill.kernels import Family
 
 #: Roles of the attention forward graph's ops.
-ROLES = ("load_k", "load_v", "qk", "rowmax", "exp", "rowsum", "alpha", "rescale", "pv")
+ROLES = ("load_k", "load_v", "qk", "rowmax", "exp", "rowsum", "alpha", "rescale", "pv", "convert")
 
 
 def _claims(roles: frozenset[str]) -> bool:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from twill.codegen.gluon.render import (SM_COUNT, TORCH_DTYPES, KernelBody, compute_def, heaviest_first_chunks,
                                         kv_shape_source, wrap)
 from twill.codegen.plan import KernelPlan
-from twill.kernels.flash_fwd.plan import PROGRAM_ORDER
+from twill.kernels.flash_fwd.plan import FP8_DTYPES, PROGRAM_ORDER
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
 COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_ptr", "lse_ptr", "q_row", "q_start", "seq_len", "n_tiles",
@@ -39,6 +39,13 @@ COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_ptr", "lse_ptr", "q_row", "
 #: The same for the persistent kernel, which finds each query block's rows and trip count itself.
 PERSISTENT_COMPUTE_PARAMS = ("q_smem", "q_bar", "q_empty", "item_smem", "turn_bars", "o_ptr", "lse_ptr", "n_m",
                              "n_items", "seq_len", "qk_scale")
+
+#: Parameters the fp8 kernel adds to the compute partition: the per-(batch, query head) descale factors.
+FP8_COMPUTE_PARAMS = ("qk_descale_ptr", "v_descale_ptr")
+#: fp8: P = exp2(S*scale - m + P_OFFSET) lies in [0, 2^P_OFFSET], where e4m3 keeps more of its precision than
+#: in [0, 1] (FA3's max offset); the row sums carry the same factor, so O = (sum P V) / l is unchanged and the
+#: LSE subtracts it.
+FP8_P_OFFSET = 8.0
 
 #: Head dims from which the steady loop puts a scheduling fence before its ``wgmma`` wait for ``O += P V``
 #: (:meth:`_Compute.pv_wait_fence`). Without it ptxas hoists that wait above the softmax it should overlap;
@@ -136,9 +143,98 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
 """
 
 
+FP8_STEP = """\
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # rowmax (m kept in scaled log2 units)
+    alpha = gl.exp2(m_i - m_new)                      # alpha
+    p = gl.exp2(s * qk_scale - (m_new - P_OFFSET)[:, None])  # exp: P in [0, 2^P_OFFSET] for the fp8 convert
+    l_new = l_i * alpha + gl.sum(p, 1)                # rowsum (fp32 P)
+    return p, alpha, m_new, l_new"""
+
+
+def fp8(plan: KernelPlan) -> bool:
+    """The plan's operands are fp8 (V read as the pre-pass's V^T, P converted to fp8, O stored in 16 bits)."""
+    return plan.dtype in FP8_DTYPES
+
+
+FP8_LAUNCH = """
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
+
+
+def _descale(x, B, KVH, group, device):
+    \"\"\"A descale factor (None, a number, or a tensor of one value or of shape [B, KV heads]) as fp32 [B * H]:
+    one value per (batch, query head), the value of its K/V head.\"\"\"
+    import torch
+
+    t = torch.as_tensor(1.0 if x is None else x, dtype=torch.float32, device=device)
+    if t.numel() != 1 and tuple(t.shape) != (B, KVH):
+        raise ValueError(f"a descale factor must be one value or of shape {{(B, KVH)}}, got {{tuple(t.shape)}}")
+    t = t.reshape(1, 1) if t.numel() == 1 else t
+    return t.expand(B, KVH).repeat_interleave(group, dim=1).contiguous().view(-1)
+
+
+def transpose_v(v):
+    \"\"\"The pre-pass: V [B, KV heads, S, D] -> V^T [B * KV heads * D, S padded to a multiple of 16] (TMA rows
+    16-byte aligned), zero in the padding. The fp8 wgmma reads its B operand K-major only.\"\"\"
+    import torch
+
+    B, KVH, S, D = v.shape
+    vt = torch.zeros((B, KVH, D, triton.cdiv(S, 16) * 16), dtype=v.dtype, device=v.device)
+    vt[..., :S] = v.transpose(-1, -2)
+    return vt.view(B * KVH * D, -1)
+
+
+def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_descale=None, k_descale=None,
+           v_descale=None, out_dtype=None):
+    \"\"\"softmax(q k^T * sm_scale{mask}) v for fp8 q [B, H, S, D] and k, v [B, {kv}, S, D] ({dtype}, CUDA), with
+    q, k, v standing for q * q_descale, k * k_descale, v * v_descale (each None, one value, or per (batch, K/V
+    head) [B, {kv}]); sm_scale defaults to 1/sqrt(D). O is bf16 (out_dtype=torch.float16 for fp16). Returns
+    out, or (out, lse) with return_lse: lse [B, H, S] fp32 is the natural-log log-sum-exp of each row's scaled
+    scores; a given lse is written. V is transposed by a pre-pass (transpose_v) before the kernel.\"\"\"
+    import math
+
+    import torch
+
+    B, H, S, D = q.shape
+    if D != HEAD_DIM.value or q.dtype != torch.{torch_dtype}:
+        raise ValueError(f"expected q of shape [B, H, S, {{HEAD_DIM.value}}] and dtype {torch_dtype}, got "
+                         f"{{tuple(q.shape)}} {{q.dtype}}")
+{kv_check}
+    if k.shape != kv_shape or v.shape != kv_shape or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"expected k, v of shape {{kv_shape}} and dtype {{q.dtype}}, got {{tuple(k.shape)}} "
+                         f"{{tuple(v.shape)}}")
+    q2 = q.contiguous().view(B * H * S, D)
+    k2 = k.contiguous().view(-1, D)
+    vt = transpose_v(v)
+    out_dtype = out_dtype or (out.dtype if out is not None else torch.bfloat16)
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {{out_dtype}}")
+    if out is None:
+        out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
+    if out.shape != q.shape or out.dtype != out_dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {{out_dtype}} tensor of shape {{tuple(q.shape)}}")
+    if lse is None and return_lse:
+        lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
+    if lse is not None and (lse.shape != (B, H, S) or lse.dtype != torch.float32 or not lse.is_contiguous()):
+        raise ValueError(f"lse must be a contiguous float32 tensor of shape {{(B, H, S)}}")
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    qk_descale = v_scale = None
+    if q_descale is not None or k_descale is not None or v_descale is not None:
+        KVH, group = kv_shape[1], H // kv_shape[1]
+        qk_descale = _descale(q_descale, B, KVH, group, q.device) * _descale(k_descale, B, KVH, group, q.device)
+        v_scale = _descale(v_descale, B, KVH, group, q.device)
+    q_desc = _descriptor(q2, [SUB_M.value, D])
+    k_desc = _descriptor(k2, [BLOCK_N.value, D])
+    v_desc = _descriptor(vt, [D, BLOCK_N.value])
+{grid}
+    attention_kernel[grid](q_desc, k_desc, v_desc, out, lse, S, sm_scale * LOG2E{extra_args}, qk_descale, v_scale,
+                           num_warps=NUM_WARPS)
+    return (out, lse) if return_lse else out
+"""
+
+
 def softmax_source(plan: KernelPlan) -> str:
     """The ``online_softmax`` helper: key-tail mask, or (causal) the diagonal mask."""
-    return (CAUSAL_SOFTMAX if plan.decisions.causal else SOFTMAX).replace("{STEP}", STEP)
+    return (CAUSAL_SOFTMAX if plan.decisions.causal else SOFTMAX).replace("{STEP}", FP8_STEP if fp8(plan) else STEP)
 
 
 def launch_source(plan: KernelPlan) -> str:
@@ -152,9 +248,10 @@ def launch_source(plan: KernelPlan) -> str:
             if plan.persistent else "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)")
     chunks = (",\n                           max(1, _sm_count(q.device.index) // triton.cdiv(S, BLOCK_M.value))"
               if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
-    return LAUNCH.format(mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
-                         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
-                         extra_args=(", B * H, work_counter" if plan.persistent else "") + group_arg + chunks)
+    return (FP8_LAUNCH if fp8(plan) else LAUNCH).format(
+        mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
+        torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
+        extra_args=(", B * H, work_counter" if plan.persistent else "") + group_arg + chunks)
 
 
 class _Knobs:
@@ -197,6 +294,12 @@ class _Compute:
     def __init__(self, plan: KernelPlan):
         self.plan = plan
         self.knobs = _Knobs(plan)
+        self.fp8 = fp8(plan)
+        #: the softmax scale the loop reads: fp8 folds the block's q_descale * k_descale into it
+        self.scale = "block_scale" if self.fp8 else "qk_scale"
+        #: ``, p_op`` in a wgmma wait's deps (P's registers stay live while O += P V reads them); none for
+        #: fp8, whose 8-bit registers Triton 3.6's wgmma wait does not take (ptxas still orders the reuse)
+        self.p = "" if self.fp8 else ", p_op"
 
     def ring(self, j: str) -> str:
         """The ring iteration of the block's key tile ``j``: ``j``, or in a persistent kernel ``first + j``
@@ -288,9 +391,9 @@ class _Compute:
 
     def _softmax_call(self, kv_start: str, ind: str) -> list[str]:
         if self.plan.decisions.causal:
-            return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, q_first, qk_scale, "
+            return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, q_first, {self.scale}, "
                     f"s_layout)"]
-        return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, seq_len, qk_scale,",
+        return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, seq_len, {self.scale},",
                 f"{ind}                                    gl.SliceLayout(0, s_layout))"]
 
     def convert_p(self, ind: str, when: str = "") -> list[str]:
@@ -307,9 +410,26 @@ class _Compute:
             f"{ind}mbarrier.wait(v_ready.index({index}), {phase})  # ready: V tile {j} ({self.whys('ready', 'pv')})",
             *self.turn_before("pv", ind, counter),
             f"{ind}# {self.placed('pv')}",
-            f"{ind}o_tok = warpgroup_mma(p_op, v_ring.index({index}), o, is_async=True)",
+            f"{ind}o_tok = warpgroup_mma(p_op, {self.v_operand(index)}, o, is_async=True)",
             *self.turn_after("pv", ind, counter),
         ]
+
+    def v_operand(self, index: str) -> str:
+        """The B operand of ``O += P V``: the V tile, or (fp8) the transposed view of the pre-pass's V^T tile,
+        K-major as the fp8 wgmma requires."""
+        return f"v_ring.index({index}).permute((1, 0))" if self.fp8 else f"v_ring.index({index})"
+
+    def descale(self, ind: str) -> list[str]:
+        """fp8: the block's softmax scale with q_descale * k_descale of its (batch, query head) folded in, and
+        its v_descale (FA3); nothing for 16-bit operands."""
+        if not self.fp8:
+            return []
+        return [f"{ind}bh = (q_row - q_start) // seq_len  # the block's batch * H + query head",
+                f"{ind}block_scale = qk_scale",
+                f"{ind}v_scale = 1.0",
+                f"{ind}if qk_descale_ptr is not None:  # fp8 descale: q_descale * k_descale folded into the scale",
+                f"{ind}    block_scale = qk_scale * gl.load(qk_descale_ptr + bh)",
+                f"{ind}    v_scale = gl.load(v_descale_ptr + bh)  # v_descale, folded into 1 / l"]
 
     def body_ahead(self, ind: str, q_done: list[str]) -> list[str]:
         """``qk`` one stage ahead of ``pv``: S(j+1) issued with O += P(j) V(j), loop rotated. ``q_done``: lines
@@ -334,11 +454,11 @@ class _Compute:
             *self.issue_pv("j", i2, "j", convert=False),
             f"{i2}# S(j+1) complete (wgmma groups retire in order; {self.whys('wgmma', 'qk')});",
             f"{i2}# O += P(j) V(j) still in flight",
-            f"{i2}s_cur, o, p_op = warpgroup_mma_wait(1, deps=[s_tok, o_tok, p_op])",
+            f"{i2}s_cur, o{self.p} = warpgroup_mma_wait(1, deps=[s_tok, o_tok{self.p}])",
             f"{i2}mbarrier.arrive(k_empty.index({self.slot('jn', 'k')[0]}))  # empty: K tile j+1 consumed",
             *self.softmax("jn", "jn * BLOCK_N", i2),
             *self.pv_wait_fence(i2),
-            f"{i2}o, p_op = warpgroup_mma_wait(0, deps=[o, p_op])  # O += P(j) V(j) complete "
+            f"{i2}o{self.p} = warpgroup_mma_wait(0, deps=[o{self.p}])  # O += P(j) V(j) complete "
             f"({self.whys('wgmma', 'pv')})",
             f"{i2}mbarrier.arrive(v_empty.index({self.slot('j', 'v')[0]}))  # empty: V tile j consumed",
             f"{i2}{rescale}",
@@ -348,7 +468,7 @@ class _Compute:
             f"{ind}# epilogue: pv of the last iteration",
             f"{ind}j = n_tiles - 1",
             *self.issue_pv("j", ind, None, convert=False),
-            f"{ind}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])",
+            f"{ind}o{self.p} = warpgroup_mma_wait(0, deps=[o_tok{self.p}])",
             f"{ind}mbarrier.arrive(v_empty.index({self.slot('j', 'v')[0]}))  # empty: V tile consumed",
         ]
 
@@ -376,7 +496,7 @@ class _Compute:
             *self.softmax("j", "j * BLOCK_N", i2),
             f"{i2}o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale",
             *self.issue_pv("j", i2, "j"),
-            f"{i2}o, p_op = warpgroup_mma_wait(0, deps=[o_tok, p_op])  # {self.whys('wgmma', 'pv')}",
+            f"{i2}o{self.p} = warpgroup_mma_wait(0, deps=[o_tok{self.p}])  # {self.whys('wgmma', 'pv')}",
             f"{i2}mbarrier.arrive(v_empty.index({self.slot('j', 'v')[0]}))  # empty: V tile j consumed",
             *(ind + line for line in q_done),
         ]
@@ -392,17 +512,24 @@ class _Compute:
 
     def store(self, ind: str) -> list[str]:
         """Normalise O and store it (and the LSE) for the sub-tile's rows below seq_len."""
+        if self.fp8:
+            normalise = [f"{ind}o = o * gl.convert_layout(v_scale / l_i, row_o)[:, None]  # v_descale / l",
+                         f"{ind}out_dtype: gl.constexpr = o_ptr.dtype.element_ty  # bf16 (or fp16) output"]
+            out, lse = "o.to(out_dtype)", "(m_i - P_OFFSET + gl.log2(l_i)) * LN2  # l carries 2^P_OFFSET"
+        else:
+            normalise = [f"{ind}o = o / gl.convert_layout(l_i, row_o)[:, None]"]
+            out, lse = "o.to(DTYPE)", "(m_i + gl.log2(l_i)) * LN2"
         return [
             f"{ind}# normalise and store (rows past seq_len masked)",
-            f"{ind}o = o / gl.convert_layout(l_i, row_o)[:, None]",
+            *normalise,
             f"{ind}rows = gl.arange(0, SUB_M, row_o)",
             f"{ind}cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))",
             f"{ind}row0 = q_row + SUB * SUB_M",
             f"{ind}ptrs = o_ptr + (row0 + rows).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]",
-            f"{ind}gl.store(ptrs, o.to(DTYPE), mask=(q_start + SUB * SUB_M + rows < seq_len)[:, None])",
+            f"{ind}gl.store(ptrs, {out}, mask=(q_start + SUB * SUB_M + rows < seq_len)[:, None])",
             f"{ind}if lse_ptr is not None:  # log-sum-exp for the backward: ln(sum exp(s*scale)) = (m + log2 l) ln 2",
             f"{ind}    rows_s = gl.arange(0, SUB_M, gl.SliceLayout(1, s_layout))",
-            f"{ind}    lse = (m_i + gl.log2(l_i)) * LN2",
+            f"{ind}    lse = {lse}",
             f"{ind}    lse_mask = q_start + SUB * SUB_M + rows_s < seq_len",
             f"{ind}    gl.store(lse_ptr + (row0 + rows_s).to(gl.int64), lse, mask=lse_mask)",
         ]
@@ -425,13 +552,15 @@ class _Compute:
         else:
             params, doc = COMPUTE_PARAMS, (f"Sub-tile SUB ({groups}; {comp[0].num_warps} warps each): online "
                                            f"softmax over the K/V tiles.")
+        params += FP8_COMPUTE_PARAMS if self.fp8 else ()
         head = compute_def(plan, params, self.knobs.params, doc)
+        k, k_width = (32, 4) if self.fp8 else (16, 2)      # wgmma m64nNk32 and 4-byte P fragments for fp8
         lines = head + [
             "    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
-            "                                                       instr_shape=[16, BLOCK_N, 16])",
+            f"                                                       instr_shape=[16, BLOCK_N, {k}])",
             "    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
-            "                                                       instr_shape=[16, HEAD_DIM, 16])",
-            "    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)",
+            f"                                                       instr_shape=[16, HEAD_DIM, {k}])",
+            f"    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width={k_width})",
             "    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)",
         ]
         diagonal = "q_first = q_start + SUB * SUB_M  # position of the sub-tile's first query (its diagonal)"
@@ -441,6 +570,7 @@ class _Compute:
                 "    s_zero = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)",
                 "    q = q_smem.index(SUB)",
                 *(["    " + diagonal] if plan.decisions.causal else []),
+                *self.descale("    "),
                 "    mbarrier.wait(q_bar, 0)  # Q sub-tile loaded by load_partition",
                 *self.body(),
                 *self.store("    "),
@@ -456,6 +586,7 @@ class _Compute:
             "    while item < n_items:",
             _block_coords_call(plan),
             *(["        " + diagonal] if plan.decisions.causal else []),
+            *self.descale("        "),
             *self.accumulators("        "),
             *self.body("        ", ("mbarrier.arrive(q_empty)  # Q and its item consumed (the block's last qk "
                                     "completed): the producer loads the next block's",)),
@@ -488,17 +619,22 @@ def body(plan: KernelPlan) -> KernelBody:
                                                   "h // (H // KV_HEADS))"))
     if plan.turns and "TURNS" not in compute.knobs.params:
         extra.append(("TURNS", plan.turn_counts[0], "tensor-core turns per partition per iteration"))
+    if compute.fp8:
+        extra.append(("P_OFFSET", FP8_P_OFFSET, "fp8: P = exp2(S*scale - m + P_OFFSET) in [0, 2^P_OFFSET] (FA3)"))
+    fp8_params = FP8_COMPUTE_PARAMS if compute.fp8 else ()
     group = (("group",) if plan.decisions.kv_heads else ())
     chunked = (("n_bh", "heads_per_chunk") if plan.decisions.causal else ())   # block_coords' causal order
     # the kernel's parameters and their types for compile_signature, in the order the launcher passes them
+    v_block = "[HEAD_DIM.value, BLOCK_N.value]" if compute.fp8 else "[BLOCK_N.value, HEAD_DIM.value]"  # fp8: V^T
     signature = (("q_desc", "_desc_type([SUB_M.value, HEAD_DIM.value])"),
                  ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
-                 ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
-                 ("o_ptr", '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'), ("seq_len", '"i32"'),
-                 ("qk_scale", '"fp32"'),
+                 ("v_desc", f"_desc_type({v_block})"),
+                 ("o_ptr", '"*bf16"' if compute.fp8 else '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'),
+                 ("seq_len", '"i32"'), ("qk_scale", '"fp32"'),
                  *((("n_bh", '"i32"'), ("work_counter", '"*i32"')) if plan.persistent else ()),
                  *((("group", '"i32"'),) if plan.decisions.kv_heads else ()),
-                 *((("heads_per_chunk", '"i32"'),) if plan.decisions.causal else ()))
+                 *((("heads_per_chunk", '"i32"'),) if plan.decisions.causal else ()),
+                 *((name, '"*fp32"') for name in fp8_params))
     q_load = ("mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
               "for sub in gl.static_range(NUM_COMPUTE):",
               "    tma.async_copy_global_to_shared(q_desc, [q_row + sub * SUB_M, 0], q_bar, q_smem.index(sub))")
@@ -518,7 +654,8 @@ def body(plan: KernelPlan) -> KernelBody:
                    "    item_smem = gl.allocate_shared_memory(gl.int32, [1], "
                    "gl.SwizzledSharedLayout(1, 1, 1, order=[0]))"),
             trip="n_items",
-            coords={"k": "[kv_row + (j - first) * BLOCK_N, 0]", "v": "[kv_row + (j - first) * BLOCK_N, 0]"},
+            coords={"k": "[kv_row + (j - first) * BLOCK_N, 0]",
+                    "v": _v_coords(compute.fp8, "(j - first) * BLOCK_N")},
             load_params=("q_desc", "q_smem", "q_bar", "q_empty", "item_smem", "work_counter", "n_m", "seq_len",
                          *group, *chunked),
             load_setup=("    first = 0  # ring iteration of the block's first K/V tile: the rings run on across "
@@ -545,7 +682,7 @@ def body(plan: KernelPlan) -> KernelBody:
                         "    mbarrier.wait(q_empty, (t & 1) ^ 1)",
                         "    write_item(item_smem, item)",
                         "    mbarrier.arrive(q_bar)"),
-            compute_params=PERSISTENT_COMPUTE_PARAMS + group + chunked,
+            compute_params=PERSISTENT_COMPUTE_PARAMS + group + chunked + fp8_params,
             launch=SM_COUNT.strip("\n") + "\n\n" + launch_source(plan),
             imports="import functools\n",
         )
@@ -554,11 +691,11 @@ def body(plan: KernelPlan) -> KernelBody:
             functions=compute.render(),
             setup=(*_setup(plan), *q_smem),
             trip="n_tiles",
-            coords={"k": "[kv_row + j * BLOCK_N, 0]", "v": "[kv_row + j * BLOCK_N, 0]"},
-            load_params=("q_desc", "q_smem", "q_bar", "q_row", "kv_row"),
+            coords={"k": "[kv_row + j * BLOCK_N, 0]", "v": _v_coords(compute.fp8, "j * BLOCK_N")},
+            load_params=("q_desc", "q_smem", "q_bar", "q_row", "kv_row", *(("seq_len",) if compute.fp8 else ())),
             load_setup=tuple("    " + line for line in q_load),
             load_loop=(),
-            compute_params=COMPUTE_PARAMS,
+            compute_params=COMPUTE_PARAMS + fp8_params,
             launch=(SM_COUNT.strip("\n") + "\n\n" if plan.decisions.causal else "") + launch_source(plan),
             imports="import functools\n" if plan.decisions.causal else "",
         )
@@ -570,7 +707,7 @@ def body(plan: KernelPlan) -> KernelBody:
                    f"issued with PV(j), softmax overlaps PV); tensor-core turns in order (each passes to the next, the last to the first): {turns}; "
                    f"compute_partition constexprs {', '.join(compute.knobs.params)}",
                    "layouts: S, O in the wgmma accumulator layout; row max/sum in SliceLayout(1, S); P in registers "
-                   "as the A operand (DotOperandLayout) of O += P V", *_mask_decisions(plan),
+                   "as the A operand (DotOperandLayout) of O += P V", *_fp8_decisions(plan), *_mask_decisions(plan),
                    *_persistent_decisions(plan)),
         tile_constants=(("BLOCK_M", t["block_m"], f"query rows per CTA = {len(comp)} sub-tile(s) x SUB_M"),
                         ("SUB_M", t["sub_m"], "query rows per compute partition (16 per warp: one wgmma row block)"),
@@ -581,7 +718,7 @@ def body(plan: KernelPlan) -> KernelBody:
         kernel_params=", ".join(name for name, _ in signature),
         kernel_doc=_kernel_doc(plan),
         iv="j",
-        buffer_shapes={"k": "BLOCK_N, HEAD_DIM", "v": "BLOCK_N, HEAD_DIM"},
+        buffer_shapes={"k": "BLOCK_N, HEAD_DIM", "v": "HEAD_DIM, BLOCK_N" if compute.fp8 else "BLOCK_N, HEAD_DIM"},
         constexprs=tuple((n, compute.knobs.values[n]) for n in compute.knobs.params),
         before_specialize=tuple(before),
         results="",
@@ -589,6 +726,24 @@ def body(plan: KernelPlan) -> KernelBody:
         signature=signature,
         **walk,
     )
+
+
+def _v_coords(fp8_v: bool, key: str) -> str:
+    """TMA coordinates of the V tile of the key offset ``key`` (from the K/V head's first row): V rows
+    ``kv_row + key``, or (fp8) the pre-pass's V^T rows of the K/V head (``kv_row // seq_len`` heads of
+    HEAD_DIM rows before it) at column ``key``."""
+    return f"[kv_row // seq_len * HEAD_DIM, {key}]" if fp8_v else f"[kv_row + {key}, 0]"
+
+
+def _fp8_decisions(plan: KernelPlan) -> tuple[str, ...]:
+    """Header lines of the fp8 kernel (none for 16-bit operands)."""
+    if not fp8(plan):
+        return ()
+    return (f"fp8 ({plan.dtype}): S = Q K^T and O += P V are wgmma m64nNk32; the fp8 wgmma reads B K-major only, "
+            "so the launcher's pre-pass writes V^T [B*KV_HEADS*D, S padded to 16] and O += P V reads its tiles "
+            "through a transposed view; P = exp2(S*scale - m + P_OFFSET) is converted to fp8 in registers; "
+            "q_descale * k_descale is folded into the softmax scale and v_descale into 1 / l per (batch, head); "
+            "O is stored in o_ptr's dtype (bf16, or fp16 on request)",)
 
 
 def _mask_decisions(plan: KernelPlan) -> tuple[str, ...]:

@@ -73,7 +73,8 @@ OPTIONS = {
                           ("fp16", "bf16", *FP8_DTYPES)),
     "v_transpose": KernelOption(str, "", "fp8 only: where V becomes K-major for the fp8 P V wgmma: 'kernel' "
                                          "(each tile in the loop, FA3) or 'prepass' (a transpose pass before the "
-                                         "kernel); '' = kernel", ("", "kernel", "prepass")),
+                                         "kernel, the form the Gluon generator emits); '' = prepass",
+                                ("", "kernel", "prepass")),
     "causal": KernelOption(bool, False, "causal mask: each query attends to keys at or before its position "
                                         "(the loop stops at the diagonal)", (False, True)),
     "kv_heads": KernelOption(int, 0, "K/V heads (0: as many as the query heads; N: grouped-query attention, "
@@ -136,7 +137,7 @@ def build(machine: Machine, *, subtiles: int = 0, head_dim: int = 128, block_m: 
                          f"only (a {dtype} V is read as it is stored)")
     if fp8 and machine.mma_accumulates_in == "tmem":
         raise TwillError(f"kernel 'flash-fwd': dtype {dtype} is built for Hopper only, not {machine.name}")
-    v_transpose = v_transpose or ("kernel" if fp8 else "")
+    v_transpose = v_transpose or ("prepass" if fp8 else "")
     tile = default_tile(machine, head_dim)
     subtiles = subtiles or tile[0]
     block_n = block_n or tile[1]

@@ -9,6 +9,9 @@
   cyclic order starts where each partition's ``qk`` turn comes before its ``pv`` turn. A partition with
   ``qk_ahead`` 1 issues both at one program point, so it takes one turn, at its ``qk``'s place in that order
   (:func:`one_turn_when_ahead`).
+* **fp8** (Gluon only): the graph's dtype ``fp8e4m3``/``fp8e5m2`` with V transposed by a pre-pass (the
+  in-kernel transpose, ``v_transpose`` op, is refused); the renderer reads V^T tiles, converts P to fp8 and
+  stores a bf16 O.
 * **Variants.** ``causal`` and ``kv_heads`` (graph attributes) do not change the loop body or the schedule;
   they are carried to the renderer, which bounds each query block's trip count at its diagonal and masks the
   diagonal iterations, and maps query heads onto K/V heads. The Q tile and the K/V rings must fit the
@@ -24,12 +27,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twill.codegen.plan import (Barrier, KernelPlan, Partition, Ring, Turn, check_roles, check_schedule, cut_turns,
+from twill.codegen.plan import (DTYPES, Barrier, KernelPlan, Partition, Ring, Turn, check_roles, check_schedule, cut_turns,
                                 in_program_order, make_partitions, make_plan, merge_runs, ops_with_role, retire_wait,
                                 ring_depth, ring_waits, smem_bytes, unsupported, waits_for_turns, with_turn_points)
 from twill.errors import UnsupportedFeatureError
 from twill.ir.graph import LoopGraph
 from twill.kernels.flash_fwd import FAMILY, ROLES
+from twill.kernels.flash_fwd.graph import FP8_DTYPES
+from twill.machine.costs import DTYPE_BYTES
 from twill.machine.models import get_machine
 from twill.schedule.result import Schedule
 
@@ -105,6 +110,9 @@ def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPl
     module docstring for each decision."""
     check_schedule(schedule, backend)
     graph = schedule.graph
+    if ops_with_role(graph, "v_transpose"):
+        raise unsupported(backend, "the in-kernel V transpose of the fp8 forward (--v-transpose kernel)",
+                          "emitted: --v-transpose prepass")
     check_roles(graph, ROLES, backend)
     missing = [r for r in ("load_k", "load_v", "qk", "exp", "pv") if not ops_with_role(graph, r)]
     if missing:
@@ -147,7 +155,8 @@ def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPl
         raise UnsupportedFeatureError(f"cannot generate: kv_heads {kv_heads} (0 or a positive head count)")
     waits = ring_waits(graph, rings) + [retire_wait(graph, p.roles[r]) for p in compute for r in ("qk", "pv")]
     waits += waits_for_turns(graph, turns, PROGRAM_ORDER)
-    return make_plan(schedule, FAMILY.name, backend, tile=tile, partitions=compute + (parts[-1],),
+    dtypes = DTYPES + FP8_DTYPES if backend.lower() == "gluon" else DTYPES
+    return make_plan(schedule, FAMILY.name, backend, dtypes, tile=tile, partitions=compute + (parts[-1],),
                      rings=tuple(rings), barriers=barriers, waits=tuple(waits), turns=turns, persistent=persistent,
                      decisions=FlashDecisions(qk_ahead, bool(graph.attrs.get("causal", False)), kv_heads))
 
@@ -156,7 +165,7 @@ def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring
     """The Q tile, the K/V rings and their barriers (Q, ring ready/empty, a tensor-core turn per compute
     partition) must fit the machine's shared memory per block (head dim 256 needs ``--block-n 64``)."""
     capacity = get_machine(schedule.arch).smem_per_block
-    esize = 2  # fp16 / bf16 bytes
+    esize = DTYPE_BYTES.get(str(schedule.graph.attrs.get("dtype", "fp16")), 2)   # 1 for fp8, 2 for fp16 / bf16
     barriers = 1 + 2 * sum(r.depth for r in rings) + tile["block_m"] // 64     # Q, ring ready/empty, turns
     need = smem_bytes([tile["block_m"] * tile["head_dim"] * esize,
                        *(r.depth * tile["block_n"] * tile["head_dim"] * esize for r in rings)], barriers)

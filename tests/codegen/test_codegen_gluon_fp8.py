@@ -1,0 +1,114 @@
+"""The fp8 attention forward's Gluon kernels on the CPU (issue 35): every variant compiles for sm_90 (Triton 3.6,
+no GPU) to e4m3 (or e5m2) ``m64nNk32`` wgmmas, with V read through the pre-pass's V^T, the descale factors as
+kernel parameters and a 16-bit O."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from twill.codegen.gluon import emit_gluon, gluon_plan, load_emitted
+from twill.errors import UnsupportedFeatureError
+from twill.kernels import build_kernel
+from twill.kernels.flash_fwd.variants import flash_schedule
+from twill.machine.models import H100
+from twill.schedule.verify import verify
+
+triton = pytest.importorskip("triton")
+aot = pytest.importorskip("twill.codegen.gluon.aot")
+
+
+def _schedule(ahead: int = 1, **options):
+    graph = build_kernel("flash-fwd", H100, **options)
+    schedule = flash_schedule(graph, H100, ahead=ahead, depth=2)
+    verify(schedule, H100)
+    return schedule
+
+
+def _compile(tmp_path, schedule, name: str, persistent: bool = False):
+    path = tmp_path / f"{name}.py"
+    path.write_text(emit_gluon(schedule, persistent=persistent))
+    module = load_emitted(str(path), f"twill_test_{name}")
+    return module, aot.compile_sm90(module)
+
+
+#: (kernel options, ahead, persistent): D 64/128/256, causal and not, grouped-query, one to three sub-tiles.
+FP8_CASES = [
+    ({"subtiles": 1, "head_dim": 64}, 1, False),
+    ({"subtiles": 3, "head_dim": 64, "causal": True}, 0, False),
+    ({"subtiles": 2, "head_dim": 128}, 1, False),
+    ({"subtiles": 2, "head_dim": 128, "causal": True, "kv_heads": 2}, 1, False),
+    ({"subtiles": 2, "head_dim": 128, "kv_heads": 1}, 1, True),
+    ({"subtiles": 2, "head_dim": 256, "block_n": 64}, 1, False),
+    ({"subtiles": 2, "head_dim": 256, "block_n": 64, "causal": True, "kv_heads": 4}, 1, True),
+]
+
+
+@pytest.mark.parametrize("options,ahead,persistent", FP8_CASES)
+def test_fp8_forward_compiles_to_e4m3_wgmmas(tmp_path, options, ahead, persistent):
+    from twill.tune.spills import ptxas_report
+
+    schedule = _schedule(ahead, dtype="fp8e4m3", **options)
+    plan = gluon_plan(schedule)
+    assert plan.dtype == "fp8e4m3"
+    name = "fa8_" + "_".join(f"{k}{v}" for k, v in options.items()) + ("_persistent" if persistent else "")
+    module, compiled = _compile(tmp_path, schedule, name, persistent)
+    ptx = compiled.asm["ptx"]
+    d, bn = options["head_dim"], options.get("block_n", 128)
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+)", ptx))
+    assert shapes == {f"m64n{bn}k32.f32.e4m3.e4m3", f"m64n{d}k32.f32.e4m3.e4m3"}   # S = Q K^T, O += P V
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx                # P converted to fp8 in registers
+    assert "__nv_log2f" in ptx                                 # the LSE output
+    assert ("%nctaid.x" in ptx) == (options.get("causal", False) or persistent)
+    signature = module.compile_signature()[0]
+    assert signature["o_ptr"] == "*bf16"
+    assert signature["qk_descale_ptr"] == signature["v_descale_ptr"] == "*fp32"
+    assert "fp8e4nv[" + f"{d}, {bn}]" in signature["v_desc"]    # V^T tiles [head_dim, block_n]
+    assert ("group" in signature) == bool(options.get("kv_heads"))
+    rows = plan.tile["block_m"]
+    ring_bytes = 2 * 2 * bn * d + rows * d                     # one byte per element
+    assert ring_bytes <= compiled.metadata.shared < ring_bytes + 4096
+    report = ptxas_report(ptx, 90)
+    assert report["serialized_wgmma"] == 0
+    # the persistent D = 128 kernel spills 256 bytes at ptxas's 168-register compile of the whole kernel (the
+    # bf16 one does not): pinned here until the fp8 P conversion's temporaries are measured on the GPU
+    assert report["spill_bytes"] == (256 if persistent and d == 128 else 0)
+
+
+def test_fp8_forward_without_descale_drops_the_loads(tmp_path):
+    """The launcher passes ``None`` descale pointers when no descale factor is given: the kernel then loads
+    none (Triton makes the ``None`` a constexpr)."""
+    schedule = _schedule(dtype="fp8e4m3", subtiles=2)
+    path = tmp_path / "fa8_plain.py"
+    path.write_text(emit_gluon(schedule))
+    module = load_emitted(str(path), "twill_test_fa8_plain")
+    with_descale = aot.compile_sm90(module).asm["ptx"]
+    without = aot.compile_sm90(module, {"qk_descale_ptr": None, "v_descale_ptr": None}).asm["ptx"]
+    assert with_descale.count("ld.global") > without.count("ld.global")
+
+
+def test_fp8_e5m2_forward_compiles_to_e5m2_wgmmas(tmp_path):
+    _, compiled = _compile(tmp_path, _schedule(dtype="fp8e5m2", subtiles=2), "fa8_e5m2")
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+)", compiled.asm["ptx"]))
+    assert shapes == {"m64n128k32.f32.e5m2.e5m2"}
+
+
+def test_fp8_source_reads_v_transposed_and_scales_by_the_descale_factors():
+    source = emit_gluon(_schedule(dtype="fp8e4m3", subtiles=2, kv_heads=2))
+    assert "warpgroup_mma(p_op, v_ring.index(j % V_DEPTH).permute((1, 0)), o, is_async=True)" in source
+    assert "[kv_row // seq_len * HEAD_DIM, j * BLOCK_N]" in source     # V^T rows of the K/V head
+    assert "block_scale = qk_scale * gl.load(qk_descale_ptr + bh)" in source
+    assert "o = o * gl.convert_layout(v_scale / l_i, row_o)[:, None]" in source
+    assert "def transpose_v(v):" in source and "torch.float8_e4m3fn" in source
+    bf16 = emit_gluon(_schedule(dtype="bf16", subtiles=2, kv_heads=2))
+    assert "descale" not in bf16 and "P_OFFSET" not in bf16
+
+
+def test_in_kernel_v_transpose_and_other_backends_are_refused():
+    with pytest.raises(UnsupportedFeatureError, match="--v-transpose prepass"):
+        gluon_plan(_schedule(dtype="fp8e4m3", subtiles=2, v_transpose="kernel"))
+    from twill.kernels.flash_fwd.plan import plan
+
+    with pytest.raises(UnsupportedFeatureError, match="dtype fp8e4m3 not supported by the Pallas backend"):
+        plan(_schedule(dtype="fp8e4m3", subtiles=2), "Pallas")
