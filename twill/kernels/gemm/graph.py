@@ -30,7 +30,7 @@ OPTIONS = {
     "block_m": KernelOption(int, 128, "rows of the output tile", (64, 128, 256)),
     "block_n": KernelOption(int, 256, "columns of the output tile", (64, 128, 256)),
     "block_k": KernelOption(int, 64, "K extent of one loop iteration", (32, 64, 128)),
-    "dtype": KernelOption(str, "fp16", "operand dtype", ("fp16", "bf16", "fp8")),
+    "dtype": KernelOption(str, "fp16", "operand dtype", ("fp16", "bf16", "fp8e4m3", "fp8e5m2")),
     "warps": KernelOption(int, 0, "Hopper wgmma warps (0 = 4, or 8 when the accumulator needs more than 128 "
                                   "registers per thread on 4)", (0, 4, 8)),
 }
