@@ -218,6 +218,16 @@ def test_twill_ops_prepare_prints_the_forward_path(tmp_path, monkeypatch, capsys
                    "(supported: 64, 128)\n")
 
 
+def test_twill_ops_prepare_into_an_unwritable_cache_is_one_line(tmp_path, monkeypatch, capsys):
+    from twill.cli import main
+
+    (tmp_path / "twill").write_text("")          # the cache's parent is a file
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["ops", "prepare", "--head-dim", "64", "--dtype", "fp16", "--no-backward"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"twill: error: cannot write the kernel cache {tmp_path / 'twill' / 'ops'}: ")
+
+
 def test_the_forward_schedules_solved_again_are_the_shipped_ones(tmp_path, capsys):
     """``twill ops regenerate --kernel flash-fwd -o DIR`` writes the forward's files under the shipped names
     (same loops), with the shipped II and proofs; it removes a stale forward file there and keeps the rest."""

@@ -11,14 +11,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from twill.errors import TwillError
 from twill.files import check_outputs
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from twill.ops.flash import prepare
+    from twill.ops.flash import cache_dir, prepare
 
-    path = prepare(args.head_dim, args.dtype, causal=args.causal, kv_heads=args.kv_heads,
-                   backward=not args.no_backward)
+    try:
+        path = prepare(args.head_dim, args.dtype, causal=args.causal, kv_heads=args.kv_heads,
+                       backward=not args.no_backward)
+    except OSError as exc:
+        raise TwillError(f"cannot write the kernel cache {cache_dir()}: {exc.strerror or exc}") from None
     print(path)
     return 0
 
