@@ -52,6 +52,12 @@ def _cmd_inject(args: argparse.Namespace) -> int:
             raise TwillError("--load-lead applies to Triton kernels; a TileLang loop's loads run num_stages ahead")
         summary = inject_tilelang(*tilelang, list(args.tl_args), machine, args.output, options=solve_options(args),
                                   schedule_file=args.schedule)
+    elif args.ws:
+        from twill.integrations.triton.warp_specialize import inject_ws_triton
+
+        summary = inject_ws_triton(args.target, machine, args.output, options=solve_options(args),
+                                   signature=args.signature, constexprs=args.constexpr, num_warps=args.num_warps,
+                                   num_stages=args.num_stages, config=args.config, loop=args.loop)
     else:
         from twill.integrations.triton.inject import inject_triton
 
@@ -63,27 +69,33 @@ def _cmd_inject(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Solver options of warp specialization, with their defaults: Triton injection takes a software-pipelining
-#: schedule only, so giving one of them is an error rather than silently ignored.
+#: Solver options of warp specialization, with their defaults: without --ws injection takes a
+#: software-pipelining schedule only, so giving one of them is an error rather than silently ignored.
 WS_OPTIONS = {"solver": ("--solver", "cpsat"), "reg_limit": ("--reg-limit", None),
               "max_warps": ("--max-warps", None), "cross_warp": ("--no-cross-warp", True)}
 
 
 def _refuse_ws_options(args: argparse.Namespace, tilelang: bool) -> None:
-    """Options ``twill inject`` cannot honour are errors: built-in kernel options, and warp specialization
-    except ``--ws`` (and its options) for a TileLang kernel."""
+    """Options ``twill inject`` cannot honour are errors: built-in kernel options, warp-specialization options
+    without ``--ws``, and with ``--ws`` on a Triton kernel ``--load-lead``, ``--schedule`` and ``--config
+    all``."""
     static = kernel_options_given(args)
     if static:
         raise TwillError(f"--{sorted(static)[0].replace('_', '-')} applies to built-in kernels only; twill inject "
                          f"compiles a Triton kernel: use --constexpr")
     if args.ws and not tilelang:
-        raise TwillError("--ws applies to TileLang kernels (path.py:fn whose file imports tilelang); Triton 3.6 "
-                         "has no warp assignment to write")
+        # a Triton kernel's warp groups become Triton 3.6's Hopper partitions (one loop, solved here)
+        refused = [flag for flag, value in (("--load-lead", args.load_lead), ("--schedule", args.schedule))
+                   if value is not None] + (["--config all"] if args.config == "all" else [])
+        if refused:
+            raise TwillError(f"{refused[0]} does not apply to inject --ws of a Triton kernel: its partitions' "
+                             f"rings are num_stages deep and its warp-specialized schedule is solved here, for "
+                             f"one config")
     given = [flag for dest, (flag, default) in WS_OPTIONS.items() if getattr(args, dest) != default]
-    if given and not (tilelang and args.ws):
-        raise TwillError(f"{given[0]} applies to warp specialization, and twill inject compiles a "
-                         f"software-pipelining schedule only (Triton 3.6 has no warp assignment to write); use "
-                         f"'twill schedule' for warp-specialized schedules")
+    if given and not args.ws:
+        raise TwillError(f"{given[0]} applies to warp specialization, and without --ws twill inject compiles a "
+                         f"software-pipelining schedule only; add --ws, or use 'twill schedule' for "
+                         f"warp-specialized schedules")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -99,7 +111,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "schedule",
                        description="Schedule a loop of a Triton kernel path.py:fn (software pipelining "
                                    "only; or take --schedule), write loop.stage/loop.cluster into its TTGIR "
-                                   "before Triton's pipeliner, and compile it (Triton 3.6.0, no GPU needed). "
+                                   "before Triton's pipeliner, and compile it (Triton 3.6.0, no GPU needed); "
+                                   "with --ws (sm_90, --num-warps 4) write its warp groups as the partitions "
+                                   "of Triton's Hopper warp specialization instead. "
                                    "Writes the final and the scheduled TTGIR, PTX, cubin, schedule.json and "
                                    "summary.json into DIR and prints the summary: II (normalized and cycles), "
                                    "its lower bound, stages, buffers, shared memory. A TileLang kernel "
@@ -118,7 +132,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--load-lead", type=integer_in(1, NUM_STAGES_RANGE[1]), default=None, metavar="N",
                    help="stages between a streaming load and its first consumer (default num_stages - 1)")
     p.add_argument("--ws", action="store_true",
-                   help="TileLang kernels: solve with warp specialization and also write <file>_twill_ws.py, the "
-                        "loop under a T.WSSchedule of Twill's warp assignment, and its CUDA <file>_twill_ws.cu")
+                   help="solve with warp specialization. Triton kernels (sm_90, --num-warps 4): the warp groups "
+                        "become the partitions of Triton 3.6's Hopper warp specialization (the loads' group the "
+                        "producer, one compute group the consumer); the summary lists them. TileLang kernels: "
+                        "also write <file>_twill_ws.py, the loop under a T.WSSchedule of Twill's warp "
+                        "assignment, and its CUDA <file>_twill_ws.cu")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.set_defaults(func=_cmd_inject, ws=False)

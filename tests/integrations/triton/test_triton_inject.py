@@ -239,7 +239,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     (["--reg-limit", "128"], "--reg-limit applies to warp specialization"),
     (["--max-warps", "8"], "--max-warps applies to warp specialization"),
     (["--no-cross-warp"], "--no-cross-warp applies to warp specialization"),
-    (["--ws"], "--ws applies to TileLang kernels"),
+    (["--ws"], "only at num_warps=4"),
 ])
 def test_inject_refuses_warp_specialization_options(tmp_path, capsys, flag, message):
     from twill.cli import main

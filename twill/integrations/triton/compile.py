@@ -383,8 +383,9 @@ def load_kernel(path: str | os.PathLike, fn_name: str) -> KernelSource:
 
 
 # -- the pass pipeline, split at the pipeliner -------------------------------------------------------------
-def run_pre_pipeline(mod, options, capability: int) -> None:
-    """``make_ttgir`` of Triton 3.6.0 up to and including ``ScheduleLoops``."""
+def run_pre_pipeline(mod, options, capability: int, *, before_warpspec: bool = False) -> None:
+    """``make_ttgir`` of Triton 3.6.0 up to and including ``ScheduleLoops``; with ``before_warpspec`` (sm_90)
+    up to, not including, Hopper's warp specialization (``NVGPUWarpSpecialization``)."""
     from triton._C.libtriton import ir, nvidia, passes
 
     pm = ir.pass_manager(mod.context)
@@ -406,6 +407,9 @@ def run_pre_pipeline(mod, options, capability: int) -> None:
     if capability // 10 == 9:
         passes.common.add_canonicalizer(pm)
         passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+        if before_warpspec:
+            pm.run(mod, "twill_pre_warpspec")
+            return
         nvidia.passes.hopper.add_hopper_warpspec(pm, options.num_stages, dump)
     else:
         passes.ttgpuir.add_optimize_accumulator_init(pm)
@@ -452,11 +456,26 @@ def run_post_pipeline(mod, options, capability: int) -> None:
     pm.run(mod, "twill_post_pipeline")
 
 
+def run_post_warpspec(mod, options, capability: int) -> None:
+    """``make_ttgir`` of Triton 3.6.0 (sm_90) from Hopper's warp specialization to its end: the rest of
+    :func:`run_pre_pipeline`, then :func:`run_post_pipeline`."""
+    from triton._C.libtriton import ir, nvidia, passes
+
+    pm = ir.pass_manager(mod.context)
+    dump = pm.enable_debug()
+    nvidia.passes.hopper.add_hopper_warpspec(pm, options.num_stages, dump)
+    passes.ttgpuir.add_assign_latencies(pm, options.num_stages)
+    passes.ttgpuir.add_schedule_loops(pm)
+    pm.run(mod, "twill_warpspec")
+    run_post_pipeline(mod, options, capability)
+
+
 def make_hook(kernel_name: str, edit: TextEdit, workdir: str, *, stop_after_capture: bool = False,
-              seen: list[str] | None = None):
+              seen: list[str] | None = None, at_warpspec: bool = False):
     """An ``add_stages_inspection_hook`` that replaces the ``ttgir`` stage of ``kernel_name`` by
     pre-pipeline passes -> ``edit(text)`` -> re-parse -> post-pipeline passes. Kernels of other names
-    compile normally. ``seen`` collects the pre-pipeline texts."""
+    compile normally. ``seen`` collects the pre-pipeline texts. ``at_warpspec`` (sm_90) cuts the pass list
+    before Hopper's warp specialization instead (:func:`run_post_warpspec`)."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import Language
 
@@ -471,7 +490,7 @@ def make_hook(kernel_name: str, edit: TextEdit, workdir: str, *, stop_after_capt
         def make_ttgir(mod, metadata):
             if options.maxnreg is not None:
                 mod.set_attr("ttg.maxnreg", ir.builder(mod.context).get_int32_attr(options.maxnreg))
-            run_pre_pipeline(mod, options, capability)
+            run_pre_pipeline(mod, options, capability, before_warpspec=at_warpspec)
             text = str(mod)
             if f"@{kernel_name}(" not in text:
                 raise TwillError(f"hook for kernel {kernel_name!r} saw another kernel")
@@ -484,7 +503,7 @@ def make_hook(kernel_name: str, edit: TextEdit, workdir: str, *, stop_after_capt
             context = mod.context
             mod = ir.parse_mlir_module(path, context)
             mod.context = context
-            run_post_pipeline(mod, options, capability)
+            (run_post_warpspec if at_warpspec else run_post_pipeline)(mod, options, capability)
             metadata["tensordesc_meta"] = mod.get_tensordesc_metadata()
             return mod
 
@@ -495,11 +514,12 @@ def make_hook(kernel_name: str, edit: TextEdit, workdir: str, *, stop_after_capt
 
 
 def compile_with_edit(spec: KernelSpec, edit: TextEdit | None, *, capture_only: bool = False,
-                      workdir: str | None = None):
+                      workdir: str | None = None, at_warpspec: bool = False):
     """Compile ``spec`` with the schedule edit ``edit`` (``None`` = Triton's own schedule, identity text).
 
     Returns ``(compiled kernel or None, pre-pipeline TTGIR text)``; with ``capture_only`` compilation stops
-    after the pre-pipeline passes and the kernel is ``None``.
+    after the pre-pipeline passes and the kernel is ``None``. ``at_warpspec`` (sm_90): the edit sees the
+    module before Hopper's warp specialization (:func:`make_hook`).
     """
     triton = require_triton()
     from triton import knobs
@@ -507,7 +527,7 @@ def compile_with_edit(spec: KernelSpec, edit: TextEdit | None, *, capture_only: 
     seen: list[str] = []
     with tempfile.TemporaryDirectory(prefix="twill-triton-") as tmp:
         hook = make_hook(spec.name, edit or (lambda text: text), workdir or tmp, stop_after_capture=capture_only,
-                         seen=seen)
+                         seen=seen, at_warpspec=at_warpspec)
         with knobs.runtime.scope(), knobs.compilation.scope(), knobs.cache.scope():
             knobs.cache.dir = os.path.join(tmp, "cache")
             knobs.compilation.always_compile = True
