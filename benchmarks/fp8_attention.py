@@ -15,11 +15,11 @@ Two steps, so that the GPU machine needs neither ortools nor the solver:
   (4·B·H·S²·D, halved when causal). Writes ``$OUT/fp8_h200.json`` (or ``--out``) with one row per case:
   ``{"D", "S", "causal", "kv_heads", "twill_tflops", "fa3_tflops", "ratio", "relerr", "fa3_relerr"}``.
 
-    bash ../shared/tools/peers.sh fetch .peers fwd                      # on the CPU machine, once
-    python benchmarks/fp8_attention.py generate --out /tmp/fp8_modules   # CPU
-    # GPU machine (carry .peers and the modules):
-    bash ../shared/tools/peers.sh install .peers && export PYTHONPATH=/tmp/peers:$PYTHONPATH
-    python benchmarks/fp8_attention.py run --modules /tmp/fp8_modules --out $OUT
+    bash ../shared/tools/peers.sh fetch .peers fwd && cp ../shared/tools/peers.sh .peers/   # CPU machine, once
+    python benchmarks/fp8_attention.py generate --out .peers/fp8_modules     # CPU, into the carried folder
+    # GPU machine (carry .peers; ../shared is not copied there):
+    bash .peers/peers.sh install .peers && export PYTHONPATH=/tmp/peers:$PYTHONPATH
+    python benchmarks/fp8_attention.py run --modules .peers/fp8_modules --out $OUT
 """
 
 from __future__ import annotations
