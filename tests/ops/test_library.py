@@ -46,12 +46,42 @@ def _model():
     return GroupedAttention().to(device="meta", dtype=torch.bfloat16)
 
 
+def _fp8(*shape):
+    """An fp8 (e4m3) tensor without data."""
+    return torch.empty(*shape, device="meta", dtype=torch.float8_e4m3fn)
+
+
+def _descale(*shape):
+    """A float32 descale factor without data: shape [] or [B, H_kv]."""
+    return torch.empty(shape, device="meta", dtype=torch.float32)
+
+
+def fp8_attention(q, k, v, q_descale, k_descale, v_descale):
+    """fp8 attention with per-(batch, K/V head) descale factors and an fp16 output, as an inference step calls
+    it."""
+    return twill.ops.attention(q, k, v, causal=True, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                               out_dtype=torch.float16)
+
+
 def test_dynamo_captures_a_model_calling_the_op_in_one_graph():
     x = torch.randn(2, 256, 512, device="meta", dtype=torch.bfloat16)
     explained = torch._dynamo.explain(_model())(x)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     ops = [n.target for g in explained.graphs for n in g.graph.nodes if n.op == "call_function"]
     assert ops.count(torch.ops.twill.attention_forward.default) == 1
+
+
+def test_dynamo_captures_an_fp8_call_with_descale_factors_in_one_graph():
+    q, k, v = _fp8(2, 8, 128, 128), _fp8(2, 2, 128, 128), _fp8(2, 2, 128, 128)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(fp8_attention)(q, k, v, _descale(2, 2), _descale(), None)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    [call] = [n for g in explained.graphs for n in g.graph.nodes if n.target == torch.ops.twill.attention_forward.default]
+    assert call.args[-1] == torch.float16
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(fp8_attention, backend="aot_eager", fullgraph=True)(q, k, v, _descale(2, 2), None, None)
+    assert (out.shape, out.dtype) == ((2, 8, 128, 128), torch.float16)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -87,6 +117,18 @@ def test_fake_outputs_have_the_kernels_shapes_dtypes_and_strides():
     assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
 
 
+def test_fp8_fake_outputs_are_bf16_by_default_or_the_output_dtype():
+    q, k = _fp8(2, 8, 128, 64), _fp8(2, 2, 128, 64)
+    out, lse = library.attention_forward(q, k, k, False, 0.125)
+    assert (out.shape, out.dtype, lse.dtype) == ((2, 8, 128, 64), torch.bfloat16, torch.float32)
+    out, _ = library.attention_forward(q, k, k, False, 0.125, _descale(2, 2), _descale(), None, torch.float16)
+    assert out.dtype == torch.float16
+    for grad in (False, True):       # no gradient requested: grad mode off, or no input requiring one
+        with torch.set_grad_enabled(grad):
+            out = twill.ops.attention(q, k, k, v_descale=_descale(2, 2))
+        assert (out.dtype, out.requires_grad) == (torch.bfloat16, False)
+
+
 def test_opcheck_passes_on_meta_tensors():
     q = _meta(2, 8, 128, 64)
     k, v = _meta(2, 2, 128, 64), _meta(2, 2, 128, 64)
@@ -97,6 +139,46 @@ def test_opcheck_passes_on_meta_tensors():
     results = torch.library.opcheck(torch.ops.twill.attention_backward.default,
                                     (out, q.detach(), k.detach(), v.detach(), out, lse, False, 0.125))
     assert set(results.values()) == {"SUCCESS"}
+    q8, k8 = _fp8(2, 8, 128, 64), _fp8(2, 2, 128, 64)
+    results = torch.library.opcheck(torch.ops.twill.attention_forward.default,
+                                    (q8, k8, k8, True, 0.125, _descale(2, 2), _descale(), None, torch.float16))
+    assert set(results.values()) == {"SUCCESS"}
+
+
+@pytest.mark.parametrize("args,kwargs,match", [
+    (("q8", "k8", "k8"), {"requires_grad": True}, r"float8_e4m3fn inputs have no backward \(FA3's fp8 attention "
+                                                  r"has none either\): call it under torch.no_grad\(\)"),
+    (("q8", "k8", "kb"), {}, "q, k and v must all be float16, all bfloat16 or all float8_e4m3fn, got "
+                             "torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16"),
+    (("q8", "k8", "k8"), {"q_descale": "bad shape"}, r"q_descale must have shape \[\] \(one factor\) or "
+                                                     r"\[batch, K/V heads\] = \[2, 2\], got \[2, 8\]"),
+    (("q8", "k8", "k8"), {"k_descale": "fp16"}, "k_descale must be float32, got torch.float16"),
+    (("q8", "k8", "k8"), {"v_descale": "cpu"}, "v_descale is on cpu, q on meta; they must be on one device"),
+    (("q8", "k8", "k8"), {"v_descale": 0.5}, r"v_descale must be a torch.Tensor \(float32, shape \[\] or "
+                                             r"\[2, 2\]\), got float"),
+    (("q8", "k8", "k8"), {"out_dtype": torch.float32}, "out_dtype must be torch.bfloat16 or torch.float16 for "
+                                                       "float8_e4m3fn inputs, got torch.float32"),
+    (("qb", "kb", "kb"), {"q_descale": "ok"}, "q_descale applies to float8_e4m3fn inputs only, not torch.bfloat16"),
+    (("qb", "kb", "kb"), {"out_dtype": torch.float16}, "out_dtype must be q's dtype torch.bfloat16 for "
+                                                       "torch.bfloat16 inputs, got torch.float16"),
+])
+def test_fp8_arguments_the_kernels_do_not_take_are_refused_in_one_line(args, kwargs, match):
+    """fp8 q/k/v all three, descale factors of FA3's shapes in float32 on q's device and fp8 inputs only, a
+    16-bit output, and no gradient: each other case is one error line, at trace time too."""
+    tensors = {"q8": _fp8(2, 8, 128, 64), "k8": _fp8(2, 2, 128, 64),
+               "qb": _meta(2, 8, 128, 64, grad=False), "kb": _meta(2, 2, 128, 64, grad=False)}
+    descales = {"bad shape": _descale(2, 8), "fp16": torch.empty((), device="meta", dtype=torch.float16),
+                "cpu": torch.ones(()), "ok": _descale()}
+    kwargs = {name: descales.get(value, value) if isinstance(value, str) else value
+              for name, value in kwargs.items()}
+    q, k, v = (tensors[name] for name in args)
+    if kwargs.pop("requires_grad", False):
+        q.requires_grad_()
+    for call in (twill.ops.attention, torch.compile(twill.ops.attention, backend="eager")):
+        torch._dynamo.reset()
+        with pytest.raises(UnsupportedFeatureError, match=match) as info:
+            call(q, k, v, **kwargs)
+        assert "\n" not in str(info.value) and str(info.value).startswith("twill.ops.attention: ")
 
 
 def test_inputs_the_kernels_do_not_cover_are_refused_at_trace_time_too():
@@ -117,6 +199,9 @@ def test_the_real_implementation_checks_the_device_first():
         twill.ops.attention(q, q, q)
     with pytest.raises(UnsupportedFeatureError, match="is on cpu"):
         torch.ops.twill.attention_forward(q, q, q, False, 0.125)
+    q8 = torch.zeros(1, 2, 16, 64, dtype=torch.float8_e4m3fn)
+    with torch.no_grad(), pytest.raises(UnsupportedFeatureError, match="is on cpu; the kernels run on a CUDA"):
+        twill.ops.attention(q8, q8, q8, q_descale=torch.ones(()), out_dtype=torch.float16)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():

@@ -38,6 +38,36 @@ def test_forward_kernels_of_the_op_compile_for_sm90(tmp_path, monkeypatch, spec)
     assert facts.wgmma > 0 and facts.tma_loads > 0
 
 
+@pytest.mark.parametrize("spec", [KernelSpec("flash-fwd", 64, "fp8e4m3", False, 0),
+                                  KernelSpec("flash-fwd", 64, "fp8e4m3", True, 2),
+                                  KernelSpec("flash-fwd", 128, "fp8e4m3", False, 2),
+                                  KernelSpec("flash-fwd", 128, "fp8e4m3", True, 0),
+                                  KernelSpec("flash-fwd", 256, "fp8e4m3", False, 0),
+                                  KernelSpec("flash-fwd", 256, "fp8e4m3", True, 4)],
+                         ids=["d64", "d64_causal_gqa", "d128_gqa", "d128_causal", "d256", "d256_causal_gqa"])
+def test_fp8_forward_kernels_of_the_op_compile_to_e4m3_wgmmas_without_spills(tmp_path, monkeypatch, spec):
+    """Every fp8 forward the op runs (from its shipped schedule) compiles for sm_90 to e4m3 wgmmas, reads V^T
+    from the pre-pass, is persistent exactly when causal, and ptxas spills nothing (the choice of one compute
+    group at D = 64 and of the persistent kernel for causal masks rests on this)."""
+    import re
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _fake_version(monkeypatch)
+    flash.kernel_module.cache_clear()
+    module = flash.kernel_module(spec)
+    text = (tmp_path / "twill" / "ops" / spec.file_name("test+0")).read_text()
+    assert ("\n# persistent:" in text) == spec.persistent() == spec.causal
+    assert "def transpose_v(" in text and "q_descale=None" in text
+    assert module.NUM_COMPUTE.value == spec.subtiles() == (1 if spec.head_dim == 64 else 2)
+    kernel = aot.compile_sm90(module)
+    ptx = kernel.asm["ptx"]
+    block_n = spec.kernel_options()["block_n"]
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+)", ptx))
+    assert shapes == {f"m64n{block_n}k32.f32.e4m3.e4m3", f"m64n{spec.head_dim}k32.f32.e4m3.e4m3"}
+    report = ptxas_report(ptx, 90)
+    assert report["spill_bytes"] == 0 and report["serialized_wgmma"] == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -91,6 +121,13 @@ def test_forward_spec_options():
     assert KernelSpec("flash-bwd", 64, "bf16", True, 2).kernel_options()["block_m"] == 128
     assert KernelSpec("flash-bwd", 128, "fp16", False, 0).kernel_options()["block_m"] == 64
     assert "block_m" not in KernelSpec("flash-fwd", 64, "fp16", False, 0).kernel_options()
+    # fp8: V^T from the pre-pass; one compute group at D = 64, masked or not; persistent when causal
+    fp8 = KernelSpec("flash-fwd", 64, "fp8e4m3", False, 0)
+    assert fp8.fp8() and fp8.kernel_options()["v_transpose"] == "prepass"
+    assert (fp8.subtiles(), fp8.streaming_depth(), fp8.persistent()) == (1, 3, False)
+    assert KernelSpec("flash-fwd", 64, "fp8e4m3", True, 0).subtiles() == 1
+    assert KernelSpec("flash-fwd", 128, "fp8e4m3", True, 0).persistent()
+    assert "v_transpose" not in KernelSpec("flash-fwd", 128, "bf16", False, 0).kernel_options()
 
 
 def test_the_d256_forward_of_the_op_issues_s_a_stage_ahead(monkeypatch):

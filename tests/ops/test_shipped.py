@@ -39,7 +39,12 @@ def test_every_configuration_has_a_current_verified_shipped_schedule():
         assert schedule.graph.attrs.get("causal", False) == spec.causal
         assert schedule.graph.attrs.get("kv_heads", 0) == spec.kv_heads
     assert set(shipped.SCHEDULE_DIR.glob("*.json")) == expected
-    assert len(expected) == 12      # 8 forward loops (D = 64 has two: three groups without the mask), 4 backward
+    # 8 16-bit forward loops (D = 64 has two: three groups without the mask), 3 fp8 forward loops (one group at
+    # D = 64, masked or not), 4 backward
+    assert len(expected) == 15
+    fp8 = [s for s in shipped.configurations() if s.dtype == "fp8e4m3"]
+    assert {(s.kernel, s.head_dim, s.causal) for s in fp8} == {("flash-fwd", d, c) for d in (64, 128, 256)
+                                                               for c in (False, True)}
 
 
 def test_the_shipped_backward_modules_are_the_ones_ptxas_compiled():
@@ -166,7 +171,8 @@ def test_prepare_emits_modules_without_the_solver_or_torch(tmp_path):
     """``prepare`` with OR-Tools, Yices and torch blocked: each configuration's modules are written to the
     kernel cache with their digest line, import, and nothing is solved."""
     pytest.importorskip("triton", reason="the emitted modules import Triton")
-    configs = [(128, "bf16", True, 0, True), (64, "float16", False, 2, True), (256, "fp16", True, 4, False)]
+    configs = [(128, "bf16", True, 0, True), (64, "float16", False, 2, True), (256, "fp16", True, 4, False),
+               (128, "fp8e4m3", True, 2, False), (64, "float8_e4m3fn", False, 0, False)]
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", _PREPARE_WITHOUT_SOLVER, json.dumps(configs)], capture_output=True,
                          text=True, cwd=ROOT, env=env)
@@ -175,17 +181,21 @@ def test_prepare_emits_modules_without_the_solver_or_torch(tmp_path):
     assert lines[-1] == "solver imported: False"
     kernels = [line.split()[1:] for line in lines[:-1]]
     assert kernels == [["flash-fwd", "128"], ["flash-bwd", "128"], ["flash-fwd", "64"], ["flash-bwd", "64"],
-                       ["flash-fwd", "256"]]
+                       ["flash-fwd", "256"], ["flash-fwd", "128"], ["flash-fwd", "64"]]
+    assert [line.split()[0].split("_")[3] for line in lines[-3:-1]] == ["fp8e4m3", "fp8e4m3"]
     assert "solving" not in run.stderr and "Traceback" not in run.stderr
-    assert run.stderr.count("twill.ops: generating the") == 5
-    assert len(list((tmp_path / "twill" / "ops").glob("*.py"))) == 5
+    assert run.stderr.count("twill.ops: generating the") == 7
+    assert len(list((tmp_path / "twill" / "ops").glob("*.py"))) == 7
 
 
 @pytest.mark.parametrize("args,match", [
     ((96, "bf16"), r"head dimension 96 is not supported with backward=True \(supported: 64, 128\)"),
     ((256, "bf16"), "head dimension 256 is not supported with backward=True"),
     ((True, "bf16"), "head dimension True"),
-    ((128, "float32"), r"dtype 'float32' is not supported \(supported: float16, bfloat16\)"),
+    ((128, "float32"), r"dtype 'float32' is not supported \(supported: float16, bfloat16, float8_e4m3fn\)"),
+    ((128, "fp8e4m3"), r"dtype fp8e4m3 has no backward \(FA3's fp8 attention has none either\); prepare its "
+                       r"forward with backward=False \('twill ops prepare --no-backward'\)"),
+    ((128, "fp8e5m2", False, 0, False), "dtype 'fp8e5m2' is not supported"),
     ((128, "bf16", "yes"), "causal must be True or False, got 'yes'"),
     ((128, "bf16", False, -1), "kv_heads must be 0"),
 ])
@@ -216,6 +226,11 @@ def test_twill_ops_prepare_prints_the_forward_path(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert err == ("twill: error: twill.ops.prepare: head dimension 256 is not supported with backward=True "
                    "(supported: 64, 128)\n")
+    assert main(["ops", "prepare", "--head-dim", "256", "--dtype", "fp8e4m3", "--causal", "--no-backward"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path.name.startswith("flash_fwd_d256_fp8e4m3_causal_") and "def transpose_v(" in flash.cached_source(path)
+    assert main(["ops", "prepare", "--head-dim", "128", "--dtype", "fp8e4m3"]) == 2
+    assert capsys.readouterr().err.startswith("twill: error: twill.ops.prepare: dtype fp8e4m3 has no backward ")
 
 
 def test_twill_ops_prepare_into_an_unwritable_cache_is_one_line(tmp_path, monkeypatch, capsys):
@@ -237,7 +252,7 @@ def test_the_forward_schedules_solved_again_are_the_shipped_ones(tmp_path, capsy
     (tmp_path / "flash_fwd_d1_fp16_0000.json").write_text("{}")
     (tmp_path / "flash_bwd_d1_fp16_0000.json").write_text("{}")
     assert main(["ops", "regenerate", "--kernel", "flash-fwd", "-o", str(tmp_path)]) == 0
-    assert capsys.readouterr().out == f"wrote 8 schedules to {tmp_path}\n"
+    assert capsys.readouterr().out == f"wrote 11 schedules to {tmp_path}\n"
     written = sorted(p.name for p in tmp_path.glob("flash_fwd_*.json"))
     assert written == sorted(p.name for p in shipped.SCHEDULE_DIR.glob("flash_fwd_*.json"))
     assert (tmp_path / "flash_bwd_d1_fp16_0000.json").exists()

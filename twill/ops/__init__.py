@@ -1,6 +1,7 @@
 """PyTorch operators built on Twill's generated kernels (needs torch and a Hopper GPU at call time).
 
-``twill.ops.attention(q, k, v, causal=False, scale=None)``: see :mod:`twill.ops.api` (the custom op it calls:
+``twill.ops.attention(q, k, v, causal=False, scale=None, *, q_descale=None, k_descale=None, v_descale=None,
+out_dtype=None)`` (fp16/bf16, or fp8 e4m3 forward-only): see :mod:`twill.ops.api` (the custom op it calls:
 :mod:`twill.ops.library`; the kernels and their cache: :mod:`twill.ops.flash`).
 ``twill.ops.prepare(head_dim, dtype, causal=False, kv_heads=0, backward=True)``: emit a configuration's kernel
 modules into the kernel cache from the shipped schedules (:mod:`twill.ops.shipped`), without a GPU, torch or the

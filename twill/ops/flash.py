@@ -12,9 +12,10 @@ file whose digest does not match (empty, truncated, edited) is generated again, 
 caches the compiled kernels itself.
 
 Inputs the kernels do not cover raise :class:`~twill.errors.UnsupportedFeatureError` with the reason,
-before any work: tensors off a Hopper GPU, dtypes other than fp16/bf16, a head dimension other than 64,
-128 or 256 (64 or 128 with a gradient), query and key lengths that differ, or a query head count that is
-not a multiple of the K/V head count.
+before any work: tensors off a Hopper GPU, dtypes other than fp16/bf16 and fp8 e4m3 (forward only), a head
+dimension other than 64, 128 or 256 (64 or 128 with a gradient), query and key lengths that differ, a query
+head count that is not a multiple of the K/V head count, or descale factors and output dtypes the kernels do
+not take.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from typing import Any
 
 from twill.errors import UnsupportedFeatureError
 from twill.files import user_cache_dir
-from twill.ops.spec import (BACKWARD, BACKWARD_HEAD_DIMS, CODEGEN_ONLY_ATTRS, DTYPES, FORWARD, FORWARD_HEAD_DIMS,
-                            MACHINE, KernelSpec, solve, solve_key)
+from twill.ops.spec import (BACKWARD, BACKWARD_HEAD_DIMS, CODEGEN_ONLY_ATTRS, DTYPES, FORWARD, FORWARD_DTYPES,
+                            FORWARD_HEAD_DIMS, FP8_DTYPES, MACHINE, KernelSpec, solve, solve_key)
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/twill/ops`` (default ``~/.cache/twill/ops``)."""
@@ -145,7 +146,8 @@ def prepare(head_dim: int, dtype: Any, causal: bool = False, kv_heads: int = 0, 
 
     Args:
         head_dim: 64, 128 or 256 (64 or 128 with ``backward``).
-        dtype: ``"float16"``/``"fp16"`` or ``"bfloat16"``/``"bf16"``, or the torch dtype.
+        dtype: ``"float16"``/``"fp16"``, ``"bfloat16"``/``"bf16"`` or ``"float8_e4m3fn"``/``"fp8e4m3"`` (forward
+            only: ``backward=False``), or the torch dtype.
         causal: the causal mask.
         kv_heads: 0 when K/V have as many heads as Q, else the K/V head count.
         backward: also emit the backward's module.
@@ -164,9 +166,12 @@ def prepare(head_dim: int, dtype: Any, causal: bool = False, kv_heads: int = 0, 
         raise unsupported(f"head dimension {head_dim!r} is not supported {what}(supported: "
                           f"{', '.join(map(str, dims))})")
     name = str(dtype).removeprefix("torch.")
-    kernel_dtype = DTYPES.get(name, name if name in DTYPES.values() else None)
+    kernel_dtype = FORWARD_DTYPES.get(name, name if name in FORWARD_DTYPES.values() else None)
     if kernel_dtype is None:
-        raise unsupported(f"dtype {dtype!r} is not supported (supported: {', '.join(DTYPES)})")
+        raise unsupported(f"dtype {dtype!r} is not supported (supported: {', '.join(FORWARD_DTYPES)})")
+    if backward and kernel_dtype in FP8_DTYPES.values():
+        raise unsupported(f"dtype {kernel_dtype} has no backward (FA3's fp8 attention has none either); prepare "
+                          f"its forward with backward=False ('twill ops prepare --no-backward')")
     if not isinstance(causal, bool):
         raise unsupported(f"causal must be True or False, got {causal!r}")
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 0:
@@ -180,9 +185,9 @@ def prepare(head_dim: int, dtype: Any, causal: bool = False, kv_heads: int = 0, 
 
 def kernel_spec(kernel: str, q: Any, k: Any, causal: bool) -> KernelSpec:
     """The spec of ``kernel`` (:data:`FORWARD`'s or :data:`BACKWARD`'s name) for ``q [B, H, S, D]`` and
-    ``k [B, H_kv, S, D]`` of a dtype of :data:`DTYPES` (shapes checked by :func:`check_inputs`)."""
+    ``k [B, H_kv, S, D]`` of a dtype of :data:`FORWARD_DTYPES` (shapes checked by :func:`check_inputs`)."""
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[3]
-    return KernelSpec(kernel, int(head_dim), DTYPES[str(q.dtype).removeprefix("torch.")], bool(causal),
+    return KernelSpec(kernel, int(head_dim), FORWARD_DTYPES[str(q.dtype).removeprefix("torch.")], bool(causal),
                       0 if kv_heads == heads else int(kv_heads))
 
 
@@ -206,8 +211,13 @@ def check_inputs(q: Any, k: Any, v: Any, *, causal: bool, backward: bool) -> Ker
             raise _unsupported(f"{name} must be 4-D [batch, heads, seq, head_dim], got shape {tuple(t.shape)}")
     if k.device != q.device or v.device != q.device:
         raise _unsupported("q, k and v must be on one device")
-    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise _unsupported(f"q, k and v must all be float16 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float8_e4m3fn) or k.dtype != q.dtype or \
+            v.dtype != q.dtype:
+        raise _unsupported(f"q, k and v must all be float16, all bfloat16 or all float8_e4m3fn, got {q.dtype}, "
+                           f"{k.dtype}, {v.dtype}")
+    if backward and q.dtype == torch.float8_e4m3fn:
+        raise _unsupported("float8_e4m3fn inputs have no backward (FA3's fp8 attention has none either): call it "
+                           "under torch.no_grad() or on tensors that do not require a gradient")
     (b, h, s, d), (bk, hk, sk, dk) = q.shape, k.shape
     if v.shape != k.shape:
         raise _unsupported(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
@@ -222,6 +232,42 @@ def check_inputs(q: Any, k: Any, v: Any, *, causal: bool, backward: bool) -> Ker
         what = "with a gradient " if backward else ""
         raise _unsupported(f"head dimension {d} is not supported {what}(supported: {', '.join(map(str, dims))})")
     return kernel_spec(FORWARD.name, q, k, causal)
+
+
+def check_fp8_options(q: Any, k: Any, descales: dict[str, Any], out_dtype: Any) -> Any:
+    """The output dtype of the forward on ``q`` and ``k`` (checked by :func:`check_inputs`), or an
+    :class:`UnsupportedFeatureError` naming the argument the kernels do not take. ``descales`` maps
+    ``q_descale``, ``k_descale``, ``v_descale`` to None or a float32 tensor on q's device of shape ``[]`` (one
+    factor) or ``[B, H_kv]`` (one per batch and K/V head, as FA3 takes them): fp8 inputs only. ``out_dtype``:
+    None (bfloat16 for fp8 inputs, else q's dtype), ``torch.bfloat16`` or ``torch.float16`` for fp8 inputs,
+    q's dtype otherwise. Reads only types, shapes, dtypes and devices (as :func:`check_inputs`)."""
+    import torch
+
+    fp8 = q.dtype == torch.float8_e4m3fn
+    batch, kv_heads = q.shape[0], k.shape[1]
+    for name, t in descales.items():
+        if t is None:
+            continue
+        if not fp8:
+            raise _unsupported(f"{name} applies to float8_e4m3fn inputs only, not {q.dtype}")
+        if not isinstance(t, torch.Tensor):
+            raise _unsupported(f"{name} must be a torch.Tensor (float32, shape [] or [{batch}, {kv_heads}]), got "
+                               f"{type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise _unsupported(f"{name} must be float32, got {t.dtype}")
+        if t.device != q.device:
+            raise _unsupported(f"{name} is on {t.device}, q on {q.device}; they must be on one device")
+        if t.dim() != 0 and tuple(t.shape) != (batch, kv_heads):
+            raise _unsupported(f"{name} must have shape [] (one factor) or [batch, K/V heads] = [{batch}, "
+                               f"{kv_heads}], got {list(t.shape)}")
+    if out_dtype is None:
+        return torch.bfloat16 if fp8 else q.dtype
+    if fp8 and out_dtype not in (torch.bfloat16, torch.float16):
+        raise _unsupported(f"out_dtype must be torch.bfloat16 or torch.float16 for float8_e4m3fn inputs, got "
+                           f"{out_dtype}")
+    if not fp8 and out_dtype != q.dtype:
+        raise _unsupported(f"out_dtype must be q's dtype {q.dtype} for {q.dtype} inputs, got {out_dtype}")
+    return out_dtype
 
 
 def check_device(*tensors: Any) -> None:

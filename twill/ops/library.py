@@ -1,9 +1,11 @@
 """The custom ops behind ``twill.ops.attention``, registered with ``torch.library`` so that ``torch.compile``
 captures a model that calls it in one graph:
 
-* ``twill::attention_forward(q, k, v, causal, scale) -> (out, lse)``: the generated ``flash-fwd`` kernel;
-  ``out [B, H, S, D]`` in q's dtype and ``lse [B, H, S]`` float32 (the natural-log log-sum-exp of each
-  row's scaled scores), both contiguous;
+* ``twill::attention_forward(q, k, v, causal, scale, q_descale=None, k_descale=None, v_descale=None,
+  out_dtype=None) -> (out, lse)``: the generated ``flash-fwd`` kernel; ``out [B, H, S, D]`` in ``out_dtype``
+  (default: q's dtype, bfloat16 for fp8 q) and ``lse [B, H, S]`` float32 (the natural-log log-sum-exp of each
+  row's scaled scores), both contiguous. The descale factors (fp8 only, each None, ``[]`` or ``[B, H_kv]``
+  float32) multiply q, k and v as FA3's do;
 * ``twill::attention_backward(grad_out, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)``: the generated
   ``flash-bwd`` kernel; contiguous gradients of q's and k's shapes.
 
@@ -27,14 +29,18 @@ import torch
 from twill.ops.flash import BACKWARD, FORWARD, check_device, kernel_module, kernel_spec
 
 #: The ops' schemas (what ``torch.library`` records of their arguments and results).
-FORWARD_SCHEMA = "(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)"
+FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, Tensor? q_descale=None, "
+                  "Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
 BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
                    "float scale) -> (Tensor, Tensor, Tensor)")
 
 
-def _forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Contiguous ``out`` (q's shape and dtype) and float32 ``lse [B, H, S]`` on q's device."""
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+def _forward_outputs(q: torch.Tensor, out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous ``out`` (q's shape, ``out_dtype``: by default q's dtype, bfloat16 for fp8 q) and float32
+    ``lse [B, H, S]`` on q's device."""
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 def _backward_outputs(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -43,19 +49,27 @@ def _backward_outputs(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 @torch.library.custom_op("twill::attention_forward", mutates_args=(), schema=FORWARD_SCHEMA)
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)`` of ``softmax(q kᵀ · scale [+ causal mask]) v`` by the generated forward kernel."""
-    check_device(q, k, v)
-    out, lse = _forward_outputs(q)
-    kernel_module(kernel_spec(FORWARD.name, q, k, causal)).launch(q, k, v, sm_scale=scale, out=out, lse=lse)
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                      q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+                      v_descale: torch.Tensor | None = None,
+                      out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of ``softmax(q kᵀ · scale [+ causal mask]) v`` by the generated forward kernel (for fp8
+    q, k, v standing for ``q · q_descale``, ``k · k_descale``, ``v · v_descale``)."""
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    check_device(q, k, v, *(t for t in descales.values() if t is not None))
+    out, lse = _forward_outputs(q, out_dtype)
+    module = kernel_module(kernel_spec(FORWARD.name, q, k, causal))
+    fp8 = {name: t for name, t in descales.items() if t is not None} if q.dtype == torch.float8_e4m3fn else {}
+    module.launch(q, k, v, sm_scale=scale, out=out, lse=lse, **fp8)
     return out, lse
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _forward_outputs(q)
+def _attention_forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                            q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+                            v_descale: torch.Tensor | None = None,
+                            out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_outputs(q, out_dtype)
 
 
 @torch.library.custom_op("twill::attention_backward", mutates_args=(), schema=BACKWARD_SCHEMA)
@@ -78,8 +92,10 @@ def _attention_backward_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.T
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Save what the backward reads: q, k, v, out and lse, the mask and the scale; lse has no gradient."""
-    q, k, v, causal, scale = inputs
+    """Save what the backward reads: q, k, v, out and lse, the mask and the scale; lse has no gradient. (The
+    fp8 forward, the one with descale factors or another output dtype, has no backward: :func:`twill.ops.attention`
+    refuses a gradient request on fp8 inputs before calling the op.)"""
+    q, k, v, causal, scale = inputs[:5]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.scale = causal, scale
@@ -87,10 +103,11 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor
 
 
 def _backward(ctx: Any, grad_out: torch.Tensor, grad_lse: Any) -> tuple[Any, ...]:
-    """The gradients of q, k and v by :func:`attention_backward` (none for the mask and the scale)."""
+    """The gradients of q, k and v by :func:`attention_backward` (none for the mask, the scale, the descale
+    factors and the output dtype)."""
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from twill.errors import TwillError
-from twill.ops.spec import (BACKWARD, BACKWARD_HEAD_DIMS, CODEGEN_ONLY_ATTRS, DTYPES, FORWARD, FORWARD_HEAD_DIMS,
-                            MACHINE, KernelSpec, solve_key)
+from twill.ops.spec import (BACKWARD, BACKWARD_HEAD_DIMS, CODEGEN_ONLY_ATTRS, DTYPES, FORWARD, FORWARD_DTYPES,
+                            FORWARD_HEAD_DIMS, MACHINE, KernelSpec, solve_key)
 
 #: The package folder of the shipped schedule files.
 SCHEDULE_DIR = Path(__file__).resolve().parent / "schedules"
@@ -51,8 +51,9 @@ def configurations(kernels: Iterable[str] = (FORWARD.name, BACKWARD.name)) -> li
     :data:`CHECKED_KV_HEADS` (the count is a code-generator attribute: every other count shares their
     schedules)."""
     dims = {FORWARD.name: FORWARD_HEAD_DIMS, BACKWARD.name: BACKWARD_HEAD_DIMS}
+    dtypes = {FORWARD.name: FORWARD_DTYPES, BACKWARD.name: DTYPES}     # fp8: forward only
     return [KernelSpec(kernel, d, dtype, causal, kv)
-            for kernel in kernels for d in dims[kernel] for dtype in DTYPES.values()
+            for kernel in kernels for d in dims[kernel] for dtype in dtypes[kernel].values()
             for causal in (False, True) for kv in CHECKED_KV_HEADS]
 
 

@@ -20,8 +20,12 @@ BACKWARD_HEAD_DIMS = (64, 128)
 #: schedules are the ones `benchmarks/flash_bwd_check.py` checks on the GPU, and the Gluon backward emits
 #: every one of them, while some H100 head-dim-64 schedules need two register copies it does not emit).
 MACHINE = "h200"
-#: Torch dtype name -> the kernels' dtype option.
+#: Torch dtype name -> the kernels' dtype option, for the forward and the backward.
 DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+#: The fp8 dtypes: forward only (no backward, as FA3 has none), output bf16 or fp16, optional descale factors.
+FP8_DTYPES = {"float8_e4m3fn": "fp8e4m3"}
+#: Every dtype of the forward kernel.
+FORWARD_DTYPES = {**DTYPES, **FP8_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class KernelSpec:
         if self.kernel == FORWARD.name:
             # 64-key blocks at D=256, where two 128-key K/V stages do not fit.
             options.update(subtiles=self.subtiles(), block_n=64 if self.head_dim == 256 else 128)
+            if self.fp8():
+                options.update(v_transpose="prepass")     # the one V^T the Gluon generator emits
         else:
             options.update(block_m=self.block_m())
         return options
@@ -54,13 +60,21 @@ class KernelSpec:
         D = 128 (FA3's; 128 rows overflow shared memory)."""
         return 128 if self.head_dim == 64 else 64
 
+    def fp8(self) -> bool:
+        """An fp8 (:data:`FP8_DTYPES`) forward."""
+        return self.dtype in FP8_DTYPES.values()
+
     def subtiles(self) -> int:
         """Compute warp groups of the forward, each on 64 query rows: three at D = 64 without a causal mask
         (FA3's D = 64 tile, the tuner's pick there), else two: the causal forward runs persistent
         (:meth:`persistent`), and a persistent three-group causal kernel runs slower than a two-group one, its
         mask code lengthening the steady loop (docs/experiments/three-groups.md, "P converted once P V
-        retired")."""
-        return 3 if self.kernel == FORWARD.name and self.head_dim == 64 and not self.causal else 2
+        retired"). The fp8 forward at D = 64 has one: ptxas spills the three-group kernel (about 1 KB), and the
+        solver's two-group schedule puts one sub-tile's ops in two warp groups, which the Gluon generator does
+        not emit."""
+        if self.kernel == FORWARD.name and self.head_dim == 64:
+            return 1 if self.fp8() else 2 if self.causal else 3
+        return 2
 
     def streaming_depth(self) -> int | None:
         """Ring depth of the streaming loads: 3 for the two-group forward at D <= 128 (the depth that ran best,
@@ -82,7 +96,9 @@ class KernelSpec:
         query block has half the key tiles on average, so its pipeline fill and drain weigh twice as much, and
         a persistent CTA loads the next block's Q and K/V while its compute partitions finish the current one
         (docs/performance.md, "Persistent attention forward"); non-causal kernels gain little from it and keep
-        one CTA per block."""
+        one CTA per block. The fp8 causal kernels compile without spills persistent too (the persistent fp8
+        kernel that spills, 256 bytes, is the non-causal D = 128 one, which runs one CTA per block), so the
+        rule is the same for fp8; tests/ops/test_ops.py compiles each and checks ptxas's report."""
         return self.kernel == FORWARD.name and self.causal
 
     def file_name(self, version: str) -> str:
