@@ -124,14 +124,13 @@ def _launcher(m: Any, q: Any, k: Any, v: Any, out: Any, stats: Any):
     import triton
 
     B, H, S, D = q.shape
-    q2, k2, v2 = (t.view(B * H * S, D) for t in (q, k, v))
-    q_desc = m._descriptor(q2, [m.SUB_M.value, D])
-    k_desc = m._descriptor(k2, [m.BLOCK_N.value, D])
-    v_desc = m._descriptor(v2, [m.BLOCK_N.value, D])
+    q_desc = m._tma_view(q, "q", [m.SUB_M.value, D])   # rank-4 descriptors, the tensors' own strides
+    k_desc = m._tma_view(k, "k", [m.BLOCK_N.value, D])
+    v_desc = m._tma_view(v, "v", [m.BLOCK_N.value, D])
     grid = (triton.cdiv(S, m.BLOCK_M.value), B * H)
     scale = 1.0 / math.sqrt(D) * m.LOG2E
-    return grid, lambda: m.attention_kernel[grid](q_desc, k_desc, v_desc, out, stats, S, scale,
-                                                  num_warps=m.NUM_WARPS)
+    return grid, lambda: m.attention_kernel[grid](q_desc, k_desc, v_desc, out, *out.stride()[:3], stats, S, H,
+                                                  scale, num_warps=m.NUM_WARPS)
 
 
 def phases_of(path: str, probes: list[str], seq: int, batch: int | None = None, heads: int | None = None

@@ -96,6 +96,7 @@ def test_backward_variant_compiles_with_the_scheduled_rings(tmp_path, head_dim, 
     assert set(facts.wait_depths) == waits                 # the retire depths the schedule's order asks for
     assert ("dec", 24) in facts.setmaxnreg and ("inc", 240) in facts.setmaxnreg
     assert facts.tma_loads >= 5                            # K, V once; Q, dO, stats per iteration
+    assert facts.tma_load_ranks == (2, 4)                  # Q, K, V, dO [B, H, S, D] (their strides); stats
     # dq_atomic: one TMA reduce-add of the staged fp32 tile (no per-element atomics), the buffer released
     # once the TMA read it; the compute group's stores fenced for the async proxy before dq_ready
     assert re.search(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add", ptx)
@@ -141,7 +142,7 @@ def test_backward_causal_gqa_bf16_compile(tmp_path, options):
     assert (plan.decisions.causal, plan.decisions.kv_heads) == (bool(options.get("causal")), options.get("kv_heads", 0))
     name = "_".join(f"{k}{v}" for k, v in options.items())
     module, source, facts, _ = _compile(tmp_path, sched, name)
-    assert facts.wgmma_shapes and facts.tma_loads >= 5
+    assert facts.wgmma_shapes and facts.tma_loads >= 5 and facts.tma_load_ranks == (2, 4)
     if options.get("causal"):
         assert "m_first = n_start // BLOCK_M" in source and "keys[:, None] <= queries[None, :]" in source
     if options.get("kv_heads"):
@@ -151,18 +152,28 @@ def test_backward_causal_gqa_bf16_compile(tmp_path, options):
 
 
 def test_backward_helper_kernels_compile(tmp_path):
-    """The dO.O pre-pass and the dQ conversion compile for sm_90 too (they run on every launch)."""
+    """The dO.O pre-pass (with the LSE rows copied into the stats buffer, as the launcher runs it, and without,
+    as ``preprocess`` does) and the dQ conversion compile for sm_90 too (they run on every launch); they read
+    and write through the tensors' strides (kernel arguments), so the LSE copy adds a second store."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     module = load_emitted(str(_write(tmp_path, _schedule(head_dim=64), "helpers")), "twill_test_bwd_helpers")
-    for fn, sig in ((module.preprocess_kernel, {"o_ptr": "*fp16", "do_ptr": "*fp16", "delta_ptr": "*fp32",
-                                                "seq_len": "i32", "s_pad": "i32"}),
-                    (module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", "seq_len": "i32",
-                                                "s_pad": "i32", "sm_scale": "fp32"})):
-        compiled = triton.compile(GluonASTSource(fn, sig, constexprs={}), target=GPUTarget("cuda", 90, 32),
+    strides = lambda name: {f"{name}_stride_{d}": "i32" for d in "bhs"}  # noqa: E731
+    pre = {"o_ptr": "*fp16", **strides("o"), "do_ptr": "*fp16", **strides("do"), "delta_ptr": "*fp32",
+           "lse_ptr": "*fp32", **strides("lse"), "lse_out_ptr": "*fp32", "seq_len": "i32", "s_pad": "i32"}
+    stores = {}
+    for name, fn, sig, fixed in (
+            ("lse", module.preprocess_kernel, pre, {}),
+            ("plain", module.preprocess_kernel, pre, {"lse_ptr": None, "lse_out_ptr": None}),
+            ("dq", module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", **strides("dq"),
+                                              "seq_len": "i32", "s_pad": "i32", "sm_scale": "fp32"}, {})):
+        sig = {k: "constexpr" if k in fixed else v for k, v in sig.items()}
+        compiled = triton.compile(GluonASTSource(fn, sig, constexprs=fixed), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": 4})
-        assert "st.global" in compiled.asm["ptx"]
+        stores[name] = len(re.findall(r"st\.global", compiled.asm["ptx"]))
+        assert stores[name] > 0
+    assert stores["lse"] > stores["plain"]
 
 
 def _two_stage(sched, ops):

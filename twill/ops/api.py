@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twill.errors import UnsupportedFeatureError
 from twill.ops.flash import check_fp8_options, check_inputs
 
 
@@ -24,7 +25,10 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
 
     Args:
         q: ``[B, H, S, D]`` float16, bfloat16 or float8_e4m3fn CUDA tensor (D = 64, 128 or 256; 64 or 128 for
-            gradients, which fp8 has none of).
+            gradients, which fp8 has none of). q, k and v are read where they lie, never copied: any strides
+            whose last dimension is contiguous and whose other strides are multiples of 16 bytes, such as a
+            ``[B, S, H, D]`` tensor's ``.transpose(1, 2)``; another layout raises
+            :class:`~twill.errors.UnsupportedFeatureError` naming the tensor.
         k, v: ``[B, H_kv, S, D]``, same dtype; ``H`` a multiple of ``H_kv`` (grouped-query attention; the
             gradients of k and v are summed over each group's query heads).
         causal: mask keys after each query's position (query i sees keys 0..i).
@@ -36,8 +40,9 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
             for float16/bfloat16 inputs None or q's dtype.
 
     Returns:
-        ``[B, H, S, D]`` in ``out_dtype`` (q's dtype for 16-bit inputs); differentiable in q, k and v for
-        16-bit inputs.
+        ``[B, H, S, D]`` in ``out_dtype`` (q's dtype for 16-bit inputs), laid out like q (its strides: the
+        transpose of a ``[B, S, H, D]`` tensor for such a q); differentiable in q, k and v for 16-bit inputs,
+        their gradients laid out like them.
     """
     import math
 
@@ -50,7 +55,9 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     out_dtype = check_fp8_options(q, k, descales, out_dtype)
     scale = 1.0 / math.sqrt(spec.head_dim) if scale is None else float(scale)
-    # The kernels read contiguous tensors: copied here once, so that the op saves them for its backward.
-    q, k, v = (t.contiguous() for t in (q, k, v))
+    for name, t in (("q", q), ("k", k), ("v", v)):   # read where they lie: never copied
+        problem = library.layout_problem(t, name)
+        if problem is not None:
+            raise UnsupportedFeatureError(f"twill.ops.attention: {problem} (.contiguous() gives it such a layout)")
     out, _ = library.attention_forward(q, k, v, bool(causal), scale, q_descale, k_descale, v_descale, out_dtype)
     return out

@@ -4,10 +4,17 @@ captures a model that calls it in one graph:
 * ``twill::attention_forward(q, k, v, causal, scale, q_descale=None, k_descale=None, v_descale=None,
   out_dtype=None) -> (out, lse)``: the generated ``flash-fwd`` kernel; ``out [B, H, S, D]`` in ``out_dtype``
   (default: q's dtype, bfloat16 for fp8 q) and ``lse [B, H, S]`` float32 (the natural-log log-sum-exp of each
-  row's scaled scores), both contiguous. The descale factors (fp8 only, each None, ``[]`` or ``[B, H_kv]``
-  float32) multiply q, k and v as FA3's do;
+  row's scaled scores); ``out`` takes q's strides (``torch.empty_like``: a ``[B, S, H, D]`` tensor's
+  ``transpose(1, 2)`` gets an output laid out the same way), ``lse`` is contiguous. The descale factors (fp8
+  only, each None, ``[]`` or ``[B, H_kv]`` float32) multiply q, k and v as FA3's do;
 * ``twill::attention_backward(grad_out, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)``: the generated
-  ``flash-bwd`` kernel; contiguous gradients of q's and k's shapes.
+  ``flash-bwd`` kernel; the gradients take the strides of q, k and v.
+
+Neither op copies its inputs: the kernels read q, k, v, out and grad_out where they lie (any strides whose
+last dimension is contiguous and whose other strides are multiples of 16 bytes, what TMA reads;
+:func:`layout_problem`), and the autograd saves the caller's tensors themselves for the backward. The one
+exception is a ``grad_out`` TMA cannot read (the expanded gradient of ``out.sum()`` has stride 0), which the
+backward copies first.
 
 Each has a fake implementation (the outputs' shapes, dtypes and strides, for tracing and for tensors without
 data such as ``meta`` ones), and the forward's autograd formula is the backward op
@@ -35,17 +42,32 @@ BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, 
                    "float scale) -> (Tensor, Tensor, Tensor)")
 
 
+def layout_problem(t: torch.Tensor, name: str) -> str | None:
+    """Why the kernels' TMA loads cannot read ``t`` where it lies, or None: its last dimension must be
+    contiguous and every other stride of a dimension longer than 1 a multiple of 16 bytes (the base address,
+    which TMA also needs 16-byte aligned, is the launcher's check: tensors being traced have none)."""
+    strides = tuple(t.stride())
+    if strides[-1] != 1:
+        return f"{name} has strides {strides}; the kernels need its last dimension contiguous (stride 1)"
+    size = t.element_size()
+    if any(n > 1 and s * size % 16 for n, s in zip(t.shape[:-1], strides[:-1])):
+        return (f"{name} has strides {strides} ({size}-byte elements); the kernels' TMA loads need every stride "
+                f"but the last to be a multiple of 16 bytes")
+    return None
+
+
 def _forward_outputs(q: torch.Tensor, out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Contiguous ``out`` (q's shape, ``out_dtype``: by default q's dtype, bfloat16 for fp8 q) and float32
-    ``lse [B, H, S]`` on q's device."""
+    """``out`` like q (its shape and strides, ``out_dtype``: by default q's dtype, bfloat16 for fp8 q) and
+    contiguous float32 ``lse [B, H, S]`` on q's device."""
     if out_dtype is None:
         out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
-    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return torch.empty_like(q, dtype=out_dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-def _backward_outputs(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Contiguous ``dq`` of q's shape and ``dk``, ``dv`` of k's, in q's dtype on q's device."""
-    return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(k.shape)
+def _backward_outputs(q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dq``, ``dk``, ``dv`` like q, k and v (their shapes, dtype and strides)."""
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 @torch.library.custom_op("twill::attention_forward", mutates_args=(), schema=FORWARD_SCHEMA)
@@ -78,7 +100,9 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` by the generated backward kernel, from the forward's ``out`` and ``lse``."""
     check_device(q, k, v, grad_out)
-    dq, dk, dv = _backward_outputs(q, k)
+    dq, dk, dv = _backward_outputs(q, k, v)
+    if layout_problem(grad_out, "grad_out") is not None or grad_out.data_ptr() % 16:
+        grad_out = grad_out.contiguous()   # a layout TMA cannot read, e.g. out.sum()'s expanded gradient
     kernel_module(kernel_spec(BACKWARD.name, q, k, causal)).launch(q, k, v, out, grad_out, lse, sm_scale=scale,
                                                                    dq=dq, dk=dk, dv=dv)
     return dq, dk, dv
@@ -88,7 +112,7 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 def _attention_backward_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                              out: torch.Tensor, lse: torch.Tensor, causal: bool,
                              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward_outputs(q, k)
+    return _backward_outputs(q, k, v)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -29,6 +29,8 @@ class PtxFacts:
         wait_depths: distinct ``wgmma.wait_group`` arguments.
         setmaxnreg: distinct ``(inc|dec, value)`` pairs.
         tma_loads: ``cp.async.bulk.tensor`` global->shared instructions.
+        tma_load_ranks: distinct ranks of those loads (``cp.async.bulk.tensor.4d``: 4; an attention kernel
+            reads ``[B, H, S, D]`` tensors through rank-4 descriptors).
         tma_stores: ``cp.async.bulk.tensor`` shared->global instructions.
         mbarrier_waits: ``mbarrier.try_wait`` instructions.
     """
@@ -40,6 +42,7 @@ class PtxFacts:
     wait_depths: tuple[int, ...]
     setmaxnreg: tuple[tuple[str, int], ...]
     tma_loads: int
+    tma_load_ranks: tuple[int, ...]
     tma_stores: int
     mbarrier_waits: int
 
@@ -75,6 +78,8 @@ def ptx_facts(compiled: Any) -> PtxFacts:
         setmaxnreg=tuple(sorted({(k, int(v)) for k, v in
                                  re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)})),
         tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared::cluster\.global", ptx)),
+        tma_load_ranks=tuple(sorted({int(r) for r in
+                                     re.findall(r"cp\.async\.bulk\.tensor\.(\d)d\.shared::cluster\.global", ptx)})),
         tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)),
         mbarrier_waits=len(re.findall(r"mbarrier\.try_wait", ptx)),
     )

@@ -42,7 +42,7 @@ KERNEL_FN = {kernel}
 def _desc_type(shape, dtype=None, layout=None):
     dtype = dtype or DTYPE.value
     layout = layout or gl.NVMMASharedLayout.get_default_for(shape, dtype)
-    return f"tensordesc<{{dtype}}[{{shape[0]}}, {{shape[1]}}],{{layout!r}}>"
+    return f"tensordesc<{{dtype}}[{{', '.join(map(str, shape))}}],{{layout!r}}>"
 
 
 def _descriptor(t, shape, dtype=None, layout=None):
@@ -60,6 +60,34 @@ def compile_signature():
 {signature}
     }}
     return sig, {{}}
+'''
+
+
+#: Host helper of the attention launchers: a rank-4 TMA descriptor over a ``[B, H, S, D]`` tensor as it lies in
+#: memory (its own strides, no copy), or a ``ValueError`` naming the tensor when TMA cannot read it.
+TMA_VIEW = '''
+def _tma_view(t, name, block, dtype=None):
+    """A TMA descriptor of the 4-d tensor ``t`` ([B, heads, S, D], any strides) with block ``[1, 1, *block]``
+    in the NVMMA shared layout of that block: the kernel reads ``t`` where it lies, each (batch, head) bounded
+    by its own S rows (TMA zero-fills rows past S). Raises ValueError naming ``t`` unless its last dimension
+    is contiguous and its other strides and base address are 16-byte aligned (what TMA requires)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    size = t.element_size()
+    strides = list(t.stride())
+    if strides[-1] != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {tuple(strides)}")
+    if any(n > 1 and s * size % 16 for n, s in zip(t.shape[:-1], strides[:-1])):
+        raise ValueError(f"{name} has strides {tuple(strides)} ({size}-byte elements); TMA needs every stride "
+                         f"but the last to be a multiple of 16 bytes")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} starts at address {t.data_ptr():#x}; TMA needs a 16-byte aligned base")
+    for d, n in enumerate(t.shape[:-1]):   # a dimension of one element is never stepped: any aligned stride
+        if n == 1:
+            strides[d] = t.shape[-1] * 16
+    shape = [1, 1, *block]
+    layout = gl.NVMMASharedLayout.get_default_for(shape, dtype or DTYPE.value)
+    return TensorDescriptor(t, list(t.shape), strides, shape, layout)
 '''
 
 
@@ -112,6 +140,9 @@ class KernelBody:
         signature: ``(parameter, type expression)`` of the kernel for ``compile_signature``.
         launch: source of the host launcher (after the shared host helpers).
         buffer_dtypes: ring -> Gluon dtype of its buffers when not the operand dtype (``gl.float32``).
+        tma_shapes: ring -> the block of its rank-4 TMA descriptor (``1, 1, BLOCK_N, HEAD_DIM``) for a ring
+            whose descriptor has more dimensions than its buffers: the buffers are allocated in the NVMMA
+            layout of their own 2-d shape and each TMA load fills one through a reshaped view.
         load_iteration: producer lines at the top of each loop iteration (before the loads).
         load_ops: producer op -> its lines, for the producer's ops that fill no ring (``dq_atomic``).
         load_after: producer lines after the loop.
@@ -145,6 +176,7 @@ class KernelBody:
     signature: tuple[tuple[str, str], ...]
     launch: str
     buffer_dtypes: dict[str, str] = field(default_factory=dict)
+    tma_shapes: dict[str, str] = field(default_factory=dict)
     load_iteration: tuple[str, ...] = ()
     load_ops: dict[str, tuple[str, ...]] = field(default_factory=dict)
     load_after: tuple[str, ...] = ()
@@ -278,8 +310,13 @@ def render_load_partition(plan: KernelPlan, body: KernelBody) -> str:
                       f"{plan.wait('empty', name).why}",
                       f"        mbarrier.wait({bar.name}_empty.index(buffer), (({iv} // {depth}) & 1) ^ 1)",
                       f"        mbarrier.expect({bar.name}_ready.index(buffer), {nbytes})"]
-        inner.append(f"        tma.async_copy_global_to_shared({r.name}_desc, {body.coords[r.name]}, "
-                     f"{bar.name}_ready.index(buffer), {r.name}_ring.index(buffer))")
+        dest = f"{r.name}_ring.index(buffer)" + (f".reshape([{body.tma_shapes[r.name]}])"
+                                                 if r.name in body.tma_shapes else "")
+        copy = [f"{r.name}_desc", body.coords[r.name], f"{bar.name}_ready.index(buffer)", dest]
+        if r.name in body.tma_shapes:
+            inner += wrap("        tma.async_copy_global_to_shared", copy, "", " " * 40)
+        else:
+            inner.append(f"        tma.async_copy_global_to_shared({', '.join(copy)})")
     loop = lines[-1]
     pad = " " * (len(loop) - len(loop.lstrip()) - 4)   # the body is written at 8 spaces, under a loop at 4
     return "\n".join(lines + [pad + line for line in inner] + list(body.load_after)) + "\n"
@@ -291,8 +328,11 @@ def render_kernel(plan: KernelPlan, body: KernelBody) -> str:
              *body.setup]
     for r in plan.rings:
         dtype = body.buffer_dtypes.get(r.name, "DTYPE")
-        lines.append(f"    {r.name}_ring = gl.allocate_shared_memory({dtype}, [{r.name.upper()}_DEPTH, "
-                     f"{body.buffer_shapes[r.name]}], {r.name}_desc.layout)")
+        shape = body.buffer_shapes[r.name]
+        layout = (f"gl.NVMMASharedLayout.get_default_for([{shape}], {dtype})" if r.name in body.tma_shapes
+                  else f"{r.name}_desc.layout")
+        head = f"    {r.name}_ring = gl.allocate_shared_memory"
+        lines += wrap(head, [dtype, f"[{r.name.upper()}_DEPTH, {shape}]", layout], "", " " * (len(head) + 1))
     for b in plan.barriers:
         depth = depth_name(b)
         lines += [

@@ -29,16 +29,17 @@ every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/
 
 from __future__ import annotations
 
-from twill.codegen.gluon.render import (SM_COUNT, TORCH_DTYPES, KernelBody, compute_def, heaviest_first_chunks,
-                                        kv_shape_source)
+from twill.codegen.gluon.render import (SM_COUNT, TMA_VIEW, TORCH_DTYPES, KernelBody, compute_def,
+                                        heaviest_first_chunks, kv_shape_source)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_bwd.plan import FlashBwdDecisions
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
-COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "ds_smem", "dq_stage", "dq_ready", "dq_empty", "dk_ptr", "dv_ptr",
-                  "kv_row", "n_start", "m_first", "n_m", "n_iters", "seq_len", "qk_scale", "sm_scale")
-#: Query-block parameters the producer and the compute partition derive each iteration's rows from.
-BLOCK_ARGS = "bh_kv, group, m_first, n_m, seq_len"
+COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "ds_smem", "dq_stage", "dq_ready", "dq_empty", "dk_ptr",
+                  "dk_stride_b", "dk_stride_h", "dk_stride_s", "dv_ptr", "dv_stride_b", "dv_stride_h", "dv_stride_s",
+                  "kv_heads", "bh_kv", "n_start", "m_first", "n_m", "n_iters", "seq_len", "qk_scale", "sm_scale")
+#: Query-block parameters the producer derives each iteration's query head and rows from.
+BLOCK_ARGS = "bh_kv, kv_h, group, m_first, n_m, seq_len"
 #: The emitted module's own imports: what its TMA reduce-add wrapper (``tma_reduce_add``) builds on.
 IMPORTS = """\
 from triton._C.libtriton import ir
@@ -50,13 +51,14 @@ PRE_ROWS = 64
 HELPERS = """
 @gluon.jit
 def query_block(i, {block_args}):
-    \"\"\"Iteration i's query block: its first row in the [B*H*S, D] tensors (Q, dO), its first row in the
-    padded [B*H*S_pad] ones (stats, dQ accumulator; S_pad = seq_len rounded up to BLOCK_M, so that every
-    block starts 16-byte aligned, as TMA requires of the innermost coordinate) and its first position. The
-    iterations run over the group's query heads (outer) and the query blocks from m_first (inner).\"\"\"
+    \"\"\"Iteration i's query block: its query head (in its batch: the index into Q, dO [B, H, S, D]), its first
+    row in the padded [B*H*S_pad] tensors (stats, dQ accumulator; S_pad = seq_len rounded up to BLOCK_M, so
+    that every block starts 16-byte aligned, as TMA requires of the innermost coordinate) and its first
+    position. The iterations run over the group's query heads (outer) and the query blocks from m_first
+    (inner).\"\"\"
     m_start = (m_first + i % n_m) * BLOCK_M
-    head = bh_kv * group + i // n_m
-    return head * seq_len + m_start, head * (gl.cdiv(seq_len, BLOCK_M) * BLOCK_M) + m_start, m_start
+    head = bh_kv * group + i // n_m  # batch * H + query head
+    return kv_h * group + i // n_m, head * (gl.cdiv(seq_len, BLOCK_M) * BLOCK_M) + m_start, m_start
 
 
 @gluon.jit
@@ -90,40 +92,55 @@ def dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow):
 
 
 @gluon.jit
-def preprocess_kernel(o_ptr, do_ptr, delta_ptr, seq_len, s_pad):
-    \"\"\"delta[bh * s_pad + m] = sum_d dO[bh * seq_len + m, d] * O[bh * seq_len + m, d] in fp32 (the backward's
-    D statistic) for the PRE_ROWS positions m of program (m block, bh); padding positions are not written.\"\"\"
+def preprocess_kernel(o_ptr, o_stride_b, o_stride_h, o_stride_s, do_ptr, do_stride_b, do_stride_h, do_stride_s,
+                      delta_ptr, lse_ptr, lse_stride_b, lse_stride_h, lse_stride_s, lse_out_ptr, seq_len, s_pad):
+    \"\"\"For the PRE_ROWS positions m < s_pad of program (m block, head h, batch b), at bh * s_pad + m (bh = b * H
+    + h): delta = sum_d dO[b, h, m, d] * O[b, h, m, d] in fp32 (the backward's D statistic), and, when lse_ptr
+    is given, lse_out = LSE[b, h, m]; O, dO and LSE are read through their strides, and the positions from
+    seq_len on get 0 (the padding of the stats rows).\"\"\"
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
     m = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
-    bh = gl.program_id(1).to(gl.int64)
+    h = gl.program_id(1).to(gl.int64)
+    b = gl.program_id(2).to(gl.int64)
+    bh = b * gl.num_programs(1) + h
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    offs = (bh * seq_len + m)[:, None] * HEAD_DIM + cols[None, :]
+    rows = m.to(gl.int64)
+    o_offs = (b * o_stride_b + h * o_stride_h + rows * o_stride_s)[:, None] + cols[None, :]
+    do_offs = (b * do_stride_b + h * do_stride_h + rows * do_stride_s)[:, None] + cols[None, :]
     mask = (m < seq_len)[:, None]
-    o = gl.load(o_ptr + offs, mask=mask, other=0.0).to(gl.float32)
-    do = gl.load(do_ptr + offs, mask=mask, other=0.0).to(gl.float32)
-    gl.store(delta_ptr + bh * s_pad + m, gl.sum(o * do, 1), mask=m < seq_len)
+    o = gl.load(o_ptr + o_offs, mask=mask, other=0.0).to(gl.float32)
+    do = gl.load(do_ptr + do_offs, mask=mask, other=0.0).to(gl.float32)
+    gl.store(delta_ptr + bh * s_pad + m, gl.sum(o * do, 1), mask=m < s_pad)
+    if lse_ptr is not None:
+        lse_offs = b * lse_stride_b + h * lse_stride_h + rows * lse_stride_s
+        lse = gl.load(lse_ptr + lse_offs, mask=m < seq_len, other=0.0)
+        gl.store(lse_out_ptr + bh * s_pad + m, lse, mask=m < s_pad)
 
 
 @gluon.jit
-def dq_convert_kernel(acc_ptr, dq_ptr, seq_len, s_pad, sm_scale):
-    \"\"\"dq[bh * seq_len + m] = sm_scale * acc[bh * s_pad + m] in the operand dtype (the padded fp32 dQ the
-    producers reduced) for the PRE_ROWS positions m of program (m block, bh).\"\"\"
+def dq_convert_kernel(acc_ptr, dq_ptr, dq_stride_b, dq_stride_h, dq_stride_s, seq_len, s_pad, sm_scale):
+    \"\"\"dq[b, h, m] = sm_scale * acc[bh * s_pad + m] in the operand dtype (the padded fp32 dQ the producers
+    reduced; bh = b * H + h), stored through dq's strides, for the PRE_ROWS positions m of program (m block,
+    head h, batch b).\"\"\"
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
     m = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
-    bh = gl.program_id(1).to(gl.int64)
+    h = gl.program_id(1).to(gl.int64)
+    b = gl.program_id(2).to(gl.int64)
+    bh = b * gl.num_programs(1) + h
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
     mask = (m < seq_len)[:, None]
     acc = gl.load(acc_ptr + (bh * s_pad + m)[:, None] * HEAD_DIM + cols[None, :], mask=mask)
-    gl.store(dq_ptr + (bh * seq_len + m)[:, None] * HEAD_DIM + cols[None, :], (acc * sm_scale).to(DTYPE), mask=mask)
+    dq_offs = (b * dq_stride_b + h * dq_stride_h + m.to(gl.int64) * dq_stride_s)[:, None] + cols[None, :]
+    gl.store(dq_ptr + dq_offs, (acc * sm_scale).to(DTYPE), mask=mask)
 """
 
 LAUNCH = """
-def _rows(t, name, shape, dtype):
-    \"\"\"``t`` flattened to rows of HEAD_DIM (4-d) or to one row (3-d), after checking its shape and dtype.\"\"\"
-    if tuple(t.shape) != shape or t.dtype != dtype:
-        raise ValueError(f"expected {{name}} of shape {{shape}} and dtype {{dtype}}, got {{tuple(t.shape)}} "
+def _check(t, name, shape, dtype):
+    \"\"\"``t`` itself (any strides: never copied), after checking its shape and dtype.\"\"\"
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+        raise ValueError(f"expected {{name}} of shape {{tuple(shape)}} and dtype {{dtype}}, got {{tuple(t.shape)}} "
                          f"{{t.dtype}}")
-    return t.contiguous().view(-1, HEAD_DIM.value) if t.dim() == 4 else t.contiguous().view(-1)
+    return t
 
 
 def padded_len(S):
@@ -140,7 +157,7 @@ def buffer_shapes(B, H, S):
 
 
 def preprocess(o, do):
-    \"\"\"delta [B, H, S] fp32: the row sums of dO * O (the dO·O pre-pass of the backward).\"\"\"
+    \"\"\"delta [B, H, S] fp32: the row sums of dO * O (the dO·O pre-pass of the backward; o, do any strides).\"\"\"
     import torch
 
     B, H, S, D = o.shape
@@ -149,21 +166,27 @@ def preprocess(o, do):
     return delta
 
 
-def _preprocess(o, do, out, s_pad):
-    \"\"\"The pre-pass into ``out`` with ``s_pad`` positions per (batch, head).\"\"\"
+def _preprocess(o, do, out, s_pad, lse=None, lse_out=None):
+    \"\"\"The pre-pass into ``out`` with ``s_pad`` positions per (batch, head) (0 from S on); with ``lse``, it also
+    writes lse's rows into ``lse_out`` laid out as ``out``.\"\"\"
     import torch
 
     B, H, S, D = o.shape
-    o2 = _rows(o, "o", (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
-    do2 = _rows(do, "do", (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
-    preprocess_kernel[(triton.cdiv(S, PRE_ROWS.value), B * H)](o2, do2, out, S, s_pad, num_warps=4)
+    for t, name in ((o, "o"), (do, "do")):
+        _check(t, name, (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
+        if t.stride(-1) != 1:
+            raise ValueError(f"{{name}} must have a contiguous last dimension (stride 1), got strides {{t.stride()}}")
+    lse_strides = (0, 0, 0) if lse is None else _check(lse, "lse", (B, H, S), torch.float32).stride()
+    preprocess_kernel[(triton.cdiv(s_pad, PRE_ROWS.value), H, B)](o, *o.stride()[:3], do, *do.stride()[:3], out, lse,
+                                                                   *lse_strides, lse_out, S, s_pad, num_warps=4)
 
 
 def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=None):
     \"\"\"Gradients (dq, dk, dv) of softmax(q k^T * sm_scale{mask}) v for q, o, do [B, H, S, D] and k, v
-    [B, {kv}, S, D] ({dtype}, CUDA), given lse [B, H, S] fp32 (natural log, as the forward's
-    launch(..., return_lse=True) returns it). sm_scale defaults to 1/sqrt(D); delta (from preprocess) is
-    computed when not given; given dq, dk, dv are written.{gqa_doc}\"\"\"
+    [B, {kv}, S, D] ({dtype}, CUDA), each with any strides whose last dimension is contiguous (read where they
+    lie, never copied), given lse [B, H, S] fp32 (natural log, as the forward's launch(..., return_lse=True)
+    returns it). sm_scale defaults to 1/sqrt(D); delta (from preprocess) is computed when not given; dq, dk,
+    dv are allocated like q, k, v (their strides) or, given, written through their strides.{gqa_doc}\"\"\"
     import math
 
     import torch
@@ -171,35 +194,37 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     B, H, S, D = q.shape
     dtype = torch.{torch_dtype}
 {kv_check}
-    q2 = _rows(q, "q", (B, H, S, HEAD_DIM.value), dtype)
-    do2 = _rows(do, "do", (B, H, S, HEAD_DIM.value), dtype)
-    k2, v2 = _rows(k, "k", kv_shape, dtype), _rows(v, "v", kv_shape, dtype)
-    lse = _rows(lse, "lse", (B, H, S), torch.float32)
-    dq = torch.empty_like(q) if dq is None else dq
-    dk = torch.empty(kv_shape, device=q.device, dtype=dtype) if dk is None else dk
-    dv = torch.empty(kv_shape, device=q.device, dtype=dtype) if dv is None else dv
+    for t, name, shape in ((q, "q", q.shape), (do, "do", q.shape), (k, "k", kv_shape), (v, "v", kv_shape)):
+        _check(t, name, shape, dtype)
+    q_desc = _tma_view(q, "q", [BLOCK_M.value, D])   # read where they lie: any strides, no copy
+    k_desc = _tma_view(k, "k", [BLOCK_N.value, D])
+    v_desc = _tma_view(v, "v", [BLOCK_N.value, D])
+    do_desc = _tma_view(do, "do", [BLOCK_M.value, D])
+    dq = torch.empty_like(q) if dq is None else dq   # the gradients take their inputs' strides
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
     for t, name, shape in ((dq, "dq", q.shape), (dk, "dk", kv_shape), (dv, "dv", kv_shape)):
-        if tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous():
-            raise ValueError(f"{{name}} must be a contiguous {{dtype}} tensor of shape {{tuple(shape)}}")
+        if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.stride(-1) != 1:
+            raise ValueError(f"{{name}} must be a {{dtype}} tensor of shape {{tuple(shape)}} with a contiguous last "
+                             f"dimension")
     shapes, s_pad = buffer_shapes(B, H, S), padded_len(S)
-    stats = torch.zeros(shapes["stats"], device=q.device, dtype=torch.float32)
-    stats[0].view(B * H, s_pad)[:, :S] = lse.view(B * H, S)
-    if delta is None:
-        _preprocess(o, do, stats[1], s_pad)
+    if delta is None:   # the pre-pass writes both stats rows, padding included
+        stats = torch.empty(shapes["stats"], device=q.device, dtype=torch.float32)
+        _preprocess(o, do, stats[1], s_pad, lse, stats[0])
     else:
-        stats[1].view(B * H, s_pad)[:, :S] = _rows(delta, "delta", (B, H, S), torch.float32).view(B * H, S)
+        stats = torch.zeros(shapes["stats"], device=q.device, dtype=torch.float32)
+        stats[0].view(B, H, s_pad)[..., :S] = _check(lse, "lse", (B, H, S), torch.float32)
+        stats[1].view(B, H, s_pad)[..., :S] = _check(delta, "delta", (B, H, S), torch.float32)
     dq_acc = torch.zeros(shapes["dq_acc"], device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    q_desc = _descriptor(q2, [BLOCK_M.value, D])
-    k_desc = _descriptor(k2, [BLOCK_N.value, D])
-    v_desc = _descriptor(v2, [BLOCK_N.value, D])
-    do_desc = _descriptor(do2, [BLOCK_M.value, D])
     stats_desc = _descriptor(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
     dq_desc = _descriptor(dq_acc, [BLOCK_M.value, D], gl.float32)
     grid = (triton.cdiv(S, BLOCK_N.value), B * kv_shape[1])
-    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk, dv, S, sm_scale * LOG2E.value,
-                          sm_scale, H // kv_shape[1]{chunk_arg}, num_warps=NUM_WARPS)
-    dq_convert_kernel[(triton.cdiv(S, PRE_ROWS.value), B * H)](dq_acc, dq, S, s_pad, sm_scale, num_warps=4)
+    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk, *dk.stride()[:3], dv,
+                          *dv.stride()[:3], S, kv_shape[1], sm_scale * LOG2E.value, sm_scale,
+                          H // kv_shape[1]{chunk_arg}, num_warps=NUM_WARPS)
+    dq_convert_kernel[(triton.cdiv(S, PRE_ROWS.value), H, B)](dq_acc, dq, *dq.stride()[:3], S, s_pad, sm_scale,
+                                                              num_warps=4)
     return dq, dk, dv
 
 
@@ -372,10 +397,15 @@ class _Compute:
             "    # dK = sm_scale * sum dS^T Q, dV = sum P^T dO; keys past seq_len are not stored",
             "    rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, kv_layout))",
             "    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))",
-            "    offs = (kv_row + rows).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]",
+            "    # through dK's and dV's strides; the (batch, K/V head) found here: nothing kept over the loop",
+            "    b = (bh_kv // kv_heads).to(gl.int64)",
+            "    kv_h = (bh_kv % kv_heads).to(gl.int64)",
+            "    keys = (n_start + rows).to(gl.int64)[:, None]",
             "    mask = (n_start + rows < seq_len)[:, None]",
-            "    gl.store(dk_ptr + offs, (dk * sm_scale).to(DTYPE), mask=mask)",
-            "    gl.store(dv_ptr + offs, dv.to(DTYPE), mask=mask)",
+            "    dk_offs = b * dk_stride_b + kv_h * dk_stride_h + keys * dk_stride_s + cols[None, :]",
+            "    dv_offs = b * dv_stride_b + kv_h * dv_stride_h + keys * dv_stride_s + cols[None, :]",
+            "    gl.store(dk_ptr + dk_offs, (dk * sm_scale).to(DTYPE), mask=mask)",
+            "    gl.store(dv_ptr + dv_offs, dv.to(DTYPE), mask=mask)",
         ]
         return "\n".join(lines) + "\n"
 
@@ -405,6 +435,7 @@ def launch_source(plan: KernelPlan) -> str:
     launch = LAUNCH.format(mask=", causal mask" if decided.causal else "", kv=kv, dtype=plan.dtype,
                            torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc,
                            chunk_arg=chunk_arg)
+    launch = TMA_VIEW.strip("\n") + "\n\n" + launch
     return (SM_COUNT.strip("\n") + "\n\n" + launch) if decided.causal else launch
 
 
@@ -427,12 +458,14 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
                                                "    bh_kv = gl.program_id(1)  # batch * K/V heads")
     return (
         *order,
-        "    kv_row = bh_kv * seq_len + n_start",
+        "    b = bh_kv // kv_heads  # batch",
+        "    kv_h = bh_kv % kv_heads  # K/V head",
         first,
         "    n_m = gl.cdiv(seq_len, BLOCK_M) - m_first",
         "    n_iters = group * n_m  # query heads of the group x query blocks",
-        "    k_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], k_desc.layout)",
-        "    v_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], v_desc.layout)",
+        "    kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], DTYPE)",
+        "    k_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], kv_smem_layout)",
+        "    v_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], kv_smem_layout)",
         "    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
         "    mbarrier.init(kv_bar, count=1)",
         "    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], DTYPE)",
@@ -501,38 +534,46 @@ def body(plan: KernelPlan) -> KernelBody:
         extra_constants=tuple(extra),
         functions=helpers_source(plan).strip("\n") + "\n\n\n" + _Compute(plan).render(),
         kernel="backward_kernel",
-        kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk_ptr, dv_ptr, seq_len, qk_scale, "
+        kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk_ptr, dk_stride_b, dk_stride_h, "
+                      "dk_stride_s, dv_ptr, dv_stride_b, dv_stride_h, dv_stride_s, seq_len, kv_heads, qk_scale, "
                       "sm_scale, group" + (", heads_per_chunk" if decided.causal else ""),
         kernel_doc=("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to "
-                    "dq_ptr, [B*H*S_pad, D]); Q, dO, dQ are [B*H*S, D], K, V, dK, dV [B*KV_HEADS*S, D]; stats "
+                    "dq_desc's [B*H*S_pad, D]); Q, dO are [B, H, S, D], K, V [B, KV_HEADS, S, D], read by rank-4 "
+                    "TMA descriptors with their own strides; dK, dV stored through dk_stride_*, dv_stride_*; stats "
                     "[2, B*H*S_pad] holds LSE and D (S_pad: seq_len rounded up to BLOCK_M)."),
         setup=_setup(plan),
         iv="j",
         trip="n_iters",
         buffer_shapes={"q": "BLOCK_M, HEAD_DIM", "do": "BLOCK_M, HEAD_DIM", "stats": "2, BLOCK_M"},
-        coords={"q": "[row, 0]", "do": "[row, 0]", "stats": "[0, prow]"},
+        coords={"q": "[b, h, m_start, 0]", "do": "[b, h, m_start, 0]", "stats": "[0, prow]"},
+        tma_shapes={"q": "1, 1, BLOCK_M, HEAD_DIM", "do": "1, 1, BLOCK_M, HEAD_DIM"},
         load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar", "dq_stage", "dq_ready", "dq_empty",
-                     "dq_desc", "kv_row", "bh_kv", "group", "m_first", "n_m", "seq_len"),
+                     "dq_desc", "b", "n_start", "bh_kv", "kv_h", "group", "m_first", "n_m", "seq_len"),
         load_setup=("    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
-                    "    tma.async_copy_global_to_shared(k_desc, [kv_row, 0], kv_bar, k_smem)",
-                    "    tma.async_copy_global_to_shared(v_desc, [kv_row, 0], kv_bar, v_smem)"),
+                    "    kv_block = [b, kv_h, n_start, 0]  # the key block of (batch b, K/V head kv_h)",
+                    "    tma.async_copy_global_to_shared(k_desc, kv_block, kv_bar,",
+                    "                                    k_smem.reshape([1, 1, BLOCK_N, HEAD_DIM]))",
+                    "    tma.async_copy_global_to_shared(v_desc, kv_block, kv_bar,",
+                    "                                    v_smem.reshape([1, 1, BLOCK_N, HEAD_DIM]))"),
         compute_params=COMPUTE_PARAMS,
         constexprs=(),
         before_specialize=(),
         results="",
         epilogue=(),
-        signature=(("q_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value])"),
-                   ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
-                   ("v_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
-                   ("do_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value])"),
+        signature=(("q_desc", "_desc_type([1, 1, BLOCK_M.value, HEAD_DIM.value])"),
+                   ("k_desc", "_desc_type([1, 1, BLOCK_N.value, HEAD_DIM.value])"),
+                   ("v_desc", "_desc_type([1, 1, BLOCK_N.value, HEAD_DIM.value])"),
+                   ("do_desc", "_desc_type([1, 1, BLOCK_M.value, HEAD_DIM.value])"),
                    ("stats_desc", "_desc_type([2, BLOCK_M.value], gl.float32, STATS_LAYOUT)"),
                    ("dq_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value], gl.float32)"),
-                   ("dk_ptr", '"*" + str(DTYPE.value)'), ("dv_ptr", '"*" + str(DTYPE.value)'),
-                   ("seq_len", '"i32"'), ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"'),
+                   ("dk_ptr", '"*" + str(DTYPE.value)'), ("dk_stride_b", '"i32"'), ("dk_stride_h", '"i32"'),
+                   ("dk_stride_s", '"i32"'), ("dv_ptr", '"*" + str(DTYPE.value)'), ("dv_stride_b", '"i32"'),
+                   ("dv_stride_h", '"i32"'), ("dv_stride_s", '"i32"'), ("seq_len", '"i32"'), ("kv_heads", '"i32"'),
+                   ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"'),
                    *((("heads_per_chunk", '"i32"'),) if decided.causal else ())),
         launch=launch_source(plan),
         buffer_dtypes={"stats": "gl.float32"},
-        load_iteration=(f"        row, prow, m_start = query_block(j, {BLOCK_ARGS})",),
+        load_iteration=(f"        h, prow, m_start = query_block(j, {BLOCK_ARGS})",),
         load_ops=load_ops,
         load_after=load_after,
         imports=("import functools\n" if decided.causal else "") + IMPORTS,

@@ -28,17 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twill.codegen.gluon.render import (SM_COUNT, TORCH_DTYPES, KernelBody, compute_def, heaviest_first_chunks,
-                                        kv_shape_source, wrap)
+from twill.codegen.gluon.render import (SM_COUNT, TMA_VIEW, TORCH_DTYPES, KernelBody, compute_def,
+                                        heaviest_first_chunks, kv_shape_source, wrap)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_fwd.plan import FP8_DTYPES, PROGRAM_ORDER
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
-COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_ptr", "lse_ptr", "q_row", "q_start", "seq_len", "n_tiles",
-                  "qk_scale")
+COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_head", "o_stride_s", "lse_ptr", "q_row", "q_start", "seq_len",
+                  "n_tiles", "qk_scale")
 #: The same for the persistent kernel, which finds each query block's rows and trip count itself.
-PERSISTENT_COMPUTE_PARAMS = ("q_smem", "q_bar", "q_empty", "item_smem", "turn_bars", "o_ptr", "lse_ptr", "n_m",
-                             "n_items", "seq_len", "qk_scale")
+PERSISTENT_COMPUTE_PARAMS = ("q_smem", "q_bar", "q_empty", "item_smem", "turn_bars", "o_ptr", "o_stride_b",
+                             "o_stride_h", "o_stride_s", "lse_ptr", "n_m", "n_items", "seq_len", "heads", "qk_scale")
 
 #: Parameters the fp8 kernel adds to the compute partition: the per-(batch, query head) descale factors.
 FP8_COMPUTE_PARAMS = ("qk_descale_ptr", "v_descale_ptr")
@@ -108,8 +108,10 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in ba
 
 
 def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
-    \"\"\"softmax(q k^T * sm_scale{mask}) v for q [B, H, S, D] and k, v [B, {kv}, S, D] ({dtype}, CUDA);
-    sm_scale defaults to 1/sqrt(D). Returns out, or (out, lse) with return_lse: lse [B, H, S] fp32 is the
+    \"\"\"softmax(q k^T * sm_scale{mask}) v for q [B, H, S, D] and k, v [B, {kv}, S, D] ({dtype}, CUDA), each with
+    any strides whose last dimension is contiguous (a [B, S, H, D] tensor's transpose(1, 2) included: read where
+    it lies, never copied); sm_scale defaults to 1/sqrt(D). out (allocated like q: q's strides) is written
+    through its strides. Returns out, or (out, lse) with return_lse: lse [B, H, S] fp32 (contiguous) is the
     natural-log log-sum-exp of each row's scaled scores (what the backward reads); a given lse is written.\"\"\"
     import math
 
@@ -123,22 +125,22 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
     if k.shape != kv_shape or v.shape != kv_shape or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"expected k, v of shape {{kv_shape}} and dtype {{q.dtype}}, got {{tuple(k.shape)}} "
                          f"{{tuple(v.shape)}}")
-    q2 = q.contiguous().view(B * H * S, D)
-    k2, v2 = (t.contiguous().view(-1, D) for t in (k, v))
+    q_desc = _tma_view(q, "q", [SUB_M.value, D])   # read where they lie: any strides, no copy
+    k_desc = _tma_view(k, "k", [BLOCK_N.value, D])
+    v_desc = _tma_view(v, "v", [BLOCK_N.value, D])
     if out is None:
-        out = torch.empty_like(q)
-    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {{q.dtype}} tensor of shape {{tuple(q.shape)}}")
+        out = torch.empty_like(q)   # q's strides (a dense q's layout)
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a {{q.dtype}} tensor of shape {{tuple(q.shape)}} with a contiguous last "
+                         f"dimension")
     if lse is None and return_lse:
         lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
     if lse is not None and (lse.shape != (B, H, S) or lse.dtype != torch.float32 or not lse.is_contiguous()):
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {{(B, H, S)}}")
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    q_desc = _descriptor(q2, [SUB_M.value, D])
-    k_desc = _descriptor(k2, [BLOCK_N.value, D])
-    v_desc = _descriptor(v2, [BLOCK_N.value, D])
 {grid}
-    attention_kernel[grid](q_desc, k_desc, v_desc, out, lse, S, sm_scale * LOG2E{extra_args}, num_warps=NUM_WARPS)
+    attention_kernel[grid](q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, H, sm_scale * LOG2E{extra_args},
+                           num_warps=NUM_WARPS)
     return (out, lse) if return_lse else out
 """
 
@@ -173,14 +175,14 @@ def _descale(x, B, KVH, group, device):
 
 
 def transpose_v(v):
-    \"\"\"The pre-pass: V [B, KV heads, S, D] -> V^T [B * KV heads * D, S padded to a multiple of 16] (TMA rows
-    16-byte aligned), zero in the padding. The fp8 wgmma reads its B operand K-major only.\"\"\"
+    \"\"\"The pre-pass: V [B, KV heads, S, D] (any strides) -> V^T [B, KV heads, D, S padded to a multiple of 16]
+    (TMA rows 16-byte aligned), zero in the padding. The fp8 wgmma reads its B operand K-major only.\"\"\"
     import torch
 
     B, KVH, S, D = v.shape
     vt = torch.zeros((B, KVH, D, triton.cdiv(S, 16) * 16), dtype=v.dtype, device=v.device)
     vt[..., :S] = v.transpose(-1, -2)
-    return vt.view(B * KVH * D, -1)
+    return vt
 
 
 def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_descale=None, k_descale=None,
@@ -189,7 +191,8 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_desca
     q, k, v standing for q * q_descale, k * k_descale, v * v_descale (each None, one value, or per (batch, K/V
     head) [B, {kv}]); sm_scale defaults to 1/sqrt(D). O is bf16 (out_dtype=torch.float16 for fp16). Returns
     out, or (out, lse) with return_lse: lse [B, H, S] fp32 is the natural-log log-sum-exp of each row's scaled
-    scores; a given lse is written. V is transposed by a pre-pass (transpose_v) before the kernel.\"\"\"
+    scores; a given lse is written. q and k are read where they lie (any strides whose last dimension is
+    contiguous), out is written through its strides; V is transposed by a pre-pass (transpose_v).\"\"\"
     import math
 
     import torch
@@ -202,16 +205,17 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_desca
     if k.shape != kv_shape or v.shape != kv_shape or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"expected k, v of shape {{kv_shape}} and dtype {{q.dtype}}, got {{tuple(k.shape)}} "
                          f"{{tuple(v.shape)}}")
-    q2 = q.contiguous().view(B * H * S, D)
-    k2 = k.contiguous().view(-1, D)
-    vt = transpose_v(v)
+    q_desc = _tma_view(q, "q", [SUB_M.value, D])   # read where they lie: any strides, no copy
+    k_desc = _tma_view(k, "k", [BLOCK_N.value, D])
+    v_desc = _tma_view(transpose_v(v), "v", [D, BLOCK_N.value])
     out_dtype = out_dtype or (out.dtype if out is not None else torch.bfloat16)
     if out_dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float16, got {{out_dtype}}")
     if out is None:
-        out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
-    if out.shape != q.shape or out.dtype != out_dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {{out_dtype}} tensor of shape {{tuple(q.shape)}}")
+        out = torch.empty_like(q, dtype=out_dtype)   # q's strides (a dense q's layout)
+    if out.shape != q.shape or out.dtype != out_dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a {{out_dtype}} tensor of shape {{tuple(q.shape)}} with a contiguous last "
+                         f"dimension")
     if lse is None and return_lse:
         lse = torch.empty((B, H, S), device=q.device, dtype=torch.float32)
     if lse is not None and (lse.shape != (B, H, S) or lse.dtype != torch.float32 or not lse.is_contiguous()):
@@ -222,12 +226,9 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_desca
         KVH, group = kv_shape[1], H // kv_shape[1]
         qk_descale = _descale(q_descale, B, KVH, group, q.device) * _descale(k_descale, B, KVH, group, q.device)
         v_scale = _descale(v_descale, B, KVH, group, q.device)
-    q_desc = _descriptor(q2, [SUB_M.value, D])
-    k_desc = _descriptor(k2, [BLOCK_N.value, D])
-    v_desc = _descriptor(vt, [D, BLOCK_N.value])
 {grid}
-    attention_kernel[grid](q_desc, k_desc, v_desc, out, lse, S, sm_scale * LOG2E{extra_args}, qk_descale, v_scale,
-                           num_warps=NUM_WARPS)
+    attention_kernel[grid](q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, H, sm_scale * LOG2E{extra_args},
+                           qk_descale, v_scale, num_warps=NUM_WARPS)
     return (out, lse) if return_lse else out
 """
 
@@ -248,10 +249,10 @@ def launch_source(plan: KernelPlan) -> str:
             if plan.persistent else "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)")
     chunks = (",\n                           max(1, _sm_count(q.device.index) // triton.cdiv(S, BLOCK_M.value))"
               if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
-    return (FP8_LAUNCH if fp8(plan) else LAUNCH).format(
+    return TMA_VIEW.strip("\n") + "\n\n\n" + (FP8_LAUNCH if fp8(plan) else LAUNCH).format(
         mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
-        extra_args=(", B * H, work_counter" if plan.persistent else "") + group_arg + chunks)
+        extra_args=(", B * H, work_counter" if plan.persistent else "") + group_arg + chunks).lstrip("\n")
 
 
 class _Knobs:
@@ -514,24 +515,27 @@ class _Compute:
         """Normalise O and store it (and the LSE) for the sub-tile's rows below seq_len."""
         if self.fp8:
             normalise = [f"{ind}o = o * gl.convert_layout(v_scale / l_i, row_o)[:, None]  # v_descale / l",
-                         f"{ind}out_dtype: gl.constexpr = o_ptr.dtype.element_ty  # bf16 (or fp16) output"]
+                         f"{ind}out_dtype: gl.constexpr = o_head.dtype.element_ty  # bf16 (or fp16) output"]
             out, lse = "o.to(out_dtype)", "(m_i - P_OFFSET + gl.log2(l_i)) * LN2  # l carries 2^P_OFFSET"
         else:
             normalise = [f"{ind}o = o / gl.convert_layout(l_i, row_o)[:, None]"]
             out, lse = "o.to(DTYPE)", "(m_i + gl.log2(l_i)) * LN2"
         return [
             f"{ind}# normalise and store (rows past seq_len masked)",
+            *([f"{ind}bh = (q_row - q_start) // seq_len  # the block's batch * H + query head (nothing more kept "
+               f"over the loop)", f"{ind}b = bh // heads", f"{ind}h = bh % heads", ind + O_HEAD]
+              if self.plan.persistent else []),
             *normalise,
             f"{ind}rows = gl.arange(0, SUB_M, row_o)",
             f"{ind}cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))",
-            f"{ind}row0 = q_row + SUB * SUB_M",
-            f"{ind}ptrs = o_ptr + (row0 + rows).to(gl.int64)[:, None] * HEAD_DIM + cols[None, :]",
-            f"{ind}gl.store(ptrs, {out}, mask=(q_start + SUB * SUB_M + rows < seq_len)[:, None])",
+            f"{ind}row0 = q_start + SUB * SUB_M  # the sub-tile's first query",
+            f"{ind}ptrs = o_head + (row0 + rows).to(gl.int64)[:, None] * o_stride_s + cols[None, :]  # O's strides",
+            f"{ind}gl.store(ptrs, {out}, mask=(row0 + rows < seq_len)[:, None])",
             f"{ind}if lse_ptr is not None:  # log-sum-exp for the backward: ln(sum exp(s*scale)) = (m + log2 l) ln 2",
             f"{ind}    rows_s = gl.arange(0, SUB_M, gl.SliceLayout(1, s_layout))",
             f"{ind}    lse = {lse}",
-            f"{ind}    lse_mask = q_start + SUB * SUB_M + rows_s < seq_len",
-            f"{ind}    gl.store(lse_ptr + (row0 + rows_s).to(gl.int64), lse, mask=lse_mask)",
+            f"{ind}    lse_mask = row0 + rows_s < seq_len",
+            f"{ind}    gl.store(lse_ptr + (q_row + SUB * SUB_M + rows_s).to(gl.int64), lse, mask=lse_mask)",
         ]
 
     def accumulators(self, ind: str) -> list[str]:
@@ -600,6 +604,10 @@ class _Compute:
         return softmax_source(plan).strip("\n") + "\n\n" + "\n".join(lines) + "\n"
 
 
+#: The (batch, head)'s first element of O, whose rows the compute partitions store through O's row stride.
+O_HEAD = "o_head = o_ptr + b.to(gl.int64) * o_stride_b + h.to(gl.int64) * o_stride_h  # O of (batch b, head h)"
+
+
 def body(plan: KernelPlan) -> KernelBody:
     """The attention forward's part of the emitted module."""
     t, comp = plan.tile, plan.compute
@@ -625,20 +633,23 @@ def body(plan: KernelPlan) -> KernelBody:
     group = (("group",) if plan.decisions.kv_heads else ())
     chunked = (("n_bh", "heads_per_chunk") if plan.decisions.causal else ())   # block_coords' causal order
     # the kernel's parameters and their types for compile_signature, in the order the launcher passes them
-    v_block = "[HEAD_DIM.value, BLOCK_N.value]" if compute.fp8 else "[BLOCK_N.value, HEAD_DIM.value]"  # fp8: V^T
-    signature = (("q_desc", "_desc_type([SUB_M.value, HEAD_DIM.value])"),
-                 ("k_desc", "_desc_type([BLOCK_N.value, HEAD_DIM.value])"),
-                 ("v_desc", f"_desc_type({v_block})"),
-                 ("o_ptr", '"*bf16"' if compute.fp8 else '"*" + str(DTYPE.value)'), ("lse_ptr", '"*fp32"'),
-                 ("seq_len", '"i32"'), ("qk_scale", '"fp32"'),
+    v_block = "HEAD_DIM.value, BLOCK_N.value" if compute.fp8 else "BLOCK_N.value, HEAD_DIM.value"  # fp8: V^T
+    signature = (("q_desc", "_desc_type([1, 1, SUB_M.value, HEAD_DIM.value])"),
+                 ("k_desc", "_desc_type([1, 1, BLOCK_N.value, HEAD_DIM.value])"),
+                 ("v_desc", f"_desc_type([1, 1, {v_block}])"),
+                 ("o_ptr", '"*bf16"' if compute.fp8 else '"*" + str(DTYPE.value)'),
+                 ("o_stride_b", '"i32"'), ("o_stride_h", '"i32"'), ("o_stride_s", '"i32"'), ("lse_ptr", '"*fp32"'),
+                 ("seq_len", '"i32"'), ("heads", '"i32"'), ("qk_scale", '"fp32"'),
                  *((("n_bh", '"i32"'), ("work_counter", '"*i32"')) if plan.persistent else ()),
                  *((("group", '"i32"'),) if plan.decisions.kv_heads else ()),
                  *((("heads_per_chunk", '"i32"'),) if plan.decisions.causal else ()),
                  *((name, '"*fp32"') for name in fp8_params))
     q_load = ("mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
               "for sub in gl.static_range(NUM_COMPUTE):",
-              "    tma.async_copy_global_to_shared(q_desc, [q_row + sub * SUB_M, 0], q_bar, q_smem.index(sub))")
-    q_smem = ("    q_smem = gl.allocate_shared_memory(DTYPE, [NUM_COMPUTE, SUB_M, HEAD_DIM], q_desc.layout)",
+              "    tma.async_copy_global_to_shared(q_desc, [b, h, q_start + sub * SUB_M, 0], q_bar,",
+              "                                    q_smem.index(sub).reshape([1, 1, SUB_M, HEAD_DIM]))")
+    q_smem = ("    q_smem = gl.allocate_shared_memory(DTYPE, [NUM_COMPUTE, SUB_M, HEAD_DIM],",
+              "                                       gl.NVMMASharedLayout.get_default_for([SUB_M, HEAD_DIM], DTYPE))",
               "    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
               "    mbarrier.init(q_bar, count=1)")
     if plan.persistent:
@@ -654,10 +665,10 @@ def body(plan: KernelPlan) -> KernelBody:
                    "    item_smem = gl.allocate_shared_memory(gl.int32, [1], "
                    "gl.SwizzledSharedLayout(1, 1, 1, order=[0]))"),
             trip="n_items",
-            coords={"k": "[kv_row + (j - first) * BLOCK_N, 0]",
+            coords={"k": "[b, kv_h, (j - first) * BLOCK_N, 0]",
                     "v": _v_coords(compute.fp8, "(j - first) * BLOCK_N")},
             load_params=("q_desc", "q_smem", "q_bar", "q_empty", "item_smem", "work_counter", "n_m", "seq_len",
-                         *group, *chunked),
+                         "heads", *group, *chunked),
             load_setup=("    first = 0  # ring iteration of the block's first K/V tile: the rings run on across "
                         "query blocks",
                         "    t = 0  # blocks done: the parity of q_empty",
@@ -691,8 +702,8 @@ def body(plan: KernelPlan) -> KernelBody:
             functions=compute.render(),
             setup=(*_setup(plan), *q_smem),
             trip="n_tiles",
-            coords={"k": "[kv_row + j * BLOCK_N, 0]", "v": _v_coords(compute.fp8, "j * BLOCK_N")},
-            load_params=("q_desc", "q_smem", "q_bar", "q_row", "kv_row", *(("seq_len",) if compute.fp8 else ())),
+            coords={"k": "[b, kv_h, j * BLOCK_N, 0]", "v": _v_coords(compute.fp8, "j * BLOCK_N")},
+            load_params=("q_desc", "q_smem", "q_bar", "b", "h", "kv_h", "q_start"),
             load_setup=tuple("    " + line for line in q_load),
             load_loop=(),
             compute_params=COMPUTE_PARAMS + fp8_params,
@@ -719,6 +730,8 @@ def body(plan: KernelPlan) -> KernelBody:
         kernel_doc=_kernel_doc(plan),
         iv="j",
         buffer_shapes={"k": "BLOCK_N, HEAD_DIM", "v": "HEAD_DIM, BLOCK_N" if compute.fp8 else "BLOCK_N, HEAD_DIM"},
+        tma_shapes={"k": "1, 1, BLOCK_N, HEAD_DIM",
+                    "v": "1, 1, HEAD_DIM, BLOCK_N" if compute.fp8 else "1, 1, BLOCK_N, HEAD_DIM"},
         constexprs=tuple((n, compute.knobs.values[n]) for n in compute.knobs.params),
         before_specialize=tuple(before),
         results="",
@@ -729,10 +742,9 @@ def body(plan: KernelPlan) -> KernelBody:
 
 
 def _v_coords(fp8_v: bool, key: str) -> str:
-    """TMA coordinates of the V tile of the key offset ``key`` (from the K/V head's first row): V rows
-    ``kv_row + key``, or (fp8) the pre-pass's V^T rows of the K/V head (``kv_row // seq_len`` heads of
-    HEAD_DIM rows before it) at column ``key``."""
-    return f"[kv_row // seq_len * HEAD_DIM, {key}]" if fp8_v else f"[kv_row + {key}, 0]"
+    """TMA coordinates (batch, K/V head, row, column) of the V tile at key ``key``: V rows from ``key``, or
+    (fp8) the pre-pass's V^T columns from ``key``."""
+    return f"[b, kv_h, 0, {key}]" if fp8_v else f"[b, kv_h, {key}, 0]"
 
 
 def _fp8_decisions(plan: KernelPlan) -> tuple[str, ...]:
@@ -740,7 +752,7 @@ def _fp8_decisions(plan: KernelPlan) -> tuple[str, ...]:
     if not fp8(plan):
         return ()
     return (f"fp8 ({plan.dtype}): S = Q K^T and O += P V are wgmma m64nNk32; the fp8 wgmma reads B K-major only, "
-            "so the launcher's pre-pass writes V^T [B*KV_HEADS*D, S padded to 16] and O += P V reads its tiles "
+            "so the launcher's pre-pass writes V^T [B, KV_HEADS, D, S padded to 16] and O += P V reads its tiles "
             "through a transposed view; P = exp2(S*scale - m + P_OFFSET) is converted to fp8 in registers; "
             "q_descale * k_descale is folded into the softmax scale and v_descale into 1 / l per (batch, head); "
             "O is stored in o_ptr's dtype (bf16, or fp16 on request)",)
@@ -762,10 +774,12 @@ def _mask_decisions(plan: KernelPlan) -> tuple[str, ...]:
 def _kernel_doc(plan: KernelPlan) -> str:
     """The kernel's docstring: what it computes and the shapes of its operands."""
     mask = " with the causal mask" if plan.decisions.causal else ""
-    shapes = "Q, O are [B*H*S, D], K, V [B*KV_HEADS*S, D]" if plan.decisions.kv_heads else "Q, K, V, O are [B*H*S, D]"
+    shapes = ("Q, O are [B, H, S, D], K, V [B, KV_HEADS, S, D]" if plan.decisions.kv_heads
+              else "Q, K, V, O are [B, H, S, D]")
     what = ("for the query blocks of the n_bh = B*H heads, claimed from work_counter (persistent)" if plan.persistent
             else "for one (query block, batch*head)")
-    return f"O = softmax(Q K^T * scale) V{mask} {what}; {shapes}; LSE [B*H*S] fp32 when lse_ptr is given."
+    return (f"O = softmax(Q K^T * scale) V{mask} {what}; {shapes} (Q, K, V read by rank-4 TMA descriptors with "
+            f"their own strides, O stored through o_stride_*); LSE [B*H*S] fp32 when lse_ptr is given.")
 
 
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
@@ -779,18 +793,19 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
                "    pid_m = n_m - 1 - heavy"]
     else:
         pid = ["    pid_m = gl.program_id(0)", "    bh = gl.program_id(1)"]
-    return tuple(pid + _rows(plan) + _trip(plan))
+    return tuple(pid + _rows(plan) + ["    " + O_HEAD] + _trip(plan))
 
 
 def _rows(plan: KernelPlan) -> list[str]:
-    """``kv_row``, ``q_start``, ``q_row`` of query block ``pid_m`` of (batch, head) ``bh``."""
-    if plan.decisions.kv_heads:
-        return ["    kv_row = (bh // group) * seq_len  # grouped-query: query head h reads K/V head h // group",
-                "    q_start = pid_m * BLOCK_M",
-                "    q_row = bh * seq_len + q_start"]
-    return ["    kv_row = bh * seq_len",
+    """The batch ``b``, query head ``h`` and K/V head ``kv_h`` of ``bh`` (batch * heads + head), the block's first
+    query ``q_start`` and ``q_row``, its first row of the LSE [B*H*S]."""
+    kv_h = ("    kv_h = h // group  # grouped-query: query head h reads K/V head h // group" if plan.decisions.kv_heads
+            else "    kv_h = h")
+    return ["    b = bh // heads  # batch",
+            "    h = bh % heads  # query head",
+            kv_h,
             "    q_start = pid_m * BLOCK_M",
-            "    q_row = kv_row + q_start"]
+            "    q_row = bh * seq_len + q_start  # the block's first LSE row"]
 
 
 def _trip(plan: KernelPlan) -> list[str]:
@@ -814,19 +829,21 @@ def block_coords_source(plan: KernelPlan) -> str:
         lines += [*heaviest_first_chunks("item", "n_m", "n_bh", "heavy", "bh"), "    pid_m = n_m - 1 - heavy"]
     else:
         lines += ["    pid_m = item % n_m", "    bh = item // n_m"]
-    lines += _rows(plan) + _trip(plan) + ["    return q_start, q_row, kv_row, n_tiles"]
+    lines += _rows(plan) + _trip(plan) + ["    return q_start, q_row, b, h, kv_h, n_tiles"]
     return "\n".join(lines) + "\n"
 
 
 def _block_coords_call(plan: KernelPlan) -> str:
     """The persistent kernel's line (in the loop over the CTA's blocks) that finds the block of work item
     ``item``."""
-    return f"        q_start, q_row, kv_row, n_tiles = block_coords(item, n_m, seq_len{_coords_args(plan)})"
+    return f"        q_start, q_row, b, h, kv_h, n_tiles = block_coords(item, n_m, seq_len{_coords_args(plan)})"
 
 
 def _coords_args(plan: KernelPlan) -> str:
-    """``block_coords``'s parameters after ``seq_len``: the heads and their chunks (causal), the K/V grouping."""
-    return (", n_bh, heads_per_chunk" if plan.decisions.causal else "") + (", group" if plan.decisions.kv_heads else "")
+    """``block_coords``'s parameters after ``seq_len``: the query heads, the heads and their chunks (causal), the
+    K/V grouping."""
+    return (", heads" + (", n_bh, heads_per_chunk" if plan.decisions.causal else "")
+            + (", group" if plan.decisions.kv_heads else ""))
 
 
 def _persistent_decisions(plan: KernelPlan) -> tuple[str, ...]:
