@@ -37,7 +37,7 @@ from twill.errors import TwillError, UnsupportedFeatureError
 from twill.integrations.triton import lower_ttgir
 from twill.integrations.triton.compile import KernelSpec, compile_with_edit
 from twill.integrations.triton.lower import LoweredLoop
-from twill.integrations.triton.mlir import ForLoop, find_loops, type_colon
+from twill.integrations.triton.mlir import ForLoop, add_attribute, find_loops
 from twill.ir.graph import Edge, LoopGraph, frozen_attrs
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
@@ -356,18 +356,7 @@ def set_schedule_attrs(line: str, stage: int, cluster: int) -> str:
     if _STAGE.search(line) and _CLUSTER.search(line):
         line = _STAGE.sub(f"loop.stage = {stage} : i32", line, count=1)
         return _CLUSTER.sub(f"loop.cluster = {cluster} : i32", line, count=1)
-    region_end = re.match(r"^(\s*\})\s*(?:\{(.*?)\})?(\s*loc\(.*)?$", line)
-    if region_end:                         # the closing line of an scf.if: attributes follow the region
-        inner = f"{region_end.group(2)}, {attrs}" if region_end.group(2) else attrs
-        tail = f" {region_end.group(3).strip()}" if region_end.group(3) else ""
-        return f"{region_end.group(1)} {{{inner}}}{tail}"
-    cut = type_colon(line)
-    if cut < 0:
-        raise TwillError(f"cannot place schedule attributes on {line.strip()[:80]!r}")
-    head = line[:cut].rstrip()
-    if head.endswith("}"):                 # an attribute dictionary precedes the types: extend it
-        return head[:-1].rstrip() + f", {attrs}}}" + line[cut:]
-    return head + f" {{{attrs}}}" + line[cut:]
+    return add_attribute(line, attrs)
 
 
 def set_loop_max_stage(line: str, max_stage: int) -> str:

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from twill.errors import FormatError
+from twill.errors import FormatError, TwillError
 
 _VALUE = re.compile(r"%[A-Za-z0-9_$.\-]+(?:#\d+)?")
 _OPNAME = re.compile(r'^\s*(?:(?P<res>%[^=]+?)\s*=\s*)?"?(?P<op>[a-z_][a-z0-9_]*\.[a-z0-9_.]+)"?')
@@ -148,6 +148,22 @@ def type_colon(line: str) -> int:
             return i - 1
     return -1
 
+
+
+def add_attribute(line: str, attr: str) -> str:
+    """``line`` (a statement's last line) with ``attr`` added to its attribute dictionary."""
+    region_end = re.match(r"^(\s*\})\s*(?:\{(.*?)\})?(\s*loc\(.*)?$", line)
+    if region_end:                         # the closing line of an op with a region: attributes follow it
+        inner = f"{region_end.group(2)}, {attr}" if region_end.group(2) else attr
+        tail = f" {region_end.group(3).strip()}" if region_end.group(3) else ""
+        return f"{region_end.group(1)} {{{inner}}}{tail}"
+    cut = type_colon(line)
+    if cut < 0:
+        raise TwillError(f"cannot place the attribute {attr!r} on {line.strip()[:80]!r}")
+    head = line[:cut].rstrip()
+    if head.endswith("}"):                 # an attribute dictionary precedes the types: extend it
+        return head[:-1].rstrip() + f", {attr}}}" + line[cut:]
+    return head + f" {{{attr}}}" + line[cut:]
 
 def _type_signature(tail: str) -> str:
     """The part of a statement's last line after its top-level ``:`` (the type signature), without loc."""

@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 from twill.errors import TwillError, UnsupportedFeatureError
 from twill.integrations.triton.compile import KernelSpec, compile_with_edit
 from twill.integrations.triton.lower import LoweredLoop
-from twill.integrations.triton.mlir import ForLoop, type_colon
+from twill.integrations.triton.mlir import ForLoop, add_attribute
 from twill.machine.models import Machine
 from twill.schedule.result import Schedule
 from twill.schedule.stages import LOAD_KINDS
@@ -153,22 +153,6 @@ def plan_partitions(lowered: LoweredLoop, schedule: Schedule) -> PartitionPlan:
         if st.op == "ttg.local_alloc" and len(into) == 1:
             tasks[st.index] = into.pop()
     return PartitionPlan(tasks=tasks, groups={task: group for group, task in task_of_group.items()})
-
-
-def add_attribute(line: str, attr: str) -> str:
-    """``line`` (a statement's last line) with ``attr`` added to its attribute dictionary."""
-    region_end = re.match(r"^(\s*\})\s*(?:\{(.*?)\})?(\s*loc\(.*)?$", line)
-    if region_end:                         # the closing line of an op with a region: attributes follow it
-        inner = f"{region_end.group(2)}, {attr}" if region_end.group(2) else attr
-        tail = f" {region_end.group(3).strip()}" if region_end.group(3) else ""
-        return f"{region_end.group(1)} {{{inner}}}{tail}"
-    cut = type_colon(line)
-    if cut < 0:
-        raise TwillError(f"cannot place the attribute {attr!r} on {line.strip()[:80]!r}")
-    head = line[:cut].rstrip()
-    if head.endswith("}"):                 # an attribute dictionary precedes the types: extend it
-        return head[:-1].rstrip() + f", {attr}}}" + line[cut:]
-    return head + f" {{{attr}}}" + line[cut:]
 
 
 def _task_attr(task: int) -> str:
