@@ -489,7 +489,7 @@ def test_flash_causal_and_grouped_kernels_differ_as_their_schedules():
                                                                                       depth=depth))
     assert len(set(sources.values())) == len(sources) == 8
     for (causal, kv_heads, _, _), source in sources.items():
-        assert ("gl.minimum(q_start + BLOCK_M, seq_len)" in source) == causal
+        assert ("gl.minimum(q_start + BLOCK_M + seq_k - seq_q, seq_k)" in source) == causal
         assert ("cols[None, :] <= rows[:, None]" in source) == causal
         assert ("kv_row = (bh // group) * seq_len" in source) == bool(kv_heads)
         assert ("KV_HEADS      = gl.constexpr(4)" in source) == bool(kv_heads)
@@ -803,8 +803,9 @@ def test_the_causal_forward_order_balances_its_blocks_in_list_scheduling(seq, la
     for pid1 in range(heads):
         for pid0 in range(blocks):
             env = {"gl": types.SimpleNamespace(num_programs=(blocks, heads).__getitem__, minimum=min,
-                                               program_id=(pid0, pid1).__getitem__, cdiv=lambda a, b: -(-a // b)),
-                   "heads_per_chunk": max(1, sms // blocks), "seq_len": seq, "BLOCK_M": 128, "BLOCK_N": 128,
+                                               program_id=(pid0, pid1).__getitem__, cdiv=lambda a, b: -(-a // b),
+                                               maximum=max),
+                   "heads_per_chunk": max(1, sms // blocks), "seq_q": seq, "seq_k": seq, "BLOCK_M": 128, "BLOCK_N": 128,
                    "heads": 32}
             exec(code, env)
             order.append((env["pid_m"], env["bh"]))

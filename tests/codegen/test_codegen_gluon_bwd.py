@@ -144,7 +144,8 @@ def test_backward_causal_gqa_bf16_compile(tmp_path, options):
     module, source, facts, _ = _compile(tmp_path, sched, name)
     assert facts.wgmma_shapes and facts.tma_loads >= 5 and facts.tma_load_ranks == (2, 4)
     if options.get("causal"):
-        assert "m_first = n_start // BLOCK_M" in source and "keys[:, None] <= queries[None, :]" in source
+        assert "n_pos = n_start - (seq_k - seq_q)" in source and "m_first = gl.maximum(n_pos, 0) // BLOCK_M" in source
+        assert "keys[:, None] <= queries[None, :]" in source   # keys on the query axis: bottom-right aligned
     if options.get("kv_heads"):
         assert module.KV_HEADS.value == options["kv_heads"]
     assert module.DTYPE.value == (triton.language.bfloat16 if options.get("dtype") == "bf16"
@@ -161,13 +162,13 @@ def test_backward_helper_kernels_compile(tmp_path):
     module = load_emitted(str(_write(tmp_path, _schedule(head_dim=64), "helpers")), "twill_test_bwd_helpers")
     strides = lambda name: {f"{name}_stride_{d}": "i32" for d in "bhs"}  # noqa: E731
     pre = {"o_ptr": "*fp16", **strides("o"), "do_ptr": "*fp16", **strides("do"), "delta_ptr": "*fp32",
-           "lse_ptr": "*fp32", **strides("lse"), "lse_out_ptr": "*fp32", "seq_len": "i32", "s_pad": "i32"}
+           "lse_ptr": "*fp32", **strides("lse"), "lse_out_ptr": "*fp32", "seq_q": "i32", "s_pad": "i32"}
     stores = {}
     for name, fn, sig, fixed in (
             ("lse", module.preprocess_kernel, pre, {}),
             ("plain", module.preprocess_kernel, pre, {"lse_ptr": None, "lse_out_ptr": None}),
             ("dq", module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", **strides("dq"),
-                                              "seq_len": "i32", "s_pad": "i32", "sm_scale": "fp32"}, {})):
+                                              "seq_q": "i32", "s_pad": "i32", "sm_scale": "fp32"}, {})):
         sig = {k: "constexpr" if k in fixed else v for k, v in sig.items()}
         compiled = triton.compile(GluonASTSource(fn, sig, constexprs=fixed), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": 4})

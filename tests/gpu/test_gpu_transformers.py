@@ -68,3 +68,30 @@ def test_llama_training_steps_match_sdpa(kv_heads):
     for step, (a, b) in enumerate(zip(twill_losses, sdpa_losses)):
         assert abs(a - b) <= 2e-2 * abs(b), (step, twill_losses, sdpa_losses)
     assert twill_losses[-1] < twill_losses[0]            # it trains
+
+
+def test_decode_steps_with_a_kv_cache_match_sdpa():
+    """Prefill and decode with a DynamicCache: the decode steps call the op with one query and every cached
+    key (bottom-right causal, S_k > S); the logits of each step agree with SDPA's from the same weights."""
+    twill.integrations.transformers.register()
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=1024, intermediate_size=2816,
+                                      num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                                      max_position_embeddings=2048)
+    torch.manual_seed(0)
+    models = {name: transformers.AutoModelForCausalLM.from_config(config, attn_implementation=name,
+                                                                  dtype=torch.bfloat16).cuda().eval()
+              for name in ("twill", "sdpa")}
+    models["sdpa"].load_state_dict(models["twill"].state_dict())
+    ids = torch.randint(0, 1000, (2, 300), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    logits = {}
+    with torch.no_grad():
+        for name, model in models.items():
+            cache = transformers.DynamicCache(config=config)
+            out = model(input_ids=ids, cache=cache, use_cache=True)
+            steps, token = [out.logits[:, -1].float()], ids[:, -1:]
+            for _ in range(8):       # decode: one query against the growing cache
+                out = model(input_ids=token, cache=cache, use_cache=True)
+                steps.append(out.logits[:, -1].float())
+            logits[name] = torch.stack(steps)
+    err = (logits["twill"] - logits["sdpa"]).norm() / logits["sdpa"].norm()
+    assert float(err) < 2e-2

@@ -118,6 +118,25 @@ def test_fake_outputs_have_the_kernels_shapes_dtypes_and_strides():
     assert (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
 
 
+@pytest.mark.parametrize("sq,sk", [(1, 300), (300, 1), (128, 512), (96, 64)])
+def test_key_length_may_differ_from_the_query_length(sq, sk):
+    """k, v [B, H_kv, S_k, D] with S_k != S: out and lse follow q, dk and dv follow k and v (fake outputs,
+    through the public function and its registered autograd); a key length of 0 is refused."""
+    q = _meta(2, sq, 8, 64).transpose(1, 2)
+    k, v = (_meta(2, sk, 2, 64).transpose(1, 2) for _ in range(2))
+    out, lse = library.attention_forward(q, k, v, True, 0.125)
+    assert (out.shape, lse.shape) == ((2, 8, sq, 64), (2, 8, sq))
+    dq, dk, dv = library.attention_backward(out, q, k, v, out, lse, True, 0.125)
+    assert (dq.shape, dk.shape, dv.shape) == ((2, 8, sq, 64), (2, 2, sk, 64), (2, 2, sk, 64))
+    for causal in (False, True):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out = twill.ops.attention(q, k, v, causal=causal)
+        out.sum().backward()
+        assert out.shape == q.shape and (q.grad.shape, k.grad.shape, v.grad.shape) == (q.shape, k.shape, v.shape)
+    with pytest.raises(UnsupportedFeatureError, match=r"no keys \(key length 0\) for \d+ queries"):
+        twill.ops.attention(q, k[:, :, :0], v[:, :, :0])
+
+
 def test_fp8_fake_outputs_are_bf16_by_default_or_the_output_dtype():
     q, k = _fp8(2, 8, 128, 64), _fp8(2, 2, 128, 64)
     out, lse = library.attention_forward(q, k, k, False, 0.125)

@@ -1,12 +1,13 @@
-"""``twill.ops.attention``, the function users call: its input checks, then the custom op of
-:mod:`twill.ops.library` (imported on the first call, so importing twill needs no torch)."""
+"""``twill.ops.attention`` and ``twill.ops.attention_varlen``, the functions users call: their input checks,
+then the custom ops of :mod:`twill.ops.library` (imported on the first call, so importing twill needs no
+torch)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from twill.errors import UnsupportedFeatureError
-from twill.ops.flash import check_fp8_options, check_inputs
+from twill.ops.flash import check_fp8_options, check_inputs, check_varlen_inputs
 
 
 def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None, *, q_descale: Any = None,
@@ -29,9 +30,13 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
             whose last dimension is contiguous and whose other strides are multiples of 16 bytes, such as a
             ``[B, S, H, D]`` tensor's ``.transpose(1, 2)``; another layout raises
             :class:`~twill.errors.UnsupportedFeatureError` naming the tensor.
-        k, v: ``[B, H_kv, S, D]``, same dtype; ``H`` a multiple of ``H_kv`` (grouped-query attention; the
-            gradients of k and v are summed over each group's query heads).
-        causal: mask keys after each query's position (query i sees keys 0..i).
+        k, v: ``[B, H_kv, S_k, D]``, same dtype; ``H`` a multiple of ``H_kv`` (grouped-query attention; the
+            gradients of k and v are summed over each group's query heads); the key length ``S_k`` may differ
+            from the query length ``S`` (not 0 when ``S`` is not).
+        causal: the causal mask aligned bottom-right, as FlashAttention's: query i sees keys
+            ``0..i + S_k - S`` (keys 0..i when ``S_k == S``; a decode step's queries, the last of a KV cache,
+            see every key before them). When ``S_k < S`` the first ``S - S_k`` queries see no key: their output
+            rows are 0 (and their log-sum-exp -inf, FA3's convention), and their gradients 0.
         scale: softmax scale, default ``1/sqrt(D)``.
         q_descale, k_descale, v_descale: fp8 only: None or a float32 tensor on q's device, of shape ``[]``
             (one factor) or ``[B, H_kv]`` (one per batch and K/V head, as FA3 takes them); the kernel computes
@@ -60,4 +65,53 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
         if problem is not None:
             raise UnsupportedFeatureError(f"twill.ops.attention: {problem} (.contiguous() gives it such a layout)")
     out, _ = library.attention_forward(q, k, v, bool(causal), scale, q_descale, k_descale, v_descale, out_dtype)
+    return out
+
+
+def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,
+                     max_seqlen_k: int, causal: bool = False, scale: float | None = None) -> Any:
+    """Attention over variable-length packed sequences with Twill's generated Hopper forward kernel,
+    FlashAttention's varlen interface (``flash_attn_varlen_func``).
+
+    Sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of ``q`` and ``cu_seqlens_k[b]:cu_seqlens_k[b +
+    1]`` of ``k`` and ``v``; each attends only to its own keys. A ``torch.library`` custom op
+    (``twill::attention_varlen_forward``): ``torch.compile`` captures it without a graph break. Forward only:
+    a gradient request (grad mode on and q, k or v requiring a gradient) raises
+    :class:`~twill.errors.UnsupportedFeatureError`, as do the inputs the kernels do not cover
+    (:func:`~twill.ops.flash.check_varlen_inputs`, then :func:`~twill.ops.flash.check_device` in the op).
+
+    Args:
+        q: ``[total_q, H, D]`` float16 or bfloat16 CUDA tensor (D = 64, 128 or 256), the sequences' queries one
+            after another; read where it lies (any strides whose last dimension is contiguous and whose other
+            strides are multiples of 16 bytes).
+        k, v: ``[total_k, H_kv, D]``, same dtype; ``H`` a multiple of ``H_kv`` (grouped-query attention).
+        cu_seqlens_q, cu_seqlens_k: int32 ``[batch + 1]`` on q's device: the sequences' first rows, from 0,
+            non-decreasing, ending at ``total_q`` / ``total_k``; a sequence may be empty (length 0).
+        max_seqlen_q, max_seqlen_k: ints, at least every sequence's query / key length (the kernel's grid
+            covers ``max_seqlen_q`` query rows per sequence: rows past it are never computed, as in
+            FlashAttention; the values are not checked, which would read the offsets on the host).
+        causal: the causal mask aligned bottom-right in each sequence, as FlashAttention's: query i sees keys
+            ``0..i + len_k - len_q``; a query that sees no key (``len_k < len_q``, or ``len_k = 0``) gets 0.
+        scale: softmax scale, default ``1/sqrt(D)``.
+
+    Returns:
+        ``[total_q, H, D]`` in q's dtype, laid out like q.
+    """
+    import math
+
+    import torch
+
+    from twill.ops import library
+
+    needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    spec = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                               backward=needs_grad)
+    scale = 1.0 / math.sqrt(spec.head_dim) if scale is None else float(scale)
+    for name, t in (("q", q), ("k", k), ("v", v)):   # read where they lie: never copied
+        problem = library.layout_problem(t, name)
+        if problem is not None:
+            raise UnsupportedFeatureError(f"twill.ops.attention_varlen: {problem} (.contiguous() gives it such a "
+                                          f"layout)")
+    out, _ = library.attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                              bool(causal), scale)
     return out

@@ -13,7 +13,7 @@ caches the compiled kernels itself.
 
 Inputs the kernels do not cover raise :class:`~twill.errors.UnsupportedFeatureError` with the reason,
 before any work: tensors off a Hopper GPU, dtypes other than fp16/bf16 and fp8 e4m3 (forward only), a head
-dimension other than 64, 128 or 256 (64 or 128 with a gradient), query and key lengths that differ, a query
+dimension other than 64, 128 or 256 (64 or 128 with a gradient), a key length of 0 (with queries), a query
 head count that is not a multiple of the K/V head count, or descale factors and output dtypes the kernels do
 not take.
 """
@@ -185,7 +185,7 @@ def prepare(head_dim: int, dtype: Any, causal: bool = False, kv_heads: int = 0, 
 
 def kernel_spec(kernel: str, q: Any, k: Any, causal: bool) -> KernelSpec:
     """The spec of ``kernel`` (:data:`FORWARD`'s or :data:`BACKWARD`'s name) for ``q [B, H, S, D]`` and
-    ``k [B, H_kv, S, D]`` of a dtype of :data:`FORWARD_DTYPES` (shapes checked by :func:`check_inputs`)."""
+    ``k [B, H_kv, S_k, D]`` of a dtype of :data:`FORWARD_DTYPES` (shapes checked by :func:`check_inputs`)."""
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[3]
     return KernelSpec(kernel, int(head_dim), FORWARD_DTYPES[str(q.dtype).removeprefix("torch.")], bool(causal),
                       0 if kv_heads == heads else int(kv_heads))
@@ -196,7 +196,7 @@ def _unsupported(what: str) -> UnsupportedFeatureError:
 
 
 def check_inputs(q: Any, k: Any, v: Any, *, causal: bool, backward: bool) -> KernelSpec:
-    """The forward kernel's spec for ``q [B, H, S, D]``, ``k, v [B, H_kv, S, D]``, or an
+    """The forward kernel's spec for ``q [B, H, S, D]``, ``k, v [B, H_kv, S_k, D]`` (S_k may differ from S), or an
     :class:`UnsupportedFeatureError` naming what the kernels do not cover. Reads only types, shapes, dtypes
     and devices, so ``torch.compile`` traces it without a graph break, and tensors that carry only a shape
     (``meta``, fake) pass; where the tensors are is :func:`check_device`'s question, asked by the kernels'
@@ -222,9 +222,9 @@ def check_inputs(q: Any, k: Any, v: Any, *, causal: bool, backward: bool) -> Ker
     if v.shape != k.shape:
         raise _unsupported(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if bk != b or dk != d:
-        raise _unsupported(f"k has shape {tuple(k.shape)}; expected [{b}, H_kv, {s}, {d}] for q {tuple(q.shape)}")
-    if sk != s:
-        raise _unsupported(f"query length {s} and key length {sk} differ; the kernels take self-attention")
+        raise _unsupported(f"k has shape {tuple(k.shape)}; expected [{b}, H_kv, S_k, {d}] for q {tuple(q.shape)}")
+    if sk == 0 and s:
+        raise _unsupported(f"k and v have no keys (key length 0) for {s} queries")
     if hk == 0 or h % hk:
         raise _unsupported(f"{h} query heads are not a multiple of {hk} K/V heads")
     dims = BACKWARD_HEAD_DIMS if backward else FORWARD_HEAD_DIMS
@@ -232,6 +232,57 @@ def check_inputs(q: Any, k: Any, v: Any, *, causal: bool, backward: bool) -> Ker
         what = "with a gradient " if backward else ""
         raise _unsupported(f"head dimension {d} is not supported {what}(supported: {', '.join(map(str, dims))})")
     return kernel_spec(FORWARD.name, q, k, causal)
+
+
+def check_varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
+                        max_seqlen_k: Any, *, causal: bool, backward: bool) -> KernelSpec:
+    """The varlen forward kernel's spec for packed ``q [total_q, H, D]``, ``k, v [total_k, H_kv, D]`` and
+    ``cu_seqlens_q``, ``cu_seqlens_k`` int32 ``[batch + 1]`` (FlashAttention's varlen interface), or an
+    :class:`UnsupportedFeatureError` naming what the kernels do not cover: a gradient (the varlen backward is
+    not generated), fp8, other shapes, dtypes or head dimensions. Reads only types, shapes, dtypes and
+    devices, never the offsets' values (so ``torch.compile`` traces it and ``meta`` tensors pass)."""
+    import torch
+
+    def unsupported(what: str) -> UnsupportedFeatureError:
+        return UnsupportedFeatureError(f"twill.ops.attention_varlen: {what}")
+
+    for name, t in {"q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}.items():
+        if not isinstance(t, torch.Tensor):
+            raise unsupported(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise unsupported(f"{name} must be 3-D [total, heads, head_dim] (packed sequences), got shape "
+                              f"{tuple(t.shape)}")
+    if backward:
+        raise unsupported("no backward is generated for variable-length sequences (forward only: call it under "
+                          "torch.no_grad() or on tensors that do not require a gradient; twill.ops.attention on "
+                          "padded [B, H, S, D] tensors has one)")
+    if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise unsupported(f"q, k and v must all be float16 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if any(t.device != q.device for t in (k, v, cu_seqlens_q, cu_seqlens_k)):
+        raise unsupported("q, k, v, cu_seqlens_q and cu_seqlens_k must be on one device")
+    if v.shape != k.shape:
+        raise unsupported(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    (_, h, d), (_, hk, dk) = q.shape, k.shape
+    if dk != d:
+        raise unsupported(f"k has head dimension {dk}, q {d}")
+    if hk == 0 or h % hk:
+        raise unsupported(f"{h} query heads are not a multiple of {hk} K/V heads")
+    if d not in FORWARD_HEAD_DIMS:
+        raise unsupported(f"head dimension {d} is not supported (supported: "
+                          f"{', '.join(map(str, FORWARD_HEAD_DIMS))})")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] < 1:
+            raise unsupported(f"{name} must be an int32 vector of batch + 1 offsets, got {t.dtype} of shape "
+                              f"{tuple(t.shape)}")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise unsupported(f"cu_seqlens_q and cu_seqlens_k must have one length (batch + 1), got "
+                          f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise unsupported(f"{name} must be a non-negative int, got {n!r}")
+    spec = kernel_spec(FORWARD.name, q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), causal)
+    return KernelSpec(spec.kernel, spec.head_dim, spec.dtype, spec.causal, spec.kv_heads, varlen=True)
 
 
 def check_fp8_options(q: Any, k: Any, descales: dict[str, Any], out_dtype: Any) -> Any:

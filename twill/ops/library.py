@@ -8,7 +8,11 @@ captures a model that calls it in one graph:
   ``transpose(1, 2)`` gets an output laid out the same way), ``lse`` is contiguous. The descale factors (fp8
   only, each None, ``[]`` or ``[B, H_kv]`` float32) multiply q, k and v as FA3's do;
 * ``twill::attention_backward(grad_out, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)``: the generated
-  ``flash-bwd`` kernel; the gradients take the strides of q, k and v.
+  ``flash-bwd`` kernel; the gradients take the strides of q, k and v;
+* ``twill::attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+  scale) -> (out, lse)``: the generated varlen forward over packed sequences (FlashAttention's varlen
+  interface); ``out [total_q, H, D]`` like q, ``lse [H, total_q]`` float32 (FlashAttention's varlen layout).
+  It has no autograd: :func:`twill.ops.attention_varlen` refuses a gradient request before calling it.
 
 Neither op copies its inputs: the kernels read q, k, v, out and grad_out where they lie (any strides whose
 last dimension is contiguous and whose other strides are multiples of 16 bytes, what TMA reads;
@@ -33,11 +37,13 @@ from typing import Any
 
 import torch
 
-from twill.ops.flash import BACKWARD, FORWARD, check_device, kernel_module, kernel_spec
+from twill.ops.flash import BACKWARD, FORWARD, KernelSpec, check_device, kernel_module, kernel_spec
 
 #: The ops' schemas (what ``torch.library`` records of their arguments and results).
 FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, Tensor? q_descale=None, "
                   "Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
+VARLEN_FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+                         "SymInt max_seqlen_k, bool causal, float scale) -> (Tensor, Tensor)")
 BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
                    "float scale) -> (Tensor, Tensor, Tensor)")
 
@@ -135,3 +141,29 @@ def _backward(ctx: Any, grad_out: torch.Tensor, grad_lse: Any) -> tuple[Any, ...
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _varlen_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``out`` like the packed q ``[total_q, H, D]`` (its strides) and contiguous float32 ``lse [H, total_q]``."""
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("twill::attention_varlen_forward", mutates_args=(), schema=VARLEN_FORWARD_SCHEMA)
+def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` of attention over each packed sequence by the generated varlen forward kernel."""
+    check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    out, lse = _varlen_outputs(q)
+    spec = kernel_spec(FORWARD.name, q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), causal)
+    module = kernel_module(KernelSpec(spec.kernel, spec.head_dim, spec.dtype, spec.causal, spec.kv_heads,
+                                      varlen=True))
+    module.launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale=scale, out=out, lse=lse)
+    return out, lse
+
+
+@attention_varlen_forward.register_fake
+def _attention_varlen_forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                   cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _varlen_outputs(q)

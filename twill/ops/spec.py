@@ -33,6 +33,8 @@ class KernelSpec:
     """One generated kernel: the built-in loop (the :data:`FORWARD` or :data:`BACKWARD` family) and its options.
 
     ``kv_heads`` is 0 when K/V have as many heads as Q, else the K/V head count (grouped-query attention).
+    ``varlen``: the forward over variable-length packed sequences (``twill.ops.attention_varlen``; one CTA per
+    query block, 16-bit only), a code-generator attribute: it shares the shipped schedule of its loop.
     """
 
     kernel: str
@@ -40,11 +42,12 @@ class KernelSpec:
     dtype: str
     causal: bool
     kv_heads: int
+    varlen: bool = False
 
     def kernel_options(self) -> dict[str, Any]:
         """Options of :func:`twill.kernels.build_kernel`: the loop shape the kernel is generated for."""
         options: dict[str, Any] = {"head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal,
-                                   "kv_heads": self.kv_heads}
+                                   "kv_heads": self.kv_heads, **({"varlen": True} if self.varlen else {})}
         if self.kernel == FORWARD.name:
             # 64-key blocks at D=256, where two 128-key K/V stages do not fit.
             options.update(subtiles=self.subtiles(), block_n=64 if self.head_dim == 256 else 128)
@@ -99,19 +102,21 @@ class KernelSpec:
         one CTA per block. The fp8 causal kernels compile without spills persistent too (the persistent fp8
         kernel that spills, 256 bytes, is the non-causal D = 128 one, which runs one CTA per block), so the
         rule is the same for fp8; tests/ops/test_ops.py compiles each and checks ptxas's report."""
-        return self.kernel == FORWARD.name and self.causal
+        return self.kernel == FORWARD.name and self.causal and not self.varlen   # varlen: one CTA per block
 
     def file_name(self, version: str) -> str:
         """Cache file name: readable options and a digest of the spec and Twill's sources."""
         digest = hashlib.sha256(f"{sorted(asdict(self).items())}|{version}".encode()).hexdigest()[:16]
         mask = "causal" if self.causal else "full"
         group = f"_kv{self.kv_heads}" if self.kv_heads else ""
-        return f"{self.kernel.replace('-', '_')}_d{self.head_dim}_{self.dtype}_{mask}{group}_{digest}.py"
+        varlen = "_varlen" if self.varlen else ""
+        return f"{self.kernel.replace('-', '_')}_d{self.head_dim}_{self.dtype}_{mask}{group}{varlen}_{digest}.py"
 
 
-#: Graph attributes only the code generator reads (the masked tiles of a causal kernel and the K/V head
-#: groups lie outside the scheduled loop): kernels whose graphs differ only in these share one solve.
-CODEGEN_ONLY_ATTRS = frozenset({"causal", "kv_heads"})
+#: Graph attributes only the code generator reads (the masked tiles of a causal kernel, the K/V head groups
+#: and the sequences of a varlen kernel lie outside the scheduled loop): kernels whose graphs differ only in
+#: these share one solve.
+CODEGEN_ONLY_ATTRS = frozenset({"causal", "kv_heads", "varlen"})
 
 
 def solve_key(graph: Any, streaming_depth: int | None, extra_copies: int) -> str:

@@ -120,7 +120,39 @@ def test_the_mask_function_leaves_out_only_the_plain_causal_mask():
     padded[0, 0] = False
     sliding = sliding_window_causal_mask_function(4)
     for kwargs in ({"attention_mask": padded}, {"mask_function": sliding}, {"allow_is_causal_skip": False},
-                   {"q_offset": 3, "kv_length": 19}):
+                   {"q_offset": 3, "kv_length": 24}, {"q_offset": 2, "kv_length": 19},
+                   {"q_offset": 3, "kv_offset": 1, "kv_length": 19}):
         args = {"mask_function": causal_mask_function, "kv_length": 16, **kwargs}
         mask = attention_mask(2, 16, **args)
         assert mask is not None and mask.dtype == torch.bool and mask.shape[-2:] == (16, args["kv_length"]), kwargs
+
+
+@pytest.mark.parametrize("q_length,q_offset,kv_offset,kv_length", [(16, 3, 0, 19), (1, 40, 0, 41), (5, 0, 0, 5),
+                                                                    (4, 10, 2, 12)])
+def test_a_query_offset_from_a_filled_cache_is_the_kernels_bottom_right_causal_mask(q_length, q_offset, kv_offset,
+                                                                                     kv_length):
+    """The queries at the cache's last positions (prefill or decode with a KV cache): no mask, as the
+    kernels' causal mask aligned bottom-right (query i sees keys 0..i + kv_length - q_length) is the one
+    transformers builds for these arguments."""
+    from transformers.masking_utils import causal_mask_function
+
+    from twill.integrations.transformers.attention import attention_mask
+
+    args = dict(q_offset=q_offset, kv_offset=kv_offset, mask_function=causal_mask_function)
+    assert attention_mask(2, q_length, kv_length, **args) is None
+    built = attention_mask(2, q_length, kv_length, allow_is_causal_skip=False, **args)
+    bottom_right = torch.ones(q_length, kv_length, dtype=torch.bool).tril(kv_length - q_length)
+    assert torch.equal(built[0, 0], bottom_right)
+
+
+def test_generation_with_a_kv_cache_calls_the_op_with_the_cached_keys(calls):
+    """Prefill then one decode step with a DynamicCache (meta tensors, the op's fake implementation): the
+    decode step's one query attends to every cached key, the op's causal call with Sk > Sq."""
+    model = _model("meta")
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 12, dtype=torch.long, device="meta"), cache=cache, use_cache=True)
+        out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device="meta"), cache=cache,
+                    use_cache=True)
+    assert out.logits.shape == (1, 1, 128)
+    assert [(c["q"][2], c["k"][2], c["causal"]) for c in calls] == [(12, 12, True)] * 2 + [(1, 13, True)] * 2

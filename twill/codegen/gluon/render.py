@@ -368,9 +368,10 @@ def render_host(plan: KernelPlan, body: KernelBody) -> str:
 def kv_shape_source(kv_heads: int, head_dim: str) -> str:
     """Launcher lines that set ``kv_shape``, the expected K/V shape of an attention kernel with ``kv_heads``
     K/V heads (0: one per query head; else grouped, after checking that the query heads divide into the
-    groups); ``head_dim`` is the launcher's expression for D. Shared by the attention families' bodies."""
+    groups; the key length is k's, which may differ from the query length S); ``head_dim`` is the launcher's
+    expression for D. Shared by the attention families' bodies."""
     if kv_heads:
         return ("    if H % KV_HEADS.value:\n"
                 "        raise ValueError(f\"{H} query heads are not a multiple of KV_HEADS={KV_HEADS.value}\")\n"
-                f"    kv_shape = (B, KV_HEADS.value, S, {head_dim})")
-    return f"    kv_shape = (B, H, S, {head_dim})"
+                f"    kv_shape = (B, KV_HEADS.value, k.shape[2], {head_dim})")
+    return f"    kv_shape = (B, H, k.shape[2], {head_dim})"

@@ -2,10 +2,13 @@
 :func:`twill.integrations.transformers.register`).
 
 transformers builds a model's mask with the mask function of its ``attn_implementation`` and hands it, with
-``query [B, H, S, D]`` and ``key``, ``value [B, H_kv, S, D]``, to the attention function, which returns
+``query [B, H, S, D]`` and ``key``, ``value [B, H_kv, S_kv, D]``, to the attention function, which returns
 ``[B, S, H, D]``. :func:`attention_mask` returns no mask when the model's mask is the plain causal one (or,
-for a bidirectional model, none), which the kernels apply by their causal flag; any other mask (padding,
-sliding window, chunks, packed sequences, a query offset from a cache) is built as SDPA's boolean mask, and
+for a bidirectional model, none), which the kernels apply by their causal flag: the causal one includes a
+query offset from a KV cache when the queries are the cache's last ones (prefill or decode with a cache:
+``q_offset - kv_offset == kv_length - q_length``), the kernels' bottom-right aligned causal mask. Any other
+mask (padding, sliding window, chunks, packed sequences, a static cache's unfilled slots) is built as
+SDPA's boolean mask, and
 :func:`attention_forward` refuses every mask it is given: the kernels cannot apply one, and ignoring it
 would compute something else.
 """
@@ -27,18 +30,22 @@ def _unsupported(what: str) -> UnsupportedFeatureError:
 def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
                    mask_function: Any = None, attention_mask: Any = None, allow_is_causal_skip: bool = True,
                    allow_is_bidirectional_skip: bool = False, **kwargs: Any) -> Any:
-    """None when the mask transformers asks for is the causal mask (or no mask) over equal query and key
-    lengths at offset 0, with no padding in ``attention_mask`` (the 2-D padding mask, when given: reading
-    it is a data-dependent step, a graph break under ``torch.compile``; pass none to avoid it); else SDPA's
-    boolean mask of the same arguments, which :func:`attention_forward` refuses."""
+    """None when the mask transformers asks for is one the kernels apply by their causal flag, with no padding
+    in ``attention_mask`` (the 2-D padding mask, when given: reading it is a data-dependent step, a graph
+    break under ``torch.compile``; pass none to avoid it): the causal mask with the queries aligned
+    bottom-right on the keys (``q_offset - kv_offset == kv_length - q_length``, integer offsets: offset 0
+    over equal lengths, or the last ``q_length`` positions of a filled KV cache, where query i sees keys
+    0..i + kv_length - q_length), or no mask over equal lengths at offset 0; else SDPA's boolean mask of the
+    same arguments, which :func:`attention_forward` refuses."""
     from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, sdpa_mask
 
-    plain = ((mask_function is causal_mask_function and allow_is_causal_skip)
-             or (mask_function is bidirectional_mask_function and allow_is_bidirectional_skip))
-    aligned = (isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == kv_offset == 0
-               and q_length == kv_length)
+    offsets = isinstance(q_offset, int) and isinstance(kv_offset, int)
+    causal = (mask_function is causal_mask_function and allow_is_causal_skip and offsets
+              and q_offset - kv_offset == kv_length - q_length)   # bottom-right: the kernels' causal mask
+    bidirectional = (mask_function is bidirectional_mask_function and allow_is_bidirectional_skip and offsets
+                     and q_offset == kv_offset == 0 and q_length == kv_length)
     unpadded = attention_mask is None or (attention_mask.shape[-1] == kv_length and bool(attention_mask.all()))
-    if plain and aligned and unpadded:
+    if (causal or bidirectional) and unpadded:
         return None
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
@@ -61,7 +68,8 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
                            "to 0.0)")
     if attention_mask is not None:
         raise _unsupported("the model's attention mask is not the causal one (padding, sliding window, packed "
-                           "sequences, a cache offset or an additive mask); the kernels apply only the causal mask: "
+                           "sequences, a static cache's unfilled slots or an additive mask); the kernels apply only the "
+                           "causal mask (aligned bottom-right): "
                            "pass no attention_mask, or one without padding")
     for name in UNSUPPORTED_KWARGS:
         if kwargs.get(name) is not None:

@@ -19,8 +19,10 @@ dQ staging            [DQ_DEPTH, BLOCK_M, HEAD_DIM] NVMMA shared fp32 (the TMA r
 LSE, D rows           [2, BLOCK_M] fp32 per buffer    SliceLayout(0, S^T) (one value per query)       smem ring
 ====================  ============================  =============================================  ===========
 
-Keys and queries past ``seq_len`` (ragged tails) and, causal, keys after the query are masked to -inf in
-S^T, so their P and dS are exactly 0: they add nothing to dK, dV or dQ. The producer warp adds each staged
+Keys past ``seq_k`` and queries past ``seq_q`` (ragged tails) and, causal, keys after the query's last key
+(query + seq_k - seq_q: aligned bottom-right, as FlashAttention's; the mask counts keys on the query axis,
+from ``n_pos``) are masked to -inf in S^T, so their P and dS are exactly 0: they add nothing to dK, dV or
+dQ. The producer warp adds each staged
 dQ tile into a padded fp32 buffer with one TMA reduce-add (``tma_reduce_add``: Triton 3.6's Gluon builder
 has the operation, its language no wrapper), then one pass scales it by ``sm_scale`` and converts it to the
 input dtype. The stats rows and the dQ buffer are padded per head to a multiple of ``BLOCK_M`` rows so that
@@ -37,9 +39,10 @@ from twill.kernels.flash_bwd.plan import FlashBwdDecisions
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
 COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "ds_smem", "dq_stage", "dq_ready", "dq_empty", "dk_ptr",
                   "dk_stride_b", "dk_stride_h", "dk_stride_s", "dv_ptr", "dv_stride_b", "dv_stride_h", "dv_stride_s",
-                  "kv_heads", "bh_kv", "n_start", "m_first", "n_m", "n_iters", "seq_len", "qk_scale", "sm_scale")
+                  "kv_heads", "bh_kv", "n_pos", "m_first", "n_m", "n_iters", "seq_q", "seq_k", "qk_scale",
+                  "sm_scale")
 #: Query-block parameters the producer derives each iteration's query head and rows from.
-BLOCK_ARGS = "bh_kv, kv_h, group, m_first, n_m, seq_len"
+BLOCK_ARGS = "bh_kv, kv_h, group, m_first, n_m, seq_q"
 #: The emitted module's own imports: what its TMA reduce-add wrapper (``tma_reduce_add``) builds on.
 IMPORTS = """\
 from triton._C.libtriton import ir
@@ -52,21 +55,23 @@ HELPERS = """
 @gluon.jit
 def query_block(i, {block_args}):
     \"\"\"Iteration i's query block: its query head (in its batch: the index into Q, dO [B, H, S, D]), its first
-    row in the padded [B*H*S_pad] tensors (stats, dQ accumulator; S_pad = seq_len rounded up to BLOCK_M, so
+    row in the padded [B*H*S_pad] tensors (stats, dQ accumulator; S_pad = seq_q rounded up to BLOCK_M, so
     that every block starts 16-byte aligned, as TMA requires of the innermost coordinate) and its first
     position. The iterations run over the group's query heads (outer) and the query blocks from m_first
     (inner).\"\"\"
     m_start = (m_first + i % n_m) * BLOCK_M
     head = bh_kv * group + i // n_m  # batch * H + query head
-    return kv_h * group + i // n_m, head * (gl.cdiv(seq_len, BLOCK_M) * BLOCK_M) + m_start, m_start
+    return kv_h * group + i // n_m, head * (gl.cdiv(seq_q, BLOCK_M) * BLOCK_M) + m_start, m_start
 
 
 @gluon.jit
-def mask_scores(s, n_start, m_start, seq_len, s_layout: gl.constexpr):
-    \"\"\"S^T [keys, queries] with -inf where the key or the query is past seq_len{causal_doc}.\"\"\"
-    keys = n_start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
+def mask_scores(s, n_pos, m_start, seq_q, s_layout: gl.constexpr):
+    \"\"\"S^T [keys, queries] with -inf where the key or the query is past its sequence{causal_doc}. Keys are
+    counted on the query axis from n_pos (key j at j - (seq_k - seq_q): causal is aligned bottom-right), so
+    a key is past seq_k exactly when its position is past seq_q.\"\"\"
+    keys = n_pos + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
     queries = m_start + gl.arange(0, BLOCK_M, gl.SliceLayout(0, s_layout))
-    keep = (keys < seq_len)[:, None] & (queries < seq_len)[None, :]
+    keep = (keys < seq_q)[:, None] & (queries < seq_q)[None, :]
 {causal_keep}    return gl.where(keep, s, float("-inf"))
 
 
@@ -93,11 +98,11 @@ def dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow):
 
 @gluon.jit
 def preprocess_kernel(o_ptr, o_stride_b, o_stride_h, o_stride_s, do_ptr, do_stride_b, do_stride_h, do_stride_s,
-                      delta_ptr, lse_ptr, lse_stride_b, lse_stride_h, lse_stride_s, lse_out_ptr, seq_len, s_pad):
+                      delta_ptr, lse_ptr, lse_stride_b, lse_stride_h, lse_stride_s, lse_out_ptr, seq_q, s_pad):
     \"\"\"For the PRE_ROWS positions m < s_pad of program (m block, head h, batch b), at bh * s_pad + m (bh = b * H
     + h): delta = sum_d dO[b, h, m, d] * O[b, h, m, d] in fp32 (the backward's D statistic), and, when lse_ptr
     is given, lse_out = LSE[b, h, m]; O, dO and LSE are read through their strides, and the positions from
-    seq_len on get 0 (the padding of the stats rows).\"\"\"
+    seq_q on get 0 (the padding of the stats rows).\"\"\"
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
     m = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
     h = gl.program_id(1).to(gl.int64)
@@ -107,18 +112,19 @@ def preprocess_kernel(o_ptr, o_stride_b, o_stride_h, o_stride_s, do_ptr, do_stri
     rows = m.to(gl.int64)
     o_offs = (b * o_stride_b + h * o_stride_h + rows * o_stride_s)[:, None] + cols[None, :]
     do_offs = (b * do_stride_b + h * do_stride_h + rows * do_stride_s)[:, None] + cols[None, :]
-    mask = (m < seq_len)[:, None]
+    mask = (m < seq_q)[:, None]
     o = gl.load(o_ptr + o_offs, mask=mask, other=0.0).to(gl.float32)
     do = gl.load(do_ptr + do_offs, mask=mask, other=0.0).to(gl.float32)
     gl.store(delta_ptr + bh * s_pad + m, gl.sum(o * do, 1), mask=m < s_pad)
     if lse_ptr is not None:
         lse_offs = b * lse_stride_b + h * lse_stride_h + rows * lse_stride_s
-        lse = gl.load(lse_ptr + lse_offs, mask=m < seq_len, other=0.0)
+        lse = gl.load(lse_ptr + lse_offs, mask=m < seq_q, other=0.0)
+        lse = gl.where(lse == float("-inf"), 0.0, lse)  # a row that saw no key (FA3): P = exp(-inf - 0) = 0
         gl.store(lse_out_ptr + bh * s_pad + m, lse, mask=m < s_pad)
 
 
 @gluon.jit
-def dq_convert_kernel(acc_ptr, dq_ptr, dq_stride_b, dq_stride_h, dq_stride_s, seq_len, s_pad, sm_scale):
+def dq_convert_kernel(acc_ptr, dq_ptr, dq_stride_b, dq_stride_h, dq_stride_s, seq_q, s_pad, sm_scale):
     \"\"\"dq[b, h, m] = sm_scale * acc[bh * s_pad + m] in the operand dtype (the padded fp32 dQ the producers
     reduced; bh = b * H + h), stored through dq's strides, for the PRE_ROWS positions m of program (m block,
     head h, batch b).\"\"\"
@@ -128,7 +134,7 @@ def dq_convert_kernel(acc_ptr, dq_ptr, dq_stride_b, dq_stride_h, dq_stride_s, se
     b = gl.program_id(2).to(gl.int64)
     bh = b * gl.num_programs(1) + h
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    mask = (m < seq_len)[:, None]
+    mask = (m < seq_q)[:, None]
     acc = gl.load(acc_ptr + (bh * s_pad + m)[:, None] * HEAD_DIM + cols[None, :], mask=mask)
     dq_offs = (b * dq_stride_b + h * dq_stride_h + m.to(gl.int64) * dq_stride_s)[:, None] + cols[None, :]
     gl.store(dq_ptr + dq_offs, (acc * sm_scale).to(DTYPE), mask=mask)
@@ -183,15 +189,17 @@ def _preprocess(o, do, out, s_pad, lse=None, lse_out=None):
 
 def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=None):
     \"\"\"Gradients (dq, dk, dv) of softmax(q k^T * sm_scale{mask}) v for q, o, do [B, H, S, D] and k, v
-    [B, {kv}, S, D] ({dtype}, CUDA), each with any strides whose last dimension is contiguous (read where they
-    lie, never copied), given lse [B, H, S] fp32 (natural log, as the forward's launch(..., return_lse=True)
-    returns it). sm_scale defaults to 1/sqrt(D); delta (from preprocess) is computed when not given; dq, dk,
-    dv are allocated like q, k, v (their strides) or, given, written through their strides.{gqa_doc}\"\"\"
+    [B, {kv}, Sk, D] ({dtype}, CUDA; the key length Sk may differ from S{sk_note}), each with any strides whose
+    last dimension is contiguous (read where they lie, never copied), given lse [B, H, S] fp32 (natural log,
+    as the forward's launch(..., return_lse=True) returns it; -inf for a row that sees no key). sm_scale
+    defaults to 1/sqrt(D); delta (from preprocess) is computed when not given; dq, dk, dv are allocated like q,
+    k, v (their strides) or, given, written through their strides.{gqa_doc}\"\"\"
     import math
 
     import torch
 
     B, H, S, D = q.shape
+    Sk = k.shape[2]   # key length (may differ from S)
     dtype = torch.{torch_dtype}
 {kv_check}
     for t, name, shape in ((q, "q", q.shape), (do, "do", q.shape), (k, "k", kv_shape), (v, "v", kv_shape)):
@@ -213,15 +221,16 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
         _preprocess(o, do, stats[1], s_pad, lse, stats[0])
     else:
         stats = torch.zeros(shapes["stats"], device=q.device, dtype=torch.float32)
-        stats[0].view(B, H, s_pad)[..., :S] = _check(lse, "lse", (B, H, S), torch.float32)
+        lse = _check(lse, "lse", (B, H, S), torch.float32)   # -inf (a row that saw no key) -> 0, as the pre-pass
+        stats[0].view(B, H, s_pad)[..., :S] = torch.where(lse == float("-inf"), 0.0, lse)
         stats[1].view(B, H, s_pad)[..., :S] = _check(delta, "delta", (B, H, S), torch.float32)
     dq_acc = torch.zeros(shapes["dq_acc"], device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     stats_desc = _descriptor(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
     dq_desc = _descriptor(dq_acc, [BLOCK_M.value, D], gl.float32)
-    grid = (triton.cdiv(S, BLOCK_N.value), B * kv_shape[1])
+    grid = (triton.cdiv(Sk, BLOCK_N.value), B * kv_shape[1])
     backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk, *dk.stride()[:3], dv,
-                          *dv.stride()[:3], S, kv_shape[1], sm_scale * LOG2E.value, sm_scale,
+                          *dv.stride()[:3], S, Sk, kv_shape[1], sm_scale * LOG2E.value, sm_scale,
                           H // kv_shape[1]{chunk_arg}, num_warps=NUM_WARPS)
     dq_convert_kernel[(triton.cdiv(S, PRE_ROWS.value), H, B)](dq_acc, dq, *dq.stride()[:3], S, s_pad, sm_scale,
                                                               num_warps=4)
@@ -310,7 +319,7 @@ class _Compute:
                     f"lse = gl.max({self.buffer('stats', role)}.slice(0, 1).load(st_layout), 0) * LOG2E",
                     f"m_start = (m_first + {self.it(role)} % n_m) * BLOCK_M",
                     f"if {self.mask_condition()}:",
-                    "    st = mask_scores(st, n_start, m_start, seq_len, st_layout)",
+                    "    st = mask_scores(st, n_pos, m_start, seq_q, st_layout)",
                     "p = gl.exp2(st * qk_scale - lse[None, :])  # P^T = exp(S^T * sm_scale - LSE)"]
         if role == "ds":
             return [*self.ready(role), *self.retire("dp"),
@@ -341,9 +350,9 @@ class _Compute:
                 f"start now (the schedule's dq_store -> dq_atomic)"]
 
     def mask_condition(self) -> str:
-        """When a tile needs the mask: a ragged tail, or (causal) a query block reaching into the key block."""
-        cond = "(n_start + BLOCK_N > seq_len) | (m_start + BLOCK_M > seq_len)"
-        return cond + (" | (m_start < n_start + BLOCK_N)" if self.plan.decisions.causal else "")
+        """When a tile needs the mask: a ragged key tail, or (causal) a query block reaching into the key block."""
+        cond = "(n_pos + BLOCK_N > seq_q) | (m_start + BLOCK_M > seq_q)"   # keys on the query axis (mask_scores)
+        return cond + (" | (m_start < n_pos + BLOCK_N)" if self.plan.decisions.causal else "")
 
     def section(self, names: dict[int, str], ind: str) -> list[str]:
         """The ops of the stages in ``names`` (stage offset -> iteration variable), then the retirement of
@@ -394,16 +403,20 @@ class _Compute:
             "    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)",
             "    mbarrier.wait(kv_bar, 0)  # K and V of the key block loaded by load_partition",
             *self.loop(),
-            "    # dK = sm_scale * sum dS^T Q, dV = sum P^T dO; keys past seq_len are not stored",
+            "    # dK = sm_scale * sum dS^T Q, dV = sum P^T dO; keys past seq_k are not stored",
             "    rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, kv_layout))",
             "    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))",
             "    # through dK's and dV's strides; the (batch, K/V head) found here: nothing kept over the loop",
-            "    b = (bh_kv // kv_heads).to(gl.int64)",
-            "    kv_h = (bh_kv % kv_heads).to(gl.int64)",
-            "    keys = (n_start + rows).to(gl.int64)[:, None]",
-            "    mask = (n_start + rows < seq_len)[:, None]",
-            "    dk_offs = b * dk_stride_b + kv_h * dk_stride_h + keys * dk_stride_s + cols[None, :]",
-            "    dv_offs = b * dv_stride_b + kv_h * dv_stride_h + keys * dv_stride_s + cols[None, :]",
+            "    # in 64 bits: the kernel's own 32-bit b (the producer's) is not reused, which would keep it in a",
+            "    # register over the loop",
+            "    b = bh_kv.to(gl.int64) // kv_heads",
+            "    kv_h = bh_kv.to(gl.int64) % kv_heads",
+            "    # the key block's rows from n_pos, the query-axis position the loop kept (key = n_pos + seq_k - seq_q)",
+            "    keys = (n_pos + rows).to(gl.int64)[:, None]",
+            "    shift = (seq_k - seq_q).to(gl.int64)",
+            "    mask = (n_pos + rows < seq_q)[:, None]  # key < seq_k",
+            "    dk_offs = b * dk_stride_b + kv_h * dk_stride_h + (keys + shift) * dk_stride_s + cols[None, :]",
+            "    dv_offs = b * dv_stride_b + kv_h * dv_stride_h + (keys + shift) * dv_stride_s + cols[None, :]",
             "    gl.store(dk_ptr + dk_offs, (dk * sm_scale).to(DTYPE), mask=mask)",
             "    gl.store(dv_ptr + dv_offs, dv.to(DTYPE), mask=mask)",
         ]
@@ -433,6 +446,7 @@ def launch_source(plan: KernelPlan) -> str:
     chunk_arg = (",\n                          max(1, _sm_count(q.device.index) // grid[0])" if decided.causal
                  else "")
     launch = LAUNCH.format(mask=", causal mask" if decided.causal else "", kv=kv, dtype=plan.dtype,
+                           sk_note=": the mask is aligned bottom-right" if decided.causal else "",
                            torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc,
                            chunk_arg=chunk_arg)
     launch = TMA_VIEW.strip("\n") + "\n\n" + launch
@@ -452,7 +466,9 @@ CAUSAL_ORDER = (
 
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
     """Program ids, the key block, the query blocks it meets, the resident and staging buffers."""
-    first = ("    m_first = n_start // BLOCK_M  # causal: query blocks before the key block see none of its keys"
+    first = ("    # causal: query blocks before the key block's first key position see none of its keys; every key\n"
+             "    # is seen by some query, so n_m >= 1\n"
+             "    m_first = gl.maximum(n_pos, 0) // BLOCK_M"
              if plan.decisions.causal else "    m_first = 0")
     order = CAUSAL_ORDER if plan.decisions.causal else ("    n_start = gl.program_id(0) * BLOCK_N",
                                                "    bh_kv = gl.program_id(1)  # batch * K/V heads")
@@ -460,8 +476,12 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
         *order,
         "    b = bh_kv // kv_heads  # batch",
         "    kv_h = bh_kv % kv_heads  # K/V head",
+        "    # the key block's first key on the query axis: causal is aligned bottom-right (key j at j - (seq_k -",
+        "    # seq_q)), so the compute partition masks keys and queries in one coordinate, and a key is past seq_k",
+        "    # exactly when its position is past seq_q",
+        "    n_pos = n_start - (seq_k - seq_q)",
         first,
-        "    n_m = gl.cdiv(seq_len, BLOCK_M) - m_first",
+        "    n_m = gl.cdiv(seq_q, BLOCK_M) - m_first",
         "    n_iters = group * n_m  # query heads of the group x query blocks",
         "    kv_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], DTYPE)",
         "    k_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, HEAD_DIM], kv_smem_layout)",
@@ -535,12 +555,12 @@ def body(plan: KernelPlan) -> KernelBody:
         functions=helpers_source(plan).strip("\n") + "\n\n\n" + _Compute(plan).render(),
         kernel="backward_kernel",
         kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk_ptr, dk_stride_b, dk_stride_h, "
-                      "dk_stride_s, dv_ptr, dv_stride_b, dv_stride_h, dv_stride_s, seq_len, kv_heads, qk_scale, "
-                      "sm_scale, group" + (", heads_per_chunk" if decided.causal else ""),
+                      "dk_stride_s, dv_ptr, dv_stride_b, dv_stride_h, dv_stride_s, seq_q, seq_k, kv_heads, "
+                      "qk_scale, sm_scale, group" + (", heads_per_chunk" if decided.causal else ""),
         kernel_doc=("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to "
-                    "dq_desc's [B*H*S_pad, D]); Q, dO are [B, H, S, D], K, V [B, KV_HEADS, S, D], read by rank-4 "
+                    "dq_desc's [B*H*S_pad, D]); Q, dO are [B, H, S, D], K, V [B, KV_HEADS, Sk, D], read by rank-4 "
                     "TMA descriptors with their own strides; dK, dV stored through dk_stride_*, dv_stride_*; stats "
-                    "[2, B*H*S_pad] holds LSE and D (S_pad: seq_len rounded up to BLOCK_M)."),
+                    "[2, B*H*S_pad] holds LSE and D (S_pad: seq_q rounded up to BLOCK_M)."),
         setup=_setup(plan),
         iv="j",
         trip="n_iters",
@@ -548,7 +568,7 @@ def body(plan: KernelPlan) -> KernelBody:
         coords={"q": "[b, h, m_start, 0]", "do": "[b, h, m_start, 0]", "stats": "[0, prow]"},
         tma_shapes={"q": "1, 1, BLOCK_M, HEAD_DIM", "do": "1, 1, BLOCK_M, HEAD_DIM"},
         load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar", "dq_stage", "dq_ready", "dq_empty",
-                     "dq_desc", "b", "n_start", "bh_kv", "kv_h", "group", "m_first", "n_m", "seq_len"),
+                     "dq_desc", "b", "n_start", "bh_kv", "kv_h", "group", "m_first", "n_m", "seq_q"),
         load_setup=("    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
                     "    kv_block = [b, kv_h, n_start, 0]  # the key block of (batch b, K/V head kv_h)",
                     "    tma.async_copy_global_to_shared(k_desc, kv_block, kv_bar,",
@@ -568,7 +588,8 @@ def body(plan: KernelPlan) -> KernelBody:
                    ("dq_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value], gl.float32)"),
                    ("dk_ptr", '"*" + str(DTYPE.value)'), ("dk_stride_b", '"i32"'), ("dk_stride_h", '"i32"'),
                    ("dk_stride_s", '"i32"'), ("dv_ptr", '"*" + str(DTYPE.value)'), ("dv_stride_b", '"i32"'),
-                   ("dv_stride_h", '"i32"'), ("dv_stride_s", '"i32"'), ("seq_len", '"i32"'), ("kv_heads", '"i32"'),
+                   ("dv_stride_h", '"i32"'), ("dv_stride_s", '"i32"'), ("seq_q", '"i32"'), ("seq_k", '"i32"'),
+                   ("kv_heads", '"i32"'),
                    ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"'),
                    *((("heads_per_chunk", '"i32"'),) if decided.causal else ())),
         launch=launch_source(plan),

@@ -34,11 +34,12 @@ from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_fwd.plan import FP8_DTYPES, PROGRAM_ORDER
 
 #: Parameters of the compute partition after the rings and barriers (the kernel passes the same names).
-COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_head", "o_stride_s", "lse_ptr", "q_row", "q_start", "seq_len",
-                  "n_tiles", "qk_scale")
+COMPUTE_PARAMS = ("q_smem", "q_bar", "turn_bars", "o_head", "o_stride_s", "lse_ptr", "q_row", "q_start", "seq_q",
+                  "seq_k", "n_tiles", "qk_scale")
 #: The same for the persistent kernel, which finds each query block's rows and trip count itself.
 PERSISTENT_COMPUTE_PARAMS = ("q_smem", "q_bar", "q_empty", "item_smem", "turn_bars", "o_ptr", "o_stride_b",
-                             "o_stride_h", "o_stride_s", "lse_ptr", "n_m", "n_items", "seq_len", "heads", "qk_scale")
+                             "o_stride_h", "o_stride_s", "lse_ptr", "n_m", "n_items", "seq_q", "seq_k",
+                             "heads", "qk_scale")
 
 #: Parameters the fp8 kernel adds to the compute partition: the per-(batch, query head) descale factors.
 FP8_COMPUTE_PARAMS = ("qk_descale_ptr", "v_descale_ptr")
@@ -56,12 +57,12 @@ PV_WAIT_FENCE_MIN_HEAD_DIM = 128
 
 SOFTMAX = """
 @gluon.jit
-def online_softmax(s, m_i, l_i, kv_start, seq_len, qk_scale, col_layout: gl.constexpr):
+def online_softmax(s, m_i, l_i, kv_start, seq_k, qk_scale, col_layout: gl.constexpr):
     \"\"\"One online-softmax step on S (fp32, wgmma layout): returns P = exp2(S*scale - m_new), alpha =
-    exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Keys past seq_len are masked to -inf.\"\"\"
-    if kv_start + BLOCK_N > seq_len:
+    exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Keys past seq_k are masked to -inf.\"\"\"
+    if kv_start + BLOCK_N > seq_k:
         cols = gl.arange(0, BLOCK_N, col_layout)
-        s = gl.where((kv_start + cols < seq_len)[None, :], s, float("-inf"))
+        s = gl.where((kv_start + cols < seq_k)[None, :], s, float("-inf"))
 {STEP}
 """
 
@@ -69,10 +70,12 @@ CAUSAL_SOFTMAX = """
 @gluon.jit
 def online_softmax(s, m_i, l_i, kv_start, q_first, qk_scale, s_layout: gl.constexpr):
     \"\"\"One online-softmax step on S (fp32, wgmma layout): returns P = exp2(S*scale - m_new), alpha =
-    exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Causal: on a diagonal tile (one holding a key
-    after the sub-tile's first query q_first) keys after each row's query are masked to -inf; the tiles
-    before the diagonal take no mask. No key past seq_len is unmasked for a row below seq_len (key <= query),
-    and rows past seq_len are never stored.\"\"\"
+    exp2(m_old - m_new), m_new and l_new = l*alpha + rowsum(P). Causal, aligned bottom-right: q_first is the
+    last key the sub-tile's first query sees (its position + seq_k - seq_q); on a diagonal tile (one holding a
+    key after q_first) keys after each row's last key are masked to -inf; the tiles before the diagonal take
+    no mask. No key past seq_k is unmasked for a row below seq_q (key <= query + seq_k - seq_q), and rows past
+    seq_q are never stored. A row that has seen no key yet (seq_k < seq_q: its first seq_q - seq_k rows see
+    none) keeps m = -inf and gets P = 0 and alpha = 0, not NaN (m_use).\"\"\"
     if kv_start + BLOCK_N > q_first + 1:
         cols = kv_start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
         rows = q_first + gl.arange(0, SUB_M, gl.SliceLayout(1, s_layout))
@@ -108,9 +111,9 @@ LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in ba
 
 
 def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
-    \"\"\"softmax(q k^T * sm_scale{mask}) v for q [B, H, S, D] and k, v [B, {kv}, S, D] ({dtype}, CUDA), each with
-    any strides whose last dimension is contiguous (a [B, S, H, D] tensor's transpose(1, 2) included: read where
-    it lies, never copied); sm_scale defaults to 1/sqrt(D). out (allocated like q: q's strides) is written
+    \"\"\"softmax(q k^T * sm_scale{mask}) v for q [B, H, S, D] and k, v [B, {kv}, Sk, D] ({dtype}, CUDA; the key
+    length Sk may differ from S{sk_note}), each with any strides whose last dimension is contiguous (a [B, S, H,
+    D] tensor's transpose(1, 2) included: read where it lies, never copied); sm_scale defaults to 1/sqrt(D). out (allocated like q: q's strides) is written
     through its strides. Returns out, or (out, lse) with return_lse: lse [B, H, S] fp32 (contiguous) is the
     natural-log log-sum-exp of each row's scaled scores (what the backward reads); a given lse is written.\"\"\"
     import math
@@ -118,6 +121,7 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
     import torch
 
     B, H, S, D = q.shape
+    Sk = k.shape[2]   # key length (may differ from S)
     if D != HEAD_DIM.value or q.dtype != torch.{torch_dtype}:
         raise ValueError(f"expected q of shape [B, H, S, {{HEAD_DIM.value}}] and dtype {torch_dtype}, got "
                          f"{{tuple(q.shape)}} {{q.dtype}}")
@@ -139,7 +143,7 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {{(B, H, S)}}")
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
 {grid}
-    attention_kernel[grid](q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, H, sm_scale * LOG2E{extra_args},
+    attention_kernel[grid](q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, Sk, H, sm_scale * LOG2E{extra_args},
                            num_warps=NUM_WARPS)
     return (out, lse) if return_lse else out
 """
@@ -187,7 +191,8 @@ def transpose_v(v):
 
 def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_descale=None, k_descale=None,
            v_descale=None, out_dtype=None):
-    \"\"\"softmax(q k^T * sm_scale{mask}) v for fp8 q [B, H, S, D] and k, v [B, {kv}, S, D] ({dtype}, CUDA), with
+    \"\"\"softmax(q k^T * sm_scale{mask}) v for fp8 q [B, H, S, D] and k, v [B, {kv}, Sk, D] ({dtype}, CUDA; the key
+    length Sk may differ from S{sk_note}), with
     q, k, v standing for q * q_descale, k * k_descale, v * v_descale (each None, one value, or per (batch, K/V
     head) [B, {kv}]); sm_scale defaults to 1/sqrt(D). O is bf16 (out_dtype=torch.float16 for fp16). Returns
     out, or (out, lse) with return_lse: lse [B, H, S] fp32 is the natural-log log-sum-exp of each row's scaled
@@ -198,6 +203,7 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_desca
     import torch
 
     B, H, S, D = q.shape
+    Sk = k.shape[2]   # key length (may differ from S)
     if D != HEAD_DIM.value or q.dtype != torch.{torch_dtype}:
         raise ValueError(f"expected q of shape [B, H, S, {{HEAD_DIM.value}}] and dtype {torch_dtype}, got "
                          f"{{tuple(q.shape)}} {{q.dtype}}")
@@ -227,21 +233,108 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_desca
         qk_descale = _descale(q_descale, B, KVH, group, q.device) * _descale(k_descale, B, KVH, group, q.device)
         v_scale = _descale(v_descale, B, KVH, group, q.device)
 {grid}
-    attention_kernel[grid](q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, H, sm_scale * LOG2E{extra_args},
+    attention_kernel[grid](q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, Sk, H, sm_scale * LOG2E{extra_args},
                            qk_descale, v_scale, num_warps=NUM_WARPS)
     return (out, lse) if return_lse else out
 """
 
 
+VARLEN_LAUNCH = """
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
+
+
+def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale=None, out=None, lse=None,
+           return_lse=False):
+    \"\"\"softmax(q k^T * sm_scale{mask}) v over variable-length packed sequences (FlashAttention's varlen
+    interface): q [total_q, H, D] and k, v [total_k, {kv}, D] ({dtype}, CUDA) hold the sequences one after
+    another, sequence b in rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and cu_seqlens_k[b]:cu_seqlens_k[b + 1]
+    of k and v (cu_seqlens_* int32 [batch + 1] on q's device, non-decreasing from 0); max_seqlen_q bounds the
+    query lengths (the grid covers it: a longer sequence's rows past it are never computed), max_seqlen_k is
+    taken for FlashAttention's signature.{seq_note} q, k, v are read where
+    they lie (any strides whose last dimension is contiguous), out (allocated like q) is written through its
+    strides. Returns out, or (out, lse) with return_lse: lse [H, total_q] fp32 (FlashAttention's varlen
+    layout) is the natural-log log-sum-exp of each row's scaled scores (-inf for a row that sees no key).\"\"\"
+    import math
+
+    import torch
+
+    T, H, D = q.shape
+    if D != HEAD_DIM.value or q.dtype != torch.{torch_dtype}:
+        raise ValueError(f"expected q of shape [total_q, H, {{HEAD_DIM.value}}] and dtype {torch_dtype}, got "
+                         f"{{tuple(q.shape)}} {{q.dtype}}")
+    B = cu_seqlens_q.numel() - 1
+    kv_heads = {kv_value}
+    if H % kv_heads:
+        raise ValueError(f"{{H}} query heads are not a multiple of {{kv_heads}} K/V heads")
+    kv_shape = (k.shape[0], kv_heads, D)
+    if k.shape != kv_shape or v.shape != kv_shape or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"expected k, v of shape [total_k, {{kv_heads}}, {{D}}] and dtype {{q.dtype}}, got "
+                         f"{{tuple(k.shape)}} {{tuple(v.shape)}}")
+    for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
+        if t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device:
+            raise ValueError(f"{{name}} must be an int32 vector of batch + 1 = {{B + 1}} offsets on {{q.device}}")
+    if out is None:
+        out = torch.empty_like(q)   # q's strides (a dense q's layout)
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a {{q.dtype}} tensor of shape {{tuple(q.shape)}} with a contiguous last "
+                         f"dimension")
+    if lse is None and return_lse:
+        lse = torch.empty((H, T), device=q.device, dtype=torch.float32)
+    if lse is not None and (lse.shape != (H, T) or lse.dtype != torch.float32 or not lse.is_contiguous()):
+        raise ValueError(f"lse must be a contiguous float32 tensor of shape {{(H, T)}}")
+    if B <= 0 or T == 0 or max_seqlen_q <= 0:   # no query row: nothing to compute
+        return (out, lse) if return_lse else out
+    if k.shape[0] == 0:   # no key in any sequence: every row sees none (FA3: O = 0, LSE = -inf)
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return (out, lse) if return_lse else out
+    # the packed tensors as [1, heads, total, D] views (no copy): one TMA descriptor each, the CTA of sequence b
+    # reads from its first row; rows past the sequence (the next one's, or zero fill past total) are masked
+    q_desc = _tma_view(q.unsqueeze(0).transpose(1, 2), "q", [SUB_M.value, D])
+    k_desc = _tma_view(k.unsqueeze(0).transpose(1, 2), "k", [BLOCK_N.value, D])
+    v_desc = _tma_view(v.unsqueeze(0).transpose(1, 2), "v", [BLOCK_N.value, D])
+    o4 = out.unsqueeze(0).transpose(1, 2)
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    grid = (triton.cdiv(max_seqlen_q, BLOCK_M.value), B * H)
+    attention_kernel[grid](q_desc, k_desc, v_desc, out, *o4.stride()[:3], lse, cu_seqlens_q, cu_seqlens_k, T, H,
+                           sm_scale * LOG2E{extra_args}, num_warps=NUM_WARPS)
+    return (out, lse) if return_lse else out
+"""
+
+
+#: The launchers' note on the key length: how the causal mask aligns when it differs from the query length.
+SK_NOTE = {False: "", True: ": the mask is aligned bottom-right, query i sees keys 0..i + Sk - S"}
+
+
 def softmax_source(plan: KernelPlan) -> str:
-    """The ``online_softmax`` helper: key-tail mask, or (causal) the diagonal mask."""
-    return (CAUSAL_SOFTMAX if plan.decisions.causal else SOFTMAX).replace("{STEP}", FP8_STEP if fp8(plan) else STEP)
+    """The ``online_softmax`` helper: key-tail mask, or (causal) the diagonal mask, whose rows may have seen no
+    key yet when seq_k < seq_q: their maximum stays -inf and the step subtracts 0 instead (``m_use``, FA3's)."""
+    step = FP8_STEP if fp8(plan) else STEP
+    if plan.decisions.causal or plan.decisions.varlen:   # varlen: a sequence of no keys (seq_k 0) too
+        step = step.replace(CAUSAL_GUARD[0], CAUSAL_GUARD[0] + CAUSAL_GUARD[1])
+        step = step.replace("m_i - m_new", "m_i - m_use").replace("m_new[:, None]", "m_use[:, None]")
+        step = step.replace("(m_new - P_OFFSET)", "(m_use - P_OFFSET)")
+    return (CAUSAL_SOFTMAX if plan.decisions.causal else SOFTMAX).replace("{STEP}", step)
+
+
+#: The causal step's guard, after its row-max line: a row with no key seen yet subtracts 0, not -inf.
+CAUSAL_GUARD = ("m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # rowmax (m kept in scaled log2 units)\n",
+                "    m_use = gl.where(m_new == float(\"-inf\"), 0.0, m_new)  # no key seen yet: P = 0, not NaN\n")
 
 
 def launch_source(plan: KernelPlan) -> str:
     """The host launcher: shape and dtype checks, the optional LSE output, the K/V head grouping."""
     kv_check = kv_shape_source(plan.decisions.kv_heads, "D")
     kv, group_arg = ("KV_HEADS", ", H // KV_HEADS.value") if plan.decisions.kv_heads else ("H", "")
+    if plan.decisions.varlen:
+        chunks = (",\n                           max(1, _sm_count(q.device.index) // grid[0])"
+                  if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
+        return TMA_VIEW.strip("\n") + "\n\n\n" + VARLEN_LAUNCH.format(
+            mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
+            seq_note=" The mask is aligned bottom-right in each sequence." if plan.decisions.causal else "",
+            torch_dtype=TORCH_DTYPES[plan.dtype], kv_value="KV_HEADS.value" if plan.decisions.kv_heads else "H",
+            extra_args=group_arg + chunks).lstrip("\n")
     grid = ("    blocks = triton.cdiv(S, BLOCK_M.value) * B * H\n"
             "    grid = (min(blocks, _sm_count(q.device.index)),)  # persistent: at most one CTA per SM\n"
             "    # work items claimed after each CTA's first: zeroed for every launch (nothing carries over)\n"
@@ -251,6 +344,7 @@ def launch_source(plan: KernelPlan) -> str:
               if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
     return TMA_VIEW.strip("\n") + "\n\n\n" + (FP8_LAUNCH if fp8(plan) else LAUNCH).format(
         mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
+        sk_note=SK_NOTE[plan.decisions.causal],
         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
         extra_args=(", B * H, work_counter" if plan.persistent else "") + group_arg + chunks).lstrip("\n")
 
@@ -394,7 +488,7 @@ class _Compute:
         if self.plan.decisions.causal:
             return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, q_first, {self.scale}, "
                     f"s_layout)"]
-        return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, seq_len, {self.scale},",
+        return [f"{ind}p, alpha, m_i, l_i = online_softmax(s_cur, m_i, l_i, {kv_start}, seq_k, {self.scale},",
                 f"{ind}                                    gl.SliceLayout(0, s_layout))"]
 
     def convert_p(self, ind: str, when: str = "") -> list[str]:
@@ -425,7 +519,7 @@ class _Compute:
         its v_descale (FA3); nothing for 16-bit operands."""
         if not self.fp8:
             return []
-        return [f"{ind}bh = (q_row - q_start) // seq_len  # the block's batch * H + query head",
+        return [f"{ind}bh = (q_row - q_start) // seq_q  # the block's batch * H + query head",
                 f"{ind}block_scale = qk_scale",
                 f"{ind}v_scale = 1.0",
                 f"{ind}if qk_descale_ptr is not None:  # fp8 descale: q_descale * k_descale folded into the scale",
@@ -512,17 +606,21 @@ class _Compute:
         return [f"{ind}if AHEAD:", *self.body_ahead(i2, done), f"{ind}else:", *self.body_serial(i2, done)]
 
     def store(self, ind: str) -> list[str]:
-        """Normalise O and store it (and the LSE) for the sub-tile's rows below seq_len."""
+        """Normalise O and store it (and the LSE) for the sub-tile's rows below seq_q."""
+        # causal: a row that saw no key (seq_k < seq_q) has l = 0 and O = 0: divide by 1 (O stays 0, the LSE is
+        # -inf, FA3's convention)
+        l_div = ("gl.where(l_i == 0.0, 1.0, l_i)" if self.plan.decisions.causal or self.plan.decisions.varlen
+                 else "l_i")
         if self.fp8:
-            normalise = [f"{ind}o = o * gl.convert_layout(v_scale / l_i, row_o)[:, None]  # v_descale / l",
+            normalise = [f"{ind}o = o * gl.convert_layout(v_scale / {l_div}, row_o)[:, None]  # v_descale / l",
                          f"{ind}out_dtype: gl.constexpr = o_head.dtype.element_ty  # bf16 (or fp16) output"]
             out, lse = "o.to(out_dtype)", "(m_i - P_OFFSET + gl.log2(l_i)) * LN2  # l carries 2^P_OFFSET"
         else:
-            normalise = [f"{ind}o = o / gl.convert_layout(l_i, row_o)[:, None]"]
+            normalise = [f"{ind}o = o / gl.convert_layout({l_div}, row_o)[:, None]"]
             out, lse = "o.to(DTYPE)", "(m_i + gl.log2(l_i)) * LN2"
         return [
-            f"{ind}# normalise and store (rows past seq_len masked)",
-            *([f"{ind}bh = (q_row - q_start) // seq_len  # the block's batch * H + query head (nothing more kept "
+            f"{ind}# normalise and store (rows past seq_q masked)",
+            *([f"{ind}bh = (q_row - q_start) // seq_q  # the block's batch * H + query head (nothing more kept "
                f"over the loop)", f"{ind}b = bh // heads", f"{ind}h = bh % heads", ind + O_HEAD]
               if self.plan.persistent else []),
             *normalise,
@@ -530,11 +628,11 @@ class _Compute:
             f"{ind}cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))",
             f"{ind}row0 = q_start + SUB * SUB_M  # the sub-tile's first query",
             f"{ind}ptrs = o_head + (row0 + rows).to(gl.int64)[:, None] * o_stride_s + cols[None, :]  # O's strides",
-            f"{ind}gl.store(ptrs, {out}, mask=(row0 + rows < seq_len)[:, None])",
+            f"{ind}gl.store(ptrs, {out}, mask=(row0 + rows < seq_q)[:, None])",
             f"{ind}if lse_ptr is not None:  # log-sum-exp for the backward: ln(sum exp(s*scale)) = (m + log2 l) ln 2",
             f"{ind}    rows_s = gl.arange(0, SUB_M, gl.SliceLayout(1, s_layout))",
             f"{ind}    lse = {lse}",
-            f"{ind}    lse_mask = row0 + rows_s < seq_len",
+            f"{ind}    lse_mask = row0 + rows_s < seq_q",
             f"{ind}    gl.store(lse_ptr + (q_row + SUB * SUB_M + rows_s).to(gl.int64), lse, mask=lse_mask)",
         ]
 
@@ -567,7 +665,8 @@ class _Compute:
             f"    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width={k_width})",
             "    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)",
         ]
-        diagonal = "q_first = q_start + SUB * SUB_M  # position of the sub-tile's first query (its diagonal)"
+        diagonal = ("q_first = q_start + SUB * SUB_M + seq_k - seq_q  # the last key the sub-tile's first query sees "
+                    "(its diagonal, bottom-right aligned)")
         if not plan.persistent:
             lines += [
                 *self.accumulators("    "),
@@ -604,6 +703,9 @@ class _Compute:
         return softmax_source(plan).strip("\n") + "\n\n" + "\n".join(lines) + "\n"
 
 
+#: varlen: the sequence's first row of O (packed [total_q, H, D]) in head h.
+VARLEN_O_HEAD = ("o_head = o_ptr + q_base.to(gl.int64) * o_stride_s + h.to(gl.int64) * o_stride_h  # O of (sequence "
+                 "b, head h)")
 #: The (batch, head)'s first element of O, whose rows the compute partitions store through O's row stride.
 O_HEAD = "o_head = o_ptr + b.to(gl.int64) * o_stride_b + h.to(gl.int64) * o_stride_h  # O of (batch b, head h)"
 
@@ -639,14 +741,19 @@ def body(plan: KernelPlan) -> KernelBody:
                  ("v_desc", f"_desc_type([1, 1, {v_block}])"),
                  ("o_ptr", '"*bf16"' if compute.fp8 else '"*" + str(DTYPE.value)'),
                  ("o_stride_b", '"i32"'), ("o_stride_h", '"i32"'), ("o_stride_s", '"i32"'), ("lse_ptr", '"*fp32"'),
-                 ("seq_len", '"i32"'), ("heads", '"i32"'), ("qk_scale", '"fp32"'),
+                 *((("cu_seqlens_q", '"*i32"'), ("cu_seqlens_k", '"*i32"'), ("total_q", '"i32"'))
+                   if plan.decisions.varlen else (("seq_q", '"i32"'), ("seq_k", '"i32"'))),
+                 ("heads", '"i32"'), ("qk_scale", '"fp32"'),
                  *((("n_bh", '"i32"'), ("work_counter", '"*i32"')) if plan.persistent else ()),
                  *((("group", '"i32"'),) if plan.decisions.kv_heads else ()),
                  *((("heads_per_chunk", '"i32"'),) if plan.decisions.causal else ()),
                  *((name, '"*fp32"') for name in fp8_params))
+    # varlen: the packed [1, H, total, D] view, the sequence's rows from q_base (docs/codegen.md, "Variable-length")
+    q_coords = ("[0, h, q_base + q_start + sub * SUB_M, 0]" if plan.decisions.varlen
+                else "[b, h, q_start + sub * SUB_M, 0]")
     q_load = ("mbarrier.expect(q_bar, NUM_COMPUTE * q_desc.block_type.nbytes)",
               "for sub in gl.static_range(NUM_COMPUTE):",
-              "    tma.async_copy_global_to_shared(q_desc, [b, h, q_start + sub * SUB_M, 0], q_bar,",
+              f"    tma.async_copy_global_to_shared(q_desc, {q_coords}, q_bar,",
               "                                    q_smem.index(sub).reshape([1, 1, SUB_M, HEAD_DIM]))")
     q_smem = ("    q_smem = gl.allocate_shared_memory(DTYPE, [NUM_COMPUTE, SUB_M, HEAD_DIM],",
               "                                       gl.NVMMASharedLayout.get_default_for([SUB_M, HEAD_DIM], DTYPE))",
@@ -655,7 +762,7 @@ def body(plan: KernelPlan) -> KernelBody:
     if plan.persistent:
         walk = dict(
             functions=block_coords_source(plan) + "\n\n" + ITEM_SOURCE.strip("\n") + "\n\n" + compute.render(),
-            setup=("    n_m = gl.cdiv(seq_len, BLOCK_M)  # query blocks per (batch, head)",
+            setup=("    n_m = gl.cdiv(seq_q, BLOCK_M)  # query blocks per (batch, head)",
                    "    n_items = n_m * n_bh  # work items: the query blocks in block_coords order",
                    *q_smem,
                    "    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())",
@@ -667,7 +774,7 @@ def body(plan: KernelPlan) -> KernelBody:
             trip="n_items",
             coords={"k": "[b, kv_h, (j - first) * BLOCK_N, 0]",
                     "v": _v_coords(compute.fp8, "(j - first) * BLOCK_N")},
-            load_params=("q_desc", "q_smem", "q_bar", "q_empty", "item_smem", "work_counter", "n_m", "seq_len",
+            load_params=("q_desc", "q_smem", "q_bar", "q_empty", "item_smem", "work_counter", "n_m", "seq_q", "seq_k",
                          "heads", *group, *chunked),
             load_setup=("    first = 0  # ring iteration of the block's first K/V tile: the rings run on across "
                         "query blocks",
@@ -702,8 +809,9 @@ def body(plan: KernelPlan) -> KernelBody:
             functions=compute.render(),
             setup=(*_setup(plan), *q_smem),
             trip="n_tiles",
-            coords={"k": "[b, kv_h, j * BLOCK_N, 0]", "v": _v_coords(compute.fp8, "j * BLOCK_N")},
-            load_params=("q_desc", "q_smem", "q_bar", "b", "h", "kv_h", "q_start"),
+            coords=_kv_coords(plan, compute.fp8),
+            load_params=("q_desc", "q_smem", "q_bar", "b", "h", "kv_h", "q_start",
+                         *(("q_base", "k_base") if plan.decisions.varlen else ())),
             load_setup=tuple("    " + line for line in q_load),
             load_loop=(),
             compute_params=COMPUTE_PARAMS + fp8_params,
@@ -741,6 +849,15 @@ def body(plan: KernelPlan) -> KernelBody:
     )
 
 
+def _kv_coords(plan: KernelPlan, fp8_v: bool) -> dict[str, str]:
+    """TMA coordinates of the K and V tiles of iteration ``j`` in the kernel with one CTA per query block; varlen:
+    in the packed [1, KV heads, total_k, D] views, from the sequence's first key row k_base (rows past the
+    sequence, of the next one, are read and masked as keys past seq_k)."""
+    if plan.decisions.varlen:
+        return {"k": "[0, kv_h, k_base + j * BLOCK_N, 0]", "v": "[0, kv_h, k_base + j * BLOCK_N, 0]"}
+    return {"k": "[b, kv_h, j * BLOCK_N, 0]", "v": _v_coords(fp8_v, "j * BLOCK_N")}
+
+
 def _v_coords(fp8_v: bool, key: str) -> str:
     """TMA coordinates (batch, K/V head, row, column) of the V tile at key ``key``: V rows from ``key``, or
     (fp8) the pre-pass's V^T columns from ``key``."""
@@ -768,18 +885,28 @@ def _mask_decisions(plan: KernelPlan) -> tuple[str, ...]:
     if plan.decisions.kv_heads:
         lines.append(f"grouped-query: {plan.decisions.kv_heads} K/V heads; query head h reads K/V head "
                      f"h // (H // KV_HEADS)")
+    if plan.decisions.varlen:
+        lines.append("varlen: q [total_q, H, D], k, v [total_k, KV heads, D] packed; the CTA of (query block, "
+                     "sequence b * H + head) reads the sequence's first rows and lengths from cu_seqlens_q/k and "
+                     "returns when its block starts past the sequence; TMA reads the packed [1, heads, total, D] "
+                     "views from the sequence's first row (rows of the next sequence are masked as keys past "
+                     "seq_k, query rows past seq_q never stored); LSE [H, total_q]")
     return tuple(lines)
 
 
 def _kernel_doc(plan: KernelPlan) -> str:
     """The kernel's docstring: what it computes and the shapes of its operands."""
     mask = " with the causal mask" if plan.decisions.causal else ""
-    shapes = ("Q, O are [B, H, S, D], K, V [B, KV_HEADS, S, D]" if plan.decisions.kv_heads
-              else "Q, K, V, O are [B, H, S, D]")
+    if plan.decisions.varlen:
+        return (f"O = softmax(Q K^T * scale) V{mask} for one (query block, sequence*head) of packed sequences: Q, "
+                f"O [total_q, H, D], K, V [total_k, KV heads, D] (read by rank-4 TMA descriptors of their [1, "
+                f"heads, total, D] views from row cu_seqlens_*[b]); LSE [H, total_q] fp32 when lse_ptr is given.")
+    shapes = ("Q, O are [B, H, S_q, D], K, V [B, KV_HEADS, S_k, D]" if plan.decisions.kv_heads
+              else "Q, O are [B, H, S_q, D], K, V [B, H, S_k, D]")
     what = ("for the query blocks of the n_bh = B*H heads, claimed from work_counter (persistent)" if plan.persistent
             else "for one (query block, batch*head)")
     return (f"O = softmax(Q K^T * scale) V{mask} {what}; {shapes} (Q, K, V read by rank-4 TMA descriptors with "
-            f"their own strides, O stored through o_stride_*); LSE [B*H*S] fp32 when lse_ptr is given.")
+            f"their own strides, O stored through o_stride_*); LSE [B*H*S_q] fp32 when lse_ptr is given.")
 
 
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
@@ -793,7 +920,7 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
                "    pid_m = n_m - 1 - heavy"]
     else:
         pid = ["    pid_m = gl.program_id(0)", "    bh = gl.program_id(1)"]
-    return tuple(pid + _rows(plan) + ["    " + O_HEAD] + _trip(plan))
+    return tuple(pid + _rows(plan) + ["    " + (VARLEN_O_HEAD if plan.decisions.varlen else O_HEAD)] + _trip(plan))
 
 
 def _rows(plan: KernelPlan) -> list[str]:
@@ -801,19 +928,36 @@ def _rows(plan: KernelPlan) -> list[str]:
     query ``q_start`` and ``q_row``, its first row of the LSE [B*H*S]."""
     kv_h = ("    kv_h = h // group  # grouped-query: query head h reads K/V head h // group" if plan.decisions.kv_heads
             else "    kv_h = h")
+    if plan.decisions.varlen:
+        return ["    b = bh // heads  # sequence",
+                "    h = bh % heads  # query head",
+                kv_h,
+                "    # varlen: the sequence's first rows and lengths in the packed q and k/v",
+                "    q_base = gl.load(cu_seqlens_q + b)",
+                "    seq_q = gl.load(cu_seqlens_q + b + 1) - q_base",
+                "    k_base = gl.load(cu_seqlens_k + b)",
+                "    seq_k = gl.load(cu_seqlens_k + b + 1) - k_base",
+                "    q_start = pid_m * BLOCK_M",
+                "    if q_start >= seq_q:  # the grid covers max_seqlen_q: this block is past its sequence's end",
+                "        return",
+                "    q_row = h * total_q + q_base + q_start  # the block's first LSE row (LSE [H, total_q])"]
     return ["    b = bh // heads  # batch",
             "    h = bh % heads  # query head",
             kv_h,
             "    q_start = pid_m * BLOCK_M",
-            "    q_row = bh * seq_len + q_start  # the block's first LSE row"]
+            "    q_row = bh * seq_q + q_start  # the block's first LSE row"]
 
 
 def _trip(plan: KernelPlan) -> list[str]:
     """``n_tiles``: the key tiles of the query block (causal: up to its diagonal)."""
     if plan.decisions.causal:
         return ["    # causal: key tiles up to the CTA's diagonal; the fully masked tiles after it are never loaded",
-                "    n_tiles = gl.cdiv(gl.minimum(q_start + BLOCK_M, seq_len), BLOCK_N)"]
-    return ["    n_tiles = gl.cdiv(seq_len, BLOCK_N)"]
+                "    # (bottom-right aligned: query i sees keys 0..i + seq_k - seq_q); at least one tile, so a block",
+                "    # whose queries see no key (seq_k < seq_q) runs one fully masked tile: O = 0, LSE = -inf",
+                "    n_tiles = gl.maximum(gl.cdiv(gl.minimum(q_start + BLOCK_M + seq_k - seq_q, seq_k), BLOCK_N), 1)"]
+    if plan.decisions.varlen:   # a sequence of no keys runs one fully masked tile: O = 0, LSE = -inf
+        return ["    n_tiles = gl.maximum(gl.cdiv(seq_k, BLOCK_N), 1)"]
+    return ["    n_tiles = gl.cdiv(seq_k, BLOCK_N)"]
 
 
 def block_coords_source(plan: KernelPlan) -> str:
@@ -822,7 +966,7 @@ def block_coords_source(plan: KernelPlan) -> str:
     order = ("chunks of heads_per_chunk heads, each chunk's heaviest query blocks first" if plan.decisions.causal
              else "query blocks of one (batch, head) after another")
     lines = ["@gluon.jit",
-             f"def block_coords(item, n_m, seq_len{_coords_args(plan)}):",
+             f"def block_coords(item, n_m, seq_q, seq_k{_coords_args(plan)}):",
              '    """The query block of work item ``item`` in the order of the kernel with one CTA per block',
              f'    ({order}): its first query, its Q and K/V rows and its key tiles."""']
     if plan.decisions.causal:
@@ -836,11 +980,11 @@ def block_coords_source(plan: KernelPlan) -> str:
 def _block_coords_call(plan: KernelPlan) -> str:
     """The persistent kernel's line (in the loop over the CTA's blocks) that finds the block of work item
     ``item``."""
-    return f"        q_start, q_row, b, h, kv_h, n_tiles = block_coords(item, n_m, seq_len{_coords_args(plan)})"
+    return f"        q_start, q_row, b, h, kv_h, n_tiles = block_coords(item, n_m, seq_q, seq_k{_coords_args(plan)})"
 
 
 def _coords_args(plan: KernelPlan) -> str:
-    """``block_coords``'s parameters after ``seq_len``: the query heads, the heads and their chunks (causal), the
+    """``block_coords``'s parameters after ``seq_k``: the query heads, the heads and their chunks (causal), the
     K/V grouping."""
     return (", heads" + (", n_bh, heads_per_chunk" if plan.decisions.causal else "")
             + (", group" if plan.decisions.kv_heads else ""))

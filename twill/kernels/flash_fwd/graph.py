@@ -79,6 +79,9 @@ OPTIONS = {
                                         "(the loop stops at the diagonal)", (False, True)),
     "kv_heads": KernelOption(int, 0, "K/V heads (0: as many as the query heads; N: grouped-query attention, "
                                      "N divides the query heads, 1 = multi-query)"),
+    "varlen": KernelOption(bool, False, "variable-length packed sequences: q [total_q, H, D], k, v [total_k, "
+                                        "KV heads, D] with cu_seqlens_q / cu_seqlens_k (FlashAttention's varlen "
+                                        "interface; Gluon forward, one CTA per query block)", (False, True)),
 }
 
 #: Per-thread register budget of Blackwell's register-holding warp groups (see module doc).
@@ -126,9 +129,10 @@ def default_reg_limit(machine: Machine, subtiles: int) -> int:
 
 
 def build(machine: Machine, *, subtiles: int = 0, head_dim: int = 128, block_m: int = 0, block_n: int = 0,
-          dtype: str = "fp16", causal: bool = False, kv_heads: int = 0, v_transpose: str = "") -> LoopGraph:
+          dtype: str = "fp16", causal: bool = False, kv_heads: int = 0, v_transpose: str = "",
+          varlen: bool = False) -> LoopGraph:
     """The forward KV-loop body for ``machine`` (see the module docstring); ``subtiles`` and ``block_n`` left 0
-    take :func:`default_tile`. ``causal`` and ``kv_heads`` do not change the loop body (the unmasked steady
+    take :func:`default_tile`. ``causal``, ``kv_heads`` and ``varlen`` do not change the loop body (the unmasked steady
     state is the scheduled loop; grouped K/V heads only move the K/V rows a CTA reads); they are graph
     attributes for the code generators. ``v_transpose`` (fp8 only): ``kernel`` or ``prepass``."""
     fp8 = dtype in FP8_DTYPES
@@ -157,7 +161,8 @@ def build(machine: Machine, *, subtiles: int = 0, head_dim: int = 128, block_m: 
         "kernel": "flash-fwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
         "head_dim": head_dim, "dtype": dtype, "subtiles": subtiles,
         "reg_limit": default_reg_limit(machine, subtiles), "smem_resident": smem_resident,
-        **({"causal": True} if causal else {}), **({"kv_heads": kv_heads} if kv_heads else {}), **fp8_attrs})
+        **({"causal": True} if causal else {}), **({"kv_heads": kv_heads} if kv_heads else {}),
+        **({"varlen": True} if varlen else {}), **fp8_attrs})
     load_k = k.tma_load(b, machine, "load_k", "load_k", block_n, head_dim, dtype)
     if v_transpose == "prepass":     # V^T tiles [head_dim, block_n] of the pre-pass's output: the same bytes
         load_v = k.tma_load(b, machine, "load_v", "load_v", head_dim, block_n, dtype)

@@ -56,11 +56,15 @@ class FlashDecisions:
         causal: the causal mask (the K/V loop of a query block stops at its diagonal, where the scores are
             masked; see docs/codegen.md, "Causal attention").
         kv_heads: K/V heads (0: as many as the query heads; N: grouped-query attention).
+        varlen: variable-length packed sequences (FlashAttention's varlen interface): each CTA reads its
+            sequence's start and length from ``cu_seqlens_q`` / ``cu_seqlens_k`` (docs/codegen.md,
+            "Variable-length sequences").
     """
 
     qk_ahead: tuple[int, ...]
     causal: bool = False
     kv_heads: int = 0
+    varlen: bool = False
 
 
 def one_turn_when_ahead(graph: LoopGraph, turns: tuple[Turn, ...], qk_ahead: tuple[int, ...]) -> tuple[Turn, ...]:
@@ -153,12 +157,20 @@ def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPl
     kv_heads = int(graph.attrs.get("kv_heads", 0))
     if kv_heads < 0:
         raise UnsupportedFeatureError(f"cannot generate: kv_heads {kv_heads} (0 or a positive head count)")
+    varlen = bool(graph.attrs.get("varlen", False))
+    if varlen and backend.lower() != "gluon":
+        raise unsupported(backend, "variable-length sequences (varlen)", "emitted by the Gluon backend")
+    if varlen and persistent:
+        raise unsupported(backend, "a persistent varlen forward", "varlen runs one CTA per query block")
+    if varlen and str(graph.attrs.get("dtype", "fp16")) in FP8_DTYPES:
+        raise unsupported(backend, "an fp8 varlen forward", "varlen takes fp16 and bf16")
     waits = ring_waits(graph, rings) + [retire_wait(graph, p.roles[r]) for p in compute for r in ("qk", "pv")]
     waits += waits_for_turns(graph, turns, PROGRAM_ORDER)
     dtypes = DTYPES + FP8_DTYPES if backend.lower() == "gluon" else DTYPES
     return make_plan(schedule, FAMILY.name, backend, dtypes, tile=tile, partitions=compute + (parts[-1],),
                      rings=tuple(rings), barriers=barriers, waits=tuple(waits), turns=turns, persistent=persistent,
-                     decisions=FlashDecisions(qk_ahead, bool(graph.attrs.get("causal", False)), kv_heads))
+                     decisions=FlashDecisions(qk_ahead, bool(graph.attrs.get("causal", False)), kv_heads,
+                                             varlen))
 
 
 def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> None:

@@ -122,8 +122,8 @@ def _constants(tile: dict[str, int], dtype: str, warps: int, warps_why: str) -> 
 def refuse(graph: LoopGraph) -> None:
     """Refuse the attention variants this body does not write: it writes the non-causal forward pass with one
     K/V head per query head."""
-    if graph.attrs.get("causal") or graph.attrs.get("kv_heads"):
-        raise UnsupportedFeatureError("cannot emit tilelang: causal or grouped-K/V attention (the TileLang "
+    if graph.attrs.get("causal") or graph.attrs.get("kv_heads") or graph.attrs.get("varlen"):
+        raise UnsupportedFeatureError("cannot emit tilelang: causal, grouped-K/V or varlen attention (the TileLang "
                                       "renderer writes the non-causal, one-K/V-head-per-head forward pass)")
 
 
