@@ -173,6 +173,11 @@ def test_varlen_forward_reads_its_sequence_from_cu_seqlens_and_compiles(tmp_path
         assert line in source, line
     assert ("n_tiles = gl.maximum(gl.cdiv(seq_k, BLOCK_N), 1)" in source) != bool(options.get("causal"))
     assert "def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k" in source
+    import builtins
+    import dis
+
+    names = {i.argval for i in dis.get_instructions(module.launch) if i.opname == "LOAD_GLOBAL"}
+    assert not [n for n in names if n not in vars(module) and not hasattr(builtins, n)]   # it runs on a GPU only
     assert "persistent" not in source.split("def attention_kernel")[0].split("decisions:")[1].split("\n#\n")[0]
     facts = aot.ptx_facts(aot.compile_sm90(module))
     plain = _module(tmp_path, emit_gluon(flash_schedule(build_kernel("flash-fwd", H100, **options), H100, ahead=1,
