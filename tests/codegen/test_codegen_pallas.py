@@ -301,3 +301,17 @@ def test_only_the_pallas_flash_fwd_body_chooses_a_streaming_depth():
     assert emit_streaming_depth(family("flash-fwd"), "gluon", graph) is None
     assert emit_streaming_depth(family("flash-fwd"), "tilelang", graph) is None
     assert emit_streaming_depth(family("gemm"), "pallas", build_kernel("gemm", H100)) is None
+
+
+@pytest.mark.parametrize("argv,what", [(["--causal"], "the causal mask"), (["--kv-heads", "8"], "grouped K/V heads")])
+def test_cli_emit_pallas_refuses_what_its_body_does_not_write(tmp_path, capsys, argv, what):
+    """The Pallas attention body writes the non-causal forward with one K/V head per query head: a causal or
+    grouped-K/V request is refused in one line, never emitted as the other kernel."""
+    from twill.cli import main
+
+    out = tmp_path / "fa.py"
+    assert main(["emit", "pallas", "flash-fwd", *argv, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"twill: error: cannot generate: {what} not supported by the Pallas backend (emitted by the " \
+                  "Gluon backend; this one writes the non-causal forward with one K/V head per query head)\n"
+    assert not out.exists()

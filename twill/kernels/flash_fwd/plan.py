@@ -160,6 +160,10 @@ def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPl
     varlen = bool(graph.attrs.get("varlen", False))
     if varlen and backend.lower() != "gluon":
         raise unsupported(backend, "variable-length sequences (varlen)", "emitted by the Gluon backend")
+    causal = bool(graph.attrs.get("causal", False))
+    if (causal or kv_heads) and backend.lower() != "gluon":      # its body writes neither, so it must not ignore them
+        raise unsupported(backend, "the causal mask" if causal else "grouped K/V heads", "emitted by the Gluon "
+                          "backend; this one writes the non-causal forward with one K/V head per query head")
     if varlen and persistent:
         raise unsupported(backend, "a persistent varlen forward", "varlen runs one CTA per query block")
     if varlen and str(graph.attrs.get("dtype", "fp16")) in FP8_DTYPES:
@@ -169,8 +173,7 @@ def plan(schedule: Schedule, backend: str, persistent: bool = False) -> KernelPl
     dtypes = DTYPES + FP8_DTYPES if backend.lower() == "gluon" else DTYPES
     return make_plan(schedule, FAMILY.name, backend, dtypes, tile=tile, partitions=compute + (parts[-1],),
                      rings=tuple(rings), barriers=barriers, waits=tuple(waits), turns=turns, persistent=persistent,
-                     decisions=FlashDecisions(qk_ahead, bool(graph.attrs.get("causal", False)), kv_heads,
-                                             varlen))
+                     decisions=FlashDecisions(qk_ahead, causal, kv_heads, varlen))
 
 
 def _check_flash_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], backend: str) -> None:
