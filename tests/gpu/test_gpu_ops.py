@@ -17,38 +17,7 @@ pytestmark = [pytest.mark.gpu,
 
 from twill.ops import attention  # noqa: E402
 from twill.ops.flash import KernelSpec, kernel_module  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _kernel_cache(tmp_path_factory):
-    """A fresh kernel cache for this module (every kernel is generated here once, then reused)."""
-    import os
-
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
-    kernel_module.cache_clear()
-    yield
-    if old is None:
-        del os.environ["XDG_CACHE_HOME"]
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
-
-
-def _reference(q, k, v, causal, scale):
-    """fp64 attention with K/V heads repeated over their query-head group."""
-    group = q.shape[1] // k.shape[1]
-    q, k, v = (t.double() for t in (q, k, v))
-    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-    s = q @ k.transpose(-1, -2) * scale
-    if causal:
-        n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
-
-
-def _relerr(out, ref) -> float:
-    assert torch.isfinite(out).all(), "NaN/Inf in the output (an element never written?)"
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
+from attention_reference import reference, relerr  # noqa: E402
 
 
 def _inputs(b, h, hkv, s, d, dtype, grad=False):
@@ -68,7 +37,7 @@ def test_forward_launch_matches_fp64_with_poisoned_outputs(b, h, hkv, s, d, dtyp
     out = torch.full_like(q, float("nan"))
     lse = torch.full((b, h, s), float("nan"), device="cuda")
     kernel_module(spec).launch(q, k, v, sm_scale=0.3, out=out, lse=lse)
-    assert _relerr(out, _reference(q, k, v, causal, 0.3)) < 1e-2
+    assert relerr(out, reference(q, k, v, causal, 0.3)[0]) < 1e-2
     assert torch.isfinite(lse).all()
 
 
@@ -79,12 +48,12 @@ def test_gradients_match_fp64(b, h, hkv, s, d, dtype, causal):
     out = attention(q, k, v, causal=causal)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = _reference(q64, k64, v64, causal, d ** -0.5)
+    ref = reference(q64, k64, v64, causal, d ** -0.5)[0]
     rq, rk, rv = torch.autograd.grad(ref, (q64, k64, v64), grad.double())
-    assert _relerr(out, ref) < 1e-2
+    assert relerr(out, ref) < 1e-2
     for name, got, want in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
         assert got.dtype == dtype and got.shape == want.shape, name
-        assert _relerr(got, want) < 2e-2, name
+        assert relerr(got, want) < 2e-2, name
 
 
 def test_unsupported_head_dim_with_gradient_is_refused():
@@ -134,8 +103,8 @@ def test_training_step_matches_sdpa():
         model.loss = loss.item()
     assert abs(block.loss - twin.loss) <= 1e-2 * abs(twin.loss)
     for (name, p), t in zip(block.named_parameters(), twin.parameters()):
-        assert _relerr(p.grad, t.grad) < 5e-2, name
-        assert _relerr(p.detach(), t.detach()) < 1e-2, name
+        assert relerr(p.grad, t.grad) < 5e-2, name
+        assert relerr(p.detach(), t.detach()) < 1e-2, name
 
 
 def _twill_causal(q, k, v):
@@ -159,7 +128,7 @@ def test_compiled_training_step_matches_eager():
         losses[name].backward()
     assert abs(losses["eager"].item() - losses["compiled"].item()) <= 1e-2 * abs(losses["eager"].item())
     for (name, p), t in zip(eager.named_parameters(), compiled.parameters()):
-        assert _relerr(t.grad, p.grad) < 2e-2, name
+        assert relerr(t.grad, p.grad) < 2e-2, name
 
 
 @pytest.mark.parametrize("causal", [False, True])

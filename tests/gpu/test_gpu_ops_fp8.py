@@ -18,25 +18,10 @@ pytestmark = [pytest.mark.gpu,
 
 from twill.errors import UnsupportedFeatureError  # noqa: E402
 from twill.ops import attention  # noqa: E402
-from twill.ops.flash import kernel_module  # noqa: E402
+from attention_reference import reference, relerr  # noqa: E402
 
 #: Relative error against fp32 on the dequantized inputs (the kernel tests' bound: e4m3 P, 3 mantissa bits).
 FP8_RELERR = 0.05
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _kernel_cache(tmp_path_factory):
-    """A fresh kernel cache for this module (every kernel is generated here once, then reused)."""
-    import os
-
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
-    kernel_module.cache_clear()
-    yield
-    if old is None:
-        del os.environ["XDG_CACHE_HOME"]
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
 
 
 def _inputs(b, h, hkv, s, d, descale):
@@ -64,22 +49,6 @@ def _inputs(b, h, hkv, s, d, descale):
     return quantized, factors, dequantized
 
 
-def _reference(q, k, v, causal, scale):
-    """fp32 attention with K/V heads repeated over their query-head group."""
-    group = q.shape[1] // k.shape[1]
-    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-    scores = q @ k.transpose(-1, -2) * scale
-    if causal:
-        s = q.shape[2]
-        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
-
-
-def _relerr(out, ref) -> float:
-    assert torch.isfinite(out).all(), "output has NaN/Inf"
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
-
-
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("b,h,hkv,s", [(1, 4, 4, 77), (2, 8, 2, 1000), (1, 4, 1, 1537)])
@@ -88,7 +57,7 @@ def test_fp8_attention_matches_fp32_of_the_dequantized_inputs(d, causal, b, h, h
     (q, k, v), (qd, kd, vd), (qf, kf, vf) = _inputs(b, h, hkv, s, d, descale)
     out = attention(q, k, v, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
     assert (out.shape, out.dtype) == (q.shape, torch.bfloat16)
-    assert _relerr(out, _reference(qf, kf, vf, causal, d ** -0.5)) < FP8_RELERR
+    assert relerr(out, reference(qf, kf, vf, causal, d ** -0.5)[0]) < FP8_RELERR
 
 
 def test_fp8_attention_fp16_output_and_scale():
@@ -96,7 +65,7 @@ def test_fp8_attention_fp16_output_and_scale():
     out = attention(q, k, v, causal=True, scale=0.1, q_descale=qd, k_descale=kd, v_descale=vd,
                     out_dtype=torch.float16)
     assert out.dtype == torch.float16
-    assert _relerr(out, _reference(qf, kf, vf, True, 0.1)) < FP8_RELERR
+    assert relerr(out, reference(qf, kf, vf, True, 0.1)[0]) < FP8_RELERR
 
 
 def test_compiled_fp8_call_matches_eager():

@@ -18,42 +18,7 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs a Hopper (sm_90) GPU")]
 
 from twill.ops import attention, library  # noqa: E402
-from twill.ops.flash import kernel_module  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _kernel_cache(tmp_path_factory):
-    """A fresh kernel cache for this module."""
-    import os
-
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
-    kernel_module.cache_clear()
-    yield
-    if old is None:
-        del os.environ["XDG_CACHE_HOME"]
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
-
-
-def reference(q, k, v, causal, scale):
-    """fp64 (out, lse) with K/V heads repeated over their group; causal aligned bottom-right. A row that sees
-    no key has out 0 and lse -inf (FA3's convention)."""
-    group = q.shape[1] // k.shape[1]
-    q, k, v = (t.double() for t in (q, k, v))
-    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-    s = q @ k.transpose(-1, -2) * scale
-    if causal:
-        sq, sk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).triu(sk - sq + 1), float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)      # rows with no key: 0
-    return p @ v, lse
-
-
-def _relerr(out, ref) -> float:
-    assert torch.isfinite(out).all(), "NaN/Inf in the output"
-    return float((out.double() - ref.double()).norm() / max(ref.double().norm(), 1e-30))
+from attention_reference import reference, relerr  # noqa: E402
 
 
 #: (B, H, H_kv, S, S_k, D, dtype, causal)
@@ -72,7 +37,7 @@ def test_forward_matches_fp64_with_the_bottom_right_causal_mask(b, h, hkv, s, sk
     scale = 1 / math.sqrt(d)
     out, lse = library.attention_forward(q, k, v, causal, scale)
     ref, ref_lse = reference(q, k, v, causal, scale)
-    assert _relerr(out, ref) < 1e-2
+    assert relerr(out, ref) < 1e-2
     blind = torch.isinf(ref_lse)                                  # rows that see no key (S_k < S, causal)
     assert torch.equal(torch.isinf(lse) & (lse < 0), blind)      # their LSE is -inf, no other's
     assert (out.transpose(1, 2)[blind.transpose(1, 2)] == 0).all()
@@ -90,4 +55,4 @@ def test_gradients_match_fp64(b, h, hkv, s, sk, d, dtype, causal):
     ref, _ = reference(*refs, causal, 1 / math.sqrt(d))
     ref.backward(grad.double())
     for t, r in zip((q, k, v), refs):
-        assert torch.isfinite(t.grad).all() and _relerr(t.grad, r.grad) < 2e-2
+        assert torch.isfinite(t.grad).all() and relerr(t.grad, r.grad) < 2e-2

@@ -19,41 +19,10 @@ pytestmark = [pytest.mark.gpu,
 
 from twill.ops import attention  # noqa: E402
 from twill.ops.flash import KernelSpec, kernel_module  # noqa: E402
+from attention_reference import reference, relerr  # noqa: E402
 
 #: The generated kernels (every other kernel in the step's profile must be a fill of a launcher's buffer).
 GENERATED = ("attention_kernel", "backward_kernel", "preprocess_kernel", "dq_convert_kernel")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _kernel_cache(tmp_path_factory):
-    """A fresh kernel cache for this module (every kernel is generated here once, then reused)."""
-    import os
-
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
-    kernel_module.cache_clear()
-    yield
-    if old is None:
-        del os.environ["XDG_CACHE_HOME"]
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
-
-
-def _reference(q, k, v, causal, scale):
-    """fp64 attention with K/V heads repeated over their query-head group."""
-    group = q.shape[1] // k.shape[1]
-    q, k, v = (t.double() for t in (q, k, v))
-    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
-    s = q @ k.transpose(-1, -2) * scale
-    if causal:
-        n = s.shape[-1]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
-
-
-def _relerr(out, ref) -> float:
-    assert torch.isfinite(out).all(), "NaN/Inf in the output (an element never written?)"
-    return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
 def _bshd(b, s, h, d, dtype, grad=False):
@@ -80,7 +49,7 @@ def test_forward_of_transposed_views_matches_fp64_and_keeps_the_layout(b, h, hkv
     _, q = _bshd(b, s, h, d, dtype)
     k, v = _packed_kv(b, s, hkv, d, dtype) if packed else (_bshd(b, s, hkv, d, dtype)[1] for _ in range(2))
     out = attention(q, k, v, causal=causal, scale=0.3)
-    assert _relerr(out, _reference(q, k, v, causal, 0.3)) < 1e-2
+    assert relerr(out, reference(q, k, v, causal, 0.3)[0]) < 1e-2
     assert out.stride() == q.stride()                       # written in the caller's layout
 
 
@@ -95,7 +64,7 @@ def test_launch_writes_poisoned_strided_outputs_rows_past_s_untouched(b, h, hkv,
     buffer = torch.full((b, s + 16, h, d), float("nan"), device="cuda", dtype=dtype)
     out = buffer[:, :s].transpose(1, 2)
     kernel_module(spec).launch(q, k, v, sm_scale=0.3, out=out)
-    assert _relerr(out, _reference(q, k, v, causal, 0.3)) < 1e-2
+    assert relerr(out, reference(q, k, v, causal, 0.3)[0]) < 1e-2
     assert torch.isnan(buffer[:, s:]).all()
 
 
@@ -108,13 +77,13 @@ def test_gradients_of_transposed_views_match_fp64_in_the_inputs_layout(b, h, hkv
     out = attention(q, k, v, causal=causal)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = _reference(q64, k64, v64, causal, d ** -0.5)
+    ref = reference(q64, k64, v64, causal, d ** -0.5)[0]
     rq, rk, rv = torch.autograd.grad(ref, (q64, k64, v64), grad.double())
-    assert _relerr(out, ref) < 1e-2
+    assert relerr(out, ref) < 1e-2
     for name, got, want, like in (("dq", dq, rq, q), ("dk", dk, rk, k), ("dv", dv, rv, v)):
         assert got.dtype == dtype and got.shape == want.shape, name
         assert got.stride() == like.stride(), name            # the gradient in its input's layout
-        assert _relerr(got, want) < 2e-2, name
+        assert relerr(got, want) < 2e-2, name
 
 
 def test_an_expanded_output_gradient_is_taken():
@@ -123,8 +92,8 @@ def test_an_expanded_output_gradient_is_taken():
     xk, k = _bshd(1, 200, 4, 64, torch.float16, grad=True)
     attention(q, k, k, causal=True).sum().backward()
     q64, k64 = (t.detach().double().requires_grad_() for t in (q, k))
-    _reference(q64, k64, k64, True, 64 ** -0.5).sum().backward()
-    assert _relerr(xq.grad.transpose(1, 2), q64.grad) < 2e-2 and _relerr(xk.grad.transpose(1, 2), k64.grad) < 2e-2
+    reference(q64, k64, k64, True, 64 ** -0.5)[0].sum().backward()
+    assert relerr(xq.grad.transpose(1, 2), q64.grad) < 2e-2 and relerr(xk.grad.transpose(1, 2), k64.grad) < 2e-2
 
 
 def test_a_misaligned_base_is_refused_naming_the_tensor():

@@ -18,23 +18,6 @@ pytestmark = [pytest.mark.gpu,
 import twill.integrations.transformers  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _kernel_cache(tmp_path_factory):
-    """A fresh kernel cache for this module."""
-    import os
-
-    from twill.ops.flash import kernel_module
-
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
-    kernel_module.cache_clear()
-    yield
-    if old is None:
-        del os.environ["XDG_CACHE_HOME"]
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
-
-
 def _losses(implementation: str, state: dict | None, config, ids) -> tuple[list[float], dict]:
     """Five AdamW steps of a causal-LM loss from ``state`` (or a fresh init): the losses and the first state."""
     torch.manual_seed(0)
