@@ -106,17 +106,8 @@ def read_item(item_smem):
     return gl.max(item_smem.load(layout), 0)
 """
 
-LAUNCH = """
-LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
-
-
-def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
-    \"\"\"softmax(q k^T * sm_scale{mask}) v for q [B, H, S, D] and k, v [B, {kv}, Sk, D] ({dtype}, CUDA; the key
-    length Sk may differ from S{sk_note}), each with any strides whose last dimension is contiguous (a [B, S, H,
-    D] tensor's transpose(1, 2) included: read where it lies, never copied); sm_scale defaults to 1/sqrt(D). out (allocated like q: q's strides) is written
-    through its strides. Returns out, or (out, lse) with return_lse: lse [B, H, S] fp32 (contiguous) is the
-    natural-log log-sum-exp of each row's scaled scores (what the backward reads); a given lse is written.\"\"\"
-    import math
+#: The launchers' shape and dtype checks (16-bit and fp8 alike), formatted with the launcher.
+LAUNCH_CHECKS = """    import math
 
     import torch
 
@@ -129,7 +120,19 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
     if k.shape != kv_shape or v.shape != kv_shape or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"expected k, v of shape {{kv_shape}} and dtype {{q.dtype}}, got {{tuple(k.shape)}} "
                          f"{{tuple(v.shape)}}")
-    q_desc = _tma_view(q, "q", [SUB_M.value, D])   # read where they lie: any strides, no copy
+"""
+
+LAUNCH = """
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the softmax runs in base 2
+
+
+def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
+    \"\"\"softmax(q k^T * sm_scale{mask}) v for q [B, H, S, D] and k, v [B, {kv}, Sk, D] ({dtype}, CUDA; the key
+    length Sk may differ from S{sk_note}), each with any strides whose last dimension is contiguous (a [B, S, H,
+    D] tensor's transpose(1, 2) included: read where it lies, never copied); sm_scale defaults to 1/sqrt(D). out (allocated like q: q's strides) is written
+    through its strides. Returns out, or (out, lse) with return_lse: lse [B, H, S] fp32 (contiguous) is the
+    natural-log log-sum-exp of each row's scaled scores (what the backward reads); a given lse is written.\"\"\"
+""" + LAUNCH_CHECKS + """    q_desc = _tma_view(q, "q", [SUB_M.value, D])   # read where they lie: any strides, no copy
     k_desc = _tma_view(k, "k", [BLOCK_N.value, D])
     v_desc = _tma_view(v, "v", [BLOCK_N.value, D])
     if out is None:
@@ -198,20 +201,7 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_desca
     out, or (out, lse) with return_lse: lse [B, H, S] fp32 is the natural-log log-sum-exp of each row's scaled
     scores; a given lse is written. q and k are read where they lie (any strides whose last dimension is
     contiguous), out is written through its strides; V is transposed by a pre-pass (transpose_v).\"\"\"
-    import math
-
-    import torch
-
-    B, H, S, D = q.shape
-    Sk = k.shape[2]   # key length (may differ from S)
-    if D != HEAD_DIM.value or q.dtype != torch.{torch_dtype}:
-        raise ValueError(f"expected q of shape [B, H, S, {{HEAD_DIM.value}}] and dtype {torch_dtype}, got "
-                         f"{{tuple(q.shape)}} {{q.dtype}}")
-{kv_check}
-    if k.shape != kv_shape or v.shape != kv_shape or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"expected k, v of shape {{kv_shape}} and dtype {{q.dtype}}, got {{tuple(k.shape)}} "
-                         f"{{tuple(v.shape)}}")
-    q_desc = _tma_view(q, "q", [SUB_M.value, D])   # read where they lie: any strides, no copy
+""" + LAUNCH_CHECKS + """    q_desc = _tma_view(q, "q", [SUB_M.value, D])   # read where they lie: any strides, no copy
     k_desc = _tma_view(k, "k", [BLOCK_N.value, D])
     v_desc = _tma_view(transpose_v(v), "v", [D, BLOCK_N.value])
     out_dtype = out_dtype or (out.dtype if out is not None else torch.bfloat16)
