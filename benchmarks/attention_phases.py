@@ -77,7 +77,7 @@ INSERTS = [
 #: The partition's span: its start (before its wait for Q) and its end (after its last store, the LSE's).
 SPAN_START = ("    mbarrier.wait(q_bar, 0)  # Q sub-tile loaded by load_partition\n",
               "    _c0 = _clock64(n_tiles)\n    _g0 = _globaltimer(n_tiles)\n")
-SPAN_END = ("        gl.store(lse_ptr + (row0 + rows_s).to(gl.int64), lse, mask=lse_mask)\n",
+SPAN_END = (re.compile(r"        gl\.store\(lse_ptr \+ \([^\n]*rows_s\)\.to\(gl\.int64\), lse, mask=lse_mask\)\n"),
             "        _c1 = _clock64(n_tiles)\n        _g1 = _globaltimer(n_tiles)\n"
             "        gl.store(lse_ptr + _base + {n}, (_c1 - _c0).to(gl.float32))\n"
             "        gl.store(lse_ptr + _base + {n1}, (_g1 - _g0).to(gl.float32))\n")

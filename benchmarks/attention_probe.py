@@ -47,20 +47,22 @@ sys.path.insert(0, ROOT)
 
 from benchmarks._common import event_times, load_module  # noqa: E402
 
-SOFTMAX = ("""    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)  # rowmax (m kept in scaled log2 units)
-    alpha = gl.exp2(m_i - m_new)                      # alpha
-    p = gl.exp2(s * qk_scale - m_new[:, None])        # exp: one FMA + ex2 per element
-    l_new = l_i * alpha + gl.sum(p, 1)                # rowsum
-""")
+#: The online-softmax step (its m_use line, a causal kernel's guard for rows with no key yet, included).
+SOFTMAX = re.compile(r"    m_new = gl\.maximum\(m_i, gl\.max\(s, 1\) \* qk_scale\)[^\n]*\n"
+                     r"(?:    m_use = [^\n]*\n)?"
+                     r"    alpha = gl\.exp2\(m_i - m_\w+\)[^\n]*\n"
+                     r"    p = gl\.exp2\(s \* qk_scale - m_\w+\[:, None\]\)[^\n]*\n"
+                     r"    l_new = l_i \* alpha \+ gl\.sum\(p, 1\)[^\n]*\n")
 PV = "        o_tok = warpgroup_mma(p_op, v_ring.index(j % V_DEPTH), o, is_async=True)\n"
 #: A producer's TMA load of one ring buffer (its expect and copy), in any emitted attention forward.
 LOAD = re.compile(r"( +)mbarrier\.expect\((\w+)_ready\.index\(buffer\), (.+)\)\n"
-                  r"\1(tma\.async_copy_global_to_shared\(.+\))\n")
+                  r"\1(tma\.async_copy_global_to_shared\([^\n]*(?:\n\1 {4,}[^\n]*)*)\n")
 
 
 def _first_fill_only(match: re.Match) -> str:
     """The load of ``match`` for the ring's first pass only; later passes arrive on ``ready`` without a copy."""
     pad, ring, nbytes, copy = match.groups()
+    copy = copy.replace("\n", "\n    ")          # its continuation lines, one level deeper too
     return (f"{pad}if j < {ring.upper()}_DEPTH:  # probe no-loads: the first fill only\n"
             f"{pad}    mbarrier.expect({ring}_ready.index(buffer), {nbytes})\n{pad}    {copy}\n"
             f"{pad}else:\n{pad}    mbarrier.arrive({ring}_ready.index(buffer))\n")
@@ -69,7 +71,8 @@ RESCALE = "        o = o * gl.convert_layout(alpha, row_o)[:, None]  # rescale\n
 #: probe -> (kernel, [(old, new), ...]) substitutions: exact text, or a compiled pattern and its replacement
 #: (a template or a function of the match)
 PROBES: dict[str, tuple[str, list[tuple[Any, Any]]]] = {
-    "no-exp": ("flash-fwd", [("p = gl.exp2(s * qk_scale - m_new[:, None])", "p = s * qk_scale - m_new[:, None]")]),
+    "no-exp": ("flash-fwd", [(re.compile(r"p = gl\.exp2\(s \* qk_scale - (m_\w+)\[:, None\]\)"),
+                              r"p = s * qk_scale - \1[:, None]")]),
     "no-softmax": ("flash-fwd", [(SOFTMAX, "    m_new = m_i\n    alpha = m_i\n    p = s\n    l_new = l_i\n")]),
     "no-pv": ("flash-fwd", [(PV, "        o_tok = o\n")]),
     "no-rescale": ("flash-fwd", [(RESCALE, "")]),
