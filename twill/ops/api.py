@@ -55,15 +55,11 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
 
     from twill.ops import library
 
-    needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
-    spec = check_inputs(q, k, v, causal=causal, backward=needs_grad)
+    spec = check_inputs(q, k, v, causal=causal, backward=_needs_grad(torch, q, k, v))
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     out_dtype = check_fp8_options(q, k, descales, out_dtype)
     scale = 1.0 / math.sqrt(spec.head_dim) if scale is None else float(scale)
-    for name, t in (("q", q), ("k", k), ("v", v)):   # read where they lie: never copied
-        problem = library.layout_problem(t, name)
-        if problem is not None:
-            raise UnsupportedFeatureError(f"twill.ops.attention: {problem} (.contiguous() gives it such a layout)")
+    _check_layouts(library, "twill.ops.attention", q, k, v)
     out, _ = library.attention_forward(q, k, v, bool(causal), scale, q_descale, k_descale, v_descale, out_dtype)
     return out
 
@@ -103,15 +99,24 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
 
     from twill.ops import library
 
-    needs_grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
     spec = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                               backward=needs_grad)
+                               backward=_needs_grad(torch, q, k, v))
     scale = 1.0 / math.sqrt(spec.head_dim) if scale is None else float(scale)
-    for name, t in (("q", q), ("k", k), ("v", v)):   # read where they lie: never copied
-        problem = library.layout_problem(t, name)
-        if problem is not None:
-            raise UnsupportedFeatureError(f"twill.ops.attention_varlen: {problem} (.contiguous() gives it such a "
-                                          f"layout)")
+    _check_layouts(library, "twill.ops.attention_varlen", q, k, v)
     out, _ = library.attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                               bool(causal), scale)
     return out
+
+
+def _needs_grad(torch: Any, q: Any, k: Any, v: Any) -> bool:
+    """Whether the call asks for a gradient: grad mode on and q, k or v requiring one."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+
+
+def _check_layouts(library: Any, function: str, q: Any, k: Any, v: Any) -> None:
+    """Refuse, naming the tensor, a q, k or v the kernels cannot read where it lies (they never copy one):
+    :func:`twill.ops.library.layout_problem`."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        problem = library.layout_problem(t, name)
+        if problem is not None:
+            raise UnsupportedFeatureError(f"{function}: {problem} (.contiguous() gives it such a layout)")

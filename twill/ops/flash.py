@@ -29,8 +29,9 @@ from typing import Any
 
 from twill.errors import UnsupportedFeatureError
 from twill.files import user_cache_dir
-from twill.ops.spec import (BACKWARD, BACKWARD_HEAD_DIMS, CODEGEN_ONLY_ATTRS, DTYPES, FORWARD, FORWARD_DTYPES,
-                            FORWARD_HEAD_DIMS, FP8_DTYPES, MACHINE, KernelSpec, solve, solve_key)
+from twill.ops.spec import (BACKWARD, BACKWARD_HEAD_DIMS, FORWARD, FORWARD_DTYPES, FORWARD_HEAD_DIMS, FP8_DTYPES,
+                            MACHINE, KernelSpec, solve, solve_key)
+
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/twill/ops`` (default ``~/.cache/twill/ops``)."""
@@ -281,8 +282,16 @@ def check_varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise unsupported(f"{name} must be a non-negative int, got {n!r}")
+    return varlen_kernel_spec(q, k, causal)
+
+
+def varlen_kernel_spec(q: Any, k: Any, causal: bool) -> KernelSpec:
+    """The varlen forward's spec for packed ``q [total_q, H, D]`` and ``k [total_k, H_kv, D]`` (checked by
+    :func:`check_varlen_inputs`): :func:`kernel_spec` of their ``[1, H, total, D]`` views, ``varlen``."""
+    from dataclasses import replace
+
     spec = kernel_spec(FORWARD.name, q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), causal)
-    return KernelSpec(spec.kernel, spec.head_dim, spec.dtype, spec.causal, spec.kv_heads, varlen=True)
+    return replace(spec, varlen=True)
 
 
 def check_fp8_options(q: Any, k: Any, descales: dict[str, Any], out_dtype: Any) -> Any:

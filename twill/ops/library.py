@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from twill.ops.flash import BACKWARD, FORWARD, KernelSpec, check_device, kernel_module, kernel_spec
+from twill.ops.flash import BACKWARD, FORWARD, check_device, kernel_module, kernel_spec, varlen_kernel_spec
 
 #: The ops' schemas (what ``torch.library`` records of their arguments and results).
 FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, Tensor? q_descale=None, "
@@ -155,9 +155,7 @@ def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """``(out, lse)`` of attention over each packed sequence by the generated varlen forward kernel."""
     check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
     out, lse = _varlen_outputs(q)
-    spec = kernel_spec(FORWARD.name, q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2), causal)
-    module = kernel_module(KernelSpec(spec.kernel, spec.head_dim, spec.dtype, spec.causal, spec.kv_heads,
-                                      varlen=True))
+    module = kernel_module(varlen_kernel_spec(q, k, causal))
     module.launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale=scale, out=out, lse=lse)
     return out, lse
 

@@ -38,7 +38,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping, TextIO
+from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from twill.errors import (InfeasibleScheduleError, SolverUnavailableError, SpillsError, TwillError,
                           UnsupportedFeatureError)
@@ -389,6 +389,7 @@ def schedule_problem(doc: Any, job: Job) -> str | None:
     from twill.ir.validate import validate_graph
     from twill.schedule.result import Schedule
     from twill.schedule.verify import violations
+
     cand, machine = job.candidate, job.machine
     try:
         options = job.solve_options()
