@@ -506,9 +506,6 @@ def write_loop_outputs(results: Sequence[InjectionResult], schedules: Sequence[S
 
 def _write_files(result: InjectionResult, directory: str | Path, summary: dict[str, Any],
                  schedule_document: Mapping[str, Any] | None) -> dict[str, Any]:
-    from twill.files import make_output_dir, output_group, write_bytes_atomic
-
-    out = Path(directory)
     name = result.kernel.name
     files: dict[str, bytes] = {f"{name}.ttgir": result.kernel.asm["ttgir"].encode(),
                                f"{name}.scheduled.ttgir": result.scheduled_ttgir.encode(),
@@ -516,9 +513,18 @@ def _write_files(result: InjectionResult, directory: str | Path, summary: dict[s
                                f"{name}.cubin": bytes(result.kernel.asm["cubin"])}
     if schedule_document is not None:
         files["schedule.json"] = (json.dumps(schedule_document, indent=2) + "\n").encode()
+    return write_kernel_files(directory, files, summary)
+
+
+def write_kernel_files(directory: str | Path, files: dict[str, bytes], summary: dict[str, Any]) -> dict[str, Any]:
+    """Write ``files`` (name -> bytes) and ``summary.json`` into ``directory``, all of them or none; the summary
+    gains ``files``, what the folder holds afterwards. Returns the summary."""
+    from twill.files import make_output_dir, output_group, write_bytes_atomic
+
+    out = Path(directory)
     existing = {p.name for p in out.iterdir()} if out.is_dir() else set()
     summary["files"] = sorted((existing | set(files)) - {"summary.json"}) + ["summary.json"]
-    files["summary.json"] = (json.dumps(summary, indent=2) + "\n").encode()
+    files = {**files, "summary.json": (json.dumps(summary, indent=2) + "\n").encode()}
     try:
         with output_group():            # all of them or none, staged beside their targets
             make_output_dir(out)

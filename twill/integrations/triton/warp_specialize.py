@@ -268,28 +268,16 @@ def write_ws_outputs(result: WarpSpecializedKernel, schedule: Schedule, director
     """Write ``<kernel>.ttgir`` (final), ``<kernel>.partitioned.ttgir`` (the TTGIR with the partitions, as it
     entered Hopper's warp specialization), ``<kernel>.ptx``, ``<kernel>.cubin``, ``schedule.json`` and
     ``summary.json`` into ``directory``, all or none; returns the summary."""
-    from twill.files import make_output_dir, output_group, write_bytes_atomic
+    from twill.integrations.triton.inject import write_kernel_files
     from twill.schedule.document import schedule_document
 
-    out = Path(directory)
     name = result.kernel.name
     files: dict[str, bytes] = {f"{name}.ttgir": result.kernel.asm["ttgir"].encode(),
                                f"{name}.partitioned.ttgir": result.annotated_ttgir.encode(),
                                f"{name}.ptx": result.kernel.asm["ptx"].encode(),
                                f"{name}.cubin": bytes(result.kernel.asm["cubin"]),
                                "schedule.json": (json.dumps(schedule_document(schedule), indent=2) + "\n").encode()}
-    summary = result.summary(schedule)
-    existing = {p.name for p in out.iterdir()} if out.is_dir() else set()
-    summary["files"] = sorted((existing | set(files)) - {"summary.json"}) + ["summary.json"]
-    files["summary.json"] = (json.dumps(summary, indent=2) + "\n").encode()
-    try:
-        with output_group():
-            make_output_dir(out)
-            for file_name, data in files.items():
-                write_bytes_atomic(out / file_name, data)
-    except OSError as exc:
-        raise TwillError(f"cannot write into {str(out)!r}: {exc.strerror or exc}") from None
-    return summary
+    return write_kernel_files(directory, files, result.summary(schedule))
 
 
 def inject_ws_triton(target: str, machine: Machine, directory: str, *, options, signature: str | None = None,
