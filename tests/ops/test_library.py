@@ -247,3 +247,77 @@ def test_importing_twill_ops_imports_no_torch_and_the_ops_register_once():
             "print(torch.ops.twill.attention_forward.default, torch.ops.twill.attention_backward.default)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.split() == ["twill.attention_forward.default", "twill.attention_backward.default"]
+
+
+class _ReferenceKernels:
+    """Stand-ins for the emitted modules on the CPU: ``launch`` writes fp64 attention (forward) or its
+    gradients (backward) into the outputs it is given, as the kernels do."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def launch(self, q, k, v, *args, sm_scale, **outputs):
+        from attention_reference import reference
+
+        causal = self.causal
+        if self.kernel == flash.FORWARD.name:
+            out, lse = reference(q, k, v, causal, sm_scale)
+            outputs["out"].copy_(out)
+            outputs["lse"].copy_(lse)
+            return
+        _, grad_out, _ = args   # the analytic gradients (a kernel runs below autograd: no grad_fn there)
+        group = q.shape[1] // k.shape[1]
+        qd, kd, vd, do = (t.double() for t in (q, k, v, grad_out))
+        kd, vd = (t.repeat_interleave(group, dim=1) for t in (kd, vd))
+        out, lse = reference(q, k, v, causal, sm_scale)
+        p = torch.exp(qd @ kd.transpose(-1, -2) * sm_scale - lse[..., None]).nan_to_num(0.0)
+        if causal:
+            sq, sk = p.shape[-2:]
+            p = p.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(sk - sq + 1), 0.0)
+        ds = p * (do @ vd.transpose(-1, -2) - (do * out).sum(-1, keepdim=True))
+        fold = lambda t: t.unflatten(1, (-1, group)).sum(2)  # noqa: E731 - a K/V head's query heads summed
+        grads = (ds @ kd * sm_scale, fold(ds.transpose(-1, -2) @ qd * sm_scale), fold(p.transpose(-1, -2) @ do))
+        for name, g in zip(("dq", "dk", "dv"), grads):
+            outputs[name].copy_(g)
+
+
+def test_eager_calls_take_the_same_kernels_and_gradients_as_the_custom_op(monkeypatch):
+    """:class:`~twill.ops.library.EagerAttention` (eager CUDA calls) and the custom op run the same
+    implementations: with the kernels replaced by fp64 attention on the CPU, both give the reference's output
+    and gradients (GQA, causal, bottom-right with S_k > S), and both save what the backward reads."""
+    def module(spec):
+        kernels = _ReferenceKernels(spec.kernel)
+        kernels.causal = spec.causal
+        return kernels
+
+    monkeypatch.setattr(library, "kernel_module", module)
+    monkeypatch.setattr(library, "check_device", lambda *tensors: None)
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 40, 64, dtype=torch.float16).requires_grad_()
+    k, v = (torch.randn(2, 2, 56, 64, dtype=torch.float16).requires_grad_() for _ in range(2))
+    dout = torch.randn(2, 4, 40, 64, dtype=torch.float16)
+    from attention_reference import reference
+
+    ref = reference(q, k, v, True, 0.2)[0]
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout.double())
+    for call in (lambda: library.EagerAttention.apply(q, k, v, True, 0.2, None, None, None, None),
+                 lambda: library.attention_forward(q, k, v, True, 0.2)):
+        out, lse = call()
+        assert not lse.requires_grad
+        assert torch.allclose(out.double(), ref, atol=2e-3)   # the reference rounded to fp16
+        for got, want in zip(torch.autograd.grad(out, (q, k, v), dout), ref_grads):
+            assert torch.allclose(got.double(), want.double(), atol=1e-2, rtol=1e-3)
+
+
+def test_traced_and_dataless_calls_take_the_custom_op(monkeypatch):
+    """:func:`~twill.ops.library.forward` sends only plain CUDA tensors outside tracing to the eager path:
+    meta tensors and fake CUDA tensors reach the custom op's fake implementation (no kernel runs)."""
+    monkeypatch.setattr(library.EagerAttention, "apply", lambda *a: pytest.fail("took the eager path"))
+    out, lse = library.forward(_meta(1, 2, 64, 64), _meta(1, 2, 64, 64), _meta(1, 2, 64, 64), False, 0.125)
+    assert out.device.type == "meta" and lse.shape == (1, 2, 64)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        cuda = torch.empty(1, 2, 64, 64, device="cuda", dtype=torch.float16)
+        out, _ = library.forward(cuda, cuda, cuda, True, 0.125)
+    assert out.shape == cuda.shape

@@ -15,7 +15,8 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     """``softmax(q kᵀ · scale [+ causal mask]) v`` with Twill's generated Hopper kernels.
 
     A ``torch.library`` custom op (``twill::attention_forward``, its gradient ``twill::attention_backward``):
-    ``torch.compile`` captures it without a graph break. Inputs the kernels do not cover raise
+    ``torch.compile`` captures it without a graph break; an eager call on CUDA tensors runs the same kernels
+    through a plain autograd function (:func:`twill.ops.library.forward`), for less host time per call. Inputs the kernels do not cover raise
     :class:`~twill.errors.UnsupportedFeatureError` with the reason before any work
     (:func:`~twill.ops.flash.check_inputs` and :func:`~twill.ops.flash.check_fp8_options`, then
     :func:`~twill.ops.flash.check_device` in the op).
@@ -60,7 +61,7 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     out_dtype = check_fp8_options(q, k, descales, out_dtype)
     scale = 1.0 / math.sqrt(spec.head_dim) if scale is None else float(scale)
     _check_layouts(library, "twill.ops.attention", q, k, v)
-    out, _ = library.attention_forward(q, k, v, bool(causal), scale, q_descale, k_descale, v_descale, out_dtype)
+    out, _ = library.forward(q, k, v, bool(causal), scale, q_descale, k_descale, v_descale, out_dtype)
     return out
 
 

@@ -26,6 +26,10 @@ data such as ``meta`` ones), and the forward's autograd formula is the backward 
 :class:`~twill.ops.flash.KernelSpec`) is chosen inside the real implementation, which first checks the
 device (:func:`~twill.ops.flash.check_device`).
 
+Eager calls on CUDA tensors skip the custom ops' dispatch: :func:`forward` runs the same implementations and
+autograd formula through :class:`EagerAttention`, a plain :class:`torch.autograd.Function` (less host time per
+call); while ``torch.compile`` traces, and for tensors without data, it calls the custom op.
+
 Importing this module imports torch and registers the ops, once per process (Python imports a module
 once); :func:`twill.ops.attention` imports it on its first call, an import ``torch.compile`` runs while it
 traces rather than a graph break.
@@ -36,6 +40,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from twill.ops.flash import BACKWARD, FORWARD, check_device, kernel_module, kernel_spec, varlen_kernel_spec
 
@@ -83,6 +88,13 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
                       out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` of ``softmax(q kᵀ · scale [+ causal mask]) v`` by the generated forward kernel (for fp8
     q, k, v standing for ``q · q_descale``, ``k · k_descale``, ``v · v_descale``)."""
+    return _forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype)
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+             q_descale: torch.Tensor | None, k_descale: torch.Tensor | None, v_descale: torch.Tensor | None,
+             out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's real implementation, shared by the custom op and :class:`EagerAttention`."""
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     check_device(q, k, v, *(t for t in descales.values() if t is not None))
     out, lse = _forward_outputs(q, out_dtype)
@@ -105,6 +117,12 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                        out: torch.Tensor, lse: torch.Tensor, causal: bool,
                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` by the generated backward kernel, from the forward's ``out`` and ``lse``."""
+    return _backward_kernel(grad_out, q, k, v, out, lse, causal, scale)
+
+
+def _backward_kernel(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                     lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward's real implementation, shared by the custom op and :class:`EagerAttention`."""
     check_device(q, k, v, grad_out)
     dq, dk, dv = _backward_outputs(q, k, v)
     if layout_problem(grad_out, "grad_out") is not None or grad_out.data_ptr() % 16:
@@ -141,6 +159,42 @@ def _backward(ctx: Any, grad_out: torch.Tensor, grad_lse: Any) -> tuple[Any, ...
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class EagerAttention(torch.autograd.Function):
+    """The forward and its gradient for eager calls on CUDA tensors: the custom ops' own implementations and
+    autograd formula (:func:`_setup_context`, :func:`_backward`'s kernel) behind a plain
+    :class:`torch.autograd.Function`, which skips the dispatcher's custom-op layers (the autograd kernel, the
+    redispatch to the implementation, the backward op's own dispatch): the host time of a call, not its
+    work. :func:`forward` chooses it; traced calls take the custom ops."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                q_descale: torch.Tensor | None, k_descale: torch.Tensor | None, v_descale: torch.Tensor | None,
+                out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = _forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype)
+        _setup_context(ctx, (q, k, v, causal, scale), (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_lse: Any) -> tuple[Any, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward_kernel(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+            q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
+            v_descale: torch.Tensor | None = None,
+            out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` as :func:`attention_forward` returns them, differentiable in q, k and v: through
+    :class:`EagerAttention` for plain CUDA tensors outside any tracing (``torch.compile``, ``torch.export``,
+    a dispatch mode such as ``make_fx``'s), else through the custom op, which ``torch.compile`` captures and
+    whose fake implementation serves tensors without data (``meta``, fake)."""
+    if (type(q) is torch.Tensor and q.device.type == "cuda" and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None):
+        return EagerAttention.apply(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype)
+    return attention_forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype)
 
 
 def _varlen_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
