@@ -86,8 +86,59 @@ def _tma_view(t, name, block, dtype=None):
         if n == 1:
             strides[d] = t.shape[-1] * 16
     shape = [1, 1, *block]
-    layout = gl.NVMMASharedLayout.get_default_for(shape, dtype or DTYPE.value)
-    return TensorDescriptor(t, list(t.shape), strides, shape, layout)
+    return TensorDescriptor(t, list(t.shape), strides, shape, _shared_layout(tuple(shape), dtype or DTYPE.value))
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_layout(shape, dtype):
+    """The NVMMA shared layout of a TMA block of ``shape`` (a tuple) and ``dtype``, built once."""
+    return gl.NVMMASharedLayout.get_default_for(list(shape), dtype)
+'''
+
+
+#: Host helper of the attention launchers: a kernel launch that goes through Triton's JIT once per argument
+#: specialization and device, and after that straight to the compiled kernel's launcher (no argument binding,
+#: cache-key string or global-variable check per call: docs/codegen.md, "Host time per call").
+DIRECT_LAUNCH = '''
+_COMPILED = {}
+
+
+def _arg_key(a):
+    """What Triton's JIT may specialize argument ``a`` on, or more (a key that differs only sends one more launch
+    through the JIT): an integer's value being 1, its divisibility by 16 and its width; a tensor's dtype and
+    16-byte alignment; a TMA descriptor's dtype, block, layout and the divisibility of its base, shape and
+    strides; None, a bool's value; any float alike."""
+    if a is None or isinstance(a, bool):
+        return a
+    if isinstance(a, int):
+        return (a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31))
+    if isinstance(a, float):
+        return float
+    base = getattr(a, "base", None)
+    if base is not None:   # a host-side TensorDescriptor
+        return (base.dtype, base.data_ptr() % 16 == 0, tuple(a.block_shape), a.layout, a.padding,
+                tuple(n % 16 == 0 for n in (*a.shape, *a.strides)))
+    return (a.dtype, a.data_ptr() % 16 == 0)
+
+
+def _launch(kernel, grid, num_warps, *args):
+    """``kernel[grid](*args, num_warps=num_warps)``: the first launch of each specialization key (the device,
+    the grid's rank and :func:`_arg_key` of every argument) goes through Triton's JIT, which compiles or
+    loads the kernel and returns it; later ones call that compiled kernel's launcher as the JIT itself does
+    after its lookup. While a launch hook is set (a profiler's), every launch goes through the JIT."""
+    from triton import knobs
+    from triton.runtime import driver
+
+    device = driver.active.get_current_device()
+    hooks = knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    key = (kernel, device, len(grid), num_warps, *map(_arg_key, args))
+    compiled = None if hooks else _COMPILED.get(key)
+    if compiled is None:
+        _COMPILED[key] = kernel[grid](*args, num_warps=num_warps)
+        return
+    grid = (*grid, 1, 1)
+    compiled.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), compiled.function,
+                 compiled.packed_metadata, None, None, None, *args)
 '''
 
 

@@ -31,7 +31,7 @@ every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/
 
 from __future__ import annotations
 
-from twill.codegen.gluon.render import (SM_COUNT, TMA_VIEW, TORCH_DTYPES, KernelBody, compute_def,
+from twill.codegen.gluon.render import (DIRECT_LAUNCH, SM_COUNT, TMA_VIEW, TORCH_DTYPES, KernelBody, compute_def,
                                         heaviest_first_chunks, kv_shape_source)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_bwd.plan import FlashBwdDecisions
@@ -183,8 +183,8 @@ def _preprocess(o, do, out, s_pad, lse=None, lse_out=None):
         if t.stride(-1) != 1:
             raise ValueError(f"{{name}} must have a contiguous last dimension (stride 1), got strides {{t.stride()}}")
     lse_strides = (0, 0, 0) if lse is None else _check(lse, "lse", (B, H, S), torch.float32).stride()
-    preprocess_kernel[(triton.cdiv(s_pad, PRE_ROWS.value), H, B)](o, *o.stride()[:3], do, *do.stride()[:3], out, lse,
-                                                                   *lse_strides, lse_out, S, s_pad, num_warps=4)
+    _launch(preprocess_kernel, (triton.cdiv(s_pad, PRE_ROWS.value), H, B), 4, o, *o.stride()[:3], do,
+            *do.stride()[:3], out, lse, *lse_strides, lse_out, S, s_pad)
 
 
 def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=None):
@@ -229,11 +229,11 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     stats_desc = _descriptor(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
     dq_desc = _descriptor(dq_acc, [BLOCK_M.value, D], gl.float32)
     grid = (triton.cdiv(Sk, BLOCK_N.value), B * kv_shape[1])
-    backward_kernel[grid](q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk, *dk.stride()[:3], dv,
-                          *dv.stride()[:3], S, Sk, kv_shape[1], sm_scale * LOG2E.value, sm_scale,
-                          H // kv_shape[1]{chunk_arg}, num_warps=NUM_WARPS)
-    dq_convert_kernel[(triton.cdiv(S, PRE_ROWS.value), H, B)](dq_acc, dq, *dq.stride()[:3], S, s_pad, sm_scale,
-                                                              num_warps=4)
+    _launch(backward_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk,
+            *dk.stride()[:3], dv, *dv.stride()[:3], S, Sk, kv_shape[1], sm_scale * LOG2E.value, sm_scale,
+            H // kv_shape[1]{chunk_arg})
+    _launch(dq_convert_kernel, (triton.cdiv(S, PRE_ROWS.value), H, B), 4, dq_acc, dq, *dq.stride()[:3], S, s_pad,
+            sm_scale)
     return dq, dk, dv
 
 
@@ -443,13 +443,12 @@ def launch_source(plan: KernelPlan) -> str:
     kv_check = kv_shape_source(decided.kv_heads, "HEAD_DIM.value")
     kv, gqa_doc = (("KV_HEADS", " dk, dv are summed over the query heads of each K/V head's group.")
                    if decided.kv_heads else ("H", ""))
-    chunk_arg = (",\n                          max(1, _sm_count(q.device.index) // grid[0])" if decided.causal
-                 else "")
+    chunk_arg = (",\n            max(1, _sm_count(q.device.index) // grid[0])" if decided.causal else "")
     launch = LAUNCH.format(mask=", causal mask" if decided.causal else "", kv=kv, dtype=plan.dtype,
                            sk_note=": the mask is aligned bottom-right" if decided.causal else "",
                            torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc,
                            chunk_arg=chunk_arg)
-    launch = TMA_VIEW.strip("\n") + "\n\n" + launch
+    launch = TMA_VIEW.strip("\n") + "\n\n" + DIRECT_LAUNCH.strip("\n") + "\n\n" + launch
     return (SM_COUNT.strip("\n") + "\n\n" + launch) if decided.causal else launch
 
 
@@ -597,5 +596,5 @@ def body(plan: KernelPlan) -> KernelBody:
         load_iteration=(f"        h, prow, m_start = query_block(j, {BLOCK_ARGS})",),
         load_ops=load_ops,
         load_after=load_after,
-        imports=("import functools\n" if decided.causal else "") + IMPORTS,
+        imports="import functools\n" + IMPORTS,   # _shared_layout (and _sm_count when causal)
     )

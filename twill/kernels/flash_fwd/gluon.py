@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twill.codegen.gluon.render import (SM_COUNT, TMA_VIEW, TORCH_DTYPES, KernelBody, compute_def,
+from twill.codegen.gluon.render import (DIRECT_LAUNCH, SM_COUNT, TMA_VIEW, TORCH_DTYPES, KernelBody, compute_def,
                                         heaviest_first_chunks, kv_shape_source, wrap)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_fwd.plan import FP8_DTYPES, PROGRAM_ORDER
@@ -146,8 +146,8 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False):
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {{(B, H, S)}}")
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
 {grid}
-    attention_kernel[grid](q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, Sk, H, sm_scale * LOG2E{extra_args},
-                           num_warps=NUM_WARPS)
+    _launch(attention_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, Sk, H,
+            sm_scale * LOG2E{extra_args})
     return (out, lse) if return_lse else out
 """
 
@@ -223,8 +223,8 @@ def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_desca
         qk_descale = _descale(q_descale, B, KVH, group, q.device) * _descale(k_descale, B, KVH, group, q.device)
         v_scale = _descale(v_descale, B, KVH, group, q.device)
 {grid}
-    attention_kernel[grid](q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, Sk, H, sm_scale * LOG2E{extra_args},
-                           qk_descale, v_scale, num_warps=NUM_WARPS)
+    _launch(attention_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, out, *out.stride()[:3], lse, S, Sk, H,
+            sm_scale * LOG2E{extra_args}, qk_descale, v_scale)
     return (out, lse) if return_lse else out
 """
 
@@ -287,8 +287,8 @@ def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_s
     o4 = out.unsqueeze(0).transpose(1, 2)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M.value), B * H)
-    attention_kernel[grid](q_desc, k_desc, v_desc, out, *o4.stride()[:3], lse, cu_seqlens_q, cu_seqlens_k, T, H,
-                           sm_scale * LOG2E{extra_args}, num_warps=NUM_WARPS)
+    _launch(attention_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, out, *o4.stride()[:3], lse, cu_seqlens_q,
+            cu_seqlens_k, T, H, sm_scale * LOG2E{extra_args})
     return (out, lse) if return_lse else out
 """
 
@@ -318,9 +318,9 @@ def launch_source(plan: KernelPlan) -> str:
     kv_check = kv_shape_source(plan.decisions.kv_heads, "D")
     kv, group_arg = ("KV_HEADS", ", H // KV_HEADS.value") if plan.decisions.kv_heads else ("H", "")
     if plan.decisions.varlen:
-        chunks = (",\n                           max(1, _sm_count(q.device.index) // grid[0])"
+        chunks = (",\n            max(1, _sm_count(q.device.index) // grid[0])"
                   if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
-        return TMA_VIEW.strip("\n") + "\n\n\n" + VARLEN_LAUNCH.format(
+        return TMA_VIEW.strip("\n") + "\n\n" + DIRECT_LAUNCH.rstrip("\n") + "\n\n\n" + VARLEN_LAUNCH.format(
             mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
             seq_note=" The mask is aligned bottom-right in each sequence." if plan.decisions.causal else "",
             torch_dtype=TORCH_DTYPES[plan.dtype], kv_value="KV_HEADS.value" if plan.decisions.kv_heads else "H",
@@ -330,9 +330,10 @@ def launch_source(plan: KernelPlan) -> str:
             "    # work items claimed after each CTA's first: zeroed for every launch (nothing carries over)\n"
             "    work_counter = torch.zeros(1, dtype=torch.int32, device=q.device)"
             if plan.persistent else "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)")
-    chunks = (",\n                           max(1, _sm_count(q.device.index) // triton.cdiv(S, BLOCK_M.value))"
+    chunks = (",\n            max(1, _sm_count(q.device.index) // triton.cdiv(S, BLOCK_M.value))"
               if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
-    return TMA_VIEW.strip("\n") + "\n\n\n" + (FP8_LAUNCH if fp8(plan) else LAUNCH).format(
+    launch = FP8_LAUNCH if fp8(plan) else LAUNCH
+    return TMA_VIEW.strip("\n") + "\n\n" + DIRECT_LAUNCH.rstrip("\n") + "\n\n\n" + launch.format(
         mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
         sk_note=SK_NOTE[plan.decisions.causal],
         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
@@ -806,7 +807,7 @@ def body(plan: KernelPlan) -> KernelBody:
             load_loop=(),
             compute_params=COMPUTE_PARAMS + fp8_params,
             launch=(SM_COUNT.strip("\n") + "\n\n" if plan.decisions.causal else "") + launch_source(plan),
-            imports="import functools\n" if plan.decisions.causal else "",
+            imports="import functools\n",   # _shared_layout (and _sm_count when causal)
         )
     return KernelBody(
         title="Warp-specialized attention forward for Hopper (sm_90), Gluon / Triton 3.6.",
