@@ -1,0 +1,185 @@
+"""Host time per call of ``twill.ops.attention`` against cuDNN (SDPA) and FlashAttention-3 at a shape where the GPU
+idles and wall time is host work (a GPU experiment behind docs/performance.md's "Host cost per call", not a test).
+
+For each caller (``twill`` the op, ``module`` the emitted module's ``launch`` alone, ``module_jit`` the same
+with its launch cache emptied before each call, so that every launch goes through Triton's JIT, ``cudnn``,
+``fa3`` when ``fa3_fwd_interface`` imports) and each of forward and forward + backward:
+
+* ``host_us``: wall time per call of ``CALLS`` calls issued back to back with no synchronisation, median of
+  ``ROUNDS`` (what the host needs to issue one call);
+* ``gpu_us``: CUDA events around the same calls (the GPU's view, host gaps included).
+
+Then ``graph``: the op's forward and forward + backward captured in a CUDA graph and replayed, outputs and
+gradients compared with the eager call's (a capture that fails is reported, not raised), and ``profile``: the
+op's forward under ``cProfile`` (the 15 functions with the most own time). Prints a table and writes
+``$OUT/op_launch_cost.json``.
+
+    python benchmarks/op_launch_cost.py [--batch 1 --heads 8 --seq 128 --head-dim 128] --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks._common import events_ms  # noqa: E402
+
+#: Calls per sample, and samples per measurement.
+CALLS, ROUNDS = 50, 9
+
+
+def _host_us(fn: Callable[[], Any]) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(CALLS):
+        fn()
+    host = (time.perf_counter() - t0) * 1e6 / CALLS
+    torch.cuda.synchronize()
+    return host
+
+
+def measure(fn: Callable[[], Any]) -> dict[str, Any]:
+    for _ in range(3):
+        fn()
+    host, gpu = [], []
+    for _ in range(ROUNDS):
+        host.append(_host_us(fn))
+        gpu.append(events_ms(fn, CALLS) * 1e3 / CALLS)
+    return {"host_us": statistics.median(host), "host_spread": [min(host), max(host)],
+            "gpu_us": statistics.median(gpu), "gpu_spread": [min(gpu), max(gpu)]}
+
+
+def _graph_check(fn: Callable[[], Any]) -> dict[str, Any]:
+    """Capture ``fn`` (returning a tuple of tensors) in a CUDA graph, replay it, compare with an eager call."""
+    import torch
+
+    try:
+        eager = [t.clone() for t in fn()]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fn()
+        for t in captured:
+            t.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(captured, eager))
+        replay_us = events_ms(graph.replay, 20) * 1e3 / 20
+        return {"captured": True, "max_abs_diff": diff, "replay_us": replay_us}
+    except Exception as exc:  # noqa: BLE001 - reported as the result
+        return {"captured": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+
+
+def _profile(fn: Callable[[], Any], calls: int = 200) -> list[str]:
+    fn()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
+    return [line for line in buf.getvalue().splitlines() if line.strip()][-17:]
+
+
+def run(B: int, H: int, S: int, D: int) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import twill.ops
+    from twill.ops.flash import KernelSpec, kernel_module
+
+    dtype = torch.bfloat16
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    dout = torch.randn_like(q)
+    module = kernel_module(KernelSpec("flash-fwd", D, "bf16", True, 0))
+    out = torch.empty_like(q)
+
+    def cudnn_fwd():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def cudnn_step():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+        return torch.autograd.grad(o, (qg, kg, vg), dout)
+
+    def twill_step():
+        o = twill.ops.attention(qg, kg, vg, causal=True)
+        return torch.autograd.grad(o, (qg, kg, vg), dout)
+
+    callers: dict[str, dict[str, Callable[[], Any]]] = {
+        "forward": {"twill": lambda: twill.ops.attention(q, k, v, causal=True),
+                    "module": lambda: module.launch(q, k, v, out=out),
+                    "module_jit": lambda: (module._COMPILED.clear(), module.launch(q, k, v, out=out)),
+                    "cudnn": cudnn_fwd},
+        "forward+backward": {"twill": twill_step, "cudnn": cudnn_step},
+    }
+    try:
+        from fa3_fwd_interface import flash_attn_func
+
+        qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))   # FA3 reads [B, S, H, D]
+        callers["forward"]["fa3"] = lambda: flash_attn_func(qs, ks, vs, causal=True)
+    except ImportError:
+        pass
+    rows = []
+    for what, fns in callers.items():
+        for who, fn in fns.items():
+            rows.append({"what": what, "who": who, **measure(fn)})
+            print(json.dumps(rows[-1]), flush=True)
+    graph = {"forward": _graph_check(lambda: (twill.ops.attention(q, k, v, causal=True),)),
+             "forward+backward": _graph_check(twill_step)}
+    print(json.dumps(graph), flush=True)
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "shape": [B, H, S, D], "dtype": "bf16",
+            "causal": True, "calls": CALLS, "rounds": ROUNDS, "rows": rows, "graph": graph,
+            "profile_forward": _profile(lambda: twill.ops.attention(q, k, v, causal=True))}
+
+
+def table(doc: dict[str, Any]) -> str:
+    """Microseconds per call (medians) and each caller's host time over cuDNN's."""
+    cudnn = {r["what"]: r["host_us"] for r in doc["rows"] if r["who"] == "cudnn"}
+    lines = ["| call | who | host µs | GPU µs | host / cuDNN |", "|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['what']} | {r['who']} | {r['host_us']:.0f} | {r['gpu_us']:.0f} "
+                     f"| {r['host_us'] / cudnn[r['what']]:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    doc = run(args.batch, args.heads, args.seq, args.head_dim)
+    with open(os.path.join(args.out, "op_launch_cost.json"), "w") as fh:
+        json.dump(doc, fh, indent=1)
+    print("\n".join(doc["profile_forward"]))
+    print(table(doc))
+
+
+if __name__ == "__main__":
+    main()
