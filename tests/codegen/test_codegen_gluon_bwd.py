@@ -153,20 +153,23 @@ def test_backward_causal_gqa_bf16_compile(tmp_path, options):
 
 
 def test_backward_helper_kernels_compile(tmp_path):
-    """The dO.O pre-pass (with the LSE rows copied into the stats buffer, as the launcher runs it, and without,
-    as ``preprocess`` does) and the dQ conversion compile for sm_90 too (they run on every launch); they read
-    and write through the tensors' strides (kernel arguments), so the LSE copy adds a second store."""
+    """The dO.O pre-pass (with the LSE rows copied into the stats buffer and the dQ accumulator zeroed, as the
+    launcher runs it, and without either, as ``preprocess`` does) and the dQ conversion compile for sm_90 too
+    (they run on every launch); they read and write through the tensors' strides (kernel arguments), so the LSE
+    copy adds a second store and the zeroing a third."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     module = load_emitted(str(_write(tmp_path, _schedule(head_dim=64), "helpers")), "twill_test_bwd_helpers")
     strides = lambda name: {f"{name}_stride_{d}": "i32" for d in "bhs"}  # noqa: E731
     pre = {"o_ptr": "*fp16", **strides("o"), "do_ptr": "*fp16", **strides("do"), "delta_ptr": "*fp32",
-           "lse_ptr": "*fp32", **strides("lse"), "lse_out_ptr": "*fp32", "seq_q": "i32", "s_pad": "i32"}
+           "lse_ptr": "*fp32", **strides("lse"), "lse_out_ptr": "*fp32", "dq_acc_ptr": "*fp32", "seq_q": "i32",
+           "s_pad": "i32"}
     stores = {}
     for name, fn, sig, fixed in (
-            ("lse", module.preprocess_kernel, pre, {}),
-            ("plain", module.preprocess_kernel, pre, {"lse_ptr": None, "lse_out_ptr": None}),
+            ("zero", module.preprocess_kernel, pre, {}),
+            ("lse", module.preprocess_kernel, pre, {"dq_acc_ptr": None}),
+            ("plain", module.preprocess_kernel, pre, {"lse_ptr": None, "lse_out_ptr": None, "dq_acc_ptr": None}),
             ("dq", module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", **strides("dq"),
                                               "seq_q": "i32", "s_pad": "i32", "sm_scale": "fp32"}, {})):
         sig = {k: "constexpr" if k in fixed else v for k, v in sig.items()}
@@ -174,7 +177,7 @@ def test_backward_helper_kernels_compile(tmp_path):
                                   options={"num_warps": 4})
         stores[name] = len(re.findall(r"st\.global", compiled.asm["ptx"]))
         assert stores[name] > 0
-    assert stores["lse"] > stores["plain"]
+    assert stores["zero"] > stores["lse"] > stores["plain"]
 
 
 def _two_stage(sched, ops):

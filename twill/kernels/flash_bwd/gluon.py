@@ -98,11 +98,13 @@ def dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow):
 
 @gluon.jit
 def preprocess_kernel(o_ptr, o_stride_b, o_stride_h, o_stride_s, do_ptr, do_stride_b, do_stride_h, do_stride_s,
-                      delta_ptr, lse_ptr, lse_stride_b, lse_stride_h, lse_stride_s, lse_out_ptr, seq_q, s_pad):
+                      delta_ptr, lse_ptr, lse_stride_b, lse_stride_h, lse_stride_s, lse_out_ptr, dq_acc_ptr, seq_q,
+                      s_pad):
     \"\"\"For the PRE_ROWS positions m < s_pad of program (m block, head h, batch b), at bh * s_pad + m (bh = b * H
     + h): delta = sum_d dO[b, h, m, d] * O[b, h, m, d] in fp32 (the backward's D statistic), and, when lse_ptr
     is given, lse_out = LSE[b, h, m]; O, dO and LSE are read through their strides, and the positions from
-    seq_q on get 0 (the padding of the stats rows).\"\"\"
+    seq_q on get 0 (the padding of the stats rows). When dq_acc_ptr is given, the fp32 dQ accumulator's rows of
+    these positions are zeroed (the backward adds into them; no separate fill).\"\"\"
     layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
     m = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
     h = gl.program_id(1).to(gl.int64)
@@ -121,6 +123,9 @@ def preprocess_kernel(o_ptr, o_stride_b, o_stride_h, o_stride_s, do_ptr, do_stri
         lse = gl.load(lse_ptr + lse_offs, mask=m < seq_q, other=0.0)
         lse = gl.where(lse == float("-inf"), 0.0, lse)  # a row that saw no key (FA3): P = exp(-inf - 0) = 0
         gl.store(lse_out_ptr + bh * s_pad + m, lse, mask=m < s_pad)
+    if dq_acc_ptr is not None:
+        acc_offs = (bh * s_pad + rows)[:, None] * HEAD_DIM + cols[None, :]
+        gl.store(dq_acc_ptr + acc_offs, gl.zeros([PRE_ROWS, HEAD_DIM], gl.float32, layout), mask=(m < s_pad)[:, None])
 
 
 @gluon.jit
@@ -172,9 +177,9 @@ def preprocess(o, do):
     return delta
 
 
-def _preprocess(o, do, out, s_pad, lse=None, lse_out=None):
+def _preprocess(o, do, out, s_pad, lse=None, lse_out=None, dq_acc=None):
     \"\"\"The pre-pass into ``out`` with ``s_pad`` positions per (batch, head) (0 from S on); with ``lse``, it also
-    writes lse's rows into ``lse_out`` laid out as ``out``.\"\"\"
+    writes lse's rows into ``lse_out`` laid out as ``out``; with ``dq_acc``, it zeroes the dQ accumulator.\"\"\"
     import torch
 
     B, H, S, D = o.shape
@@ -184,7 +189,7 @@ def _preprocess(o, do, out, s_pad, lse=None, lse_out=None):
             raise ValueError(f"{{name}} must have a contiguous last dimension (stride 1), got strides {{t.stride()}}")
     lse_strides = (0, 0, 0) if lse is None else _check(lse, "lse", (B, H, S), torch.float32).stride()
     _launch(preprocess_kernel, (triton.cdiv(s_pad, PRE_ROWS.value), H, B), 4, o, *o.stride()[:3], do,
-            *do.stride()[:3], out, lse, *lse_strides, lse_out, S, s_pad)
+            *do.stride()[:3], out, lse, *lse_strides, lse_out, dq_acc, S, s_pad)
 
 
 def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=None):
@@ -216,15 +221,16 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
             raise ValueError(f"{{name}} must be a {{dtype}} tensor of shape {{tuple(shape)}} with a contiguous last "
                              f"dimension")
     shapes, s_pad = buffer_shapes(B, H, S), padded_len(S)
-    if delta is None:   # the pre-pass writes both stats rows, padding included
+    if delta is None:   # the pre-pass writes both stats rows, padding included, and zeroes the dQ accumulator
         stats = torch.empty(shapes["stats"], device=q.device, dtype=torch.float32)
-        _preprocess(o, do, stats[1], s_pad, lse, stats[0])
+        dq_acc = torch.empty(shapes["dq_acc"], device=q.device, dtype=torch.float32)
+        _preprocess(o, do, stats[1], s_pad, lse, stats[0], dq_acc)
     else:
         stats = torch.zeros(shapes["stats"], device=q.device, dtype=torch.float32)
         lse = _check(lse, "lse", (B, H, S), torch.float32)   # -inf (a row that saw no key) -> 0, as the pre-pass
         stats[0].view(B, H, s_pad)[..., :S] = torch.where(lse == float("-inf"), 0.0, lse)
         stats[1].view(B, H, s_pad)[..., :S] = _check(delta, "delta", (B, H, S), torch.float32)
-    dq_acc = torch.zeros(shapes["dq_acc"], device=q.device, dtype=torch.float32)
+        dq_acc = torch.zeros(shapes["dq_acc"], device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     stats_desc = _descriptor(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
     dq_desc = _descriptor(dq_acc, [BLOCK_M.value, D], gl.float32)
