@@ -250,8 +250,8 @@ def _cpu_stand_ins(monkeypatch, tmp_path, *, strided: bool):
         seen["timed"].append(sorted(fns))
         for fn in fns.values():
             fn()
-        ms = {"twill": 2.0, "fa3": 1.8, "cudnn": 2.2}
-        return {n: ms[n] for n in fns}, {n: [ms[n], ms[n] * 1.1] for n in fns}, [0.0, 1.0]
+        ms = {"twill": 2.0, "fa3": 1.8, "cudnn": 2.2}      # a variant: 1.6
+        return {n: ms.get(n, 1.6) for n in fns}, {n: [ms.get(n, 1.6), ms.get(n, 1.6) * 1.1] for n in fns}, [0.0, 1.0]
 
     class Sampler:
         def __enter__(self):
@@ -340,3 +340,162 @@ def test_the_backward_step_times_the_gradients_and_fa3_only_when_causal(tmp_path
     assert full["relerr"]["fa3"] is None and isinstance(full["cudnn_tflops"], float)
     assert seen["timed"] == [["cudnn", "fa3", "twill"], ["cudnn", "twill"]]
     assert set(doc["cases"][0]["checks"]["fa3"][0]) >= {"dq", "dk", "dv", "relerr"}
+
+
+# -- variants ------------------------------------------------------------------------------------------------
+def _manifest_row(name, kernel="flash-fwd", **options):
+    return {"name": name, "file": f"{name}.py", "kernel": kernel, "options": options, "persistent": True}
+
+
+def test_variants_match_a_case_by_head_dim_mask_kv_heads_and_dtype():
+    manifest = [_manifest_row("a", head_dim=128, dtype="bf16"),
+                _manifest_row("fp16_by_default", head_dim=128),                   # gluon_bench's default dtype
+                _manifest_row("causal", head_dim=128, dtype="bf16", causal=True),
+                _manifest_row("kv8", head_dim=128, dtype="bf16", causal=True, kv_heads=8),
+                _manifest_row("d64", head_dim=64, dtype="bf16", subtiles=3),
+                _manifest_row("gemm", kernel="gemm", dtype="bf16"),
+                _manifest_row("d128_by_default", dtype="bf16")]
+    names = {c.name: [r["name"] for r in fb.case_variants(manifest, c)] for c in fb.FWD_CASES}
+    assert names == {"d128": ["a", "d128_by_default"], "d128_causal": ["causal"], "d128_causal_kv8": ["kv8"],
+                     "d64": ["d64"], "d64_causal": [], "d256": [], "d256_causal": []}
+    assert fb.variant_case({}) == (128, False, 0, "fp16")
+
+
+def test_the_variants_step_lists_persistent_non_causal_bf16_kernels_of_the_asked_shapes():
+    assert [(d, sub, depth) for _, d, sub, depth in fb.VARIANTS] == [(64, 3, 2), (64, 2, 3), (128, 2, 3), (128, 2, 2),
+                                                                     (256, 2, 2)]
+    assert len({name for name, *_ in fb.VARIANTS}) == len(fb.VARIANTS)
+    spec = fb.variant_spec(256, 2, 2)
+    assert spec.persistent() and spec.streaming_depth() == 2 and spec.extra_copies() == 1
+    assert spec.kernel_options() == {"head_dim": 256, "dtype": "bf16", "causal": False, "kv_heads": 0, "subtiles": 2,
+                                     "block_n": 64}
+    assert fb.variant_spec(64, 3, 2).kernel_options()["subtiles"] == 3
+
+
+def test_a_manifest_is_read_or_refused_with_its_reason(tmp_path):
+    with pytest.raises(ValueError, match="cannot read"):
+        fb.read_manifest(str(tmp_path))
+    (tmp_path / fb.MANIFEST).write_text(json.dumps([_manifest_row("a"), _manifest_row("a")]))
+    with pytest.raises(ValueError, match="'a' appears twice"):
+        fb.read_manifest(str(tmp_path))
+    (tmp_path / fb.MANIFEST).write_text(json.dumps([{"name": "a"}]))
+    with pytest.raises(ValueError, match="without a name or file"):
+        fb.read_manifest(str(tmp_path))
+    (tmp_path / fb.MANIFEST).write_text(json.dumps([_manifest_row("a")]))
+    assert fb.read_manifest(str(tmp_path))[0]["file"] == "a.py"
+    assert fb.parse_args(["fwd", "--variants", str(tmp_path)]).variants == str(tmp_path)
+    assert fb.parse_args(["fwd"]).variants is None
+
+
+def test_a_folder_without_a_manifest_exits_2_with_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        fb.parse_args(["fwd", "--variants", str(tmp_path / "none")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--variants: cannot read" in err.splitlines()[-1]
+
+
+def test_a_row_with_variants_keeps_its_keys_and_adds_their_cells():
+    case, flops = fb.Case(128, False), 1e12
+    ms = {"twill": 2.0, "fa3": 1.6, "cudnn": 2.5, "twill:fast": 1.6, "twill:bad": "check failed: relative error 1e+00"}
+    spread = {"twill": [2.0, 2.0], "twill:fast": [1.6, 2.0]}
+    relerr = {"twill": 1e-3, "twill:fast": 2e-3, "twill:bad": 1.0}
+    plain = fb.build_row(case, 4096, "bf16", flops, ms, spread, relerr)
+    row = fb.build_row(case, 4096, "bf16", flops, ms, spread, relerr, ("fast", "bad", "absent"))
+    assert "variants" not in plain and set(row) == set(plain) | {"variants"}
+    assert {k: row[k] for k in plain} == plain
+    fast, bad, absent = (row["variants"][n] for n in ("fast", "bad", "absent"))
+    assert fast["tflops"] == pytest.approx(625.0) and fast["ratio_fa3"] == pytest.approx(1.0)
+    assert fast["ratio_twill"] == pytest.approx(1.25) and fast["relerr"] == 2e-3
+    assert fast["spread"] == pytest.approx([500.0, 625.0])
+    assert bad == {"tflops": "check failed: relative error 1e+00", "ratio_fa3": None, "ratio_twill": None,
+                   "relerr": 1.0}
+    assert absent["tflops"] == "not run" and absent["relerr"] is None
+
+
+def test_the_tables_show_the_variants_after_the_main_table():
+    case = fb.Case(128, False)
+    rows = [fb.build_row(case, s, "bf16", 1e12, {"twill": 2.0, "fa3": 1.6, "cudnn": 2.5, "twill:v": 1.6,
+                                                 "twill:bad": "check failed: x"}, {}, {"twill:v": 1e-3}, ("v", "bad"))
+            for s in (4096, 2048)]
+    doc = {"step": "fwd", "versions": {}, "rows": rows, "cases": []}
+    md = fb.markdown(doc).splitlines()
+    assert md[2] == "| D=128 non-causal | 2k / 4k | 500 / 500 | 625 / 625 | 400 / 400 | 0.80 / 0.80 |"
+    assert md[3] == "" and md[4] == "| variant | case | S | TFLOP/s | / FA3 | / twill |"
+    assert md[6] == "| v | D=128 non-causal | 2k / 4k | 625 / 625 | 1.00 / 1.00 | 1.250 / 1.250 |"
+    assert md[7] == "| bad | D=128 non-causal | 2k / 4k | check failed: x | - / - | - / - |"
+    assert fb.variants_markdown({"rows": [fb.build_row(case, 2048, "bf16", 1e12, {}, {}, {})]}) == ""
+    text = fb.table(doc).splitlines()
+    assert text[2] == "    twill:v  625  /fa3 1.00  /twill 1.250  err 1e-03"
+    assert text[3] == "    twill:bad: check failed: x"
+
+
+def _variant_folder(folder, rows):
+    """Emitted-module stand-ins: ``launch(q, k, v)`` is torch's SDPA (``good``), zeros (``zeros``), or the file is
+    missing (``missing``); each records the strides of the q it got."""
+    folder.mkdir(exist_ok=True)
+    bodies = {"good": "torch.nn.functional.scaled_dot_product_attention(q, k, v)", "zeros": "torch.zeros_like(q)"}
+    manifest = []
+    for name, kind, options in rows:
+        manifest.append({"name": name, "file": f"{name}.py", "kernel": "flash-fwd", "options": options})
+        if kind != "missing":
+            (folder / f"{name}.py").write_text("import torch\nSEEN = []\n\n\ndef launch(q, k, v):\n"
+                                               f"    SEEN.append((q.shape[2], q.is_contiguous()))\n"
+                                               f"    return {bodies[kind]}\n")
+    (folder / fb.MANIFEST).write_text(json.dumps(manifest))
+    return str(folder)
+
+
+@pytest.mark.parametrize("strided", [True, False])
+def test_the_forward_step_checks_and_times_the_matching_variants_beside_the_others(strided, tmp_path, monkeypatch):
+    """``fwd --variants`` on the CPU: a variant matching a case is one more contender of it, called on the very
+    tensors the op gets, checked against fp32 and timed in the same rounds; one that fails its check or its
+    import holds the reason and is not timed; a variant of another case is not run; the rows keep their keys."""
+    seen = _cpu_stand_ins(monkeypatch, tmp_path, strided=strided)
+    d128 = {"head_dim": 128, "dtype": "bf16", "causal": False, "kv_heads": 0}
+    folder = _variant_folder(tmp_path / "variants", [
+        ("vgood", "good", d128), ("vzeros", "zeros", d128), ("vmissing", "missing", d128),
+        ("vd64", "good", {**d128, "head_dim": 64}), ("vcausal", "good", {**d128, "causal": True})])
+    out = tmp_path / "out"
+    assert fb.main(["fwd", "--out", str(out), "--cases", "d128,d128_causal_kv8", "--seqs", "64",
+                    "--variants", folder]) == 0
+    doc = json.loads((out / fb.FWD_FILE).read_text())
+    assert doc["variants"] == {"folder": folder, "matched": {"d128": ["vgood", "vzeros", "vmissing"]}}
+    assert [c.get("variants") for c in doc["cases"]] == [["vgood", "vzeros", "vmissing"], None]
+    # timed in the same rounds as the others, the failing and missing ones not at all
+    assert seen["timed"] == [["cudnn", "fa3", "twill", "twill:vgood"], ["cudnn", "fa3", "twill"]]
+    checks = doc["cases"][0]["checks"]
+    assert [c["S"] for c in checks["twill:vgood"]] == [40, 70] and "twill:vmissing" not in checks
+    full, grouped = doc["rows"]
+    assert "variants" not in grouped and set(full) | {"cudnn_gqa"} == set(grouped) | {"variants"}
+    assert isinstance(full["twill_tflops"], float) and full["ratio"] == pytest.approx(0.9)
+    good, zeros, missing = (full["variants"][n] for n in ("vgood", "vzeros", "vmissing"))
+    assert good["tflops"] == pytest.approx(fb.forward_flops(1, 16, 64, 128, False) / 1.6 / 1e9)
+    assert good["ratio_fa3"] == pytest.approx(1.8 / 1.6) and good["ratio_twill"] == pytest.approx(2.0 / 1.6)
+    assert 0 < good["relerr"] < 1e-2
+    assert zeros["tflops"].startswith("check failed: relative error 1.00e+00") and zeros["ratio_fa3"] is None
+    assert missing["tflops"].startswith("import failed: FileNotFoundError") and missing["relerr"] is None
+    # the variant read the op's very tensors: FA3's views when the op takes them, else contiguous copies
+    launched = sys.modules["twill_gluon_vgood"].SEEN
+    assert [s for s, _ in launched] == [40, 70, 64, 64] and {c for _, c in launched} == {not strided}
+    assert "| vgood | D=128 non-causal | 64 |" in fb.markdown(doc)
+
+
+def test_the_variants_step_emits_modules_from_the_shipped_schedules_and_their_manifest(tmp_path, capsys):
+    """``variants`` on the CPU (two of its kernels, both shipped schedules, no solver): one module per variant
+    through the op's own path, persistent, and a manifest ``fwd --variants`` matches to the non-causal cases."""
+    pytest.importorskip("triton", reason="the emitted modules import Triton")
+    from twill.codegen.gluon import load_emitted
+
+    picked = tuple(v for v in fb.VARIANTS if v[1] in (64, 256) and v[2] == 2)
+    assert fb.generate_variants(str(tmp_path), picked) == 0
+    manifest = fb.read_manifest(str(tmp_path))
+    assert [r["name"] for r in manifest] == [v[0] for v in picked]
+    assert all(r["persistent"] and r["schedule"] == "shipped" and r["bytes"] < 64 << 10 for r in manifest)
+    d256 = [r["name"] for r in fb.case_variants(manifest, fb.Case(256, False))]
+    assert d256 == ["fa_bf16_d256_bn64_sub2_d2_persistent"]
+    assert fb.case_variants(manifest, fb.Case(256, True)) == []
+    for row in manifest:
+        module = load_emitted(str(tmp_path / row["file"]))
+        signature, _ = module.compile_signature()
+        assert callable(module.launch) and "work_counter" in signature      # the persistent kernel's queue
+    assert capsys.readouterr().out.count("ok    ") == 2
