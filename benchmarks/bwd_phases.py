@@ -45,7 +45,7 @@ TOKENS, HEAD_TOKENS = 16384, 2048
 LOOP = re.compile(r"^    for j in range\((?:0|1), n_iters\):\n", re.M)
 KERNEL_ARGS = ("sm_scale, group):", "sm_scale, group, probe_ptr):")
 COMPUTE_ARGS = ("seq_k, qk_scale, sm_scale)", "seq_k, qk_scale, sm_scale, probe_ptr)")
-LAUNCH_ARGS = ("H // kv_shape[1], num_warps=NUM_WARPS)", "H // kv_shape[1], _PROBE, num_warps=NUM_WARPS)")
+LAUNCH_ARGS = ("H // kv_shape[1])", "H // kv_shape[1], _PROBE)")
 COMPUTE_DEF = "@gluon.jit\ndef compute_partition("
 #: The low 32 bits of the SM cycle counter: half the registers of ``%clock64`` in a kernel at its register
 #: budget (differences are taken modulo 2**32 on the host).

@@ -64,11 +64,13 @@ def instrument(text: str) -> str:
     if after is None:
         raise SystemExit(f"kernel_clock: nothing follows {name}'s body")
     body_end = after.start() + 1
-    launch = _once(rf"^(    {name}\[grid\]\(.*?)num_warps=NUM_WARPS\)$", text)
+    direct = f"    _launch({name}, grid, NUM_WARPS, " in text   # the attention launchers' direct launch
+    launch = (_once(rf"^(    _launch\({name}, grid, NUM_WARPS, .*?)\)$", text) if direct
+              else _once(rf"^(    {name}\[grid\]\(.*?)num_warps=NUM_WARPS\)$", text))
     params = head.group(1)
     signature = text[head.start():head.end()].replace(f"def {name}({params}):", f"def {name}({params}, clk_ptr):")
     body = text[head.end():body_end].rstrip("\n") + "\n"
-    call = launch.group(1) + "clk_ptr=_CLK[0], num_warps=NUM_WARPS)"
+    call = launch.group(1) + (", _CLK[0])" if direct else "clk_ptr=_CLK[0], num_warps=NUM_WARPS)")
     return "".join([text[:head.start()], COUNTER_READERS, signature, START, body, END, "\n",
                     text[body_end:launch.start()], call, text[launch.end():], CLK_SLOT])
 
