@@ -368,3 +368,13 @@ def test_repredict_puts_todays_prediction_beside_a_committed_measurement(tmp_pat
     assert json.loads((tmp_path / "re.json").read_text()) == out
     assert out["within_15_percent_then"] == int(abs(measured_us / 100.0 - 1) <= 0.15)
     assert f"{len(out['rows'])} |" in repredict_table(out).splitlines()[-1]
+
+
+def test_varlen_bench_draws_mixed_lengths_with_one_longest_and_counts_real_tokens_only():
+    from benchmarks.varlen_bench import causal_flops, lengths
+
+    lens = lengths(1024, 8192, 65536)
+    assert lens == lengths(1024, 8192, 65536)                 # seeded: every run times the same batch
+    assert max(lens) == lens[0] == 8192 and min(lens) >= 16 and 65536 <= sum(lens) < 65536 + 8192
+    assert 600 < sum(lens[1:]) / len(lens[1:]) < 1600         # about the mean asked for
+    assert causal_flops([3, 5], heads=2, head_dim=4) == 2 * (2 * 9 * 4 + 2 * 25 * 4)
