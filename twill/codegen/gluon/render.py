@@ -130,7 +130,9 @@ def _launch(kernel, grid, num_warps, *args):
     from triton.runtime import driver
 
     device = driver.active.get_current_device()
-    hooks = knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    # a hook chain (Triton 3.6's knobs) is set when it holds a hook; a plain hook when it is not None
+    hooks = any(getattr(hook, "calls", hook) for hook in (knobs.runtime.launch_enter_hook,
+                                                           knobs.runtime.launch_exit_hook))
     key = (kernel, device, len(grid), num_warps, *map(_arg_key, args))
     compiled = None if hooks else _COMPILED.get(key)
     if compiled is None:
