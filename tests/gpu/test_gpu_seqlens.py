@@ -55,4 +55,8 @@ def test_gradients_match_fp64(b, h, hkv, s, sk, d, dtype, causal):
     ref, _ = reference(*refs, causal, 1 / math.sqrt(d))
     ref.backward(grad.double())
     for t, r in zip((q, k, v), refs):
-        assert torch.isfinite(t.grad).all() and relerr(t.grad, r.grad) < 2e-2
+        assert torch.isfinite(t.grad).all()
+        if r.grad.abs().max() == 0:   # e.g. dK with one key: softmax over one key is constant, dK is exactly 0
+            assert t.grad.abs().max() < 1e-3   # the kernel's is rounding noise (fp16 subnormals seen)
+        else:
+            assert relerr(t.grad, r.grad) < 2e-2
