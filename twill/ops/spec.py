@@ -98,11 +98,14 @@ class KernelSpec:
         """The causal forward runs persistent (one CTA per SM claiming query blocks, heaviest first): a causal
         query block has half the key tiles on average, so its pipeline fill and drain weigh twice as much, and
         a persistent CTA loads the next block's Q and K/V while its compute partitions finish the current one
-        (docs/performance.md, "Persistent attention forward"); non-causal kernels gain little from it and keep
-        one CTA per block. The fp8 causal kernels compile without spills persistent too (the persistent fp8
-        kernel that spills, 256 bytes, is the non-causal D = 128 one, which runs one CTA per block), so the
-        rule is the same for fp8; tests/ops/test_ops.py compiles each and checks ptxas's report."""
-        return self.kernel == FORWARD.name and self.causal and not self.varlen   # varlen: one CTA per block
+        (docs/performance.md, "Persistent attention forward"). So does the 16-bit non-causal forward at
+        D = 128: measured beside FA3 in one run, the persistent kernel of the same schedule was 4-7% faster at
+        S = 4k and 8k (docs/performance.md, "FlashAttention-3, same run"); at D = 64 and 256 it was level, and
+        those keep one CTA per block. fp8 keeps the causal rule (its non-causal D = 128 persistent kernel
+        spills, 256 bytes); tests/ops/test_ops.py compiles each and checks ptxas's report."""
+        if self.kernel != FORWARD.name or self.varlen:   # varlen: one CTA per block
+            return False
+        return self.causal or (self.head_dim == 128 and not self.fp8())
 
     def file_name(self, version: str) -> str:
         """Cache file name: readable options and a digest of the spec and Twill's sources."""
