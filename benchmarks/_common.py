@@ -1,5 +1,6 @@
-"""What the GPU benchmark scripts share: importing an emitted module from its file, and timing contenders
-with CUDA events in interleaved rounds (a benchmark helper, not part of the library)."""
+"""What the GPU benchmark scripts share: importing an emitted module from its file, timing contenders
+with CUDA events in interleaved rounds, and the host's time per call (a benchmark helper, not part of the
+library)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,20 @@ def without_waits(text: str, barrier: str = r"\w+_empty") -> tuple[str, int]:
     sanitizer's negative control, in which one side may touch a buffer the other still uses."""
     return re.subn(rf"^(\s*)mbarrier\.wait\(({barrier})\.index\(([^)]*)\), ([^\n]*?)\)(\s*#[^\n]*)?$",
                    r"\1pass  # broken on purpose: no wait on \2", text, flags=re.M)
+
+
+def host_us(fn: Callable[[], Any], calls: int) -> float:
+    """Microseconds of wall time per call of ``fn`` over ``calls`` calls issued back to back with no
+    synchronisation between them (the GPU queue takes them all): what the host needs to issue one call."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) * 1e6 / calls
+    torch.cuda.synchronize()
+    return host
 
 
 def events_ms(fn: Callable[[], Any], calls: int) -> float:

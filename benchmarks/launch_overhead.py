@@ -33,22 +33,10 @@ from typing import Any, Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import events_ms  # noqa: E402
+from benchmarks._common import events_ms, host_us  # noqa: E402
 
 #: Calls per sample, and samples (rounds) per measurement.
 CALLS, ROUNDS = 10, 7
-
-
-def _host_us(fn: Callable[[], Any], calls: int) -> float:
-    import torch
-
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) * 1e6 / calls
-    torch.cuda.synchronize()
-    return host
 
 
 def _graph_us(fn: Callable[[], Any], calls: int) -> float:
@@ -75,7 +63,7 @@ def measure(fn: Callable[[], Any]) -> dict[str, Any]:
     fn()
     samples: dict[str, list[float]] = {"host_us": [], "back_to_back_us": [], "graph_us": []}
     for _ in range(ROUNDS):
-        samples["host_us"].append(_host_us(fn, CALLS))
+        samples["host_us"].append(host_us(fn, CALLS))
         samples["back_to_back_us"].append(events_ms(fn, CALLS) * 1e3)
         samples["graph_us"].append(_graph_us(fn, CALLS))
     row: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}

@@ -33,22 +33,10 @@ from typing import Any, Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks._common import events_ms  # noqa: E402
+from benchmarks._common import events_ms, host_us  # noqa: E402
 
 #: Calls per sample, and samples per measurement.
 CALLS, ROUNDS = 50, 9
-
-
-def _host_us(fn: Callable[[], Any]) -> float:
-    import torch
-
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(CALLS):
-        fn()
-    host = (time.perf_counter() - t0) * 1e6 / CALLS
-    torch.cuda.synchronize()
-    return host
 
 
 def measure(fn: Callable[[], Any]) -> dict[str, Any]:
@@ -56,7 +44,7 @@ def measure(fn: Callable[[], Any]) -> dict[str, Any]:
         fn()
     host, gpu = [], []
     for _ in range(ROUNDS):
-        host.append(_host_us(fn))
+        host.append(host_us(fn, CALLS))
         gpu.append(events_ms(fn, CALLS) * 1e3 / CALLS)
     return {"host_us": statistics.median(host), "host_spread": [min(host), max(host)],
             "gpu_us": statistics.median(gpu), "gpu_spread": [min(gpu), max(gpu)]}
