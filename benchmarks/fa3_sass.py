@@ -156,22 +156,6 @@ def split_functions(text: str) -> dict[str, str]:
     return {name: "\n".join(lines) for name, lines in functions.items()}
 
 
-def labelled_instructions(text: str) -> list[tuple[set[str], str]]:
-    """The instructions of ``text`` in address order, each with the labels that point at it."""
-    out: list[tuple[set[str], str]] = []
-    pending: set[str] = set()
-    for line in text.splitlines():
-        label = re.match(r"^\.(L_x_\d+):", line)
-        if label:
-            pending.add(label.group(1))
-            continue
-        inst = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
-        if inst:
-            out.append((pending, inst.group(1)))
-            pending = set()
-    return out
-
-
 def is_mask(inst: str) -> bool:
     """A key mask's select (``FSEL R26, R26, -INF , !P3``)."""
     return opcode(inst) == "FSEL" and "-INF" in inst
@@ -182,7 +166,9 @@ def unmasked_path(text: str, loop: list[str]) -> list[str]:
     in-loop conditional forward branch jumps over when they hold a key mask (:func:`is_mask`): the path of an
     iteration that needs no mask (twill branches around its key-bound mask; other skipped blocks, such as an
     mbarrier's second test or the elected thread's TMA issue, stay counted)."""
-    insts = labelled_instructions(text)
+    from twill.codegen.gluon.aot import sass_instructions
+
+    insts = [(labels, inst) for _, labels, inst in sass_instructions(text)]
     end = next(k for k in range(len(loop) - 1, len(insts))
                if insts[k][1] == loop[-1] and insts[k - len(loop) + 1][1] == loop[0])
     window = insts[end - len(loop) + 1:end + 1]

@@ -103,11 +103,10 @@ def sass(compiled: Any) -> str:
         return subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
 
 
-def sass_loops(text: str) -> list[list[str]]:
-    """The instructions of every loop in ``text`` (SASS from :func:`sass`): for each backward branch, the
-    instructions from its target label to the branch, in address order."""
-    label_at: dict[str, int] = {}
-    instructions: list[tuple[int, str]] = []
+def sass_instructions(text: str) -> list[tuple[int, tuple[str, ...], str]]:
+    """The instructions of ``text`` (SASS from :func:`sass`) in address order: ``(address, labels, instruction)``
+    with the labels (``L_x_12``) that point at the instruction."""
+    out: list[tuple[int, tuple[str, ...], str]] = []
     pending: list[str] = []
     for line in text.splitlines():
         label = re.match(r"^\.(L_x_\d+):", line)
@@ -116,11 +115,17 @@ def sass_loops(text: str) -> list[list[str]]:
             continue
         inst = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
         if inst:
-            address = int(inst.group(1), 16)
-            for name in pending:
-                label_at[name] = address
+            out.append((int(inst.group(1), 16), tuple(pending), inst.group(2)))
             pending = []
-            instructions.append((address, inst.group(2)))
+    return out
+
+
+def sass_loops(text: str) -> list[list[str]]:
+    """The instructions of every loop in ``text`` (SASS from :func:`sass`): for each backward branch, the
+    instructions from its target label to the branch, in address order."""
+    parsed = sass_instructions(text)
+    label_at = {name: address for address, labels, _ in parsed for name in labels}
+    instructions = [(address, inst) for address, _, inst in parsed]
     loops = []
     for address, inst in instructions:
         target = re.search(r"BRA `\(\.(L_x_\d+)\)", inst)
