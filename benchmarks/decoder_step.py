@@ -112,10 +112,14 @@ def _step(layer: Any, x: Any, dy: Any, name: str) -> Callable[[], Any]:
     return step
 
 
+#: The generated attention kernels' names (forward, backward pre-pass, backward, dQ conversion).
+TWILL_KERNELS = ("attention_kernel", "preprocess_kernel", "backward_kernel", "dq_convert_kernel")
+
+
 def _kernel_class(name: str) -> str:
     low = name.lower()
-    if any(w in low for w in ("attention", "attn", "flash", "fmha", "cudnn", "sm90_xmma_fprop")) or \
-            low.startswith(("attention_kernel", "attention_bwd", "bwd_prepass")):
+    if low.startswith(TWILL_KERNELS) or any(w in low for w in ("attention", "attn", "flash", "fmha", "cudnn",
+                                                                 "sm90_xmma_fprop")):
         return "attention"
     if any(w in low for w in ("gemm", "sm90_xmma", "cutlass", "nvjet", "wgmma")):
         return "gemm"
