@@ -222,7 +222,8 @@ def main() -> None:
         doc["rows"].append(run_shape(B, S, args.rounds, tuple(args.only)))
         with open(os.path.join(args.out, "decoder_step.json"), "w") as fh:
             json.dump(doc, fh, indent=1)
-    print(f"{'B x S':<8} {'who':<6} {'step ms':>8} {'vs cuDNN':>9} {'copy us':>8} {'attn us':>8} {'extra copies':>12}  check")
+    print(f"{'B x S':<8} {'who':<6} {'step ms':>8} {'vs cuDNN':>9} {'copy us':>8} {'attn us':>8} "
+          f"{'extra copies':>12}  check")
     for row in doc["rows"]:
         for name, e in row["contenders"].items():
             if "error" in e:

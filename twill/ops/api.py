@@ -16,10 +16,10 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
 
     A ``torch.library`` custom op (``twill::attention_forward``, its gradient ``twill::attention_backward``):
     ``torch.compile`` captures it without a graph break; an eager call on CUDA tensors runs the same kernels
-    through a plain autograd function (:func:`twill.ops.library.forward`), for less host time per call. Inputs the kernels do not cover raise
-    :class:`~twill.errors.UnsupportedFeatureError` with the reason before any work
-    (:func:`~twill.ops.flash.check_inputs` and :func:`~twill.ops.flash.check_fp8_options`, then
-    :func:`~twill.ops.flash.check_device` in the op).
+    through a plain autograd function (:func:`twill.ops.library.forward`), for less host time per call.
+    Inputs the kernels do not cover raise :class:`~twill.errors.UnsupportedFeatureError` with the reason
+    before any work (:func:`~twill.ops.flash.check_inputs` and :func:`~twill.ops.flash.check_fp8_options`,
+    then :func:`~twill.ops.flash.check_device` in the op).
 
     fp8 (``torch.float8_e4m3fn`` q, k and v) runs the fp8 forward (FA3's: e4m3 wgmmas, V transposed by a
     pre-pass) and has no backward, as FA3's has none: a gradient request (grad mode on and q, k or v requiring
