@@ -5,7 +5,8 @@ The question it answers: what does each kernel's compute warpgroup issue per mai
 (bf16; head dimension 128 non-causal and causal, 64 non-causal) it
 
 * takes FA3's kernel out of the wheel (``fa3_fwd/_C.abi3.so``; ``cuobjdump -xelf all``): the
-  ``flash::FlashAttnFwdSm90`` instance with cluster 1x1x1, bf16, that head dimension (for Q·K and for V) and no
+  ``flash::FlashAttnFwdSm90`` instance FA3 launches for the case (cluster 2x1x1 at D = 128 non-causal, 1x1x1
+  otherwise: :func:`fa3_cluster`), bf16, that head dimension (for Q·K and for V) and no
   optional feature (not local, no softcap, varlen, paged KV, append-KV, Qv, PackGQA, Split or column-major V);
   its template arguments give the tile (kBlockM x kBlockN), stages, MmaPV_is_RS and IntraWGOverlap;
 * generates twill's kernel for the same case (``twill.ops.flash.kernel_path``, into a temporary cache) and
@@ -50,6 +51,12 @@ OUT = os.path.join(ROOT, "benchmarks", "results", "fa3_sass.json")
 
 #: name -> (head dim, causal)
 CASES = {"d128": (128, False), "d128-causal": (128, True), "d64": (64, False)}
+#: The thread-block cluster of the instance FA3 launches for a case: two CTAs sharing each K/V tile by TMA
+#: multicast for a 16-bit non-causal forward at head dim >= 128, one CTA otherwise. Seen in the name of the kernel
+#: Nsight Compute profiled for B = 4, H = 32, S = 8192, D = 128 non-causal (benchmarks/attention_ncu.py,
+#: docs/experiments/fa3-gap.md); the wheel holds both instances of that case.
+def fa3_cluster(head_dim: int, causal: bool) -> list[int]:
+    return [2, 1, 1] if head_dim >= 128 and not causal else [1, 1, 1]
 
 #: CollectiveMainloopFwdSm90's boolean template parameters, in order (FA3's hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp).
 MAINLOOP_FLAGS = ("Is_causal", "Is_local", "Has_softcap", "Varlen", "PagedKVNonTMA", "AppendKV", "HasQv",
@@ -222,7 +229,8 @@ def parse_fa3_name(demangled: str) -> dict[str, Any] | None:
 
 def plain(facts: dict[str, Any], head_dim: int, causal: bool) -> bool:
     """Whether ``facts`` (:func:`parse_fa3_name`) is the plain bf16 MHA kernel of this case."""
-    return (facts["dtype"] == "bfloat16_t" and facts["cluster"] == [1, 1, 1] and facts["head_dim"] == head_dim
+    return (facts["dtype"] == "bfloat16_t" and facts["cluster"] == fa3_cluster(head_dim, causal)
+            and facts["head_dim"] == head_dim
             and facts["head_dim_v"] == head_dim and facts["flags"]["Is_causal"] == causal
             and not any(facts["flags"][f] for f in OFF_FLAGS))
 
