@@ -2,8 +2,8 @@
 not part of the library).
 
 ``run`` launches one contender (``twill``: ``twill.ops.attention``; ``fa3``: FlashAttention-3's
-``flash_attn_func``; or an emitted forward module's ``launch``) a few times on one shape, bf16, B = 4, H·D =
-4096, for ``ncu`` to profile one launch::
+``flash_attn_func``; or an emitted forward module's ``launch``) a few times on one shape, bf16 (or e4m3 with
+``--dtype fp8e4m3``), B = 4, H·D = 4096, for ``ncu`` to profile one launch::
 
     ncu --clock-control none --kernel-name-base demangled -k regex:'attention_kernel|FlashAttnFwdSm90' \\
         --launch-skip 2 --launch-count 1 --section WarpStateStats --section SourceCounters \\
@@ -38,7 +38,7 @@ HIDDEN, BATCH = 4096, 4
 
 #: SASS opcode class of a source-page row (first matching pattern wins).
 CLASSES = (
-    ("wgmma", r"^HGMMA"),
+    ("wgmma", r"^[HQI]GMMA"),
     ("wgmma wait", r"^WARPGROUP\.(DEPBAR|ARRIVE)"),
     ("named barrier", r"^BAR\.(SYNC|ARV)\S*\s+0x(?:[4-9a-f]|1[0-5])\b"),
     ("barrier", r"^BAR\b"),
@@ -59,6 +59,11 @@ def opcode_class(sass: str) -> str:
         if re.search(pattern, text):
             return name
     return "other"
+
+
+def opcode(sass: str) -> str:
+    """The mnemonic of one SASS instruction, without predicate or modifiers (``PRMT``, ``HGMMA``)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", sass.strip()).split(" ")[0].split(".")[0]
 
 
 def _number(text: str) -> float:
@@ -98,7 +103,8 @@ def read_source_csv(path: str) -> dict[str, Any]:
     reason_cols = [h for h in header if h != total_col and re.search(r"stall|Stall", h)
                    and "Not-issued" not in h and "Not Issued" not in h and "Sampling" not in h]
     executed = [_number(r.get("Instructions Executed", 0)) for r in rows]
-    wgmma_counts = collections.Counter(e for r, e in zip(rows, executed) if "HGMMA" in r.get("Source", ""))
+    wgmma_counts = collections.Counter(e for r, e in zip(rows, executed)
+                                       if opcode_class(r.get("Source", "")) == "wgmma")
     floor = max(wgmma_counts) / 3 if wgmma_counts else float("inf")
 
     def tally(selected: list[dict[str, str]]) -> dict[str, Any]:
@@ -111,7 +117,10 @@ def read_source_csv(path: str) -> dict[str, Any]:
         return {"samples": sum(by_class.values()), "by_class": dict(by_class),
                 "by_reason": {h: v for h, v in by_reason.items() if v}}
 
-    doc = {"file": os.path.basename(path), **tally(rows),
+    by_opcode: dict[str, float] = collections.Counter()
+    for r, e in zip(rows, executed):
+        by_opcode[opcode(r.get("Source", ""))] += e
+    doc = {"file": os.path.basename(path), **tally(rows), "by_opcode": dict(by_opcode.most_common()),
            "loops": tally([r for r, e in zip(rows, executed) if e >= floor]),
            "warp_instructions": sum(executed),
            "loop_warp_instructions": sum(e for e in executed if e >= floor)}
@@ -127,8 +136,9 @@ DETAILS = ("Duration", "Elapsed Cycles", "SM Frequency", "Compute (SM) Throughpu
 
 
 def summary_markdown(reports: list[dict[str, Any]], top: int = 10) -> str:
-    """Three tables: the kernel's headline metrics and warp instructions; the share of the main loops' stall
-    samples per instruction class; and per stall reason (top ``top``)."""
+    """Four tables: the kernel's headline metrics and warp instructions; warp instructions by opcode (each
+    kernel's ten most frequent); the share of the main loops' stall samples per instruction class; and per
+    stall reason (top ``top``)."""
     names = [r["file"].replace("_source.csv", "") for r in reports]
     head = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for metric in DETAILS:
@@ -137,6 +147,10 @@ def summary_markdown(reports: list[dict[str, Any]], top: int = 10) -> str:
                 + " |")
     head.append("| of them in the main loops | "
                 + " | ".join(f"{r['loop_warp_instructions'] / 1e6:.1f} M" for r in reports) + " |")
+    ops = sorted({o for r in reports for o in list(r["by_opcode"])[:10]},
+                 key=lambda o: -max(r["by_opcode"].get(o, 0) for r in reports))
+    head += ["", "| warp instructions by opcode (M) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    head += [f"| {o} | " + " | ".join(f"{r['by_opcode'].get(o, 0) / 1e6:.1f}" for r in reports) + " |" for o in ops]
     reports = [dict(r["loops"], file=r["file"]) for r in reports]
     classes = sorted({c for r in reports for c in r["by_class"]},
                      key=lambda c: -max(r["by_class"].get(c, 0) / max(r["samples"], 1) for r in reports))
@@ -154,12 +168,14 @@ def summary_markdown(reports: list[dict[str, Any]], top: int = 10) -> str:
     return "\n".join(out)
 
 
-def run(who: str, head_dim: int, seq: int, causal: bool, launches: int) -> None:
+def run(who: str, head_dim: int, seq: int, causal: bool, launches: int, dtype: str = "bf16") -> None:
     import torch
 
     heads = HIDDEN // head_dim
     torch.manual_seed(0)
     q, k, v = (torch.randn(BATCH, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    if dtype == "fp8e4m3":      # e4m3 inputs, no descale factors (FA3's fp8 forward takes the same)
+        q, k, v = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
     if who == "twill":
         from twill.ops import attention
 
@@ -182,7 +198,7 @@ def run(who: str, head_dim: int, seq: int, causal: bool, launches: int) -> None:
     for _ in range(launches):
         call()
     torch.cuda.synchronize()
-    print(f"{who}: {launches} launches, B={BATCH} H={heads} S={seq} D={head_dim} causal={causal}")
+    print(f"{who}: {launches} launches, B={BATCH} H={heads} S={seq} D={head_dim} causal={causal} {dtype}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,12 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seq", type=int, default=8192)
     r.add_argument("--causal", action="store_true")
     r.add_argument("--launches", type=int, default=4)
+    r.add_argument("--dtype", default="bf16", choices=("bf16", "fp8e4m3"))
     s = sub.add_parser("summary", help="stall samples of ncu source-page CSV exports, by class and reason (CPU)")
     s.add_argument("csv", nargs="+")
     s.add_argument("--json", default=None, help="also write the summaries to this file")
     args = p.parse_args(argv)
     if args.step == "run":
-        run(args.who, args.head_dim, args.seq, args.causal, args.launches)
+        run(args.who, args.head_dim, args.seq, args.causal, args.launches, args.dtype)
         return 0
     try:
         reports = [read_source_csv(path) for path in args.csv]

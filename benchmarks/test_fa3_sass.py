@@ -41,7 +41,8 @@ def test_fa3_name():
     assert facts["scheduler"] == "StaticPersistentTileScheduler"
     # FA3 launches the two-CTA cluster instance at D = 128 non-causal, one CTA when causal
     assert not fs.plain(facts, 128, False) and not fs.plain(facts, 128, True) and not fs.plain(facts, 64, False)
-    clustered = fs.parse_fa3_name(FA3_NAME.replace("cute::C<1>, cute::C<1>, cute::C<1>", "cute::C<2>, cute::C<1>, cute::C<1>"))
+    clustered = fs.parse_fa3_name(FA3_NAME.replace("cute::C<1>, cute::C<1>, cute::C<1>",
+                                                   "cute::C<2>, cute::C<1>, cute::C<1>"))
     assert clustered["cluster"] == [2, 1, 1] and fs.plain(clustered, 128, False)
     causal = dict(facts, flags=dict(facts["flags"], Is_causal=True))
     assert fs.plain(causal, 128, True)
