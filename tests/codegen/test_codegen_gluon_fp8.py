@@ -72,10 +72,13 @@ def test_fp8_forward_compiles_to_e4m3_wgmmas(tmp_path, options, ahead, persisten
     assert ring_bytes <= compiled.metadata.shared < ring_bytes + 4096
     report = ptxas_report(ptx, 90)
     assert report["serialized_wgmma"] == 0
-    # the persistent D = 128 kernel spills 240 bytes at ptxas's 168-register compile of the whole kernel (the
-    # bf16 one does not; 256 before O was stored through its strides, its (batch, head) found from q_row at the
-    # store): pinned here until the fp8 P conversion's temporaries are measured on the GPU
-    assert report["spill_bytes"] == (240 if persistent and d == 128 else 0)
+    # P becomes the A operand within each thread (fp8_p_operand): the only shuffles are the row reductions'
+    # butterflies (and at most one broadcast of the warp index; the cross-thread conversion had 64 and more)
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", i[2]).split(" ")[0] for i in aot.sass_instructions(aot.sass(compiled))]
+    assert ops.count("SHFL.IDX") <= 1 and ops.count("SHFL.BFLY") > 0
+    # the persistent non-causal D = 128 kernel (not one the op runs) spills 256 bytes at ptxas's 168-register
+    # compile of the whole kernel (240 before P took the permuted key order; the bf16 one does not): pinned
+    assert report["spill_bytes"] == (256 if persistent and d == 128 else 0)
 
 
 def test_fp8_forward_without_descale_drops_the_loads(tmp_path):
@@ -114,3 +117,30 @@ def test_in_kernel_v_transpose_and_other_backends_are_refused():
 
     with pytest.raises(UnsupportedFeatureError, match="dtype fp8e4m3 not supported by the Pallas backend"):
         plan(_schedule(dtype="fp8e4m3", subtiles=2), "Pallas")
+
+
+def test_the_p_operand_key_order_matches_the_pre_pass():
+    """``fp8_p_operand`` reorders the keys of each 32-key group (a reshape and a permute of P) and the launcher's
+    ``transpose_v`` writes V^T's keys in the same order: P V is unchanged. Checked with numpy's reshape and
+    transpose (the same index semantics as Gluon's) on random data, a ragged key length included."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    source = emit_gluon(_schedule(dtype="fp8e4m3", subtiles=2))
+    assert "p8 = gl.reshape(p.to(DTYPE), [SUB_M, BLOCK_N // 32, 2, 2, 4, 2])" in source
+    assert "p8 = gl.reshape(gl.permute(p8, [0, 1, 2, 4, 3, 5]), [SUB_M, BLOCK_N])" in source
+    namespace: dict = {}
+    start = source.index("def transpose_v(v):")
+    exec("import triton\n" + source[start:source.index("\ndef ", start + 1)], namespace)
+    rng = np.random.default_rng(0)
+    for keys in (128, 77):
+        v = torch.from_numpy(rng.standard_normal((2, 3, keys, 16)).astype(np.float32))
+        vt = namespace["transpose_v"](v).numpy()                   # [B, KVH, D, keys padded to 32]
+        padded = vt.shape[-1]
+        assert padded % 32 == 0 and padded - keys < 32
+        p = rng.standard_normal((2, 3, 8, padded)).astype(np.float32)
+        p[..., keys:] = 0.0                                          # keys past seq_k: P = 0 (masked)
+        shape = p.shape[:-1]
+        p_op = p.reshape(*shape, padded // 32, 2, 2, 4, 2).transpose(0, 1, 2, 3, 4, 6, 5, 7).reshape(*shape, padded)
+        expected = p[..., :keys] @ v.numpy()
+        np.testing.assert_allclose(p_op @ vt.swapaxes(-1, -2), expected, rtol=1e-5, atol=1e-5)

@@ -182,14 +182,19 @@ def _descale(x, B, KVH, group, device):
 
 
 def transpose_v(v):
-    \"\"\"The pre-pass: V [B, KV heads, S, D] (any strides) -> V^T [B, KV heads, D, S padded to a multiple of 16]
-    (TMA rows 16-byte aligned), zero in the padding. The fp8 wgmma reads its B operand K-major only.\"\"\"
+    \"\"\"The pre-pass: V [B, KV heads, S, D] (any strides) -> V^T [B, KV heads, D, S padded to a multiple of 32],
+    zero in the padding, the keys of each 32-key group in the order the kernel's P operand takes them (key
+    32b + 16h + 8i + 2q + j at column 32b + 16h + 4q + 2i + j: fp8_p_operand). The fp8 wgmma reads its B operand
+    K-major only.\"\"\"
     import torch
 
     B, KVH, S, D = v.shape
-    vt = torch.zeros((B, KVH, D, triton.cdiv(S, 16) * 16), dtype=v.dtype, device=v.device)
-    vt[..., :S] = v.transpose(-1, -2)
-    return vt
+    padded = triton.cdiv(S, 32) * 32
+    vp = torch.zeros((B, KVH, padded, D), dtype=v.dtype, device=v.device)
+    vp[:, :, :S] = v
+    # keys as (b, h, i, q, j) -> columns as (b, h, q, i, j)
+    vt = vp.view(B, KVH, padded // 32, 2, 2, 4, 2, D).permute(0, 1, 7, 2, 3, 5, 4, 6)
+    return vt.reshape(B, KVH, D, padded)
 
 
 def launch(q, k, v, sm_scale=None, out=None, lse=None, return_lse=False, q_descale=None, k_descale=None,
@@ -299,13 +304,31 @@ SK_NOTE = {False: "", True: ": the mask is aligned bottom-right, query i sees ke
 
 def softmax_source(plan: KernelPlan) -> str:
     """The ``online_softmax`` helper: key-tail mask, or (causal) the diagonal mask, whose rows may have seen no
-    key yet when seq_k < seq_q: their maximum stays -inf and the step subtracts 0 instead (``m_use``, FA3's)."""
+    key yet when seq_k < seq_q: their maximum stays -inf and the step subtracts 0 instead (``m_use``, FA3's).
+    fp8 adds ``fp8_p_operand``."""
     step = FP8_STEP if fp8(plan) else STEP
     if plan.decisions.causal or plan.decisions.varlen:   # varlen: a sequence of no keys (seq_k 0) too
         step = step.replace(CAUSAL_GUARD[0], CAUSAL_GUARD[0] + CAUSAL_GUARD[1])
         step = step.replace("m_i - m_new", "m_i - m_use").replace("m_new[:, None]", "m_use[:, None]")
         step = step.replace("(m_new - P_OFFSET)", "(m_use - P_OFFSET)")
-    return (CAUSAL_SOFTMAX if plan.decisions.causal else SOFTMAX).replace("{STEP}", step)
+    source = (CAUSAL_SOFTMAX if plan.decisions.causal else SOFTMAX).replace("{STEP}", step)
+    return source + FP8_P_OPERAND if fp8(plan) else source
+
+
+#: fp8: P to the k32 wgmma's A operand without moving bytes between threads. In the accumulator layout a thread
+#: holds keys 8i + 2q + {0, 1} of each 32-key group (q = lane % 4); the A operand's thread q takes k = 4q + {0..3}
+#: and 16 + 4q + {0..3}. Read as the A operand, the thread's own keys 32b + 16h + 8i + 2q + j go to column
+#: 32b + 16h + 4q + 2i + j (a reshape and a permute, which Triton lowers within the thread); the launcher's
+#: pre-pass writes V^T's keys in the same order (``P_KEY_ORDER``), so P V sums the same products.
+FP8_P_OPERAND = """
+@gluon.jit
+def fp8_p_operand(p, p_layout: gl.constexpr):
+    \"\"\"P (fp32, wgmma accumulator layout) as the fp8 A operand of O += P V, with the keys of each 32-key group
+    in the order the pre-pass's V^T holds them (key 32b + 16h + 8i + 2q + j at column 32b + 16h + 4q + 2i + j).\"\"\"
+    p8 = gl.reshape(p.to(DTYPE), [SUB_M, BLOCK_N // 32, 2, 2, 4, 2])  # key = 32b + 16h + 8i + 2q + j
+    p8 = gl.reshape(gl.permute(p8, [0, 1, 2, 4, 3, 5]), [SUB_M, BLOCK_N])  # column = 32b + 16h + 4q + 2i + j
+    return gl.convert_layout(p8, p_layout)
+"""
 
 
 #: The causal step's guard, after its row-max line: a row with no key seen yet subtracts 0, not -inf.
@@ -483,9 +506,9 @@ class _Compute:
                 f"{ind}                                    gl.SliceLayout(0, s_layout))"]
 
     def convert_p(self, ind: str, when: str = "") -> list[str]:
-        """P to the register A operand of ``O += P V`` (it never leaves registers)."""
-        return [f"{ind}p_op = gl.convert_layout(p.to(DTYPE), p_layout)  # P stays in registers: wgmma A operand"
-                + (f"; {when}" if when else "")]
+        """P to the register A operand of ``O += P V`` (it never leaves registers; fp8: ``fp8_p_operand``)."""
+        convert = "fp8_p_operand(p, p_layout)" if self.fp8 else "gl.convert_layout(p.to(DTYPE), p_layout)"
+        return [f"{ind}p_op = {convert}  # P stays in registers: wgmma A operand" + (f"; {when}" if when else "")]
 
     def issue_pv(self, j: str, ind: str, counter: str | None, convert: bool = True) -> list[str]:
         """``counter`` None: outside the steady state, where tensor-core turns are not taken. ``convert``:
@@ -860,8 +883,10 @@ def _fp8_decisions(plan: KernelPlan) -> tuple[str, ...]:
     if not fp8(plan):
         return ()
     return (f"fp8 ({plan.dtype}): S = Q K^T and O += P V are wgmma m64nNk32; the fp8 wgmma reads B K-major only, "
-            "so the launcher's pre-pass writes V^T [B, KV_HEADS, D, S padded to 16] and O += P V reads its tiles "
-            "through a transposed view; P = exp2(S*scale - m + P_OFFSET) is converted to fp8 in registers; "
+            "so the launcher's pre-pass writes V^T [B, KV_HEADS, D, S padded to 32] and O += P V reads its tiles "
+            "through a transposed view; P = exp2(S*scale - m + P_OFFSET) is converted to fp8 in registers and "
+            "taken as the A operand with the keys of each 32-key group reordered so that no byte moves between "
+            "threads (fp8_p_operand), the order in which the pre-pass writes V^T's keys; "
             "q_descale * k_descale is folded into the softmax scale and v_descale into 1 / l per (batch, head); "
             "O is stored in o_ptr's dtype (bf16, or fp16 on request)",)
 
