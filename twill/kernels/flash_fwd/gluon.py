@@ -190,10 +190,12 @@ def transpose_v(v):
 
     B, KVH, S, D = v.shape
     padded = triton.cdiv(S, 32) * 32
-    vp = torch.zeros((B, KVH, padded, D), dtype=v.dtype, device=v.device)
-    vp[:, :, :S] = v
-    # keys as (b, h, i, q, j) -> columns as (b, h, q, i, j)
-    vt = vp.view(B, KVH, padded // 32, 2, 2, 4, 2, D).permute(0, 1, 7, 2, 3, 5, 4, 6)
+    if padded != S:  # zero keys up to the next group of 32
+        vp = torch.zeros((B, KVH, padded, D), dtype=v.dtype, device=v.device)
+        vp[:, :, :S] = v
+        v = vp
+    # keys as (b, h, i, q, j) -> columns as (b, h, q, i, j): one copy (splitting the key axis is a view)
+    vt = v.reshape(B, KVH, padded // 32, 2, 2, 4, 2, D).permute(0, 1, 7, 2, 3, 5, 4, 6)
     return vt.reshape(B, KVH, D, padded)
 
 
@@ -319,7 +321,7 @@ def softmax_source(plan: KernelPlan) -> str:
 #: holds keys 8i + 2q + {0, 1} of each 32-key group (q = lane % 4); the A operand's thread q takes k = 4q + {0..3}
 #: and 16 + 4q + {0..3}. Read as the A operand, the thread's own keys 32b + 16h + 8i + 2q + j go to column
 #: 32b + 16h + 4q + 2i + j (a reshape and a permute, which Triton lowers within the thread); the launcher's
-#: pre-pass writes V^T's keys in the same order (``P_KEY_ORDER``), so P V sums the same products.
+#: pre-pass (``transpose_v``) writes V^T's keys in the same order, so P V sums the same products.
 FP8_P_OPERAND = """
 @gluon.jit
 def fp8_p_operand(p, p_layout: gl.constexpr):
