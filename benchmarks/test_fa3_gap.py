@@ -129,3 +129,28 @@ def test_summary_command_exits_2_on_a_bad_file(tmp_path, capsys):
     bad.write_text("not,a,profile\n")
     assert an.main(["summary", str(bad)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_wide_tile_edit_splits_the_tile_into_power_of_two_pieces(modules, tmp_path):
+    from benchmarks import fa3_wide_tile as fw
+
+    text = fw.widen(modules["d128"])
+    assert "BLOCK_N       = gl.constexpr(176)" in text and "K_DEPTH       = gl.constexpr(2)" in text
+    assert text.count("tma.async_copy_global_to_shared(k_desc[") == 3
+    assert text.count("tma.async_copy_global_to_shared(v_desc[") == 3
+    assert "s_tok" not in text.split("def compute_partition")[1].split("def attention_kernel")[0]
+    assert "p_op" not in text.split("def compute_partition")[1].split("def attention_kernel")[0]
+    with pytest.raises(ValueError, match="no"):
+        fw.widen(modules["d64"])          # not the persistent D = 128 kernel it edits
+
+
+@pytest.mark.slow
+def test_wide_tile_compiles_to_three_wgmma_shapes(modules, tmp_path):
+    from benchmarks import fa3_wide_tile as fw
+    from twill.codegen.gluon import aot, load_emitted
+
+    path = tmp_path / "wide176.py"
+    path.write_text(fw.widen(modules["d128"]))
+    ptx = aot.compile_sm90(load_emitted(str(path))).asm["ptx"]
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
+    assert shapes == {"m64n128k16", "m64n32k16", "m64n16k16"}
