@@ -34,6 +34,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.fa3_sass import opcode as sass_opcode  # noqa: E402
+
 HIDDEN, BATCH = 4096, 4
 
 #: SASS opcode class of a source-page row (first matching pattern wins).
@@ -54,7 +56,8 @@ CLASSES = (
 
 def opcode_class(sass: str) -> str:
     """The class of one SASS instruction (predicate guard dropped); ``other`` when none matches."""
-    text = re.sub(r"^@!?U?P\w+\s+", "", sass.strip())
+    text = sass.strip()
+    text = text[text.index(sass_opcode(text)):] if text else text
     for name, pattern in CLASSES:
         if re.search(pattern, text):
             return name
@@ -63,7 +66,8 @@ def opcode_class(sass: str) -> str:
 
 def opcode(sass: str) -> str:
     """The mnemonic of one SASS instruction, without predicate or modifiers (``PRMT``, ``HGMMA``)."""
-    return re.sub(r"^@!?U?P\w+\s+", "", sass.strip()).split(" ")[0].split(".")[0]
+    text = sass.strip()
+    return sass_opcode(text).split(".")[0] if text else ""
 
 
 def _number(text: str) -> float:

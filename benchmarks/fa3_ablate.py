@@ -80,9 +80,11 @@ def _dispatch(op: str, n: int) -> str:
     return "\n".join(lines)
 
 
-def _sub(text: str, old: str, new: str, what: str, count: int = 1) -> str:
-    if text.count(old) < 1:
-        raise ValueError(f"the module has no {what} to edit ({old.strip()[:60]!r})")
+def edit(text: str, old: str, new: str, what: str = "", count: int = -1) -> str:
+    """``text`` with ``old`` replaced by ``new`` (the first ``count`` times, all by default); ValueError naming
+    ``what`` (or the text) when ``old`` is not there: the generator no longer emits what the edit expects."""
+    if old not in text:
+        raise ValueError(f"the module has no {what or repr(old.strip()[:60])} to edit")
     return text.replace(old, new, count)
 
 
@@ -131,8 +133,8 @@ def ablate(text: str, name: str) -> str:
     helpers = HELPERS.replace("{sync}", _dispatch("sync", n)).replace("{arrive}", _dispatch("arrive", n))
     helpers = helpers.replace("{{", "{").replace("}}", "}")
     out = ABLATIONS[name](text)
-    return _sub(out, "\n@gluon.jit\ndef compute_partition", helpers + "\n@gluon.jit\ndef compute_partition",
-                "compute_partition")
+    return edit(out, "\n@gluon.jit\ndef compute_partition", helpers + "\n@gluon.jit\ndef compute_partition",
+                "compute_partition", 1)
 
 
 def generate(folder: str, cases: list[str], ablations: list[str]) -> list[dict]:
