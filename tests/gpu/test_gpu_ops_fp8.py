@@ -1,6 +1,6 @@
 """``twill.ops.attention`` on fp8 (e4m3) inputs on a Hopper GPU (issue 35): outputs against an fp32 reference of
-the dequantized inputs (ragged S, causal and not, grouped-query, with and without descale factors, bf16 and fp16
-outputs), ``torch.compile`` of an fp8 call, and the refusal of a gradient request. The emitted kernels' own
+the dequantized inputs (ragged S, and S a multiple of 32, where the V pre-pass pads nothing; causal and not,
+grouped-query, with and without descale factors, bf16 and fp16 outputs), ``torch.compile`` of an fp8 call, and the refusal of a gradient request. The emitted kernels' own
 launch tests (every variant, the LSE, poisoned outputs) are tests/gpu/test_gpu_fp8_attention.py.
 
 Marked ``gpu``; skipped without torch, CUDA or an sm_90 device. The kernels come from the shipped schedules (no
@@ -51,7 +51,7 @@ def _inputs(b, h, hkv, s, d, descale):
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("b,h,hkv,s", [(1, 4, 4, 77), (2, 8, 2, 1000), (1, 4, 1, 1537)])
+@pytest.mark.parametrize("b,h,hkv,s", [(1, 4, 4, 77), (2, 8, 2, 1000), (1, 4, 1, 1537), (1, 2, 2, 256)])
 @pytest.mark.parametrize("descale", ["none", "tensor", "head"])
 def test_fp8_attention_matches_fp32_of_the_dequantized_inputs(d, causal, b, h, hkv, s, descale):
     (q, k, v), (qd, kd, vd), (qf, kf, vf) = _inputs(b, h, hkv, s, d, descale)
