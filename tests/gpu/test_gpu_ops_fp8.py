@@ -1,7 +1,8 @@
 """``twill.ops.attention`` on fp8 (e4m3) inputs on a Hopper GPU (issue 35): outputs against an fp32 reference of
 the dequantized inputs (ragged S, and S a multiple of 32, where the V pre-pass pads nothing; causal and not,
 grouped-query, with and without descale factors, bf16 and fp16 outputs), ``torch.compile`` of an fp8 call, and
-the refusal of a gradient request. The emitted kernels' own launch tests (every variant, the LSE, poisoned outputs) are tests/gpu/test_gpu_fp8_attention.py.
+the refusal of a gradient request. The emitted kernels' own launch tests (every variant, the LSE, poisoned
+outputs) are tests/gpu/test_gpu_fp8_attention.py.
 
 Marked ``gpu``; skipped without torch, CUDA or an sm_90 device. The kernels come from the shipped schedules (no
 solver needed).
