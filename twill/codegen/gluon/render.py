@@ -32,6 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+import functools
 """
 
 HOST = '''
@@ -39,9 +40,15 @@ NUM_WARPS = COMPUTE_WARPS.value
 KERNEL_FN = {kernel}
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_layout(shape, dtype):
+    """The NVMMA shared layout of a TMA block of ``shape`` (a tuple) and ``dtype``, built once."""
+    return gl.NVMMASharedLayout.get_default_for(list(shape), dtype)
+
+
 def _desc_type(shape, dtype=None, layout=None):
     dtype = dtype or DTYPE.value
-    layout = layout or gl.NVMMASharedLayout.get_default_for(shape, dtype)
+    layout = layout or _shared_layout(tuple(shape), dtype)
     return f"tensordesc<{{dtype}}[{{', '.join(map(str, shape))}}],{{layout!r}}>"
 
 
@@ -51,7 +58,7 @@ def _descriptor(t, shape, dtype=None, layout=None):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     dtype = dtype or DTYPE.value
-    return TensorDescriptor.from_tensor(t, shape, layout or gl.NVMMASharedLayout.get_default_for(shape, dtype))
+    return TensorDescriptor.from_tensor(t, shape, layout or _shared_layout(tuple(shape), dtype))
 
 
 def compile_signature():
@@ -87,12 +94,6 @@ def _tma_view(t, name, block, dtype=None):
             strides[d] = t.shape[-1] * 16
     shape = [1, 1, *block]
     return TensorDescriptor(t, list(t.shape), strides, shape, _shared_layout(tuple(shape), dtype or DTYPE.value))
-
-
-@functools.lru_cache(maxsize=None)
-def _shared_layout(shape, dtype):
-    """The NVMMA shared layout of a TMA block of ``shape`` (a tuple) and ``dtype``, built once."""
-    return gl.NVMMASharedLayout.get_default_for(list(shape), dtype)
 '''
 
 

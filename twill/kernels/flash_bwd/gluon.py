@@ -602,5 +602,5 @@ def body(plan: KernelPlan) -> KernelBody:
         load_iteration=(f"        h, prow, m_start = query_block(j, {BLOCK_ARGS})",),
         load_ops=load_ops,
         load_after=load_after,
-        imports="import functools\n" + IMPORTS,   # _shared_layout (and _sm_count when causal)
+        imports=IMPORTS,
     )

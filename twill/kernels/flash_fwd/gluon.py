@@ -818,7 +818,6 @@ def body(plan: KernelPlan) -> KernelBody:
                         "    mbarrier.arrive(q_bar)"),
             compute_params=PERSISTENT_COMPUTE_PARAMS + group + chunked + fp8_params,
             launch=SM_COUNT.strip("\n") + "\n\n" + launch_source(plan),
-            imports="import functools\n",
         )
     else:
         walk = dict(
@@ -832,7 +831,6 @@ def body(plan: KernelPlan) -> KernelBody:
             load_loop=(),
             compute_params=COMPUTE_PARAMS + fp8_params,
             launch=(SM_COUNT.strip("\n") + "\n\n" if plan.decisions.causal else "") + launch_source(plan),
-            imports="import functools\n",   # _shared_layout (and _sm_count when causal)
         )
     return KernelBody(
         title="Warp-specialized attention forward for Hopper (sm_90), Gluon / Triton 3.6.",

@@ -307,5 +307,4 @@ def body(plan: KernelPlan) -> KernelBody:
         results="",
         epilogue=(),
         launch=SM_COUNT.strip("\n") + "\n\n" + launch,
-        imports="import functools\n",
     )
