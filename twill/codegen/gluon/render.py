@@ -145,6 +145,11 @@ def _launch(kernel, grid, num_warps, *args):
 '''
 
 
+#: The attention launchers' host helpers, in the order every attention module has them: :data:`TMA_VIEW` and
+#: :data:`DIRECT_LAUNCH`.
+ATTENTION_HOST = TMA_VIEW.strip("\n") + "\n\n\n" + DIRECT_LAUNCH.strip("\n")
+
+
 #: Host helper of the persistent launchers (GEMM, attention forward): the SM count, queried once per device.
 SM_COUNT = '''
 @functools.lru_cache(maxsize=None)

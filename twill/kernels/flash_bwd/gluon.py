@@ -31,7 +31,7 @@ every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/
 
 from __future__ import annotations
 
-from twill.codegen.gluon.render import (DIRECT_LAUNCH, SM_COUNT, TMA_VIEW, TORCH_DTYPES, KernelBody, compute_def,
+from twill.codegen.gluon.render import (ATTENTION_HOST, SM_COUNT, TORCH_DTYPES, KernelBody, compute_def,
                                         heaviest_first_chunks, kv_shape_source)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_bwd.plan import FlashBwdDecisions
@@ -454,7 +454,7 @@ def launch_source(plan: KernelPlan) -> str:
                            sk_note=": the mask is aligned bottom-right" if decided.causal else "",
                            torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc,
                            chunk_arg=chunk_arg)
-    launch = TMA_VIEW.strip("\n") + "\n\n" + DIRECT_LAUNCH.strip("\n") + "\n\n" + launch
+    launch = ATTENTION_HOST + "\n\n" + launch  # LAUNCH opens with a newline
     return (SM_COUNT.strip("\n") + "\n\n" + launch) if decided.causal else launch
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twill.codegen.gluon.render import (DIRECT_LAUNCH, SM_COUNT, TMA_VIEW, TORCH_DTYPES, KernelBody, compute_def,
+from twill.codegen.gluon.render import (ATTENTION_HOST, SM_COUNT, TORCH_DTYPES, KernelBody, compute_def,
                                         heaviest_first_chunks, kv_shape_source, wrap)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_fwd.plan import FP8_DTYPES, PROGRAM_ORDER
@@ -345,7 +345,7 @@ def launch_source(plan: KernelPlan) -> str:
     if plan.decisions.varlen:
         chunks = (",\n            max(1, _sm_count(q.device.index) // grid[0])"
                   if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
-        return TMA_VIEW.strip("\n") + "\n\n" + DIRECT_LAUNCH.rstrip("\n") + "\n\n\n" + VARLEN_LAUNCH.format(
+        return ATTENTION_HOST + "\n\n\n" + VARLEN_LAUNCH.format(
             mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
             seq_note=" The mask is aligned bottom-right in each sequence." if plan.decisions.causal else "",
             torch_dtype=TORCH_DTYPES[plan.dtype], kv_value="KV_HEADS.value" if plan.decisions.kv_heads else "H",
@@ -358,7 +358,7 @@ def launch_source(plan: KernelPlan) -> str:
     chunks = (",\n            max(1, _sm_count(q.device.index) // triton.cdiv(S, BLOCK_M.value))"
               if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
     launch = FP8_LAUNCH if fp8(plan) else LAUNCH
-    return TMA_VIEW.strip("\n") + "\n\n" + DIRECT_LAUNCH.rstrip("\n") + "\n\n\n" + launch.format(
+    return ATTENTION_HOST + "\n\n\n" + launch.format(
         mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
         sk_note=SK_NOTE[plan.decisions.causal],
         torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, grid=grid,
