@@ -6,7 +6,8 @@ benchmark script, not part of the library).
   fp16 kernels). Contenders: ``twill`` (``twill.ops.attention``, no gradient), ``fa3`` (``fa3-fwd`` 0.0.3,
   ``fa3_fwd_interface.flash_attn_func``) and ``cudnn`` (``F.scaled_dot_product_attention`` on its cuDNN
   backend).
-* ``bwd`` (GPU): the backward at D = 128, H = 16, B·S = 16k (S = 2k / 4k / 8k), fp16 and bf16, causal and not.
+* ``bwd`` (GPU): the backward at D = 128, H = 16, and at D = 256, H = 8, B·S = 16k (S = 2k / 4k / 8k), fp16
+  and bf16, causal and not.
   ``twill`` and ``cudnn``: the forward runs once, then each call is ``torch.autograd.grad(out, (q, k, v),
   dout, retain_graph=True)``, so only the backward is timed. ``fa3``: FA3's Hopper backward through
   ``flash-attn3-jax`` 0.2.3 (``flash_attn3_jax.flash._flash_mha_bwd`` jitted on the outputs of its own
@@ -189,8 +190,9 @@ class Case:
 #: The forward cases of the issue's table, in its order.
 FWD_CASES = (Case(128, False), Case(128, True), Case(128, True, KV_HEADS), Case(64, False), Case(64, True),
              Case(256, False), Case(256, True))
-#: The backward cases: FA3's binding runs head dim 128 only.
-BWD_CASES = (Case(BWD_HEAD_DIM, True), Case(BWD_HEAD_DIM, False))
+#: The backward cases: D = 128 (FA3 through its JAX binding, causal) and D = 256 (the op's 64-key backward
+#: beside cuDNN and FA2; FA3 where its binding runs it).
+BWD_CASES = (Case(BWD_HEAD_DIM, True), Case(BWD_HEAD_DIM, False), Case(256, True), Case(256, False))
 
 
 class Stopped(BaseException):
@@ -212,6 +214,11 @@ def backward_flops(B: int, H: int, S: int, D: int, causal: bool) -> float:
 def bwd_batch(S: int) -> int:
     """Batch of the backward at sequence length ``S`` (B·S = :data:`BWD_TOKENS`)."""
     return BWD_TOKENS // S
+
+
+def bwd_heads(head_dim: int) -> int:
+    """Heads of the backward at ``head_dim``: :data:`BWD_HEADS` at D = 128, the same H·D at other D."""
+    return BWD_HEADS * BWD_HEAD_DIM // head_dim
 
 
 def ratio(twill: Any, fa3: Any) -> float | None:
@@ -850,14 +857,15 @@ class Backward:
     """The backward inputs of one size: ``[B, H, S, D]`` leaves for twill and cuDNN, ``dout``; FA3's
     ``[B, S, H, D]`` JAX arrays of the same values on demand."""
 
-    def __init__(self, B: int, S: int, dtype: str, causal: bool):
+    def __init__(self, B: int, S: int, dtype: str, causal: bool, head_dim: int = BWD_HEAD_DIM):
         import torch
 
         self.B, self.S, self.dtype, self.causal = B, S, dtype, causal
-        shape = (B, BWD_HEADS, S, BWD_HEAD_DIM)
+        self.H = bwd_heads(head_dim)
+        shape = (B, self.H, S, head_dim)
         self.qkv = tuple(torch.randn(shape, device=DEVICE, dtype=_dtype(dtype)).requires_grad_() for _ in range(3))
         self.dout = torch.randn(shape, device=DEVICE, dtype=_dtype(dtype))
-        self.scale = BWD_HEAD_DIM ** -0.5
+        self.scale = head_dim ** -0.5
 
     def grad_bytes(self) -> list[int]:
         return [t.numel() * t.element_size() for t in self.qkv]
@@ -909,7 +917,7 @@ def check_backward(twill: Any, jax_mods: Any, case: Case, dtype: str) -> dict[st
     "poisoned"}`` per shape, ``relerr`` the worst of the three."""
     checks: dict[str, list[dict[str, Any]]] = {}
     for B, S in BWD_RAGGED:
-        inputs = Backward(B, S, dtype, case.causal)
+        inputs = Backward(B, S, dtype, case.causal, case.head_dim)
         refs = inputs.reference()
         contenders: dict[str, Callable[[], Any]] = {}
         for name, forward in _torch_forwards(twill, case.causal).items():
@@ -917,14 +925,14 @@ def check_backward(twill: Any, jax_mods: Any, case: Case, dtype: str) -> dict[st
                 grad = inputs.torch_grad(forward)
                 contenders[name] = lambda g=grad: poisoned_call(g, inputs.grad_bytes())
             except Exception as exc:
-                checks.setdefault(name, []).append({"B": B, "H": BWD_HEADS, "S": S, "relerr": _error(exc)})
+                checks.setdefault(name, []).append({"B": B, "H": inputs.H, "S": S, "relerr": _error(exc)})
         if case.causal and not isinstance(jax_mods, str):
             def fa3_grads() -> Any:
                 grads = inputs.jax_grad(jax_mods)()
                 return tuple(_to_torch_bhsd(g) for g in grads), None
             contenders["fa3"] = fa3_grads
         for name, call in contenders.items():
-            entry: dict[str, Any] = {"B": B, "H": BWD_HEADS, "S": S}
+            entry: dict[str, Any] = {"B": B, "H": inputs.H, "S": S}
             try:
                 grads, poisoned = call()
                 errs = {g: _relerr(got, ref) for g, got, ref in zip(("dq", "dk", "dv"), grads, refs)}
@@ -969,7 +977,7 @@ def run_backward(args: argparse.Namespace, doc: dict[str, Any], save: Callable[[
     for case in selected(BWD_CASES, args.cases):
         for dtype in args.dtypes:
             info: dict[str, Any] = {"case": case.name, "dtype": dtype, "D": case.head_dim, "causal": case.causal,
-                                    "H": BWD_HEADS, "twill_layout": "contiguous"}
+                                    "H": bwd_heads(case.head_dim), "twill_layout": "contiguous"}
             doc["cases"].append(info)
             try:
                 checks = check_backward(twill, jax_mods, case, dtype)
@@ -985,7 +993,7 @@ def run_backward(args: argparse.Namespace, doc: dict[str, Any], save: Callable[[
                 save()
                 for S in args.seqs:
                     B = bwd_batch(S)
-                    inputs = Backward(B, S, dtype, case.causal)
+                    inputs = Backward(B, S, dtype, case.causal, case.head_dim)
                     ms: dict[str, Any] = {n: why for n, why in failed.items() if why is not None}
                     fns: dict[str, Callable[[], None]] = {}
                     for name, forward in _torch_forwards(twill, case.causal).items():
@@ -1009,9 +1017,9 @@ def run_backward(args: argparse.Namespace, doc: dict[str, Any], save: Callable[[
                         median, spread_per_sample, window = event_times(fns, 1, args.rounds)
                         ms.update({n: m / BWD_CALLS for n, m in median.items()})
                         spread = {n: [lo / BWD_CALLS, hi / BWD_CALLS] for n, (lo, hi) in spread_per_sample.items()}
-                    flops = backward_flops(B, BWD_HEADS, S, case.head_dim, case.causal)
+                    flops = backward_flops(B, inputs.H, S, case.head_dim, case.causal)
                     row = build_row(case, S, dtype, flops, ms, spread, relerr)
-                    row.update(B=B, H=BWD_HEADS, twill_layout="contiguous", window=window)
+                    row.update(B=B, H=inputs.H, twill_layout="contiguous", window=window)
                     doc["rows"].append(row)
                     save()
                     print(json.dumps({k: row[k] for k in ("D", "S", "causal", "dtype", "twill_tflops", "fa3_tflops",

@@ -82,6 +82,11 @@ VARIANTS: tuple[tuple[str, dict[str, Any], Any], ...] = (
     # checked by ptxas")
     ("bwd_d128_r16_ptxas", {"head_dim": 128}, {"search": "ptxas", "reserved_regs": 16}),
     ("bwd_d128_causal_r16_ptxas", {"head_dim": 128, "causal": True}, {"search": "ptxas", "reserved_regs": 16}),
+    # head dim 256: 64-key blocks, P and dS in shared memory, dQ in chunks reduced by the compute warps
+    ("bwd_d256_solver", {"head_dim": 256}, "solver"),
+    ("bwd_d256_causal_solver", {"head_dim": 256, "causal": True}, "solver"),
+    ("bwd_bf16_d256_causal_gqa4_hand_d2", {"head_dim": 256, "dtype": "bf16", "causal": True, "kv_heads": 4},
+     {"depth": 2}),
 )
 #: What a hand-built variant marked ``"registers": "ptxas"`` may violate: the model's REGISTER LIMIT only.
 #: Every other family is verified as usual; the register count is then taken from ptxas, which must report no
@@ -137,8 +142,10 @@ def _schedules(options: dict[str, Any], shape: Any) -> tuple[Any, Any]:
         bwd = flash_bwd_schedule(graph, machine, **shape)
         verify(bwd, machine)
     fwd_options = {k: v for k, v in options.items() if k in ("head_dim", "dtype", "causal", "kv_heads")}
+    if options["head_dim"] == 256:
+        fwd_options["block_n"] = 64   # two 128-key K/V stages do not fit beside Q at D = 256
     fwd_graph = build_kernel("flash-fwd", machine, subtiles=2, **fwd_options)
-    fwd = flash_schedule(fwd_graph, machine, ahead=1, depth=2 if options["head_dim"] == 128 else 3)
+    fwd = flash_schedule(fwd_graph, machine, ahead=1, depth=3 if options["head_dim"] == 64 else 2)
     verify(fwd, machine)
     return bwd, fwd
 

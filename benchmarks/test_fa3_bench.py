@@ -37,7 +37,8 @@ def test_the_cases_are_the_issues_table_at_b4_and_hidden_4096():
                                              "d256", "d256_causal"]
     assert [c.heads() for c in fb.FWD_CASES] == [32, 32, 32, 64, 64, 16, 16]
     assert fb.FWD_CASES[2].label() == "D=128 causal, 8 K/V heads" and fb.FWD_CASES[3].label() == "D=64 non-causal"
-    assert [c.name for c in fb.BWD_CASES] == ["d128_causal", "d128"]
+    assert [c.name for c in fb.BWD_CASES] == ["d128_causal", "d128", "d256_causal", "d256"]
+    assert [fb.bwd_heads(c.head_dim) for c in fb.BWD_CASES] == [16, 16, 8, 8]
     assert [fb.bwd_batch(s) * s for s in fb.BWD_SEQS] == [16384] * 3 and fb.bwd_batch(2048) == 8
     assert fb.selected(fb.FWD_CASES, ("d256", "d128")) == [fb.FWD_CASES[0], fb.FWD_CASES[5]]
 
@@ -92,7 +93,8 @@ def test_the_tables_show_each_case_contender_and_ratio():
     (["fwd", "--rounds", "0"], "--rounds must be at least 1"),
     (["bwd", "--seqs", "3000"], "3000 does not divide B·S = 16384"),
     (["bwd", "--dtypes", "fp8"], "unknown dtype fp8"),
-    (["bwd", "--cases", "d128_causal_kv8"], "unknown case d128_causal_kv8 (known: d128_causal, d128)"),
+    (["bwd", "--cases", "d128_causal_kv8"], "unknown case d128_causal_kv8 (known: d128_causal, d128, d256_causal, "
+                                            "d256)"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -329,7 +331,8 @@ def test_the_backward_step_times_the_gradients_and_fa3_only_when_causal(tmp_path
     fp32 autograd, then timed ``BWD_CALLS`` calls per sample; the non-causal rows name why FA3 is absent."""
     pytest.importorskip("jax")
     seen = _cpu_stand_ins(monkeypatch, tmp_path, strided=True)
-    assert fb.main(["bwd", "--out", str(tmp_path), "--seqs", "64", "--dtypes", "bf16"]) == 0
+    assert fb.main(["bwd", "--out", str(tmp_path), "--seqs", "64", "--dtypes", "bf16",
+                    "--cases", "d128_causal,d128"]) == 0
     doc = json.loads((tmp_path / fb.BWD_FILE).read_text())
     causal, full = doc["rows"]
     assert (causal["causal"], causal["S"], causal["B"], causal["dtype"]) == (True, 64, 2, "bf16")

@@ -106,6 +106,39 @@ def test_backward_variant_compiles_with_the_scheduled_rings(tmp_path, head_dim, 
     assert need <= facts.shared < need + 4096
 
 
+@pytest.mark.parametrize("options", [{}, {"causal": True, "kv_heads": 2, "dtype": "bf16"}],
+                         ids=["d256", "d256_causal_gqa_bf16"])
+def test_head_dim_256_backward_splits_queries_and_reduces_dq_in_chunks(tmp_path, options):
+    """D = 256: 64-key blocks, warps [4, 2] (the warp groups split S^T's queries and dK's, dV's head
+    dimension), P^T and dS^T in shared memory as the A operands of dV and dK, dQ in four 64-column wgmmas whose
+    chunks the compute warps stage in one buffer and reduce-add by TMA themselves (the producer only loads)."""
+    sched = _schedule(head_dim=256, **options)
+    assert sched.graph.attrs["block_n"] == 64 and sched.graph.attrs["dq_chunk"] == 64
+    assert not [op for op in sched.graph.ops if op.attrs.get("role") == "dq_atomic"]
+    plan = gluon_plan(sched)
+    assert plan.decisions.split and (plan.decisions.dq_chunk, plan.decisions.dq_depth) == (64, 1)
+    assert "dq_store" in plan.compute[0].ops and plan.load.ops == ("load_q", "load_do", "load_stats")
+    module, source, facts, ptx = _compile(tmp_path, sched, "d256_" + "_".join(map(str, options.values())))
+    assert (module.BLOCK_M.value, module.BLOCK_N.value, module.HEAD_DIM.value) == (64, 64, 256)
+    assert (module.DQ_CHUNK.value, module.DQ_SLOTS.value) == (64, 1) and not hasattr(module, "DQ_LAG")
+    assert source.count("warps_per_cta=[4, 2]") == 3 and "op_layout" not in source   # S^T, dK/dV, dQ
+    assert "dv_tok = warpgroup_mma(p_smem, " in source and "dk_tok = warpgroup_mma(ds_smem, " in source
+    # S^T, dP^T: N = 32 queries per warp group; dV, dK: N = 128 head dims; dQ chunks: N = 32
+    assert set(facts.wgmma_shapes) == {"m64n32k16", "m64n128k16"}
+    # per iteration: S^T, dP^T (K = 256), dV, dK (K = 64 queries), four dQ chunks (K = 64 keys), k16 each
+    assert facts.wgmma == 2 * 256 // 16 + 2 * 64 // 16 + 4 * 64 // 16
+    assert facts.tma_load_ranks == (2, 4)
+    # the compute partition's TMA reduce-adds, each 64-column chunk as two 32-column boxes (128-byte swizzle)
+    assert len(re.findall(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add", ptx)) == 4
+    assert not re.search(r"\b(atom|red)\.global", ptx)
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx)) >= 5   # before each chunk; drain
+    # K, V 64 KB; Q, dO rings 2 x 32 KB each; stats; P^T, dS^T 8 KB each; one 16 KB dQ chunk buffer
+    need = 2 * 64 * 256 * 2 + 2 * (2 * 64 * 256 * 2 + 2 * 64 * 4) + 2 * 64 * 64 * 2 + 64 * 64 * 4
+    assert need <= facts.shared < need + 4096 and facts.shared <= H100.smem_per_block
+    spills = re.findall(r"(\d+) bytes spill", ptx)
+    assert not any(int(n) for n in spills)
+
+
 @pytest.mark.parametrize("S", [77, 129, 513, 1537, 64, 1000])
 def test_backward_tma_coordinates_are_16_byte_aligned_for_every_length(tmp_path, S):
     """TMA needs 16-byte global strides and a 16-byte aligned innermost coordinate. The stats rows are read

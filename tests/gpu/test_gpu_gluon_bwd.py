@@ -29,11 +29,16 @@ CASES = [
     # FA3's head-dim-64 tile: 128 query rows per iteration, dQ on warps [8, 1]
     ({"head_dim": 64, "block_m": 128}, {"depth": 2, "dq_lag": 1}),
     ({"head_dim": 64, "block_m": 128, "causal": True, "kv_heads": 2, "dtype": "bf16"}, {"depth": 2, "dq_lag": 1}),
+    # head dim 256: 64-key blocks, P and dS in shared memory, dQ in chunks reduced by the compute warps
+    ({"head_dim": 256}, {"depth": 2}),
+    ({"head_dim": 256, "causal": True, "kv_heads": 2, "dtype": "bf16"}, {"depth": 2}),
 ]
 
 
 def _modules(tmp_path, options, shape, name):
     fwd_options = {k: v for k, v in options.items() if k in ("head_dim", "dtype", "causal", "kv_heads")}
+    if options["head_dim"] == 256:
+        fwd_options["block_n"] = 64   # two 128-key K/V stages do not fit beside Q at D = 256
     fwd = flash_schedule(build_kernel("flash-fwd", H100, subtiles=2, **fwd_options), H100, ahead=1, depth=2)
     bwd = flash_bwd_schedule(build_kernel("flash-bwd", H100, **options), H100, **shape)
     mods = []

@@ -41,7 +41,7 @@ def test_forward_launch_matches_fp64_with_poisoned_outputs(b, h, hkv, s, d, dtyp
     assert torch.isfinite(lse).all()
 
 
-@pytest.mark.parametrize("b,h,hkv,s,d,dtype,causal", [c for c in CASES if c[4] in (64, 128)])
+@pytest.mark.parametrize("b,h,hkv,s,d,dtype,causal", CASES)
 def test_gradients_match_fp64(b, h, hkv, s, d, dtype, causal):
     q, k, v = _inputs(b, h, hkv, s, d, dtype, grad=True)
     grad = torch.randn(b, h, s, d, device="cuda", dtype=dtype)
@@ -57,8 +57,8 @@ def test_gradients_match_fp64(b, h, hkv, s, d, dtype, causal):
 
 
 def test_unsupported_head_dim_with_gradient_is_refused():
-    q, k, v = _inputs(1, 2, 2, 64, 256, torch.float16, grad=True)
-    with pytest.raises(Exception, match="head dimension 256 is not supported with a gradient"):
+    q, k, v = _inputs(1, 2, 2, 64, 96, torch.float16, grad=True)
+    with pytest.raises(Exception, match="head dimension 96 is not supported with a gradient"):
         attention(q, k, v)
 
 

@@ -40,8 +40,8 @@ def test_every_configuration_has_a_current_verified_shipped_schedule():
         assert schedule.graph.attrs.get("kv_heads", 0) == spec.kv_heads
     assert set(shipped.SCHEDULE_DIR.glob("*.json")) == expected
     # 8 16-bit forward loops (D = 64 has two: three groups without the mask), 3 fp8 forward loops (one group at
-    # D = 64, masked or not), 4 backward
-    assert len(expected) == 15
+    # D = 64, masked or not), 6 backward (D = 64, 128, 256 by fp16, bf16)
+    assert len(expected) == 17
     fp8 = [s for s in shipped.configurations() if s.dtype == "fp8e4m3"]
     assert {(s.kernel, s.head_dim, s.causal) for s in fp8} == {("flash-fwd", d, c) for d in (64, 128, 256)
                                                                for c in (False, True)}
@@ -189,8 +189,8 @@ def test_prepare_emits_modules_without_the_solver_or_torch(tmp_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    ((96, "bf16"), r"head dimension 96 is not supported with backward=True \(supported: 64, 128\)"),
-    ((256, "bf16"), "head dimension 256 is not supported with backward=True"),
+    ((96, "bf16"), r"head dimension 96 is not supported with backward=True \(supported: 64, 128, 256\)"),
+    ((512, "bf16", False, 0, False), r"head dimension 512 is not supported \(supported: 64, 128, 256\)"),
     ((True, "bf16"), "head dimension True"),
     ((128, "float32"), r"dtype 'float32' is not supported \(supported: float16, bfloat16, float8_e4m3fn\)"),
     ((128, "fp8e4m3"), r"dtype fp8e4m3 has no backward \(FA3's fp8 attention has none either\); prepare its "
@@ -222,10 +222,10 @@ def test_twill_ops_prepare_prints_the_forward_path(tmp_path, monkeypatch, capsys
     assert main(["ops", "prepare", "--head-dim", "64", "--dtype", "fp16", "--no-backward"]) == 0
     path = Path(capsys.readouterr().out.strip())
     assert path.parent == tmp_path / "twill" / "ops" and flash.cached_source(path) is not None
-    assert main(["ops", "prepare", "--head-dim", "256", "--dtype", "fp16"]) == 2
+    assert main(["ops", "prepare", "--head-dim", "96", "--dtype", "fp16"]) == 2
     err = capsys.readouterr().err
-    assert err == ("twill: error: twill.ops.prepare: head dimension 256 is not supported with backward=True "
-                   "(supported: 64, 128)\n")
+    assert err == ("twill: error: twill.ops.prepare: head dimension 96 is not supported with backward=True "
+                   "(supported: 64, 128, 256)\n")
     assert main(["ops", "prepare", "--head-dim", "256", "--dtype", "fp8e4m3", "--causal", "--no-backward"]) == 0
     path = Path(capsys.readouterr().out.strip())
     assert path.name.startswith("flash_fwd_d256_fp8e4m3_causal_") and "def transpose_v(" in flash.cached_source(path)

@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions.required = True
     g = actions.add_parser("prepare", help="emit one configuration's kernel modules into the kernel cache (no GPU, "
                                            "no solver) and print the forward module's path")
-    g.add_argument("--head-dim", type=int, required=True, help="64, 128 or 256 (64 or 128 with the backward)")
+    g.add_argument("--head-dim", type=int, required=True, help="64, 128 or 256")
     g.add_argument("--dtype", required=True,
                    help="fp16, bf16 or fp8e4m3 (or float16, bfloat16, float8_e4m3fn); fp8e4m3 with --no-backward")
     g.add_argument("--causal", action="store_true", help="the causal mask")

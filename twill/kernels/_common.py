@@ -65,10 +65,13 @@ def tma_load(b: GraphBuilder, m: Machine, name: str, role: str, rows: int, cols:
 
 
 def mma(b: GraphBuilder, m: Machine, name: str, role: str, M: int, N: int, K: int, dtype: str, *,
-        subtile: int | None = None, accumulator: bool = False, warps: int = 4, owns_tmem: bool = True) -> str:
+        subtile: int | None = None, accumulator: bool = False, warps: int = 4, owns_tmem: bool = True,
+        chunk_cols: int | None = None) -> str:
     """A tensor-core GEMM ``[M,K] x [K,N]`` with an fp32 ``[M,N]`` result.
 
-    Hopper: a 4-warp wgmma; the result occupies ``tile_regs(M, N)`` registers per thread. Blackwell: a
+    Hopper: a 4-warp wgmma; the result occupies ``tile_regs(M, N)`` registers per thread, or with
+    ``chunk_cols`` ``tile_regs(M, chunk_cols)``: the GEMM runs as ``N / chunk_cols`` wgmmas, each chunk consumed
+    before the next is issued. Blackwell: a
     1-warp tcgen05.mma; the result occupies ``M*N*4`` bytes of TMEM (0 with ``owns_tmem=False``: it reuses
     columns counted for another op) and no registers. ``accumulator`` marks results updated in place across
     iterations (one buffer, however many stages it spans).
@@ -79,9 +82,11 @@ def mma(b: GraphBuilder, m: Machine, name: str, role: str, M: int, N: int, K: in
         return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="mma", warps=1,
                     tmem=tile_bytes(M, N, "fp32") if owns_tmem else 0, warp_busy=cost.warp_busy,
                     attrs=_attrs(role, subtile, extra))
-    out_bytes = tile_bytes(M, N, "fp32")
+    out_bytes = tile_bytes(M, chunk_cols or N, "fp32")
+    if chunk_cols:
+        extra["chunk_cols"] = chunk_cols
     return b.op(name, rrt=cost.rrt(), latency=cost.latency, kind="mma", warps=warps,
-                regs=tile_regs(M, N, "fp32", warps), spill_cost=costs.spill_cost(m, out_bytes),
+                regs=tile_regs(M, chunk_cols or N, "fp32", warps), spill_cost=costs.spill_cost(m, out_bytes),
                 warp_busy=cost.warp_busy, attrs=_attrs(role, subtile, {**extra, "out_bytes": out_bytes}))
 
 

@@ -13,7 +13,7 @@ caches the compiled kernels itself.
 
 Inputs the kernels do not cover raise :class:`~twill.errors.UnsupportedFeatureError` with the reason,
 before any work: tensors off a Hopper GPU, dtypes other than fp16/bf16 and fp8 e4m3 (forward only), a head
-dimension other than 64, 128 or 256 (64 or 128 with a gradient), a key length of 0 (with queries), a query
+dimension other than 64, 128 or 256, a key length of 0 (with queries), a query
 head count that is not a multiple of the K/V head count, or descale factors and output dtypes the kernels do
 not take.
 """
@@ -146,7 +146,7 @@ def prepare(head_dim: int, dtype: Any, causal: bool = False, kv_heads: int = 0, 
     torch or the solver (from the shipped schedules), so that a later first call only imports them.
 
     Args:
-        head_dim: 64, 128 or 256 (64 or 128 with ``backward``).
+        head_dim: 64, 128 or 256.
         dtype: ``"float16"``/``"fp16"``, ``"bfloat16"``/``"bf16"`` or ``"float8_e4m3fn"``/``"fp8e4m3"`` (forward
             only: ``backward=False``), or the torch dtype.
         causal: the causal mask.

@@ -15,7 +15,7 @@ from twill.kernels.flash_fwd import FAMILY as FORWARD
 
 #: Head dimensions of the forward kernel, and of the backward kernel.
 FORWARD_HEAD_DIMS = (64, 128, 256)
-BACKWARD_HEAD_DIMS = (64, 128)
+BACKWARD_HEAD_DIMS = (64, 128, 256)
 #: Machine model the kernels are solved on: the H200's (the H100 has the same SM; the solver's H200
 #: schedules are the ones `benchmarks/flash_bwd_check.py` checks on the GPU, and the Gluon backward emits
 #: every one of them, while some H100 head-dim-64 schedules need two register copies it does not emit).
@@ -60,7 +60,8 @@ class KernelSpec:
     def block_m(self) -> int:
         """Query rows per iteration of the backward: 128 at D = 64 (FA3's tile, which the calibrated model and
         the GPU both rank above 64 rows; docs/performance.md, "The 128-row tile from the solver"), 64 at
-        D = 128 (FA3's; 128 rows overflow shared memory)."""
+        D = 128 (FA3's; 128 rows overflow shared memory) and at D = 256 (FA3's, against 64 keys: the graph's
+        default key block there)."""
         return 128 if self.head_dim == 64 else 64
 
     def fp8(self) -> bool:

@@ -19,6 +19,12 @@ dQ staging            [DQ_DEPTH, BLOCK_M, HEAD_DIM] NVMMA shared fp32 (the TMA r
 LSE, D rows           [2, BLOCK_M] fp32 per buffer    SliceLayout(0, S^T) (one value per query)       smem ring
 ====================  ============================  =============================================  ===========
 
+With 64-key blocks (head dim 256: the *split-query* backward) eight warps cannot spread S^T's 64 key rows,
+so the warp groups split its queries (warps [4, 2]) and dK, dV their head dimension; P^T goes to shared
+memory beside dS^T (dV and dK read both from there), and dQ is computed ``DQ_CHUNK`` columns at a time, each
+chunk staged in one of ``DQ_SLOTS`` fp32 buffers and reduce-added by the compute warps themselves (the
+producer only loads).
+
 Keys past ``seq_k`` and queries past ``seq_q`` (ragged tails) and, causal, keys after the query's last key
 (query + seq_k - seq_q: aligned bottom-right, as FlashAttention's; the mask counts keys on the query axis,
 from ``n_pos``) are masked to -inf in S^T, so their P and dS are exactly 0: they add nothing to dK, dV or
@@ -41,6 +47,9 @@ COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "ds_smem", "dq_stage", "dq_ready
                   "dk_stride_b", "dk_stride_h", "dk_stride_s", "dv_ptr", "dv_stride_b", "dv_stride_h", "dv_stride_s",
                   "kv_heads", "bh_kv", "n_pos", "m_first", "n_m", "n_iters", "seq_q", "seq_k", "qk_scale",
                   "sm_scale")
+#: Parameters of the split-query compute partition: P's tile, and what it reduces dQ chunks with.
+SPLIT_COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "p_smem", "ds_smem", "dq_stage", "dq_desc", "kv_h", "group",
+                        *COMPUTE_PARAMS[COMPUTE_PARAMS.index("dk_ptr"):])
 #: Query-block parameters the producer derives each iteration's query head and rows from.
 BLOCK_ARGS = "bh_kv, kv_h, group, m_first, n_m, seq_q"
 #: The emitted module's own imports: what its TMA reduce-add wrapper (``tma_reduce_add``) builds on.
@@ -233,7 +242,7 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
         dq_acc = torch.zeros(shapes["dq_acc"], device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     stats_desc = _descriptor(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
-    dq_desc = _descriptor(dq_acc, [BLOCK_M.value, D], gl.float32)
+    dq_desc = _descriptor(dq_acc, [BLOCK_M.value, {dq_cols}], gl.float32)
     grid = (triton.cdiv(Sk, BLOCK_N.value), B * kv_shape[1])
     _launch(backward_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk,
             *dk.stride()[:3], dv, *dv.stride()[:3], S, Sk, kv_shape[1], sm_scale * LOG2E.value, sm_scale,
@@ -261,6 +270,8 @@ class _Compute:
 
     def __init__(self, plan: KernelPlan):
         self.plan = plan
+        self.split = plan.decisions.split
+        self.operands = {} if self.split else MMA_OPERANDS   # register A operands (none: P, dS in smem)
         self.part = plan.compute[0]
         self.role_of = {op: role for role, op in self.part.roles.items()}
         base = min(plan.placement(op).stage for op in self.part.ops)
@@ -298,8 +309,8 @@ class _Compute:
             return []
         k = self.inflight.index(role)
         done, self.inflight = self.inflight[: k + 1], self.inflight[k + 1:]
-        values = [MMA_VALUES[r] for r in done] + [MMA_OPERANDS[r] for r in done if r in MMA_OPERANDS]
-        deps = [f"{MMA_VALUES[r]}_tok" for r in done] + [MMA_OPERANDS[r] for r in done if r in MMA_OPERANDS]
+        values = [MMA_VALUES[r] for r in done] + [self.operands[r] for r in done if r in self.operands]
+        deps = [f"{MMA_VALUES[r]}_tok" for r in done] + [self.operands[r] for r in done if r in self.operands]
         why = self.plan.retire(self.part.roles[role]).why
         return [f"{', '.join(values)} = warpgroup_mma_wait({len(self.inflight)}, deps=[{', '.join(deps)}])  # "
                 f"{role} retired ({why})"]
@@ -334,17 +345,31 @@ class _Compute:
                     "ds = p * (dpt - delta[None, :])  # dS^T = P^T * (dP^T - D); sm_scale folded in later"]
         if role == "p_cvt":
             return ["p16 = gl.convert_layout(p.to(DTYPE), op_layout)  # P^T: register A operand of dV"]
+        if role == "p_store":   # split queries: each warp group holds half of P^T's queries, dV needs them all
+            return [*self.retire("dv"),
+                    "p_smem.store(p.to(DTYPE))  # P^T: shared A operand of dV",
+                    "fence_async_shared()",
+                    "gl.thread_barrier()  # both warp groups stored their P columns before either reads them"]
         if role == "ds_store":
-            return ["ds_smem.store(ds.to(DTYPE))  # dS^T for dQ = dS K",
+            last_readers = [*self.retire("dk"), *self.retire("dq")] if self.split else []   # dK reads dS^T too
+            return [*last_readers,
+                    "ds_smem.store(ds.to(DTYPE))  # dS^T for dQ = dS K",
                     "fence_async_shared()",
                     "gl.thread_barrier()  # both warp groups stored their dS rows before either reads them"]
         if role == "dv":
-            return self.ready(role) + self.issue(role, "p16", self.buffer("do", role), "dv", True)
+            p = "p_smem" if self.split else "p16"
+            return self.ready(role) + self.issue(role, p, self.buffer("do", role), "dv", True)
         if role == "dk":
+            if self.split:
+                return self.ready(role) + self.issue(role, "ds_smem", self.buffer("q", role), "dk", True)
             return ["ds16 = gl.convert_layout(ds.to(DTYPE), op_layout)  # dS^T: register A operand of dK",
                     *self.ready(role), *self.issue(role, "ds16", self.buffer("q", role), "dk", True)]
         if role == "dq":
+            if self.split:
+                return self.dq_chunks()
             return self.issue(role, "ds_smem.permute((1, 0))", "k_smem", "dq_zero", False)
+        if self.split:   # dq_store: each chunk was staged and reduced with its wgmma (dq_chunks)
+            return []
         i = self.it(role)
         return [*self.retire("dq"),
                 f"mbarrier.wait(dq_empty.index({i} % DQ_DEPTH), (({i} // DQ_DEPTH) & 1) ^ 1)  # empty: "
@@ -354,6 +379,32 @@ class _Compute:
                 "gl.thread_barrier()  # every warp stored its dQ rows",
                 f"mbarrier.arrive(dq_ready.index({i} % DQ_DEPTH))  # ready: dQ staged for dq_atomic, which may "
                 f"start now (the schedule's dq_store -> dq_atomic)"]
+
+    def dq_chunks(self) -> list[str]:
+        """The split-query backward's dQ = dS K (the dq op) and its staging and reduce (dq_store), DQ_CHUNK columns
+        at a time: every wgmma in flight retires first (a chunk's wait retires all earlier ones), then each
+        chunk's wgmma reads dS^T and K's chunk columns, its fp32 result waits for its slot's last reduce to
+        have read the slot, is stored there and reduce-added at the query block's dQ rows by one TMA (issued
+        for the partition by one thread). Staging with the wgmma moves dq_store no later than scheduled."""
+        i = self.it("dq")
+        at = self.plan.placement(self.part.roles["dq"])
+        store = self.plan.placement(self.part.roles["dq_store"])
+        lines = [*(self.retire(self.inflight[-1]) if self.inflight else []),
+                 f"# {at.name}: start {at.start}, stage {at.stage}; {store.name} (start {store.start}, stage "
+                 f"{store.stage}) with each chunk",
+                 f"_, prow, _ = query_block({i}, {BLOCK_ARGS})  # the query block's first row of the dQ "
+                 f"accumulator",
+                 "for c in gl.static_range(HEAD_DIM // DQ_CHUNK):",
+                 "    dqv_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(c * DQ_CHUNK, DQ_CHUNK, 1), dq_zero,",
+                 "                            use_acc=False, is_async=True)",
+                 "    dqv = warpgroup_mma_wait(0, deps=[dqv_tok])",
+                 "    tma.store_wait(DQ_SLOTS - 1)  # the reduce that last read this slot has read it",
+                 "    gl.thread_barrier()",
+                 "    dq_stage.index(c % DQ_SLOTS).store(dqv)",
+                 "    fence_async_shared()  # the stores visible to the TMA reduce",
+                 "    gl.thread_barrier()  # every warp stored its dQ rows",
+                 "    tma_reduce_add(dq_desc, [prow, c * DQ_CHUNK], dq_stage.index(c % DQ_SLOTS))"]
+        return lines
 
     def mask_condition(self) -> str:
         """When a tile needs the mask: a ragged key tail, or (causal) a query block reaching into the key block."""
@@ -391,24 +442,39 @@ class _Compute:
     def render(self) -> str:
         part = self.part
         dq_warps = dq_warps_of(self.plan)
-        dq_n = "HEAD_DIM" if dq_warps[1] == 1 else f"HEAD_DIM // {dq_warps[1]}"
-        head = compute_def(self.plan, COMPUTE_PARAMS, (),
+        dq_cols = "DQ_CHUNK" if self.split else "HEAD_DIM"
+        dq_n = dq_cols if dq_warps[1] == 1 else f"{dq_cols} // {dq_warps[1]}"
+        head = compute_def(self.plan, SPLIT_COMPUTE_PARAMS if self.split else COMPUTE_PARAMS, (),
                            f"Warp group {part.group} ({part.num_warps} warps, two wgmma warp groups cooperating on "
                            f"every tile): dK and dV of the key block over its query blocks.")
+        if self.split:   # 64 key rows: the warp groups split S^T's queries and dK's, dV's head dimension
+            layouts = [
+                "    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],",
+                "                                                        instr_shape=[16, BLOCK_M // 2, 16])",
+                "    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],",
+                "                                                        instr_shape=[16, HEAD_DIM // 2, 16])"]
+        else:
+            layouts = [
+                "    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
+                "                                                        instr_shape=[16, BLOCK_M, 16])",
+                "    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
+                "                                                        instr_shape=[16, HEAD_DIM, 16])"]
+        operand = ([] if self.split else
+                   ["    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)"])
+        drain = (["    tma.store_wait(0)  # the last dQ reduces have read their staging buffers"] if self.split
+                 else [])
         lines = head + [
-            "    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
-            "                                                        instr_shape=[16, BLOCK_M, 16])",
-            "    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
-            "                                                        instr_shape=[16, HEAD_DIM, 16])",
+            *layouts,
             f"    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta={list(dq_warps)},",
             f"                                                        instr_shape=[16, {dq_n}, 16])",
-            "    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)",
+            *operand,
             "    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
             "    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
             "    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)",
-            "    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, dq_layout)",
+            f"    dq_zero = gl.zeros([BLOCK_M, {dq_cols}], gl.float32, dq_layout)",
             "    mbarrier.wait(kv_bar, 0)  # K and V of the key block loaded by load_partition",
             *self.loop(),
+            *drain,
             "    # dK = sm_scale * sum dS^T Q, dV = sum P^T dO; keys past seq_k are not stored",
             "    rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, kv_layout))",
             "    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, kv_layout))",
@@ -453,7 +519,7 @@ def launch_source(plan: KernelPlan) -> str:
     launch = LAUNCH.format(mask=", causal mask" if decided.causal else "", kv=kv, dtype=plan.dtype,
                            sk_note=": the mask is aligned bottom-right" if decided.causal else "",
                            torch_dtype=TORCH_DTYPES[plan.dtype], kv_check=kv_check, gqa_doc=gqa_doc,
-                           chunk_arg=chunk_arg)
+                           chunk_arg=chunk_arg, dq_cols="DQ_CHUNK.value" if decided.split else "D")
     launch = ATTENTION_HOST + "\n\n" + launch  # LAUNCH opens with a newline
     return (SM_COUNT.strip("\n") + "\n\n" + launch) if decided.causal else launch
 
@@ -495,17 +561,31 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
         "    mbarrier.init(kv_bar, count=1)",
         "    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], DTYPE)",
         "    ds_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, BLOCK_M], ds_layout)",
-        "    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_DEPTH, BLOCK_M, HEAD_DIM], dq_desc.layout)",
-        "    dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
-        "    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
-        "    for s in gl.static_range(DQ_DEPTH):",
-        "        mbarrier.init(dq_ready.index(s), count=1)  # the compute partition staged dQ",
-        "        mbarrier.init(dq_empty.index(s), count=1)  # the producer reduced it",
+        *(_SPLIT_STAGING if plan.decisions.split else _STAGING),
     )
 
 
+#: dQ staging of the backward whose producer reduces whole dQ tiles: DQ_DEPTH buffers and their barriers.
+_STAGING = (
+    "    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_DEPTH, BLOCK_M, HEAD_DIM], dq_desc.layout)",
+    "    dq_ready = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
+    "    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_DEPTH, 1], mbarrier.MBarrierLayout())",
+    "    for s in gl.static_range(DQ_DEPTH):",
+    "        mbarrier.init(dq_ready.index(s), count=1)  # the compute partition staged dQ",
+    "        mbarrier.init(dq_empty.index(s), count=1)  # the producer reduced it",
+)
+#: The split-query backward's P^T tile and dQ chunk slots (the compute warps reduce them: no barriers).
+_SPLIT_STAGING = (
+    "    p_smem = gl.allocate_shared_memory(DTYPE, [BLOCK_N, BLOCK_M], ds_layout)",
+    "    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_SLOTS, BLOCK_M, DQ_CHUNK], dq_desc.layout)",
+)
+
+
 def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
-    """The producer's ``dq_atomic`` lines (iteration ``j - DQ_LAG``) and the drain after its loop."""
+    """The producer's ``dq_atomic`` lines (iteration ``j - DQ_LAG``) and the drain after its loop (none in the
+    split-query backward, whose compute warps reduce dQ)."""
+    if plan.decisions.split:
+        return {}, ()
     (atomic,) = [n for n in plan.load.ops if plan.placement(n).role == "dq_atomic"]
     at = plan.placement(atomic)
     why = plan.wait("ready", atomic).why
@@ -528,9 +608,23 @@ def body(plan: KernelPlan) -> KernelBody:
     decided: FlashBwdDecisions = plan.decisions
     t, part = plan.tile, plan.compute[0]
     load_ops, load_after = _producer(plan)
-    extra = [("DQ_DEPTH", decided.dq_depth, "dQ staging buffers: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
-             ("DQ_LAG", decided.dq_lag, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j: "
-                                        "stage(dq_atomic) - stage(load_q) (schedule)"),
+    if decided.split:
+        staging = [("DQ_CHUNK", decided.dq_chunk, "dQ columns per wgmma, staging buffer and TMA reduce-add (graph)"),
+                   ("DQ_SLOTS", decided.dq_depth, "dQ chunk staging buffers, reduced by the compute warps")]
+        dq_doc = (f"dQ in {t['head_dim'] // decided.dq_chunk} chunks of {decided.dq_chunk} columns, each staged in "
+                  f"one of {decided.dq_depth} fp32 buffer(s) and reduce-added by the compute warps (one TMA)")
+        operands = ("layouts: warp groups split S^T's queries and dK's, dV's head dimension (warps [4, 2]); P^T "
+                    "and dS^T in shared memory, the A operands of dV and dK, and dS^T of dQ = dS K")
+    else:
+        staging = [("DQ_DEPTH", decided.dq_depth,
+                    "dQ staging buffers: stage(dq_atomic) - stage(dq_store) + 1 (schedule)"),
+                   ("DQ_LAG", decided.dq_lag, "the producer reduces the dQ of iteration j - DQ_LAG in iteration j: "
+                                              "stage(dq_atomic) - stage(load_q) (schedule)")]
+        dq_doc = (f"dQ staged in {decided.dq_depth} fp32 buffer(s), added by the producer warp with one TMA "
+                  f"reduce-add per tile {decided.dq_lag} producer iteration(s) after its loads")
+        operands = ("layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
+                    "register A operands of dV, dK; dS^T in shared memory for dQ = dS K")
+    extra = [*staging,
              ("PRE_ROWS", PRE_ROWS, "rows per program of the dO.O pre-pass and the dQ conversion"),
              ("LOG2E", 1.4426950408889634, "the kernel runs in base 2; LSE is a natural log")]
     if decided.kv_heads:
@@ -538,11 +632,8 @@ def body(plan: KernelPlan) -> KernelBody:
                                                     "h of its K/V head, h // (H // KV_HEADS))"))
     order = ", ".join(part.ops)
     decisions = [f"decisions: compute ops in the schedule's steady-state order ({order}), each wgmma retired by "
-                 f"its first reader; dQ staged in {decided.dq_depth} fp32 buffer(s), added by the producer warp with "
-                 f"one TMA reduce-add per tile {decided.dq_lag} producer iteration(s) after its loads",
-                 "layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
-                 "register A operands of dV, dK; dS^T in shared memory for dQ = dS K "
-                 f"(warps {list(dq_warps_of(plan))})"]
+                 f"its first reader; {dq_doc}",
+                 f"{operands} (warps {list(dq_warps_of(plan))})"]
     if decided.causal:
         decisions.append("causal: a key block meets the query blocks from its diagonal on (m_first); tiles "
                          "reaching into the key block are masked (key <= query)")
@@ -572,15 +663,16 @@ def body(plan: KernelPlan) -> KernelBody:
         buffer_shapes={"q": "BLOCK_M, HEAD_DIM", "do": "BLOCK_M, HEAD_DIM", "stats": "2, BLOCK_M"},
         coords={"q": "[b, h, m_start, 0]", "do": "[b, h, m_start, 0]", "stats": "[0, prow]"},
         tma_shapes={"q": "1, 1, BLOCK_M, HEAD_DIM", "do": "1, 1, BLOCK_M, HEAD_DIM"},
-        load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar", "dq_stage", "dq_ready", "dq_empty",
-                     "dq_desc", "b", "n_start", "bh_kv", "kv_h", "group", "m_first", "n_m", "seq_q"),
+        load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar",
+                     *(() if decided.split else ("dq_stage", "dq_ready", "dq_empty", "dq_desc")),
+                     "b", "n_start", "bh_kv", "kv_h", "group", "m_first", "n_m", "seq_q"),
         load_setup=("    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
                     "    kv_block = [b, kv_h, n_start, 0]  # the key block of (batch b, K/V head kv_h)",
                     "    tma.async_copy_global_to_shared(k_desc, kv_block, kv_bar,",
                     "                                    k_smem.reshape([1, 1, BLOCK_N, HEAD_DIM]))",
                     "    tma.async_copy_global_to_shared(v_desc, kv_block, kv_bar,",
                     "                                    v_smem.reshape([1, 1, BLOCK_N, HEAD_DIM]))"),
-        compute_params=COMPUTE_PARAMS,
+        compute_params=SPLIT_COMPUTE_PARAMS if decided.split else COMPUTE_PARAMS,
         constexprs=(),
         before_specialize=(),
         results="",
@@ -590,7 +682,8 @@ def body(plan: KernelPlan) -> KernelBody:
                    ("v_desc", "_desc_type([1, 1, BLOCK_N.value, HEAD_DIM.value])"),
                    ("do_desc", "_desc_type([1, 1, BLOCK_M.value, HEAD_DIM.value])"),
                    ("stats_desc", "_desc_type([2, BLOCK_M.value], gl.float32, STATS_LAYOUT)"),
-                   ("dq_desc", "_desc_type([BLOCK_M.value, HEAD_DIM.value], gl.float32)"),
+                   ("dq_desc", f"_desc_type([BLOCK_M.value, {'DQ_CHUNK' if decided.split else 'HEAD_DIM'}.value], "
+                               "gl.float32)"),
                    ("dk_ptr", '"*" + str(DTYPE.value)'), ("dk_stride_b", '"i32"'), ("dk_stride_h", '"i32"'),
                    ("dk_stride_s", '"i32"'), ("dv_ptr", '"*" + str(DTYPE.value)'), ("dv_stride_b", '"i32"'),
                    ("dv_stride_h", '"i32"'), ("dv_stride_s", '"i32"'), ("seq_q", '"i32"'), ("seq_k", '"i32"'),

@@ -10,8 +10,8 @@ Ops (roles):
   ``dp``       dP = dO V^T                   tensor core
   ``s_load``   S: TMEM -> registers          Blackwell only
   ``exp``      P  = exp2(S*scale - LSE)      MUFU (Hopper: fp32, in place over S, as FA3)
-  ``p_cvt``    P -> fp16 registers           Hopper only: the register A operand of the dV wgmma
-  ``p_store``  P -> TMEM over S              Blackwell only
+  ``p_cvt``    P -> fp16 registers           Hopper: the register A operand of the dV wgmma
+  ``p_store``  P -> fp16 TMEM over S         Blackwell; Hopper at 64-key blocks: P -> shared memory (dV's A)
   ``dp_load``  dP: TMEM -> registers         Blackwell only
   ``ds``       dS = P * (dP - D), fp16       ALU (reads the fp32 P)
   ``ds_store`` dS -> SMEM (operand of dQ; of dK on Blackwell)
@@ -19,7 +19,8 @@ Ops (roles):
   ``dk``       dK += dS^T Q                  tensor core, in-place accumulator (Hopper: dS from registers)
   ``dq``       dQ  = dS K                    tensor core
   ``dq_load``  dQ: TMEM -> registers         Blackwell only
-  ``dq_store`` dQ -> SMEM staging tile
+  ``dq_store`` dQ -> SMEM staging tile (Hopper at 64-key blocks: chunk by chunk, each reduce-added by the
+               compute warps themselves)
   ``dq_atomic`` TMA reduce-add of dQ into global memory (variable latency, not streaming)
 
 Hopper (FA3 ``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp`` at hdim 128: ``kBlockM`` 64, ``kBlockN`` 128, two
@@ -28,6 +29,14 @@ MMA warp groups, ``SdP_swapAB`` and ``AtomLayoutNdKV`` = 2, hence ``Mma_dKV_is_R
 loop (64 + 64 per thread), S/P and dP are fp32 register tiles (32 each), P and dS are converted to fp16
 register operands of the dV and dK wgmmas (16 each; only dS is stored to shared memory, for dQ), and dQ
 (32) is staged to shared memory for the producer warp's TMA reduce-add (``block_m`` 64).
+
+Hopper at head dim 256 (FA3's hdim-256 configuration as powers of two: 64 query rows, 64 keys, dK and dV
+split by head-dimension halves between the warp groups, P and dS through shared memory): 64 keys are too few
+rows for eight warps, so the warp groups split S^T's queries; each then holds half of P's queries, while dV
+needs them all, so P goes to shared memory (``p_store``) and dV and dK read P and dS from there. dQ
+(64 rows x 256 fp32) is computed ``dq_chunk`` columns at a time (FA3 gives up the TMA reduce of a whole dQ
+tile at hdim 256 for lack of shared memory); each chunk is staged in one of ``DQ_SLOTS`` buffers and
+reduce-added by the compute warps right away (``dq_store``), so there is no ``dq_atomic`` op.
 
 Blackwell follows FA4 (``flash_attn/cute/flash_bwd_sm100.py``, ``block_m`` 128): see :func:`_blackwell`.
 Sub-tiled ops carry the suffixes ``_a``/``_b`` (``s_load``, ``exp``, ``p_store``, ``dp_load``, ``ds``,
@@ -47,9 +56,9 @@ from twill.kernels import _common as k
 from twill.machine.models import Machine
 
 OPTIONS = {
-    "head_dim": KernelOption(int, 128, "head dimension", (64, 128)),
+    "head_dim": KernelOption(int, 128, "head dimension", (64, 128, 256)),
     "block_m": KernelOption(int, 0, "query rows per iteration (0 = 64 on Hopper, 128 on Blackwell)", (0, 64, 128)),
-    "block_n": KernelOption(int, 128, "keys of the resident K/V block", (64, 128)),
+    "block_n": KernelOption(int, 0, "keys of the resident K/V block (0 = 128, 64 at head dim 256)", (0, 64, 128)),
     "dtype": KernelOption(str, "fp16", "Q/K/V dtype", ("fp16", "bf16")),
     "causal": KernelOption(bool, False, "causal mask: a key block meets the query blocks from its diagonal on",
                            (False, True)),
@@ -73,8 +82,12 @@ CVT_OPS_PER_ELEMENT = 0.5
 #: Warps cooperating on each Hopper op (FA3's two MMA warp groups).
 HOPPER_WARPS = 8
 
+#: Columns of dQ per wgmma and staging chunk on Hopper when the whole fp32 dQ tile would not fit shared memory
+#: beside the resident K/V and the rings (head dim 256), and the staging buffers the chunks cycle through.
+HOPPER_DQ_CHUNK, DQ_SLOTS = 64, 1
 
-def build(machine: Machine, *, head_dim: int = 128, block_m: int = 0, block_n: int = 128,
+
+def build(machine: Machine, *, head_dim: int = 128, block_m: int = 0, block_n: int = 0,
           dtype: str = "fp16", causal: bool = False, kv_heads: int = 0) -> LoopGraph:
     """The backward loop body for ``machine`` (see the module docstring). ``causal`` and ``kv_heads`` do
     not change the loop body (the unmasked steady state is the scheduled loop; grouped K/V heads make a CTA
@@ -84,6 +97,7 @@ def build(machine: Machine, *, head_dim: int = 128, block_m: int = 0, block_n: i
                          f"got {kv_heads}")
     tmem = machine.mma_accumulates_in == "tmem"
     block_m = block_m or (128 if tmem else 64)
+    block_n = block_n or (64 if head_dim == 256 else 128)
     resident = 2 * block_n * head_dim * 2                 # K and V tiles, loaded once
     b = GraphBuilder("flash-bwd", attrs={
         "kernel": "flash-bwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
@@ -111,8 +125,15 @@ def _hopper(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, l
     """FA3's hdim-128 configuration (``SdP_swapAB``, ``AtomLayoutNdKV`` = 2 warp groups, so
     ``Mma_dKV_is_RS``): dV and dK read P and dS as fp16 register operands; only dS goes to shared memory
     (for dQ). Per MMA thread (two 4-warp groups, 256 threads): dK, dV 64 each, S/P and dP 32 each (fp32),
-    P and dS in fp16 16 each, dQ 32."""
+    P and dS in fp16 16 each, dQ 32.
+
+    With fewer keys than the eight warps' 128 rows (64 at head dim 256) the warp groups split S^T's queries,
+    so P goes through shared memory (``p_store``), dV and dK read P and dS from there, and dQ is computed,
+    staged and reduce-added ``dq_chunk`` columns at a time by the compute warps (module docstring)."""
     w = HOPPER_WARPS
+    if bn < 16 * w:
+        _hopper_split(b, m, bm, bn, d, dtype, load_q, load_do, load_stats)
+        return
     qk = k.mma(b, m, "qk", "qk", bm, bn, d, dtype, warps=w)
     dp = k.mma(b, m, "dp", "dp", bm, bn, d, dtype, warps=w)
     p = k.exp2(b, m, "exp", "exp", bm, bn, "fp32", in_place=True, warps=w)
@@ -142,6 +163,47 @@ def _hopper(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, l
     b.edge(ds_store, dq)
     b.edge(dq, dq_store, delay=_latency(b, dq), blocking=True)
     b.edge(dq_store, dq_atomic, blocking=True)
+
+
+def _hopper_split(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, load_q: str, load_do: str,
+                  load_stats: str) -> None:
+    """:func:`_hopper` with the warp groups splitting S^T's queries: P and dS in shared memory, dQ in chunks.
+    Per MMA thread at head dim 256: dK, dV 64 each, S/P and dP 16 each, one dQ chunk 16."""
+    w = HOPPER_WARPS
+    chunk = min(d, HOPPER_DQ_CHUNK)
+    b.attrs["dq_chunk"] = chunk
+    qk = k.mma(b, m, "qk", "qk", bm, bn, d, dtype, warps=w)
+    dp = k.mma(b, m, "dp", "dp", bm, bn, d, dtype, warps=w)
+    p = k.exp2(b, m, "exp", "exp", bm, bn, "fp32", in_place=True, warps=w)
+    ds = k.elementwise(b, m, "ds", "ds", bm, bn, dtype, ops_per_element=2.0, warps=w)
+    p_store = k.smem_store(b, m, "p_store", "p_store", bm, bn, dtype, warps=w)
+    ds_store = k.smem_store(b, m, "ds_store", "ds_store", bm, bn, dtype, warps=w)
+    dv = k.mma(b, m, "dv", "dv", bn, d, bm, dtype, accumulator=True, warps=w)
+    dk = k.mma(b, m, "dk", "dk", bn, d, bm, dtype, accumulator=True, warps=w)
+    dq = k.mma(b, m, "dq", "dq", bm, d, bn, dtype, warps=w, chunk_cols=chunk)
+    dq_store = k.smem_store(b, m, "dq_store", "dq_store", bm, d, "fp32", warps=w,
+                            smem_bytes=DQ_SLOTS * k.tile_bytes(bm, chunk, "fp32"))
+    b.edge(load_q, qk, delay=0)
+    b.edge(load_do, dp, delay=0)
+    b.edge(load_stats, p, delay=0)
+    b.edge(load_stats, ds, delay=0)
+    b.edge(qk, p, delay=_latency(b, qk), blocking=True)
+    b.edge(dp, ds, delay=_latency(b, dp), blocking=True)
+    b.edge(p, ds)
+    b.edge(p, p_store)
+    b.edge(ds, ds_store)
+    b.edge(p_store, dv)
+    b.edge(load_do, dv, delay=0)
+    b.edge(dv, dv, distance=1)
+    b.edge(ds_store, dk)
+    b.edge(load_q, dk, delay=0)
+    b.edge(dk, dk, distance=1)
+    b.edge(ds_store, dq)
+    b.edge(dq, dq_store, delay=_latency(b, dq), blocking=True)
+    # the single P and dS buffers: the next iteration overwrites them once dV, dK (and dQ) have read them
+    b.edge(dv, p_store, delay=_latency(b, dv), distance=1)
+    b.edge(dk, ds_store, delay=_latency(b, dk), distance=1)
+    b.edge(dq, ds_store, delay=_latency(b, dq), distance=1)
 
 
 def _blackwell(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, load_q: str, load_do: str,
