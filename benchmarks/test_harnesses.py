@@ -378,3 +378,29 @@ def test_varlen_bench_draws_mixed_lengths_with_one_longest_and_counts_real_token
     assert max(lens) == lens[0] == 8192 and min(lens) >= 16 and 65536 <= sum(lens) < 65536 + 8192
     assert 600 < sum(lens[1:]) / len(lens[1:]) < 1600         # about the mean asked for
     assert causal_flops([3, 5], heads=2, head_dim=4) == 2 * (2 * 9 * 4 + 2 * 25 * 4)
+
+
+def test_op_loop_opcodes_counts_the_op_kernels_main_loops_and_merges_runs(tmp_path, monkeypatch):
+    """One configuration counted for real (the op's D = 256 fp8 forward, compiled for sm_90 on the CPU), then two
+    labelled runs merged into one table."""
+    pytest.importorskip("triton")
+    bench = _benchmark("op_loop_opcodes")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    row = bench.count(256, "fp8e4m3", False, ("PRMT", "F2FP"))
+    assert len(row["loops"]) == 2 and all(loop["instructions"] > 100 for loop in row["loops"])
+    assert all(loop["PRMT"] == 0 and loop["F2FP"] > 0 for loop in row["loops"])
+    monkeypatch.setattr(bench, "CONFIGS", ((256, "fp8e4m3", False),))
+    monkeypatch.setattr(bench, "count", lambda d, dtype, causal, opcodes: {**row, "loops": [
+        {"instructions": 500, "PRMT": 40, "F2FP": 16}]})
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    assert bench.main(["--out", str(before), "--label", "before", "--opcodes", "PRMT,F2FP"]) == 0
+    monkeypatch.setattr(bench, "count", lambda d, dtype, causal, opcodes: row)
+    assert bench.main(["--out", str(after), "--label", "after", "--opcodes", "PRMT,F2FP"]) == 0
+    merged = tmp_path / "merged.json"
+    assert bench.main(["--merge", str(before), str(after), "--out", str(merged)]) == 0
+    doc = json.loads(merged.read_text())
+    assert list(doc["runs"]) == ["before", "after"]
+    lines = bench.table(doc).splitlines()
+    assert lines[0] == "| configuration | run | instructions | PRMT | F2FP |"
+    assert lines[2] == "| D=256 fp8e4m3 | before | 500 | 40 | 16 |"
+    assert lines[3].startswith("| D=256 fp8e4m3 | after | ") and lines[3].endswith(" | 0 | 16 |")

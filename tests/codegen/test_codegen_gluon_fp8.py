@@ -74,11 +74,17 @@ def test_fp8_forward_compiles_to_e4m3_wgmmas(tmp_path, options, ahead, persisten
     assert report["serialized_wgmma"] == 0
     # P becomes the A operand within each thread (fp8_p_operand): the only shuffles are the row reductions'
     # butterflies (and at most one broadcast of the warp index; the cross-thread conversion had 64 and more)
-    ops = [re.sub(r"^@!?U?P\w+\s+", "", i[2]).split(" ")[0] for i in aot.sass_instructions(aot.sass(compiled))]
+    sass = aot.sass(compiled)
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", i[2]).split(" ")[0] for i in aot.sass_instructions(sass)]
     assert ops.count("SHFL.IDX") <= 1 and ops.count("SHFL.BFLY") > 0
-    # the persistent non-causal D = 128 kernel (not one the op runs) spills 256 bytes at ptxas's 168-register
-    # compile of the whole kernel (240 before P took the permuted key order; the bf16 one does not): pinned
-    assert report["spill_bytes"] == (256 if persistent and d == 128 else 0)
+    # P travels as 32-bit registers of four fp8 values (fp8_p_operand, fp8_operand): no byte is unpacked or
+    # repacked in a main loop (an 8-bit P carried over the loop cost about 100 PRMT per warp and iteration)
+    mains = aot.wgmma_loops(sass)[:options["subtiles"]]    # the compute partitions' loops come first
+    assert len(mains) == options["subtiles"] and not any(op.startswith("PRMT") for loop in mains for op in loop)
+    # the persistent non-causal D = 128 kernel (not one the op runs) spills 88 bytes at ptxas's 168-register
+    # compile of the whole kernel (256 while P crossed the loop as bytes, 240 before P took the permuted key
+    # order; the bf16 one does not): pinned
+    assert report["spill_bytes"] == (88 if persistent and d == 128 else 0)
 
 
 def test_fp8_forward_without_descale_drops_the_loads(tmp_path):
@@ -101,7 +107,8 @@ def test_fp8_e5m2_forward_compiles_to_e5m2_wgmmas(tmp_path):
 
 def test_fp8_source_reads_v_transposed_and_scales_by_the_descale_factors():
     source = emit_gluon(_schedule(dtype="fp8e4m3", subtiles=2, kv_heads=2))
-    assert "warpgroup_mma(p_op, v_ring.index(j % V_DEPTH).permute((1, 0)), o, is_async=True)" in source
+    assert ("warpgroup_mma(fp8_operand(p_op, p_layout), v_ring.index(j % V_DEPTH).permute((1, 0)), o, "
+            "is_async=True)") in source
     assert "[b, kv_h, 0, j * BLOCK_N]" in source     # V^T [B, KV_HEADS, D, S_pad]: the K/V head's D rows
     assert "block_scale = qk_scale * gl.load(qk_descale_ptr + bh)" in source
     assert "o = o * gl.convert_layout(v_scale / l_i, row_o)[:, None]" in source
@@ -127,8 +134,8 @@ def test_the_p_operand_key_order_matches_the_pre_pass():
     import numpy as np
 
     source = emit_gluon(_schedule(dtype="fp8e4m3", subtiles=2))
-    assert "p8 = gl.reshape(p.to(DTYPE), [SUB_M, BLOCK_N // 32, 2, 2, 4, 2])" in source
-    assert "p8 = gl.reshape(gl.permute(p8, [0, 1, 2, 4, 3, 5]), [SUB_M, BLOCK_N])" in source
+    assert "p = gl.reshape(p, [SUB_M, BLOCK_N // 32, 2, 2, 4, 2])" in source
+    assert "p = gl.reshape(gl.permute(p, [0, 1, 2, 4, 3, 5]), [SUB_M, BLOCK_N])" in source
     namespace: dict = {}
     start = source.index("def transpose_v(v):")
     exec("import triton\n" + source[start:source.index("\ndef ", start + 1)], namespace)
@@ -144,3 +151,34 @@ def test_the_p_operand_key_order_matches_the_pre_pass():
         p_op = p.reshape(*shape, padded // 32, 2, 2, 4, 2).transpose(0, 1, 2, 3, 4, 6, 5, 7).reshape(*shape, padded)
         expected = p[..., :keys] @ v.numpy()
         np.testing.assert_allclose(p_op @ vt.swapaxes(-1, -2), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_packed_p_holds_each_group_of_four_columns_in_byte_order():
+    """``fp8_p_operand`` splits P's columns 4g..4g + 3 (reshape to [.., 2, 2], split twice: Gluon's split takes
+    the last axis, as numpy's indexing below) and hands them to its cvt pairs in the order that puts column
+    4g + k in byte k (``cvt ... d, a, b`` puts a in the upper byte); ``fp8_operand`` reads byte k as column
+    4g + k, four consecutive columns per operand register."""
+    import numpy as np
+
+    source = emit_gluon(_schedule(dtype="fp8e4m3", subtiles=2))
+    assert "even, odd = gl.split(p)" in source and "c0, c2 = gl.split(even)" in source
+    assert "c1, c3 = gl.split(odd)" in source and "[c0, c1, c2, c3], dtype=gl.int32" in source
+    assert "cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3" in source
+    assert "mov.b32 $0, {lo, hi}" in source and "dtype=gl.float8e4nv, is_pure=True" in source
+    p = np.arange(4 * 64).reshape(4, 64)                       # P' columns (values = their own labels)
+    even, odd = (p.reshape(4, 16, 2, 2)[..., y] for y in (0, 1))
+    c0, c2 = even[..., 0], even[..., 1]
+    c1, c3 = odd[..., 0], odd[..., 1]
+
+    def cvt(a, b):     # cvt.rn.satfinite.e4m3x2.f32 d, a, b: b in the lower byte, a in the upper
+        return [b, a]
+
+    lo, hi = cvt(c1, c0), cvt(c3, c2)                          # the asm's operands $2, $1 and $4, $3
+    packed = np.stack([*lo, *hi], axis=-1)                     # bytes 0..3 of each register (mov.b32 {lo, hi})
+    np.testing.assert_array_equal(packed.reshape(4, 64), p)    # byte k of group g is column 4g + k
+
+
+def test_fp8_e5m2_converts_p_with_its_own_format():
+    source = emit_gluon(_schedule(dtype="fp8e5m2", subtiles=2))
+    assert "cvt.rn.satfinite.e5m2x2.f32" in source and "e4m3" not in source
+    assert "dtype=gl.float8e5, is_pure=True" in source

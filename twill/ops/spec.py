@@ -103,7 +103,7 @@ class KernelSpec:
         D = 128: measured beside FA3 in one run, the persistent kernel of the same schedule was 4-7% faster at
         S = 4k and 8k (docs/performance.md, "FlashAttention-3, same run"); at D = 64 and 256 it was level, and
         those keep one CTA per block. fp8 keeps the causal rule (its non-causal D = 128 persistent kernel
-        spills, 256 bytes); tests/ops/test_ops.py compiles each and checks ptxas's report."""
+        spills, 88 bytes); tests/ops/test_ops.py compiles each and checks ptxas's report."""
         if self.kernel != FORWARD.name or self.varlen:   # varlen: one CTA per block
             return False
         return self.causal or (self.head_dim == 128 and not self.fp8())

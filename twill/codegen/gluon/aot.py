@@ -133,3 +133,22 @@ def sass_loops(text: str) -> list[list[str]]:
             start = label_at[target.group(1)]
             loops.append([i for a, i in instructions if start <= a <= address])
     return loops
+
+
+def wgmma_loops(text: str) -> list[list[str]]:
+    """The opcodes (predicates dropped) of each innermost loop of ``text`` (SASS from :func:`sass`) that issues a
+    wgmma (``HGMMA``, ``QGMMA``): a backward branch's range with one and no shorter such range inside, in
+    address order. A compute partition's main loop is one; they come first in the kernels Twill emits."""
+    parsed = sass_instructions(text)
+    label_at = {name: address for address, labels, _ in parsed for name in labels}
+    ops = [(address, re.sub(r"^@!?U?P\w+\s+", "", inst).split(" ")[0]) for address, _, inst in parsed]
+    ranges = []
+    for address, _, inst in parsed:
+        target = re.search(r"BRA `\(\.(L_x_\d+)\)", inst)
+        if target and label_at.get(target.group(1), address + 1) <= address:
+            start = label_at[target.group(1)]
+            body = [op for a, op in ops if start <= a <= address]
+            if any("GMMA" in op for op in body):
+                ranges.append((start, address, body))
+    return [body for lo, hi, body in ranges
+            if not any((lo, hi) != (l2, h2) and lo <= l2 and h2 <= hi for l2, h2, _ in ranges)]

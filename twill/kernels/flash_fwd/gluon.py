@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twill.codegen.gluon.render import (ATTENTION_HOST, SM_COUNT, TORCH_DTYPES, KernelBody, compute_def,
+from twill.codegen.gluon.render import (ATTENTION_HOST, GL_DTYPES, SM_COUNT, TORCH_DTYPES, KernelBody, compute_def,
                                         heaviest_first_chunks, kv_shape_source, wrap)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_fwd.plan import FP8_DTYPES, PROGRAM_ORDER
@@ -314,22 +314,50 @@ def softmax_source(plan: KernelPlan) -> str:
         step = step.replace("m_i - m_new", "m_i - m_use").replace("m_new[:, None]", "m_use[:, None]")
         step = step.replace("(m_new - P_OFFSET)", "(m_use - P_OFFSET)")
     source = (CAUSAL_SOFTMAX if plan.decisions.causal else SOFTMAX).replace("{STEP}", step)
-    return source + FP8_P_OPERAND if fp8(plan) else source
+    if not fp8(plan):
+        return source
+    fmt = plan.dtype.removeprefix("fp8")    # e4m3 or e5m2: the cvt format and the operand's Gluon dtype
+    return source + FP8_P_OPERAND.replace("FMTx2", f"{fmt}x2").replace("GL_FP8", GL_DTYPES[plan.dtype])
 
 
 #: fp8: P to the k32 wgmma's A operand without moving bytes between threads. In the accumulator layout a thread
 #: holds keys 8i + 2q + {0, 1} of each 32-key group (q = lane % 4); the A operand's thread q takes k = 4q + {0..3}
 #: and 16 + 4q + {0..3}. Read as the A operand, the thread's own keys 32b + 16h + 8i + 2q + j go to column
 #: 32b + 16h + 4q + 2i + j (a reshape and a permute, which Triton lowers within the thread); the launcher's
-#: pre-pass (``transpose_v``) writes V^T's keys in the same order, so P V sums the same products.
+#: pre-pass (``transpose_v``) writes V^T's keys in the same order, so P V sums the same products. The fp8 values
+#: travel as 32-bit registers of four (``fp8_p_operand``: two ``cvt.rn.satfinite.e4m3x2.f32`` (``e5m2x2``) in one
+#: register, the rounding of Triton's own conversion) and become the operand only at the wgmma (``fp8_operand``):
+#: a tensor of 8-bit elements carried over the loop is one register per byte to Triton 3.6's lowering, which
+#: unpacks and repacks it with about 200 PRMT/LOP3 per warp and iteration at D = 128 (docs/codegen.md, "fp8
+#: attention forward").
 FP8_P_OPERAND = """
 @gluon.jit
 def fp8_p_operand(p, p_layout: gl.constexpr):
     \"\"\"P (fp32, wgmma accumulator layout) as the fp8 A operand of O += P V, with the keys of each 32-key group
-    in the order the pre-pass's V^T holds them (key 32b + 16h + 8i + 2q + j at column 32b + 16h + 4q + 2i + j).\"\"\"
-    p8 = gl.reshape(p.to(DTYPE), [SUB_M, BLOCK_N // 32, 2, 2, 4, 2])  # key = 32b + 16h + 8i + 2q + j
-    p8 = gl.reshape(gl.permute(p8, [0, 1, 2, 4, 3, 5]), [SUB_M, BLOCK_N])  # column = 32b + 16h + 4q + 2i + j
-    return gl.convert_layout(p8, p_layout)
+    in the order the pre-pass's V^T holds them (key 32b + 16h + 8i + 2q + j at column 32b + 16h + 4q + 2i + j),
+    packed four columns 4g..4g + 3 to an int32 [SUB_M, BLOCK_N // 4] (column 4g + k in byte k): fp8_operand
+    makes it the operand.\"\"\"
+    p = gl.reshape(p, [SUB_M, BLOCK_N // 32, 2, 2, 4, 2])  # key = 32b + 16h + 8i + 2q + j
+    p = gl.reshape(gl.permute(p, [0, 1, 2, 4, 3, 5]), [SUB_M, BLOCK_N])  # column = 32b + 16h + 4q + 2i + j
+    p = gl.reshape(gl.convert_layout(p, p_layout), [SUB_M, BLOCK_N // 4, 2, 2])  # within the thread
+    even, odd = gl.split(p)  # columns 4g + {0, 2}, 4g + {1, 3}
+    c0, c2 = gl.split(even)
+    c1, c3 = gl.split(odd)
+    # cvt.rn.satfinite.FMTx2.f32 d, a, b puts a in the upper byte of d
+    return gl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.FMTx2.f32 lo, $2, $1; cvt.rn.satfinite.FMTx2.f32 hi, $4, $3; "
+        "mov.b32 $0, {lo, hi}; }", "=r,r,r,r,r", [c0, c1, c2, c3], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def fp8_operand(packed, p_layout: gl.constexpr):
+    \"\"\"The fp8 A operand [SUB_M, BLOCK_N] in p_layout of fp8_p_operand's packed P: each column 4g + k reads
+    byte k of its group's register, four consecutive columns per operand register (k_width 4), so the
+    register is the operand's as it is.\"\"\"
+    pair = gl.join(packed, packed)
+    packed = gl.convert_layout(gl.reshape(gl.join(pair, pair), [SUB_M, BLOCK_N]), p_layout)
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [packed], dtype=gl.GL_FP8, is_pure=True,
+                                     pack=4)
 """
 
 
@@ -521,9 +549,13 @@ class _Compute:
             f"{ind}mbarrier.wait(v_ready.index({index}), {phase})  # ready: V tile {j} ({self.whys('ready', 'pv')})",
             *self.turn_before("pv", ind, counter),
             f"{ind}# {self.placed('pv')}",
-            f"{ind}o_tok = warpgroup_mma(p_op, {self.v_operand(index)}, o, is_async=True)",
+            f"{ind}o_tok = warpgroup_mma({self.p_operand()}, {self.v_operand(index)}, o, is_async=True)",
             *self.turn_after("pv", ind, counter),
         ]
+
+    def p_operand(self) -> str:
+        """The A operand of ``O += P V``: ``p_op``, or (fp8) its packed registers as the fp8 operand."""
+        return "fp8_operand(p_op, p_layout)" if self.fp8 else "p_op"
 
     def v_operand(self, index: str) -> str:
         """The B operand of ``O += P V``: the V tile, or (fp8) the transposed view of the pre-pass's V^T tile,
