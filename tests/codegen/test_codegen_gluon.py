@@ -318,6 +318,7 @@ def test_persistent_attention_compiles_with_the_schedules_rings_and_turns(tmp_pa
     # one more mbarrier, the item slot and the scalars the partitions capture (the strides of O), no buffer
     assert base.shared < facts.shared <= base.shared + 128
     assert "persistent: the launcher starts min(query blocks, SMs) CTAs and a zeroed work_counter" in source
+    assert "work_counter = _work_counter(q.device)" in source and "torch.zeros(1" not in source
     assert "mbarrier.wait(q_empty, (t & 1) ^ 1)" in source and "mbarrier.arrive(q_empty)" in source
     assert "first += n_tiles" in source and "(first + j) % V_DEPTH" in source
     if sched.warps and len([g for g in sched.warps if g.role != "load"]) > 1:
@@ -343,6 +344,11 @@ def test_persistent_attention_claims_items_and_hands_them_over_behind_q_bar(tmp_
     claim = code.index('item = gl.atomic_add(work_counter, 1, sem="relaxed") + gl.num_programs(0)')
     kv_loop = code.index("for j in range(first, first + n_tiles):")
     assert kv_loop < claim and len(load[claim]) - len(load[claim].lstrip()) == 8   # after the loop, once a block
+    # the last CTA to finish claiming zeroes both counters for the next launch: after the exit's hand-over
+    done = code.index('done = gl.atomic_add(work_counter + 1, 1, sem="acq_rel")')
+    assert claim < done and code[done + 1] == "if done == gl.num_programs(0) - 1:"
+    assert code[done + 2:done + 4] == ['gl.atomic_xchg(work_counter, 0, sem="relaxed")',
+                                       'gl.atomic_xchg(work_counter + 1, 0, sem="relaxed")']
     writes = [k for k, line in enumerate(code) if line == "write_item(item_smem, item)"]
     assert len(writes) == 2                                  # each block's item, then the exit item
     for k in writes:
@@ -354,6 +360,8 @@ def test_persistent_attention_claims_items_and_hands_them_over_behind_q_bar(tmp_
     assert sum(line.strip() == "while item < n_items:" for line in load + compute) == 2
     ptx = aot.compile_sm90(module).asm["ptx"]
     assert len(re.findall(r"atom\.global\.gpu\.relaxed\.add", ptx)) == 1
+    assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add", ptx)) == 1
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.exch", ptx)) == 2
 
 
 def test_persistent_is_gemm_and_attention_forward_only():

@@ -88,3 +88,30 @@ def test_a_training_steps_attention_replays_in_a_cuda_graph(causal, hkv):
     assert relerr(captured[0], ref) < 1e-2
     for got, want in zip(captured[1:], grads):
         assert relerr(got, want) < 2e-2
+
+
+def test_the_persistent_work_counters_are_left_zero_and_kept_per_stream():
+    """The persistent forward's work counters: the kernel's last CTA to finish claiming zeroes them, so launch
+    after launch on one stream (grids of different sizes, fresh data) reuses one pair and stays correct, and a
+    launch on another stream, running beside them, takes its own pair."""
+    module = kernel_module(KernelSpec("flash-fwd", 128, "bf16", True, 0))
+    module._WORK_COUNTERS.clear()
+    for b, s in ((2, 1000), (1, 77), (4, 2048), (2, 1000)):
+        q, k, v = _qkv(b, 8, s, 128)
+        out = module.launch(q, k, v, sm_scale=0.1)
+        assert relerr(out, reference(q, k, v, True, 0.1)[0]) < 1e-2, (b, s)
+    torch.cuda.synchronize()
+    assert len(module._WORK_COUNTERS) == 1
+    assert all(int(c.abs().sum()) == 0 for c in module._WORK_COUNTERS.values())
+    side = torch.cuda.Stream()
+    q, k, v = _qkv(4, 8, 2048, 128)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        beside = module.launch(q, k, v, sm_scale=0.1)
+    here = module.launch(q, k, v, sm_scale=0.1)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert len(module._WORK_COUNTERS) == 2
+    ref = reference(q, k, v, True, 0.1)[0]
+    assert relerr(beside, ref) < 1e-2 and relerr(here, ref) < 1e-2
+    assert all(int(c.abs().sum()) == 0 for c in module._WORK_COUNTERS.values())

@@ -380,8 +380,9 @@ def launch_source(plan: KernelPlan) -> str:
             extra_args=group_arg + chunks).lstrip("\n")
     grid = ("    blocks = triton.cdiv(S, BLOCK_M.value) * B * H\n"
             "    grid = (min(blocks, _sm_count(q.device.index)),)  # persistent: at most one CTA per SM\n"
-            "    # work items claimed after each CTA's first: zeroed for every launch (nothing carries over)\n"
-            "    work_counter = torch.zeros(1, dtype=torch.int32, device=q.device)"
+            "    # work items claimed after each CTA's first, and CTAs done claiming: zero before each launch (the\n"
+            "    # kernel's last CTA zeroes them for the next), one pair per device and stream\n"
+            "    work_counter = _work_counter(q.device)"
             if plan.persistent else "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)")
     chunks = (",\n            max(1, _sm_count(q.device.index) // triton.cdiv(S, BLOCK_M.value))"
               if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
@@ -847,9 +848,16 @@ def body(plan: KernelPlan) -> KernelBody:
                         "    # completes q_bar's phase) once they are done with the last block's item",
                         "    mbarrier.wait(q_empty, (t & 1) ^ 1)",
                         "    write_item(item_smem, item)",
-                        "    mbarrier.arrive(q_bar)"),
+                        "    mbarrier.arrive(q_bar)",
+                        "    # every CTA claims past the last item exactly once; the last CTA to do so zeroes both",
+                        "    # counters for the launch after it (no claim of this launch follows: acq_rel orders each",
+                        "    # CTA's claims before its count), so the launcher zeroes nothing",
+                        "    done = gl.atomic_add(work_counter + 1, 1, sem=\"acq_rel\")",
+                        "    if done == gl.num_programs(0) - 1:",
+                        "        gl.atomic_xchg(work_counter, 0, sem=\"relaxed\")",
+                        "        gl.atomic_xchg(work_counter + 1, 0, sem=\"relaxed\")"),
             compute_params=PERSISTENT_COMPUTE_PARAMS + group + chunked + fp8_params,
-            launch=SM_COUNT.strip("\n") + "\n\n" + launch_source(plan),
+            launch=SM_COUNT.strip("\n") + "\n\n" + WORK_COUNTER.strip("\n") + "\n\n" + launch_source(plan),
         )
     else:
         walk = dict(
@@ -1038,11 +1046,33 @@ def _coords_args(plan: KernelPlan) -> str:
             + (", group" if plan.decisions.kv_heads else ""))
 
 
+#: Host helper of the persistent attention launchers: the work counters, kept per device and stream.
+WORK_COUNTER = '''
+_WORK_COUNTERS = {}
+
+
+def _work_counter(device):
+    """The persistent kernel's two int32 counters on ``device`` for the current stream: work items claimed and
+    CTAs done claiming. Zeroed when made, and every launch leaves them zeroed (its last CTA to finish claiming
+    resets them), so the launches of one stream, or of one CUDA graph, take turns on one pair with no zeroing
+    launch; launches that may run at once, in different streams, have different pairs."""
+    import torch
+    from triton.runtime import driver
+
+    key = (device.index, driver.active.get_current_stream(device.index))
+    counter = _WORK_COUNTERS.get(key)
+    if counter is None:
+        counter = _WORK_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return counter
+'''
+
+
 def _persistent_decisions(plan: KernelPlan) -> tuple[str, ...]:
     """Header lines of the persistent kernel: how it walks its query blocks."""
     if not plan.persistent:
         return ()
-    return ("persistent: the launcher starts min(query blocks, SMs) CTAs and a zeroed work_counter; CTA pid",
+    return ("persistent: the launcher starts min(query blocks, SMs) CTAs and a zeroed work_counter (its pair of",
+            "  counters per device and stream, which the kernel's last CTA to finish claiming zeroes again); CTA pid",
             "  takes work item pid first, then the producer claims the next one (atomic add on work_counter, plus",
             "  grid) once it has issued the block's loads: items are handed out in block_coords order (the",
             "  one-CTA-per-block order), so the CTAs running at a time work on neighbouring blocks of one head;",
