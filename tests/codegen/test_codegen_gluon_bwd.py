@@ -213,6 +213,28 @@ def test_backward_helper_kernels_compile(tmp_path):
     assert stores["zero"] > stores["lse"] > stores["plain"]
 
 
+def test_backward_helper_kernels_take_fewer_rows_at_head_dim_256(tmp_path):
+    """The pre-pass holds O and dO of its rows in fp32 registers: 64 rows of 256 would spill (128 registers per
+    thread each), so at head dim 256 a program takes 32 rows; both helpers compile without spills."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from twill.tune.spills import ptxas_report
+
+    assert re.search(r"^PRE_ROWS\s+= gl.constexpr\(64\)", _write(tmp_path, _schedule(), "d128").read_text(), re.M)
+    module = load_emitted(str(_write(tmp_path, _schedule(head_dim=256), "h256")), "twill_test_bwd_helpers256")
+    assert module.PRE_ROWS.value == 32
+    strides = lambda name: {f"{name}_stride_{d}": "i32" for d in "bhs"}  # noqa: E731
+    pre = {"o_ptr": "*fp16", **strides("o"), "do_ptr": "*fp16", **strides("do"), "delta_ptr": "*fp32",
+           "lse_ptr": "*fp32", **strides("lse"), "lse_out_ptr": "*fp32", "dq_acc_ptr": "*fp32", "seq_q": "i32",
+           "s_pad": "i32"}
+    for fn, sig in ((module.preprocess_kernel, pre),
+                    (module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", **strides("dq"), "seq_q": "i32",
+                                                "s_pad": "i32", "sm_scale": "fp32"})):
+        compiled = triton.compile(GluonASTSource(fn, sig), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        assert ptxas_report(compiled.asm["ptx"], 90)["spill_bytes"] == 0, fn.__name__
+
+
 def _two_stage(sched, ops):
     """``sched`` with ``ops`` (and the producer's dq_atomic) one II later: the next stage."""
     starts = dict(sched.starts)

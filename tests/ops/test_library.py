@@ -227,14 +227,19 @@ def test_the_real_implementation_checks_the_device_first():
     with FakeTensorMode():
         cuda = torch.empty(1, 2, 16, 64, device="cuda", dtype=torch.float16)
     capability = torch.cuda.get_device_capability
-    try:
+    try:   # the capability is asked once per device and kept
         torch.cuda.get_device_capability = lambda device=None: (8, 0)
+        flash._capability.cache_clear()
         with pytest.raises(UnsupportedFeatureError, match=r"generated for Hopper \(sm_90\); cuda:0 is sm_80"):
             flash.check_device(cuda, cuda)
         torch.cuda.get_device_capability = lambda device=None: (9, 0)
+        with pytest.raises(UnsupportedFeatureError, match="cuda:0 is sm_80"):
+            flash.check_device(cuda, cuda)
+        flash._capability.cache_clear()
         flash.check_device(cuda, cuda)
     finally:
         torch.cuda.get_device_capability = capability
+        flash._capability.cache_clear()
 
 
 def test_importing_twill_ops_imports_no_torch_and_the_ops_register_once():

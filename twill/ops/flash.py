@@ -338,7 +338,15 @@ def check_device(*tensors: Any) -> None:
     for t in tensors:
         if t.device.type != "cuda":
             raise _unsupported(f"a tensor is on {t.device}; the kernels run on a CUDA (Hopper) GPU")
-    capability = torch.cuda.get_device_capability(tensors[0].device)
+    capability = _capability(tensors[0].device.index)
     if capability != (9, 0):
         raise _unsupported(f"the kernels are generated for Hopper (sm_90); {tensors[0].device} is "
                            f"sm_{capability[0]}{capability[1]}")
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int | None) -> tuple[int, int]:
+    """The compute capability of CUDA device ``index`` (None: the current one), asked once per device."""
+    import torch
+
+    return torch.cuda.get_device_capability(index)

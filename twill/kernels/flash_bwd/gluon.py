@@ -57,8 +57,14 @@ IMPORTS = """\
 from triton._C.libtriton import ir
 from triton.experimental.gluon.language._core import builtin
 """
-#: Rows per program of the dO·O pre-pass and of the dQ conversion.
+#: Rows per program of the dO·O pre-pass and of the dQ conversion at head dim 128 or less; half as many at 256,
+#: where 64 rows of O and dO in fp32 (128 registers per thread each) spill.
 PRE_ROWS = 64
+
+
+def pre_rows(head_dim: int) -> int:
+    """Rows per program of the pre-pass and the dQ conversion: 64 x 128 elements of O and dO at most."""
+    return PRE_ROWS * 128 // max(128, head_dim)
 
 HELPERS = """
 @gluon.jit
@@ -395,8 +401,8 @@ class _Compute:
                  f"_, prow, _ = query_block({i}, {BLOCK_ARGS})  # the query block's first row of the dQ "
                  f"accumulator",
                  "for c in gl.static_range(HEAD_DIM // DQ_CHUNK):",
-                 "    dqv_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(c * DQ_CHUNK, DQ_CHUNK, 1), dq_zero,",
-                 "                            use_acc=False, is_async=True)",
+                 "    k_cols = k_smem.slice(c * DQ_CHUNK, DQ_CHUNK, 1)  # K's chunk columns (B of dQ = dS K)",
+                 "    dqv_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)",
                  "    dqv = warpgroup_mma_wait(0, deps=[dqv_tok])",
                  "    tma.store_wait(DQ_SLOTS - 1)  # the reduce that last read this slot has read it",
                  "    gl.thread_barrier()",
@@ -447,26 +453,17 @@ class _Compute:
         head = compute_def(self.plan, SPLIT_COMPUTE_PARAMS if self.split else COMPUTE_PARAMS, (),
                            f"Warp group {part.group} ({part.num_warps} warps, two wgmma warp groups cooperating on "
                            f"every tile): dK and dV of the key block over its query blocks.")
-        if self.split:   # 64 key rows: the warp groups split S^T's queries and dK's, dV's head dimension
-            layouts = [
-                "    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],",
-                "                                                        instr_shape=[16, BLOCK_M // 2, 16])",
-                "    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],",
-                "                                                        instr_shape=[16, HEAD_DIM // 2, 16])"]
-        else:
-            layouts = [
-                "    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
-                "                                                        instr_shape=[16, BLOCK_M, 16])",
-                "    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[COMPUTE_WARPS, 1],",
-                "                                                        instr_shape=[16, HEAD_DIM, 16])"]
+        # 64 key rows (split queries): the warp groups split S^T's queries and dK's, dV's head dimension
+        warps, half = ("[4, 2]", " // 2") if self.split else ("[COMPUTE_WARPS, 1]", "")
+        layouts = [*_accumulator_layout("st_layout", warps, "BLOCK_M" + half),
+                   *_accumulator_layout("kv_layout", warps, "HEAD_DIM" + half)]
         operand = ([] if self.split else
                    ["    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)"])
         drain = (["    tma.store_wait(0)  # the last dQ reduces have read their staging buffers"] if self.split
                  else [])
         lines = head + [
             *layouts,
-            f"    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta={list(dq_warps)},",
-            f"                                                        instr_shape=[16, {dq_n}, 16])",
+            *_accumulator_layout("dq_layout", str(list(dq_warps)), dq_n),
             *operand,
             "    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
             "    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, kv_layout)",
@@ -493,6 +490,12 @@ class _Compute:
             "    gl.store(dv_ptr + dv_offs, dv.to(DTYPE), mask=mask)",
         ]
         return "\n".join(lines) + "\n"
+
+
+def _accumulator_layout(name: str, warps: str, n: str) -> list[str]:
+    """The lines declaring the wgmma accumulator layout ``name`` with ``warps`` and instruction width ``n``."""
+    return [f"    {name}: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta={warps},",
+            f"{' ' * 56}instr_shape=[16, {n}, 16])"]
 
 
 def dq_warps_of(plan: KernelPlan) -> tuple[int, int]:
@@ -625,7 +628,7 @@ def body(plan: KernelPlan) -> KernelBody:
         operands = ("layouts: S^T, dP^T, dK, dV in the wgmma accumulator layout (warps along keys); P^T, dS^T as "
                     "register A operands of dV, dK; dS^T in shared memory for dQ = dS K")
     extra = [*staging,
-             ("PRE_ROWS", PRE_ROWS, "rows per program of the dO.O pre-pass and the dQ conversion"),
+             ("PRE_ROWS", pre_rows(t["head_dim"]), "rows per program of the dO.O pre-pass and the dQ conversion"),
              ("LOG2E", 1.4426950408889634, "the kernel runs in base 2; LSE is a natural log")]
     if decided.kv_heads:
         extra.append(("KV_HEADS", decided.kv_heads, "K/V heads (grouped-query: a CTA sums dK/dV over the query heads "

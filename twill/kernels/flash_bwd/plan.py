@@ -149,9 +149,10 @@ def _check_bwd_stages(schedule: Schedule, compute: Partition, backend: str) -> N
 def _check_bwd_smem(schedule: Schedule, tile: dict[str, int], rings: list[Ring], dq_depth: int, dq_chunk: int,
                     backend: str) -> None:
     """Resident K and V, the Q/dO/stats rings, the dS tile (and the P tile of the split-query backward), the dQ
-    staging buffers (whole tiles, or ``dq_chunk`` columns each) and the mbarriers must fit shared memory. Each buffer and the barriers are counted in whole KiB (the allocator aligns the swizzled
-    tiles): buffers of exactly the 232 448 bytes of an H200 block (128-row tiles, 3-deep rings) need 233 004
-    with their 23 barriers, and Triton refuses that kernel only at launch."""
+    staging buffers (whole tiles, or ``dq_chunk`` columns each) and the mbarriers must fit shared memory. Each
+    buffer and the barriers are counted in whole KiB (the allocator aligns the swizzled tiles): buffers of
+    exactly the 232 448 bytes of an H200 block (128-row tiles, 3-deep rings) need 233 004 with their 23
+    barriers, and Triton refuses that kernel only at launch."""
     capacity = get_machine(schedule.arch).smem_per_block
     bm, bn, d = tile["block_m"], tile["block_n"], tile["head_dim"]
     buffer = {"q": bm * d * 2, "do": bm * d * 2, "stats": 2 * bm * 4}
