@@ -69,16 +69,17 @@ def test_fp8_forward_kernels_of_the_op_compile_to_e4m3_wgmmas_without_spills(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_kernels_of_the_op_are_emitted(tmp_path, head_dim, causal):
     """Every backward the op can ask for is a schedule the Gluon generator emits (shipped, verified, planned),
     with FA3's tile (128 query rows at D = 64, which the model's register count refuses: the ptxas-checked
-    search finds it), and ptxas compiles it without spilling."""
+    search finds it; 64 keys at D = 256), and ptxas compiles it without spilling."""
     spec = KernelSpec("flash-bwd", head_dim, "fp16", causal, 0)
     source = flash._generate(spec)
     assert "def launch(" in source and "def preprocess(" in source
-    assert f"tile block_m={spec.block_m()} block_n=128 head_dim={head_dim}" in source
+    block_n = 64 if head_dim == 256 else 128
+    assert f"tile block_m={spec.block_m()} block_n={block_n} head_dim={head_dim}" in source
     path = tmp_path / "bwd.py"
     path.write_text(source)
     kernel = aot.compile_sm90(load_emitted(str(path), f"twill_test_ops_bwd_{head_dim}_{causal}"))
