@@ -131,58 +131,25 @@ def _hopper(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, l
     so P goes through shared memory (``p_store``), dV and dK read P and dS from there, and dQ is computed,
     staged and reduce-added ``dq_chunk`` columns at a time by the compute warps (module docstring)."""
     w = HOPPER_WARPS
-    if bn < 16 * w:
-        _hopper_split(b, m, bm, bn, d, dtype, load_q, load_do, load_stats)
-        return
+    split = bn < 16 * w    # the warp groups split S^T's queries: P and dS in shared memory, dQ in chunks
+    chunk = min(d, HOPPER_DQ_CHUNK) if split else None
+    if split:
+        b.attrs["dq_chunk"] = chunk
     qk = k.mma(b, m, "qk", "qk", bm, bn, d, dtype, warps=w)
     dp = k.mma(b, m, "dp", "dp", bm, bn, d, dtype, warps=w)
     p = k.exp2(b, m, "exp", "exp", bm, bn, "fp32", in_place=True, warps=w)
     ds = k.elementwise(b, m, "ds", "ds", bm, bn, dtype, ops_per_element=2.0, warps=w)
-    p_cvt = k.elementwise(b, m, "p_cvt", "p_cvt", bm, bn, dtype, ops_per_element=CVT_OPS_PER_ELEMENT, warps=w)
-    ds_store = k.smem_store(b, m, "ds_store", "ds_store", bm, bn, dtype, warps=w)
-    dv = k.mma(b, m, "dv", "dv", bn, d, bm, dtype, accumulator=True, warps=w)
-    dk = k.mma(b, m, "dk", "dk", bn, d, bm, dtype, accumulator=True, warps=w)
-    dq = k.mma(b, m, "dq", "dq", bm, d, bn, dtype, warps=w)
-    dq_store = k.smem_store(b, m, "dq_store", "dq_store", bm, d, "fp32", warps=w)
-    dq_atomic = k.tma_reduce(b, m, "dq_atomic", "dq_atomic", bm, d, "fp32")
-    b.edge(load_q, qk, delay=0)
-    b.edge(load_do, dp, delay=0)
-    b.edge(load_stats, p, delay=0)
-    b.edge(load_stats, ds, delay=0)
-    b.edge(qk, p, delay=_latency(b, qk), blocking=True)
-    b.edge(dp, ds, delay=_latency(b, dp), blocking=True)
-    b.edge(p, ds)
-    b.edge(p, p_cvt)
-    b.edge(ds, ds_store)
-    b.edge(p_cvt, dv)
-    b.edge(load_do, dv, delay=0)
-    b.edge(dv, dv, distance=1)
-    b.edge(ds, dk)
-    b.edge(load_q, dk, delay=0)
-    b.edge(dk, dk, distance=1)
-    b.edge(ds_store, dq)
-    b.edge(dq, dq_store, delay=_latency(b, dq), blocking=True)
-    b.edge(dq_store, dq_atomic, blocking=True)
-
-
-def _hopper_split(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, load_q: str, load_do: str,
-                  load_stats: str) -> None:
-    """:func:`_hopper` with the warp groups splitting S^T's queries: P and dS in shared memory, dQ in chunks.
-    Per MMA thread at head dim 256: dK, dV 64 each, S/P and dP 16 each, one dQ chunk 16."""
-    w = HOPPER_WARPS
-    chunk = min(d, HOPPER_DQ_CHUNK)
-    b.attrs["dq_chunk"] = chunk
-    qk = k.mma(b, m, "qk", "qk", bm, bn, d, dtype, warps=w)
-    dp = k.mma(b, m, "dp", "dp", bm, bn, d, dtype, warps=w)
-    p = k.exp2(b, m, "exp", "exp", bm, bn, "fp32", in_place=True, warps=w)
-    ds = k.elementwise(b, m, "ds", "ds", bm, bn, dtype, ops_per_element=2.0, warps=w)
-    p_store = k.smem_store(b, m, "p_store", "p_store", bm, bn, dtype, warps=w)
+    if split:   # P^T to shared memory, the A operand of dV there
+        p_op = k.smem_store(b, m, "p_store", "p_store", bm, bn, dtype, warps=w)
+    else:       # P^T to fp16 registers, the register A operand of dV
+        p_op = k.elementwise(b, m, "p_cvt", "p_cvt", bm, bn, dtype, ops_per_element=CVT_OPS_PER_ELEMENT, warps=w)
     ds_store = k.smem_store(b, m, "ds_store", "ds_store", bm, bn, dtype, warps=w)
     dv = k.mma(b, m, "dv", "dv", bn, d, bm, dtype, accumulator=True, warps=w)
     dk = k.mma(b, m, "dk", "dk", bn, d, bm, dtype, accumulator=True, warps=w)
     dq = k.mma(b, m, "dq", "dq", bm, d, bn, dtype, warps=w, chunk_cols=chunk)
     dq_store = k.smem_store(b, m, "dq_store", "dq_store", bm, d, "fp32", warps=w,
-                            smem_bytes=DQ_SLOTS * k.tile_bytes(bm, chunk, "fp32"))
+                            smem_bytes=DQ_SLOTS * k.tile_bytes(bm, chunk, "fp32") if split else None)
+    dq_atomic = None if split else k.tma_reduce(b, m, "dq_atomic", "dq_atomic", bm, d, "fp32")
     b.edge(load_q, qk, delay=0)
     b.edge(load_do, dp, delay=0)
     b.edge(load_stats, p, delay=0)
@@ -190,20 +157,22 @@ def _hopper_split(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: 
     b.edge(qk, p, delay=_latency(b, qk), blocking=True)
     b.edge(dp, ds, delay=_latency(b, dp), blocking=True)
     b.edge(p, ds)
-    b.edge(p, p_store)
+    b.edge(p, p_op)
     b.edge(ds, ds_store)
-    b.edge(p_store, dv)
+    b.edge(p_op, dv)
     b.edge(load_do, dv, delay=0)
     b.edge(dv, dv, distance=1)
-    b.edge(ds_store, dk)
+    b.edge(ds_store if split else ds, dk)    # dS^T from shared memory, or as a register operand
     b.edge(load_q, dk, delay=0)
     b.edge(dk, dk, distance=1)
     b.edge(ds_store, dq)
     b.edge(dq, dq_store, delay=_latency(b, dq), blocking=True)
-    # the single P and dS buffers: the next iteration overwrites them once dV, dK (and dQ) have read them
-    b.edge(dv, p_store, delay=_latency(b, dv), distance=1)
-    b.edge(dk, ds_store, delay=_latency(b, dk), distance=1)
-    b.edge(dq, ds_store, delay=_latency(b, dq), distance=1)
+    if dq_atomic is not None:
+        b.edge(dq_store, dq_atomic, blocking=True)
+    if split:   # the single P and dS buffers: the next iteration overwrites them once dV, dK, dQ have read them
+        b.edge(dv, p_op, delay=_latency(b, dv), distance=1)
+        b.edge(dk, ds_store, delay=_latency(b, dk), distance=1)
+        b.edge(dq, ds_store, delay=_latency(b, dq), distance=1)
 
 
 def _blackwell(b: GraphBuilder, m: Machine, bm: int, bn: int, d: int, dtype: str, load_q: str, load_do: str,
