@@ -27,8 +27,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-#: (head dim, dtype, causal) of the configurations counted by default: the op's fp8 forwards.
-CONFIGS = tuple((d, "fp8e4m3", causal) for d in (64, 128, 256) for causal in (False, True))
+#: Head dims and masks of the configurations counted, in the dtype of ``--dtype`` (default: the op's fp8 forwards).
+HEAD_DIMS, MASKS = (64, 128, 256), (False, True)
 #: Opcodes counted by default: the byte permutes, logic and shifts of P's conversion, the conversions, shuffles.
 OPCODES = ("PRMT", "LOP3", "SHF", "F2FP", "SHFL")
 
@@ -48,9 +48,9 @@ def count(head_dim: int, dtype: str, causal: bool, opcodes: tuple[str, ...]) -> 
     return {"head_dim": head_dim, "dtype": dtype, "causal": causal, "module": path.name, "loops": rows}
 
 
-def run(out: str, label: str, opcodes: tuple[str, ...]) -> dict[str, Any]:
-    """Count every configuration of :data:`CONFIGS` into ``out`` (a scratch kernel cache, so the op's own cache
-    stays as it is)."""
+def run(out: str, label: str, opcodes: tuple[str, ...], dtype: str = "fp8e4m3") -> dict[str, Any]:
+    """Count every head dim and mask (:data:`HEAD_DIMS`, :data:`MASKS`) of ``dtype`` into ``out`` (a scratch
+    kernel cache, so the op's own cache stays as it is)."""
     import subprocess
 
     import triton
@@ -59,7 +59,7 @@ def run(out: str, label: str, opcodes: tuple[str, ...]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="twill-op-loops-") as cache:
         os.environ["XDG_CACHE_HOME"] = cache
         try:
-            rows = [count(d, dtype, causal, opcodes) for d, dtype, causal in CONFIGS]
+            rows = [count(d, dtype, causal, opcodes) for d in HEAD_DIMS for causal in MASKS]
         finally:
             if saved is None:
                 del os.environ["XDG_CACHE_HOME"]
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="where to write the JSON result")
     parser.add_argument("--label", default="current", help="the run's name in the result (default: current)")
     parser.add_argument("--opcodes", default=",".join(OPCODES), help="comma-separated opcodes to count")
+    parser.add_argument("--dtype", default="fp8e4m3", choices=("fp8e4m3", "fp16", "bf16"),
+                        help="the kernels' dtype (default fp8e4m3)")
     parser.add_argument("--merge", nargs="+", metavar="FILE", help="merge these result files into --out instead")
     args = parser.parse_args(argv)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         merge(args.out, args.merge)
     else:
-        run(args.out, args.label, tuple(o for o in args.opcodes.split(",") if o))
+        run(args.out, args.label, tuple(o for o in args.opcodes.split(",") if o), args.dtype)
     return 0
 
 

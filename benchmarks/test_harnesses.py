@@ -389,7 +389,8 @@ def test_op_loop_opcodes_counts_the_op_kernels_main_loops_and_merges_runs(tmp_pa
     row = bench.count(256, "fp8e4m3", False, ("PRMT", "F2FP"))
     assert len(row["loops"]) == 2 and all(loop["instructions"] > 100 for loop in row["loops"])
     assert all(loop["PRMT"] == 0 and loop["F2FP"] > 0 for loop in row["loops"])
-    monkeypatch.setattr(bench, "CONFIGS", ((256, "fp8e4m3", False),))
+    monkeypatch.setattr(bench, "HEAD_DIMS", (256,))
+    monkeypatch.setattr(bench, "MASKS", (False,))
     monkeypatch.setattr(bench, "count", lambda d, dtype, causal, opcodes: {**row, "loops": [
         {"instructions": 500, "PRMT": 40, "F2FP": 16}]})
     before, after = tmp_path / "before.json", tmp_path / "after.json"
