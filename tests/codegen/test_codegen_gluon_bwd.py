@@ -235,6 +235,53 @@ def test_backward_helper_kernels_take_fewer_rows_at_head_dim_256(tmp_path):
         assert ptxas_report(compiled.asm["ptx"], 90)["spill_bytes"] == 0, fn.__name__
 
 
+@pytest.mark.parametrize("head_dim,dtype,causal,kv_heads", [(128, "fp16", False, 0), (64, "bf16", True, 2),
+                                                           (256, "bf16", True, 0)])
+def test_varlen_backward_reads_each_sequence_where_it_lies(tmp_path, head_dim, dtype, causal, kv_heads):
+    """The varlen backward of the op's shipped schedules (a code-generator attribute: the same loop and
+    schedule; the D = 64 one in two stages, FA3's 128 query rows): the kernel takes the sequences' offsets and
+    padded stats offsets instead of lengths, loads Q/dO and K/V at the sequence's rows of the packed
+    [1, heads, total, D] views, leaves a key block past its sequence at once, stores dK and dV at the sequence's
+    rows, and it and its pre-pass and dQ conversion (packed forms) compile without spills."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from twill.ops import shipped
+    from twill.ops.spec import KernelSpec
+    from twill.tune.spills import ptxas_report
+
+    spec = KernelSpec("flash-bwd", head_dim, dtype, causal, kv_heads, varlen=True)
+    sched, _ = shipped.load(spec, shipped.spec_graph(spec))
+    options = {"head_dim": head_dim, "dtype": dtype, "causal": causal, "kv_heads": kv_heads}
+    plan = gluon_plan(sched)
+    assert plan.decisions.varlen and sched.graph.attrs["varlen"] is True
+    name = "varlen_" + "_".join(f"{k}{v}" for k, v in options.items())
+    path = _write(tmp_path, sched, name)
+    source = path.read_text()
+    module = load_emitted(str(path), f"twill_test_bwd_{name}")
+    signature = module.compile_signature()[0]
+    assert {"cu_seqlens_q", "cu_seqlens_k", "pad_cu", "total_pad"} <= set(signature)
+    assert "seq_q" not in signature and "heads_per_chunk" not in signature
+    assert "if (n_start >= seq_k) | (seq_q == 0):" in source
+    assert "[0, h, q_base + m_start, 0]" in source and "kv_block = [0, kv_h, k_base + n_start, 0]" in source
+    assert "dk_offs = kv_h * dk_stride_h + (k_base + keys + shift) * dk_stride_s" in source
+    assert "def preprocess(" not in source and "def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k," in source
+    compiled = aot.compile_sm90(module)
+    report = ptxas_report(compiled.asm["ptx"], 90)
+    assert report["spill_bytes"] == 0 and report["serialized_wgmma"] == 0
+    assert aot.ptx_facts(compiled).tma_load_ranks == (2, 4)
+    pre = {"o_ptr": "*fp16", "o_stride_s": "i32", "o_stride_h": "i32", "do_ptr": "*fp16", "do_stride_s": "i32",
+           "do_stride_h": "i32", "delta_ptr": "*fp32", "lse_ptr": "*fp32", "lse_out_ptr": "*fp32",
+           "dq_acc_ptr": "*fp32", "cu_seqlens_q": "*i32", "pad_cu": "*i32", "total_q": "i32", "total_pad": "i32"}
+    conv = {"acc_ptr": "*fp32", "dq_ptr": "*fp16", "dq_stride_s": "i32", "dq_stride_h": "i32", "cu_seqlens_q": "*i32",
+            "pad_cu": "*i32", "total_pad": "i32", "sm_scale": "fp32"}
+    for fn, sig in ((module.preprocess_varlen_kernel, pre), (module.dq_convert_varlen_kernel, conv)):
+        helper = triton.compile(GluonASTSource(fn, sig), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        assert ptxas_report(helper.asm["ptx"], 90)["spill_bytes"] == 0, fn.__name__
+    dense = KernelSpec("flash-bwd", head_dim, dtype, causal, kv_heads)
+    assert emit_gluon(shipped.load(dense, shipped.spec_graph(dense))[0]) != source
+
+
 def _two_stage(sched, ops):
     """``sched`` with ``ops`` (and the producer's dq_atomic) one II later: the next stage."""
     starts = dict(sched.starts)

@@ -2,7 +2,8 @@
 than a tile, key lengths different from query lengths, empty key sequences) against fp64 attention of each
 sequence alone, causal aligned bottom-right per sequence, grouped-query, D 64/128/256, fp16 and bf16; the
 LSE ([H, total_q]) too; rows of neighbouring sequences never leak (NaN poison in the rows past the packed
-tensors' ends and in other sequences' outputs is checked by comparing every row).
+tensors' ends and in other sequences' outputs is checked by comparing every row); the gradients against fp64
+autograd of each sequence alone.
 
 Marked ``gpu``; skipped without torch, CUDA or an sm_90 device.
 """
@@ -19,7 +20,6 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs a Hopper (sm_90) GPU")]
 
 from twill.ops import attention_varlen, library  # noqa: E402
-from twill.errors import UnsupportedFeatureError  # noqa: E402
 from attention_reference import reference  # noqa: E402
 
 
@@ -82,8 +82,46 @@ def test_varlen_matches_the_padded_op_on_equal_lengths():
     assert float((out.float() - ref.float()).abs().max()) < 2e-3
 
 
-def test_varlen_gradient_request_is_refused():
-    q = torch.randn(10, 4, 64, device="cuda", dtype=torch.float16, requires_grad=True)
-    cu = _cu([10])
-    with pytest.raises(UnsupportedFeatureError, match="no backward is generated for variable-length"):
-        attention_varlen(q, q, q, cu, cu, 10, 10)
+@pytest.mark.parametrize("lq,lk,h,hkv,d,dtype,causal", CASES)
+def test_varlen_gradients_match_fp64_per_sequence(lq, lk, h, hkv, d, dtype, causal):
+    """dq, dk, dv of the packed call against fp64 autograd of each sequence alone (keys no query sees: 0), the
+    gradients laid out like q, k and v; dq and dk poisoned first through a given buffer."""
+    torch.manual_seed(1)
+    lk = lk or lq
+    q = torch.randn(sum(lq), h, d, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(sum(lk), hkv, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    grad = torch.randn(sum(lq), h, d, device="cuda", dtype=dtype)
+    out = attention_varlen(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), causal=causal)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = _reference(q64, k64, v64, lq, lk, causal, 1 / math.sqrt(d))
+    rq, rk, rv = torch.autograd.grad(ref, (q64, k64, v64), grad.double())
+    for name, got, want, like in (("dq", dq, rq, q), ("dk", dk, rk, k), ("dv", dv, rv, v)):
+        assert got.dtype == dtype and got.shape == like.shape and got.stride() == like.stride(), name
+        assert torch.isfinite(got).all(), name
+        scale = max(float(want.norm()), 1e-30)
+        assert float((got.double() - want).norm()) / scale < 2e-2, name
+
+
+def test_varlen_backward_writes_given_buffers_and_zeroes_unseen_keys():
+    """The kernel module's launcher: dq, dk, dv given (NaN-poisoned) are written where they lie; a sequence of no
+    queries gets dK = dV = 0, and a key block past a sequence's end writes nothing of the next one's."""
+    from twill.ops.flash import KernelSpec, kernel_module
+
+    torch.manual_seed(3)
+    lq, lk = [0, 70, 130], [90, 70, 300]
+    q = torch.randn(sum(lq), 4, 128, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(sum(lk), 2, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    fwd = kernel_module(KernelSpec("flash-fwd", 128, "fp16", False, 2, varlen=True))
+    bwd = kernel_module(KernelSpec("flash-bwd", 128, "fp16", False, 2, varlen=True))
+    o, lse = fwd.launch(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), return_lse=True)
+    do = torch.randn_like(o)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    bwd.launch(q, k, v, o, do, lse, _cu(lq), _cu(lk), max(lq), max(lk), dq=dq, dk=dk, dv=dv)
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all() and torch.isfinite(dv).all()
+    assert (dk[:90] == 0).all() and (dv[:90] == 0).all()         # sequence 0 has no query
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref, _ = _reference(q64, k64, v64, lq, lk, False, 128 ** -0.5)
+    rq, rk, rv = torch.autograd.grad(ref, (q64, k64, v64), do.double())
+    for got, want in ((dq, rq), (dk, rk), (dv, rv)):
+        assert float((got.double() - want).norm() / want.norm()) < 1e-2

@@ -1,8 +1,8 @@
 """``twill.ops.attention_varlen`` (FlashAttention's varlen interface) on the CPU: the custom op's fake outputs
 (``out`` like the packed q, ``lse [H, total_q]``), ``torch.compile`` capturing a call in one graph,
-``torch.library.opcheck`` on ``meta`` tensors, and the inputs the kernels do not cover refused in one line
-(a gradient request among them: no varlen backward is generated). The kernels' values are
-tests/gpu/test_gpu_varlen.py."""
+``torch.library.opcheck`` of both ops on ``meta`` tensors, gradients of ``meta`` tensors through the registered
+autograd (laid out like q, k and v), and the inputs the kernels do not cover refused in one line. The kernels'
+values are tests/gpu/test_gpu_varlen.py."""
 
 from __future__ import annotations
 
@@ -78,8 +78,8 @@ def test_the_spec_is_the_varlen_forward_of_the_shapes():
 
 
 @pytest.mark.parametrize("change,match", [
-    ({"grad": True}, r"no backward is generated for variable-length sequences \(forward only: call it under "
-                     r"torch.no_grad\(\)"),
+    ({"grad": True, "q": _packed(313, 8, d=96), "k": _packed(310, 2, d=96), "v": _packed(310, 2, d=96)},
+     r"head dimension 96 is not supported with a gradient \(supported: 64, 128, 256\)"),
     ({"q": _packed(313, 8, dtype=torch.float8_e4m3fn)}, "must all be float16 or all bfloat16"),
     ({"q": torch.randn(1, 313, 8, 128, device="meta", dtype=torch.bfloat16)},
      r"q must be 3-D \[total, heads, head_dim\] \(packed sequences\), got shape \(1, 313, 8, 128\)"),
@@ -106,6 +106,33 @@ def test_inputs_the_kernels_do_not_cover_are_refused_in_one_line(change, match):
     with pytest.raises(UnsupportedFeatureError, match=match) as info:
         twill.ops.attention_varlen(*call)
     assert "\n" not in str(info.value) and str(info.value).startswith("twill.ops.attention_varlen: ")
+
+
+def test_opcheck_passes_on_the_backward_op():
+    q, k, v, cu_q, cu_k, mq, mk = _args()
+    out, lse = library.attention_varlen_forward(q, k, v, cu_q, cu_k, mq, mk, True, 0.125)
+    results = torch.library.opcheck(torch.ops.twill.attention_varlen_backward.default,
+                                    (torch.randn_like(out), q, k, v, out, lse, cu_q, cu_k, mq, mk, True, 0.125))
+    assert set(results.values()) == {"SUCCESS"}
+
+
+def test_gradients_flow_through_the_registered_autograd_laid_out_like_the_inputs():
+    """On ``meta`` tensors (shapes only) the varlen call is differentiable: its autograd is the backward op, whose
+    fake gradients take q's, k's and v's shapes and strides; a compiled step traces it in one graph."""
+    q, k, v, cu_q, cu_k, mq, mk = _args()
+    k = torch.randn(2, sum(LENGTHS_K), 128, device="meta", dtype=torch.bfloat16).transpose(0, 1)       # head-major
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = twill.ops.attention_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+    dq, dk, dv = torch.autograd.grad(out.float().sum(), (q, k, v))
+    for grad, like in ((dq, q), (dk, k), (dv, v)):
+        assert (grad.shape, grad.dtype, grad.stride()) == (like.shape, like.dtype, like.stride())
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *args: twill.ops.attention_varlen(*args, mq, mk, causal=True),
+                             backend="aot_eager", fullgraph=True)   # the forward and its backward in one graph each
+    grads = torch.autograd.grad(compiled(q, k, v, cu_q, cu_k).float().sum(), (q, k, v))
+    assert [(g.shape, g.stride()) for g in grads] == [(t.shape, t.stride()) for t in (q, k, v)]
+    torch._dynamo.reset()
 
 
 def test_on_the_cpu_the_op_refuses_the_device():

@@ -72,10 +72,10 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
 
     Sequence ``b`` is rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of ``q`` and ``cu_seqlens_k[b]:cu_seqlens_k[b +
     1]`` of ``k`` and ``v``; each attends only to its own keys. A ``torch.library`` custom op
-    (``twill::attention_varlen_forward``): ``torch.compile`` captures it without a graph break. Forward only:
-    a gradient request (grad mode on and q, k or v requiring a gradient) raises
-    :class:`~twill.errors.UnsupportedFeatureError`, as do the inputs the kernels do not cover
-    (:func:`~twill.ops.flash.check_varlen_inputs`, then :func:`~twill.ops.flash.check_device` in the op).
+    (``twill::attention_varlen_forward``, its gradient ``twill::attention_varlen_backward``): ``torch.compile``
+    captures it without a graph break. The inputs the kernels do not cover raise
+    :class:`~twill.errors.UnsupportedFeatureError` (:func:`~twill.ops.flash.check_varlen_inputs`, then
+    :func:`~twill.ops.flash.check_device` in the op).
 
     Args:
         q: ``[total_q, H, D]`` float16 or bfloat16 CUDA tensor (D = 64, 128 or 256), the sequences' queries one
@@ -84,15 +84,17 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
         k, v: ``[total_k, H_kv, D]``, same dtype; ``H`` a multiple of ``H_kv`` (grouped-query attention).
         cu_seqlens_q, cu_seqlens_k: int32 ``[batch + 1]`` on q's device: the sequences' first rows, from 0,
             non-decreasing, ending at ``total_q`` / ``total_k``; a sequence may be empty (length 0).
-        max_seqlen_q, max_seqlen_k: ints, at least every sequence's query / key length (the kernel's grid
-            covers ``max_seqlen_q`` query rows per sequence: rows past it are never computed, as in
-            FlashAttention; the values are not checked, which would read the offsets on the host).
+        max_seqlen_q, max_seqlen_k: ints, at least every sequence's query / key length (the kernels' grids
+            cover ``max_seqlen_q`` query rows and, for the gradient, ``max_seqlen_k`` keys per sequence: rows past
+            them are never computed, as in FlashAttention; the values are not checked, which would read the
+            offsets on the host).
         causal: the causal mask aligned bottom-right in each sequence, as FlashAttention's: query i sees keys
             ``0..i + len_k - len_q``; a query that sees no key (``len_k < len_q``, or ``len_k = 0``) gets 0.
         scale: softmax scale, default ``1/sqrt(D)``.
 
     Returns:
-        ``[total_q, H, D]`` in q's dtype, laid out like q.
+        ``[total_q, H, D]`` in q's dtype, laid out like q; differentiable in q, k and v, their gradients laid out
+        like them (the keys no query sees get 0).
     """
     import math
 

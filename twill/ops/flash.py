@@ -239,8 +239,9 @@ def check_varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
                         max_seqlen_k: Any, *, causal: bool, backward: bool) -> KernelSpec:
     """The varlen forward kernel's spec for packed ``q [total_q, H, D]``, ``k, v [total_k, H_kv, D]`` and
     ``cu_seqlens_q``, ``cu_seqlens_k`` int32 ``[batch + 1]`` (FlashAttention's varlen interface), or an
-    :class:`UnsupportedFeatureError` naming what the kernels do not cover: a gradient (the varlen backward is
-    not generated), fp8, other shapes, dtypes or head dimensions. Reads only types, shapes, dtypes and
+    :class:`UnsupportedFeatureError` naming what the kernels do not cover: fp8, other shapes, dtypes or head
+    dimensions (``backward``: a gradient is asked for, which the varlen backward gives at every head dimension
+    of the forward). Reads only types, shapes, dtypes and
     devices, never the offsets' values (so ``torch.compile`` traces it and ``meta`` tensors pass)."""
     import torch
 
@@ -254,10 +255,6 @@ def check_varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
         if t.dim() != 3:
             raise unsupported(f"{name} must be 3-D [total, heads, head_dim] (packed sequences), got shape "
                               f"{tuple(t.shape)}")
-    if backward:
-        raise unsupported("no backward is generated for variable-length sequences (forward only: call it under "
-                          "torch.no_grad() or on tensors that do not require a gradient; twill.ops.attention on "
-                          "padded [B, H, S, D] tensors has one)")
     if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise unsupported(f"q, k and v must all be float16 or all bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
     if any(t.device != q.device for t in (k, v, cu_seqlens_q, cu_seqlens_k)):
@@ -269,9 +266,10 @@ def check_varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
         raise unsupported(f"k has head dimension {dk}, q {d}")
     if hk == 0 or h % hk:
         raise unsupported(f"{h} query heads are not a multiple of {hk} K/V heads")
-    if d not in FORWARD_HEAD_DIMS:
-        raise unsupported(f"head dimension {d} is not supported (supported: "
-                          f"{', '.join(map(str, FORWARD_HEAD_DIMS))})")
+    dims = BACKWARD_HEAD_DIMS if backward else FORWARD_HEAD_DIMS
+    if d not in dims:
+        what = "with a gradient " if backward else ""
+        raise unsupported(f"head dimension {d} is not supported {what}(supported: {', '.join(map(str, dims))})")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] < 1:
             raise unsupported(f"{name} must be an int32 vector of batch + 1 offsets, got {t.dtype} of shape "

@@ -11,8 +11,10 @@ captures a model that calls it in one graph:
   ``flash-bwd`` kernel; the gradients take the strides of q, k and v;
 * ``twill::attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
   scale) -> (out, lse)``: the generated varlen forward over packed sequences (FlashAttention's varlen
-  interface); ``out [total_q, H, D]`` like q, ``lse [H, total_q]`` float32 (FlashAttention's varlen layout).
-  It has no autograd: :func:`twill.ops.attention_varlen` refuses a gradient request before calling it.
+  interface); ``out [total_q, H, D]`` like q, ``lse [H, total_q]`` float32 (FlashAttention's varlen layout);
+* ``twill::attention_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+  max_seqlen_k, causal, scale) -> (dq, dk, dv)``: the generated varlen ``flash-bwd`` kernel, the varlen forward's
+  registered autograd; the gradients take the strides of q, k and v.
 
 Neither op copies its inputs: the kernels read q, k, v, out and grad_out where they lie (any strides whose
 last dimension is contiguous and whose other strides are multiples of 16 bytes, what TMA reads;
@@ -37,6 +39,7 @@ traces rather than a graph break.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -49,6 +52,9 @@ FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, Tens
                   "Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None) -> (Tensor, Tensor)")
 VARLEN_FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
                          "SymInt max_seqlen_k, bool causal, float scale) -> (Tensor, Tensor)")
+VARLEN_BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                          "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+                          "bool causal, float scale) -> (Tensor, Tensor, Tensor)")
 BACKWARD_SCHEMA = ("(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, "
                    "float scale) -> (Tensor, Tensor, Tensor)")
 
@@ -219,3 +225,49 @@ def _attention_varlen_forward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Te
                                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     return _varlen_outputs(q)
+
+
+@torch.library.custom_op("twill::attention_varlen_backward", mutates_args=(), schema=VARLEN_BACKWARD_SCHEMA)
+def attention_varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                              cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` over the packed sequences by the generated varlen backward kernel, from the varlen
+    forward's ``out`` and ``lse``."""
+    check_device(q, k, v, grad_out, cu_seqlens_q, cu_seqlens_k)
+    dq, dk, dv = _backward_outputs(q, k, v)
+    if layout_problem(grad_out, "grad_out") is not None or grad_out.data_ptr() % 16:
+        grad_out = grad_out.contiguous()   # a layout TMA cannot read, e.g. out.sum()'s expanded gradient
+    spec = replace(kernel_spec(BACKWARD.name, q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2),
+                               causal), varlen=True)
+    kernel_module(spec).launch(q, k, v, out, grad_out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               sm_scale=scale, dq=dq, dk=dk, dv=dv)
+    return dq, dk, dv
+
+
+@attention_varlen_backward.register_fake
+def _attention_varlen_backward_fake(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                    out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                                    scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward_outputs(q, k, v)
+
+
+def _setup_varlen_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Save what the varlen backward reads: q, k, v, out, lse and the offsets, the lengths, mask and scale."""
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.causal, ctx.scale = max_seqlen_q, max_seqlen_k, causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_backward(ctx: Any, grad_out: torch.Tensor, grad_lse: Any) -> tuple[Any, ...]:
+    """The gradients of q, k and v by :func:`attention_varlen_backward` (none for the offsets and the rest)."""
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = attention_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                                           ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+attention_varlen_forward.register_autograd(_varlen_backward, setup_context=_setup_varlen_context)

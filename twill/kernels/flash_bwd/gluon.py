@@ -52,6 +52,12 @@ SPLIT_COMPUTE_PARAMS = ("k_smem", "v_smem", "kv_bar", "p_smem", "ds_smem", "dq_s
                         *COMPUTE_PARAMS[COMPUTE_PARAMS.index("dk_ptr"):])
 #: Query-block parameters the producer derives each iteration's query head and rows from.
 BLOCK_ARGS = "bh_kv, kv_h, group, m_first, n_m, seq_q"
+#: ... and of the varlen backward: the sequence's first query row, its first padded stats row, the rows per head.
+VARLEN_BLOCK_ARGS = "bh_kv, kv_h, group, m_first, n_m, seq_q, q_base, pad_base, total_pad"
+#: What the varlen backward's compute partition reads besides :data:`COMPUTE_PARAMS`: its sequence's first key
+#: row (the split-query one also the dQ rows of its query blocks: :data:`VARLEN_BLOCK_ARGS`).
+VARLEN_COMPUTE_PARAMS = ("k_base",)
+VARLEN_SPLIT_COMPUTE_PARAMS = ("q_base", "pad_base", "total_pad")
 #: The emitted module's own imports: what its TMA reduce-add wrapper (``tma_reduce_add``) builds on.
 IMPORTS = """\
 from triton._C.libtriton import ir
@@ -66,9 +72,10 @@ def pre_rows(head_dim: int) -> int:
     """Rows per program of the pre-pass and the dQ conversion: 64 x 128 elements of O and dO at most."""
     return PRE_ROWS * 128 // max(128, head_dim)
 
-HELPERS = """
+#: The query block of iteration i, the dense backward's.
+QUERY_BLOCK = """
 @gluon.jit
-def query_block(i, {block_args}):
+def query_block(i, bh_kv, kv_h, group, m_first, n_m, seq_q):
     \"\"\"Iteration i's query block: its query head (in its batch: the index into Q, dO [B, H, S, D]), its first
     row in the padded [B*H*S_pad] tensors (stats, dQ accumulator; S_pad = seq_q rounded up to BLOCK_M, so
     that every block starts 16-byte aligned, as TMA requires of the innermost coordinate) and its first
@@ -77,6 +84,73 @@ def query_block(i, {block_args}):
     m_start = (m_first + i % n_m) * BLOCK_M
     head = bh_kv * group + i // n_m  # batch * H + query head
     return kv_h * group + i // n_m, head * (gl.cdiv(seq_q, BLOCK_M) * BLOCK_M) + m_start, m_start
+"""
+
+#: ... the varlen backward's, and its pre-pass and dQ conversion over packed sequences.
+VARLEN_HELPERS = """
+@gluon.jit
+def query_block(i, bh_kv, kv_h, group, m_first, n_m, seq_q, q_base, pad_base, total_pad):
+    \"\"\"Iteration i's query block: its query head, its first row in the padded [H * total_pad] tensors (stats,
+    dQ accumulator: head h's rows from h * total_pad, the sequence's from pad_base, each sequence's length
+    rounded up to BLOCK_M, so that every block starts 16-byte aligned, as TMA requires of the innermost
+    coordinate) and its first position in the sequence (its packed row is q_base + m_start). The iterations run
+    over the group's query heads (outer) and the query blocks from m_first (inner).\"\"\"
+    m_start = (m_first + i % n_m) * BLOCK_M
+    h = kv_h * group + i // n_m  # query head
+    return h, h * total_pad + pad_base + m_start, m_start
+
+
+@gluon.jit
+def sequence_rows(cu_seqlens_q, pad_cu, layout: gl.constexpr):
+    \"\"\"The PRE_ROWS positions m of program (m block, head h, sequence b) (a slice of ``layout``), h, and the
+    sequence's first packed row, length, first padded row and padded length.\"\"\"
+    m = gl.program_id(0) * PRE_ROWS + gl.arange(0, PRE_ROWS, gl.SliceLayout(1, layout))
+    b = gl.program_id(2)
+    q_base = gl.load(cu_seqlens_q + b)
+    pad_base = gl.load(pad_cu + b)
+    return (m, gl.program_id(1).to(gl.int64), q_base, gl.load(cu_seqlens_q + b + 1) - q_base, pad_base,
+            gl.load(pad_cu + b + 1) - pad_base)
+
+
+@gluon.jit
+def preprocess_varlen_kernel(o_ptr, o_stride_s, o_stride_h, do_ptr, do_stride_s, do_stride_h, delta_ptr, lse_ptr,
+                             lse_out_ptr, dq_acc_ptr, cu_seqlens_q, pad_cu, total_q, total_pad):
+    \"\"\"The pre-pass over packed sequences, for the PRE_ROWS positions m of program (m block, head h, sequence
+    b) below the sequence's padded length, at row h * total_pad + pad_cu[b] + m: delta = sum_d dO * O of packed
+    row cu_seqlens_q[b] + m (0 from the sequence's length on), the row's LSE (lse [H, total_q], -inf -> 0) and
+    the fp32 dQ accumulator's rows zeroed.\"\"\"
+    layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
+    m, h, q_base, seq_q, pad_base, s_pad = sequence_rows(cu_seqlens_q, pad_cu, layout)
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+    rows = (q_base + m).to(gl.int64)
+    mask = (m < seq_q)[:, None]
+    o = gl.load(o_ptr + (rows * o_stride_s + h * o_stride_h)[:, None] + cols[None, :], mask=mask, other=0.0)
+    do = gl.load(do_ptr + (rows * do_stride_s + h * do_stride_h)[:, None] + cols[None, :], mask=mask, other=0.0)
+    out_rows = h * total_pad + pad_base + m
+    gl.store(delta_ptr + out_rows, gl.sum(o.to(gl.float32) * do.to(gl.float32), 1), mask=m < s_pad)
+    lse = gl.load(lse_ptr + h * total_q + rows, mask=m < seq_q, other=0.0)
+    lse = gl.where(lse == float("-inf"), 0.0, lse)  # a row that saw no key (FA3): P = exp(-inf - 0) = 0
+    gl.store(lse_out_ptr + out_rows, lse, mask=m < s_pad)
+    gl.store(dq_acc_ptr + out_rows[:, None] * HEAD_DIM + cols[None, :],
+             gl.zeros([PRE_ROWS, HEAD_DIM], gl.float32, layout), mask=(m < s_pad)[:, None])
+
+
+@gluon.jit
+def dq_convert_varlen_kernel(acc_ptr, dq_ptr, dq_stride_s, dq_stride_h, cu_seqlens_q, pad_cu, total_pad, sm_scale):
+    \"\"\"dq[cu_seqlens_q[b] + m, h] = sm_scale * acc[h * total_pad + pad_cu[b] + m] in the operand dtype, stored
+    through dq's strides, for the PRE_ROWS positions m < the sequence's length of program (m block, head h,
+    sequence b).\"\"\"
+    layout: gl.constexpr = gl.BlockedLayout([1, HEAD_DIM // 32], [1, 32], [4, 1], [1, 0])
+    m, h, q_base, seq_q, pad_base, _ = sequence_rows(cu_seqlens_q, pad_cu, layout)
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+    mask = (m < seq_q)[:, None]
+    acc = gl.load(acc_ptr + (h * total_pad + pad_base + m)[:, None] * HEAD_DIM + cols[None, :], mask=mask)
+    dq_offs = ((q_base + m).to(gl.int64) * dq_stride_s + h * dq_stride_h)[:, None] + cols[None, :]
+    gl.store(dq_ptr + dq_offs, (acc * sm_scale).to(DTYPE), mask=mask)
+"""
+
+HELPERS = """
+{query_block}
 
 
 @gluon.jit
@@ -160,14 +234,21 @@ def dq_convert_kernel(acc_ptr, dq_ptr, dq_stride_b, dq_stride_h, dq_stride_s, se
     gl.store(dq_ptr + dq_offs, (acc * sm_scale).to(DTYPE), mask=mask)
 """
 
-LAUNCH = """
-def _check(t, name, shape, dtype):
+#: The launchers' shape and dtype check, and the stats ring's layout (format strings, as the launchers).
+CHECK = """def _check(t, name, shape, dtype):
     \"\"\"``t`` itself (any strides: never copied), after checking its shape and dtype.\"\"\"
     if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
         raise ValueError(f"expected {{name}} of shape {{tuple(shape)}} and dtype {{dtype}}, got {{tuple(t.shape)}} "
                          f"{{t.dtype}}")
     return t
+"""
+STATS = """
 
+#: The stats ring's shared layout: unswizzled, so that one row (LSE or D) reads back as a plain vector.
+STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+"""
+
+LAUNCH = "\n" + CHECK + """
 
 def padded_len(S):
     \"\"\"S rounded up to BLOCK_M: the per-head length of the stats rows and the fp32 dQ accumulator, so that
@@ -256,11 +337,78 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     _launch(dq_convert_kernel, (triton.cdiv(S, PRE_ROWS.value), H, B), 4, dq_acc, dq, *dq.stride()[:3], S, s_pad,
             sm_scale)
     return dq, dk, dv
+""" + STATS
 
+VARLEN_LAUNCH = "\n" + CHECK + """
 
-#: The stats ring's shared layout: unswizzled, so that one row (LSE or D) reads back as a plain vector.
-STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-"""
+def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale=None, dq=None,
+           dk=None, dv=None):
+    \"\"\"Gradients (dq, dk, dv) of softmax(q k^T * sm_scale{mask}) v over variable-length packed sequences
+    (FlashAttention's varlen interface): q, o, do [total_q, H, D] and k, v [total_k, {kv}, D] ({dtype}, CUDA)
+    hold the sequences one after another, sequence b in rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and
+    cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v (cu_seqlens_* int32 [batch + 1] on q's device, non-decreasing
+    from 0); max_seqlen_q and max_seqlen_k bound the lengths (the grids cover them). lse [H, total_q] fp32 is
+    the varlen forward's (launch(..., return_lse=True); -inf for a row that sees no key). Every tensor is read
+    where it lies (any strides whose last dimension is contiguous); dq, dk, dv are allocated like q, k, v or,
+    given, written through their strides; the keys no query sees get dK = dV = 0.{{gqa_doc}}\"\"\"
+    import math
+
+    import torch
+
+    T, H, D = q.shape
+    Tk = k.shape[0]
+    dtype = torch.{torch_dtype}
+    B = cu_seqlens_q.numel() - 1
+    kv_heads = {kv_value}
+    if D != HEAD_DIM.value or H % kv_heads:
+        raise ValueError(f"expected q of shape [total_q, H, {{HEAD_DIM.value}}] with H a multiple of {{kv_heads}}, "
+                         f"got {{tuple(q.shape)}}")
+    for t, name, shape in ((q, "q", q.shape), (o, "o", q.shape), (do, "do", q.shape), (k, "k", (Tk, kv_heads, D)),
+                           (v, "v", (Tk, kv_heads, D))):
+        _check(t, name, shape, dtype)
+    _check(lse, "lse", (H, T), torch.float32)
+    for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
+        if t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device:
+            raise ValueError(f"{{name}} must be an int32 vector of batch + 1 = {{B + 1}} offsets on {{q.device}}")
+    dq = torch.empty_like(q) if dq is None else dq   # the gradients take their inputs' strides
+    dk = torch.zeros_like(k) if dk is None else dk.zero_()   # keys no query sees (and key blocks past a
+    dv = torch.zeros_like(v) if dv is None else dv.zero_()   # sequence's end) are not written by the kernel
+    for t, name, like in ((dq, "dq", q), (dk, "dk", k), (dv, "dv", v)):
+        if t.shape != like.shape or t.dtype != dtype or t.stride(-1) != 1:
+            raise ValueError(f"{{name}} must be a {{dtype}} tensor of shape {{tuple(like.shape)}} with a contiguous "
+                             f"last dimension")
+    if B <= 0 or T == 0 or Tk == 0 or max_seqlen_q <= 0 or max_seqlen_k <= 0:   # no query or no key: no gradient
+        dq.zero_()
+        return dq, dk, dv
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
+    # each sequence's stats and dQ rows padded to a multiple of BLOCK_M (16-byte aligned TMA rows): its first
+    # padded row pad_cu[b], on the device (no host sync); total_pad bounds the padded rows of one head
+    block = BLOCK_M.value
+    lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    pad_cu = torch.zeros(B + 1, device=q.device, dtype=torch.int32)
+    torch.cumsum((lens + block - 1) // block * block, 0, dtype=torch.int32, out=pad_cu[1:])
+    total_pad = triton.cdiv(T + B * (block - 1), block) * block
+    stats = torch.empty((2, H * total_pad), device=q.device, dtype=torch.float32)
+    dq_acc = torch.empty((H * total_pad, D), device=q.device, dtype=torch.float32)
+    rows = triton.cdiv(triton.cdiv(max_seqlen_q, block) * block, PRE_ROWS.value)
+    _launch(preprocess_varlen_kernel, (rows, H, B), 4, o, o.stride(0), o.stride(1), do, do.stride(0),
+            do.stride(1), stats[1], lse, stats[0], dq_acc, cu_seqlens_q, pad_cu, T, total_pad)
+    # the packed tensors as [1, heads, total, D] views (no copy): one TMA descriptor each
+    q_desc = _tma_view(q.unsqueeze(0).transpose(1, 2), "q", [block, D])
+    k_desc = _tma_view(k.unsqueeze(0).transpose(1, 2), "k", [BLOCK_N.value, D])
+    v_desc = _tma_view(v.unsqueeze(0).transpose(1, 2), "v", [BLOCK_N.value, D])
+    do_desc = _tma_view(do.unsqueeze(0).transpose(1, 2), "do", [block, D])
+    dk4, dv4 = dk.unsqueeze(0).transpose(1, 2), dv.unsqueeze(0).transpose(1, 2)
+    stats_desc = _descriptor(stats, [2, block], gl.float32, STATS_LAYOUT)
+    dq_desc = _descriptor(dq_acc, [block, {dq_cols}], gl.float32)
+    grid = (triton.cdiv(max_seqlen_k, BLOCK_N.value), B * kv_heads)
+    _launch(backward_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk,
+            *dk4.stride()[:3], dv, *dv4.stride()[:3], cu_seqlens_q, cu_seqlens_k, pad_cu, total_pad, kv_heads,
+            sm_scale * LOG2E.value, sm_scale, H // kv_heads)
+    _launch(dq_convert_varlen_kernel, (triton.cdiv(max_seqlen_q, PRE_ROWS.value), H, B), 4, dq_acc, dq,
+            dq.stride(0), dq.stride(1), cu_seqlens_q, pad_cu, total_pad, sm_scale)
+    return dq, dk, dv
+""" + STATS
 
 #: Value and token names of each tensor-core op (``None``: an accumulator carried in place).
 MMA_VALUES = {"qk": "st", "dp": "dpt", "dk": "dk", "dv": "dv", "dq": "dqv"}
@@ -398,7 +546,7 @@ class _Compute:
         lines = [*(self.retire(self.inflight[-1]) if self.inflight else []),
                  f"# {at.name}: start {at.start}, stage {at.stage}; {store.name} (start {store.start}, stage "
                  f"{store.stage}) with each chunk",
-                 f"_, prow, _ = query_block({i}, {BLOCK_ARGS})  # the query block's first row of the dQ "
+                 f"_, prow, _ = query_block({i}, {block_args(self.plan)})  # the query block's first row of the dQ "
                  f"accumulator",
                  "for c in gl.static_range(HEAD_DIM // DQ_CHUNK):",
                  "    k_cols = k_smem.slice(c * DQ_CHUNK, DQ_CHUNK, 1)  # K's chunk columns (B of dQ = dS K)",
@@ -411,6 +559,21 @@ class _Compute:
                  "    gl.thread_barrier()  # every warp stored its dQ rows",
                  "    tma_reduce_add(dq_desc, [prow, c * DQ_CHUNK], dq_stage.index(c % DQ_SLOTS))"]
         return lines
+
+    def store_offsets(self) -> list[str]:
+        """The epilogue's (batch, K/V head) and the offsets of the key block's dK and dV rows (varlen: the
+        sequence's keys from its first packed row k_base)."""
+        base, rows = ("", "k_base + keys + shift") if self.plan.decisions.varlen else ("b * {t}_stride_b + ",
+                                                                                     "keys + shift")
+        return [*([] if self.plan.decisions.varlen else ["    b = bh_kv.to(gl.int64) // kv_heads"]),
+                "    kv_h = bh_kv.to(gl.int64) % kv_heads",
+                "    # the key block's rows from n_pos, the query-axis position the loop kept (key = n_pos + seq_k - "
+                "seq_q)",
+                "    keys = (n_pos + rows).to(gl.int64)[:, None]",
+                "    shift = (seq_k - seq_q).to(gl.int64)",
+                "    mask = (n_pos + rows < seq_q)[:, None]  # key < seq_k",
+                *(f"    {t}_offs = {base.format(t=t)}kv_h * {t}_stride_h + ({rows}) * {t}_stride_s + cols[None, :]"
+                  for t in ("dk", "dv"))]
 
     def mask_condition(self) -> str:
         """When a tile needs the mask: a ragged key tail, or (causal) a query block reaching into the key block."""
@@ -450,7 +613,7 @@ class _Compute:
         dq_warps = dq_warps_of(self.plan)
         dq_cols = "DQ_CHUNK" if self.split else "HEAD_DIM"
         dq_n = dq_cols if dq_warps[1] == 1 else f"{dq_cols} // {dq_warps[1]}"
-        head = compute_def(self.plan, SPLIT_COMPUTE_PARAMS if self.split else COMPUTE_PARAMS, (),
+        head = compute_def(self.plan, compute_params(self.plan), (),
                            f"Warp group {part.group} ({part.num_warps} warps, two wgmma warp groups cooperating on "
                            f"every tile): dK and dV of the key block over its query blocks.")
         # 64 key rows (split queries): the warp groups split S^T's queries and dK's, dV's head dimension
@@ -478,14 +641,7 @@ class _Compute:
             "    # through dK's and dV's strides; the (batch, K/V head) found here: nothing kept over the loop",
             "    # in 64 bits: the kernel's own 32-bit b (the producer's) is not reused, which would keep it in a",
             "    # register over the loop",
-            "    b = bh_kv.to(gl.int64) // kv_heads",
-            "    kv_h = bh_kv.to(gl.int64) % kv_heads",
-            "    # the key block's rows from n_pos, the query-axis position the loop kept (key = n_pos + seq_k - seq_q)",
-            "    keys = (n_pos + rows).to(gl.int64)[:, None]",
-            "    shift = (seq_k - seq_q).to(gl.int64)",
-            "    mask = (n_pos + rows < seq_q)[:, None]  # key < seq_k",
-            "    dk_offs = b * dk_stride_b + kv_h * dk_stride_h + (keys + shift) * dk_stride_s + cols[None, :]",
-            "    dv_offs = b * dv_stride_b + kv_h * dv_stride_h + (keys + shift) * dv_stride_s + cols[None, :]",
+            *self.store_offsets(),
             "    gl.store(dk_ptr + dk_offs, (dk * sm_scale).to(DTYPE), mask=mask)",
             "    gl.store(dv_ptr + dv_offs, dv.to(DTYPE), mask=mask)",
         ]
@@ -505,11 +661,26 @@ def dq_warps_of(plan: KernelPlan) -> tuple[int, int]:
     return along_m, 8 // along_m
 
 
+def compute_params(plan: KernelPlan) -> tuple[str, ...]:
+    """The compute partition's parameters (the kernel passes the same names)."""
+    params = SPLIT_COMPUTE_PARAMS if plan.decisions.split else COMPUTE_PARAMS
+    if plan.decisions.varlen:
+        params += VARLEN_COMPUTE_PARAMS + (VARLEN_SPLIT_COMPUTE_PARAMS if plan.decisions.split else ())
+    return params
+
+
+def block_args(plan: KernelPlan) -> str:
+    """The arguments of ``query_block`` after the iteration: :data:`BLOCK_ARGS`, :data:`VARLEN_BLOCK_ARGS`."""
+    return VARLEN_BLOCK_ARGS if plan.decisions.varlen else BLOCK_ARGS
+
+
 def helpers_source(plan: KernelPlan) -> str:
-    """The helper kernels and functions: query blocks, the mask, the dQ reduce, the pre-pass, the conversion."""
+    """The helper kernels and functions: query blocks, the mask, the dQ reduce, the pre-pass, the conversion
+    (varlen: their packed-sequence forms besides)."""
     causal_doc = ", or (causal) the key is after the query" if plan.decisions.causal else ""
     causal_keep = "    keep = keep & (keys[:, None] <= queries[None, :])\n" if plan.decisions.causal else ""
-    return HELPERS.format(block_args=BLOCK_ARGS, causal_doc=causal_doc, causal_keep=causal_keep)
+    query_block = (VARLEN_HELPERS if plan.decisions.varlen else QUERY_BLOCK).strip("\n")
+    return HELPERS.format(query_block=query_block, causal_doc=causal_doc, causal_keep=causal_keep)
 
 
 def launch_source(plan: KernelPlan) -> str:
@@ -518,6 +689,12 @@ def launch_source(plan: KernelPlan) -> str:
     kv_check = kv_shape_source(decided.kv_heads, "HEAD_DIM.value")
     kv, gqa_doc = (("KV_HEADS", " dk, dv are summed over the query heads of each K/V head's group.")
                    if decided.kv_heads else ("H", ""))
+    if decided.varlen:
+        launch = VARLEN_LAUNCH.format(mask=", causal mask" if decided.causal else "", kv=kv, dtype=plan.dtype,
+                                      torch_dtype=TORCH_DTYPES[plan.dtype],
+                                      kv_value="KV_HEADS.value" if decided.kv_heads else "H",
+                                      dq_cols="DQ_CHUNK.value" if decided.split else "D")
+        return ATTENTION_HOST + "\n\n" + launch.replace("{gqa_doc}", gqa_doc)
     chunk_arg = (",\n            max(1, _sm_count(q.device.index) // grid[0])" if decided.causal else "")
     launch = LAUNCH.format(mask=", causal mask" if decided.causal else "", kv=kv, dtype=plan.dtype,
                            sk_note=": the mask is aligned bottom-right" if decided.causal else "",
@@ -544,12 +721,13 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
              "    # is seen by some query, so n_m >= 1\n"
              "    m_first = gl.maximum(n_pos, 0) // BLOCK_M"
              if plan.decisions.causal else "    m_first = 0")
-    order = CAUSAL_ORDER if plan.decisions.causal else ("    n_start = gl.program_id(0) * BLOCK_N",
-                                               "    bh_kv = gl.program_id(1)  # batch * K/V heads")
+    plain = ("    n_start = gl.program_id(0) * BLOCK_N", "    bh_kv = gl.program_id(1)  # batch * K/V heads")
+    order = CAUSAL_ORDER if plan.decisions.causal and not plan.decisions.varlen else plain
     return (
         *order,
         "    b = bh_kv // kv_heads  # batch",
         "    kv_h = bh_kv % kv_heads  # K/V head",
+        *(VARLEN_SEQUENCE if plan.decisions.varlen else ()),
         "    # the key block's first key on the query axis: causal is aligned bottom-right (key j at j - (seq_k -",
         "    # seq_q)), so the compute partition masks keys and queries in one coordinate, and a key is past seq_k",
         "    # exactly when its position is past seq_q",
@@ -567,6 +745,20 @@ def _setup(plan: KernelPlan) -> tuple[str, ...]:
         *(_SPLIT_STAGING if plan.decisions.split else _STAGING),
     )
 
+
+#: The varlen backward's sequence: its rows in the packed tensors and its first padded stats row (b is the
+#: sequence); a key block past the sequence's keys, or a sequence of no queries, has nothing to add (the launcher
+#: zeroes dK and dV).
+VARLEN_SEQUENCE = (
+    "    # varlen: sequence b's first rows and lengths in the packed q and k/v, its first padded stats row",
+    "    q_base = gl.load(cu_seqlens_q + b)",
+    "    seq_q = gl.load(cu_seqlens_q + b + 1) - q_base",
+    "    k_base = gl.load(cu_seqlens_k + b)",
+    "    seq_k = gl.load(cu_seqlens_k + b + 1) - k_base",
+    "    pad_base = gl.load(pad_cu + b)",
+    "    if (n_start >= seq_k) | (seq_q == 0):  # the grid covers max_seqlen_k keys per sequence",
+    "        return",
+)
 
 #: dQ staging of the backward whose producer reduces whole dQ tiles: DQ_DEPTH buffers and their barriers.
 _STAGING = (
@@ -597,13 +789,26 @@ def _producer(plan: KernelPlan) -> tuple[dict[str, tuple[str, ...]], tuple[str, 
     lines = [f"        # {atomic}: start {at.start}, stage {at.stage} -> dQ of iteration j - DQ_LAG ({why})"]
     if lag:
         lines += ["        if j >= DQ_LAG:", "            i = j - DQ_LAG",
-                  f"            _, prow, _ = query_block(i, {BLOCK_ARGS})", f"            {call}"]
+                  f"            _, prow, _ = query_block(i, {block_args(plan)})", f"            {call}"]
         after = ("    for i in range(gl.maximum(n_iters - DQ_LAG, 0), n_iters):  # drain: the last DQ_LAG dQ tiles",
-                 f"        _, prow, _ = query_block(i, {BLOCK_ARGS})", f"        {call}")
+                 f"        _, prow, _ = query_block(i, {block_args(plan)})", f"        {call}")
     else:
         lines += ["        i = j", f"        {call}"]
         after = ()
     return {atomic: tuple(lines)}, after
+
+
+#: The backward kernel's docstring, and the varlen backward's.
+KERNEL_DOC = ("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to dq_desc's "
+              "[B*H*S_pad, D]); Q, dO are [B, H, S, D], K, V [B, KV_HEADS, Sk, D], read by rank-4 TMA descriptors "
+              "with their own strides; dK, dV stored through dk_stride_*, dv_stride_*; stats [2, B*H*S_pad] holds "
+              "LSE and D (S_pad: seq_q rounded up to BLOCK_M).")
+VARLEN_KERNEL_DOC = ("dK, dV of one key block of one (sequence, K/V head) and its dQ contributions (fp32, added to "
+                     "dq_desc's [H*total_pad, D]); Q, dO are packed [total_q, H, D], K, V [total_k, KV_HEADS, D], "
+                     "read as [1, heads, total, D] by rank-4 TMA descriptors, sequence b in rows "
+                     "cu_seqlens_*[b]:cu_seqlens_*[b + 1]; dK, dV stored through dk_stride_*, dv_stride_*; stats "
+                     "[2, H*total_pad] holds LSE and D, sequence b's rows of head h from h*total_pad + pad_cu[b] (each "
+                     "sequence's length rounded up to BLOCK_M).")
 
 
 def body(plan: KernelPlan) -> KernelBody:
@@ -643,6 +848,24 @@ def body(plan: KernelPlan) -> KernelBody:
     if decided.kv_heads:
         decisions.append(f"grouped-query: {decided.kv_heads} K/V heads; a CTA loops over the query heads of its "
                          f"group")
+    # varlen: the packed tensors as [1, heads, total, D] views, the sequence's rows from q_base and k_base
+    q_coords = "[0, h, q_base + m_start, 0]" if decided.varlen else "[b, h, m_start, 0]"
+    kv_block = ("[0, kv_h, k_base + n_start, 0]  # the key block of (sequence b, K/V head kv_h)" if decided.varlen
+                else "[b, kv_h, n_start, 0]  # the key block of (batch b, K/V head kv_h)")
+    lengths = ((("cu_seqlens_q", '"*i32"'), ("cu_seqlens_k", '"*i32"'), ("pad_cu", '"*i32"'),
+                ("total_pad", '"i32"')) if decided.varlen else (("seq_q", '"i32"'), ("seq_k", '"i32"')))
+    signature = (("q_desc", "_desc_type([1, 1, BLOCK_M.value, HEAD_DIM.value])"),
+                 ("k_desc", "_desc_type([1, 1, BLOCK_N.value, HEAD_DIM.value])"),
+                 ("v_desc", "_desc_type([1, 1, BLOCK_N.value, HEAD_DIM.value])"),
+                 ("do_desc", "_desc_type([1, 1, BLOCK_M.value, HEAD_DIM.value])"),
+                 ("stats_desc", "_desc_type([2, BLOCK_M.value], gl.float32, STATS_LAYOUT)"),
+                 ("dq_desc", f"_desc_type([BLOCK_M.value, {'DQ_CHUNK' if decided.split else 'HEAD_DIM'}.value], "
+                             "gl.float32)"),
+                 ("dk_ptr", '"*" + str(DTYPE.value)'), ("dk_stride_b", '"i32"'), ("dk_stride_h", '"i32"'),
+                 ("dk_stride_s", '"i32"'), ("dv_ptr", '"*" + str(DTYPE.value)'), ("dv_stride_b", '"i32"'),
+                 ("dv_stride_h", '"i32"'), ("dv_stride_s", '"i32"'), *lengths, ("kv_heads", '"i32"'),
+                 ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"'),
+                 *((("heads_per_chunk", '"i32"'),) if decided.causal and not decided.varlen else ()))
     return KernelBody(
         title="Warp-specialized attention backward for Hopper (sm_90), Gluon / Triton 3.6.",
         summary="Generated warp-specialized Gluon attention backward; see the header comment.",
@@ -653,49 +876,33 @@ def body(plan: KernelPlan) -> KernelBody:
         extra_constants=tuple(extra),
         functions=helpers_source(plan).strip("\n") + "\n\n\n" + _Compute(plan).render(),
         kernel="backward_kernel",
-        kernel_params="q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk_ptr, dk_stride_b, dk_stride_h, "
-                      "dk_stride_s, dv_ptr, dv_stride_b, dv_stride_h, dv_stride_s, seq_q, seq_k, kv_heads, "
-                      "qk_scale, sm_scale, group" + (", heads_per_chunk" if decided.causal else ""),
-        kernel_doc=("dK, dV of one key block of one (batch, K/V head) and its dQ contributions (fp32, added to "
-                    "dq_desc's [B*H*S_pad, D]); Q, dO are [B, H, S, D], K, V [B, KV_HEADS, Sk, D], read by rank-4 "
-                    "TMA descriptors with their own strides; dK, dV stored through dk_stride_*, dv_stride_*; stats "
-                    "[2, B*H*S_pad] holds LSE and D (S_pad: seq_q rounded up to BLOCK_M)."),
+        kernel_params=", ".join(name for name, _ in signature),
+        kernel_doc=VARLEN_KERNEL_DOC if decided.varlen else KERNEL_DOC,
         setup=_setup(plan),
         iv="j",
         trip="n_iters",
         buffer_shapes={"q": "BLOCK_M, HEAD_DIM", "do": "BLOCK_M, HEAD_DIM", "stats": "2, BLOCK_M"},
-        coords={"q": "[b, h, m_start, 0]", "do": "[b, h, m_start, 0]", "stats": "[0, prow]"},
+        coords={"q": q_coords, "do": q_coords, "stats": "[0, prow]"},
         tma_shapes={"q": "1, 1, BLOCK_M, HEAD_DIM", "do": "1, 1, BLOCK_M, HEAD_DIM"},
         load_params=("k_desc", "v_desc", "k_smem", "v_smem", "kv_bar",
                      *(() if decided.split else ("dq_stage", "dq_ready", "dq_empty", "dq_desc")),
-                     "b", "n_start", "bh_kv", "kv_h", "group", "m_first", "n_m", "seq_q"),
+                     "b", "n_start", "bh_kv", "kv_h", "group", "m_first", "n_m", "seq_q",
+                     *(("q_base", "k_base", "pad_base", "total_pad") if decided.varlen else ())),
         load_setup=("    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)",
-                    "    kv_block = [b, kv_h, n_start, 0]  # the key block of (batch b, K/V head kv_h)",
+                    f"    kv_block = {kv_block}",
                     "    tma.async_copy_global_to_shared(k_desc, kv_block, kv_bar,",
                     "                                    k_smem.reshape([1, 1, BLOCK_N, HEAD_DIM]))",
                     "    tma.async_copy_global_to_shared(v_desc, kv_block, kv_bar,",
                     "                                    v_smem.reshape([1, 1, BLOCK_N, HEAD_DIM]))"),
-        compute_params=SPLIT_COMPUTE_PARAMS if decided.split else COMPUTE_PARAMS,
+        compute_params=compute_params(plan),
         constexprs=(),
         before_specialize=(),
         results="",
         epilogue=(),
-        signature=(("q_desc", "_desc_type([1, 1, BLOCK_M.value, HEAD_DIM.value])"),
-                   ("k_desc", "_desc_type([1, 1, BLOCK_N.value, HEAD_DIM.value])"),
-                   ("v_desc", "_desc_type([1, 1, BLOCK_N.value, HEAD_DIM.value])"),
-                   ("do_desc", "_desc_type([1, 1, BLOCK_M.value, HEAD_DIM.value])"),
-                   ("stats_desc", "_desc_type([2, BLOCK_M.value], gl.float32, STATS_LAYOUT)"),
-                   ("dq_desc", f"_desc_type([BLOCK_M.value, {'DQ_CHUNK' if decided.split else 'HEAD_DIM'}.value], "
-                               "gl.float32)"),
-                   ("dk_ptr", '"*" + str(DTYPE.value)'), ("dk_stride_b", '"i32"'), ("dk_stride_h", '"i32"'),
-                   ("dk_stride_s", '"i32"'), ("dv_ptr", '"*" + str(DTYPE.value)'), ("dv_stride_b", '"i32"'),
-                   ("dv_stride_h", '"i32"'), ("dv_stride_s", '"i32"'), ("seq_q", '"i32"'), ("seq_k", '"i32"'),
-                   ("kv_heads", '"i32"'),
-                   ("qk_scale", '"fp32"'), ("sm_scale", '"fp32"'), ("group", '"i32"'),
-                   *((("heads_per_chunk", '"i32"'),) if decided.causal else ())),
+        signature=signature,
         launch=launch_source(plan),
         buffer_dtypes={"stats": "gl.float32"},
-        load_iteration=(f"        h, prow, m_start = query_block(j, {BLOCK_ARGS})",),
+        load_iteration=(f"        h, prow, m_start = query_block(j, {block_args(plan)})",),
         load_ops=load_ops,
         load_after=load_after,
         imports=IMPORTS,

@@ -64,6 +64,9 @@ OPTIONS = {
                            (False, True)),
     "kv_heads": KernelOption(int, 0, "K/V heads (0: as many as the query heads; N: grouped-query attention, "
                                      "dK/dV summed over each group's query heads)"),
+    "varlen": KernelOption(bool, False, "variable-length packed sequences: q, o, do [total_q, H, D], k, v "
+                                        "[total_k, KV heads, D] with cu_seqlens_q / cu_seqlens_k (FlashAttention's "
+                                        "varlen interface; Gluon only)", (False, True)),
 }
 
 #: Per-thread budget of register-holding groups when none is given.
@@ -88,10 +91,11 @@ HOPPER_DQ_CHUNK, DQ_SLOTS = 64, 1
 
 
 def build(machine: Machine, *, head_dim: int = 128, block_m: int = 0, block_n: int = 0,
-          dtype: str = "fp16", causal: bool = False, kv_heads: int = 0) -> LoopGraph:
-    """The backward loop body for ``machine`` (see the module docstring). ``causal`` and ``kv_heads`` do
-    not change the loop body (the unmasked steady state is the scheduled loop; grouped K/V heads make a CTA
-    loop over its group's query heads too); they are graph attributes for the code generators."""
+          dtype: str = "fp16", causal: bool = False, kv_heads: int = 0, varlen: bool = False) -> LoopGraph:
+    """The backward loop body for ``machine`` (see the module docstring). ``causal``, ``kv_heads`` and
+    ``varlen`` do not change the loop body (the unmasked steady state is the scheduled loop; grouped K/V heads
+    make a CTA loop over its group's query heads too; packed sequences change where the tiles are read and
+    written); they are graph attributes for the code generators."""
     if kv_heads < 0:
         raise TwillError(f"kernel 'flash-bwd': kv_heads must be 0 (as many as the query heads) or positive, "
                          f"got {kv_heads}")
@@ -103,7 +107,7 @@ def build(machine: Machine, *, head_dim: int = 128, block_m: int = 0, block_n: i
         "kernel": "flash-bwd", "arch": machine.name, "block_m": block_m, "block_n": block_n,
         "head_dim": head_dim, "dtype": dtype, "subtiles": 2 if tmem else 1, "reg_limit": DEFAULT_REG_LIMIT,
         "smem_resident": resident, **({"causal": True} if causal else {}),
-        **({"kv_heads": kv_heads} if kv_heads else {})})
+        **({"kv_heads": kv_heads} if kv_heads else {}), **({"varlen": True} if varlen else {})})
     # Blackwell: FA4's stage counts (Q_stage 2, dO_stage 1; LSE follows Q).
     q_depth, do_depth = (Q_STAGES, DO_STAGES) if tmem else (None, None)
     load_q = k.tma_load(b, machine, "load_q", "load_q", block_m, head_dim, dtype, ring_depth=q_depth)

@@ -55,6 +55,9 @@ class FlashBwdDecisions:
         kv_heads: K/V heads (0: as many as the query heads; N: grouped-query attention).
         dq_chunk: 0 when the producer reduces whole dQ tiles; else the split-query backward's dQ columns per
             chunk, which the compute warps stage (``dq_depth`` buffers) and reduce themselves (``dq_lag`` 0).
+        varlen: variable-length packed sequences (FlashAttention's varlen interface): a CTA's key block and
+            the query blocks it meets lie in one sequence of the packed tensors (docs/codegen.md, "Variable-length
+            sequences").
     """
 
     dq_depth: int
@@ -62,6 +65,7 @@ class FlashBwdDecisions:
     causal: bool = False
     kv_heads: int = 0
     dq_chunk: int = 0
+    varlen: bool = False
 
     @property
     def split(self) -> bool:
@@ -124,7 +128,11 @@ def plan(schedule: Schedule, backend: str) -> KernelPlan:
     if not split:
         waits += [edge_wait(graph, "ready", op["dq_store"], op["dq_atomic"]),
                   Wait("empty", op["dq_store"], op["dq_atomic"], 0, dq_depth)]
-    decisions = FlashBwdDecisions(dq_depth, dq_lag, bool(graph.attrs.get("causal", False)), kv_heads, dq_chunk)
+    varlen = bool(graph.attrs.get("varlen", False))
+    if varlen and backend.lower() != "gluon":
+        raise unsupported(backend, "variable-length sequences (varlen)", "emitted by the Gluon backend")
+    decisions = FlashBwdDecisions(dq_depth, dq_lag, bool(graph.attrs.get("causal", False)), kv_heads, dq_chunk,
+                                  varlen)
     return make_plan(schedule, FAMILY.name, backend, tile=tile, partitions=parts, rings=tuple(rings),
                      barriers=barriers, waits=tuple(waits), decisions=decisions)
 
