@@ -366,7 +366,8 @@ def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     for t, name, shape in ((q, "q", q.shape), (o, "o", q.shape), (do, "do", q.shape), (k, "k", (Tk, kv_heads, D)),
                            (v, "v", (Tk, kv_heads, D))):
         _check(t, name, shape, dtype)
-    _check(lse, "lse", (H, T), torch.float32)
+    if not _check(lse, "lse", (H, T), torch.float32).is_contiguous():
+        raise ValueError("lse must be contiguous ([H, total_q], as the varlen forward returns it)")
     for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
         if t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device:
             raise ValueError(f"{{name}} must be an int32 vector of batch + 1 = {{B + 1}} offsets on {{q.device}}")
