@@ -33,6 +33,11 @@ dQ tile into a padded fp32 buffer with one TMA reduce-add (``tma_reduce_add``: T
 has the operation, its language no wrapper), then one pass scales it by ``sm_scale`` and converts it to the
 input dtype. The stats rows and the dQ buffer are padded per head to a multiple of ``BLOCK_M`` rows so that
 every TMA coordinate along the innermost dimension is 16-byte aligned. See docs/codegen.md, "Attention backward".
+
+The varlen backward (packed sequences, FlashAttention's varlen interface) is the same kernel over the packed
+tensors' [1, heads, total, D] views: a CTA's key block and query blocks lie in one sequence, whose rows it reads
+from ``cu_seqlens_*``, and the stats and dQ rows are padded per sequence (``pad_cu``; docs/codegen.md,
+"Variable-length sequences").
 """
 
 from __future__ import annotations
