@@ -543,9 +543,10 @@ class _Compute:
     def dq_chunks(self) -> list[str]:
         """The split-query backward's dQ = dS K (the dq op) and its staging and reduce (dq_store), DQ_CHUNK columns
         at a time: every wgmma in flight retires first (a chunk's wait retires all earlier ones), then each
-        chunk's wgmma reads dS^T and K's chunk columns, its fp32 result waits for its slot's last reduce to
-        have read the slot, is stored there and reduce-added at the query block's dQ rows by one TMA (issued
-        for the partition by one thread). Staging with the wgmma moves dq_store no later than scheduled."""
+        chunk's wgmma reads dS^T and K's chunk columns; once a chunk retired, the next one's wgmma is issued
+        and runs while the retired chunk's fp32 result waits for its slot's last reduce to have read the slot,
+        is stored there and reduce-added at the query block's dQ rows by one TMA (issued for the partition by
+        one thread). Staging with the wgmma moves dq_store no later than scheduled."""
         i = self.it("dq")
         at = self.plan.placement(self.part.roles["dq"])
         store = self.plan.placement(self.part.roles["dq_store"])
@@ -554,10 +555,14 @@ class _Compute:
                  f"{store.stage}) with each chunk",
                  f"_, prow, _ = query_block({i}, {block_args(self.plan)})  # the query block's first row of the dQ "
                  f"accumulator",
+                 "k_cols = k_smem.slice(0, DQ_CHUNK, 1)  # K's chunk columns (B of dQ = dS K)",
+                 "dqv_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)",
                  "for c in gl.static_range(HEAD_DIM // DQ_CHUNK):",
-                 "    k_cols = k_smem.slice(c * DQ_CHUNK, DQ_CHUNK, 1)  # K's chunk columns (B of dQ = dS K)",
-                 "    dqv_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_cols, dq_zero, use_acc=False, is_async=True)",
-                 "    dqv = warpgroup_mma_wait(0, deps=[dqv_tok])",
+                 "    dqv = warpgroup_mma_wait(0, deps=[dqv_tok])  # chunk c",
+                 "    if c + 1 < HEAD_DIM // DQ_CHUNK:  # chunk c + 1 on the tensor core while chunk c is staged",
+                 "        k_cols = k_smem.slice((c + 1) * DQ_CHUNK, DQ_CHUNK, 1)",
+                 "        dqv_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_cols, dq_zero, use_acc=False,",
+                 "                                is_async=True)",
                  "    tma.store_wait(DQ_SLOTS - 1)  # the reduce that last read this slot has read it",
                  "    gl.thread_barrier()",
                  "    dq_stage.index(c % DQ_SLOTS).store(dqv)",
