@@ -120,19 +120,23 @@ def sass_instructions(text: str) -> list[tuple[int, tuple[str, ...], str]]:
     return out
 
 
+def _loop_ranges(parsed: list[tuple[int, tuple[str, ...], str]]) -> list[tuple[int, int]]:
+    """The ``(first, last)`` addresses of every loop in ``parsed`` (:func:`sass_instructions`): for each
+    backward branch, its target label's address and its own."""
+    label_at = {name: address for address, labels, _ in parsed for name in labels}
+    ranges = []
+    for address, _, inst in parsed:
+        target = re.search(r"BRA `\(\.(L_x_\d+)\)", inst)
+        if target and label_at.get(target.group(1), address + 1) <= address:
+            ranges.append((label_at[target.group(1)], address))
+    return ranges
+
+
 def sass_loops(text: str) -> list[list[str]]:
     """The instructions of every loop in ``text`` (SASS from :func:`sass`): for each backward branch, the
     instructions from its target label to the branch, in address order."""
     parsed = sass_instructions(text)
-    label_at = {name: address for address, labels, _ in parsed for name in labels}
-    instructions = [(address, inst) for address, _, inst in parsed]
-    loops = []
-    for address, inst in instructions:
-        target = re.search(r"BRA `\(\.(L_x_\d+)\)", inst)
-        if target and label_at.get(target.group(1), address + 1) <= address:
-            start = label_at[target.group(1)]
-            loops.append([i for a, i in instructions if start <= a <= address])
-    return loops
+    return [[inst for a, _, inst in parsed if lo <= a <= hi] for lo, hi in _loop_ranges(parsed)]
 
 
 def wgmma_loops(text: str) -> list[list[str]]:
@@ -140,15 +144,11 @@ def wgmma_loops(text: str) -> list[list[str]]:
     wgmma (``HGMMA``, ``QGMMA``): a backward branch's range with one and no shorter such range inside, in
     address order. A compute partition's main loop is one; they come first in the kernels Twill emits."""
     parsed = sass_instructions(text)
-    label_at = {name: address for address, labels, _ in parsed for name in labels}
     ops = [(address, re.sub(r"^@!?U?P\w+\s+", "", inst).split(" ")[0]) for address, _, inst in parsed]
     ranges = []
-    for address, _, inst in parsed:
-        target = re.search(r"BRA `\(\.(L_x_\d+)\)", inst)
-        if target and label_at.get(target.group(1), address + 1) <= address:
-            start = label_at[target.group(1)]
-            body = [op for a, op in ops if start <= a <= address]
-            if any("GMMA" in op for op in body):
-                ranges.append((start, address, body))
+    for lo, hi in _loop_ranges(parsed):
+        body = [op for a, op in ops if lo <= a <= hi]
+        if any("GMMA" in op for op in body):
+            ranges.append((lo, hi, body))
     return [body for lo, hi, body in ranges
             if not any((lo, hi) != (l2, h2) and lo <= l2 and h2 <= hi for l2, h2, _ in ranges)]
