@@ -126,13 +126,20 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return _backward_kernel(grad_out, q, k, v, out, lse, causal, scale)
 
 
+def _tma_readable(grad_out: torch.Tensor) -> torch.Tensor:
+    """``grad_out`` itself, or a contiguous copy when TMA cannot read its layout (e.g. the expanded gradient of
+    ``out.sum()``, stride 0) or its base address."""
+    if layout_problem(grad_out, "grad_out") is not None or grad_out.data_ptr() % 16:
+        return grad_out.contiguous()
+    return grad_out
+
+
 def _backward_kernel(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                      lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward's real implementation, shared by the custom op and :class:`EagerAttention`."""
     check_device(q, k, v, grad_out)
     dq, dk, dv = _backward_outputs(q, k, v)
-    if layout_problem(grad_out, "grad_out") is not None or grad_out.data_ptr() % 16:
-        grad_out = grad_out.contiguous()   # a layout TMA cannot read, e.g. out.sum()'s expanded gradient
+    grad_out = _tma_readable(grad_out)
     kernel_module(kernel_spec(BACKWARD.name, q, k, causal)).launch(q, k, v, out, grad_out, lse, sm_scale=scale,
                                                                    dq=dq, dk=dk, dv=dv)
     return dq, dk, dv
@@ -236,8 +243,7 @@ def attention_varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.
     forward's ``out`` and ``lse``."""
     check_device(q, k, v, grad_out, cu_seqlens_q, cu_seqlens_k)
     dq, dk, dv = _backward_outputs(q, k, v)
-    if layout_problem(grad_out, "grad_out") is not None or grad_out.data_ptr() % 16:
-        grad_out = grad_out.contiguous()   # a layout TMA cannot read, e.g. out.sum()'s expanded gradient
+    grad_out = _tma_readable(grad_out)
     spec = replace(kernel_spec(BACKWARD.name, q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2),
                                causal), varlen=True)
     kernel_module(spec).launch(q, k, v, out, grad_out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
