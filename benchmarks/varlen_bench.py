@@ -126,7 +126,7 @@ def run(lens: list[int], heads: int, kv_heads: int, head_dim: int, rounds: int,
     refs: list[tuple[Any, ...]] = []
     for b, n in enumerate(lens):
         s = slice(starts[b], starts[b] + n)
-        leaves = tuple(t[s].transpose(0, 1).float().requires_grad_() for t in (q, k, v))
+        leaves = tuple(t[s].transpose(0, 1).float().requires_grad_(backward) for t in (q, k, v))
         kb, vb = (t.repeat_interleave(group, dim=0) for t in leaves[1:])
         out = F.scaled_dot_product_attention(leaves[0], kb, vb, is_causal=True)
         if backward:
