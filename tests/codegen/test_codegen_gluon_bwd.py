@@ -185,6 +185,18 @@ def test_backward_causal_gqa_bf16_compile(tmp_path, options):
                                   else triton.language.float16)
 
 
+def _strides(name: str) -> dict[str, str]:
+    return {f"{name}_stride_{d}": "i32" for d in "bhs"}
+
+
+#: The signatures (fp16) of the backward's dO.O pre-pass and dQ conversion.
+HELPER_SIGNATURES = (
+    {"o_ptr": "*fp16", **_strides("o"), "do_ptr": "*fp16", **_strides("do"), "delta_ptr": "*fp32", "lse_ptr": "*fp32",
+     **_strides("lse"), "lse_out_ptr": "*fp32", "dq_acc_ptr": "*fp32", "seq_q": "i32", "s_pad": "i32"},
+    {"acc_ptr": "*fp32", "dq_ptr": "*fp16", **_strides("dq"), "seq_q": "i32", "s_pad": "i32", "sm_scale": "fp32"},
+)
+
+
 def test_backward_helper_kernels_compile(tmp_path):
     """The dO.O pre-pass (with the LSE rows copied into the stats buffer and the dQ accumulator zeroed, as the
     launcher runs it, and without either, as ``preprocess`` does) and the dQ conversion compile for sm_90 too
@@ -194,17 +206,13 @@ def test_backward_helper_kernels_compile(tmp_path):
     from triton.experimental.gluon._runtime import GluonASTSource
 
     module = load_emitted(str(_write(tmp_path, _schedule(head_dim=64), "helpers")), "twill_test_bwd_helpers")
-    strides = lambda name: {f"{name}_stride_{d}": "i32" for d in "bhs"}  # noqa: E731
-    pre = {"o_ptr": "*fp16", **strides("o"), "do_ptr": "*fp16", **strides("do"), "delta_ptr": "*fp32",
-           "lse_ptr": "*fp32", **strides("lse"), "lse_out_ptr": "*fp32", "dq_acc_ptr": "*fp32", "seq_q": "i32",
-           "s_pad": "i32"}
+    pre, conv = HELPER_SIGNATURES
     stores = {}
     for name, fn, sig, fixed in (
             ("zero", module.preprocess_kernel, pre, {}),
             ("lse", module.preprocess_kernel, pre, {"dq_acc_ptr": None}),
             ("plain", module.preprocess_kernel, pre, {"lse_ptr": None, "lse_out_ptr": None, "dq_acc_ptr": None}),
-            ("dq", module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", **strides("dq"),
-                                              "seq_q": "i32", "s_pad": "i32", "sm_scale": "fp32"}, {})):
+            ("dq", module.dq_convert_kernel, conv, {})):
         sig = {k: "constexpr" if k in fixed else v for k, v in sig.items()}
         compiled = triton.compile(GluonASTSource(fn, sig, constexprs=fixed), target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": 4})
@@ -224,13 +232,7 @@ def test_backward_helper_kernels_take_fewer_rows_at_head_dim_256(tmp_path):
     assert re.search(r"^PRE_ROWS\s+= gl.constexpr\(64\)", _write(tmp_path, _schedule(), "d128").read_text(), re.M)
     module = load_emitted(str(_write(tmp_path, _schedule(head_dim=256), "h256")), "twill_test_bwd_helpers256")
     assert module.PRE_ROWS.value == 32
-    strides = lambda name: {f"{name}_stride_{d}": "i32" for d in "bhs"}  # noqa: E731
-    pre = {"o_ptr": "*fp16", **strides("o"), "do_ptr": "*fp16", **strides("do"), "delta_ptr": "*fp32",
-           "lse_ptr": "*fp32", **strides("lse"), "lse_out_ptr": "*fp32", "dq_acc_ptr": "*fp32", "seq_q": "i32",
-           "s_pad": "i32"}
-    for fn, sig in ((module.preprocess_kernel, pre),
-                    (module.dq_convert_kernel, {"acc_ptr": "*fp32", "dq_ptr": "*fp16", **strides("dq"), "seq_q": "i32",
-                                                "s_pad": "i32", "sm_scale": "fp32"})):
+    for fn, sig in zip((module.preprocess_kernel, module.dq_convert_kernel), HELPER_SIGNATURES):
         compiled = triton.compile(GluonASTSource(fn, sig), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
         assert ptxas_report(compiled.asm["ptx"], 90)["spill_bytes"] == 0, fn.__name__
 
