@@ -246,6 +246,15 @@ CHECK = """def _check(t, name, shape, dtype):
         raise ValueError(f"expected {{name}} of shape {{tuple(shape)}} and dtype {{dtype}}, got {{tuple(t.shape)}} "
                          f"{{t.dtype}}")
     return t
+
+
+def _check_gradient(t, name, shape, dtype):
+    \"\"\"The gradient buffer ``t`` itself (written through its strides), after checking its shape, its dtype and its
+    contiguous last dimension.\"\"\"
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.stride(-1) != 1:
+        raise ValueError(f"{{name}} must be a {{dtype}} tensor of shape {{tuple(shape)}} with a contiguous last "
+                         f"dimension")
+    return t
 """
 STATS = """
 
@@ -318,9 +327,7 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     for t, name, shape in ((dq, "dq", q.shape), (dk, "dk", kv_shape), (dv, "dv", kv_shape)):
-        if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.stride(-1) != 1:
-            raise ValueError(f"{{name}} must be a {{dtype}} tensor of shape {{tuple(shape)}} with a contiguous last "
-                             f"dimension")
+        _check_gradient(t, name, shape, dtype)
     shapes, s_pad = buffer_shapes(B, H, S), padded_len(S)
     if delta is None:   # the pre-pass writes both stats rows, padding included, and zeroes the dQ accumulator
         stats = torch.empty(shapes["stats"], device=q.device, dtype=torch.float32)
@@ -376,13 +383,12 @@ def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
         if t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device:
             raise ValueError(f"{{name}} must be an int32 vector of batch + 1 = {{B + 1}} offsets on {{q.device}}")
+    for t, name, like in ((dq, "dq", q), (dk, "dk", k), (dv, "dv", v)):
+        if t is not None:   # checked before any is written
+            _check_gradient(t, name, like.shape, dtype)
     dq = torch.empty_like(q) if dq is None else dq   # the gradients take their inputs' strides
     dk = torch.zeros_like(k) if dk is None else dk.zero_()   # keys no query sees (and key blocks past a
     dv = torch.zeros_like(v) if dv is None else dv.zero_()   # sequence's end) are not written by the kernel
-    for t, name, like in ((dq, "dq", q), (dk, "dk", k), (dv, "dv", v)):
-        if t.shape != like.shape or t.dtype != dtype or t.stride(-1) != 1:
-            raise ValueError(f"{{name}} must be a {{dtype}} tensor of shape {{tuple(like.shape)}} with a contiguous "
-                             f"last dimension")
     if B <= 0 or T == 0 or Tk == 0 or max_seqlen_q <= 0 or max_seqlen_k <= 0:   # no query or no key: no gradient
         dq.zero_()
         return dq, dk, dv
