@@ -10,9 +10,11 @@ with its launch cache emptied before each call, so that every launch goes throug
 * ``gpu_us``: CUDA events around the same calls (the GPU's view, host gaps included).
 
 Then ``graph``: the op's forward and forward + backward captured in a CUDA graph and replayed, outputs and
-gradients compared with the eager call's (a capture that fails is reported, not raised), and ``profile``: the
-op's forward under ``cProfile`` (the 15 functions with the most own time). Prints a table and writes
-``$OUT/op_launch_cost.json``.
+gradients compared with the eager call's (a capture that fails is reported, not raised), ``parts``: the host
+time of each step of one forward launch alone (a descriptor, the launch cache's key, the driver's encoding of
+one descriptor, the compiled kernel's launcher, the raw C launcher with encoded descriptors, an output
+allocation, the stream lookup), and ``profile``: the op's forward and forward + backward under ``cProfile`` (the
+functions with the most own and the most cumulative time). Prints a table and writes ``$OUT/op_launch_cost.json``.
 
     python benchmarks/op_launch_cost.py [--batch 1 --heads 8 --seq 128 --head-dim 128] --out $OUT
 """
@@ -75,16 +77,75 @@ def _graph_check(fn: Callable[[], Any]) -> dict[str, Any]:
         return {"captured": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
 
 
-def _profile(fn: Callable[[], Any], calls: int = 200) -> list[str]:
+def _profile(fn: Callable[[], Any], calls: int = 200, rows: int = 25) -> dict[str, list[str]]:
     fn()
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
         fn()
     prof.disable()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
-    return [line for line in buf.getvalue().splitlines() if line.strip()][-17:]
+    out = {}
+    for order in ("tottime", "cumulative"):
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(order).print_stats(rows)
+        out[order] = [line for line in buf.getvalue().splitlines() if line.strip()][-(rows + 2):]
+    return out
+
+
+def _parts(module: Any, q: Any, k: Any, v: Any, out: Any, reps: int = 500) -> dict[str, float]:
+    """Microseconds of host time of each step of one forward launch of ``module``, each timed alone over
+    ``reps`` repetitions, fewer than the launch queue holds (the GPU is synchronised after each batch)."""
+    import torch
+    from triton.backends.nvidia import driver as nvdriver
+    from triton.runtime import driver
+
+    seen = []
+    real = module._launch
+    module._launch = lambda kernel, grid, num_warps, *args: seen.append((kernel, grid, num_warps, args))
+    try:
+        module.launch(q, k, v, out=out)
+    finally:
+        module._launch = real
+    kernel, grid, num_warps, args = seen[0]
+    real(kernel, grid, num_warps, *args)   # fills the launch cache
+    device = driver.active.get_current_device()
+    compiled, entry_point = module._COMPILED[(kernel, device, len(grid), num_warps, *map(module._arg_key, args))]
+    descs = [a for a in args if isinstance(a, module._TmaArg)]
+    metas = compiled.metadata.tensordesc_meta
+    stream = driver.active.get_current_stream(device)
+    g = (*grid, 1, 1)
+    run = compiled.run
+    triton_args = [a.descriptor() if isinstance(a, module._TmaArg) else a for a in args]
+    steps = {
+        "tma_view": lambda: module._tma_view(q, "q", list(descs[0].block_shape[2:])),
+        "triton_descriptor": lambda: descs[0].descriptor(),
+        "launch_key": lambda: (kernel, device, len(grid), num_warps, *map(module._arg_key, args)),
+        "encode_descriptor": lambda: nvdriver.make_tensordesc_arg(descs[0], metas[0]),
+        "tritons_launcher": lambda: run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+                                        None, None, None, *triton_args),
+        "direct_launch": lambda: real(kernel, grid, num_warps, *args),
+        "empty_like": lambda: torch.empty_like(q),
+        "stream": lambda: driver.active.get_current_stream(driver.active.get_current_device()),
+    }
+    if entry_point is not None:
+        raw, positions = entry_point
+        final = []
+        for i, a in enumerate(args):
+            final.extend(module._encoded(a, *positions[i]) if i in positions else [a])
+        steps["c_launcher"] = lambda: raw(g[0], g[1], g[2], stream, compiled.function, False, False, None, None,
+                                          compiled.packed_metadata, None, None, None, *final)
+    result = {}
+    for name, fn in steps.items():
+        samples = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            samples.append((time.perf_counter() - t0) * 1e6 / reps)
+            torch.cuda.synchronize()
+        result[name] = statistics.median(samples)
+    return result
 
 
 def run(B: int, H: int, S: int, D: int) -> dict[str, Any]:
@@ -137,10 +198,13 @@ def run(B: int, H: int, S: int, D: int) -> dict[str, Any]:
     graph = {"forward": _graph_check(lambda: (twill.ops.attention(q, k, v, causal=True),)),
              "forward+backward": _graph_check(twill_step)}
     print(json.dumps(graph), flush=True)
+    parts = _parts(module, q, k, v, out)
+    print(json.dumps(parts), flush=True)
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "shape": [B, H, S, D], "dtype": "bf16",
             "causal": True, "calls": CALLS, "rounds": ROUNDS, "rows": rows, "graph": graph,
-            "profile_forward": _profile(lambda: twill.ops.attention(q, k, v, causal=True))}
+            "parts": parts, "profile_forward": _profile(lambda: twill.ops.attention(q, k, v, causal=True)),
+            "profile_step": _profile(twill_step, calls=100)}
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -165,7 +229,8 @@ def main() -> None:
     doc = run(args.batch, args.heads, args.seq, args.head_dim)
     with open(os.path.join(args.out, "op_launch_cost.json"), "w") as fh:
         json.dump(doc, fh, indent=1)
-    print("\n".join(doc["profile_forward"]))
+    for what in ("profile_forward", "profile_step"):
+        print("\n".join(doc[what]["cumulative"]))
     print(table(doc))
 
 

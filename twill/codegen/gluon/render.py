@@ -70,38 +70,64 @@ def compile_signature():
 '''
 
 
-#: Host helper of the attention launchers: a rank-4 TMA descriptor over a ``[B, H, S, D]`` tensor as it lies in
-#: memory (its own strides, no copy), or a ``ValueError`` naming the tensor when TMA cannot read it.
+#: Host helpers of the attention launchers: TMA descriptors as plain fields (a rank-4 one over a ``[B, H, S, D]``
+#: tensor as it lies in memory, its own strides, no copy, or a ``ValueError`` naming the tensor when TMA cannot
+#: read it; one over a buffer of the launcher's own).
 TMA_VIEW = '''
+class _TmaArg:
+    """A TMA descriptor argument: Triton's host ``TensorDescriptor`` fields without its per-call checks (the
+    launcher's come first). ``_launch`` encodes it for the kernel, or makes it a ``TensorDescriptor`` for
+    Triton's JIT (:meth:`descriptor`)."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding")
+
+    def __init__(self, base, shape, strides, block_shape, layout):
+        self.base, self.shape, self.strides = base, shape, strides
+        self.block_shape, self.layout, self.padding = block_shape, layout, "zero"
+
+    def descriptor(self):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        return TensorDescriptor(self.base, list(self.shape), list(self.strides), list(self.block_shape),
+                                self.layout)
+
+
+def _tma_buffer(t, block, dtype, layout=None):
+    """A TMA descriptor of the launcher's own buffer ``t`` (dense, 16-byte aligned) with block ``block`` of
+    ``dtype`` elements in ``layout`` (default: the NVMMA shared layout for the block)."""
+    block = tuple(block)
+    return _TmaArg(t, tuple(t.shape), t.stride(), block, layout or _shared_layout(block, dtype))
+
+
 def _tma_view(t, name, block, dtype=None):
     """A TMA descriptor of the 4-d tensor ``t`` ([B, heads, S, D], any strides) with block ``[1, 1, *block]``
     in the NVMMA shared layout of that block: the kernel reads ``t`` where it lies, each (batch, head) bounded
     by its own S rows (TMA zero-fills rows past S). Raises ValueError naming ``t`` unless its last dimension
     is contiguous and its other strides and base address are 16-byte aligned (what TMA requires)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     size = t.element_size()
-    strides = list(t.stride())
+    shape, strides = t.shape, t.stride()
     if strides[-1] != 1:
-        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {tuple(strides)}")
-    if any(n > 1 and s * size % 16 for n, s in zip(t.shape[:-1], strides[:-1])):
-        raise ValueError(f"{name} has strides {tuple(strides)} ({size}-byte elements); TMA needs every stride "
+        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {strides}")
+    if any(n > 1 and s * size % 16 for n, s in zip(shape[:-1], strides[:-1])):
+        raise ValueError(f"{name} has strides {strides} ({size}-byte elements); TMA needs every stride "
                          f"but the last to be a multiple of 16 bytes")
     if t.data_ptr() % 16:
         raise ValueError(f"{name} starts at address {t.data_ptr():#x}; TMA needs a 16-byte aligned base")
-    for d, n in enumerate(t.shape[:-1]):   # a dimension of one element is never stepped: any aligned stride
-        if n == 1:
-            strides[d] = t.shape[-1] * 16
-    shape = [1, 1, *block]
-    return TensorDescriptor(t, list(t.shape), strides, shape, _shared_layout(tuple(shape), dtype or DTYPE.value))
+    if 1 in shape[:-1]:   # a dimension of one element is never stepped: any aligned stride
+        strides = tuple(shape[-1] * 16 if n == 1 else s for n, s in zip(shape[:-1], strides[:-1])) + (1,)
+    block = (1, 1, *block)
+    return _TmaArg(t, tuple(shape), strides, block, _shared_layout(block, dtype or DTYPE.value))
 '''
 
 
 #: Host helper of the attention launchers: a kernel launch that goes through Triton's JIT once per argument
-#: specialization and device, and after that straight to the compiled kernel's launcher (no argument binding,
-#: cache-key string or global-variable check per call: docs/codegen.md, "Host time per call").
+#: specialization and device, and after that straight to the compiled kernel's C launcher, with each TMA
+#: descriptor encoded once per address, shape and strides (no argument binding, cache-key string, global-variable
+#: check or descriptor encoding per call: docs/codegen.md, "Host time per call").
 DIRECT_LAUNCH = '''
 _COMPILED = {}
+_ENCODED = {}
+_ENCODED_MAX = 4096   # encoded descriptors kept (the table is emptied when full)
 
 
 def _arg_key(a):
@@ -116,17 +142,51 @@ def _arg_key(a):
     if isinstance(a, float):
         return float
     base = getattr(a, "base", None)
-    if base is not None:   # a host-side TensorDescriptor
+    if base is not None:   # a TMA descriptor
         return (base.dtype, base.data_ptr() % 16 == 0, tuple(a.block_shape), a.layout, a.padding,
                 tuple(n % 16 == 0 for n in (*a.shape, *a.strides)))
     return (a.dtype, a.data_ptr() % 16 == 0)
 
 
+def _entry_point(compiled):
+    """(C launcher, {argument position: (descriptor metadata, its key)}) of ``compiled``: the function
+    Triton's launcher wraps, which takes each TMA descriptor encoded. None when the launch needs scratch memory
+    or Triton's wrapper is not the one this reads (Triton's launcher then takes every launch)."""
+    run = compiled.run
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None
+    wrapper = run.launch
+    code = getattr(wrapper, "__code__", None)
+    if code is None:   # no descriptor argument: Triton calls the C launcher itself
+        return wrapper, {}
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in wrapper.__closure__ or ())))
+    launcher, indices, metas = (cells.get(n) for n in ("launcher", "tensordesc_indices", "tensordesc_meta"))
+    if launcher is None or indices is None or not metas or None in metas:
+        return None
+    keys = [tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in m.items())) for m in metas]
+    return launcher, dict(zip(sorted(indices), zip(metas, keys)))
+
+
+def _encoded(a, meta, meta_key):
+    """The C launcher's arguments for TMA descriptor ``a`` under the kernel's ``meta``: Triton's encoding,
+    made once per address, shape, strides and metadata (it holds no more than those)."""
+    key = (a.base.data_ptr(), tuple(a.shape), tuple(a.strides), a.padding, meta_key)
+    args = _ENCODED.get(key)
+    if args is None:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        if len(_ENCODED) >= _ENCODED_MAX:
+            _ENCODED.clear()
+        args = _ENCODED[key] = make_tensordesc_arg(a, meta)
+    return args
+
+
 def _launch(kernel, grid, num_warps, *args):
     """``kernel[grid](*args, num_warps=num_warps)``: the first launch of each specialization key (the device,
     the grid's rank and :func:`_arg_key` of every argument) goes through Triton's JIT, which compiles or
-    loads the kernel and returns it; later ones call that compiled kernel's launcher as the JIT itself does
-    after its lookup. While a launch hook is set (a profiler's), every launch goes through the JIT."""
+    loads the kernel and returns it; later ones call that compiled kernel's C launcher as Triton's own
+    launcher does, with each descriptor's encoding from :func:`_encoded`. While a launch hook is set (a
+    profiler's), every launch goes through the JIT."""
     from triton import knobs
     from triton.runtime import driver
 
@@ -135,13 +195,31 @@ def _launch(kernel, grid, num_warps, *args):
     hooks = any(getattr(hook, "calls", hook) for hook in (knobs.runtime.launch_enter_hook,
                                                            knobs.runtime.launch_exit_hook))
     key = (kernel, device, len(grid), num_warps, *map(_arg_key, args))
-    compiled = None if hooks else _COMPILED.get(key)
-    if compiled is None:
-        _COMPILED[key] = kernel[grid](*args, num_warps=num_warps)
+    entry = None if hooks else _COMPILED.get(key)
+    if entry is None:
+        args = [a.descriptor() if isinstance(a, _TmaArg) else a for a in args]
+        compiled = kernel[grid](*args, num_warps=num_warps)
+        _COMPILED[key] = (compiled, _entry_point(compiled))
         return
+    compiled, entry_point = entry
     grid = (*grid, 1, 1)
-    compiled.run(grid[0], grid[1], grid[2], driver.active.get_current_stream(device), compiled.function,
-                 compiled.packed_metadata, None, None, None, *args)
+    stream = driver.active.get_current_stream(device)
+    if entry_point is None:
+        args = [a.descriptor() if isinstance(a, _TmaArg) else a for a in args]
+        compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
+                     None, *args)
+        return
+    launcher, metas = entry_point
+    final = []
+    for i, a in enumerate(args):
+        meta = metas.get(i)
+        if meta is None:
+            final.append(a)
+        else:
+            final.extend(_encoded(a, *meta))
+    run = compiled.run
+    launcher(grid[0], grid[1], grid[2], stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl,
+             None, None, compiled.packed_metadata, None, None, None, *final)
 '''
 
 

@@ -340,8 +340,8 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
         stats[1].view(B, H, s_pad)[..., :S] = _check(delta, "delta", (B, H, S), torch.float32)
         dq_acc = torch.zeros(shapes["dq_acc"], device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    stats_desc = _descriptor(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
-    dq_desc = _descriptor(dq_acc, [BLOCK_M.value, {dq_cols}], gl.float32)
+    stats_desc = _tma_buffer(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
+    dq_desc = _tma_buffer(dq_acc, [BLOCK_M.value, {dq_cols}], gl.float32)
     grid = (triton.cdiv(Sk, BLOCK_N.value), B * kv_shape[1])
     _launch(backward_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk,
             *dk.stride()[:3], dv, *dv.stride()[:3], S, Sk, kv_shape[1], sm_scale * LOG2E.value, sm_scale,
@@ -411,8 +411,8 @@ def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     v_desc = _tma_view(v.unsqueeze(0).transpose(1, 2), "v", [BLOCK_N.value, D])
     do_desc = _tma_view(do.unsqueeze(0).transpose(1, 2), "do", [block, D])
     dk4, dv4 = dk.unsqueeze(0).transpose(1, 2), dv.unsqueeze(0).transpose(1, 2)
-    stats_desc = _descriptor(stats, [2, block], gl.float32, STATS_LAYOUT)
-    dq_desc = _descriptor(dq_acc, [block, {dq_cols}], gl.float32)
+    stats_desc = _tma_buffer(stats, [2, block], gl.float32, STATS_LAYOUT)
+    dq_desc = _tma_buffer(dq_acc, [block, {dq_cols}], gl.float32)
     grid = (triton.cdiv(max_seqlen_k, BLOCK_N.value), B * kv_heads)
     _launch(backward_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk,
             *dk4.stride()[:3], dv, *dv4.stride()[:3], cu_seqlens_q, cu_seqlens_k, pad_cu, total_pad, kv_heads,

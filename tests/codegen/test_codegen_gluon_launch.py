@@ -1,0 +1,156 @@
+"""The attention launchers' direct launch (``_launch`` in every attention module): after the first launch of
+a specialization, which goes through Triton's JIT with Triton's own ``TensorDescriptor`` objects, every launch
+calls the compiled kernel's C launcher itself, with each TMA descriptor encoded once per address, shape and
+strides. Checked on the CPU against Triton's own launcher: the C entry point is a recorder, Triton's wrapper
+around it (``wrap_handle_tensordesc``) is Triton's, and the encoding is a stand-in for the driver's. The
+kernels' results under repeated direct launches are tests/gpu/test_gpu_launch.py's."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+pytest.importorskip("triton.experimental.gluon", reason="Triton 3.6 with Gluon is needed")
+
+from triton.backends.nvidia import driver as nvidia_driver  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+
+from twill.codegen.gluon import emit_gluon, load_emitted  # noqa: E402
+from twill.kernels import build_kernel  # noqa: E402
+from twill.kernels.flash_bwd.variants import flash_bwd_schedule  # noqa: E402
+from twill.kernels.flash_fwd.variants import flash_schedule  # noqa: E402
+from twill.machine.models import H100  # noqa: E402
+
+STREAM = 0x5EED
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("launch")
+    fwd = flash_schedule(build_kernel("flash-fwd", H100, subtiles=2, head_dim=128), H100, ahead=1, depth=2)
+    bwd = flash_bwd_schedule(build_kernel("flash-bwd", H100), H100, depth=2, dq_lag=1)
+    out = {}
+    for name, sched in (("fwd", fwd), ("bwd", bwd)):
+        path = tmp / f"{name}.py"
+        path.write_text(emit_gluon(sched))
+        out[name] = load_emitted(str(path), f"twill_test_launch_{name}")
+    return out
+
+
+class FakeKernel:
+    """A JIT kernel whose ``kernel[grid](*args)`` records the call and returns a compiled kernel whose launcher
+    is Triton's wrapper (``wrap_handle_tensordesc``) around a recording C entry point."""
+
+    def __init__(self, scratch=0):
+        self.jit_calls, self.c_calls, self.scratch = [], [], scratch
+
+    def __getitem__(self, grid):
+        def jit(*args, num_warps):
+            self.jit_calls.append(args)
+            signature = {f"a{i}": "tensordesc<bf16[1, 1, 64, 128]>" if isinstance(a, TensorDescriptor) else "i32"
+                         for i, a in enumerate(args)}
+            metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": list(a.block_shape),
+                      "fp4_padded": False} for a in args if isinstance(a, TensorDescriptor)]
+            wrapper = nvidia_driver.wrap_handle_tensordesc(lambda *c: self.c_calls.append(c), signature, metas)
+
+            class Run:   # CudaLauncher's fields and call, without compiling a C module
+                launch, launch_cooperative_grid, launch_pdl = staticmethod(wrapper), False, False
+                global_scratch_size = profile_scratch_size = self.scratch
+
+                def __call__(self, gx, gy, gz, stream, function, *rest):
+                    self.launch(gx, gy, gz, stream, function, False, False, None, None, *rest)
+
+            return types.SimpleNamespace(run=Run(), function=0xF00, packed_metadata=(4, 1, 1000))
+
+        return jit
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    """The active driver on CPU (device 0, a fixed stream) and a stand-in for Triton's descriptor encoding that
+    counts its calls."""
+    encodings = []
+
+    def encode(arg, meta):
+        encodings.append(arg)
+        return [("tensormap", arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), meta["swizzle"]),
+                *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(driver, "_active", types.SimpleNamespace(get_current_device=lambda: 0,
+                                                                 get_current_stream=lambda device: STREAM))
+    monkeypatch.setattr(nvidia_driver, "make_tensordesc_arg", encode)
+    return encodings
+
+
+def _args(module, q, k):
+    return (module._tma_view(q, "q", [64, 128]), module._tma_view(k, "k", [128, 128]), 300, 7, q)
+
+
+def test_later_launches_reach_the_c_launcher_with_what_tritons_launcher_passes(modules, fake_driver):
+    module, kernel = modules["fwd"], FakeKernel()
+    module._COMPILED.clear()
+    q = torch.zeros(2, 300, 8, 128, dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
+    module._launch(kernel, (5, 16), 4, *_args(module, q, k))
+    assert len(kernel.jit_calls) == 1 and not kernel.c_calls
+    assert all(isinstance(a, TensorDescriptor) for a in kernel.jit_calls[0][:2])   # the JIT gets Triton's own
+    compiled = next(iter(module._COMPILED.values()))[0]
+    compiled.run(5, 16, 1, STREAM, 0xF00, (4, 1, 1000), None, None, None,
+                 *(a.descriptor() if isinstance(a, module._TmaArg) else a for a in _args(module, q, k)))
+    module._launch(kernel, (5, 16), 4, *_args(module, q, k))
+    assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 2
+    tritons, direct = kernel.c_calls
+    assert direct == tritons                   # same entry point, same arguments
+    assert direct[:5] == (5, 16, 1, STREAM, 0xF00)
+
+
+def test_a_descriptor_is_encoded_once_per_address_shape_and_strides(modules, fake_driver):
+    module, kernel = modules["fwd"], FakeKernel()
+    module._COMPILED.clear()
+    module._ENCODED.clear()
+    x = torch.zeros(2, 300, 8, 128, dtype=torch.bfloat16)
+    k = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
+    for _ in range(4):
+        module._launch(kernel, (5, 16), 4, *_args(module, x.transpose(1, 2), k))
+    assert len(fake_driver) == 2               # q and k, encoded at the first direct launch only
+    other = torch.zeros_like(x)                # another address: encoded anew, and passed as its own
+    module._launch(kernel, (5, 16), 4, *_args(module, other.transpose(1, 2), k))
+    assert len(fake_driver) == 3 and kernel.c_calls[-1][13][1] == other.data_ptr()
+    dense = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)   # same address as nothing above, other strides
+    module._launch(kernel, (5, 16), 4, *_args(module, dense, k))
+    assert kernel.c_calls[-1][13][3] == dense.stride()
+    assert len(kernel.jit_calls) == 1
+
+
+def test_a_full_encoding_table_is_emptied_not_grown(modules, fake_driver, monkeypatch):
+    module, kernel = modules["fwd"], FakeKernel()
+    module._COMPILED.clear()
+    module._ENCODED.clear()
+    monkeypatch.setattr(module, "_ENCODED_MAX", 3)
+    k = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
+    for _ in range(6):
+        module._launch(kernel, (5, 16), 4, *_args(module, torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16), k))
+    assert len(module._ENCODED) <= 3
+
+
+def test_a_launch_that_needs_scratch_memory_goes_through_tritons_launcher(modules, fake_driver):
+    module, kernel = modules["bwd"], FakeKernel(scratch=256)
+    module._COMPILED.clear()
+    module._ENCODED.clear()
+    q = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
+    for _ in range(3):
+        module._launch(kernel, (5, 16), 4, *_args(module, q, q))
+    assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 2 and not module._ENCODED
+    assert len(fake_driver) == 4               # Triton's wrapper encodes every descriptor of every launch
+
+
+def test_the_launchers_own_buffers_get_dense_descriptors(modules):
+    module = modules["bwd"]
+    stats = torch.zeros(2, 4 * 384, dtype=torch.float32)
+    desc = module._tma_buffer(stats, [2, 128], module.gl.float32, module.STATS_LAYOUT)
+    assert (tuple(desc.shape), tuple(desc.strides), desc.block_shape) == ((2, 1536), (1536, 1), (2, 128))
+    triton_desc = desc.descriptor()            # what the JIT gets: Triton's checks pass on it
+    assert isinstance(triton_desc, TensorDescriptor) and triton_desc.layout is module.STATS_LAYOUT
