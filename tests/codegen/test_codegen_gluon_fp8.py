@@ -139,7 +139,9 @@ def test_the_p_operand_key_order_matches_the_pre_pass():
     assert "p = gl.reshape(gl.permute(p, [0, 1, 2, 4, 3, 5]), [SUB_M, BLOCK_N])" in source
     namespace: dict = {}
     start = source.index("def transpose_v(v):")
-    exec("import triton\n" + source[start:source.index("\ndef ", start + 1)], namespace)
+    helper = source.index("def _cdiv(a, b):")
+    exec(source[helper:source.index("\ndef ", helper + 1)] + "\n" + source[start:source.index("\ndef ", start + 1)],
+         namespace)
     rng = np.random.default_rng(0)
     for keys in (128, 77):
         v = torch.from_numpy(rng.standard_normal((2, 3, keys, 16)).astype(np.float32))

@@ -64,3 +64,22 @@ def test_a_layout_tma_cannot_read_is_refused_naming_the_tensor(modules, kind, ma
     with pytest.raises(ValueError) as err:
         modules[kind]._tma_view(make(), name, [64, 128])
     assert str(err.value).startswith(f"{name} ") and words in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["fwd", "bwd"])
+def test_a_layout_checked_once_is_still_checked_for_each_tensors_address(modules, kind):
+    """``_tma_view`` keeps the fields of each layout it accepted; a new tensor of that layout gets them with its
+    own base, a misaligned one of that layout is still refused, and a refused layout is refused every time."""
+    module = modules[kind]
+    x = torch.zeros(2, 300, 8, 128, dtype=torch.float16)
+    first = module._tma_view(x.transpose(1, 2), "q", [64, 128])
+    y = torch.zeros(2 * 300 * 8 * 128 + 8, dtype=torch.float16)
+    second = module._tma_view(y[8:].view(2, 300, 8, 128).transpose(1, 2), "q", [64, 128])
+    assert second.base.data_ptr() == y.data_ptr() + 16 and second.base is not first.base
+    assert (second.shape, second.strides, second.block_shape, second.layout) == \
+        (first.shape, first.strides, first.block_shape, first.layout)
+    with pytest.raises(ValueError, match="^q starts at address"):
+        module._tma_view(y[1:1 + x.numel()].view(2, 300, 8, 128).transpose(1, 2), "q", [64, 128])
+    for _ in range(2):
+        with pytest.raises(ValueError, match="^k must have a contiguous last dimension"):
+            module._tma_view(torch.zeros(2, 8, 128, 300, dtype=torch.float16).transpose(2, 3), "k", [64, 128])

@@ -99,24 +99,35 @@ def _tma_buffer(t, block, dtype, layout=None):
     return _TmaArg(t, tuple(t.shape), t.stride(), block, layout or _shared_layout(block, dtype))
 
 
+_VIEWS = {}   # (shape, strides, element size, block, dtype) -> the descriptor fields of a layout TMA can read
+
+
 def _tma_view(t, name, block, dtype=None):
     """A TMA descriptor of the 4-d tensor ``t`` ([B, heads, S, D], any strides) with block ``[1, 1, *block]``
     in the NVMMA shared layout of that block: the kernel reads ``t`` where it lies, each (batch, head) bounded
     by its own S rows (TMA zero-fills rows past S). Raises ValueError naming ``t`` unless its last dimension
     is contiguous and its other strides and base address are 16-byte aligned (what TMA requires)."""
-    size = t.element_size()
-    shape, strides = t.shape, t.stride()
-    if strides[-1] != 1:
-        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {strides}")
-    if any(n > 1 and s * size % 16 for n, s in zip(shape[:-1], strides[:-1])):
-        raise ValueError(f"{name} has strides {strides} ({size}-byte elements); TMA needs every stride "
-                         f"but the last to be a multiple of 16 bytes")
+    shape, strides, size = t.shape, t.stride(), t.element_size()
     if t.data_ptr() % 16:
         raise ValueError(f"{name} starts at address {t.data_ptr():#x}; TMA needs a 16-byte aligned base")
-    if 1 in shape[:-1]:   # a dimension of one element is never stepped: any aligned stride
+    key = (shape, strides, size, *block, dtype)
+    fields = _VIEWS.get(key)
+    if fields is None:
+        if strides[-1] != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {strides}")
+        if any(n > 1 and s * size % 16 for n, s in zip(shape[:-1], strides[:-1])):
+            raise ValueError(f"{name} has strides {strides} ({size}-byte elements); TMA needs every stride "
+                             f"but the last to be a multiple of 16 bytes")
+        # a dimension of one element is never stepped: any aligned stride
         strides = tuple(shape[-1] * 16 if n == 1 else s for n, s in zip(shape[:-1], strides[:-1])) + (1,)
-    block = (1, 1, *block)
-    return _TmaArg(t, tuple(shape), strides, block, _shared_layout(block, dtype or DTYPE.value))
+        full = (1, 1, *block)
+        fields = _VIEWS[key] = (tuple(shape), strides, full, _shared_layout(full, dtype or DTYPE.value))
+    return _TmaArg(t, *fields)
+
+
+def _cdiv(a, b):
+    """ceil(a / b) for host integers (``triton.cdiv`` is a constexpr function: slow to call from the host)."""
+    return -(-a // b)
 '''
 
 

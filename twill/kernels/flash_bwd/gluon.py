@@ -267,7 +267,7 @@ LAUNCH = "\n" + CHECK + """
 def padded_len(S):
     \"\"\"S rounded up to BLOCK_M: the per-head length of the stats rows and the fp32 dQ accumulator, so that
     every query block starts at a 16-byte aligned TMA coordinate (TMA requires it of the innermost one).\"\"\"
-    return triton.cdiv(S, BLOCK_M.value) * BLOCK_M.value
+    return _cdiv(S, BLOCK_M.value) * BLOCK_M.value
 
 
 def buffer_shapes(B, H, S):
@@ -298,7 +298,7 @@ def _preprocess(o, do, out, s_pad, lse=None, lse_out=None, dq_acc=None):
         if t.stride(-1) != 1:
             raise ValueError(f"{{name}} must have a contiguous last dimension (stride 1), got strides {{t.stride()}}")
     lse_strides = (0, 0, 0) if lse is None else _check(lse, "lse", (B, H, S), torch.float32).stride()
-    _launch(preprocess_kernel, (triton.cdiv(s_pad, PRE_ROWS.value), H, B), 4, o, *o.stride()[:3], do,
+    _launch(preprocess_kernel, (_cdiv(s_pad, PRE_ROWS.value), H, B), 4, o, *o.stride()[:3], do,
             *do.stride()[:3], out, lse, *lse_strides, lse_out, dq_acc, S, s_pad)
 
 
@@ -342,11 +342,11 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     stats_desc = _tma_buffer(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
     dq_desc = _tma_buffer(dq_acc, [BLOCK_M.value, {dq_cols}], gl.float32)
-    grid = (triton.cdiv(Sk, BLOCK_N.value), B * kv_shape[1])
+    grid = (_cdiv(Sk, BLOCK_N.value), B * kv_shape[1])
     _launch(backward_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk,
             *dk.stride()[:3], dv, *dv.stride()[:3], S, Sk, kv_shape[1], sm_scale * LOG2E.value, sm_scale,
             H // kv_shape[1]{chunk_arg})
-    _launch(dq_convert_kernel, (triton.cdiv(S, PRE_ROWS.value), H, B), 4, dq_acc, dq, *dq.stride()[:3], S, s_pad,
+    _launch(dq_convert_kernel, (_cdiv(S, PRE_ROWS.value), H, B), 4, dq_acc, dq, *dq.stride()[:3], S, s_pad,
             sm_scale)
     return dq, dk, dv
 """ + STATS
@@ -399,10 +399,10 @@ def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     pad_cu = torch.zeros(B + 1, device=q.device, dtype=torch.int32)
     torch.cumsum((lens + block - 1) // block * block, 0, dtype=torch.int32, out=pad_cu[1:])
-    total_pad = triton.cdiv(T + B * (block - 1), block) * block
+    total_pad = _cdiv(T + B * (block - 1), block) * block
     stats = torch.empty((2, H * total_pad), device=q.device, dtype=torch.float32)
     dq_acc = torch.empty((H * total_pad, D), device=q.device, dtype=torch.float32)
-    rows = triton.cdiv(triton.cdiv(max_seqlen_q, block) * block, PRE_ROWS.value)
+    rows = _cdiv(_cdiv(max_seqlen_q, block) * block, PRE_ROWS.value)
     _launch(preprocess_varlen_kernel, (rows, H, B), 4, o, o.stride(0), o.stride(1), do, do.stride(0),
             do.stride(1), stats[1], lse, stats[0], dq_acc, cu_seqlens_q, pad_cu, T, total_pad)
     # the packed tensors as [1, heads, total, D] views (no copy): one TMA descriptor each
@@ -413,11 +413,11 @@ def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     dk4, dv4 = dk.unsqueeze(0).transpose(1, 2), dv.unsqueeze(0).transpose(1, 2)
     stats_desc = _tma_buffer(stats, [2, block], gl.float32, STATS_LAYOUT)
     dq_desc = _tma_buffer(dq_acc, [block, {dq_cols}], gl.float32)
-    grid = (triton.cdiv(max_seqlen_k, BLOCK_N.value), B * kv_heads)
+    grid = (_cdiv(max_seqlen_k, BLOCK_N.value), B * kv_heads)
     _launch(backward_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, do_desc, stats_desc, dq_desc, dk,
             *dk4.stride()[:3], dv, *dv4.stride()[:3], cu_seqlens_q, cu_seqlens_k, pad_cu, total_pad, kv_heads,
             sm_scale * LOG2E.value, sm_scale, H // kv_heads)
-    _launch(dq_convert_varlen_kernel, (triton.cdiv(max_seqlen_q, PRE_ROWS.value), H, B), 4, dq_acc, dq,
+    _launch(dq_convert_varlen_kernel, (_cdiv(max_seqlen_q, PRE_ROWS.value), H, B), 4, dq_acc, dq,
             dq.stride(0), dq.stride(1), cu_seqlens_q, pad_cu, total_pad, sm_scale)
     return dq, dk, dv
 """ + STATS

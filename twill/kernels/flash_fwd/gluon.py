@@ -189,7 +189,7 @@ def transpose_v(v):
     import torch
 
     B, KVH, S, D = v.shape
-    padded = triton.cdiv(S, 32) * 32
+    padded = _cdiv(S, 32) * 32
     if padded != S:  # zero keys up to the next group of 32
         vp = torch.zeros((B, KVH, padded, D), dtype=v.dtype, device=v.device)
         vp[:, :, :S] = v
@@ -293,7 +293,7 @@ def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_s
     v_desc = _tma_view(v.unsqueeze(0).transpose(1, 2), "v", [BLOCK_N.value, D])
     o4 = out.unsqueeze(0).transpose(1, 2)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    grid = (triton.cdiv(max_seqlen_q, BLOCK_M.value), B * H)
+    grid = (_cdiv(max_seqlen_q, BLOCK_M.value), B * H)
     _launch(attention_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, out, *o4.stride()[:3], lse, cu_seqlens_q,
             cu_seqlens_k, T, H, sm_scale * LOG2E{extra_args})
     return (out, lse) if return_lse else out
@@ -378,13 +378,13 @@ def launch_source(plan: KernelPlan) -> str:
             seq_note=" The mask is aligned bottom-right in each sequence." if plan.decisions.causal else "",
             torch_dtype=TORCH_DTYPES[plan.dtype], kv_value="KV_HEADS.value" if plan.decisions.kv_heads else "H",
             extra_args=group_arg + chunks).lstrip("\n")
-    grid = ("    blocks = triton.cdiv(S, BLOCK_M.value) * B * H\n"
+    grid = ("    blocks = _cdiv(S, BLOCK_M.value) * B * H\n"
             "    grid = (min(blocks, _sm_count(q.device.index)),)  # persistent: at most one CTA per SM\n"
             "    # work items claimed after each CTA's first, and CTAs done claiming: zero before each launch (the\n"
             "    # kernel's last CTA zeroes them for the next), one pair per device and stream\n"
             "    work_counter = _work_counter(q.device)"
-            if plan.persistent else "    grid = (triton.cdiv(S, BLOCK_M.value), B * H)")
-    chunks = (",\n            max(1, _sm_count(q.device.index) // triton.cdiv(S, BLOCK_M.value))"
+            if plan.persistent else "    grid = (_cdiv(S, BLOCK_M.value), B * H)")
+    chunks = (",\n            max(1, _sm_count(q.device.index) // _cdiv(S, BLOCK_M.value))"
               if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
     launch = FP8_LAUNCH if fp8(plan) else LAUNCH
     return ATTENTION_HOST + "\n\n\n" + launch.format(
