@@ -40,12 +40,23 @@ def modules(tmp_path_factory):
     return out
 
 
+class Recorder:
+    """A C launcher stand-in: records its arguments (and, like a C function, has no ``__code__``)."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
 class FakeKernel:
     """A JIT kernel whose ``kernel[grid](*args)`` records the call and returns a compiled kernel whose launcher
-    is Triton's wrapper (``wrap_handle_tensordesc``) around a recording C entry point."""
+    is Triton's wrapper (``wrap_handle_tensordesc``) around a recording C entry point; ``wrapped=False``
+    gives it a launcher of another shape (a callable that is not Triton's wrapper)."""
 
-    def __init__(self, scratch=0):
-        self.jit_calls, self.c_calls, self.scratch = [], [], scratch
+    def __init__(self, scratch=0, wrapped=True):
+        self.jit_calls, self.c_calls, self.scratch, self.wrapped = [], [], scratch, wrapped
 
     def __getitem__(self, grid):
         def jit(*args, num_warps):
@@ -54,7 +65,8 @@ class FakeKernel:
                          for i, a in enumerate(args)}
             metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": list(a.block_shape),
                       "fp4_padded": False} for a in args if isinstance(a, TensorDescriptor)]
-            wrapper = nvidia_driver.wrap_handle_tensordesc(lambda *c: self.c_calls.append(c), signature, metas)
+            c_entry = Recorder(self.c_calls)
+            wrapper = nvidia_driver.wrap_handle_tensordesc(c_entry, signature, metas) if self.wrapped else c_entry
 
             class Run:   # CudaLauncher's fields and call, without compiling a C module
                 launch, launch_cooperative_grid, launch_pdl = staticmethod(wrapper), False, False
@@ -63,7 +75,8 @@ class FakeKernel:
                 def __call__(self, gx, gy, gz, stream, function, *rest):
                     self.launch(gx, gy, gz, stream, function, False, False, None, None, *rest)
 
-            return types.SimpleNamespace(run=Run(), function=0xF00, packed_metadata=(4, 1, 1000))
+            return types.SimpleNamespace(run=Run(), function=0xF00, packed_metadata=(4, 1, 1000),
+                                         metadata=types.SimpleNamespace(tensordesc_meta=metas))
 
         return jit
 
@@ -154,3 +167,26 @@ def test_the_launchers_own_buffers_get_dense_descriptors(modules):
     assert (tuple(desc.shape), tuple(desc.strides), desc.block_shape) == ((2, 1536), (1536, 1), (2, 128))
     triton_desc = desc.descriptor()            # what the JIT gets: Triton's checks pass on it
     assert isinstance(triton_desc, TensorDescriptor) and triton_desc.layout is module.STATS_LAYOUT
+
+
+def test_a_kernel_without_descriptors_is_launched_by_the_c_function_triton_calls(modules, fake_driver):
+    module, kernel = modules["bwd"], FakeKernel()
+    module._COMPILED.clear()
+    q = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
+    for _ in range(3):
+        module._launch(kernel, (5, 16), 4, q, 300, 0.5, None)
+    assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 2
+    assert kernel.c_calls[0][13:] == (q, 300, 0.5, None) and not fake_driver
+
+
+def test_a_launcher_of_another_shape_keeps_tritons_launcher(modules, fake_driver):
+    """A Triton whose launcher is not the wrapper ``_entry_point`` reads: every launch goes through it, with
+    Triton's descriptors, and nothing is encoded by the module."""
+    module, kernel = modules["fwd"], FakeKernel(wrapped=False)
+    module._COMPILED.clear()
+    module._ENCODED.clear()
+    q = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
+    for _ in range(3):
+        module._launch(kernel, (5, 16), 4, *_args(module, q, q))
+    assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 2 and not module._ENCODED
+    assert all(isinstance(a, TensorDescriptor) for a in kernel.c_calls[0][13:15])

@@ -168,8 +168,8 @@ def _entry_point(compiled):
         return None
     wrapper = run.launch
     code = getattr(wrapper, "__code__", None)
-    if code is None:   # no descriptor argument: Triton calls the C launcher itself
-        return wrapper, {}
+    if code is None:   # the C launcher itself, which Triton calls directly when no argument is a descriptor
+        return None if getattr(compiled.metadata, "tensordesc_meta", None) else (wrapper, {})
     cells = dict(zip(code.co_freevars, (c.cell_contents for c in wrapper.__closure__ or ())))
     launcher, indices, metas = (cells.get(n) for n in ("launcher", "tensordesc_indices", "tensordesc_meta"))
     if launcher is None or indices is None or not metas or None in metas:
