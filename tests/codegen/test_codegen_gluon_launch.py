@@ -190,3 +190,15 @@ def test_a_launcher_of_another_shape_keeps_tritons_launcher(modules, fake_driver
         module._launch(kernel, (5, 16), 4, *_args(module, q, q))
     assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 2 and not module._ENCODED
     assert all(isinstance(a, TensorDescriptor) for a in kernel.c_calls[0][13:15])
+
+
+@pytest.mark.parametrize("grid", [(5, 65536), (2, 3, 70000)])
+def test_a_grid_past_cudas_limit_is_refused_before_any_launch(modules, fake_driver, grid):
+    module, kernel = modules["bwd"], FakeKernel()
+    module._COMPILED.clear()
+    q = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
+    for _ in range(2):   # the JIT launch and, with a grid that fits, a direct one: neither takes it
+        with pytest.raises(ValueError, match=r"^the launch grid .* more than CUDA's 65535 blocks"):
+            module._launch(kernel, grid, 4, q, 300)
+        module._launch(kernel, (5, 65535), 4, q, 300)
+    assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 1

@@ -6,6 +6,8 @@ and the device check of the real implementation refuses what the kernels do not 
 
 from __future__ import annotations
 
+import contextlib
+
 import subprocess
 import sys
 
@@ -240,6 +242,23 @@ def test_the_real_implementation_checks_the_device_first():
     finally:
         torch.cuda.get_device_capability = capability
         flash._capability.cache_clear()
+
+
+def test_tensors_on_two_devices_are_refused_and_the_launch_runs_on_the_tensors_device(monkeypatch):
+    """One device per call: tensors on two CUDA devices are refused before any work. The launchers launch on
+    the current device's stream, so the op makes q's device current around them when it is not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        first = torch.empty(1, 2, 16, 64, device="cuda:0", dtype=torch.float16)
+        second = torch.empty(1, 2, 16, 64, device="cuda:1", dtype=torch.float16)
+    with pytest.raises(UnsupportedFeatureError, match="the tensors are on cuda:0 and cuda:1; the kernels take them "
+                                                      "on one device"):
+        flash.check_device(first, second)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert isinstance(flash.on_device(first), contextlib.nullcontext)
+    guard = flash.on_device(second)
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
 
 
 def test_importing_twill_ops_imports_no_torch_and_the_ops_register_once():

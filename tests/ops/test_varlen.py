@@ -87,7 +87,10 @@ def test_the_spec_is_the_varlen_forward_of_the_shapes():
     ({"q": _packed(313, 8, d=96), "k": _packed(310, 2, d=96), "v": _packed(310, 2, d=96)},
      "head dimension 96 is not supported"),
     ({"q": _packed(313, 8, d=64)}, "k has head dimension 128, q 64"),
-    ({"cu_q": torch.zeros(5, dtype=torch.int64, device="meta")}, "cu_seqlens_q must be an int32 vector"),
+    ({"cu_q": torch.zeros(5, dtype=torch.int64, device="meta")}, "cu_seqlens_q must be a contiguous int32 vector"),
+    ({"cu_k": torch.zeros(5, 2, dtype=torch.int32, device="meta")[:, 0]},
+     r"cu_seqlens_k must be a contiguous int32 vector of batch \+ 1 offsets, got torch.int32 of shape \(5,\) and "
+     r"strides \(2,\)"),
     ({"cu_k": torch.zeros(4, dtype=torch.int32, device="meta")}, "must have one length \\(batch \\+ 1\\), got 5 and 4"),
     ({"mq": 3.5}, "max_seqlen_q must be a non-negative int, got 3.5"),
     ({"k": torch.randn(310, 2, 128, device="meta", dtype=torch.bfloat16).transpose(0, 1).contiguous()

@@ -20,6 +20,7 @@ not take.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import sys
@@ -271,9 +272,9 @@ def check_varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
         what = "with a gradient " if backward else ""
         raise unsupported(f"head dimension {d} is not supported {what}(supported: {', '.join(map(str, dims))})")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] < 1:
-            raise unsupported(f"{name} must be an int32 vector of batch + 1 offsets, got {t.dtype} of shape "
-                              f"{tuple(t.shape)}")
+        if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] < 1 or t.stride(0) != 1:
+            raise unsupported(f"{name} must be a contiguous int32 vector of batch + 1 offsets, got {t.dtype} of "
+                              f"shape {tuple(t.shape)} and strides {t.stride()}")
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
         raise unsupported(f"cu_seqlens_q and cu_seqlens_k must have one length (batch + 1), got "
                           f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
@@ -333,13 +334,27 @@ def check_device(*tensors: Any) -> None:
     9.0 (Hopper, what the kernels are generated for): the first thing the kernels' implementation does."""
     import torch
 
+    device = tensors[0].device
     for t in tensors:
         if t.device.type != "cuda":
             raise _unsupported(f"a tensor is on {t.device}; the kernels run on a CUDA (Hopper) GPU")
+        if t.device != device:
+            raise _unsupported(f"the tensors are on {device} and {t.device}; the kernels take them on one device")
     capability = _capability(tensors[0].device.index)
     if capability != (9, 0):
         raise _unsupported(f"the kernels are generated for Hopper (sm_90); {tensors[0].device} is "
                            f"sm_{capability[0]}{capability[1]}")
+
+
+def on_device(t: Any) -> contextlib.AbstractContextManager:
+    """A context in which the CUDA device of ``t`` is the current one: the launchers launch on the current
+    device's current stream. Nothing to do when it already is (the common case: one device per process)."""
+    import torch
+
+    index = t.device.index
+    if index is None or index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
 
 
 @functools.lru_cache(maxsize=None)

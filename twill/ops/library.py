@@ -45,7 +45,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from twill.ops.flash import BACKWARD, FORWARD, check_device, kernel_module, kernel_spec, varlen_kernel_spec
+from twill.ops.flash import (BACKWARD, FORWARD, check_device, kernel_module, kernel_spec, on_device,
+                             varlen_kernel_spec)
 
 #: The ops' schemas (what ``torch.library`` records of their arguments and results).
 FORWARD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float scale, Tensor? q_descale=None, "
@@ -106,7 +107,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     out, lse = _forward_outputs(q, out_dtype)
     module = kernel_module(kernel_spec(FORWARD.name, q, k, causal))
     fp8 = {name: t for name, t in descales.items() if t is not None} if q.dtype == torch.float8_e4m3fn else {}
-    module.launch(q, k, v, sm_scale=scale, out=out, lse=lse, **fp8)
+    with on_device(q):
+        module.launch(q, k, v, sm_scale=scale, out=out, lse=lse, **fp8)
     return out, lse
 
 
@@ -137,11 +139,12 @@ def _tma_readable(grad_out: torch.Tensor) -> torch.Tensor:
 def _backward_kernel(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                      lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward's real implementation, shared by the custom op and :class:`EagerAttention`."""
-    check_device(q, k, v, grad_out)
+    check_device(q, k, v, grad_out, out, lse)
     dq, dk, dv = _backward_outputs(q, k, v)
     grad_out = _tma_readable(grad_out)
-    kernel_module(kernel_spec(BACKWARD.name, q, k, causal)).launch(q, k, v, out, grad_out, lse, sm_scale=scale,
-                                                                   dq=dq, dk=dk, dv=dv)
+    module = kernel_module(kernel_spec(BACKWARD.name, q, k, causal))
+    with on_device(q):
+        module.launch(q, k, v, out, grad_out, lse, sm_scale=scale, dq=dq, dk=dk, dv=dv)
     return dq, dk, dv
 
 
@@ -223,7 +226,9 @@ def attention_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     check_device(q, k, v, cu_seqlens_q, cu_seqlens_k)
     out, lse = _varlen_outputs(q)
     module = kernel_module(varlen_kernel_spec(q, k, causal))
-    module.launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale=scale, out=out, lse=lse)
+    with on_device(q):
+        module.launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale=scale, out=out,
+                      lse=lse)
     return out, lse
 
 
@@ -241,13 +246,14 @@ def attention_varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.
                               scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` over the packed sequences by the generated varlen backward kernel, from the varlen
     forward's ``out`` and ``lse``."""
-    check_device(q, k, v, grad_out, cu_seqlens_q, cu_seqlens_k)
+    check_device(q, k, v, grad_out, out, lse, cu_seqlens_q, cu_seqlens_k)
     dq, dk, dv = _backward_outputs(q, k, v)
     grad_out = _tma_readable(grad_out)
     spec = replace(kernel_spec(BACKWARD.name, q.unsqueeze(0).transpose(1, 2), k.unsqueeze(0).transpose(1, 2),
                                causal), varlen=True)
-    kernel_module(spec).launch(q, k, v, out, grad_out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               sm_scale=scale, dq=dq, dk=dk, dv=dv)
+    with on_device(q):
+        kernel_module(spec).launch(q, k, v, out, grad_out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, sm_scale=scale, dq=dq, dk=dk, dv=dv)
     return dq, dk, dv
 
 

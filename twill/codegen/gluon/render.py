@@ -201,6 +201,9 @@ def _launch(kernel, grid, num_warps, *args):
     from triton import knobs
     from triton.runtime import driver
 
+    if max(grid[1:], default=0) > 65535:
+        raise ValueError(f"the launch grid {tuple(grid)} has more than CUDA's 65535 blocks in its second or third "
+                         f"dimension (batch x heads, or batch)")
     device = driver.active.get_current_device()
     # a hook chain (Triton 3.6's knobs) is set when it holds a hook; a plain hook when it is not None
     hooks = any(getattr(hook, "calls", hook) for hook in (knobs.runtime.launch_enter_hook,

@@ -377,12 +377,15 @@ def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                          f"got {{tuple(q.shape)}}")
     for t, name, shape in ((q, "q", q.shape), (o, "o", q.shape), (do, "do", q.shape), (k, "k", (Tk, kv_heads, D)),
                            (v, "v", (Tk, kv_heads, D))):
-        _check(t, name, shape, dtype)
+        if _check(t, name, shape, dtype).stride(-1) != 1:   # the pre-pass reads o and do's rows as vectors
+            raise ValueError(f"{{name}} must have a contiguous last dimension (stride 1), got strides {{t.stride()}}")
     if not _check(lse, "lse", (H, T), torch.float32).is_contiguous():
         raise ValueError("lse must be contiguous ([H, total_q], as the varlen forward returns it)")
     for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
-        if t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device:
-            raise ValueError(f"{{name}} must be an int32 vector of batch + 1 = {{B + 1}} offsets on {{q.device}}")
+        if (t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device
+                or t.stride(0) != 1):
+            raise ValueError(f"{{name}} must be a contiguous int32 vector of batch + 1 = {{B + 1}} offsets on "
+                             f"{{q.device}}")
     for t, name, like in ((dq, "dq", q), (dk, "dk", k), (dv, "dv", v)):
         if t is not None:   # checked before any is written
             _check_gradient(t, name, like.shape, dtype)

@@ -268,8 +268,10 @@ def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_s
         raise ValueError(f"expected k, v of shape [total_k, {{kv_heads}}, {{D}}] and dtype {{q.dtype}}, got "
                          f"{{tuple(k.shape)}} {{tuple(v.shape)}}")
     for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
-        if t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device:
-            raise ValueError(f"{{name}} must be an int32 vector of batch + 1 = {{B + 1}} offsets on {{q.device}}")
+        if (t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device
+                or t.stride(0) != 1):
+            raise ValueError(f"{{name}} must be a contiguous int32 vector of batch + 1 = {{B + 1}} offsets on "
+                             f"{{q.device}}")
     if out is None:
         out = torch.empty_like(q)   # q's strides (a dense q's layout)
     if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
