@@ -102,6 +102,7 @@ def test_backward_variant_compiles_with_the_scheduled_rings(tmp_path, head_dim, 
     assert re.search(r"cp\.reduce\.async\.bulk\.tensor\.2d\.global\.shared::cta\.add", ptx)
     assert not re.search(r"\b(atom|red)\.global", ptx)
     assert "cp.async.bulk.wait_group.read" in ptx and source.count("fence_async_shared()") == 2
+    assert "def dq_reduce(" in source
     need = _smem_need(head_dim, depth, lag + 1)
     assert need <= facts.shared < need + 4096
 
@@ -121,6 +122,7 @@ def test_head_dim_256_backward_splits_queries_and_reduces_dq_in_chunks(tmp_path,
     module, source, facts, ptx = _compile(tmp_path, sched, "d256_" + "_".join(map(str, options.values())))
     assert (module.BLOCK_M.value, module.BLOCK_N.value, module.HEAD_DIM.value) == (64, 64, 256)
     assert (module.DQ_CHUNK.value, module.DQ_SLOTS.value) == (64, 1) and not hasattr(module, "DQ_LAG")
+    assert "def dq_reduce(" not in source and "DQ_DEPTH" not in source   # the producer's reduce: not emitted
     assert source.count("warps_per_cta=[4, 2]") == 3 and "op_layout" not in source   # S^T, dK/dV, dQ
     assert "dv_tok = warpgroup_mma(p_smem, " in source and "dk_tok = warpgroup_mma(ds_smem, " in source
     # S^T, dP^T: N = 32 queries per warp group; dV, dK: N = 128 head dims; dQ chunks: N = 32

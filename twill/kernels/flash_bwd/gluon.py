@@ -91,6 +91,22 @@ def query_block(i, bh_kv, kv_h, group, m_first, n_m, seq_q):
     return kv_h * group + i // n_m, head * (gl.cdiv(seq_q, BLOCK_M) * BLOCK_M) + m_start, m_start
 """
 
+#: The producer's dQ reduce (the backwards whose producer adds whole staged dQ tiles; the split-query
+#: backward's compute warps reduce their chunks themselves).
+DQ_REDUCE = """@gluon.jit
+def dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow):
+    \"\"\"dq_atomic of iteration i: wait for its staged fp32 dQ, add the whole [BLOCK_M, HEAD_DIM] tile to the
+    padded accumulator at row prow with one TMA reduce-add, and release the staging buffer once the TMA has
+    read it (cp.async.bulk.wait_group.read; the additions themselves complete asynchronously).\"\"\"
+    buffer = i % DQ_DEPTH
+    mbarrier.wait(dq_ready.index(buffer), (i // DQ_DEPTH) & 1)
+    tma_reduce_add(dq_desc, [prow, 0], dq_stage.index(buffer))
+    tma.store_wait(0)
+    mbarrier.arrive(dq_empty.index(buffer))
+
+
+"""
+
 #: ... the varlen backward's, and its pre-pass and dQ conversion over packed sequences.
 VARLEN_HELPERS = """
 @gluon.jit
@@ -178,19 +194,7 @@ def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
-@gluon.jit
-def dq_reduce(dq_stage, dq_ready, dq_empty, dq_desc, i, prow):
-    \"\"\"dq_atomic of iteration i: wait for its staged fp32 dQ, add the whole [BLOCK_M, HEAD_DIM] tile to the
-    padded accumulator at row prow with one TMA reduce-add, and release the staging buffer once the TMA has
-    read it (cp.async.bulk.wait_group.read; the additions themselves complete asynchronously).\"\"\"
-    buffer = i % DQ_DEPTH
-    mbarrier.wait(dq_ready.index(buffer), (i // DQ_DEPTH) & 1)
-    tma_reduce_add(dq_desc, [prow, 0], dq_stage.index(buffer))
-    tma.store_wait(0)
-    mbarrier.arrive(dq_empty.index(buffer))
-
-
-@gluon.jit
+{dq_reduce}@gluon.jit
 def preprocess_kernel(o_ptr, o_stride_b, o_stride_h, o_stride_s, do_ptr, do_stride_b, do_stride_h, do_stride_s,
                       delta_ptr, lse_ptr, lse_stride_b, lse_stride_h, lse_stride_s, lse_out_ptr, dq_acc_ptr, seq_q,
                       s_pad):
@@ -700,7 +704,9 @@ def helpers_source(plan: KernelPlan) -> str:
     causal_doc = ", or (causal) the key is after the query" if plan.decisions.causal else ""
     causal_keep = "    keep = keep & (keys[:, None] <= queries[None, :])\n" if plan.decisions.causal else ""
     query_block = (VARLEN_HELPERS if plan.decisions.varlen else QUERY_BLOCK).strip("\n")
-    return HELPERS.format(query_block=query_block, causal_doc=causal_doc, causal_keep=causal_keep)
+    dq_reduce = "" if plan.decisions.split else DQ_REDUCE.format()
+    return HELPERS.format(query_block=query_block, causal_doc=causal_doc, causal_keep=causal_keep,
+                          dq_reduce=dq_reduce)
 
 
 def launch_source(plan: KernelPlan) -> str:
