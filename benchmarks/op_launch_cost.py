@@ -128,10 +128,13 @@ def _parts(module: Any, q: Any, k: Any, v: Any, out: Any, reps: int = 500) -> di
         "stream": lambda: driver.active.get_current_stream(driver.active.get_current_device()),
     }
     if entry_point is not None:
-        raw, positions = entry_point
-        final = []
-        for i, a in enumerate(args):
-            final.extend(module._encoded(a, *positions[i]) if i in positions else [a])
+        raw, descriptors = entry_point
+        final, done = [], 0
+        for i, meta, meta_key in descriptors:
+            final.extend(args[done:i])
+            final.extend(module._encoded(args[i], meta, meta_key))
+            done = i + 1
+        final.extend(args[done:])
         steps["c_launcher"] = lambda: raw(g[0], g[1], g[2], stream, compiled.function, False, False, None, None,
                                           compiled.packed_metadata, None, None, None, *final)
     result = {}

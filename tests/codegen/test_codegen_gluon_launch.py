@@ -202,3 +202,27 @@ def test_a_grid_past_cudas_limit_is_refused_before_any_launch(modules, fake_driv
             module._launch(kernel, grid, 4, q, 300)
         module._launch(kernel, (5, 65535), 4, q, 300)
     assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 1
+
+
+def test_a_descriptors_launch_key_is_what_triton_specializes_on(modules):
+    """Two views of one layout share a key; lengths of another divisibility by 16, another block or dtype get
+    another; the key is a small tuple (no layout object to hash per launch)."""
+    module = modules["fwd"]
+    views = [module._tma_view(torch.zeros(2, 8, s, 128, dtype=dtype), "q", block)
+             for s, dtype, block in ((320, torch.bfloat16, [64, 128]), (320, torch.bfloat16, [64, 128]),
+                                     (336, torch.bfloat16, [64, 128]), (300, torch.bfloat16, [64, 128]),
+                                     (320, torch.bfloat16, [128, 128]), (320, torch.float16, [64, 128]))]
+    keys = [module._arg_key(v) for v in views]
+    assert keys[0] == keys[1] == keys[2] and len(set(keys[2:])) == 4
+    assert all(isinstance(k, tuple) and all(isinstance(x, (str, int)) for x in k) for k in keys)
+    assert views[0].base is not views[1].base
+
+
+def test_a_buffer_of_a_known_layout_is_still_checked_for_alignment(modules):
+    module = modules["bwd"]
+    flat = torch.zeros(2 * 1536 + 4, dtype=torch.float32)
+    good = module._tma_buffer(flat[:3072].view(2, 1536), [2, 128], module.gl.float32, module.STATS_LAYOUT)
+    assert good.key == module._tma_buffer(torch.zeros(2, 1536), [2, 128], module.gl.float32,
+                                          module.STATS_LAYOUT).key
+    with pytest.raises(ValueError, match="16-byte aligned base"):
+        module._tma_buffer(flat[1:3073].view(2, 1536), [2, 128], module.gl.float32, module.STATS_LAYOUT)

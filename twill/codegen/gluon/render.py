@@ -76,14 +76,15 @@ def compile_signature():
 TMA_VIEW = '''
 class _TmaArg:
     """A TMA descriptor argument: Triton's host ``TensorDescriptor`` fields without its per-call checks (the
-    launcher's come first). ``_launch`` encodes it for the kernel, or makes it a ``TensorDescriptor`` for
+    launcher's come first) and ``key``, what Triton's JIT may specialize the kernel on for it
+    (:func:`_specialization`). ``_launch`` encodes it for the kernel, or makes it a ``TensorDescriptor`` for
     Triton's JIT (:meth:`descriptor`)."""
 
-    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding")
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding", "key")
 
-    def __init__(self, base, shape, strides, block_shape, layout):
+    def __init__(self, base, shape, strides, block_shape, layout, key):
         self.base, self.shape, self.strides = base, shape, strides
-        self.block_shape, self.layout, self.padding = block_shape, layout, "zero"
+        self.block_shape, self.layout, self.padding, self.key = block_shape, layout, "zero", key
 
     def descriptor(self):
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -92,14 +93,35 @@ class _TmaArg:
                                 self.layout)
 
 
+_SPECIALIZATIONS = {}
+_VIEWS = {}   # (shape, strides, dtype, block, block dtype[, layout id]) -> the fields of a layout TMA can read
+
+
+def _specialization(t, shape, strides, block, layout, aligned):
+    """What Triton's JIT may specialize a kernel on for a TMA descriptor over ``t`` (its dtype, the base's
+    16-byte alignment, the block, the layout, and the divisibility by 16 of the shape and strides), as a
+    small key that hashes fast: each distinct one is numbered once in ``_SPECIALIZATIONS``."""
+    key = (t.dtype, aligned, block, layout, tuple(n % 16 == 0 for n in (*shape, *strides)))
+    return ("tma", _SPECIALIZATIONS.setdefault(key, len(_SPECIALIZATIONS)))
+
+
 def _tma_buffer(t, block, dtype, layout=None):
-    """A TMA descriptor of the launcher's own buffer ``t`` (dense, 16-byte aligned) with block ``block`` of
-    ``dtype`` elements in ``layout`` (default: the NVMMA shared layout for the block)."""
-    block = tuple(block)
-    return _TmaArg(t, tuple(t.shape), t.stride(), block, layout or _shared_layout(block, dtype))
+    """A TMA descriptor of the launcher's own buffer ``t`` (dense, 16-byte aligned) with
+    block ``block`` of ``dtype`` elements in ``layout`` (default: the NVMMA shared layout for the block); its
+    fields are kept per shape, strides, dtype, block and layout (``_VIEWS``)."""
+    if t.data_ptr() % 16:
+        raise ValueError(f"a TMA buffer starts at address {t.data_ptr():#x}; TMA needs a 16-byte aligned base")
+    shape, strides = t.shape, t.stride()
+    key = (shape, strides, t.dtype, *block, dtype, id(layout))
+    fields = _VIEWS.get(key)
+    if fields is None:
+        block, shape = tuple(block), tuple(shape)
+        layout = layout or _shared_layout(block, dtype)
+        fields = _VIEWS[key] = (shape, strides, block, layout,
+                                _specialization(t, shape, strides, block, layout, True))
+    return _TmaArg(t, *fields)
 
 
-_VIEWS = {}   # (shape, strides, element size, block, dtype) -> the descriptor fields of a layout TMA can read
 
 
 def _tma_view(t, name, block, dtype=None):
@@ -107,12 +129,13 @@ def _tma_view(t, name, block, dtype=None):
     in the NVMMA shared layout of that block: the kernel reads ``t`` where it lies, each (batch, head) bounded
     by its own S rows (TMA zero-fills rows past S). Raises ValueError naming ``t`` unless its last dimension
     is contiguous and its other strides and base address are 16-byte aligned (what TMA requires)."""
-    shape, strides, size = t.shape, t.stride(), t.element_size()
+    shape, strides = t.shape, t.stride()
     if t.data_ptr() % 16:
         raise ValueError(f"{name} starts at address {t.data_ptr():#x}; TMA needs a 16-byte aligned base")
-    key = (shape, strides, size, *block, dtype)
+    key = (shape, strides, t.dtype, *block, dtype)
     fields = _VIEWS.get(key)
     if fields is None:
+        size = t.element_size()
         if strides[-1] != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {strides}")
         if any(n > 1 and s * size % 16 for n, s in zip(shape[:-1], strides[:-1])):
@@ -120,8 +143,9 @@ def _tma_view(t, name, block, dtype=None):
                              f"but the last to be a multiple of 16 bytes")
         # a dimension of one element is never stepped: any aligned stride
         strides = tuple(shape[-1] * 16 if n == 1 else s for n, s in zip(shape[:-1], strides[:-1])) + (1,)
-        full = (1, 1, *block)
-        fields = _VIEWS[key] = (tuple(shape), strides, full, _shared_layout(full, dtype or DTYPE.value))
+        full, shape = (1, 1, *block), tuple(shape)
+        layout = _shared_layout(full, dtype or DTYPE.value)
+        fields = _VIEWS[key] = (shape, strides, full, layout, _specialization(t, shape, strides, full, layout, True))
     return _TmaArg(t, *fields)
 
 
@@ -136,6 +160,9 @@ def _cdiv(a, b):
 #: descriptor encoded once per address, shape and strides (no argument binding, cache-key string, global-variable
 #: check or descriptor encoding per call: docs/codegen.md, "Host time per call").
 DIRECT_LAUNCH = '''
+from triton import knobs as _knobs  # noqa: E402 (the launch path reads them on every call)
+from triton.runtime import driver as _driver  # noqa: E402
+
 _COMPILED = {}
 _ENCODED = {}
 _ENCODED_MAX = 4096   # encoded descriptors kept (the table is emptied when full)
@@ -145,22 +172,27 @@ def _arg_key(a):
     """What Triton's JIT may specialize argument ``a`` on, or more (a key that differs only sends one more launch
     through the JIT): an integer's value being 1, its divisibility by 16 and its width; a tensor's dtype and
     16-byte alignment; a TMA descriptor's dtype, block, layout and the divisibility of its base, shape and
-    strides; None, a bool's value; any float alike."""
-    if a is None or isinstance(a, bool):
+    strides (a ``_TmaArg`` carries it); None, a bool's value; any float alike."""
+    kind = type(a)
+    if kind is _TmaArg:
+        return a.key
+    if kind is int:
+        return (a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31))
+    if a is None or kind is bool:
         return a
     if isinstance(a, int):
         return (a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31))
     if isinstance(a, float):
         return float
-    base = getattr(a, "base", None)
-    if base is not None:   # a TMA descriptor
-        return (base.dtype, base.data_ptr() % 16 == 0, tuple(a.block_shape), a.layout, a.padding,
-                tuple(n % 16 == 0 for n in (*a.shape, *a.strides)))
-    return (a.dtype, a.data_ptr() % 16 == 0)
+    if hasattr(a, "data_ptr"):   # a tensor
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    base = a.base   # Triton's host-side TensorDescriptor
+    return (base.dtype, base.data_ptr() % 16 == 0, tuple(a.block_shape), a.layout, a.padding,
+            tuple(n % 16 == 0 for n in (*a.shape, *a.strides)))
 
 
 def _entry_point(compiled):
-    """(C launcher, {argument position: (descriptor metadata, its key)}) of ``compiled``: the function
+    """(C launcher, [(argument position, descriptor metadata, its key)]) of ``compiled``: the function
     Triton's launcher wraps, which takes each TMA descriptor encoded. None when the launch needs scratch memory
     or Triton's wrapper is not the one this reads (Triton's launcher then takes every launch)."""
     run = compiled.run
@@ -169,13 +201,13 @@ def _entry_point(compiled):
     wrapper = run.launch
     code = getattr(wrapper, "__code__", None)
     if code is None:   # the C launcher itself, which Triton calls directly when no argument is a descriptor
-        return None if getattr(compiled.metadata, "tensordesc_meta", None) else (wrapper, {})
+        return None if getattr(compiled.metadata, "tensordesc_meta", None) else (wrapper, [])
     cells = dict(zip(code.co_freevars, (c.cell_contents for c in wrapper.__closure__ or ())))
     launcher, indices, metas = (cells.get(n) for n in ("launcher", "tensordesc_indices", "tensordesc_meta"))
     if launcher is None or indices is None or not metas or None in metas:
         return None
     keys = [tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in m.items())) for m in metas]
-    return launcher, dict(zip(sorted(indices), zip(metas, keys)))
+    return launcher, list(zip(sorted(indices), metas, keys))
 
 
 def _encoded(a, meta, meta_key):
@@ -198,16 +230,13 @@ def _launch(kernel, grid, num_warps, *args):
     loads the kernel and returns it; later ones call that compiled kernel's C launcher as Triton's own
     launcher does, with each descriptor's encoding from :func:`_encoded`. While a launch hook is set (a
     profiler's), every launch goes through the JIT."""
-    from triton import knobs
-    from triton.runtime import driver
-
     if max(grid[1:], default=0) > 65535:
         raise ValueError(f"the launch grid {tuple(grid)} has more than CUDA's 65535 blocks in its second or third "
                          f"dimension (batch x heads, or batch)")
-    device = driver.active.get_current_device()
+    device = _driver.active.get_current_device()
     # a hook chain (Triton 3.6's knobs) is set when it holds a hook; a plain hook when it is not None
-    hooks = any(getattr(hook, "calls", hook) for hook in (knobs.runtime.launch_enter_hook,
-                                                           knobs.runtime.launch_exit_hook))
+    hooks = any(getattr(hook, "calls", hook) for hook in (_knobs.runtime.launch_enter_hook,
+                                                           _knobs.runtime.launch_exit_hook))
     key = (kernel, device, len(grid), num_warps, *map(_arg_key, args))
     entry = None if hooks else _COMPILED.get(key)
     if entry is None:
@@ -217,20 +246,19 @@ def _launch(kernel, grid, num_warps, *args):
         return
     compiled, entry_point = entry
     grid = (*grid, 1, 1)
-    stream = driver.active.get_current_stream(device)
+    stream = _driver.active.get_current_stream(device)
     if entry_point is None:
         args = [a.descriptor() if isinstance(a, _TmaArg) else a for a in args]
         compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None,
                      None, *args)
         return
-    launcher, metas = entry_point
-    final = []
-    for i, a in enumerate(args):
-        meta = metas.get(i)
-        if meta is None:
-            final.append(a)
-        else:
-            final.extend(_encoded(a, *meta))
+    launcher, descriptors = entry_point
+    final, done = [], 0
+    for i, meta, meta_key in descriptors:
+        final.extend(args[done:i])
+        final.extend(_encoded(args[i], meta, meta_key))
+        done = i + 1
+    final.extend(args[done:])
     run = compiled.run
     launcher(grid[0], grid[1], grid[2], stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl,
              None, None, compiled.packed_metadata, None, None, None, *final)
