@@ -17,6 +17,12 @@ allocation, the stream lookup), and ``profile``: the op's forward and forward + 
 functions with the most own and the most cumulative time). Prints a table and writes ``$OUT/op_launch_cost.json``.
 
     python benchmarks/op_launch_cost.py [--batch 1 --heads 8 --seq 128 --head-dim 128] --out $OUT
+
+``--python-only`` needs no GPU: it times the emitted launchers' own Python (checks, descriptors, launch key,
+descriptor encodings) for the forward and the backward, on CPU tensors, with Triton's JIT, its descriptor
+encoding and its C launcher replaced by stand-ins that do nothing (Triton's Python wrapper around the C
+launcher is kept), and writes ``$OUT/op_launch_python.json``; ``--twill DIR`` imports twill from another
+checkout (an earlier commit's launchers, timed the same way).
 """
 
 from __future__ import annotations
@@ -220,15 +226,92 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def python_only(B: int, H: int, S: int, D: int, calls: int = 5000) -> dict[str, Any]:
+    """Microseconds of the forward's and the backward's launcher Python per call (median of 5 runs of
+    ``calls``), with Triton's JIT, descriptor encoding and C launcher stood in for (see the module doc)."""
+    import types
+
+    import torch
+    from triton.backends.nvidia import driver as nvidia_driver
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime import driver
+
+    import twill
+    from twill.ops.flash import KernelSpec, kernel_module
+
+    driver._active = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 7)
+    nvidia_driver.make_tensordesc_arg = lambda arg, meta: [("tensormap", arg.base.data_ptr()), *arg.shape,
+                                                           *arg.strides]
+
+    def jit(*args, num_warps):
+        signature = {f"a{i}": "tensordesc" if isinstance(a, TensorDescriptor) else "i32" for i, a in enumerate(args)}
+        metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": list(a.block_shape),
+                  "fp4_padded": False} for a in args if isinstance(a, TensorDescriptor)]
+        wrapper = nvidia_driver.wrap_handle_tensordesc(lambda *c: None, signature, metas)
+
+        class Run:   # Triton's CudaLauncher without a compiled C module
+            launch, launch_cooperative_grid, launch_pdl = staticmethod(wrapper), False, False
+            global_scratch_size = profile_scratch_size = 0
+
+            def __call__(self, gx, gy, gz, stream, function, *rest):
+                self.launch(gx, gy, gz, stream, function, False, False, None, None, *rest)
+
+        return types.SimpleNamespace(run=Run(), function=1, packed_metadata=(4, 1, 0),
+                                     metadata=types.SimpleNamespace(tensordesc_meta=metas))
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return jit
+
+    kernel_stand_in = Kernel()
+
+    q, k, v, o, do = (torch.randn(B, S, H, D, dtype=torch.bfloat16).transpose(1, 2) for _ in range(5))
+    lse = torch.randn(B, H, S)
+    import platform
+
+    result: dict[str, Any] = {"twill": os.path.dirname(twill.__file__), "shape": [B, H, S, D], "calls": calls,
+                              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                              "python": platform.python_version(), "torch": torch.__version__,
+                              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    for kernel, call in (("flash-fwd", lambda m: m.launch(q, k, v, out=o, lse=lse)),
+                         ("flash-bwd", lambda m: m.launch(q, k, v, o, do, lse))):
+        module = kernel_module(KernelSpec(kernel, D, "bf16", True, 0))
+        real = module._launch
+        module._launch = (lambda fn, grid, num_warps, *args, real=real:
+                          real(kernel_stand_in, grid, num_warps, *args))
+        module._sm_count = lambda device: 132
+        if hasattr(module, "_work_counter"):
+            module._work_counter = lambda device: torch.zeros(2, dtype=torch.int32)
+        call(module)   # the JIT launch
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call(module)
+            samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        result[kernel] = {"us": statistics.median(samples), "spread": [min(samples), max(samples)]}
+        print(f"{kernel}: {result[kernel]['us']:.1f} us of launcher Python per call", flush=True)
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
+    ap.add_argument("--python-only", action="store_true", help="time the launchers' Python on the CPU (no GPU)")
+    ap.add_argument("--twill", metavar="DIR", help="with --python-only: import twill from this checkout")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.python_only:
+        if args.twill:
+            sys.path.insert(0, os.path.abspath(args.twill))
+        doc = python_only(args.batch, args.heads, args.seq, args.head_dim)
+        with open(os.path.join(args.out, "op_launch_python.json"), "w") as fh:
+            json.dump(doc, fh, indent=1)
+        return
     doc = run(args.batch, args.heads, args.seq, args.head_dim)
     with open(os.path.join(args.out, "op_launch_cost.json"), "w") as fh:
         json.dump(doc, fh, indent=1)
