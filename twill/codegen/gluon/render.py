@@ -106,9 +106,9 @@ def _specialization(t, shape, strides, block, layout, aligned):
 
 
 def _tma_buffer(t, block, dtype, layout=None):
-    """A TMA descriptor of the launcher's own buffer ``t`` (dense, 16-byte aligned) with
-    block ``block`` of ``dtype`` elements in ``layout`` (default: the NVMMA shared layout for the block); its
-    fields are kept per shape, strides, dtype, block and layout (``_VIEWS``)."""
+    """A TMA descriptor of the launcher's own buffer ``t`` (dense, 16-byte aligned) with block ``block`` of
+    ``dtype`` elements in ``layout`` (default: the NVMMA shared layout for the block); its fields are kept per
+    shape, strides, dtype, block and layout (``_VIEWS``)."""
     if t.data_ptr() % 16:
         raise ValueError(f"a TMA buffer starts at address {t.data_ptr():#x}; TMA needs a 16-byte aligned base")
     shape, strides = t.shape, t.stride()
@@ -120,8 +120,6 @@ def _tma_buffer(t, block, dtype, layout=None):
         fields = _VIEWS[key] = (shape, strides, block, layout,
                                 _specialization(t, shape, strides, block, layout, True))
     return _TmaArg(t, *fields)
-
-
 
 
 def _tma_view(t, name, block, dtype=None):
