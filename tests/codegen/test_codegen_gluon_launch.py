@@ -18,26 +18,8 @@ from triton.backends.nvidia import driver as nvidia_driver  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 
-from twill.codegen.gluon import emit_gluon, load_emitted  # noqa: E402
-from twill.kernels import build_kernel  # noqa: E402
-from twill.kernels.flash_bwd.variants import flash_bwd_schedule  # noqa: E402
-from twill.kernels.flash_fwd.variants import flash_schedule  # noqa: E402
-from twill.machine.models import H100  # noqa: E402
 
 STREAM = 0x5EED
-
-
-@pytest.fixture(scope="module")
-def modules(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("launch")
-    fwd = flash_schedule(build_kernel("flash-fwd", H100, subtiles=2, head_dim=128), H100, ahead=1, depth=2)
-    bwd = flash_bwd_schedule(build_kernel("flash-bwd", H100), H100, depth=2, dq_lag=1)
-    out = {}
-    for name, sched in (("fwd", fwd), ("bwd", bwd)):
-        path = tmp / f"{name}.py"
-        path.write_text(emit_gluon(sched))
-        out[name] = load_emitted(str(path), f"twill_test_launch_{name}")
-    return out
 
 
 class Recorder:
@@ -102,8 +84,8 @@ def _args(module, q, k):
     return (module._tma_view(q, "q", [64, 128]), module._tma_view(k, "k", [128, 128]), 300, 7, q)
 
 
-def test_later_launches_reach_the_c_launcher_with_what_tritons_launcher_passes(modules, fake_driver):
-    module, kernel = modules["fwd"], FakeKernel()
+def test_later_launches_reach_the_c_launcher_with_what_tritons_launcher_passes(attention_modules, fake_driver):
+    module, kernel = attention_modules["fwd"], FakeKernel()
     module._COMPILED.clear()
     q = torch.zeros(2, 300, 8, 128, dtype=torch.bfloat16).transpose(1, 2)
     k = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
@@ -120,8 +102,8 @@ def test_later_launches_reach_the_c_launcher_with_what_tritons_launcher_passes(m
     assert direct[:5] == (5, 16, 1, STREAM, 0xF00)
 
 
-def test_a_descriptor_is_encoded_once_per_address_shape_and_strides(modules, fake_driver):
-    module, kernel = modules["fwd"], FakeKernel()
+def test_a_descriptor_is_encoded_once_per_address_shape_and_strides(attention_modules, fake_driver):
+    module, kernel = attention_modules["fwd"], FakeKernel()
     module._COMPILED.clear()
     module._ENCODED.clear()
     x = torch.zeros(2, 300, 8, 128, dtype=torch.bfloat16)
@@ -138,8 +120,8 @@ def test_a_descriptor_is_encoded_once_per_address_shape_and_strides(modules, fak
     assert len(kernel.jit_calls) == 1
 
 
-def test_a_full_encoding_table_is_emptied_not_grown(modules, fake_driver, monkeypatch):
-    module, kernel = modules["fwd"], FakeKernel()
+def test_a_full_encoding_table_is_emptied_not_grown(attention_modules, fake_driver, monkeypatch):
+    module, kernel = attention_modules["fwd"], FakeKernel()
     module._COMPILED.clear()
     module._ENCODED.clear()
     monkeypatch.setattr(module, "_ENCODED_MAX", 3)
@@ -149,19 +131,24 @@ def test_a_full_encoding_table_is_emptied_not_grown(modules, fake_driver, monkey
     assert len(module._ENCODED) <= 3
 
 
-def test_a_launch_that_needs_scratch_memory_goes_through_tritons_launcher(modules, fake_driver):
-    module, kernel = modules["bwd"], FakeKernel(scratch=256)
+def _launch_three_times(module, kernel):
+    """Three launches of ``kernel`` on fresh caches, over two descriptors (q, k) and three scalars."""
     module._COMPILED.clear()
     module._ENCODED.clear()
     q = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
     for _ in range(3):
         module._launch(kernel, (5, 16), 4, *_args(module, q, q))
+
+
+def test_a_launch_that_needs_scratch_memory_goes_through_tritons_launcher(attention_modules, fake_driver):
+    module, kernel = attention_modules["bwd"], FakeKernel(scratch=256)
+    _launch_three_times(module, kernel)
     assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 2 and not module._ENCODED
     assert len(fake_driver) == 4               # Triton's wrapper encodes every descriptor of every launch
 
 
-def test_the_launchers_own_buffers_get_dense_descriptors(modules):
-    module = modules["bwd"]
+def test_the_launchers_own_buffers_get_dense_descriptors(attention_modules):
+    module = attention_modules["bwd"]
     stats = torch.zeros(2, 4 * 384, dtype=torch.float32)
     desc = module._tma_buffer(stats, [2, 128], module.gl.float32, module.STATS_LAYOUT)
     assert (tuple(desc.shape), tuple(desc.strides), desc.block_shape) == ((2, 1536), (1536, 1), (2, 128))
@@ -169,8 +156,8 @@ def test_the_launchers_own_buffers_get_dense_descriptors(modules):
     assert isinstance(triton_desc, TensorDescriptor) and triton_desc.layout is module.STATS_LAYOUT
 
 
-def test_a_kernel_without_descriptors_is_launched_by_the_c_function_triton_calls(modules, fake_driver):
-    module, kernel = modules["bwd"], FakeKernel()
+def test_a_kernel_without_descriptors_is_launched_by_the_c_function_triton_calls(attention_modules, fake_driver):
+    module, kernel = attention_modules["bwd"], FakeKernel()
     module._COMPILED.clear()
     q = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
     for _ in range(3):
@@ -179,22 +166,18 @@ def test_a_kernel_without_descriptors_is_launched_by_the_c_function_triton_calls
     assert kernel.c_calls[0][13:] == (q, 300, 0.5, None) and not fake_driver
 
 
-def test_a_launcher_of_another_shape_keeps_tritons_launcher(modules, fake_driver):
+def test_a_launcher_of_another_shape_keeps_tritons_launcher(attention_modules, fake_driver):
     """A Triton whose launcher is not the wrapper ``_entry_point`` reads: every launch goes through it, with
     Triton's descriptors, and nothing is encoded by the module."""
-    module, kernel = modules["fwd"], FakeKernel(wrapped=False)
-    module._COMPILED.clear()
-    module._ENCODED.clear()
-    q = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
-    for _ in range(3):
-        module._launch(kernel, (5, 16), 4, *_args(module, q, q))
+    module, kernel = attention_modules["fwd"], FakeKernel(wrapped=False)
+    _launch_three_times(module, kernel)
     assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 2 and not module._ENCODED
     assert all(isinstance(a, TensorDescriptor) for a in kernel.c_calls[0][13:15])
 
 
 @pytest.mark.parametrize("grid", [(5, 65536), (2, 3, 70000)])
-def test_a_grid_past_cudas_limit_is_refused_before_any_launch(modules, fake_driver, grid):
-    module, kernel = modules["bwd"], FakeKernel()
+def test_a_grid_past_cudas_limit_is_refused_before_any_launch(attention_modules, fake_driver, grid):
+    module, kernel = attention_modules["bwd"], FakeKernel()
     module._COMPILED.clear()
     q = torch.zeros(2, 8, 300, 128, dtype=torch.bfloat16)
     for _ in range(2):   # the JIT launch and, with a grid that fits, a direct one: neither takes it
@@ -204,10 +187,10 @@ def test_a_grid_past_cudas_limit_is_refused_before_any_launch(modules, fake_driv
     assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 1
 
 
-def test_a_descriptors_launch_key_is_what_triton_specializes_on(modules):
+def test_a_descriptors_launch_key_is_what_triton_specializes_on(attention_modules):
     """Two views of one layout share a key; lengths of another divisibility by 16, another block or dtype get
     another; the key is a small tuple (no layout object to hash per launch)."""
-    module = modules["fwd"]
+    module = attention_modules["fwd"]
     views = [module._tma_view(torch.zeros(2, 8, s, 128, dtype=dtype), "q", block)
              for s, dtype, block in ((320, torch.bfloat16, [64, 128]), (320, torch.bfloat16, [64, 128]),
                                      (336, torch.bfloat16, [64, 128]), (300, torch.bfloat16, [64, 128]),
@@ -218,8 +201,8 @@ def test_a_descriptors_launch_key_is_what_triton_specializes_on(modules):
     assert views[0].base is not views[1].base
 
 
-def test_a_buffer_of_a_known_layout_is_still_checked_for_alignment(modules):
-    module = modules["bwd"]
+def test_a_buffer_of_a_known_layout_is_still_checked_for_alignment(attention_modules):
+    module = attention_modules["bwd"]
     flat = torch.zeros(2 * 1536 + 4, dtype=torch.float32)
     good = module._tma_buffer(flat[:3072].view(2, 1536), [2, 128], module.gl.float32, module.STATS_LAYOUT)
     assert good.key == module._tma_buffer(torch.zeros(2, 1536), [2, 128], module.gl.float32,

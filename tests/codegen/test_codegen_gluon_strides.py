@@ -1,4 +1,4 @@
-"""The attention launchers read ``[B, H, S, D]`` tensors where they lie: ``_tma_view`` (the emitted modules'
+"""The attention launchers read ``[B, H, S, D]`` tensors where they lie: ``_tma_view`` (the emitted attention_modules'
 host helper) builds a rank-4 TMA descriptor with the tensor's own strides (a ``[B, S, H, D]`` tensor's
 ``transpose(1, 2)`` included, no copy), and refuses a layout TMA cannot read with one error naming the
 tensor. Checked on CPU tensors (building a descriptor needs no GPU); the kernels' results on such tensors
@@ -11,30 +11,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed")
 pytest.importorskip("triton.experimental.gluon", reason="Triton 3.6 with Gluon is needed")
 
-from twill.codegen.gluon import emit_gluon, load_emitted  # noqa: E402
-from twill.kernels import build_kernel  # noqa: E402
-from twill.kernels.flash_bwd.variants import flash_bwd_schedule  # noqa: E402
-from twill.kernels.flash_fwd.variants import flash_schedule  # noqa: E402
-from twill.machine.models import H100  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def modules(tmp_path_factory):
-    """The emitted forward (D 128, two sub-tiles) and backward (D 128) modules."""
-    tmp = tmp_path_factory.mktemp("strides")
-    fwd = flash_schedule(build_kernel("flash-fwd", H100, subtiles=2, head_dim=128), H100, ahead=1, depth=2)
-    bwd = flash_bwd_schedule(build_kernel("flash-bwd", H100), H100, depth=2, dq_lag=1)
-    out = {}
-    for name, sched in (("fwd", fwd), ("bwd", bwd)):
-        path = tmp / f"{name}.py"
-        path.write_text(emit_gluon(sched))
-        out[name] = load_emitted(str(path), f"twill_test_strides_{name}")
-    return out
 
 
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])
-def test_a_transposed_bshd_tensor_gets_a_rank_4_descriptor_with_its_own_strides(modules, kind):
-    module = modules[kind]
+def test_a_transposed_bshd_tensor_gets_a_rank_4_descriptor_with_its_own_strides(attention_modules, kind):
+    module = attention_modules[kind]
     x = torch.zeros(2, 300, 8, 128, dtype=torch.float16)          # [B, S, H, D], as a projection makes it
     q = x.transpose(1, 2)                                          # [B, H, S, D] view, not contiguous
     desc = module._tma_view(q, "q", [64, 128])
@@ -45,11 +26,11 @@ def test_a_transposed_bshd_tensor_gets_a_rank_4_descriptor_with_its_own_strides(
     assert desc.layout.swizzle_byte_width == 128                   # the 2-d tile's swizzle: its buffers' layout
 
 
-def test_a_dimension_of_one_element_takes_an_aligned_stride(modules):
+def test_a_dimension_of_one_element_takes_an_aligned_stride(attention_modules):
     """A size-1 dimension's stride is never stepped and may be anything torch chose (even unaligned)."""
     x = torch.zeros(1, 8, 300, 136, dtype=torch.float16)[..., :128]   # rows of 272 bytes: aligned
     q = x.as_strided((1, 8, 300, 128), (7, 300 * 136, 136, 1))        # batch stride 7: never used
-    desc = modules["fwd"]._tma_view(q, "q", [64, 128])
+    desc = attention_modules["fwd"]._tma_view(q, "q", [64, 128])
     assert list(desc.strides[1:]) == [300 * 136, 136, 1] and desc.strides[0] * 2 % 16 == 0
 
 
@@ -60,17 +41,17 @@ def test_a_dimension_of_one_element_takes_an_aligned_stride(modules):
     (lambda: torch.zeros(2 * 8 * 300 * 128 + 1, dtype=torch.float16)[1:].view(2, 8, 300, 128), "do",
      "16-byte aligned base"),
 ])
-def test_a_layout_tma_cannot_read_is_refused_naming_the_tensor(modules, kind, make, name, words):
+def test_a_layout_tma_cannot_read_is_refused_naming_the_tensor(attention_modules, kind, make, name, words):
     with pytest.raises(ValueError) as err:
-        modules[kind]._tma_view(make(), name, [64, 128])
+        attention_modules[kind]._tma_view(make(), name, [64, 128])
     assert str(err.value).startswith(f"{name} ") and words in str(err.value)
 
 
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])
-def test_a_layout_checked_once_is_still_checked_for_each_tensors_address(modules, kind):
+def test_a_layout_checked_once_is_still_checked_for_each_tensors_address(attention_modules, kind):
     """``_tma_view`` keeps the fields of each layout it accepted; a new tensor of that layout gets them with its
     own base, a misaligned one of that layout is still refused, and a refused layout is refused every time."""
-    module = modules[kind]
+    module = attention_modules[kind]
     x = torch.zeros(2, 300, 8, 128, dtype=torch.float16)
     first = module._tma_view(x.transpose(1, 2), "q", [64, 128])
     y = torch.zeros(2 * 300 * 8 * 128 + 8, dtype=torch.float16)
