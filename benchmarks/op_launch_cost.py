@@ -135,12 +135,7 @@ def _parts(module: Any, q: Any, k: Any, v: Any, out: Any, reps: int = 500) -> di
     }
     if entry_point is not None:
         raw, descriptors = entry_point
-        final, done = [], 0
-        for i, meta, meta_key in descriptors:
-            final.extend(args[done:i])
-            final.extend(module._encoded(args[i], meta, meta_key))
-            done = i + 1
-        final.extend(args[done:])
+        final = module._c_args(args, descriptors)
         steps["c_launcher"] = lambda: raw(g[0], g[1], g[2], stream, compiled.function, False, False, None, None,
                                           compiled.packed_metadata, None, None, None, *final)
     result = {}

@@ -26,3 +26,26 @@ def attention_modules(tmp_path_factory):
         path.write_text(emit_gluon(sched))
         out[name] = load_emitted(str(path), f"twill_test_attention_{name}")
     return out
+
+
+
+@pytest.fixture
+def refuses_bad_offsets():
+    """A check that an emitted varlen launcher ``launch(*tensors, cu_seqlens_q, cu_seqlens_k, max_q, max_k)``
+    refuses, with one ValueError before touching a GPU, offsets that are strided, of the wrong dtype or of the
+    wrong count; ``tensors`` are CPU tensors of the launcher's shapes holding two sequences of 4 rows."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+
+    def check(launch, tensors):
+        good = torch.tensor([0, 4, 8], dtype=torch.int32)
+        bad = {"strided": torch.tensor([0, 9, 4, 9, 8, 9], dtype=torch.int32)[::2],
+               "int64": good.long(), "count": torch.tensor([0, 8], dtype=torch.int32)}
+        for what, offsets in bad.items():
+            for first, second, name in ((offsets, good, "cu_seqlens_q"), (good, offsets, "cu_seqlens_k")):
+                if what == "count" and name == "cu_seqlens_q":
+                    continue   # the batch is read from cu_seqlens_q: its count is the reference
+                with pytest.raises(ValueError, match=f"^{name} must be a contiguous int32 vector of batch \\+ 1 "
+                                                     f"= 3 offsets on cpu$"):
+                    launch(*tensors, first, second, 4, 4)
+
+    return check

@@ -241,7 +241,8 @@ def test_backward_helper_kernels_take_fewer_rows_at_head_dim_256(tmp_path):
 
 @pytest.mark.parametrize("head_dim,dtype,causal,kv_heads", [(128, "fp16", False, 0), (64, "bf16", True, 2),
                                                            (256, "bf16", True, 0)])
-def test_varlen_backward_reads_each_sequence_where_it_lies(tmp_path, head_dim, dtype, causal, kv_heads):
+def test_varlen_backward_reads_each_sequence_where_it_lies(tmp_path, head_dim, dtype, causal, kv_heads,
+                                                           refuses_bad_offsets):
     """The varlen backward of the op's shipped schedules (a code-generator attribute: the same loop and
     schedule; the D = 64 one in two stages, FA3's 128 query rows): the kernel takes the sequences' offsets and
     padded stats offsets instead of lengths, loads Q/dO and K/V at the sequence's rows of the packed
@@ -270,6 +271,11 @@ def test_varlen_backward_reads_each_sequence_where_it_lies(tmp_path, head_dim, d
     assert "[0, h, q_base + m_start, 0]" in source and "kv_block = [0, kv_h, k_base + n_start, 0]" in source
     assert "dk_offs = kv_h * dk_stride_h + (k_base + keys + shift) * dk_stride_s" in source
     assert "def preprocess(" not in source and "def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k," in source
+    torch = pytest.importorskip("torch")
+    element = torch.bfloat16 if dtype == "bf16" else torch.float16
+    q = torch.zeros(8, 4, head_dim, dtype=element)
+    kv = torch.zeros(8, kv_heads or 4, head_dim, dtype=element)
+    refuses_bad_offsets(module.launch, (q, kv, kv, q, q, torch.zeros(4, 8)))
     compiled = aot.compile_sm90(module)
     report = ptxas_report(compiled.asm["ptx"], 90)
     assert report["spill_bytes"] == 0 and report["serialized_wgmma"] == 0

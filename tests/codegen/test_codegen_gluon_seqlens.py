@@ -151,7 +151,7 @@ VARLEN_CASES = [  # kernel options (every one with varlen=True)
 
 
 @pytest.mark.parametrize("options", VARLEN_CASES, ids=["d128", "d128_causal_gqa_bf16", "d64_sub3", "d256_causal"])
-def test_varlen_forward_reads_its_sequence_from_cu_seqlens_and_compiles(tmp_path, options):
+def test_varlen_forward_reads_its_sequence_from_cu_seqlens_and_compiles(tmp_path, options, refuses_bad_offsets):
     """The varlen kernel: cu_seqlens_q/k and total_q replace seq_q/seq_k in the signature; each CTA loads its
     sequence's offsets and lengths, returns when its block starts past the sequence, and reads the packed
     [1, heads, total, D] views from its sequence's first row; the wgmmas, waits and TMA loads are those of
@@ -178,6 +178,12 @@ def test_varlen_forward_reads_its_sequence_from_cu_seqlens_and_compiles(tmp_path
 
     names = {i.argval for i in dis.get_instructions(module.launch) if i.opname == "LOAD_GLOBAL"}
     assert not [n for n in names if n not in vars(module) and not hasattr(builtins, n)]   # it runs on a GPU only
+    import torch
+
+    dtype = torch.bfloat16 if options.get("dtype") == "bf16" else torch.float16
+    q = torch.zeros(8, 4, options["head_dim"], dtype=dtype)
+    kv = torch.zeros(8, options.get("kv_heads") or 4, options["head_dim"], dtype=dtype)
+    refuses_bad_offsets(module.launch, (q, kv, kv))
     assert "persistent" not in source.split("def attention_kernel")[0].split("decisions:")[1].split("\n#\n")[0]
     facts = aot.ptx_facts(aot.compile_sm90(module))
     plain = _module(tmp_path, emit_gluon(flash_schedule(build_kernel("flash-fwd", H100, **options), H100, ahead=1,

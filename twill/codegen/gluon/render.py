@@ -153,6 +153,21 @@ def _cdiv(a, b):
 '''
 
 
+#: Host helper of the varlen attention launchers (forward and backward): the sequence offsets' checks.
+VARLEN_OFFSETS = '''
+def _check_offsets(cu_seqlens_q, cu_seqlens_k, batch, device):
+    """Raises ValueError unless ``cu_seqlens_q`` and ``cu_seqlens_k`` are contiguous int32 vectors of
+    ``batch + 1`` offsets on ``device`` (the kernels read them as plain arrays)."""
+    import torch
+
+    for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
+        if (t.dtype != torch.int32 or t.dim() != 1 or t.numel() != batch + 1 or t.device != device
+                or t.stride(0) != 1):
+            raise ValueError(f"{name} must be a contiguous int32 vector of batch + 1 = {batch + 1} offsets on "
+                             f"{device}")
+'''
+
+
 #: Host helper of the attention launchers: a kernel launch that goes through Triton's JIT once per argument
 #: specialization and device, and after that straight to the compiled kernel's C launcher, with each TMA
 #: descriptor encoded once per address, shape and strides (no argument binding, cache-key string, global-variable
@@ -222,6 +237,18 @@ def _encoded(a, meta, meta_key):
     return args
 
 
+def _c_args(args, descriptors):
+    """The kernel arguments ``args`` as the C launcher takes them: each TMA descriptor at ``descriptors``'
+    positions (from :func:`_entry_point`) replaced by its encoding."""
+    final, done = [], 0
+    for i, meta, meta_key in descriptors:
+        final.extend(args[done:i])
+        final.extend(_encoded(args[i], meta, meta_key))
+        done = i + 1
+    final.extend(args[done:])
+    return final
+
+
 def _launch(kernel, grid, num_warps, *args):
     """``kernel[grid](*args, num_warps=num_warps)``: the first launch of each specialization key (the device,
     the grid's rank and :func:`_arg_key` of every argument) goes through Triton's JIT, which compiles or
@@ -251,15 +278,9 @@ def _launch(kernel, grid, num_warps, *args):
                      None, *args)
         return
     launcher, descriptors = entry_point
-    final, done = [], 0
-    for i, meta, meta_key in descriptors:
-        final.extend(args[done:i])
-        final.extend(_encoded(args[i], meta, meta_key))
-        done = i + 1
-    final.extend(args[done:])
     run = compiled.run
     launcher(grid[0], grid[1], grid[2], stream, compiled.function, run.launch_cooperative_grid, run.launch_pdl,
-             None, None, compiled.packed_metadata, None, None, None, *final)
+             None, None, compiled.packed_metadata, None, None, None, *_c_args(args, descriptors))
 '''
 
 

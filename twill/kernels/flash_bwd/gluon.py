@@ -42,7 +42,7 @@ from ``cu_seqlens_*``, and the stats and dQ rows are padded per sequence (``pad_
 
 from __future__ import annotations
 
-from twill.codegen.gluon.render import (ATTENTION_HOST, SM_COUNT, TORCH_DTYPES, KernelBody, compute_def,
+from twill.codegen.gluon.render import (ATTENTION_HOST, SM_COUNT, TORCH_DTYPES, VARLEN_OFFSETS, KernelBody, compute_def,
                                         heaviest_first_chunks, kv_shape_source)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_bwd.plan import FlashBwdDecisions
@@ -252,9 +252,9 @@ CHECK = """def _check(t, name, shape, dtype):
     return t
 
 
-def _check_gradient(t, name, shape, dtype):
-    \"\"\"The gradient buffer ``t`` itself (written through its strides), after checking its shape, its dtype and its
-    contiguous last dimension.\"\"\"
+def _check_rows(t, name, shape, dtype):
+    \"\"\"``t`` itself (read or written through its strides, each row a vector), after checking its shape, its dtype
+    and its contiguous last dimension.\"\"\"
     if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.stride(-1) != 1:
         raise ValueError(f"{{name}} must be a {{dtype}} tensor of shape {{tuple(shape)}} with a contiguous last "
                          f"dimension")
@@ -297,10 +297,8 @@ def _preprocess(o, do, out, s_pad, lse=None, lse_out=None, dq_acc=None):
     import torch
 
     B, H, S, D = o.shape
-    for t, name in ((o, "o"), (do, "do")):
-        _check(t, name, (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
-        if t.stride(-1) != 1:
-            raise ValueError(f"{{name}} must have a contiguous last dimension (stride 1), got strides {{t.stride()}}")
+    for t, name in ((o, "o"), (do, "do")):   # their rows are read as vectors
+        _check_rows(t, name, (B, H, S, HEAD_DIM.value), torch.{torch_dtype})
     lse_strides = (0, 0, 0) if lse is None else _check(lse, "lse", (B, H, S), torch.float32).stride()
     _launch(preprocess_kernel, (_cdiv(s_pad, PRE_ROWS.value), H, B), 4, o, *o.stride()[:3], do,
             *do.stride()[:3], out, lse, *lse_strides, lse_out, dq_acc, S, s_pad)
@@ -331,7 +329,7 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     for t, name, shape in ((dq, "dq", q.shape), (dk, "dk", kv_shape), (dv, "dv", kv_shape)):
-        _check_gradient(t, name, shape, dtype)
+        _check_rows(t, name, shape, dtype)
     shapes, s_pad = buffer_shapes(B, H, S), padded_len(S)
     if delta is None:   # the pre-pass writes both stats rows, padding included, and zeroes the dQ accumulator
         stats = torch.empty(shapes["stats"], device=q.device, dtype=torch.float32)
@@ -381,18 +379,13 @@ def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                          f"got {{tuple(q.shape)}}")
     for t, name, shape in ((q, "q", q.shape), (o, "o", q.shape), (do, "do", q.shape), (k, "k", (Tk, kv_heads, D)),
                            (v, "v", (Tk, kv_heads, D))):
-        if _check(t, name, shape, dtype).stride(-1) != 1:   # the pre-pass reads o and do's rows as vectors
-            raise ValueError(f"{{name}} must have a contiguous last dimension (stride 1), got strides {{t.stride()}}")
+        _check_rows(t, name, shape, dtype)   # the pre-pass reads o and do's rows as vectors
     if not _check(lse, "lse", (H, T), torch.float32).is_contiguous():
         raise ValueError("lse must be contiguous ([H, total_q], as the varlen forward returns it)")
-    for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
-        if (t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device
-                or t.stride(0) != 1):
-            raise ValueError(f"{{name}} must be a contiguous int32 vector of batch + 1 = {{B + 1}} offsets on "
-                             f"{{q.device}}")
+    _check_offsets(cu_seqlens_q, cu_seqlens_k, B, q.device)
     for t, name, like in ((dq, "dq", q), (dk, "dk", k), (dv, "dv", v)):
         if t is not None:   # checked before any is written
-            _check_gradient(t, name, like.shape, dtype)
+            _check_rows(t, name, like.shape, dtype)
     dq = torch.empty_like(q) if dq is None else dq   # the gradients take their inputs' strides
     dk = torch.zeros_like(k) if dk is None else dk.zero_()   # keys no query sees (and key blocks past a
     dv = torch.zeros_like(v) if dv is None else dv.zero_()   # sequence's end) are not written by the kernel
@@ -720,7 +713,8 @@ def launch_source(plan: KernelPlan) -> str:
                                       torch_dtype=TORCH_DTYPES[plan.dtype],
                                       kv_value="KV_HEADS.value" if decided.kv_heads else "H",
                                       dq_cols="DQ_CHUNK.value" if decided.split else "D")
-        return ATTENTION_HOST + "\n\n" + launch.replace("{gqa_doc}", gqa_doc)
+        return (ATTENTION_HOST + "\n\n\n" + VARLEN_OFFSETS.strip("\n") + "\n\n"
+                + launch.replace("{gqa_doc}", gqa_doc))
     chunk_arg = (",\n            max(1, _sm_count(q.device.index) // grid[0])" if decided.causal else "")
     launch = LAUNCH.format(mask=", causal mask" if decided.causal else "", kv=kv, dtype=plan.dtype,
                            sk_note=": the mask is aligned bottom-right" if decided.causal else "",

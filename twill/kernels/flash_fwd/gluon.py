@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twill.codegen.gluon.render import (ATTENTION_HOST, GL_DTYPES, SM_COUNT, TORCH_DTYPES, KernelBody, compute_def,
-                                        heaviest_first_chunks, kv_shape_source, wrap)
+from twill.codegen.gluon.render import (ATTENTION_HOST, GL_DTYPES, SM_COUNT, TORCH_DTYPES, VARLEN_OFFSETS, KernelBody,
+                                        compute_def, heaviest_first_chunks, kv_shape_source, wrap)
 from twill.codegen.plan import KernelPlan
 from twill.kernels.flash_fwd.plan import FP8_DTYPES, PROGRAM_ORDER
 
@@ -267,11 +267,7 @@ def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_s
     if k.shape != kv_shape or v.shape != kv_shape or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"expected k, v of shape [total_k, {{kv_heads}}, {{D}}] and dtype {{q.dtype}}, got "
                          f"{{tuple(k.shape)}} {{tuple(v.shape)}}")
-    for t, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
-        if (t.dtype != torch.int32 or t.dim() != 1 or t.numel() != B + 1 or t.device != q.device
-                or t.stride(0) != 1):
-            raise ValueError(f"{{name}} must be a contiguous int32 vector of batch + 1 = {{B + 1}} offsets on "
-                             f"{{q.device}}")
+    _check_offsets(cu_seqlens_q, cu_seqlens_k, B, q.device)
     if out is None:
         out = torch.empty_like(q)   # q's strides (a dense q's layout)
     if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
@@ -375,7 +371,7 @@ def launch_source(plan: KernelPlan) -> str:
     if plan.decisions.varlen:
         chunks = (",\n            max(1, _sm_count(q.device.index) // grid[0])"
                   if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
-        return ATTENTION_HOST + "\n\n\n" + VARLEN_LAUNCH.format(
+        return ATTENTION_HOST + "\n\n\n" + VARLEN_OFFSETS.strip("\n") + "\n\n\n" + VARLEN_LAUNCH.format(
             mask=", causal mask" if plan.decisions.causal else "", kv=kv, dtype=plan.dtype,
             seq_note=" The mask is aligned bottom-right in each sequence." if plan.decisions.causal else "",
             torch_dtype=TORCH_DTYPES[plan.dtype], kv_value="KV_HEADS.value" if plan.decisions.kv_heads else "H",
@@ -1059,9 +1055,8 @@ def _work_counter(device):
     resets them), so the launches of one stream, or of one CUDA graph, take turns on one pair with no zeroing
     launch; launches that may run at once, in different streams, have different pairs."""
     import torch
-    from triton.runtime import driver
 
-    key = (device.index, driver.active.get_current_stream(device.index))
+    key = (device.index, _driver.active.get_current_stream(device.index))
     counter = _WORK_COUNTERS.get(key)
     if counter is None:
         counter = _WORK_COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
