@@ -808,16 +808,18 @@ def test_the_causal_forward_order_balances_its_blocks_in_list_scheduling(seq, la
     setup = _setup(types.SimpleNamespace(decisions=FlashDecisions((1,), causal=True)))
     code = "\n".join(line[4:] for line in setup if not line.lstrip().startswith("o_head"))   # no pointers here
     order, ours = [], []
-    for pid1 in range(heads):
-        for pid0 in range(blocks):
-            env = {"gl": types.SimpleNamespace(num_programs=(blocks, heads).__getitem__, minimum=min,
-                                               program_id=(pid0, pid1).__getitem__, cdiv=lambda a, b: -(-a // b),
-                                               maximum=max),
-                   "heads_per_chunk": max(1, sms // blocks), "seq_q": seq, "seq_k": seq, "BLOCK_M": 128, "BLOCK_N": 128,
-                   "heads": 32}
-            exec(code, env)
-            order.append((env["pid_m"], env["bh"]))
-            ours.append(env["n_tiles"])                   # query block m runs m + 1 key tiles
+    for pid2 in range(4):   # the grid (blocks, heads, batch) in launch order
+        for pid1 in range(32):
+            for pid0 in range(blocks):
+                env = {"gl": types.SimpleNamespace(num_programs=(blocks, 32, 4).__getitem__, minimum=min,
+                                                   program_id=(pid0, pid1, pid2).__getitem__,
+                                                   cdiv=lambda a, b: -(-a // b), maximum=max),
+                       "heads_per_chunk": max(1, sms // blocks), "seq_q": seq, "seq_k": seq, "BLOCK_M": 128,
+                       "BLOCK_N": 128, "heads": 32}
+                exec(code, env)
+                assert (env["b"], env["h"]) == divmod(env["bh"], 32)
+                order.append((env["pid_m"], env["bh"]))
+                ours.append(env["n_tiles"])                   # query block m runs m + 1 key tiles
     assert sorted(order) == [(m, h) for m in range(blocks) for h in range(heads)]
     grid = [m + 1 for _ in range(heads) for m in reversed(range(blocks))]
     ideal = sum(grid) / sms

@@ -187,6 +187,20 @@ def test_a_grid_past_cudas_limit_is_refused_before_any_launch(attention_modules,
     assert len(kernel.jit_calls) == 1 and len(kernel.c_calls) == 1
 
 
+def test_the_forward_takes_more_than_65535_batch_x_heads(attention_modules, fake_driver, monkeypatch):
+    """The forward's grid is (query blocks, heads, batch): 2200 x 32 heads launch (as (2, 32, 2200)), where a
+    (blocks, batch x heads) grid would pass CUDA's limit. The tensors are expanded views (no memory)."""
+    module, kernel = attention_modules["fwd"], FakeKernel()
+    module._COMPILED.clear()
+    grids = []
+    real = module._launch
+    monkeypatch.setattr(module, "_launch", lambda k, grid, *rest: (grids.append(grid), real(kernel, grid, *rest)))
+    q = torch.zeros(1, 1, 200, 128, dtype=torch.float16).expand(2200, 32, 200, 128)
+    out = torch.zeros(1, 1, 200, 128, dtype=torch.float16).expand(2200, 32, 200, 128)
+    module.launch(q, q, q, out=out)
+    assert grids == [(2, 32, 2200)] and len(kernel.jit_calls) == 1
+
+
 def test_a_descriptors_launch_key_is_what_triton_specializes_on(attention_modules):
     """Two views of one layout share a key; lengths of another divisibility by 16, another block or dtype get
     another; the key is a small tuple (no layout object to hash per launch)."""

@@ -257,7 +257,7 @@ def _launch(kernel, grid, num_warps, *args):
     profiler's), every launch goes through the JIT."""
     if max(grid[1:], default=0) > 65535:
         raise ValueError(f"the launch grid {tuple(grid)} has more than CUDA's 65535 blocks in its second or third "
-                         f"dimension (batch x heads, or batch)")
+                         f"dimension")
     device = _driver.active.get_current_device()
     # a hook chain (Triton 3.6's knobs) is set when it holds a hook; a plain hook when it is not None
     hooks = any(getattr(hook, "calls", hook) for hook in (_knobs.runtime.launch_enter_hook,

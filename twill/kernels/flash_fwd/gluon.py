@@ -291,7 +291,7 @@ def launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_s
     v_desc = _tma_view(v.unsqueeze(0).transpose(1, 2), "v", [BLOCK_N.value, D])
     o4 = out.unsqueeze(0).transpose(1, 2)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
-    grid = (_cdiv(max_seqlen_q, BLOCK_M.value), B * H)
+    grid = (_cdiv(max_seqlen_q, BLOCK_M.value), H, B)
     _launch(attention_kernel, grid, NUM_WARPS, q_desc, k_desc, v_desc, out, *o4.stride()[:3], lse, cu_seqlens_q,
             cu_seqlens_k, T, H, sm_scale * LOG2E{extra_args})
     return (out, lse) if return_lse else out
@@ -381,7 +381,7 @@ def launch_source(plan: KernelPlan) -> str:
             "    # work items claimed after each CTA's first, and CTAs done claiming: zero before each launch (the\n"
             "    # kernel's last CTA zeroes them for the next), one pair per device and stream\n"
             "    work_counter = _work_counter(q.device)"
-            if plan.persistent else "    grid = (_cdiv(S, BLOCK_M.value), B * H)")
+            if plan.persistent else "    grid = (_cdiv(S, BLOCK_M.value), H, B)")
     chunks = (",\n            max(1, _sm_count(q.device.index) // _cdiv(S, BLOCK_M.value))"
               if plan.decisions.causal else "")   # heads_per_chunk: about one wave of heads
     launch = FP8_LAUNCH if fp8(plan) else LAUNCH
@@ -963,17 +963,23 @@ def _kernel_doc(plan: KernelPlan) -> str:
             f"their own strides, O stored through o_stride_*); LSE [B*H*S_q] fp32 when lse_ptr is given.")
 
 
+#: The (batch, head) of a CTA of the grid (query blocks, heads, batch) as one index, batch * heads + head: the
+#: grid's order is that of (query blocks, batch * heads), each dimension within CUDA's limits.
+BH = "(gl.program_id(1) + gl.program_id(2) * gl.num_programs(1))"
+
+
 def _setup(plan: KernelPlan) -> tuple[str, ...]:
     """Program ids, the Q and K/V rows of the CTA and its trip count (see docs/codegen.md for causal and GQA)."""
     if plan.decisions.causal:
         pid = ["    # causal: chunks of heads_per_chunk heads, each chunk's query blocks heaviest (most key tiles) "
                "first across its heads",
                "    n_m = gl.num_programs(0)",
-               *heaviest_first_chunks("(gl.program_id(0) + gl.program_id(1) * n_m)", "n_m", "gl.num_programs(1)",
-                                      "heavy", "bh"),
+               "    n_bh = gl.num_programs(1) * gl.num_programs(2)  # batch * heads",
+               f"    linear = gl.program_id(0) + {BH} * n_m  # launch order",
+               *heaviest_first_chunks("linear", "n_m", "n_bh", "heavy", "bh"),
                "    pid_m = n_m - 1 - heavy"]
     else:
-        pid = ["    pid_m = gl.program_id(0)", "    bh = gl.program_id(1)"]
+        pid = ["    pid_m = gl.program_id(0)", f"    bh = {BH}"]
     return tuple(pid + _rows(plan) + ["    " + (VARLEN_O_HEAD if plan.decisions.varlen else O_HEAD)] + _trip(plan))
 
 
