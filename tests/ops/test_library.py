@@ -213,6 +213,18 @@ def test_inputs_the_kernels_do_not_cover_are_refused_at_trace_time_too():
         torch.compile(twill.ops.attention, backend="eager")(q, _meta(1, 3, 64, 96), _meta(1, 3, 64, 96))
 
 
+def test_grids_past_cudas_limit_are_refused_before_any_launch():
+    """The forward's grid (blocks, heads, batch) takes 2200 x 32 heads; the backward's (key blocks, batch x K/V
+    heads) takes 65535 rows at most, and 70000 sequences are past the forward's too."""
+    assert twill.ops.attention(_meta(2200, 32, 16, 64, grad=False), _meta(2200, 8, 16, 64, grad=False),
+                               _meta(2200, 8, 16, 64, grad=False)).shape == (2200, 32, 16, 64)
+    with pytest.raises(UnsupportedFeatureError, match=r"^twill.ops.attention: the backward launches one CTA row per "
+                                                      r"sequence and K/V head, at most 65535: 8200 x 8 is more"):
+        twill.ops.attention(_meta(8200, 32, 16, 64), _meta(8200, 8, 16, 64), _meta(8200, 8, 16, 64))
+    with pytest.raises(UnsupportedFeatureError, match="70000 sequences of 1 heads: the kernels launch at most 65535"):
+        twill.ops.attention(*[_meta(70000, 1, 16, 64, grad=False)] * 3)
+
+
 def test_the_real_implementation_checks_the_device_first():
     """CPU tensors reach the real implementation, which refuses them before any work; a CUDA device other
     than Hopper is refused with its compute capability."""

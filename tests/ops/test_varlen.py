@@ -93,6 +93,9 @@ def test_the_spec_is_the_varlen_forward_of_the_shapes():
      r"strides \(2,\)"),
     ({"cu_k": torch.zeros(4, dtype=torch.int32, device="meta")}, "must have one length \\(batch \\+ 1\\), got 5 and 4"),
     ({"mq": 3.5}, "max_seqlen_q must be a non-negative int, got 3.5"),
+    ({"grad": True, "cu_q": torch.zeros(40001, dtype=torch.int32, device="meta"),
+      "cu_k": torch.zeros(40001, dtype=torch.int32, device="meta")},
+     "the backward launches one CTA row per sequence and K/V head, at most 65535: 40000 x 2 is more"),
     ({"k": torch.randn(310, 2, 128, device="meta", dtype=torch.bfloat16).transpose(0, 1).contiguous()
       .transpose(0, 1)[:, :, :128]}, None),
 ])

@@ -233,7 +233,26 @@ def check_inputs(q: Any, k: Any, v: Any, *, causal: bool, backward: bool) -> Ker
     if d not in dims:
         what = "with a gradient " if backward else ""
         raise _unsupported(f"head dimension {d} is not supported {what}(supported: {', '.join(map(str, dims))})")
+    problem = grid_problem(b, h, hk, backward)
+    if problem:
+        raise _unsupported(problem)
     return kernel_spec(FORWARD.name, q, k, causal)
+
+
+#: CUDA's limit on a launch grid's second and third dimensions.
+GRID_LIMIT = 65535
+
+
+def grid_problem(batch: int, heads: int, kv_heads: int, backward: bool) -> str | None:
+    """Why the kernels' grids cannot hold ``batch`` sequences of ``heads`` query heads (``kv_heads`` K/V heads),
+    or None: the forward's grid is (query blocks, heads, batch), the backward's (key blocks, batch x K/V heads),
+    each of the last two dimensions at most :data:`GRID_LIMIT` (docs/codegen.md)."""
+    if heads > GRID_LIMIT or batch > GRID_LIMIT:
+        return f"{batch} sequences of {heads} heads: the kernels launch at most {GRID_LIMIT} of either"
+    if backward and batch * kv_heads > GRID_LIMIT:
+        return (f"the backward launches one CTA row per sequence and K/V head, at most {GRID_LIMIT}: {batch} x "
+                f"{kv_heads} is more (split the batch)")
+    return None
 
 
 def check_varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
@@ -281,6 +300,9 @@ def check_varlen_inputs(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k:
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise unsupported(f"{name} must be a non-negative int, got {n!r}")
+    problem = grid_problem(cu_seqlens_q.shape[0] - 1, h, hk, backward)
+    if problem:
+        raise unsupported(problem)
     return varlen_kernel_spec(q, k, causal)
 
 
