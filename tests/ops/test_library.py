@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 
 import twill.ops  # noqa: E402
 from twill.errors import UnsupportedFeatureError  # noqa: E402
-from twill.ops import flash, library  # noqa: E402
+from twill.ops import api, flash, library  # noqa: E402
 
 
 def _meta(*shape, dtype=torch.bfloat16, grad=True):
@@ -299,7 +299,8 @@ class _ReferenceKernels:
         if self.kernel == flash.FORWARD.name:
             out, lse = reference(q, k, v, causal, sm_scale)
             outputs["out"].copy_(out)
-            outputs["lse"].copy_(lse)
+            if outputs["lse"] is not None:   # None: a call that asks for no gradient writes no lse
+                outputs["lse"].copy_(lse)
             return
         _, grad_out, _ = args   # the analytic gradients (a kernel runs below autograd: no grad_fn there)
         group = q.shape[1] // k.shape[1]
@@ -343,6 +344,71 @@ def test_eager_calls_take_the_same_kernels_and_gradients_as_the_custom_op(monkey
         assert torch.allclose(out.double(), ref, atol=2e-3)   # the reference rounded to fp16
         for got, want in zip(torch.autograd.grad(out, (q, k, v), dout), ref_grads):
             assert torch.allclose(got.double(), want.double(), atol=1e-2, rtol=1e-3)
+
+
+def _eager_on_cpu(monkeypatch, launches=None):
+    """CPU tensors taken for eager CUDA calls (:func:`~twill.ops.library.is_eager`), the kernels stood in for by
+    fp64 attention; each forward launch's ``lse`` argument is appended to ``launches``."""
+    def module(spec):
+        kernels = _ReferenceKernels(spec.kernel)
+        kernels.causal = spec.causal
+        if launches is not None and spec.kernel == flash.FORWARD.name:
+            launch = kernels.launch
+            kernels.launch = lambda *a, **kw: (launches.append(kw["lse"]), launch(*a, **kw))
+        return kernels
+
+    monkeypatch.setattr(library, "kernel_module", module)
+    monkeypatch.setattr(library, "check_device", lambda *tensors: None)
+    monkeypatch.setattr(library, "is_eager", lambda q: type(q) is torch.Tensor)
+
+
+def test_an_eager_call_asking_no_gradient_takes_no_autograd_node_and_writes_no_lse(monkeypatch):
+    """With no gradient asked for (no input requires one, or grad mode off) an eager call runs the forward's
+    implementation directly: no :class:`~twill.ops.library.EagerAttention` node, no lse buffer; with one, the
+    autograd function saves an lse for the backward. The output is the same."""
+    from attention_reference import reference
+
+    launches, applied = [], []
+    _eager_on_cpu(monkeypatch, launches)
+    real_apply = library.EagerAttention.apply
+    monkeypatch.setattr(library.EagerAttention, "apply", lambda *a: (applied.append(a), real_apply(*a))[1])
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 24, 64, dtype=torch.float16) for _ in range(3))
+    want = reference(q, k, v, True, 0.125)[0]
+    out = twill.ops.attention(q, k, v, causal=True)
+    assert launches == [None] and not applied and out.grad_fn is None
+    qg = q.clone().requires_grad_()
+    with torch.no_grad():
+        assert torch.equal(twill.ops.attention(qg, k, v, causal=True), out)
+    assert launches == [None, None] and not applied
+    grad_out = twill.ops.attention(qg, k, v, causal=True)
+    assert len(applied) == 1 and isinstance(launches[-1], torch.Tensor) and grad_out.grad_fn is not None
+    assert torch.equal(grad_out.detach(), out) and torch.allclose(out.double(), want, atol=2e-3)
+
+
+def test_an_eager_calls_checks_run_once_per_layout_and_refusals_every_time(monkeypatch):
+    """An eager call whose arguments passed the checks skips them the next time; another layout, dtype, mask
+    or gradient request is checked again, and a refused call is refused every time."""
+    _eager_on_cpu(monkeypatch)
+    checks = []
+    real = api.check_inputs
+    monkeypatch.setattr(api, "check_inputs", lambda *a, **kw: (checks.append(kw), real(*a, **kw))[1])
+    monkeypatch.setattr(api, "_CHECKED", {})
+    q = torch.randn(1, 2, 16, 64, dtype=torch.float16)
+    for _ in range(3):
+        twill.ops.attention(q, q, q)
+    assert len(checks) == 1
+    bshd = torch.randn(1, 16, 2, 64, dtype=torch.float16).transpose(1, 2)
+    twill.ops.attention(bshd, bshd, bshd)
+    twill.ops.attention(q, q, q, causal=True)
+    twill.ops.attention(q.bfloat16(), q.bfloat16(), q.bfloat16())
+    twill.ops.attention(q.clone().requires_grad_(), q, q)
+    assert len(checks) == 5 and checks[-1]["backward"]
+    strided = torch.randn(1, 2, 16, 128, dtype=torch.float16)[..., ::2]
+    for _ in range(2):
+        with pytest.raises(UnsupportedFeatureError, match="the kernels need its last dimension contiguous"):
+            twill.ops.attention(strided, q, q)
+    assert len(checks) == 7
 
 
 def test_traced_and_dataless_calls_take_the_custom_op(monkeypatch):

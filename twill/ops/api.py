@@ -56,13 +56,40 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
 
     from twill.ops import library
 
-    spec = check_inputs(q, k, v, causal=causal, backward=_needs_grad(torch, q, k, v))
-    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
-    out_dtype = check_fp8_options(q, k, descales, out_dtype)
-    scale = 1.0 / math.sqrt(spec.head_dim) if scale is None else float(scale)
-    _check_layouts(library, "twill.ops.attention", q, k, v)
+    backward = _needs_grad(torch, q, k, v)
+    plain = q_descale is None and k_descale is None and v_descale is None and out_dtype is None
+    key = _checked_key(library, q, k, v, causal, backward) if plain else None
+    head_dim = _CHECKED.get(key) if key is not None else None
+    if head_dim is None:
+        spec = check_inputs(q, k, v, causal=causal, backward=backward)
+        descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+        out_dtype = check_fp8_options(q, k, descales, out_dtype)
+        _check_layouts(library, "twill.ops.attention", q, k, v)
+        head_dim = spec.head_dim
+        if key is not None:
+            if len(_CHECKED) >= _CHECKED_MAX:
+                _CHECKED.clear()
+            _CHECKED[key] = head_dim
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
     out, _ = library.forward(q, k, v, bool(causal), scale, q_descale, k_descale, v_descale, out_dtype)
     return out
+
+
+#: The eager calls' arguments that passed :func:`attention`'s checks (the checks read nothing else: types,
+#: shapes, strides, dtypes, devices, the mask, whether a gradient is asked for), each with its head dimension;
+#: up to ``_CHECKED_MAX``, emptied when full. A call with these arguments skips the checks' Python.
+_CHECKED: dict[tuple[Any, ...], int] = {}
+_CHECKED_MAX = 1024
+
+
+def _checked_key(library: Any, q: Any, k: Any, v: Any, causal: Any, backward: bool) -> tuple[Any, ...] | None:
+    """What :func:`attention`'s checks read of an eager call on plain CUDA tensors (:func:`twill.ops.library.
+    is_eager`), as a key of :data:`_CHECKED`; None for any other call (traced, fake, not tensors), which is
+    checked every time."""
+    if not (library.is_eager(q) and type(k) is type(q) and type(v) is type(q) and type(causal) is bool):
+        return None
+    return (causal, backward, q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+            v.shape, v.stride(), v.dtype, v.device)
 
 
 def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: int,

@@ -74,12 +74,14 @@ def layout_problem(t: torch.Tensor, name: str) -> str | None:
     return None
 
 
-def _forward_outputs(q: torch.Tensor, out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_outputs(q: torch.Tensor, out_dtype: torch.dtype | None,
+                     with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``out`` like q (its shape and strides, ``out_dtype``: by default q's dtype, bfloat16 for fp8 q) and
-    contiguous float32 ``lse [B, H, S]`` on q's device."""
+    contiguous float32 ``lse [B, H, S]`` on q's device (None without ``with_lse``)."""
     if out_dtype is None:
         out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
-    return torch.empty_like(q, dtype=out_dtype), q.new_empty(q.shape[:3], dtype=torch.float32)
+    lse = q.new_empty(q.shape[:3], dtype=torch.float32) if with_lse else None
+    return torch.empty_like(q, dtype=out_dtype), lse
 
 
 def _backward_outputs(q: torch.Tensor, k: torch.Tensor,
@@ -100,11 +102,12 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
              q_descale: torch.Tensor | None, k_descale: torch.Tensor | None, v_descale: torch.Tensor | None,
-             out_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward's real implementation, shared by the custom op and :class:`EagerAttention`."""
+             out_dtype: torch.dtype | None, with_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward's real implementation, shared by the custom op, :class:`EagerAttention` and the eager calls
+    that ask for no gradient (``with_lse`` False: no lse is written, None is returned in its place)."""
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     check_device(q, k, v, *(t for t in descales.values() if t is not None))
-    out, lse = _forward_outputs(q, out_dtype)
+    out, lse = _forward_outputs(q, out_dtype, with_lse)
     module = kernel_module(kernel_spec(FORWARD.name, q, k, causal))
     fp8 = {name: t for name, t in descales.items() if t is not None} if q.dtype == torch.float8_e4m3fn else {}
     with on_device(q):
@@ -202,15 +205,24 @@ class EagerAttention(torch.autograd.Function):
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
             q_descale: torch.Tensor | None = None, k_descale: torch.Tensor | None = None,
             v_descale: torch.Tensor | None = None,
-            out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)`` as :func:`attention_forward` returns them, differentiable in q, k and v: through
-    :class:`EagerAttention` for plain CUDA tensors outside any tracing (``torch.compile``, ``torch.export``,
-    a dispatch mode such as ``make_fx``'s), else through the custom op, which ``torch.compile`` captures and
-    whose fake implementation serves tensors without data (``meta``, fake)."""
-    if (type(q) is torch.Tensor and q.device.type == "cuda" and not torch.compiler.is_compiling()
-            and _get_current_dispatch_mode() is None):
+            out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(out, lse)`` as :func:`attention_forward` returns them, differentiable in q, k and v: for plain CUDA
+    tensors outside any tracing (:func:`is_eager`), through :class:`EagerAttention`, or, when no gradient is
+    asked for (grad mode off, or no input requiring one), straight through the implementation with no lse
+    (``(out, None)``: no autograd node, no lse buffer); else through the custom op, which ``torch.compile``
+    captures and whose fake implementation serves tensors without data (``meta``, fake)."""
+    if is_eager(q):
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            return _forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype, with_lse=False)
         return EagerAttention.apply(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype)
     return attention_forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype)
+
+
+def is_eager(q: Any) -> bool:
+    """Whether a call on ``q`` runs eagerly on a CUDA tensor with data: a plain ``torch.Tensor`` (no subclass,
+    no fake tensor) on a CUDA device, outside ``torch.compile`` and any dispatch mode."""
+    return (type(q) is torch.Tensor and q.device.type == "cuda" and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None)
 
 
 def _varlen_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
