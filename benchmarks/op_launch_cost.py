@@ -21,8 +21,9 @@ functions with the most own and the most cumulative time). Prints a table and wr
 ``--python-only`` needs no GPU: it times the emitted launchers' own Python (checks, descriptors, launch key,
 descriptor encodings) for the forward and the backward, on CPU tensors, with Triton's JIT, its descriptor
 encoding and its C launcher replaced by stand-ins that do nothing (Triton's Python wrapper around the C
-launcher is kept), and writes ``$OUT/op_launch_python.json``; ``--twill DIR`` imports twill from another
-checkout (an earlier commit's launchers, timed the same way).
+launcher is kept), then the op's whole call the same way (its forward without and with a gradient asked for,
+and forward + backward), and writes ``$OUT/op_launch_python.json``; ``--twill DIR`` imports twill from another
+checkout (an earlier commit's launchers, timed the same way; the op's rows need its ``library.is_eager``).
 """
 
 from __future__ import annotations
@@ -286,6 +287,43 @@ def python_only(B: int, H: int, S: int, D: int, calls: int = 5000) -> dict[str, 
             samples.append((time.perf_counter() - t0) * 1e6 / calls)
         result[kernel] = {"us": statistics.median(samples), "spread": [min(samples), max(samples)]}
         print(f"{kernel}: {result[kernel]['us']:.1f} us of launcher Python per call", flush=True)
+    result.update(_op_python(q, k, v, do, calls))
+    return result
+
+
+def _op_python(q: Any, k: Any, v: Any, do: Any, calls: int) -> dict[str, Any]:
+    """The op's whole Python per call on CPU tensors taken for eager CUDA ones (``library.is_eager``), the
+    launchers as :func:`python_only` stands them in: its forward without and with a gradient asked for, and
+    forward + backward through ``torch.autograd.grad`` (the CPU's autograd engine). Empty for a checkout
+    whose op has no ``is_eager`` (its eager path cannot be taken on CPU tensors)."""
+    import contextlib
+
+    import torch
+
+    import twill.ops
+    from twill.ops import library
+
+    if not hasattr(library, "is_eager"):
+        return {}
+    library.is_eager = lambda t: type(t) is torch.Tensor
+    library.check_device = lambda *tensors: None
+    library.on_device = lambda t: contextlib.nullcontext()
+    qg, kg, vg = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    rows = {"op_forward": lambda: twill.ops.attention(q, k, v, causal=True),
+            "op_forward_grad": lambda: twill.ops.attention(qg, kg, vg, causal=True),
+            "op_forward_backward": lambda: torch.autograd.grad(twill.ops.attention(qg, kg, vg, causal=True),
+                                                               (qg, kg, vg), do)}
+    result = {}
+    for name, call in rows.items():
+        call()
+        samples = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            samples.append((time.perf_counter() - t0) * 1e6 / calls)
+        result[name] = {"us": statistics.median(samples), "spread": [min(samples), max(samples)]}
+        print(f"{name}: {result[name]['us']:.1f} us of Python per call", flush=True)
     return result
 
 
