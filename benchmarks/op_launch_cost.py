@@ -1,7 +1,8 @@
 """Host time per call of ``twill.ops.attention`` against cuDNN (SDPA) and FlashAttention-3 at a shape where the GPU
 idles and wall time is host work (a GPU experiment behind docs/performance.md's "Host cost per call", not a test).
 
-For each caller (``twill`` the op, ``module`` the emitted module's ``launch`` alone, ``module_jit`` the same
+For each caller (``twill`` the op, ``twill_grad`` the op on inputs that require a gradient (the forward of a
+training step), ``module`` the emitted module's ``launch`` alone, ``module_jit`` the same
 with its launch cache emptied before each call, so that every launch goes through Triton's JIT, ``cudnn``,
 ``fa3`` when ``fa3_fwd_interface`` imports) and each of forward and forward + backward:
 
@@ -183,6 +184,7 @@ def run(B: int, H: int, S: int, D: int) -> dict[str, Any]:
 
     callers: dict[str, dict[str, Callable[[], Any]]] = {
         "forward": {"twill": lambda: twill.ops.attention(q, k, v, causal=True),
+                    "twill_grad": lambda: twill.ops.attention(qg, kg, vg, causal=True),
                     "module": lambda: module.launch(q, k, v, out=out),
                     "module_jit": lambda: (module._COMPILED.clear(), module.launch(q, k, v, out=out)),
                     "cudnn": cudnn_fwd},
