@@ -156,6 +156,19 @@ def test_the_launchers_own_buffers_get_dense_descriptors(attention_modules):
     assert isinstance(triton_desc, TensorDescriptor) and triton_desc.layout is module.STATS_LAYOUT
 
 
+def test_the_backward_buffers_are_views_of_one_allocation(attention_modules):
+    """The stats rows and the dQ accumulator share one fp32 allocation, the accumulator after the stats at a
+    16-byte aligned address, both dense (as ``_tma_buffer`` reads them); zeroed when asked."""
+    module = attention_modules["bwd"]
+    n, d = 3 * module.BLOCK_M.value, module.HEAD_DIM.value
+    stats, dq_acc = module._fp32_buffers(n, "cpu")
+    assert (stats.shape, dq_acc.shape) == ((2, n), (n, d)) and stats.is_contiguous() and dq_acc.is_contiguous()
+    assert stats.untyped_storage().data_ptr() == dq_acc.untyped_storage().data_ptr()
+    assert dq_acc.data_ptr() == stats.data_ptr() + 2 * n * 4 and dq_acc.data_ptr() % 16 == 0
+    stats, dq_acc = module._fp32_buffers(n, "cpu", zeroed=True)
+    assert not stats.any() and not dq_acc.any()
+
+
 def test_a_kernel_without_descriptors_is_launched_by_the_c_function_triton_calls(attention_modules, fake_driver):
     module, kernel = attention_modules["bwd"], FakeKernel()
     module._COMPILED.clear()

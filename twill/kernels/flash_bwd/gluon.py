@@ -252,6 +252,16 @@ CHECK = """def _check(t, name, shape, dtype):
     return t
 
 
+def _fp32_buffers(n, device, zeroed=False):
+    \"\"\"The stats rows [2, n] and the dQ accumulator [n, HEAD_DIM] (fp32) as views of one allocation (one
+    allocation per call fewer); n is a multiple of BLOCK_M, so the accumulator starts 16-byte aligned for TMA.\"\"\"
+    import torch
+
+    make = torch.zeros if zeroed else torch.empty
+    buffer = make(n * (2 + HEAD_DIM.value), device=device, dtype=torch.float32)
+    return buffer[:2 * n].view(2, n), buffer[2 * n:].view(n, HEAD_DIM.value)
+
+
 def _check_rows(t, name, shape, dtype):
     \"\"\"``t`` itself (read or written through its strides, each row a vector), after checking its shape, its dtype
     and its contiguous last dimension.\"\"\"
@@ -331,16 +341,15 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     for t, name, shape in ((dq, "dq", q.shape), (dk, "dk", kv_shape), (dv, "dv", kv_shape)):
         _check_rows(t, name, shape, dtype)
     shapes, s_pad = buffer_shapes(B, H, S), padded_len(S)
-    if delta is None:   # the pre-pass writes both stats rows, padding included, and zeroes the dQ accumulator
-        stats = torch.empty(shapes["stats"], device=q.device, dtype=torch.float32)
-        dq_acc = torch.empty(shapes["dq_acc"], device=q.device, dtype=torch.float32)
+    # the pre-pass writes both stats rows, padding included, and zeroes the dQ accumulator; a given delta
+    # takes zeroed buffers instead
+    stats, dq_acc = _fp32_buffers(shapes["stats"][1], q.device, zeroed=delta is not None)
+    if delta is None:
         _preprocess(o, do, stats[1], s_pad, lse, stats[0], dq_acc)
     else:
-        stats = torch.zeros(shapes["stats"], device=q.device, dtype=torch.float32)
         lse = _check(lse, "lse", (B, H, S), torch.float32)   # -inf (a row that saw no key) -> 0, as the pre-pass
         stats[0].view(B, H, s_pad)[..., :S] = torch.where(lse == float("-inf"), 0.0, lse)
         stats[1].view(B, H, s_pad)[..., :S] = _check(delta, "delta", (B, H, S), torch.float32)
-        dq_acc = torch.zeros(shapes["dq_acc"], device=q.device, dtype=torch.float32)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
     stats_desc = _tma_buffer(stats, [2, BLOCK_M.value], gl.float32, STATS_LAYOUT)
     dq_desc = _tma_buffer(dq_acc, [BLOCK_M.value, {dq_cols}], gl.float32)
@@ -400,8 +409,7 @@ def launch(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     pad_cu = torch.zeros(B + 1, device=q.device, dtype=torch.int32)
     torch.cumsum((lens + block - 1) // block * block, 0, dtype=torch.int32, out=pad_cu[1:])
     total_pad = _cdiv(T + B * (block - 1), block) * block
-    stats = torch.empty((2, H * total_pad), device=q.device, dtype=torch.float32)
-    dq_acc = torch.empty((H * total_pad, D), device=q.device, dtype=torch.float32)
+    stats, dq_acc = _fp32_buffers(H * total_pad, q.device)
     rows = _cdiv(_cdiv(max_seqlen_q, block) * block, PRE_ROWS.value)
     _launch(preprocess_varlen_kernel, (rows, H, B), 4, o, o.stride(0), o.stride(1), do, do.stride(0),
             do.stride(1), stats[1], lse, stats[0], dq_acc, cu_seqlens_q, pad_cu, T, total_pad)
