@@ -28,7 +28,6 @@ def attention_modules(tmp_path_factory):
     return out
 
 
-
 @pytest.fixture
 def refuses_bad_offsets():
     """A check that an emitted varlen launcher ``launch(*tensors, cu_seqlens_q, cu_seqlens_k, max_q, max_k)``

@@ -1,4 +1,4 @@
-"""The attention launchers read ``[B, H, S, D]`` tensors where they lie: ``_tma_view`` (the emitted attention_modules'
+"""The attention launchers read ``[B, H, S, D]`` tensors where they lie: ``_tma_view`` (the emitted modules'
 host helper) builds a rank-4 TMA descriptor with the tensor's own strides (a ``[B, S, H, D]`` tensor's
 ``transpose(1, 2)`` included, no copy), and refuses a layout TMA cannot read with one error naming the
 tensor. Checked on CPU tensors (building a descriptor needs no GPU); the kernels' results on such tensors

@@ -286,11 +286,11 @@ def test_importing_twill_ops_imports_no_torch_and_the_ops_register_once():
 
 
 class _ReferenceKernels:
-    """Stand-ins for the emitted modules on the CPU: ``launch`` writes fp64 attention (forward) or its
-    gradients (backward) into the outputs it is given, as the kernels do."""
+    """Stand-ins for the emitted modules of ``spec`` on the CPU (``kernel_module``'s replacement): ``launch``
+    writes fp64 attention (forward) or its gradients (backward) into the outputs it is given, as the kernels do."""
 
-    def __init__(self, kernel):
-        self.kernel = kernel
+    def __init__(self, spec):
+        self.kernel, self.causal = spec.kernel, spec.causal
 
     def launch(self, q, k, v, *args, sm_scale, **outputs):
         from attention_reference import reference
@@ -322,12 +322,7 @@ def test_eager_calls_take_the_same_kernels_and_gradients_as_the_custom_op(monkey
     """:class:`~twill.ops.library.EagerAttention` (eager CUDA calls) and the custom op run the same
     implementations: with the kernels replaced by fp64 attention on the CPU, both give the reference's output
     and gradients (GQA, causal, bottom-right with S_k > S), and both save what the backward reads."""
-    def module(spec):
-        kernels = _ReferenceKernels(spec.kernel)
-        kernels.causal = spec.causal
-        return kernels
-
-    monkeypatch.setattr(library, "kernel_module", module)
+    monkeypatch.setattr(library, "kernel_module", _ReferenceKernels)
     monkeypatch.setattr(library, "check_device", lambda *tensors: None)
     torch.manual_seed(0)
     q = torch.randn(2, 4, 40, 64, dtype=torch.float16).requires_grad_()
@@ -350,8 +345,7 @@ def _eager_on_cpu(monkeypatch, launches=None):
     """CPU tensors taken for eager CUDA calls (:func:`~twill.ops.library.is_eager`), the kernels stood in for by
     fp64 attention; each forward launch's ``lse`` argument is appended to ``launches``."""
     def module(spec):
-        kernels = _ReferenceKernels(spec.kernel)
-        kernels.causal = spec.causal
+        kernels = _ReferenceKernels(spec)
         if launches is not None and spec.kernel == flash.FORWARD.name:
             launch = kernels.launch
             kernels.launch = lambda *a, **kw: (launches.append(kw["lse"]), launch(*a, **kw))
