@@ -27,23 +27,15 @@ from typing import Any, Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks._common import host_us  # noqa: E402
+
 
 def host(fn: Callable[[], Any], calls: int = 50, rounds: int = 7) -> float:
-    """Median µs per call of ``calls`` back-to-back calls of ``fn`` (no synchronisation between them)."""
-    import torch
-
+    """Median µs per call over ``rounds`` samples of :func:`host_us` (``calls`` back-to-back calls each), after
+    three warm-up calls."""
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+    return statistics.median(host_us(fn, calls) for _ in range(rounds))
 
 
 def run() -> dict[str, Any]:

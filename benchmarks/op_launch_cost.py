@@ -281,16 +281,21 @@ def python_only(B: int, H: int, S: int, D: int, calls: int = 5000) -> dict[str, 
         if hasattr(module, "_work_counter"):
             module._work_counter = lambda device: torch.zeros(2, dtype=torch.int32)
         call(module)   # the JIT launch
-        samples = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                call(module)
-            samples.append((time.perf_counter() - t0) * 1e6 / calls)
-        result[kernel] = {"us": statistics.median(samples), "spread": [min(samples), max(samples)]}
+        result[kernel] = _cpu_us(lambda: call(module), calls)
         print(f"{kernel}: {result[kernel]['us']:.1f} us of launcher Python per call", flush=True)
     result.update(_op_python(q, k, v, do, calls))
     return result
+
+
+def _cpu_us(call: Callable[[], Any], calls: int) -> dict[str, Any]:
+    """Microseconds per call of ``call`` on the CPU: the median of 5 runs of ``calls`` calls, and their range."""
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+    return {"us": statistics.median(samples), "spread": [min(samples), max(samples)]}
 
 
 def _op_python(q: Any, k: Any, v: Any, do: Any, calls: int) -> dict[str, Any]:
@@ -318,13 +323,7 @@ def _op_python(q: Any, k: Any, v: Any, do: Any, calls: int) -> dict[str, Any]:
     result = {}
     for name, call in rows.items():
         call()
-        samples = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                call()
-            samples.append((time.perf_counter() - t0) * 1e6 / calls)
-        result[name] = {"us": statistics.median(samples), "spread": [min(samples), max(samples)]}
+        result[name] = _cpu_us(call, calls)
         print(f"{name}: {result[name]['us']:.1f} us of Python per call", flush=True)
     return result
 
