@@ -53,7 +53,7 @@ def _check_host_globals(module) -> None:
     import builtins
     import dis
 
-    for fn in (module.launch, module.preprocess, module._preprocess, module.buffer_shapes, module.padded_len,
+    for fn in (module.launch, module.preprocess, module._preprocess, module._fp32_buffers, module.padded_len,
                module.compile_signature):
         names = {i.argval for i in dis.get_instructions(fn) if i.opname == "LOAD_GLOBAL"}
         missing = [n for n in names if n not in vars(module) and not hasattr(builtins, n)]
@@ -149,7 +149,9 @@ def test_backward_tma_coordinates_are_16_byte_aligned_for_every_length(tmp_path,
     for S % 4 != 0, and stays inside its own head's rows."""
     module = load_emitted(str(_write(tmp_path, _schedule(), f"pad{S}")), f"twill_test_bwd_pad{S}")
     B, H, block = 2, 3, module.BLOCK_M.value
-    s_pad, shapes = module.padded_len(S), module.buffer_shapes(B, H, S)
+    s_pad = module.padded_len(S)
+    stats, dq_acc = module._fp32_buffers(B * H * s_pad, "cpu")
+    shapes = {"stats": tuple(stats.shape), "dq_acc": tuple(dq_acc.shape)}
     assert S <= s_pad < S + block and s_pad % block == 0
     assert shapes == {"stats": (2, B * H * s_pad), "dq_acc": (B * H * s_pad, module.HEAD_DIM.value)}
     fp32, fp16 = 4, 2

@@ -253,8 +253,9 @@ CHECK = """def _check(t, name, shape, dtype):
 
 
 def _fp32_buffers(n, device, zeroed=False):
-    \"\"\"The stats rows [2, n] and the dQ accumulator [n, HEAD_DIM] (fp32) as views of one allocation (one
-    allocation per call fewer); n is a multiple of BLOCK_M, so the accumulator starts 16-byte aligned for TMA.\"\"\"
+    \"\"\"The launcher's fp32 buffers, views of one allocation: the stats rows (LSE, D) [2, n], read by TMA with the
+    query block along the innermost dimension, and the dQ accumulator [n, HEAD_DIM], for n padded rows (B*H*S_pad,
+    or H*total_pad with varlen): a multiple of BLOCK_M, so the accumulator starts 16-byte aligned for TMA.\"\"\"
     import torch
 
     make = torch.zeros if zeroed else torch.empty
@@ -282,13 +283,6 @@ def padded_len(S):
     \"\"\"S rounded up to BLOCK_M: the per-head length of the stats rows and the fp32 dQ accumulator, so that
     every query block starts at a 16-byte aligned TMA coordinate (TMA requires it of the innermost one).\"\"\"
     return _cdiv(S, BLOCK_M.value) * BLOCK_M.value
-
-
-def buffer_shapes(B, H, S):
-    \"\"\"The launcher's fp32 buffers: the stats rows (LSE, D) [2, B*H*S_pad], read by TMA with the query block
-    along the innermost dimension, and the dQ accumulator [B*H*S_pad, HEAD_DIM].\"\"\"
-    n = B * H * padded_len(S)
-    return {{"stats": (2, n), "dq_acc": (n, HEAD_DIM.value)}}
 
 
 def preprocess(o, do):
@@ -340,10 +334,10 @@ def launch(q, k, v, o, do, lse, sm_scale=None, dq=None, dk=None, dv=None, delta=
     dv = torch.empty_like(v) if dv is None else dv
     for t, name, shape in ((dq, "dq", q.shape), (dk, "dk", kv_shape), (dv, "dv", kv_shape)):
         _check_rows(t, name, shape, dtype)
-    shapes, s_pad = buffer_shapes(B, H, S), padded_len(S)
+    s_pad = padded_len(S)
     # the pre-pass writes both stats rows, padding included, and zeroes the dQ accumulator; a given delta
     # takes zeroed buffers instead
-    stats, dq_acc = _fp32_buffers(shapes["stats"][1], q.device, zeroed=delta is not None)
+    stats, dq_acc = _fp32_buffers(B * H * s_pad, q.device, zeroed=delta is not None)
     if delta is None:
         _preprocess(o, do, stats[1], s_pad, lse, stats[0], dq_acc)
     else:
