@@ -47,8 +47,9 @@ def test_forward_kernels_of_the_op_compile_for_sm90(tmp_path, monkeypatch, spec)
                          ids=["d64", "d64_causal_gqa", "d128_gqa", "d128_causal", "d256", "d256_causal_gqa"])
 def test_fp8_forward_kernels_of_the_op_compile_to_e4m3_wgmmas_without_spills(tmp_path, monkeypatch, spec):
     """Every fp8 forward the op runs (from its shipped schedule) compiles for sm_90 to e4m3 wgmmas, reads V^T
-    from the pre-pass, is persistent exactly when causal, and ptxas spills nothing (the choice of one compute
-    group at D = 64 and of the persistent kernel for causal masks rests on this)."""
+    from the pre-pass, runs two compute groups on 128-key blocks, is persistent exactly when causal below
+    D = 256, and ptxas spills nothing (the choices of the group count, the key block and persistence rest on
+    this)."""
     import re
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -56,9 +57,10 @@ def test_fp8_forward_kernels_of_the_op_compile_to_e4m3_wgmmas_without_spills(tmp
     flash.kernel_module.cache_clear()
     module = flash.kernel_module(spec)
     text = (tmp_path / "twill" / "ops" / spec.file_name("test+0")).read_text()
-    assert ("\n# persistent:" in text) == spec.persistent() == spec.causal
+    assert ("\n# persistent:" in text) == spec.persistent() == (spec.causal and spec.head_dim != 256)
     assert "def transpose_v(" in text and "q_descale=None" in text
-    assert module.NUM_COMPUTE.value == spec.subtiles() == (1 if spec.head_dim == 64 else 2)
+    assert module.NUM_COMPUTE.value == spec.subtiles() == 2
+    assert spec.kernel_options()["block_n"] == 128
     kernel = aot.compile_sm90(module)
     ptx = kernel.asm["ptx"]
     block_n = spec.kernel_options()["block_n"]
@@ -122,12 +124,17 @@ def test_forward_spec_options():
     assert KernelSpec("flash-bwd", 64, "bf16", True, 2).kernel_options()["block_m"] == 128
     assert KernelSpec("flash-bwd", 128, "fp16", False, 0).kernel_options()["block_m"] == 64
     assert "block_m" not in KernelSpec("flash-fwd", 64, "fp16", False, 0).kernel_options()
-    # fp8: V^T from the pre-pass; one compute group at D = 64, masked or not; persistent when causal
+    # fp8: V^T from the pre-pass; two compute groups at D = 64, masked or not; 128-key blocks at D = 256;
+    # persistent when causal below D = 256
     fp8 = KernelSpec("flash-fwd", 64, "fp8e4m3", False, 0)
     assert fp8.fp8() and fp8.kernel_options()["v_transpose"] == "prepass"
-    assert (fp8.subtiles(), fp8.streaming_depth(), fp8.persistent()) == (1, 3, False)
-    assert KernelSpec("flash-fwd", 64, "fp8e4m3", True, 0).subtiles() == 1
+    assert (fp8.subtiles(), fp8.streaming_depth(), fp8.persistent()) == (2, 3, False)
+    assert KernelSpec("flash-fwd", 64, "fp8e4m3", True, 0).subtiles() == 2
     assert KernelSpec("flash-fwd", 128, "fp8e4m3", True, 0).persistent()
+    fp8_256 = KernelSpec("flash-fwd", 256, "fp8e4m3", True, 0)
+    assert fp8_256.kernel_options()["block_n"] == 128 and not fp8_256.persistent()
+    # the forward's values stay in their warp group (the generator stages none through shared memory)
+    assert not fp8.cross_warp() and KernelSpec("flash-bwd", 64, "fp16", False, 0).cross_warp()
     assert "v_transpose" not in KernelSpec("flash-fwd", 128, "bf16", False, 0).kernel_options()
 
 

@@ -74,7 +74,7 @@ def _generate_by_solving(spec: KernelSpec, graph: Any) -> str:
     from twill.schedule.verify import verify
 
     machine = get_machine(MACHINE)
-    key = solve_key(graph, spec.streaming_depth(), spec.extra_copies())
+    key = solve_key(spec, graph)
     if key not in _SOLVED:  # solved and verified by the search
         _SOLVED[key] = solve(spec, graph, machine)
         return emit_gluon(_SOLVED[key], persistent=spec.persistent())

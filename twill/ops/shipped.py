@@ -67,7 +67,7 @@ def spec_graph(spec: KernelSpec) -> Any:
 
 def solve_digest(spec: KernelSpec, graph: Any) -> str:
     """The SHA-256 of what the solver sees of ``spec``'s ``graph`` (:func:`~twill.ops.spec.solve_key`)."""
-    return hashlib.sha256(solve_key(graph, spec.streaming_depth(), spec.extra_copies()).encode()).hexdigest()
+    return hashlib.sha256(solve_key(spec, graph).encode()).hexdigest()
 
 
 def schedule_path(spec: KernelSpec, digest: str, folder: Path | None = None) -> Path:

@@ -49,8 +49,7 @@ class KernelSpec:
         options: dict[str, Any] = {"head_dim": self.head_dim, "dtype": self.dtype, "causal": self.causal,
                                    "kv_heads": self.kv_heads, **({"varlen": True} if self.varlen else {})}
         if self.kernel == FORWARD.name:
-            # 64-key blocks at D=256, where two 128-key K/V stages do not fit.
-            options.update(subtiles=self.subtiles(), block_n=64 if self.head_dim == 256 else 128)
+            options.update(subtiles=self.subtiles(), block_n=self.block_n())
             if self.fp8():
                 options.update(v_transpose="prepass")     # the one V^T the Gluon generator emits
         else:
@@ -64,6 +63,13 @@ class KernelSpec:
         default key block there)."""
         return 128 if self.head_dim == 64 else 64
 
+    def block_n(self) -> int:
+        """Keys per iteration of the forward: 128, but 64 for 16-bit operands at D = 256, where two 128-key K/V
+        stages do not fit in shared memory beside Q. fp8 at D = 256 takes 128 (FA3's fp8 tile): its stages
+        are half the bytes, and the 64-key kernel rescaled O twice as often, which its profile showed as
+        twice FA3's FMULs (docs/experiments/fa3-gap.md, "fp8 at D = 64 and D = 256")."""
+        return 64 if self.head_dim == 256 and not self.fp8() else 128
+
     def fp8(self) -> bool:
         """An fp8 (:data:`FP8_DTYPES`) forward."""
         return self.dtype in FP8_DTYPES.values()
@@ -73,11 +79,9 @@ class KernelSpec:
         (FA3's D = 64 tile, the tuner's pick there), else two: the causal forward runs persistent
         (:meth:`persistent`), and a persistent three-group causal kernel runs slower than a two-group one, its
         mask code lengthening the steady loop (docs/experiments/three-groups.md, "P converted once P V
-        retired"). The fp8 forward at D = 64 has one: ptxas spills the three-group kernel (about 1 KB), and the
-        solver's two-group schedule puts one sub-tile's ops in two warp groups, which the Gluon generator does
-        not emit."""
-        if self.kernel == FORWARD.name and self.head_dim == 64:
-            return 1 if self.fp8() else 2 if self.causal else 3
+        retired"). The fp8 forward at D = 64 has two: ptxas spills the three-group kernel (about 1 KB)."""
+        if self.kernel == FORWARD.name and self.head_dim == 64 and not self.fp8():
+            return 2 if self.causal else 3
         return 2
 
     def streaming_depth(self) -> int | None:
@@ -86,6 +90,14 @@ class KernelSpec:
         if self.kernel != FORWARD.name:
             return None
         return 2 if self.head_dim == 256 or self.subtiles() == 3 else 3
+
+    def cross_warp(self) -> bool:
+        """:attr:`SolveOptions.cross_warp <twill.solve.options.SolveOptions.cross_warp>` of the solve: False for
+        the forward, whose Gluon generator keeps each sub-tile's register values (S, P, O and the row
+        statistics) in its one warp group and emits no staging of them through shared memory; with crossings
+        allowed, the solver may place an op of one sub-tile in another's group at the same II (it did for the
+        fp8 two-group kernel at D = 64). True for the backward (its search's own setting)."""
+        return self.kernel != FORWARD.name
 
     def extra_copies(self) -> int:
         """:attr:`SolveOptions.extra_copies <twill.solve.options.SolveOptions.extra_copies>` of the solve: 1 for
@@ -103,10 +115,13 @@ class KernelSpec:
         D = 128: measured beside FA3 in one run, the persistent kernel of the same schedule was 4-7% faster at
         S = 4k and 8k (docs/performance.md, "FlashAttention-3, same run"); at D = 64 and 256 it was level, and
         those keep one CTA per block. fp8 keeps the causal rule (its non-causal D = 128 persistent kernel
-        spills, 88 bytes); tests/ops/test_ops.py compiles each and checks ptxas's report."""
+        spills, 88 bytes), but not at D = 256, whose persistent causal kernel of 128-key blocks
+        (:meth:`block_n`) spills 40 bytes; tests/ops/test_ops.py compiles each and checks ptxas's report."""
         if self.kernel != FORWARD.name or self.varlen:   # varlen: one CTA per block
             return False
-        return self.causal or (self.head_dim == 128 and not self.fp8())
+        if self.fp8():
+            return self.causal and self.head_dim != 256
+        return self.causal or self.head_dim == 128
 
     def file_name(self, version: str) -> str:
         """Cache file name: readable options and a digest of the spec and Twill's sources."""
@@ -123,17 +138,20 @@ class KernelSpec:
 CODEGEN_ONLY_ATTRS = frozenset({"causal", "kv_heads", "varlen"})
 
 
-def solve_key(graph: Any, streaming_depth: int | None, extra_copies: int) -> str:
-    """What the solver sees of ``graph`` (its ops, edges and the attributes other than
-    :data:`CODEGEN_ONLY_ATTRS`), the streaming depth and the extra copies, as one string."""
+def solve_key(spec: KernelSpec, graph: Any) -> str:
+    """What the solver sees of ``spec``'s ``graph`` (its ops, edges and the attributes other than
+    :data:`CODEGEN_ONLY_ATTRS`) and the solve's options (the streaming depth, the extra copies and, when they
+    may not, that values do not cross warp groups), as one string."""
     import json
 
     from twill.ir.io import graph_to_dict
 
     doc = graph_to_dict(graph)
     doc["attrs"] = {k: v for k, v in doc.get("attrs", {}).items() if k not in CODEGEN_ONLY_ATTRS}
-    return json.dumps({"graph": doc, "streaming_depth": streaming_depth, "extra_copies": extra_copies},
-                      sort_keys=True, default=str)
+    key = {"graph": doc, "streaming_depth": spec.streaming_depth(), "extra_copies": spec.extra_copies()}
+    if not spec.cross_warp():
+        key["cross_warp"] = False
+    return json.dumps(key, sort_keys=True, default=str)
 
 
 def _report(message: str) -> None:
@@ -150,7 +168,7 @@ def solve(spec: KernelSpec, graph: Any, machine: Any) -> Any:
     from twill.solve.options import SolveOptions
 
     options = SolveOptions(streaming_depth=spec.streaming_depth(), extra_copies=spec.extra_copies(),
-                           progress=_report, flags=())      # twill.ops.attention has no solver options
+                           cross_warp=spec.cross_warp(), progress=_report, flags=())      # twill.ops.attention has no solver options
     if spec.kernel == FORWARD.name:
         return schedule(graph, machine, options)
     from twill.tune.registers import schedule_without_spills
