@@ -167,8 +167,9 @@ def solve(spec: KernelSpec, graph: Any, machine: Any) -> Any:
     from twill.solve import schedule
     from twill.solve.options import SolveOptions
 
+    # twill.ops.attention has no solver options
     options = SolveOptions(streaming_depth=spec.streaming_depth(), extra_copies=spec.extra_copies(),
-                           cross_warp=spec.cross_warp(), progress=_report, flags=())      # twill.ops.attention has no solver options
+                           cross_warp=spec.cross_warp(), progress=_report, flags=())
     if spec.kernel == FORWARD.name:
         return schedule(graph, machine, options)
     from twill.tune.registers import schedule_without_spills
