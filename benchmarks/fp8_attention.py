@@ -15,8 +15,8 @@ Two steps, so that the GPU machine needs neither ortools nor the solver:
   (4·B·H·S²·D, halved when causal), with the SM clock sampled over each row's rounds. Writes
   ``$OUT/fp8_h200.json`` (``fp8_h100.json`` on an H100; into ``--out`` when given) with one row per case and
   S: ``{"name", "D", "S", "causal", "kv_heads", "twill_tflops", "fa3_tflops", "ratio", "relerr", "fa3_relerr",
-  "sm_clock_mhz"}``. ``--seqs`` and ``--only`` (manifest names) narrow the run; a manifest row may name any emitted fp8 forward module (a candidate kernel
-  beside the op's), each timed against FA3 in its own rounds.
+  "sm_clock_mhz"}``. ``--seqs`` and ``--only`` (manifest names) narrow the run; a manifest row may name any
+  emitted fp8 forward module (a candidate kernel beside the op's), each timed against FA3 in its own rounds.
 
     bash ../shared/tools/peers.sh fetch .peers fwd && cp ../shared/tools/peers.sh .peers/   # CPU machine, once
     python benchmarks/fp8_attention.py generate --out .peers/fp8_modules     # CPU, into the carried folder
