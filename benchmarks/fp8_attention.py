@@ -59,8 +59,7 @@ def generate(outdir: str) -> list[dict[str, Any]]:
     for name, d, causal, kv in CASES:
         spec = KernelSpec("flash-fwd", d, "fp8e4m3", causal, kv)
         shutil.copyfile(kernel_path(spec), os.path.join(outdir, f"{name}.py"))
-        rows.append({"name": name, "file": f"{name}.py", "options": {"head_dim": d, "causal": causal, "kv_heads": kv,
-                                                                      **spec.kernel_options()}})
+        rows.append({"name": name, "file": f"{name}.py", "options": spec.kernel_options()})
         print(f"{name}: {rows[-1]['options']}")
     with open(os.path.join(outdir, "manifest.json"), "w") as fh:
         json.dump(rows, fh, indent=1)

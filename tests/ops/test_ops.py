@@ -60,10 +60,10 @@ def test_fp8_forward_kernels_of_the_op_compile_to_e4m3_wgmmas_without_spills(tmp
     assert ("\n# persistent:" in text) == spec.persistent() == (spec.causal and spec.head_dim != 256)
     assert "def transpose_v(" in text and "q_descale=None" in text
     assert module.NUM_COMPUTE.value == spec.subtiles() == 2
-    assert spec.kernel_options()["block_n"] == 128
+    block_n = spec.kernel_options()["block_n"]
+    assert block_n == 128
     kernel = aot.compile_sm90(module)
     ptx = kernel.asm["ptx"]
-    block_n = spec.kernel_options()["block_n"]
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(\S+)", ptx))
     assert shapes == {f"m64n{block_n}k32.f32.e4m3.e4m3", f"m64n{spec.head_dim}k32.f32.e4m3.e4m3"}
     report = ptxas_report(ptx, 90)

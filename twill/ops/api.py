@@ -52,11 +52,9 @@ def attention(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None 
     """
     import math
 
-    import torch
-
     from twill.ops import library
 
-    backward = _needs_grad(torch, q, k, v)
+    backward = library.wants_gradient(q, k, v)
     plain = q_descale is None and k_descale is None and v_descale is None and out_dtype is None
     key = _checked_key(library, q, k, v, causal, backward) if plain else None
     head_dim = _CHECKED.get(key) if key is not None else None
@@ -125,22 +123,15 @@ def attention_varlen(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: An
     """
     import math
 
-    import torch
-
     from twill.ops import library
 
     spec = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                               backward=_needs_grad(torch, q, k, v))
+                               backward=library.wants_gradient(q, k, v))
     scale = 1.0 / math.sqrt(spec.head_dim) if scale is None else float(scale)
     _check_layouts(library, "twill.ops.attention_varlen", q, k, v)
     out, _ = library.attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                               bool(causal), scale)
     return out
-
-
-def _needs_grad(torch: Any, q: Any, k: Any, v: Any) -> bool:
-    """Whether the call asks for a gradient: grad mode on and q, k or v requiring one."""
-    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
 
 
 def _check_layouts(library: Any, function: str, q: Any, k: Any, v: Any) -> None:

@@ -212,10 +212,16 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     (``(out, None)``: no autograd node, no lse buffer); else through the custom op, which ``torch.compile``
     captures and whose fake implementation serves tensors without data (``meta``, fake)."""
     if is_eager(q):
-        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        if not wants_gradient(q, k, v):
             return _forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype, with_lse=False)
         return EagerAttention.apply(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype)
     return attention_forward(q, k, v, causal, scale, q_descale, k_descale, v_descale, out_dtype)
+
+
+def wants_gradient(q: Any, k: Any, v: Any) -> bool:
+    """Whether a call asks for a gradient: grad mode on and q, k or v requiring one (any argument that is not a
+    tensor requires none)."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
 
 
 def is_eager(q: Any) -> bool:
